@@ -1,0 +1,45 @@
+# Workshop — the README's commands. `make test` sets everything up on a fresh
+# Debian 12 machine with Python 3.11, then runs the whole suite.
+
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_FILES := $(wildcard proto/workshop/v1/*.proto)
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps proto test lint fmt clean
+
+setup: $(STAMP)
+
+# System packages (Postgres 15, the shared libpython the Triton python backend
+# embeds); installs them only when missing and when we may (root + apt).
+system-deps:
+	@scripts/system-deps.sh
+
+$(STAMP): pyproject.toml | system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# Generated contracts (+ .pyi stubs) live in libs/workshop/v1 and are committed;
+# tests/test_contracts.py fails when they differ from what this target writes.
+proto: $(STAMP)
+	$(BIN)/python -m scripts.gen_proto
+
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/buf lint
+
+fmt: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

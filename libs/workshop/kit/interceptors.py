@@ -1,0 +1,142 @@
+"""The server interceptor that turns domain exceptions into gRPC statuses.
+
+A WorkshopError becomes the status of `workshop.kit.status`, with its message
+and a `google.rpc.ErrorInfo` (reason + metadata) in the rich status details, so
+clients can read e.g. the current revision of a stale save. Anything else is a
+bug: it is logged with its traceback and answered INTERNAL without internals.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from workshop.kit.errors import WorkshopError
+from workshop.kit.status import status_for
+
+log = logging.getLogger(__name__)
+
+ERROR_DOMAIN = "workshop"
+
+
+async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
+    """Abort the RPC in `context` with the status that `error` maps to."""
+    if isinstance(error, WorkshopError):
+        code = status_for(error).grpc_code
+        message = error.message
+        info = error_details_pb2.ErrorInfo(
+            reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
+        )
+    else:
+        log.exception("unhandled error in %s", _method_name(context), exc_info=error)
+        code = grpc.StatusCode.INTERNAL
+        message = "internal error; the server log has the details"
+        info = error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = rpc_status.to_status(
+        status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    )
+    await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def _method_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    method = getattr(context, "_rpc_event", None)
+    return str(getattr(method, "call_details", "rpc")) if method else "rpc"
+
+
+def _is_abort(error: BaseException) -> bool:
+    # context.abort() raises grpc.aio.AbortError; it must pass through untouched.
+    return isinstance(error, grpc.aio.AbortError)
+
+
+async def _abort_unimplemented(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    # Generated base servicers raise NotImplementedError for RPCs a service
+    # does not serve yet: that is UNIMPLEMENTED, never INTERNAL.
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "This RPC is not implemented yet.")
+
+
+def _wrap_unary(
+    behaviour: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any],
+) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            result = behaviour(request, context)
+            return await result if inspect.isawaitable(result) else result
+        except NotImplementedError:
+            await _abort_unimplemented(context)
+        except Exception as error:
+            if _is_abort(error):
+                raise
+            await abort_with(context, error)
+        raise AssertionError("abort() returned")  # pragma: no cover
+
+    return wrapped
+
+
+def _wrap_stream(
+    behaviour: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any],
+) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]:
+    # Streaming handlers come in two styles that grpc.aio does not let us mix:
+    # async generators, and coroutines that call context.write() (the aio
+    # health servicer's Watch). Keep the style of the handler we wrap.
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def generator(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            try:
+                async for item in behaviour(request, context):
+                    yield item
+            except NotImplementedError:
+                await _abort_unimplemented(context)
+            except Exception as error:
+                if _is_abort(error):
+                    raise
+                await abort_with(context, error)
+
+        return generator
+    return _wrap_unary(behaviour)
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Maps exceptions raised by servicers to statuses (see module docstring)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        serializers = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary), **serializers
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream), **serializers
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary), **serializers
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_stream(handler.stream_stream), **serializers
+            )
+        return handler

@@ -1,0 +1,165 @@
+"""The `serve()` bootstrap shared by every gRPC server process.
+
+Each server gets health (grpc.health.v1, aio), reflection, an OpenTelemetry
+interceptor and the error-mapping interceptor. On SIGTERM or SIGINT it reports
+NOT_SERVING, waits `drain_seconds` so load balancers and probes notice, stops
+the server with `grace_seconds` for calls in flight, then stops its background
+workers; the caller's `async with` blocks close pools and clients afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_prefix
+
+from workshop.kit.interceptors import ErrorMappingInterceptor
+from workshop.kit.settings import setting
+
+log = logging.getLogger(__name__)
+
+HEALTH_SERVICE_NAME = "grpc.health.v1.Health"
+_infrastructure_call = any_of(service_prefix("grpc.health."), service_prefix("grpc.reflection."))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """Settings every gRPC server shares; services extend this dataclass."""
+
+    host: str = setting("127.0.0.1", help="Address the gRPC server binds (0.0.0.0 in a pod).")
+    port: int = setting(0, help="gRPC port; 0 picks a free port, announced on stdout.")
+    grace_seconds: float = setting(
+        10.0, help="Seconds calls in flight may finish after SIGTERM before they are cancelled."
+    )
+    drain_seconds: float = setting(
+        1.0, help="Seconds NOT_SERVING is reported after SIGTERM before the server stops."
+    )
+    log_level: str = setting("INFO", help="Python log level: DEBUG, INFO, WARNING, ERROR.")
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpcService:
+    """One gRPC service to host: its full name and how to add it to a server."""
+
+    name: str
+    register: Callable[[grpc.aio.Server], None]
+
+
+class Worker(Protocol):
+    """A long-running part started after the server and stopped after it."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Server:
+    """A started gRPC server with health and reflection; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        settings: ServerSettings,
+        services: Sequence[GrpcService],
+        workers: Sequence[Worker] = (),
+    ) -> None:
+        self.label = label
+        self.settings = settings
+        self.services = list(services)
+        self.workers = list(workers)
+        self.health = HealthServicer()
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._started_workers: list[Worker] = []
+
+    async def start(self) -> int:
+        """Bind, start, mark every service SERVING and start the workers; returns the port."""
+        server = grpc.aio.server(
+            # The error mapper is outermost so it sees what tracing re-raises.
+            # Tracing skips health and reflection: probes are noise, and their
+            # write-style streams are not what the OTel aio wrapper expects.
+            interceptors=[
+                ErrorMappingInterceptor(),
+                aio_server_interceptor(filter_=negate(_infrastructure_call)),
+            ],
+            options=[
+                ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        for service in self.services:
+            service.register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            [service.name for service in self.services]
+            + [HEALTH_SERVICE_NAME, reflection.SERVICE_NAME],
+            server,
+        )
+        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {self.settings.host}:{self.settings.port}")
+        await server.start()
+        self._server = server
+        for worker in self.workers:
+            await worker.start()
+            self._started_workers.append(worker)
+        for name in ["", *(service.name for service in self.services)]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self) -> None:
+        """NOT_SERVING, drain, stop(grace), then stop workers (idempotent)."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await self.health.enter_graceful_shutdown()
+        await asyncio.sleep(self.settings.drain_seconds)
+        await server.stop(self.settings.grace_seconds)
+        while self._started_workers:
+            await self._started_workers.pop().stop()
+
+
+def announce(label: str, **fields: object) -> None:
+    """One JSON line on stdout that tools and tests read (e.g. the bound port)."""
+    print(json.dumps({"service": label, **fields}, sort_keys=True), file=sys.stdout, flush=True)
+
+
+async def serve(
+    *,
+    label: str,
+    settings: ServerSettings,
+    services: Sequence[GrpcService],
+    workers: Sequence[Worker] = (),
+) -> None:
+    """Run a server until SIGTERM/SIGINT, then shut it down gracefully."""
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop_requested.set)
+    server = Server(label=label, settings=settings, services=services, workers=workers)
+    try:
+        port = await server.start()
+        announce(label, event="serving", host=settings.host, port=port)
+        log.info("%s serving on %s:%d", label, settings.host, port)
+        await stop_requested.wait()
+        log.info("%s stopping: NOT_SERVING, then %.1fs grace", label, settings.grace_seconds)
+    finally:
+        await server.stop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)
+    announce(label, event="stopped")

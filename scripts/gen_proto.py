@@ -1,0 +1,60 @@
+"""Generate Python contracts (+ .pyi stubs) from proto/ into an output root.
+
+`python -m scripts.gen_proto [OUT_ROOT]` writes `OUT_ROOT/workshop/v1/*`; the
+default root is `libs/`. The test for drift calls `generate()` into a
+temporary folder and compares.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import grpc_tools
+from grpc_tools import protoc
+
+REPO = Path(__file__).resolve().parent.parent
+PROTO_ROOT = REPO / "proto"
+PACKAGE_DIR = Path("workshop") / "v1"
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+
+
+def generate(out_root: Path) -> list[Path]:
+    """Write every generated file for proto/workshop/v1 under `out_root`; returns them."""
+    target = out_root / PACKAGE_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for stale in target.iterdir():
+        if stale.name.endswith(GENERATED_SUFFIXES):
+            stale.unlink()
+    sources = sorted(str(path.relative_to(PROTO_ROOT)) for path in PROTO_ROOT.rglob("*.proto"))
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    # protoc finds the mypy-protobuf plugins on PATH: make sure ours come first.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    args = [
+        "grpc_tools.protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{include}",
+        f"--python_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        f"--mypy_out={out_root}",
+        f"--mypy_grpc_out={out_root}",
+        *sources,
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    (target / "__init__.py").write_text('"""Generated contracts: run `make proto`."""\n')
+    (out_root / "workshop" / "__init__.py").touch(exist_ok=True)
+    return sorted(path for path in target.iterdir() if path.is_file())
+
+
+def main() -> None:
+    out_root = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "libs"
+    for path in generate(out_root):
+        print(path.relative_to(out_root))
+    shutil.rmtree(REPO / "libs" / "workshop" / "v1" / "__pycache__", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Workshop's tests and demo need, when they are
+# missing: PostgreSQL 15 (throwaway clusters) and a shared libpython3.11 (the
+# Triton python backend stub embeds it). Does nothing when both are present.
+set -euo pipefail
+
+missing=()
+[ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
+pylib=$(python3.11 -c 'import sysconfig, os; d = sysconfig.get_config_var("LIBDIR"); print(os.path.exists(os.path.join(d, "libpython3.11.so.1.0")))' 2>/dev/null || echo False)
+if [ "$pylib" != "True" ] && ! ldconfig -p 2>/dev/null | grep -q 'libpython3.11.so.1.0'; then
+    missing+=(libpython3.11)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "system-deps: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    echo "system-deps: please install: ${missing[*]} (apt-get install ${missing[*]})" >&2
+    exit 1
+fi

@@ -1,0 +1,38 @@
+"""`python -m services.gateway`: HTTP + WebSocket for the website and Agent keys."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from workshop.kit.server import serve
+from workshop.kit.settings import settings_or_exit
+from workshop.kit.telemetry import configure_logging, configure_tracing
+
+from services.gateway.settings import PREFIX, GatewaySettings
+from services.gateway.web import HttpWorker, build_app
+
+LABEL = "gateway"
+
+
+async def run_server(settings: GatewaySettings) -> None:
+    http = HttpWorker(build_app(), host=settings.http_host, port=settings.http_port, label=LABEL)
+    # The gateway has no gRPC API of its own: its gRPC port carries health and
+    # reflection so that operators and probes treat it like every other service.
+    await serve(label=LABEL, settings=settings, services=[], workers=[http])
+
+
+def main() -> None:
+    settings = settings_or_exit(GatewaySettings, PREFIX, os.environ)
+    configure_logging(LABEL, settings.log_level)
+    configure_tracing(LABEL)
+    try:
+        asyncio.run(run_server(settings))
+    except OSError as error:
+        print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""`python -m services.preview`: the preview and staged-upload service."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from minio.error import S3Error
+from urllib3.exceptions import HTTPError
+from workshop.kit.server import serve
+from workshop.kit.settings import settings_or_exit
+from workshop.kit.telemetry import configure_logging, configure_tracing
+
+from services.preview.app import grpc_services
+from services.preview.settings import PREFIX, PreviewSettings
+from services.preview.storage import ObjectStore
+
+LABEL = "preview"
+
+
+async def run_server(settings: PreviewSettings) -> None:
+    store = ObjectStore(settings)
+    try:
+        await store.ensure_bucket()
+        await serve(label=LABEL, settings=settings, services=grpc_services())
+    finally:
+        store.close()
+
+
+def main() -> None:
+    settings = settings_or_exit(PreviewSettings, PREFIX, os.environ)
+    configure_logging(LABEL, settings.log_level)
+    configure_tracing(LABEL)
+    try:
+        asyncio.run(run_server(settings))
+    except (OSError, S3Error, HTTPError) as error:
+        print(
+            f"{LABEL}: cannot start: object store {settings.s3_endpoint}: {error}", file=sys.stderr
+        )
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The server bootstrap, error interceptor and client channel, over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+from workshop.kit import errors
+from workshop.kit.channels import open_channel
+from workshop.kit.server import GrpcService, Server, ServerSettings
+from workshop.kit.status import STATUS_TABLE
+
+SERVICE = "test.v1.Probe"
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+@dataclasses.dataclass
+class Probe:
+    """Behaviour of the test service: what the next call raises, and call counts."""
+
+    raise_next: BaseException | None = None
+    unavailable_first: int = 0
+    sleep_seconds: float = 0.0
+    calls: int = 0
+
+    async def unary(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        self.calls += 1
+        if self.calls <= self.unavailable_first:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
+        await asyncio.sleep(self.sleep_seconds)
+        if self.raise_next is not None:
+            raise self.raise_next
+        return request
+
+    async def stream(
+        self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        yield request
+        if self.raise_next is not None:
+            raise self.raise_next
+
+    def register(self, server: grpc.aio.Server) -> None:
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Unary": grpc.unary_unary_rpc_method_handler(self.unary, _identity, _identity),
+                "Stream": grpc.unary_stream_rpc_method_handler(self.stream, _identity, _identity),
+                "Missing": grpc.unary_unary_rpc_method_handler(
+                    _not_implemented, _identity, _identity
+                ),
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+
+
+def _not_implemented(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    # What a generated base servicer does for an RPC nobody implemented yet.
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    raise NotImplementedError("Method not implemented!")
+
+
+@pytest.fixture
+async def probe_server() -> AsyncIterator[tuple[Probe, Server]]:
+    probe = Probe()
+    server = Server(
+        label="probe",
+        settings=ServerSettings(port=0, drain_seconds=0.2, grace_seconds=1.0),
+        services=[GrpcService(SERVICE, probe.register)],
+    )
+    await server.start()
+    try:
+        yield probe, server
+    finally:
+        await server.stop()
+
+
+def _unary(channel: grpc.aio.Channel) -> Callable[..., Any]:
+    return channel.unary_unary(f"/{SERVICE}/Unary")
+
+
+@pytest.mark.parametrize("error_class", sorted(STATUS_TABLE, key=lambda cls: cls.__name__))
+async def test_every_domain_error_maps_to_its_status(
+    probe_server: tuple[Probe, Server], error_class: type[errors.WorkshopError]
+) -> None:
+    probe, server = probe_server
+    probe.raise_next = error_class("Revision 3 is stale.", metadata={"current_revision": "4"})
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        call = _unary(channel)(b"x")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+    assert caught.value.code() == STATUS_TABLE[error_class].grpc_code
+    assert caught.value.details() == "Revision 3 is stale."
+    status = rpc_status.from_call(caught.value)  # type: ignore[arg-type]
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    assert info.reason == error_class.reason
+    assert info.metadata["current_revision"] == "4"
+
+
+async def test_subclass_inherits_mapping(probe_server: tuple[Probe, Server]) -> None:
+    class StaleRevision(errors.Conflict):
+        reason = "STALE_REVISION"
+
+    probe, server = probe_server
+    probe.raise_next = StaleRevision("stale")
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _unary(channel)(b"x")
+    assert caught.value.code() == grpc.StatusCode.ABORTED
+
+
+async def test_unexpected_error_is_internal_without_leaking(
+    probe_server: tuple[Probe, Server], caplog: pytest.LogCaptureFixture
+) -> None:
+    probe, server = probe_server
+    probe.raise_next = KeyError("secret-table-name")
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _unary(channel)(b"x")
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert "secret-table-name" not in (caught.value.details() or "")
+    assert "secret-table-name" in caplog.text
+
+
+async def test_not_implemented_is_unimplemented(probe_server: tuple[Probe, Server]) -> None:
+    _, server = probe_server
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await channel.unary_unary(f"/{SERVICE}/Missing")(b"x")
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_stream_errors_are_mapped_after_items(probe_server: tuple[Probe, Server]) -> None:
+    probe, server = probe_server
+    probe.raise_next = errors.NotFound("run r1 does not exist")
+    received = []
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for item in channel.unary_stream(f"/{SERVICE}/Stream")(b"first"):
+                received.append(item)
+    assert received == [b"first"]
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_channel_retries_unavailable(probe_server: tuple[Probe, Server]) -> None:
+    probe, server = probe_server
+    probe.unavailable_first = 2
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=5) as channel:
+        assert await _unary(channel)(b"hello") == b"hello"
+    assert probe.calls == 3
+
+
+async def test_channel_gives_up_after_max_attempts(probe_server: tuple[Probe, Server]) -> None:
+    probe, server = probe_server
+    probe.unavailable_first = 10
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=3) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _unary(channel)(b"hello")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert probe.calls == 3
+
+
+async def test_channel_applies_default_deadline(probe_server: tuple[Probe, Server]) -> None:
+    probe, server = probe_server
+    probe.sleep_seconds = 2.0
+    async with open_channel(f"127.0.0.1:{server.port}", deadline_seconds=0.2) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _unary(channel)(b"x")
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_health_goes_not_serving_on_stop(probe_server: tuple[Probe, Server]) -> None:
+    _, server = probe_server
+    async with open_channel(f"127.0.0.1:{server.port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE))
+        first = await watch.read()
+        assert first.status == health_pb2.HealthCheckResponse.SERVING
+        stopping = asyncio.create_task(server.stop())
+        second = await watch.read()
+        assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await stopping
