@@ -6,10 +6,14 @@ the README holds exactly this text, so the table cannot drift from the code.
 
 from __future__ import annotations
 
-from services.coordinator.settings import PREFIX as COORDINATOR, CoordinatorSettings
-from services.gateway.settings import PREFIX as GATEWAY, GatewaySettings
-from services.preview.settings import PREFIX as PREVIEW, PreviewSettings
-from services.processor.settings import PREFIX as PROCESSOR, ProcessorSettings
+from services.coordinator.settings import PREFIX as COORDINATOR
+from services.coordinator.settings import CoordinatorSettings
+from services.gateway.settings import PREFIX as GATEWAY
+from services.gateway.settings import GatewaySettings
+from services.preview.settings import PREFIX as PREVIEW
+from services.preview.settings import PreviewSettings
+from services.processor.settings import PREFIX as PROCESSOR
+from services.processor.settings import ProcessorSettings
 from workshop.kit.settings import describe_settings
 
 SERVICES = [

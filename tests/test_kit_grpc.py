@@ -85,11 +85,16 @@ async def probe_server() -> AsyncIterator[tuple[Probe, Server]]:
         await server.stop()
 
 
+def _method(channel: grpc.aio.Channel, name: str, *, stream: bool = False) -> Any:
+    path = f"/{SERVICE}/{name}"
+    return channel.unary_stream(path) if stream else channel.unary_unary(path)
+
+
 def _unary(channel: grpc.aio.Channel) -> Callable[..., Any]:
-    return channel.unary_unary(f"/{SERVICE}/Unary")
+    return _method(channel, "Unary")  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("error_class", sorted(STATUS_TABLE, key=lambda cls: cls.__name__))
+@pytest.mark.parametrize("error_class", sorted(STATUS_TABLE, key=str))
 async def test_every_domain_error_maps_to_its_status(
     probe_server: tuple[Probe, Server], error_class: type[errors.WorkshopError]
 ) -> None:
@@ -101,7 +106,7 @@ async def test_every_domain_error_maps_to_its_status(
             await call
     assert caught.value.code() == STATUS_TABLE[error_class].grpc_code
     assert caught.value.details() == "Revision 3 is stale."
-    status = rpc_status.from_call(caught.value)  # type: ignore[arg-type]
+    status = rpc_status.from_call(caught.value)
     assert status is not None
     info = error_details_pb2.ErrorInfo()
     assert status.details[0].Unpack(info)
@@ -138,19 +143,18 @@ async def test_not_implemented_is_unimplemented(probe_server: tuple[Probe, Serve
     _, server = probe_server
     async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await channel.unary_unary(f"/{SERVICE}/Missing")(b"x")
+            await _method(channel, "Missing")(b"x")
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 async def test_stream_errors_are_mapped_after_items(probe_server: tuple[Probe, Server]) -> None:
     probe, server = probe_server
     probe.raise_next = errors.NotFound("run r1 does not exist")
-    received = []
     async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        call = _method(channel, "Stream", stream=True)(b"first")
+        assert await call.read() == b"first"
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            async for item in channel.unary_stream(f"/{SERVICE}/Stream")(b"first"):
-                received.append(item)
-    assert received == [b"first"]
+            await call.read()
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 

@@ -47,9 +47,7 @@ def test_defaults_and_parsing() -> None:
         ({"EX_URL": "x", "EX_ENABLED": "maybe"}, "EX_ENABLED", "expected a boolean"),
     ],
 )
-def test_bad_values_name_the_variable(
-    environ: dict[str, str], variable: str, problem: str
-) -> None:
+def test_bad_values_name_the_variable(environ: dict[str, str], variable: str, problem: str) -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings(Example, "EX", environ)
     assert caught.value.variable == variable

@@ -43,9 +43,6 @@ def prefixed(prefix: str, values: dict[str, str]) -> dict[str, str]:
     return {f"{prefix}_{key}": value for key, value in values.items()}
 
 
-
-
-
 @pytest.fixture
 def coordinator_env(pg_cluster: PostgresCluster, pg_dsn: str) -> dict[str, str]:
     return prefixed("COORDINATOR", {**COMMON, "DATABASE_URL": pg_dsn})
@@ -88,7 +85,12 @@ CASES = [
         ],
         "workshop.v1.OperatorService/ListDevices",
     ),
-    ("services.preview", "preview_env", ["workshop.v1.PreviewService"], "workshop.v1.PreviewService/RunCleanup"),
+    (
+        "services.preview",
+        "preview_env",
+        ["workshop.v1.PreviewService"],
+        "workshop.v1.PreviewService/RunCleanup",
+    ),
     ("services.gateway", "gateway_env", [], None),
     ("services.processor", "processor_env", [], None),
 ]
@@ -156,6 +158,8 @@ def test_gateway_http_answers_and_refuses_unbuilt_routes(
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/workshop/runs", timeout=5)
         assert caught.value.code == 501
+        assert json.load(caught.value)["error"]["code"] == "NOT_IMPLEMENTED"
+        caught.value.close()
     finally:
         assert service.stop() == 0
 

@@ -8,13 +8,13 @@ import os
 import sys
 
 import asyncpg
-from workshop.kit.server import announce, serve
-from workshop.kit.settings import settings_or_exit
-from workshop.kit.telemetry import configure_logging, configure_tracing
 
 from services.coordinator.app import grpc_services
 from services.coordinator.migrate import apply_migrations
 from services.coordinator.settings import PREFIX, CoordinatorSettings
+from workshop.kit.server import announce, serve
+from workshop.kit.settings import settings_or_exit
+from workshop.kit.telemetry import configure_logging, configure_tracing
 
 LABEL = "coordinator"
 

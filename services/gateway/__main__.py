@@ -6,12 +6,11 @@ import asyncio
 import os
 import sys
 
+from services.gateway.settings import PREFIX, GatewaySettings
+from services.gateway.web import HttpWorker, build_app
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
-
-from services.gateway.settings import PREFIX, GatewaySettings
-from services.gateway.web import HttpWorker, build_app
 
 LABEL = "gateway"
 

@@ -8,13 +8,13 @@ import sys
 
 from minio.error import S3Error
 from urllib3.exceptions import HTTPError
-from workshop.kit.server import serve
-from workshop.kit.settings import settings_or_exit
-from workshop.kit.telemetry import configure_logging, configure_tracing
 
 from services.preview.app import grpc_services
 from services.preview.settings import PREFIX, PreviewSettings
 from services.preview.storage import ObjectStore
+from workshop.kit.server import serve
+from workshop.kit.settings import settings_or_exit
+from workshop.kit.telemetry import configure_logging, configure_tracing
 
 LABEL = "preview"
 

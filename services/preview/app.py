@@ -1,20 +1,15 @@
 """Assembles the preview service's gRPC services.
 
-PreviewService is the generated base class until the preview issue lands:
-every RPC answers UNIMPLEMENTED.
+PreviewService is hosted by `unimplemented_service` until the preview issue
+lands: every RPC answers UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
 from workshop.kit.server import GrpcService
-from workshop.v1 import preview_pb2_grpc
+from workshop.kit.unimplemented import unimplemented_service
+from workshop.v1 import preview_pb2
 
 
 def grpc_services() -> list[GrpcService]:
-    preview = preview_pb2_grpc.PreviewServiceServicer()
-    return [
-        GrpcService(
-            "workshop.v1.PreviewService",
-            lambda server: preview_pb2_grpc.add_PreviewServiceServicer_to_server(preview, server),
-        )
-    ]
+    return [unimplemented_service(preview_pb2.DESCRIPTOR.services_by_name["PreviewService"])]

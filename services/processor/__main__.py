@@ -8,12 +8,11 @@ import json
 import os
 import sys
 
+from services.processor.manifest import manifest_for
+from services.processor.settings import PREFIX, ProcessorSettings
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
-
-from services.processor.manifest import manifest_for
-from services.processor.settings import PREFIX, ProcessorSettings
 
 LABEL = "processor"
 

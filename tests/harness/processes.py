@@ -30,6 +30,7 @@ class ServiceProcess:
         self.module = module
         self.log_path = log_path
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", module],
@@ -50,7 +51,10 @@ class ServiceProcess:
         self.events.put({"event": "eof"})
 
     def wait_event(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
-        """The next announced event named `event`; fails with the log tail otherwise."""
+        """The first announced event named `event`; fails with the log tail otherwise."""
+        for item in self.seen:
+            if item.get("event") == event:
+                return item
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -60,6 +64,7 @@ class ServiceProcess:
                 item = self.events.get(timeout=remaining)
             except queue.Empty:
                 continue
+            self.seen.append(item)
             if item.get("event") == event:
                 return item
             if item.get("event") == "eof":
@@ -69,7 +74,8 @@ class ServiceProcess:
                 )
 
     def log_tail(self, lines: int = 40) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 
@@ -87,6 +93,8 @@ class ServiceProcess:
                 os.killpg(self.process.pid, signal.SIGKILL)
             code = self.process.wait(timeout=10)
         self._reader.join(timeout=5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         self._log.close()
         return code
 

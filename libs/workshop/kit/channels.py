@@ -36,7 +36,7 @@ def retry_service_config(max_attempts: int = 5) -> str:
     )
 
 
-class DefaultDeadlineInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class DefaultDeadlineInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
     """Gives every unary call a deadline unless the caller chose one."""
 
     def __init__(self, seconds: float) -> None:

@@ -106,16 +106,24 @@ def _wrap_stream(
     return _wrap_unary(behaviour)
 
 
+_HANDLER_KINDS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler, _wrap_unary),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler, _wrap_stream),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler, _wrap_unary),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler, _wrap_stream),
+)
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions raised by servicers to statuses (see module docstring)."""
 
     async def intercept_service(
         self,
         continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
         ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -123,20 +131,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,
         }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary), **serializers
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream), **serializers
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary), **serializers
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                _wrap_stream(handler.stream_stream), **serializers
-            )
+        # The stubs type behaviours as sync callables with the sync context;
+        # under grpc.aio they are coroutines taking the aio context.
+        for attribute, factory, wrap in _HANDLER_KINDS:
+            behaviour: Any = getattr(handler, attribute)
+            if behaviour is not None:
+                return factory(wrap(behaviour), **serializers)  # type: ignore[no-any-return]
         return handler

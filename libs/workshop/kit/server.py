@@ -94,7 +94,7 @@ class Server:
             # write-style streams are not what the OTel aio wrapper expects.
             interceptors=[
                 ErrorMappingInterceptor(),
-                aio_server_interceptor(filter_=negate(_infrastructure_call)),
+                aio_server_interceptor(filter_=negate(_infrastructure_call)),  # type: ignore[no-untyped-call]
             ],
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
