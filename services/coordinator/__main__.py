@@ -1,4 +1,4 @@
-"""`python -m services.coordinator [serve|migrate]`."""
+"""`python -m services.coordinator [serve | migrate | create-admin-key --name NAME]`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import sys
 import asyncpg
 
 from services.coordinator.app import grpc_services
+from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.clock import Clock, ManualClock, SystemClock
+from services.coordinator.db import Database
 from services.coordinator.migrate import apply_migrations
+from services.coordinator.operator_api import insert_key
 from services.coordinator.settings import PREFIX, CoordinatorSettings
 from workshop.kit.server import announce, serve
 from workshop.kit.settings import settings_or_exit
@@ -19,13 +23,20 @@ from workshop.kit.telemetry import configure_logging, configure_tracing
 LABEL = "coordinator"
 
 
+def make_clock(settings: CoordinatorSettings) -> Clock:
+    return ManualClock() if settings.manual_clock else SystemClock()
+
+
 async def run_server(settings: CoordinatorSettings) -> None:
     # The pool proves the database is reachable before we report SERVING, and
     # is closed only after the server has stopped taking calls.
-    async with asyncpg.create_pool(
-        settings.database_url, min_size=1, max_size=settings.database_pool_size
-    ):
-        await serve(label=LABEL, settings=settings, services=grpc_services())
+    async with Database.open(settings.database_url, size=settings.database_pool_size) as db:
+        clock = make_clock(settings)
+        await serve(
+            label=LABEL,
+            settings=settings,
+            services=grpc_services(db, clock, job_capacity=settings.job_capacity),
+        )
 
 
 async def run_migrate(settings: CoordinatorSettings) -> None:
@@ -33,16 +44,37 @@ async def run_migrate(settings: CoordinatorSettings) -> None:
     announce(LABEL, event="migrated", applied=applied)
 
 
+async def run_create_admin_key(settings: CoordinatorSettings, name: str) -> None:
+    """Bootstrap: the first admin key, written straight to the database."""
+    async with (
+        Database.open(settings.database_url, size=1) as db,
+        db.transaction() as connection,
+    ):
+        row, secret = await insert_key(
+            connection, name, [Grant(ScopeName.ADMIN)], "", None, make_clock(settings).now()
+        )
+    announce(LABEL, event="admin-key", key_id=row["key_id"], secret=secret)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m services.coordinator")
-    parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("serve", help="run the coordinator (default)")
+    commands.add_parser("migrate", help="apply schema migrations (advisory-locked)")
+    admin = commands.add_parser("create-admin-key", help="print a new admin key's secret once")
+    admin.add_argument("--name", default="admin", help="a label for the key")
     args = parser.parse_args(argv)
     settings = settings_or_exit(CoordinatorSettings, PREFIX, os.environ)
     configure_logging(LABEL, settings.log_level)
     configure_tracing(LABEL)
-    runner = run_server if args.command == "serve" else run_migrate
+    if args.command == "migrate":
+        runner = run_migrate(settings)
+    elif args.command == "create-admin-key":
+        runner = run_create_admin_key(settings, args.name)
+    else:
+        runner = run_server(settings)
     try:
-        asyncio.run(runner(settings))
+        asyncio.run(runner)
     except (OSError, asyncpg.PostgresError) as error:
         print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -1,4 +1,4 @@
-"""Assembles the coordinator's gRPC services.
+"""Assembles the coordinator: its servicers over one database pool and one clock.
 
 Services whose issue has not landed are hosted by `unimplemented_service`: the
 full contract is listed and described, and every RPC answers UNIMPLEMENTED.
@@ -6,15 +6,35 @@ full contract is listed and described, and every RPC answers UNIMPLEMENTED.
 
 from __future__ import annotations
 
+from services.coordinator.clock import Clock
+from services.coordinator.db import Database
+from services.coordinator.operator_api import OperatorApi
+from services.coordinator.servicers.common import Authenticator
+from services.coordinator.servicers.operator import OperatorServicer
+from services.coordinator.servicers.workshop import WorkshopServicer
+from services.coordinator.workshop_api import WorkshopApi
 from workshop.kit.server import GrpcService
 from workshop.kit.unimplemented import unimplemented_service
-from workshop.v1 import jobs_pb2, operator_pb2, publication_pb2, workshop_pb2
+from workshop.v1 import jobs_pb2, operator_pb2_grpc, publication_pb2, workshop_pb2_grpc
 
 
-def grpc_services() -> list[GrpcService]:
+def grpc_services(db: Database, clock: Clock, *, job_capacity: int) -> list[GrpcService]:
+    authenticate = Authenticator(db, clock)
+    operator = OperatorServicer(OperatorApi(db, clock), authenticate)
+    workshop = WorkshopServicer(WorkshopApi(db, clock, capacity=job_capacity), authenticate)
     return [
-        unimplemented_service(operator_pb2.DESCRIPTOR.services_by_name["OperatorService"]),
-        unimplemented_service(workshop_pb2.DESCRIPTOR.services_by_name["WorkshopService"]),
+        GrpcService(
+            "workshop.v1.OperatorService",
+            lambda server: operator_pb2_grpc.add_OperatorServiceServicer_to_server(
+                operator, server
+            ),
+        ),
+        GrpcService(
+            "workshop.v1.WorkshopService",
+            lambda server: workshop_pb2_grpc.add_WorkshopServiceServicer_to_server(
+                workshop, server
+            ),
+        ),
         unimplemented_service(jobs_pb2.DESCRIPTOR.services_by_name["JobService"]),
         unimplemented_service(publication_pb2.DESCRIPTOR.services_by_name["PublicationService"]),
     ]

@@ -20,9 +20,19 @@ class CoordinatorSettings(ServerSettings):
     manual_clock: bool = setting(
         False, help="1 = serve AdvanceClock and follow a clock an admin moves (tests only)."
     )
+    job_capacity: int = setting(
+        1_000_000, help="Unfinished jobs at which CreateRun refuses new runs (RESOURCE_EXHAUSTED)."
+    )
+    scheduler_interval_seconds: float = setting(
+        30.0, help="Seconds between passes of the daily-schedule loop (0 turns it off)."
+    )
 
     def validate(self) -> None:
         if not self.database_url.startswith(("postgresql://", "postgres://")):
             raise SettingsError(f"{PREFIX}_DATABASE_URL", "expected a postgresql:// DSN")
+        if self.job_capacity < 1:
+            raise SettingsError(f"{PREFIX}_JOB_CAPACITY", "must be at least 1")
+        if self.scheduler_interval_seconds < 0:
+            raise SettingsError(f"{PREFIX}_SCHEDULER_INTERVAL_SECONDS", "cannot be negative")
         if self.database_pool_size < 1:
             raise SettingsError(f"{PREFIX}_DATABASE_POOL_SIZE", "must be at least 1")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from workshop.kit.errors import Unauthenticated
 
 AUTHORIZATION_KEY = "authorization"
 _SCHEME = "bearer"
 
-Metadata = Sequence[tuple[str, str | bytes]]
+Metadata = Iterable[tuple[str, str | bytes]]
 
 
 def bearer_metadata(secret: str) -> tuple[tuple[str, str]]:

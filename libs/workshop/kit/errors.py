@@ -93,3 +93,9 @@ class Unavailable(WorkshopError):
     """A dependency (database, object store) cannot be reached now; retry later (HTTP 503)."""
 
     reason = "UNAVAILABLE"
+
+
+class NotImplementedYet(WorkshopError):
+    """A contract whose implementation has not landed yet (UNIMPLEMENTED, HTTP 501)."""
+
+    reason = "NOT_IMPLEMENTED"

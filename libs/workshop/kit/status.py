@@ -30,6 +30,7 @@ STATUS_TABLE: dict[type[BaseException], Status] = {
     errors.FailedPrecondition: Status(grpc.StatusCode.FAILED_PRECONDITION, 409),
     errors.ResourceExhausted: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     errors.Unavailable: Status(grpc.StatusCode.UNAVAILABLE, 503),
+    errors.NotImplementedYet: Status(grpc.StatusCode.UNIMPLEMENTED, 501),
 }
 
 INTERNAL = Status(grpc.StatusCode.INTERNAL, 500)

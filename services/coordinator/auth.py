@@ -1,0 +1,164 @@
+"""Who is calling, and may they? (SPEC §2 principals, scopes and revocation.)
+
+Secrets are random 256-bit tokens shown once; only their SHA-256 is stored, so
+a lookup is one indexed query (a slow password hash would tax every call, and
+adds nothing for random secrets). Prefixes tell keys (`wk_`) from sessions
+(`ws_`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Iterable
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from services.coordinator.db import Connection, sql
+from services.coordinator.errors import CredentialRejected, InvalidField, ScopeMissing
+from workshop.kit.hashing import sha256_hex
+
+KEY_PREFIX = "wk_"
+SESSION_PREFIX = "ws_"
+
+
+class ScopeName(StrEnum):
+    WORKSHOP = "workshop"
+    FOOTAGE_READ = "footage:read"
+    WORKSHOP_RUN = "workshop:run"
+    ADMIN = "admin"
+    SERVICE = "service"
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """One scope of a key; device_id and camera_ids qualify the bound scopes."""
+
+    scope: ScopeName
+    device_id: str = ""
+    camera_ids: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        value: dict[str, Any] = {"scope": self.scope.value}
+        if self.device_id:
+            value["device_id"] = self.device_id
+        if self.camera_ids:
+            value["camera_ids"] = list(self.camera_ids)
+        return value
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Grant:
+        return cls(
+            ScopeName(value["scope"]),
+            value.get("device_id", ""),
+            tuple(value.get("camera_ids", ())),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: a website session, an API key, or the scheduler."""
+
+    kind: str  # "session" | "key" | "scheduler"
+    user_id: str = ""
+    session_id: str = ""
+    key_id: str = ""
+    display_name: str = ""
+    grants: tuple[Grant, ...] = ()
+
+    def has(self, scope: ScopeName) -> bool:
+        return any(grant.scope is scope for grant in self.grants)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.has(ScopeName.ADMIN)
+
+    def to_json(self) -> dict[str, str]:
+        """What a run records as its creator (fence 3 reads it back)."""
+        return {
+            "kind": self.kind,
+            "user_id": self.user_id,
+            "session_id": self.session_id,
+            "key_id": self.key_id,
+            "display_name": self.display_name,
+        }
+
+
+SCHEDULER = Principal(kind="scheduler", display_name="scheduler")
+
+
+def new_secret(prefix: str) -> tuple[str, str]:
+    """A fresh secret and the hash to store."""
+    secret = prefix + secrets.token_urlsafe(32)
+    return secret, sha256_hex(secret.encode())
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(8)
+
+
+def _rejected(what: str) -> CredentialRejected:
+    return CredentialRejected(f"The {what}; sign in again or ask an admin for a new key.")
+
+
+async def authenticate(connection: Connection, secret: str, now: datetime) -> Principal:
+    """The principal behind `secret`, or CredentialRejected."""
+    digest = sha256_hex(secret.encode())
+    if secret.startswith(SESSION_PREFIX):
+        row = await connection.fetchrow(sql("auth", "session_by_secret_hash"), digest)
+        if row is None:
+            raise _rejected("session is unknown")
+        if row["revoked_at"] is not None:
+            raise _rejected("session was revoked")
+        if row["expires_at"] <= now:
+            raise _rejected("session has expired")
+        if row["user_disabled_at"] is not None:
+            raise _rejected("user is disabled")
+        # A website session acts for its user: runs, reviews and all footage.
+        return Principal(
+            kind="session",
+            user_id=row["user_id"],
+            session_id=row["session_id"],
+            display_name=row["display_name"],
+            grants=(Grant(ScopeName.WORKSHOP), Grant(ScopeName.FOOTAGE_READ)),
+        )
+    row = await connection.fetchrow(sql("auth", "key_by_secret_hash"), digest)
+    if row is None or not secret.startswith(KEY_PREFIX):
+        raise _rejected("key is unknown")
+    if row["revoked_at"] is not None:
+        raise _rejected("key was revoked")
+    if row["expires_at"] is not None and row["expires_at"] <= now:
+        raise _rejected("key has expired")
+    if row["user_disabled_at"] is not None:
+        raise _rejected("key's user is disabled")
+    return Principal(
+        kind="key",
+        user_id=row["user_id"] or "",
+        key_id=row["key_id"],
+        display_name=row["display_name"],
+        grants=tuple(Grant.from_json(value) for value in row["scopes"]),
+    )
+
+
+def require(principal: Principal, *scopes: ScopeName) -> None:
+    """PermissionDenied unless the principal holds one of `scopes` (admin holds all)."""
+    if principal.is_admin or any(principal.has(scope) for scope in scopes):
+        return
+    names = " or ".join(f"'{scope.value}'" for scope in scopes)
+    raise ScopeMissing(f"This call needs a key with scope {names}.")
+
+
+def validate_grants(grants: Iterable[Grant]) -> tuple[Grant, ...]:
+    """The grants of a new key, checked for shape (existence is the store's job)."""
+    checked = tuple(grants)
+    if not checked:
+        raise InvalidField("A key needs at least one scope.")
+    for grant in checked:
+        if grant.scope is ScopeName.WORKSHOP_RUN and not grant.device_id:
+            raise InvalidField("A 'workshop:run' scope must name the device it is bound to.")
+        if grant.scope is ScopeName.FOOTAGE_READ and not grant.camera_ids:
+            raise InvalidField("A 'footage:read' scope must list the cameras it may read.")
+        if grant.scope not in (ScopeName.WORKSHOP_RUN,) and grant.device_id:
+            raise InvalidField(f"Scope '{grant.scope.value}' takes no device.")
+    return checked

@@ -1,0 +1,69 @@
+"""The coordinator's only door to Postgres (asyncpg).
+
+Statements come from the named `.sql` files (see `queries`); callers name them
+as `sql("runs", "run_insert")`. jsonb columns travel as Python values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+from asyncpg.exceptions import ForeignKeyViolationError, UniqueViolationError
+
+from services.coordinator import queries
+
+Connection = asyncpg.Connection
+Pool = asyncpg.Pool
+Record = asyncpg.Record
+
+__all__ = [
+    "Connection",
+    "Database",
+    "ForeignKeyViolationError",
+    "Pool",
+    "Record",
+    "UniqueViolationError",
+    "sql",
+]
+
+
+def sql(file_stem: str, name: str) -> str:
+    """The statement `name` of `sql/<file_stem>.sql`."""
+    return queries.load(file_stem)[name]
+
+
+async def _init_connection(connection: Any) -> None:
+    for type_name in ("json", "jsonb"):
+        await connection.set_type_codec(
+            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+class Database:
+    """A connection pool plus the few helpers every store module uses."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, dsn: str, *, size: int = 10) -> AsyncIterator[Database]:
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=size, init=_init_connection)
+        try:
+            yield cls(pool)
+        finally:
+            await pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        async with self.pool.acquire() as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        async with self.pool.acquire() as connection, connection.transaction():
+            yield connection

@@ -1,0 +1,41 @@
+"""Checks on request fields shared by every RPC: ids, digests, page sizes."""
+
+from __future__ import annotations
+
+import re
+
+from services.coordinator.errors import InvalidField
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+def check_id(field: str, value: str) -> str:
+    """A client-chosen id: 1-128 characters of [A-Za-z0-9._-] starting with a letter or digit."""
+    if not _ID.match(value):
+        shown = repr(value) if value else "empty"
+        raise InvalidField(
+            f"{field} must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit (got {shown})."
+        )
+    return value
+
+
+def check_sha256(field: str, value: str) -> str:
+    if not _SHA256.match(value):
+        raise InvalidField(f"{field} must be 64 lower-case hex characters (a SHA-256 digest).")
+    return value
+
+
+def page_size(requested: int) -> int:
+    """The page size to use: the default when 0, never above the maximum."""
+    if requested == 0:
+        return DEFAULT_PAGE_SIZE
+    return min(requested, MAX_PAGE_SIZE)
+
+
+def page_token(value: str) -> str | None:
+    """The last key of the previous page, or None for the first page."""
+    return value or None

@@ -1,0 +1,450 @@
+"""Operator tasks (SPEC §2, §12): devices, runtimes, cameras, recordings, models,
+buckets, users, sessions, keys, the policy revision and the manual clock.
+
+Every function takes the caller's principal and checks it holds `admin`.
+Results are database records; the servicer renders them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from services.coordinator import auth
+from services.coordinator.auth import Grant, Principal, ScopeName
+from services.coordinator.clock import Clock
+from services.coordinator.db import Database, ForeignKeyViolationError, Record, sql
+from services.coordinator.errors import (
+    CredentialRejected,
+    IdConflict,
+    InvalidField,
+    NotFound,
+    StaleRevision,
+)
+from services.coordinator.fields import check_id, check_sha256
+from workshop.kit.hashing import canonical_json, runtime_manifest
+from workshop.kit.hashing import runtime_id as compute_runtime_id
+
+RECORDING_RETENTION = timedelta(days=40)
+DEFAULT_SESSION_TTL = timedelta(days=14)
+TRACKING_CAPABILITY = "workshop-v3"
+
+
+def _require_admin(principal: Principal) -> None:
+    auth.require(principal, ScopeName.ADMIN)
+
+
+class OperatorApi:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
+        self.clock = clock
+
+    # devices and runtimes ---------------------------------------------------------
+
+    async def register_device(self, who: Principal, device_id: str, description: str) -> Record:
+        _require_admin(who)
+        check_id("device_id", device_id)
+        async with self.db.connection() as connection:
+            row = await connection.fetchrow(
+                sql("resources", "device_register"), device_id, description, self.clock.now()
+            )
+            if row is not None:
+                return row
+            existing = await connection.fetchrow(sql("resources", "device_get"), device_id)
+        if existing["description"] != description:
+            raise IdConflict(
+                f"Device {device_id!r} is registered with another description.",
+                metadata={"device_id": device_id},
+            )
+        return existing
+
+    async def register_runtime(
+        self,
+        who: Principal,
+        *,
+        device_id: str,
+        engine: str,
+        code_sha256: str,
+        capabilities: Sequence[str],
+    ) -> tuple[Record, str]:
+        """Registers the runtime of a manifest; returns it and the manifest JSON."""
+        _require_admin(who)
+        check_id("device_id", device_id)
+        check_sha256("code_sha256", code_sha256)
+        if not engine:
+            raise InvalidField("engine must name the processor engine, e.g. workshop-processor.")
+
+        manifest = runtime_manifest(engine=engine, device_id=device_id, code_sha256=code_sha256)
+        runtime = compute_runtime_id(engine=engine, device_id=device_id, code_sha256=code_sha256)
+        async with self.db.connection() as connection:
+            if await connection.fetchrow(sql("resources", "device_get"), device_id) is None:
+                raise NotFound(
+                    f"Device {device_id!r} is not registered; register it first "
+                    "(OperatorService/RegisterDevice)."
+                )
+            row = await connection.fetchrow(
+                sql("resources", "runtime_register"),
+                runtime,
+                device_id,
+                engine,
+                code_sha256,
+                sorted(set(capabilities)),
+                self.clock.now(),
+            )
+        return row, canonical_json(manifest).decode()
+
+    async def list_devices(self, who: Principal, after: str | None, limit: int) -> list[Record]:
+        _require_admin(who)
+        return await self._fetch(sql("resources", "device_list"), after, limit)
+
+    async def list_runtimes(
+        self, who: Principal, device_id: str, after: str | None, limit: int
+    ) -> list[Record]:
+        _require_admin(who)
+        return await self._fetch(sql("resources", "runtime_list"), device_id or None, after, limit)
+
+    # cameras and recordings ------------------------------------------------------------
+
+    async def put_camera(self, who: Principal, camera_id: str, name: str) -> Record:
+        _require_admin(who)
+        check_id("camera_id", camera_id)
+        return await self._fetchrow(
+            sql("resources", "camera_put"), camera_id, name, self.clock.now()
+        )
+
+    async def list_cameras(self, who: Principal, after: str | None, limit: int) -> list[Record]:
+        _require_admin(who)
+        return await self._fetch(sql("resources", "camera_list"), after, limit)
+
+    async def put_recording(
+        self,
+        who: Principal,
+        *,
+        recording_id: str,
+        camera_id: str,
+        start: datetime,
+        end: datetime,
+        fps: float,
+        object_key: str,
+        sha256: str,
+        byte_size: int,
+    ) -> Record:
+        _require_admin(who)
+        check_id("recording_id", recording_id)
+        check_id("camera_id", camera_id)
+        check_sha256("sha256", sha256)
+        if end <= start:
+            raise InvalidField("A recording's end must be after its start.")
+        if not fps > 0:
+            raise InvalidField(f"fps must be positive (got {fps}).")
+        if byte_size < 0:
+            raise InvalidField("byte_size cannot be negative.")
+        if not object_key:
+            raise InvalidField("object_key must name the recording's object in storage.")
+        now = self.clock.now()
+        try:
+            row = await self._fetchrow(
+                sql("resources", "recording_put"),
+                recording_id,
+                camera_id,
+                start,
+                end,
+                fps,
+                object_key,
+                sha256,
+                byte_size,
+                now,
+                now + RECORDING_RETENTION,
+            )
+        except ForeignKeyViolationError:
+            raise NotFound(f"Camera {camera_id!r} does not exist; create it first.") from None
+        if row is None:
+            raise InvalidField(
+                f"Recording {recording_id!r} belongs to another camera; a replacement keeps "
+                "its camera."
+            )
+        return row
+
+    async def delete_recording(self, who: Principal, recording_id: str) -> Record:
+        _require_admin(who)
+        row = await self._fetchrow(
+            sql("resources", "recording_delete"), recording_id, self.clock.now()
+        )
+        if row is None:
+            raise NotFound(f"Recording {recording_id!r} does not exist or is already deleted.")
+        return row
+
+    async def list_recordings(
+        self,
+        who: Principal,
+        *,
+        camera_id: str,
+        overlaps_from: datetime | None,
+        overlaps_until: datetime | None,
+        after: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[Record]:
+        _require_admin(who)
+        after_start, after_id = after if after else (None, None)
+        return await self._fetch(
+            sql("resources", "recording_list"),
+            self.clock.now(),
+            camera_id or None,
+            overlaps_from,
+            overlaps_until,
+            after_start,
+            after_id,
+            limit,
+        )
+
+    # models and buckets -----------------------------------------------------------------
+
+    async def publish_model_version(
+        self,
+        who: Principal,
+        *,
+        name: str,
+        version: int,
+        weights_sha256: str,
+        classes: Sequence[str],
+        input_shape: Sequence[int],
+    ) -> tuple[Record, bool]:
+        _require_admin(who)
+        check_id("name", name)
+        check_sha256("weights_sha256", weights_sha256)
+        if version < 1:
+            raise InvalidField("version must be 1 or more.")
+        if not classes or any(not value for value in classes) or len(set(classes)) != len(classes):
+            raise InvalidField("classes must list distinct, non-empty class names.")
+        if not input_shape or any(value < -1 or value == 0 for value in input_shape):
+            raise InvalidField("input_shape must list positive sizes (-1 for a dynamic one).")
+        row = await self._fetchrow(
+            sql("resources", "model_version_publish"),
+            name,
+            version,
+            weights_sha256,
+            list(classes),
+            list(input_shape),
+            self.clock.now(),
+        )
+        if row is not None:
+            return row, True
+        existing = await self._fetchrow(sql("resources", "model_version_get"), name, version)
+        same = (
+            existing["weights_sha256"] == weights_sha256
+            and list(existing["classes"]) == list(classes)
+            and list(existing["input_shape"]) == list(input_shape)
+        )
+        if not same:
+            raise IdConflict(
+                f"Model {name} version {version} is already published with other weights, "
+                "classes or shape; versions are immutable, publish a new version.",
+                metadata={"name": name, "version": str(version)},
+            )
+        return existing, False
+
+    async def list_model_versions(
+        self, who: Principal, name: str, after: tuple[str, int] | None, limit: int
+    ) -> list[Record]:
+        auth.require(who, ScopeName.WORKSHOP)
+        after_name, after_version = after if after else (None, None)
+        return await self._fetch(
+            sql("resources", "model_version_list"), name or None, after_name, after_version, limit
+        )
+
+    async def create_bucket(self, who: Principal, bucket_id: str, name: str) -> Record:
+        _require_admin(who)
+        check_id("bucket_id", bucket_id)
+        row = await self._fetchrow(
+            sql("resources", "bucket_create"), bucket_id, name, self.clock.now()
+        )
+        if row is not None:
+            return row
+        existing = await self._fetchrow(sql("resources", "bucket_get"), bucket_id)
+        if existing["deleted_at"] is not None or existing["name"] != name:
+            raise IdConflict(
+                f"Bucket id {bucket_id!r} is taken (by another bucket or a deleted one); "
+                "choose another id.",
+                metadata={"bucket_id": bucket_id},
+            )
+        return existing
+
+    async def delete_bucket(self, who: Principal, bucket_id: str) -> Record:
+        _require_admin(who)
+        row = await self._fetchrow(sql("resources", "bucket_delete"), bucket_id, self.clock.now())
+        if row is None:
+            raise NotFound(f"Bucket {bucket_id!r} does not exist.")
+        return row
+
+    async def list_buckets(self, who: Principal, after: str | None, limit: int) -> list[Record]:
+        auth.require(who, ScopeName.WORKSHOP)
+        return await self._fetch(sql("resources", "bucket_list"), after, limit)
+
+    # principals ---------------------------------------------------------------------------
+
+    async def create_user(self, who: Principal, user_id: str, display_name: str) -> Record:
+        _require_admin(who)
+        check_id("user_id", user_id)
+        row = await self._fetchrow(
+            sql("auth", "user_create"), user_id, display_name, self.clock.now()
+        )
+        if row is not None:
+            return row
+        existing = await self._fetchrow(sql("auth", "user_get"), user_id)
+        if existing["display_name"] != display_name:
+            raise IdConflict(f"User {user_id!r} exists with another display name.")
+        return existing
+
+    async def disable_user(self, who: Principal, user_id: str) -> Record:
+        _require_admin(who)
+        row = await self._fetchrow(sql("auth", "user_disable"), user_id, self.clock.now())
+        if row is None:
+            raise NotFound(f"User {user_id!r} does not exist.")
+        return row
+
+    async def create_session(
+        self, who: Principal, user_id: str, ttl: timedelta | None
+    ) -> tuple[Record, str]:
+        _require_admin(who)
+        lifetime = ttl if ttl else DEFAULT_SESSION_TTL
+        if lifetime <= timedelta(0):
+            raise InvalidField("ttl must be positive.")
+        user = await self._fetchrow(sql("auth", "user_get"), user_id)
+        if user is None:
+            raise NotFound(f"User {user_id!r} does not exist.")
+        if user["disabled_at"] is not None:
+            raise CredentialRejected(f"User {user_id!r} is disabled.")
+        secret, digest = auth.new_secret(auth.SESSION_PREFIX)
+        now = self.clock.now()
+        row = await self._fetchrow(
+            sql("auth", "session_create"),
+            auth.new_id("ses_"),
+            user_id,
+            digest,
+            now,
+            now + lifetime,
+        )
+        return row, secret
+
+    async def revoke_session(self, who: Principal, session_id: str) -> Record:
+        _require_admin(who)
+        row = await self._fetchrow(sql("auth", "session_revoke"), session_id, self.clock.now())
+        if row is None:
+            raise NotFound(f"Session {session_id!r} does not exist.")
+        return row
+
+    async def create_key(
+        self,
+        who: Principal,
+        *,
+        name: str,
+        grants: Sequence[Grant],
+        user_id: str,
+        ttl: timedelta | None,
+    ) -> tuple[Record, str]:
+        _require_admin(who)
+        checked = auth.validate_grants(grants)
+        if ttl is not None and ttl <= timedelta(0):
+            raise InvalidField("ttl must be positive.")
+        async with self.db.transaction() as connection:
+            await self._check_grant_targets(connection, checked, user_id)
+            return await insert_key(connection, name, checked, user_id, ttl, self.clock.now())
+
+    async def _check_grant_targets(
+        self, connection: Any, grants: Sequence[Grant], user_id: str
+    ) -> None:
+        if user_id and await connection.fetchrow(sql("auth", "user_get"), user_id) is None:
+            raise NotFound(f"User {user_id!r} does not exist.")
+        cameras = {
+            row["camera_id"] for row in await connection.fetch(sql("resources", "camera_ids_all"))
+        }
+        for grant in grants:
+            if grant.device_id and (
+                await connection.fetchrow(sql("resources", "device_get"), grant.device_id) is None
+            ):
+                raise NotFound(f"Device {grant.device_id!r} is not registered.")
+            missing = sorted(set(grant.camera_ids) - cameras)
+            if missing:
+                raise NotFound(f"Unknown cameras in footage:read scope: {', '.join(missing)}.")
+
+    async def revoke_key(self, who: Principal, key_id: str) -> Record:
+        _require_admin(who)
+        row = await self._fetchrow(sql("auth", "key_revoke"), key_id, self.clock.now())
+        if row is None:
+            raise NotFound(f"Key {key_id!r} does not exist.")
+        return row
+
+    async def list_keys(
+        self, who: Principal, include_revoked: bool, after: str | None, limit: int
+    ) -> list[Record]:
+        _require_admin(who)
+        return await self._fetch(sql("auth", "key_list"), include_revoked, after, limit)
+
+    async def policy_revision(self, who: Principal) -> int:
+        _require_admin(who)
+        revision: int = await self._fetchval(sql("auth", "policy_get"))
+        return revision
+
+    async def raise_policy_revision(self, who: Principal, expected: int | None) -> int:
+        _require_admin(who)
+        revision = await self._fetchval(sql("auth", "policy_raise"), expected)
+        if revision is None:
+            current = await self._fetchval(sql("auth", "policy_get"))
+            raise StaleRevision(
+                f"The policy revision is {current}, not {expected}.",
+                metadata={"current_revision": str(current)},
+            )
+        return int(revision)
+
+    # clock ------------------------------------------------------------------------------------
+
+    def get_clock(self, who: Principal) -> tuple[datetime, bool]:
+        _require_admin(who)
+        return self.clock.now(), self.clock.manual
+
+    def advance_clock(self, who: Principal, by: timedelta | None, to: datetime | None) -> datetime:
+        _require_admin(who)
+        if to is not None:
+            by = to - self.clock.now()
+        if by is None:
+            raise InvalidField("Give either 'by' (a duration) or 'to' (a time).")
+        return self.clock.advance(by)
+
+    # helpers ----------------------------------------------------------------------------------
+
+    async def _fetch(self, query: str, *args: Any) -> list[Record]:
+        async with self.db.connection() as connection:
+            rows: list[Record] = await connection.fetch(query, *args)
+            return rows
+
+    async def _fetchrow(self, query: str, *args: Any) -> Any:
+        async with self.db.connection() as connection:
+            return await connection.fetchrow(query, *args)
+
+    async def _fetchval(self, query: str, *args: Any) -> Any:
+        async with self.db.connection() as connection:
+            return await connection.fetchval(query, *args)
+
+
+async def insert_key(
+    connection: Any,
+    name: str,
+    grants: Sequence[Grant],
+    user_id: str,
+    ttl: timedelta | None,
+    now: datetime,
+) -> tuple[Record, str]:
+    """Stores a new key; returns its row and its secret (shown once)."""
+    secret, digest = auth.new_secret(auth.KEY_PREFIX)
+    row = await connection.fetchrow(
+        sql("auth", "key_create"),
+        auth.new_id("key_"),
+        name,
+        user_id or None,
+        digest,
+        [grant.to_json() for grant in grants],
+        now,
+        now + ttl if ttl else None,
+    )
+    return row, secret

@@ -1,0 +1,298 @@
+"""WorkshopService: translates the contract to WorkshopApi calls and back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format
+
+from services.coordinator import convert
+from services.coordinator.errors import InvalidField
+from services.coordinator.fields import page_size
+from services.coordinator.servicers.common import Authenticator, Context, next_token, split_token
+from services.coordinator.workshop_api import RunView, WorkshopApi, run_request, spec_from_json
+from workshop.kit.errors import NotImplementedYet
+from workshop.v1 import common_pb2, run_pb2, snapshot_pb2, workflow_pb2, workshop_pb2_grpc
+from workshop.v1 import workshop_pb2 as pb
+
+MODES = {common_pb2.RUN_MODE_TEST: "test", common_pb2.RUN_MODE_FULL: "full"}
+STATUSES = {
+    "queued": common_pb2.RUN_STATUS_QUEUED,
+    "running": common_pb2.RUN_STATUS_RUNNING,
+    "completed": common_pb2.RUN_STATUS_COMPLETED,
+    "failed": common_pb2.RUN_STATUS_FAILED,
+    "cancelled": common_pb2.RUN_STATUS_CANCELLED,
+    "expired": common_pb2.RUN_STATUS_EXPIRED,
+}
+JOB_STATES = {
+    "queued": common_pb2.JOB_STATE_QUEUED,
+    "leased": common_pb2.JOB_STATE_LEASED,
+    "completed": common_pb2.JOB_STATE_COMPLETED,
+    "failed": common_pb2.JOB_STATE_FAILED,
+    "cancelled": common_pb2.JOB_STATE_CANCELLED,
+    "expired": common_pb2.JOB_STATE_EXPIRED,
+}
+DEFAULT_JOB_LIMIT = 100
+MAX_JOB_LIMIT = 10_000
+
+
+def job_id(index: int) -> str:
+    """A job's id within its run: 'j' + its index in job order."""
+    return f"j{index}"
+
+
+def workflow(row: Any) -> workflow_pb2.Workflow:
+    return workflow_pb2.Workflow(
+        workflow_id=row["workflow_id"],
+        revision=row["revision"],
+        spec=spec_from_json(row["spec"]),
+        created_at=convert.ts(row["created_at"]),
+        updated_at=convert.ts(row["updated_at"]),
+        updated_by=convert.principal(row["updated_by"]),
+    )
+
+
+def run(view: RunView) -> run_pb2.Run:
+    row, counts = view.row, view.counts
+    kind = common_pb2.RUN_KIND_PHOTO if row["kind"] == "photo" else common_pb2.RUN_KIND_WORKFLOW
+    finished = view.status not in ("queued", "running")
+    return run_pb2.Run(
+        run_id=row["run_id"],
+        kind=kind,
+        mode=common_pb2.RUN_MODE_TEST if row["mode"] == "test" else common_pb2.RUN_MODE_FULL,
+        workflow_id=row["workflow_id"],
+        workflow_revision=row["workflow_revision"],
+        runtime_id=row["runtime_id"],
+        image_limit=row["image_limit"],
+        status=STATUSES[view.status],
+        counts=run_pb2.RunCounts(
+            jobs_total=counts.jobs_total,
+            jobs_queued=counts.jobs_queued,
+            jobs_leased=counts.jobs_leased,
+            jobs_completed=counts.jobs_completed,
+            jobs_failed=counts.jobs_failed,
+            jobs_cancelled=counts.jobs_cancelled,
+            jobs_expired=counts.jobs_expired,
+            slots_expected=counts.slots_expected,
+        ),
+        waiting_behind=view.waiting_behind,
+        created_by=convert.principal(row["created_by"]),
+        created_at=convert.ts(row["created_at"]),
+        finished_at=convert.opt_ts(row["last_job_update"]) if finished else None,
+        expires_at=convert.opt_ts(row["expires_at"]),
+    )
+
+
+def job(row: Any) -> run_pb2.JobSummary:
+    return run_pb2.JobSummary(
+        job_id=job_id(row["job_index"]),
+        job_index=row["job_index"],
+        camera_id=row["camera_id"],
+        recording_id=row["recording_id"],
+        recording_generation=row["recording_generation"],
+        state=JOB_STATES[row["state"]],
+        phase=common_pb2.JobPhase.Value(f"JOB_PHASE_{row['phase'].upper()}")
+        if row["phase"]
+        else common_pb2.JOB_PHASE_UNSPECIFIED,
+        progress_percent=row["progress"],
+        slot_count=row["slot_count"],
+        generation=row["generation"],
+        failure_message=row["failure_message"] or "",
+        decoder=row["decoder"] or "",
+        updated_at=convert.ts(row["updated_at"]),
+    )
+
+
+def detail(view: RunView, job_limit: int) -> run_pb2.RunDetail:
+    return run_pb2.RunDetail(
+        run=run(view),
+        jobs=[job(row) for row in view.jobs],
+        jobs_truncated=view.counts.jobs_total > job_limit,
+    )
+
+
+class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
+    def __init__(self, api: WorkshopApi, authenticate: Authenticator) -> None:
+        self.api = api
+        self.who = authenticate
+
+    async def SaveWorkflow(
+        self, request: pb.SaveWorkflowRequest, context: Context
+    ) -> pb.SaveWorkflowResponse:
+        row = await self.api.save_workflow(
+            await self.who(context), request.workflow_id, request.expected_revision, request.spec
+        )
+        return pb.SaveWorkflowResponse(workflow=workflow(row))
+
+    async def GetWorkflow(
+        self, request: pb.GetWorkflowRequest, context: Context
+    ) -> pb.GetWorkflowResponse:
+        row = await self.api.get_workflow(await self.who(context), request.workflow_id)
+        return pb.GetWorkflowResponse(workflow=workflow(row))
+
+    async def ListWorkflows(
+        self, request: pb.ListWorkflowsRequest, context: Context
+    ) -> pb.ListWorkflowsResponse:
+        limit = page_size(request.page_size)
+        token = split_token(request.page_token, 2)
+        after = None
+        if token is not None:
+            try:
+                after = (datetime.fromisoformat(token[0]), token[1])
+            except ValueError:
+                raise InvalidField("page_token is malformed.") from None
+        rows = await self.api.list_workflows(await self.who(context), after, limit)
+        return pb.ListWorkflowsResponse(
+            workflows=[workflow(row) for row in rows],
+            next_page_token=next_token(rows, limit, "updated_at", "workflow_id"),
+        )
+
+    async def DeleteWorkflow(
+        self, request: pb.DeleteWorkflowRequest, context: Context
+    ) -> pb.DeleteWorkflowResponse:
+        expected = request.expected_revision if request.HasField("expected_revision") else None
+        cancelled = await self.api.delete_workflow(
+            await self.who(context), request.workflow_id, expected
+        )
+        return pb.DeleteWorkflowResponse(cancelled_run_ids=cancelled)
+
+    async def ValidateWorkflow(
+        self, request: pb.ValidateWorkflowRequest, context: Context
+    ) -> pb.ValidateWorkflowResponse:
+        result = await self.api.validate(await self.who(context), request.spec)
+        return pb.ValidateWorkflowResponse(
+            valid=result.valid,
+            problems=[problem.to_proto() for problem in result.problems],
+            required_capabilities=list(result.required_capabilities),
+        )
+
+    async def GetCatalog(
+        self, request: pb.GetCatalogRequest, context: Context
+    ) -> pb.GetCatalogResponse:
+        found = await self.api.catalog(await self.who(context))
+        return pb.GetCatalogResponse(
+            cameras=[convert.camera(row) for row in found["cameras"]],
+            buckets=[convert.bucket(row) for row in found["buckets"]],
+            model_versions=[convert.model_version(row) for row in found["models"]],
+            runtimes=[convert.runtime(row) for row in found["runtimes"]],
+        )
+
+    async def ChooseRuntime(
+        self, request: pb.ChooseRuntimeRequest, context: Context
+    ) -> pb.ChooseRuntimeResponse:
+        if request.choice == pb.RUNTIME_CHOICE_UNSPECIFIED:
+            raise InvalidField("choice must be RECENT_CAPABLE (website) or NEWEST (agents).")
+        row = await self.api.choose_runtime(
+            await self.who(context),
+            request.workflow_id,
+            recent=request.choice == pb.RUNTIME_CHOICE_RECENT_CAPABLE,
+        )
+        return pb.ChooseRuntimeResponse(runtime=convert.runtime(row))
+
+    async def CreateRun(
+        self, request: pb.CreateRunRequest, context: Context
+    ) -> pb.CreateRunResponse:
+        who = await self.who(context)
+        asked = run_request(
+            run_id=request.run_id,
+            workflow_id=request.workflow_id,
+            runtime_id=request.runtime_id,
+            revision=request.revision,
+            mode=MODES.get(request.mode, ""),
+            image_limit=request.image_limit if request.HasField("image_limit") else None,
+        )
+        run_id, created = await self.api.create_run(who, asked)
+        view = await self.api.get_run(who, run_id, 0)
+        return pb.CreateRunResponse(run=run(view), created=created)
+
+    async def GetRun(self, request: pb.GetRunRequest, context: Context) -> pb.GetRunResponse:
+        limit = min(request.job_limit or DEFAULT_JOB_LIMIT, MAX_JOB_LIMIT)
+        view = await self.api.get_run(await self.who(context), request.run_id, limit)
+        return pb.GetRunResponse(detail=detail(view, limit))
+
+    async def ListRuns(self, request: pb.ListRunsRequest, context: Context) -> pb.ListRunsResponse:
+        limit = page_size(request.page_size)
+        token = split_token(request.page_token, 1)
+        if token is not None and not token[0].isdigit():
+            raise InvalidField("page_token is malformed.")
+        views = await self.api.list_runs(
+            await self.who(context),
+            request.workflow_id,
+            int(token[0]) if token else None,
+            limit,
+        )
+        return pb.ListRunsResponse(
+            runs=[pb.RunListEntry(run=run(view)) for view in views],
+            next_page_token=str(views[-1].row["seq"]) if len(views) == limit else "",
+        )
+
+    async def GetRunSnapshot(
+        self, request: pb.GetRunSnapshotRequest, context: Context
+    ) -> pb.GetRunSnapshotResponse:
+        limit = page_size(request.page_size)
+        token = split_token(request.page_token, 1)
+        if token is not None and not token[0].isdigit():
+            raise InvalidField("page_token is malformed.")
+        snapshot, rows = await self.api.run_snapshot(
+            await self.who(context), request.run_id, int(token[0]) if token else -1, limit
+        )
+        return pb.GetRunSnapshotResponse(
+            snapshot=json_format.ParseDict(snapshot, snapshot_pb2.RunSnapshot()),
+            recordings=[snapshot_recording(row) for row in rows],
+            next_page_token=next_token(rows, limit, "job_index"),
+        )
+
+    # Arrive with the execution, preview and review issues.
+
+    async def CancelRun(
+        self, request: pb.CancelRunRequest, context: Context
+    ) -> pb.CancelRunResponse:
+        raise NotImplementedYet("CancelRun arrives with the execution issue.")
+
+    async def WatchRun(
+        self, request: pb.WatchRunRequest, context: Context
+    ) -> AsyncIterator[pb.WatchRunResponse]:
+        raise NotImplementedYet("WatchRun arrives with the execution issue.")
+        yield  # pragma: no cover - makes this an async generator
+
+    async def GetReview(
+        self, request: pb.GetReviewRequest, context: Context
+    ) -> pb.GetReviewResponse:
+        raise NotImplementedYet("GetReview arrives with the review issue.")
+
+    async def DecideSighting(
+        self, request: pb.DecideSightingRequest, context: Context
+    ) -> pb.DecideSightingResponse:
+        raise NotImplementedYet("DecideSighting arrives with the review issue.")
+
+    async def GetSummary(
+        self, request: pb.GetSummaryRequest, context: Context
+    ) -> pb.GetSummaryResponse:
+        raise NotImplementedYet("GetSummary arrives with the review issue.")
+
+    async def RequestPhoto(
+        self, request: pb.RequestPhotoRequest, context: Context
+    ) -> pb.RequestPhotoResponse:
+        raise NotImplementedYet("RequestPhoto arrives with the preview issue.")
+
+    async def GetPhoto(self, request: pb.GetPhotoRequest, context: Context) -> pb.GetPhotoResponse:
+        raise NotImplementedYet("GetPhoto arrives with the preview issue.")
+
+
+def snapshot_recording(row: Any) -> snapshot_pb2.SnapshotRecording:
+    return snapshot_pb2.SnapshotRecording(
+        job_id=job_id(row["job_index"]),
+        job_index=row["job_index"],
+        recording_id=row["recording_id"],
+        camera_id=row["camera_id"],
+        generation=row["generation"],
+        sha256=row["sha256"],
+        byte_size=row["byte_size"],
+        object_key=row["object_key"],
+        start=convert.ts(row["start_at"]),
+        end=convert.ts(row["end_at"]),
+        fps=row["fps"],
+        slot_count=row["slot_count"],
+    )

@@ -1,0 +1,119 @@
+-- Runs, snapshots and their jobs (SPEC §4, §8).
+
+-- name: run_fingerprint
+SELECT run_id, fingerprint FROM runs WHERE run_id = $1;
+
+-- name: unfinished_job_count
+SELECT count(*) FROM jobs WHERE state IN ('queued', 'leased');
+
+-- name: policy_revision_share
+SELECT revision FROM policy FOR SHARE;
+
+-- name: run_insert
+INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id, image_limit,
+                  fingerprint, created_by, policy_revision, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING seq;
+
+-- name: snapshot_insert
+INSERT INTO run_snapshots (run_id, snapshot) VALUES ($1, $2);
+
+-- name: snapshot_recordings_insert
+INSERT INTO snapshot_recordings (run_id, job_index, recording_id, camera_id, generation, sha256,
+                                 byte_size, object_key, start_at, end_at, fps, slot_count)
+SELECT $1, * FROM unnest($2::integer[], $3::text[], $4::text[], $5::bigint[], $6::text[],
+                         $7::bigint[], $8::text[], $9::timestamptz[], $10::timestamptz[],
+                         $11::double precision[], $12::integer[]);
+
+-- name: jobs_insert
+INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
+                  recording_generation, first_slot_at, interval_seconds, slot_count, expires_at,
+                  updated_at)
+SELECT $1, u.job_index, $2, $3, u.camera_id, u.recording_id, u.generation, u.first_slot_at, $4,
+       u.slot_count, u.expires_at, $5
+FROM unnest($6::integer[], $7::text[], $8::text[], $9::bigint[], $10::timestamptz[],
+            $11::integer[], $12::timestamptz[])
+     AS u (job_index, camera_id, recording_id, generation, first_slot_at, slot_count, expires_at);
+
+-- name: run_get
+-- A run with the counts its status is worked out from.
+SELECT r.*, c.*
+FROM runs r
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs_total,
+           count(*) FILTER (WHERE state = 'queued') AS jobs_queued,
+           count(*) FILTER (WHERE state = 'leased') AS jobs_leased,
+           count(*) FILTER (WHERE state = 'completed') AS jobs_completed,
+           count(*) FILTER (WHERE state = 'failed') AS jobs_failed,
+           count(*) FILTER (WHERE state = 'cancelled') AS jobs_cancelled,
+           count(*) FILTER (WHERE state = 'expired') AS jobs_expired,
+           coalesce(sum(slot_count), 0) AS slots_expected,
+           max(updated_at) AS last_job_update
+    FROM jobs j WHERE j.run_id = r.run_id
+) c
+WHERE r.run_id = $1;
+
+-- name: run_list
+-- Recent runs, newest first; photos are never listed.
+SELECT r.*, c.*
+FROM runs r
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs_total,
+           count(*) FILTER (WHERE state = 'queued') AS jobs_queued,
+           count(*) FILTER (WHERE state = 'leased') AS jobs_leased,
+           count(*) FILTER (WHERE state = 'completed') AS jobs_completed,
+           count(*) FILTER (WHERE state = 'failed') AS jobs_failed,
+           count(*) FILTER (WHERE state = 'cancelled') AS jobs_cancelled,
+           count(*) FILTER (WHERE state = 'expired') AS jobs_expired,
+           coalesce(sum(slot_count), 0) AS slots_expected,
+           max(updated_at) AS last_job_update
+    FROM jobs j WHERE j.run_id = r.run_id
+) c
+WHERE r.kind = 'workflow'
+  AND ($1::text IS NULL OR r.workflow_id = $1)
+  AND ($2::bigint IS NULL OR r.seq < $2)
+ORDER BY r.seq DESC
+LIMIT $3;
+
+-- name: run_jobs
+SELECT * FROM jobs WHERE run_id = $1 ORDER BY job_index LIMIT $2;
+
+-- name: run_waiting_behind
+-- Up to five older runs on the same runtime that still have queued or leased jobs.
+SELECT r.run_id
+FROM runs r
+WHERE r.runtime_id = $1 AND r.seq < $2 AND r.kind = 'workflow'
+  AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.run_id AND j.state IN ('queued', 'leased'))
+ORDER BY r.seq
+LIMIT 5;
+
+-- name: run_snapshot_get
+SELECT snapshot FROM run_snapshots WHERE run_id = $1;
+
+-- name: snapshot_recordings_page
+SELECT * FROM snapshot_recordings WHERE run_id = $1 AND job_index > $2 ORDER BY job_index LIMIT $3;
+
+-- name: jobs_cancel_for_workflow
+-- Cancels every queued or leased job of the workflow's runs; returns the runs touched.
+WITH cancelled AS (
+    UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL,
+                    updated_at = $2
+    WHERE state IN ('queued', 'leased')
+      AND run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND kind = 'workflow')
+    RETURNING run_id
+)
+SELECT DISTINCT run_id FROM cancelled ORDER BY run_id;
+
+-- name: jobs_cancel_for_bucket
+-- Cancels every queued or leased job of runs whose snapshot writes into the bucket.
+WITH cancelled AS (
+    UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL,
+                    updated_at = $2
+    WHERE state IN ('queued', 'leased')
+      AND run_id IN (
+          SELECT run_id FROM run_snapshots
+          WHERE snapshot -> 'outputs' @> jsonb_build_array(jsonb_build_object('bucket_id', $1::text)))
+    RETURNING run_id
+)
+SELECT DISTINCT run_id FROM cancelled ORDER BY run_id;

@@ -1,0 +1,39 @@
+"""A run's status, worked out from its jobs in the order of SPEC §8."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCounts:
+    jobs_total: int = 0
+    jobs_queued: int = 0
+    jobs_leased: int = 0
+    jobs_completed: int = 0
+    jobs_failed: int = 0
+    jobs_cancelled: int = 0
+    jobs_expired: int = 0
+    slots_expected: int = 0
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunCounts:
+        return cls(**{field.name: int(row[field.name]) for field in dataclasses.fields(cls)})
+
+    def status(self, *, expired_by_time: bool = False) -> str:
+        """any leased → running; any queued → queued; any failed → failed; any cancelled →
+        cancelled; any expired → expired; else completed. A test run past its hour is expired."""
+        if expired_by_time:
+            return "expired"
+        for state, count in (
+            ("running", self.jobs_leased),
+            ("queued", self.jobs_queued),
+            ("failed", self.jobs_failed),
+            ("cancelled", self.jobs_cancelled),
+            ("expired", self.jobs_expired),
+        ):
+            if count:
+                return state
+        return "completed"

@@ -1,0 +1,654 @@
+"""Workflows and runs for the website and agents (SPEC §3, §4, §8 read side).
+
+CreateRun is the heart of admission: it validates the workflow at the asked
+revision, resolves the day and the models, lists the input recordings into jobs
+with their expected slots, and freezes everything in an immutable snapshot, in
+one transaction that re-checks the revision under a row lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, time, timedelta
+from typing import Any
+
+from google.protobuf import json_format
+
+from services.coordinator import auth, convert, planning, validation
+from services.coordinator.auth import Principal, ScopeName
+from services.coordinator.clock import Clock
+from services.coordinator.db import Connection, Database, Record, sql
+from services.coordinator.errors import (
+    NEEDS_TRACKING_MESSAGE,
+    AtCapacity,
+    IdConflict,
+    InvalidField,
+    NeedsTracking,
+    NoRuntime,
+    NotFound,
+    StaleRevision,
+    WorkflowInvalid,
+)
+from services.coordinator.fields import check_id
+from services.coordinator.status import RunCounts
+from workshop.kit.errors import PayloadTooLarge
+from workshop.kit.hashing import canonical_json, sha256_hex
+from workshop.v1 import common_pb2, snapshot_pb2, workflow_pb2
+
+MAX_DOCUMENT_BYTES = 64 * 1024
+DEFAULT_IMAGE_LIMIT = 20
+MAX_IMAGE_LIMIT = 100
+TEST_RESULT_LIFETIME = timedelta(hours=1)
+RECENT_CHECK_IN = timedelta(minutes=2)
+PHOTO_PREFIX = "photo-"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    run_id: str
+    workflow_id: str
+    runtime_id: str
+    revision: int
+    mode: str  # "test" | "full"
+    image_limit: int  # resolved: 1..100 for tests, 0 for full runs
+
+    def fingerprint(self) -> str:
+        """Digest of the request body: the same id must come with the same body."""
+        body = dataclasses.asdict(self)
+        del body["run_id"]
+        return sha256_hex(canonical_json(body))
+
+
+def run_request(
+    *,
+    run_id: str,
+    workflow_id: str,
+    runtime_id: str,
+    revision: int,
+    mode: str,
+    image_limit: int | None,
+) -> RunRequest:
+    """Checks the fields of a CreateRun request and resolves the image limit's default."""
+    check_id("run_id", run_id)
+    if run_id.startswith(PHOTO_PREFIX):
+        raise InvalidField(f"Run ids starting with {PHOTO_PREFIX!r} are reserved for photos.")
+    check_id("workflow_id", workflow_id)
+    check_id("runtime_id", runtime_id)
+    if revision < 1:
+        raise InvalidField("revision must be the workflow's current revision (1 or more).")
+    if mode == "test":
+        limit = DEFAULT_IMAGE_LIMIT if image_limit is None else image_limit
+        if not 1 <= limit <= MAX_IMAGE_LIMIT:
+            raise InvalidField(
+                f"image_limit must be from 1 to {MAX_IMAGE_LIMIT} for a test run (got {limit})."
+            )
+    elif mode == "full":
+        if image_limit is not None:
+            raise InvalidField(
+                "image_limit applies to test runs only; leave it out for a full run."
+            )
+        limit = 0
+    else:
+        raise InvalidField("mode must be 'test' or 'full'.")
+    return RunRequest(run_id, workflow_id, runtime_id, revision, mode, limit)
+
+
+def spec_to_json(spec: workflow_pb2.WorkflowSpec) -> dict[str, Any]:
+    return json_format.MessageToDict(spec, preserving_proto_field_name=True)
+
+
+def spec_from_json(value: Mapping[str, Any]) -> workflow_pb2.WorkflowSpec:
+    return json_format.ParseDict(dict(value), workflow_pb2.WorkflowSpec())
+
+
+def _schedule_time(spec: workflow_pb2.WorkflowSpec) -> time | None:
+    if not spec.HasField("schedule"):
+        return None
+    at = spec.schedule.time_of_day
+    return time(at.hours, at.minutes, at.seconds)
+
+
+def _invalid(result: validation.Validation) -> WorkflowInvalid:
+    problems = [
+        {
+            "kind": workflow_pb2.ValidationProblemKind.Name(
+                workflow_pb2.ValidationProblemKind.ValueType(p.kind)
+            ),
+            "path": p.path,
+            "step_id": p.step_id,
+            "message": p.message,
+        }
+        for p in result.problems
+    ]
+    return WorkflowInvalid(result.summary(), metadata={"problems": json.dumps(problems)})
+
+
+async def load_catalog(connection: Connection) -> validation.Catalog:
+    cameras = frozenset(
+        r["camera_id"] for r in await connection.fetch(sql("resources", "camera_ids_all"))
+    )
+    buckets = frozenset(
+        r["bucket_id"] for r in await connection.fetch(sql("resources", "bucket_ids_live"))
+    )
+    models: dict[str, dict[int, tuple[str, ...]]] = {}
+    for row in await connection.fetch(sql("resources", "model_version_all")):
+        models.setdefault(row["name"], {})[row["version"]] = tuple(row["classes"])
+    return validation.Catalog(camera_ids=cameras, bucket_ids=buckets, models=models)
+
+
+class WorkshopApi:
+    def __init__(self, db: Database, clock: Clock, *, capacity: int = 1_000_000) -> None:
+        self.db = db
+        self.clock = clock
+        self.capacity = capacity
+
+    # workflows --------------------------------------------------------------------------
+
+    async def save_workflow(
+        self,
+        who: Principal,
+        workflow_id: str,
+        expected_revision: int,
+        spec: workflow_pb2.WorkflowSpec,
+    ) -> Record:
+        auth.require(who, ScopeName.WORKSHOP)
+        check_id("workflow_id", workflow_id)
+        if spec.ByteSize() > MAX_DOCUMENT_BYTES:
+            raise PayloadTooLarge(
+                f"The workflow document is {spec.ByteSize()} bytes; the limit is "
+                f"{MAX_DOCUMENT_BYTES}."
+            )
+        now = self.clock.now()
+        async with self.db.transaction() as connection:
+            result = validation.validate_workflow(spec, await load_catalog(connection))
+            if not result.valid:
+                raise _invalid(result)
+            document = spec_to_json(spec)
+            schedule = _schedule_time(spec)
+            if expected_revision == 0:
+                row = await connection.fetchrow(
+                    sql("workflows", "workflow_insert"),
+                    workflow_id,
+                    document,
+                    schedule,
+                    spec.time_zone,
+                    now,
+                    who.to_json(),
+                )
+            else:
+                row = await connection.fetchrow(
+                    sql("workflows", "workflow_update"),
+                    workflow_id,
+                    expected_revision,
+                    document,
+                    schedule,
+                    spec.time_zone,
+                    now,
+                    who.to_json(),
+                )
+            if row is not None:
+                return row
+            current = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
+        if current is None:
+            raise NotFound(f"Workflow {workflow_id!r} does not exist; save it with revision 0.")
+        if current["deleted_at"] is not None:
+            raise IdConflict(
+                f"Workflow id {workflow_id!r} belonged to a deleted workflow; choose another id."
+            )
+        raise _stale(workflow_id, expected_revision, current["revision"])
+
+    async def get_workflow(self, who: Principal, workflow_id: str) -> Record:
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.connection() as connection:
+            row = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
+        if row is None or row["deleted_at"] is not None:
+            raise NotFound(f"Workflow {workflow_id!r} does not exist.")
+        return row
+
+    async def list_workflows(
+        self, who: Principal, after: tuple[datetime, str] | None, limit: int
+    ) -> list[Record]:
+        auth.require(who, ScopeName.WORKSHOP)
+        after_at, after_id = after if after else (None, None)
+        async with self.db.connection() as connection:
+            rows: list[Record] = await connection.fetch(
+                sql("workflows", "workflow_list"), after_at, after_id, limit
+            )
+        return rows
+
+    async def delete_workflow(
+        self, who: Principal, workflow_id: str, expected_revision: int | None
+    ) -> list[str]:
+        """Deletes the workflow and cancels its unfinished runs; returns those runs."""
+        auth.require(who, ScopeName.WORKSHOP)
+        now = self.clock.now()
+        async with self.db.transaction() as connection:
+            row = await connection.fetchrow(
+                sql("workflows", "workflow_delete"), workflow_id, expected_revision, now
+            )
+            if row is None:
+                current = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
+                if current is None or current["deleted_at"] is not None:
+                    raise NotFound(f"Workflow {workflow_id!r} does not exist.")
+                raise _stale(workflow_id, expected_revision or 0, current["revision"])
+            cancelled = await connection.fetch(
+                sql("runs", "jobs_cancel_for_workflow"), workflow_id, now
+            )
+        return [r["run_id"] for r in cancelled]
+
+    async def validate(
+        self, who: Principal, spec: workflow_pb2.WorkflowSpec
+    ) -> validation.Validation:
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.connection() as connection:
+            return validation.validate_workflow(spec, await load_catalog(connection))
+
+    async def catalog(self, who: Principal) -> dict[str, list[Record]]:
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.connection() as connection:
+            return {
+                "cameras": await connection.fetch(sql("resources", "camera_list"), None, 10_000),
+                "buckets": await connection.fetch(sql("resources", "bucket_list"), None, 10_000),
+                "models": await connection.fetch(
+                    sql("resources", "model_version_list"), None, None, None, 10_000
+                ),
+                "runtimes": await connection.fetch(
+                    sql("resources", "runtime_list"), None, None, 10_000
+                ),
+            }
+
+    async def choose_runtime(self, who: Principal, workflow_id: str, recent: bool) -> Record:
+        """The website's rule (recent=True) or the schedules' and agents' rule (SPEC §4)."""
+        auth.require(who, ScopeName.WORKSHOP)
+        workflow = await self.get_workflow(who, workflow_id)
+        needed = validation.required_capabilities(spec_from_json(workflow["spec"]))
+        async with self.db.connection() as connection:
+            return await choose_runtime(connection, self.clock.now(), list(needed), recent)
+
+    # runs ---------------------------------------------------------------------------------
+
+    async def create_run(self, who: Principal, request: RunRequest) -> tuple[str, bool]:
+        """Admits a run; returns its id and whether this call created it."""
+        auth.require(who, ScopeName.WORKSHOP)
+        fingerprint = request.fingerprint()
+        async with self.db.connection() as connection:
+            existing = await connection.fetchrow(sql("runs", "run_fingerprint"), request.run_id)
+        if existing is not None:
+            return _settle_existing(request.run_id, existing["fingerprint"], fingerprint)
+        now = self.clock.now()
+        async with self.db.transaction() as connection:
+            admission = await self._admit(connection, who, request, now)
+            # The revision again, under a row lock, in the transaction that inserts.
+            locked = await connection.fetchrow(
+                sql("workflows", "workflow_lock"), request.workflow_id
+            )
+            if locked is None or locked["deleted_at"] is not None:
+                raise NotFound(f"Workflow {request.workflow_id!r} does not exist.")
+            if locked["revision"] != request.revision:
+                raise _stale(request.workflow_id, request.revision, locked["revision"])
+            unfinished = await connection.fetchval(sql("runs", "unfinished_job_count"))
+            if unfinished + len(admission.jobs) > self.capacity:
+                raise AtCapacity(
+                    f"The coordinator holds {unfinished} unfinished jobs; this run's "
+                    f"{len(admission.jobs)} would pass the capacity of {self.capacity}. "
+                    "Try again when runs have finished."
+                )
+            policy_revision = await connection.fetchval(sql("runs", "policy_revision_share"))
+            inserted = await self._insert(
+                connection, who, request, admission, fingerprint, policy_revision, now
+            )
+        if not inserted:  # a concurrent call with the same id won the insert
+            async with self.db.connection() as connection:
+                existing = await connection.fetchrow(sql("runs", "run_fingerprint"), request.run_id)
+            return _settle_existing(request.run_id, existing["fingerprint"], fingerprint)
+        return request.run_id, True
+
+    async def _admit(
+        self, connection: Connection, who: Principal, request: RunRequest, now: datetime
+    ) -> Admission:
+        workflow = await connection.fetchrow(sql("workflows", "workflow_get"), request.workflow_id)
+        if workflow is None or workflow["deleted_at"] is not None:
+            raise NotFound(f"Workflow {request.workflow_id!r} does not exist.")
+        if workflow["revision"] != request.revision:
+            raise _stale(request.workflow_id, request.revision, workflow["revision"])
+        runtime = await connection.fetchrow(sql("resources", "runtime_get"), request.runtime_id)
+        if runtime is None:
+            raise NotFound(f"Runtime {request.runtime_id!r} is not registered.")
+        spec = spec_from_json(workflow["spec"])
+        catalog = await load_catalog(connection)
+        result = validation.validate_workflow(spec, catalog)
+        if not result.valid:
+            raise _invalid(result)
+        missing = set(result.required_capabilities) - set(runtime["capabilities"])
+        if missing:
+            raise NeedsTracking(
+                NEEDS_TRACKING_MESSAGE, metadata={"runtime_id": runtime["runtime_id"]}
+            )
+        return await admit(connection, spec, catalog, request, runtime, now)
+
+    async def _insert(
+        self,
+        connection: Connection,
+        who: Principal,
+        request: RunRequest,
+        admission: Admission,
+        fingerprint: str,
+        policy_revision: int,
+        now: datetime,
+    ) -> bool:
+        expires_at = now + TEST_RESULT_LIFETIME if request.mode == "test" else None
+        seq = await connection.fetchval(
+            sql("runs", "run_insert"),
+            request.run_id,
+            "workflow",
+            request.mode,
+            request.workflow_id,
+            request.revision,
+            request.runtime_id,
+            request.image_limit,
+            fingerprint,
+            who.to_json(),
+            policy_revision,
+            now,
+            expires_at,
+        )
+        if seq is None:
+            return False
+        snapshot = admission.snapshot
+        snapshot.run_id = request.run_id
+        snapshot.created_by.CopyFrom(principal_proto(who))
+        snapshot.policy_revision = policy_revision
+        snapshot.created_at.FromDatetime(now)
+        if expires_at is not None:
+            snapshot.expires_at.FromDatetime(expires_at)
+        await connection.execute(
+            sql("runs", "snapshot_insert"),
+            request.run_id,
+            json_format.MessageToDict(snapshot, preserving_proto_field_name=True),
+        )
+        jobs = admission.jobs
+        recordings = [job.recording for job in jobs]
+        await connection.execute(
+            sql("runs", "snapshot_recordings_insert"),
+            request.run_id,
+            [job.job_index for job in jobs],
+            [r.recording_id for r in recordings],
+            [r.camera_id for r in recordings],
+            [r.generation for r in recordings],
+            [r.sha256 for r in recordings],
+            [r.byte_size for r in recordings],
+            [r.object_key for r in recordings],
+            [r.start for r in recordings],
+            [r.end for r in recordings],
+            [r.fps for r in recordings],
+            [job.slot_count for job in jobs],
+        )
+        await connection.execute(
+            sql("runs", "jobs_insert"),
+            request.run_id,
+            seq,
+            request.runtime_id,
+            admission.interval_seconds,
+            now,
+            [job.job_index for job in jobs],
+            [r.camera_id for r in recordings],
+            [r.recording_id for r in recordings],
+            [r.generation for r in recordings],
+            [job.first_slot_at for job in jobs],
+            [job.slot_count for job in jobs],
+            [
+                _job_expiry(admission.recording_expiry[job.recording.recording_id], expires_at)
+                for job in jobs
+            ],
+        )
+        return True
+
+    async def get_run(self, who: Principal, run_id: str, job_limit: int) -> RunView:
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.connection() as connection:
+            row = await connection.fetchrow(sql("runs", "run_get"), run_id)
+            if row is None:
+                raise NotFound(f"Run {run_id!r} does not exist.")
+            jobs = await connection.fetch(sql("runs", "run_jobs"), run_id, job_limit)
+            return await self._view(connection, row, jobs)
+
+    async def list_runs(
+        self, who: Principal, workflow_id: str, before_seq: int | None, limit: int
+    ) -> list[RunView]:
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.connection() as connection:
+            rows = await connection.fetch(
+                sql("runs", "run_list"), workflow_id or None, before_seq, limit
+            )
+            return [await self._view(connection, row, []) for row in rows]
+
+    async def _view(self, connection: Connection, row: Record, jobs: Sequence[Record]) -> RunView:
+        counts = RunCounts.from_row(row)
+        status = counts.status(expired_by_time=_past(row["expires_at"], self.clock.now()))
+        waiting: list[str] = []
+        if status == "queued":
+            waiting = [
+                r["run_id"]
+                for r in await connection.fetch(
+                    sql("runs", "run_waiting_behind"), row["runtime_id"], row["seq"]
+                )
+            ]
+        return RunView(
+            row=row, counts=counts, status=status, waiting_behind=waiting, jobs=list(jobs)
+        )
+
+    async def run_snapshot(
+        self, who: Principal, run_id: str, after_index: int, limit: int
+    ) -> tuple[dict[str, Any], list[Record]]:
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.connection() as connection:
+            snapshot = await connection.fetchval(sql("runs", "run_snapshot_get"), run_id)
+            if snapshot is None:
+                raise NotFound(f"Run {run_id!r} does not exist.")
+            rows = await connection.fetch(
+                sql("runs", "snapshot_recordings_page"), run_id, after_index, limit
+            )
+        return snapshot, rows
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    row: Record
+    counts: RunCounts
+    status: str
+    waiting_behind: list[str]
+    jobs: list[Record]
+
+
+@dataclasses.dataclass
+class Admission:
+    """What CreateRun resolved before inserting: the snapshot (sans identity) and jobs."""
+
+    snapshot: snapshot_pb2.RunSnapshot
+    jobs: list[planning.JobPlan]
+    interval_seconds: int
+    recording_expiry: dict[str, datetime]
+
+
+async def admit(
+    connection: Connection,
+    spec: workflow_pb2.WorkflowSpec,
+    catalog: validation.Catalog,
+    request: RunRequest,
+    runtime: Record,
+    now: datetime,
+) -> Admission:
+    """Resolves day, window, models and input; plans the jobs; builds the snapshot."""
+    steps = {step.step_id: step for step in spec.graph.steps}
+    input_id, input_step = next((k, s) for k, s in steps.items() if s.WhichOneof("kind") == "input")
+    sample_id, sample = next((k, s) for k, s in steps.items() if s.WhichOneof("kind") == "sample")
+    day = planning.resolve_day(input_step.input, spec.time_zone, now)
+    window = planning.window_instants(
+        day, input_step.input.window_start, input_step.input.window_end, spec.time_zone
+    )
+    rows = await connection.fetch(
+        sql("resources", "recording_list_for_input"),
+        now,
+        list(input_step.input.camera_ids),
+        window[0],
+        window[1],
+    )
+    refs = [
+        planning.RecordingRef(
+            recording_id=r["recording_id"],
+            camera_id=r["camera_id"],
+            generation=r["generation"],
+            start=r["start_at"],
+            end=r["end_at"],
+            fps=r["fps"],
+            object_key=r["object_key"],
+            sha256=r["sha256"],
+            byte_size=r["byte_size"],
+        )
+        for r in rows
+    ]
+    interval = sample.sample.interval_seconds
+    jobs = planning.plan_jobs(
+        refs, window, interval, request.image_limit if request.mode == "test" else None
+    )
+    snapshot = snapshot_pb2.RunSnapshot(
+        kind=common_pb2.RUN_KIND_WORKFLOW,
+        workflow_id=request.workflow_id,
+        workflow_revision=request.revision,
+        workflow=spec,
+        inputs=[
+            snapshot_pb2.ResolvedInput(
+                step_id=input_id,
+                camera_ids=list(input_step.input.camera_ids),
+                date=common_pb2.CalendarDate(year=day.year, month=day.month, day=day.day),
+            )
+        ],
+        models=_pinned_models(spec, catalog, await _model_rows(connection)),
+        sampling=snapshot_pb2.Sampling(
+            step_id=sample_id,
+            interval_seconds=interval,
+            keep_by_change=sample.sample.keep_by_change
+            if sample.sample.HasField("keep_by_change")
+            else None,
+            dropped_allowed=validation.dropped_allowed(spec),
+        ),
+        outputs=[
+            snapshot_pb2.SnapshotOutput(step_id=k, bucket_id=s.output.bucket_id)
+            for k, s in steps.items()
+            if s.WhichOneof("kind") == "output"
+        ],
+        mode=common_pb2.RUN_MODE_TEST if request.mode == "test" else common_pb2.RUN_MODE_FULL,
+        image_limit=request.image_limit,
+        runtime_id=runtime["runtime_id"],
+        code_sha256=runtime["code_sha256"],
+        recording_count=len(jobs),
+        recordings_sha256=_recordings_digest(jobs),
+    )
+    snapshot.inputs[0].window_start.FromDatetime(window[0])
+    snapshot.inputs[0].window_end.FromDatetime(window[1])
+    return Admission(
+        snapshot=snapshot,
+        jobs=jobs,
+        interval_seconds=interval,
+        recording_expiry={r["recording_id"]: r["expires_at"] for r in rows},
+    )
+
+
+async def _model_rows(connection: Connection) -> dict[tuple[str, int], Record]:
+    rows = await connection.fetch(sql("resources", "model_version_all"))
+    return {(r["name"], r["version"]): r for r in rows}
+
+
+def _pinned_models(
+    spec: workflow_pb2.WorkflowSpec,
+    catalog: validation.Catalog,
+    rows: Mapping[tuple[str, int], Record],
+) -> list[snapshot_pb2.PinnedModel]:
+    pinned = []
+    for step in spec.graph.steps:
+        if step.WhichOneof("kind") != "model":
+            continue
+        name = step.model.model_name
+        latest = not step.model.HasField("version")
+        version = max(catalog.models[name]) if latest else step.model.version
+        row = rows[(name, version)]
+        pinned.append(
+            snapshot_pb2.PinnedModel(
+                step_id=step.step_id,
+                name=name,
+                version=version,
+                resolved_from_latest=latest,
+                weights_sha256=row["weights_sha256"],
+                classes=list(row["classes"]),
+                input_shape=list(row["input_shape"]),
+            )
+        )
+    return pinned
+
+
+def _recordings_digest(jobs: Sequence[planning.JobPlan]) -> str:
+    return sha256_hex(
+        canonical_json(
+            [
+                [
+                    j.job_index,
+                    j.recording.recording_id,
+                    j.recording.generation,
+                    j.recording.sha256,
+                    j.slot_count,
+                ]
+                for j in jobs
+            ]
+        )
+    )
+
+
+def _job_expiry(recording_expiry: datetime, run_expiry: datetime | None) -> datetime:
+    """A job expires with its source: the recording's retention, or the test's hour."""
+    return recording_expiry if run_expiry is None else min(recording_expiry, run_expiry)
+
+
+def _past(moment: datetime | None, now: datetime) -> bool:
+    return moment is not None and moment <= now
+
+
+def _stale(workflow_id: str, expected: int, current: int) -> StaleRevision:
+    return StaleRevision(
+        f"Workflow {workflow_id!r} is at revision {current}, not {expected}; reload it and "
+        "apply your change again.",
+        metadata={"current_revision": str(current), "workflow_id": workflow_id},
+    )
+
+
+def _settle_existing(run_id: str, stored: str, asked: str) -> tuple[str, bool]:
+    if stored != asked:
+        raise IdConflict(
+            f"Run id {run_id!r} was already used with a different request; run ids are never "
+            "reused. Choose a new id.",
+            metadata={"run_id": run_id},
+        )
+    return run_id, False
+
+
+def principal_proto(who: Principal) -> common_pb2.Principal:
+    return convert.principal(who.to_json())
+
+
+async def choose_runtime(
+    connection: Connection, now: datetime, needed: list[str], recent: bool
+) -> Record:
+    if recent:
+        row = await connection.fetchrow(
+            sql("resources", "runtime_newest_capable"), now - RECENT_CHECK_IN, needed
+        )
+        rule = "checked in within the last 2 minutes" + (
+            f" with capabilities {', '.join(needed)}" if needed else ""
+        )
+    else:
+        row = await connection.fetchrow(sql("resources", "runtime_newest_seen"))
+        rule = "ever checked in"
+    if row is None:
+        raise NoRuntime(f"No runtime {rule}; start a processor for this device first.")
+    return row

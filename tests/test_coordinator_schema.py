@@ -1,0 +1,122 @@
+"""Migrations, schema.sql and the immutable snapshot, on real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from services.coordinator.migrate import MIGRATIONS_DIR, apply_migrations, list_migrations
+from tests.harness.postgres import PostgresCluster
+
+SCHEMA = Path(__file__).resolve().parents[1] / "services" / "coordinator" / "schema.sql"
+
+
+async def _fresh_database(cluster: PostgresCluster, name: str) -> str:
+    admin = await asyncpg.connect(cluster.admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return cluster.dsn(name)
+
+
+def _dump(cluster: PostgresCluster, database: str) -> str:
+    result = subprocess.run(
+        [
+            str(cluster.bin_dir / "pg_dump"),
+            "--schema-only",
+            "--no-owner",
+            "--no-privileges",
+            "--exclude-table=schema_migrations",
+            cluster.dsn(database),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    # Drop comments, blank lines and the per-dump \restrict keys: they differ every time.
+    return "\n".join(
+        line
+        for line in result.stdout.splitlines()
+        if line.strip() and not line.startswith(("--", "\\restrict", "\\unrestrict"))
+    )
+
+
+async def test_migrations_equal_schema_sql(pg_cluster: PostgresCluster) -> None:
+    migrated = await _fresh_database(pg_cluster, "schema_from_migrations")
+    canonical = await _fresh_database(pg_cluster, "schema_from_schema_sql")
+    applied = await apply_migrations(migrated)
+    assert applied == [f"{m.version:04d}_{m.name}" for m in list_migrations()]
+    connection = await asyncpg.connect(canonical)
+    try:
+        await connection.execute(SCHEMA.read_text())
+    finally:
+        await connection.close()
+    assert _dump(pg_cluster, "schema_from_migrations") == _dump(
+        pg_cluster, "schema_from_schema_sql"
+    ), "services/coordinator/schema.sql differs from the migrations"
+
+
+async def test_migrate_is_idempotent_and_safe_concurrently(pg_cluster: PostgresCluster) -> None:
+    dsn = await _fresh_database(pg_cluster, "schema_concurrent")
+    results = await asyncio.gather(*(apply_migrations(dsn) for _ in range(4)))
+    # exactly one replica applied each migration; the others found nothing to do
+    applied = [name for names in results for name in names]
+    assert sorted(applied) == sorted(f"{m.version:04d}_{m.name}" for m in list_migrations())
+    assert await apply_migrations(dsn) == []
+
+
+def test_migration_files_are_numbered(tmp_path: Path) -> None:
+    assert list_migrations(MIGRATIONS_DIR)
+    (tmp_path / "0001_a.sql").write_text("SELECT 1;")
+    (tmp_path / "0001_b.sql").write_text("SELECT 1;")
+    with pytest.raises(ValueError, match="used twice"):
+        list_migrations(tmp_path)
+    (tmp_path / "0001_b.sql").unlink()
+    (tmp_path / "2-bad.sql").write_text("SELECT 1;")
+    with pytest.raises(ValueError, match="NNNN_name.sql"):
+        list_migrations(tmp_path)
+
+
+SNAPSHOT_ATTACKS = [
+    "UPDATE run_snapshots SET snapshot = '{}'",
+    "DELETE FROM run_snapshots",
+    "TRUNCATE run_snapshots CASCADE",
+    "UPDATE snapshot_recordings SET generation = generation + 1",
+    "DELETE FROM snapshot_recordings",
+    "TRUNCATE snapshot_recordings CASCADE",
+    "DELETE FROM runs",
+]
+
+
+@pytest.mark.parametrize("statement", SNAPSHOT_ATTACKS)
+async def test_snapshot_refuses_every_change(pg_dsn: str, statement: str) -> None:
+    connection = await asyncpg.connect(pg_dsn)
+    try:
+        await connection.execute(
+            """
+            INSERT INTO devices VALUES ('d', '', now());
+            INSERT INTO runtimes VALUES ('r', 'd', 'e', 'c', '{}', now(), NULL);
+            INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id,
+                              image_limit, fingerprint, created_by, policy_revision, created_at)
+                VALUES ('run1', 'workflow', 'full', 'w', 1, 'r', 0, 'f', '{}', 1, now());
+            INSERT INTO run_snapshots VALUES ('run1', '{"a": 1}');
+            INSERT INTO snapshot_recordings VALUES
+                ('run1', 0, 'rec', 'cam', 1, 's', 1, 'k', now(), now(), 30, 1);
+            """
+        )
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await connection.execute(statement)
+        assert isinstance(
+            caught.value, asyncpg.RestrictViolationError | asyncpg.ForeignKeyViolationError
+        )
+        assert await connection.fetchval("SELECT snapshot FROM run_snapshots") == '{"a": 1}'
+        assert await connection.fetchval("SELECT generation FROM snapshot_recordings") == 1
+    finally:
+        await connection.close()
