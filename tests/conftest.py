@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.harness.postgres",
     "tests.harness.s3",
     "tests.harness.triton",
+    "tests.harness.coordinator",
 ]
