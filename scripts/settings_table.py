@@ -1,10 +1,14 @@
-"""Print the README's settings table from the services' settings dataclasses.
+"""The README's settings table, from the services' settings dataclasses.
 
-`python -m scripts.settings_table` prints it; tests/test_readme.py checks that
-the README holds exactly this text, so the table cannot drift from the code.
+`python -m scripts.settings_table` prints it; `--write` puts it into README.md
+between its markers. tests/test_readme.py checks that the README holds exactly
+this text, so the table cannot drift from the code.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 from services.coordinator.settings import PREFIX as COORDINATOR
 from services.coordinator.settings import CoordinatorSettings
@@ -33,5 +37,25 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+BEGIN = "<!-- settings:begin"
+END = "<!-- settings:end -->"
+
+
+def table_span(text: str) -> tuple[int, int]:
+    """Where the generated table sits in the README's text."""
+    begin = text.index("-->\n", text.index(BEGIN)) + len("-->\n")
+    return begin, text.index(END)
+
+
+def write_readme() -> None:
+    text = README.read_text()
+    begin, end = table_span(text)
+    README.write_text(text[:begin] + render() + text[end:])
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    if sys.argv[1:] == ["--write"]:
+        write_readme()
+    else:
+        print(render(), end="")

@@ -80,7 +80,7 @@ def test_migration_files_are_numbered(tmp_path: Path) -> None:
         list_migrations(tmp_path)
     (tmp_path / "0001_b.sql").unlink()
     (tmp_path / "2-bad.sql").write_text("SELECT 1;")
-    with pytest.raises(ValueError, match="NNNN_name.sql"):
+    with pytest.raises(ValueError, match=r"NNNN_name\.sql"):
         list_migrations(tmp_path)
 
 

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from scripts.settings_table import render
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+from scripts.settings_table import README, render, table_span
 
 
 def test_settings_table_matches_the_code() -> None:
     text = README.read_text()
-    begin = text.index("-->\n", text.index("<!-- settings:begin")) + len("-->\n")
-    end = text.index("<!-- settings:end -->")
-    assert text[begin:end] == render(), "run `python -m scripts.settings_table` into README.md"
+    begin, end = table_span(text)
+    assert text[begin:end] == render(), "run `python -m scripts.settings_table --write`"

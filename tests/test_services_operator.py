@@ -83,7 +83,7 @@ CASES = [
             "workshop.v1.JobService",
             "workshop.v1.PublicationService",
         ],
-        "workshop.v1.OperatorService/ListDevices",
+        "workshop.v1.JobService/Claim",
     ),
     (
         "services.preview",

@@ -16,18 +16,19 @@ from services.coordinator.auth import Grant, Principal, ScopeName
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database, ForeignKeyViolationError, Record, sql
 from services.coordinator.errors import (
-    CredentialRejected,
     IdConflict,
     InvalidField,
     NotFound,
     StaleRevision,
 )
 from services.coordinator.fields import check_id, check_sha256
+from workshop.kit.errors import FailedPrecondition
 from workshop.kit.hashing import canonical_json, runtime_manifest
 from workshop.kit.hashing import runtime_id as compute_runtime_id
 
 RECORDING_RETENTION = timedelta(days=40)
-DEFAULT_SESSION_TTL = timedelta(days=14)
+DEFAULT_SESSION_TTL = timedelta(hours=12)
+MAX_SESSION_TTL = timedelta(days=30)
 TRACKING_CAPABILITY = "workshop-v3"
 
 
@@ -138,8 +139,8 @@ class OperatorApi:
             raise InvalidField("A recording's end must be after its start.")
         if not fps > 0:
             raise InvalidField(f"fps must be positive (got {fps}).")
-        if byte_size < 0:
-            raise InvalidField("byte_size cannot be negative.")
+        if byte_size <= 0:
+            raise InvalidField("byte_size must be positive.")
         if not object_key:
             raise InvalidField("object_key must name the recording's object in storage.")
         now = self.clock.now()
@@ -247,7 +248,7 @@ class OperatorApi:
     async def list_model_versions(
         self, who: Principal, name: str, after: tuple[str, int] | None, limit: int
     ) -> list[Record]:
-        auth.require(who, ScopeName.WORKSHOP)
+        _require_admin(who)
         after_name, after_version = after if after else (None, None)
         return await self._fetch(
             sql("resources", "model_version_list"), name or None, after_name, after_version, limit
@@ -270,15 +271,21 @@ class OperatorApi:
             )
         return existing
 
-    async def delete_bucket(self, who: Principal, bucket_id: str) -> Record:
+    async def delete_bucket(self, who: Principal, bucket_id: str) -> list[str]:
+        """Deletes the bucket and cancels unfinished runs writing into it; returns those runs."""
         _require_admin(who)
-        row = await self._fetchrow(sql("resources", "bucket_delete"), bucket_id, self.clock.now())
-        if row is None:
-            raise NotFound(f"Bucket {bucket_id!r} does not exist.")
-        return row
+        now = self.clock.now()
+        async with self.db.transaction() as connection:
+            row = await connection.fetchrow(sql("resources", "bucket_delete"), bucket_id, now)
+            if row is None:
+                raise NotFound(f"Bucket {bucket_id!r} does not exist.")
+            cancelled = await connection.fetch(
+                sql("runs", "jobs_cancel_for_bucket"), bucket_id, now
+            )
+        return [r["run_id"] for r in cancelled]
 
     async def list_buckets(self, who: Principal, after: str | None, limit: int) -> list[Record]:
-        auth.require(who, ScopeName.WORKSHOP)
+        _require_admin(who)
         return await self._fetch(sql("resources", "bucket_list"), after, limit)
 
     # principals ---------------------------------------------------------------------------
@@ -308,13 +315,13 @@ class OperatorApi:
     ) -> tuple[Record, str]:
         _require_admin(who)
         lifetime = ttl if ttl else DEFAULT_SESSION_TTL
-        if lifetime <= timedelta(0):
-            raise InvalidField("ttl must be positive.")
+        if not timedelta(0) < lifetime <= MAX_SESSION_TTL:
+            raise InvalidField("A session's ttl must be positive and at most 30 days.")
         user = await self._fetchrow(sql("auth", "user_get"), user_id)
         if user is None:
             raise NotFound(f"User {user_id!r} does not exist.")
         if user["disabled_at"] is not None:
-            raise CredentialRejected(f"User {user_id!r} is disabled.")
+            raise FailedPrecondition(f"User {user_id!r} is disabled.", reason="AUTHORITY_REVOKED")
         secret, digest = auth.new_secret(auth.SESSION_PREFIX)
         now = self.clock.now()
         row = await self._fetchrow(

@@ -54,6 +54,8 @@ included, so that one wrong edge is reported once and not also as unreachable
 or dangling steps downstream)
 - CYCLE once per strongly connected component (or self-loop); the path names
   the component's first edge in document order, the message names its steps.
+  Edges whose step kinds may not follow each other are left out here: an edge
+  back into the sample step is one BAD_CONNECTION, not also a cycle.
 - UNREACHABLE_STEP: a step that no input step reaches; only checked when the
   graph has an input step (otherwise every step would be reported).
 - DANGLING_STEP: input, sample or model with no outgoing edge; a rule with no
@@ -686,6 +688,9 @@ class _Graph:
     kinds: Sequence[str | None]
     addressable: list[int]  # step indexes edges can name, in document order
     links: list[_Link]
+    # Links whose step kinds may follow each other. Only these can close a reportable cycle:
+    # an edge back into the input or sample step is already a BAD_CONNECTION.
+    flow_links: list[_Link]
     successors: dict[int, list[int]]
     predecessors: dict[int, list[int]]
 
@@ -701,6 +706,7 @@ def _build_graph(graph: workflow_pb2.WorkflowGraph, found: _Found) -> _Graph:
             index_of.setdefault(step.step_id, index)
     kinds = [step.WhichOneof("kind") for step in steps]
     links: list[_Link] = []
+    flow_links: list[_Link] = []
     seen: dict[tuple[int, int, int], int] = {}
     for edge_index, edge in enumerate(graph.edges):
         link = _resolve_edge(edge, edge_index, index_of, found)
@@ -716,7 +722,8 @@ def _build_graph(graph: workflow_pb2.WorkflowGraph, found: _Found) -> _Graph:
             )
             continue  # the first copy is judged (and carries frames) already
         seen[key] = edge_index
-        _check_connection(link, steps, kinds, found)
+        if _check_connection(link, steps, kinds, found):
+            flow_links.append(link)
         links.append(link)
     addressable = sorted(index_of.values())
     successors: dict[int, list[int]] = {index: [] for index in addressable}
@@ -724,7 +731,7 @@ def _build_graph(graph: workflow_pb2.WorkflowGraph, found: _Found) -> _Graph:
     for link in links:
         successors[link.source].append(link.target)
         predecessors[link.target].append(link.source)
-    return _Graph(steps, kinds, addressable, links, successors, predecessors)
+    return _Graph(steps, kinds, addressable, links, flow_links, successors, predecessors)
 
 
 def _resolve_edge(
@@ -753,7 +760,8 @@ def _resolve_edge(
 
 def _check_connection(
     link: _Link, steps: Sequence[workflow_pb2.Step], kinds: Sequence[str | None], found: _Found
-) -> None:
+) -> bool:
+    """Report what is wrong with one edge; True when its step kinds may follow each other."""
     source_kind, target_kind = kinds[link.source], kinds[link.target]
     path = _edges_path(link.edge_index)
     source, target = steps[link.source], steps[link.target]
@@ -766,11 +774,11 @@ def _check_connection(
             f"{source_name} ends the flow of frames; no edge may leave it (edge to {target_name}).",
             source.step_id,
         )
-        return
+        return False
     if source_kind is not None:
         _check_branch(link, source_kind, source, source_name, found)
     if source_kind is None or target_kind is None:
-        return
+        return True
     if target_kind not in _ALLOWED_TARGETS[source_kind]:
         found.add(
             _K.VALIDATION_PROBLEM_KIND_BAD_CONNECTION,
@@ -778,6 +786,8 @@ def _check_connection(
             f"{target_name} cannot follow {source_name}; {_allowed_after(source_kind)}",
             target.step_id,
         )
+        return False
+    return True
 
 
 def _allowed_after(source_kind: str) -> str:
@@ -807,10 +817,13 @@ def _check_branch(
 
 
 def _check_cycles(graph: _Graph, found: _Found) -> None:
-    for component in _strongly_connected(graph.addressable, graph.successors):
+    flow: dict[int, list[int]] = {index: [] for index in graph.addressable}
+    for link in graph.flow_links:
+        flow[link.source].append(link.target)
+    for component in _strongly_connected(graph.addressable, flow):
         members = set(component)
         closing = [
-            link for link in graph.links if link.source in members and link.target in members
+            link for link in graph.flow_links if link.source in members and link.target in members
         ]
         if not closing:  # a single step without an edge to itself
             continue

@@ -110,19 +110,36 @@ def _schedule_time(spec: workflow_pb2.WorkflowSpec) -> time | None:
     return time(at.hours, at.minutes, at.seconds)
 
 
+# Errors travel in gRPC trailers, which peers cap at 8-16 KiB: the error names
+# the first problems and their total, and ValidateWorkflow returns every one.
+ERROR_PROBLEMS_BUDGET_BYTES = 6 * 1024
+ERROR_MESSAGE_PROBLEMS = 5
+
+
 def _invalid(result: validation.Validation) -> WorkflowInvalid:
-    problems = [
-        {
+    problems: list[dict[str, str]] = []
+    used = 0
+    for problem in result.problems:
+        entry = {
             "kind": workflow_pb2.ValidationProblemKind.Name(
-                workflow_pb2.ValidationProblemKind.ValueType(p.kind)
+                workflow_pb2.ValidationProblemKind.ValueType(problem.kind)
             ),
-            "path": p.path,
-            "step_id": p.step_id,
-            "message": p.message,
+            "path": problem.path,
+            "step_id": problem.step_id,
+            "message": problem.message,
         }
-        for p in result.problems
-    ]
-    return WorkflowInvalid(result.summary(), metadata={"problems": json.dumps(problems)})
+        used += len(json.dumps(entry))
+        if used > ERROR_PROBLEMS_BUDGET_BYTES:
+            break
+        problems.append(entry)
+    total = len(result.problems)
+    shown = [problem.message for problem in result.problems[:ERROR_MESSAGE_PROBLEMS]]
+    message = f"The workflow has {total} problem{'s' if total != 1 else ''}: " + " ".join(shown)
+    if total > len(shown):
+        message += f" (and {total - len(shown)} more: ValidateWorkflow lists every problem)"
+    return WorkflowInvalid(
+        message, metadata={"problems": json.dumps(problems), "problems_total": str(total)}
+    )
 
 
 async def load_catalog(connection: Connection) -> validation.Catalog:

@@ -171,10 +171,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def DeleteBucket(
         self, request: pb.DeleteBucketRequest, context: Context
     ) -> pb.DeleteBucketResponse:
-        await self.api.delete_bucket(await self.who(context), request.bucket_id)
-        # Cancelling the runs that write into it and deleting its items arrive
-        # with the execution issue (runs cannot be cancelled yet).
-        return pb.DeleteBucketResponse()
+        cancelled = await self.api.delete_bucket(await self.who(context), request.bucket_id)
+        # Bucket items arrive with the execution issue; until then there are none to delete.
+        return pb.DeleteBucketResponse(cancelled_run_ids=cancelled)
 
     async def ListBuckets(
         self, request: pb.ListBucketsRequest, context: Context

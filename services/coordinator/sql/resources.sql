@@ -83,7 +83,8 @@ LIMIT $7;
 
 -- name: recording_list_for_input
 -- Current recordings of the cameras $2 that overlap the window [$3, $4).
-SELECT recording_id, camera_id, generation, start_at, end_at, fps, object_key, sha256, byte_size
+SELECT recording_id, camera_id, generation, start_at, end_at, fps, object_key, sha256, byte_size,
+       expires_at
 FROM recordings
 WHERE camera_id = ANY($2::text[]) AND deleted_at IS NULL AND expires_at > $1
   AND end_at > $3 AND start_at < $4;
