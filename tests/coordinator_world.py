@@ -30,7 +30,7 @@ def stamp(value: datetime) -> Timestamp:
 
 def error_reason(error: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str, dict[str, str]]:
     """(code, ErrorInfo reason, ErrorInfo metadata) of a failed call."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)
     info = error_details_pb2.ErrorInfo()
     if status is not None and status.details:
         status.details[0].Unpack(info)
@@ -108,13 +108,14 @@ def workflow_spec(
     *,
     cameras: Sequence[str] = ("cam-a",),
     interval: int = 60,
-    day: int = workflow_pb2.INPUT_DAY_DATE,
+    day: workflow_pb2.InputDay.ValueType = workflow_pb2.INPUT_DAY_DATE,
     date: tuple[int, int, int] = (2026, 11, 29),
     window: tuple[int, int] = (8, 18),
     time_zone: str = "UTC",
     keep_by_change: bool = False,
     classes: Sequence[str] = ("person",),
     bucket: str = "yard",
+    schedule: tuple[int, int] | None = None,
 ) -> workflow_pb2.WorkflowSpec:
     """input → sample → model → rule → (match) output / (no match) do nothing."""
     sample = workflow_pb2.SampleStep(interval_seconds=interval)
@@ -153,11 +154,14 @@ def workflow_spec(
             from_step_id="rule", to_step_id="drop", branch=workflow_pb2.EDGE_BRANCH_NO_MATCH
         ),
     ]
-    return workflow_pb2.WorkflowSpec(
+    spec = workflow_pb2.WorkflowSpec(
         name="yard watch",
         time_zone=time_zone,
         graph=workflow_pb2.WorkflowGraph(steps=steps, edges=edges),
     )
+    if schedule is not None:
+        spec.schedule.time_of_day.hours, spec.schedule.time_of_day.minutes = schedule
+    return spec
 
 
 async def save_workflow(
@@ -176,7 +180,7 @@ def run_request(
     runtime_id: str,
     revision: int = 1,
     *,
-    mode: int = common_pb2.RUN_MODE_TEST,
+    mode: common_pb2.RunMode.ValueType = common_pb2.RUN_MODE_TEST,
     image_limit: int | None = None,
 ) -> ws.CreateRunRequest:
     request = ws.CreateRunRequest(

@@ -37,7 +37,9 @@ async def _counts(c: CoordinatorHarness) -> dict[str, int]:
 
 
 async def _refused(
-    c: CoordinatorHarness, request: ws.CreateRunRequest, metadata: object = None
+    c: CoordinatorHarness,
+    request: ws.CreateRunRequest,
+    metadata: tuple[tuple[str, str], ...] | None = None,
 ) -> tuple[grpc.StatusCode, str, dict[str, str], str]:
     """Calls CreateRun expecting a refusal that changes nothing."""
     before = await _counts(c)
@@ -236,12 +238,12 @@ async def test_revision_is_checked_again_inside_the_inserting_transaction(
 
 @pytest.mark.parametrize(("limit", "mode"), [(0, common_pb2.RUN_MODE_TEST), (101, None), (5, FULL)])
 async def test_bad_image_limit(
-    coordinator: CoordinatorHarness, world: World, limit: int, mode: int | None
+    coordinator: CoordinatorHarness, world: World, limit: int, mode: common_pb2.RunMode.ValueType | None
 ) -> None:
     request = run_request(
         "r1",
         "yard",
-        coordinator.clock and world.tracking_runtime,
+        world.tracking_runtime,
         mode=mode or common_pb2.RUN_MODE_TEST,
         image_limit=limit,
     )

@@ -9,7 +9,7 @@ import sys
 
 import asyncpg
 
-from services.coordinator.app import grpc_services
+from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.clock import Clock, ManualClock, SystemClock
 from services.coordinator.db import Database
@@ -31,11 +31,17 @@ async def run_server(settings: CoordinatorSettings) -> None:
     # The pool proves the database is reachable before we report SERVING, and
     # is closed only after the server has stopped taking calls.
     async with Database.open(settings.database_url, size=settings.database_pool_size) as db:
-        clock = make_clock(settings)
+        coordinator = build(
+            db,
+            make_clock(settings),
+            job_capacity=settings.job_capacity,
+            scheduler_interval_seconds=settings.scheduler_interval_seconds,
+        )
         await serve(
             label=LABEL,
             settings=settings,
-            services=grpc_services(db, clock, job_capacity=settings.job_capacity),
+            services=coordinator.services,
+            workers=coordinator.workers,
         )
 
 

@@ -85,7 +85,11 @@ class Principal:
         }
 
 
-SCHEDULER = Principal(kind="scheduler", display_name="scheduler")
+# The daily scheduler creates runs under its own principal; its authority
+# ends only when the policy revision is raised (fence 3).
+SCHEDULER = Principal(
+    kind="scheduler", display_name="scheduler", grants=(Grant(ScopeName.WORKSHOP),)
+)
 
 
 def new_secret(prefix: str) -> tuple[str, str]:

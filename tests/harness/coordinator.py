@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.coordinator.app import grpc_services
+from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.clock import Clock, FrozenClock
 from services.coordinator.db import Database
@@ -61,7 +61,7 @@ async def running_coordinator(
         server = Server(
             label="coordinator-test",
             settings=ServerSettings(port=0, drain_seconds=0.0, grace_seconds=1.0),
-            services=grpc_services(db, clock, job_capacity=job_capacity),
+            services=build(db, clock, job_capacity=job_capacity).services,
         )
         port = await server.start()
         channel = open_channel(f"127.0.0.1:{port}", max_attempts=1)

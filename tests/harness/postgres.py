@@ -14,6 +14,10 @@ Fixtures:
 The fixtures are synchronous, so sync and async tests can both use them; the few admin
 statements they run go through asyncpg on a private event loop in a worker thread,
 never on the test's loop.
+
+Outside pytest (benchmarks, scripts) the same cluster comes from the context manager
+``postgres_cluster()``, and ``create_migrated_database(cluster, name)`` returns the DSN
+of a new, migrated database; both raise ``PostgresUnavailable`` where the fixtures skip.
 """
 
 from __future__ import annotations
@@ -189,8 +193,16 @@ class PostgresHarnessError(RuntimeError):
     pass
 
 
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PostgresCluster]:
+class PostgresUnavailable(PostgresHarnessError):
+    """This machine cannot run a private cluster (no binaries, no user to run it as)."""
+
+
+@contextlib.contextmanager
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A private, throwaway cluster: initdb, start, and on exit stop and delete it.
+
+    Raises PostgresUnavailable before touching anything when this machine cannot run one.
+    """
     bin_dir = _find_bin_dir()
     os_user = _server_os_user()
     root = Path(tempfile.mkdtemp(prefix="workshop-pg-", dir=_parent_dir()))
@@ -208,6 +220,22 @@ def pg_cluster() -> Iterator[PostgresCluster]:
     finally:
         _shut_down(data_dir, cluster)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def create_migrated_database(cluster: PostgresCluster, name: str) -> str:
+    """Creates database `name` on the cluster, applies the migrations; returns its DSN."""
+    _create_migrated(cluster, name)
+    return cluster.dsn(name)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PostgresCluster]:
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(postgres_cluster())
+        except PostgresUnavailable as unavailable:
+            pytest.skip(str(unavailable))
+        yield cluster
 
 
 @pytest.fixture(scope="session")
@@ -290,7 +318,7 @@ def _find_bin_dir() -> Path:
     if importlib.util.find_spec("pgserver") is not None:
         commands = importlib.import_module("pgserver._commands")
         return Path(cast(str, commands.POSTGRES_BIN_PATH))
-    pytest.skip(f"no PostgreSQL server binaries: {INSTALL_HINT}")
+    raise PostgresUnavailable(f"no PostgreSQL server binaries: {INSTALL_HINT}")
 
 
 def _parent_dir() -> Path | None:
@@ -309,14 +337,16 @@ def _server_os_user() -> str | None:
     if os.geteuid() != 0:
         return None
     if shutil.which("runuser") is None:
-        pytest.skip("running as root, and `runuser` (util-linux) is missing to drop privileges")
+        raise PostgresUnavailable(
+            "running as root, and `runuser` (util-linux) is missing to drop privileges"
+        )
     for name in SERVER_OS_USERS:
         try:
             pwd.getpwnam(name)
         except KeyError:
             continue
         return name
-    pytest.skip(f"running as root and none of the OS users {SERVER_OS_USERS} exists")
+    raise PostgresUnavailable(f"running as root and none of the OS users {SERVER_OS_USERS} exists")
 
 
 def _initdb(bin_dir: Path, data_dir: Path, os_user: str | None, *, cwd: Path) -> None:
@@ -382,14 +412,20 @@ def _shut_down(data_dir: Path, cluster: PostgresCluster | None) -> None:
         cluster.kill()
 
 
+def _create_migrated(cluster: PostgresCluster, database: str) -> tuple[str, ...]:
+    """Creates the database and applies the migrations; returns what they reported."""
+    name = quote_ident(database)
+    run_async(lambda: _admin_execute(cluster.admin_dsn, f"CREATE DATABASE {name}"))
+    if not migrations_available():
+        return ()
+    module = importlib.import_module(MIGRATIONS_MODULE)
+    apply = cast(Callable[[str], Awaitable[list[str]]], module.apply_migrations)
+    return tuple(run_async(lambda: apply(cluster.dsn(database))))
+
+
 def _build_template(cluster: PostgresCluster) -> tuple[str, ...]:
     name = quote_ident(TEMPLATE_DB)
-    run_async(lambda: _admin_execute(cluster.admin_dsn, f"CREATE DATABASE {name}"))
-    migrations: tuple[str, ...] = ()
-    if migrations_available():
-        module = importlib.import_module(MIGRATIONS_MODULE)
-        apply = cast(Callable[[str], Awaitable[list[str]]], module.apply_migrations)
-        migrations = tuple(run_async(lambda: apply(cluster.dsn(TEMPLATE_DB))))
+    migrations = _create_migrated(cluster, TEMPLATE_DB)
     # A lingering connection to the template would make every clone fail.
     run_async(
         lambda: _admin_execute(

@@ -1,0 +1,118 @@
+"""Daily schedules (SPEC §3): one full run per scheduled workflow and day.
+
+Each pass looks at every scheduled workflow whose local time of day has come
+and creates the run `<workflow>-<date>` on the newest runtime that ever checked
+in. The id is deterministic and CreateRun is idempotent, so a restarted
+scheduler or a second replica never doubles a run; an advisory lock keeps
+replicas from doing the same pass twice. A day the scheduler missed entirely
+is not backfilled: runs are created for the current local day only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zoneinfo
+from datetime import datetime
+
+from services.coordinator.auth import SCHEDULER
+from services.coordinator.clock import Clock
+from services.coordinator.db import Connection, Database, sql
+from services.coordinator.workshop_api import RunRequest, WorkshopApi, choose_runtime
+from workshop.kit.errors import WorkshopError
+
+log = logging.getLogger(__name__)
+
+
+def run_id_for(workflow_id: str, day: str) -> str:
+    return f"{workflow_id}-{day}"
+
+
+class Scheduler:
+    def __init__(
+        self, db: Database, clock: Clock, api: WorkshopApi, *, interval_seconds: float
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.api = api
+        self.interval_seconds = interval_seconds
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._reported: set[str] = set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._loop(), name="scheduler")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._stopping.set()
+        await self._task
+        self._task = None
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("scheduler pass failed; retrying next pass")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.interval_seconds)
+
+    async def run_once(self) -> list[str]:
+        """One pass; returns the ids of the runs it created."""
+        async with self.db.connection() as connection:
+            if not await connection.fetchval(sql("workflows", "scheduler_try_lock")):
+                return []
+            try:
+                due = await self._due(connection, self.clock.now())
+            finally:
+                await connection.execute(sql("workflows", "scheduler_unlock"))
+        created = []
+        for request in due:
+            try:
+                run_id, was_created = await self.api.create_run(SCHEDULER, request)
+            except WorkshopError as error:
+                self._report_once(request.run_id, error)
+                continue
+            if was_created:
+                log.info("scheduled run %s created", run_id)
+                created.append(run_id)
+        return created
+
+    async def _due(self, connection: Connection, now: datetime) -> list[RunRequest]:
+        """The runs that are due now and do not exist yet."""
+        requests = []
+        runtime = None
+        for row in await connection.fetch(sql("workflows", "workflow_scheduled_list")):
+            local = now.astimezone(zoneinfo.ZoneInfo(row["time_zone"] or "UTC"))
+            if local.time() < row["schedule_time"]:
+                continue
+            run_id = run_id_for(row["workflow_id"], local.date().isoformat())
+            if await connection.fetchrow(sql("runs", "run_fingerprint"), run_id) is not None:
+                continue
+            if runtime is None:
+                try:
+                    runtime = await choose_runtime(connection, now, [], recent=False)
+                except WorkshopError as error:
+                    self._report_once(run_id, error)
+                    return []
+            requests.append(
+                RunRequest(
+                    run_id=run_id,
+                    workflow_id=row["workflow_id"],
+                    runtime_id=runtime["runtime_id"],
+                    revision=row["revision"],
+                    mode="full",
+                    image_limit=0,
+                )
+            )
+        return requests
+
+    def _report_once(self, run_id: str, error: WorkshopError) -> None:
+        if run_id not in self._reported:
+            self._reported.add(run_id)
+            log.warning("scheduled run %s not created: %s", run_id, error.message)
