@@ -238,7 +238,10 @@ async def test_revision_is_checked_again_inside_the_inserting_transaction(
 
 @pytest.mark.parametrize(("limit", "mode"), [(0, common_pb2.RUN_MODE_TEST), (101, None), (5, FULL)])
 async def test_bad_image_limit(
-    coordinator: CoordinatorHarness, world: World, limit: int, mode: common_pb2.RunMode.ValueType | None
+    coordinator: CoordinatorHarness,
+    world: World,
+    limit: int,
+    mode: common_pb2.RunMode.ValueType | None,
 ) -> None:
     request = run_request(
         "r1",
