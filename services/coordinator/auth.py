@@ -92,14 +92,12 @@ SCHEDULER = Principal(
 )
 
 
-def new_secret(prefix: str) -> tuple[str, str]:
-    """A fresh secret and the hash to store."""
-    secret = prefix + secrets.token_urlsafe(32)
-    return secret, sha256_hex(secret.encode())
-
-
-def new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(8)
+def new_credential(prefix: str) -> tuple[str, str, str]:
+    """A fresh (id, secret, hash to store). The id leads the secret, so logs and people can
+    name a credential without holding it: `wk_3fa9c2e17b04d6a8.<256 random bits>`."""
+    identifier = prefix + secrets.token_hex(8)
+    secret = f"{identifier}.{secrets.token_urlsafe(32)}"
+    return identifier, secret, sha256_hex(secret.encode())
 
 
 def _rejected(what: str) -> CredentialRejected:
@@ -127,7 +125,7 @@ async def authenticate(connection: Connection, secret: str, now: datetime) -> Pr
             display_name=row["display_name"],
             grants=(Grant(ScopeName.WORKSHOP), Grant(ScopeName.FOOTAGE_READ)),
         )
-    row = await connection.fetchrow(sql("auth", "key_by_secret_hash"), digest)
+    row = await connection.fetchrow(sql("auth", "key_by_secret_hash"), digest, now)
     if row is None or not secret.startswith(KEY_PREFIX):
         raise _rejected("key is unknown")
     if row["revoked_at"] is not None:

@@ -44,7 +44,12 @@ class TooManySlots(errors.ValidationFailed):
 
 
 class NotFound(errors.NotFound):
+    """A named resource does not exist; metadata "kind" and "id" name it for programs."""
+
     reason = "NOT_FOUND"
+
+    def __init__(self, kind: str, identifier: str, message: str) -> None:
+        super().__init__(message, metadata={"kind": kind, "id": identifier})
 
 
 class StaleRevision(errors.Conflict):

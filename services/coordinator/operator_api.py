@@ -81,8 +81,10 @@ class OperatorApi:
         async with self.db.connection() as connection:
             if await connection.fetchrow(sql("resources", "device_get"), device_id) is None:
                 raise NotFound(
+                    "device",
+                    device_id,
                     f"Device {device_id!r} is not registered; register it first "
-                    "(OperatorService/RegisterDevice)."
+                    "(OperatorService/RegisterDevice).",
                 )
             row = await connection.fetchrow(
                 sql("resources", "runtime_register"),
@@ -100,10 +102,13 @@ class OperatorApi:
         return await self._fetch(sql("resources", "device_list"), after, limit)
 
     async def list_runtimes(
-        self, who: Principal, device_id: str, after: str | None, limit: int
+        self, who: Principal, device_id: str, after: tuple[datetime, str] | None, limit: int
     ) -> list[Record]:
         _require_admin(who)
-        return await self._fetch(sql("resources", "runtime_list"), device_id or None, after, limit)
+        after_at, after_id = after if after else (None, None)
+        return await self._fetch(
+            sql("resources", "runtime_list"), device_id or None, after_at, after_id, limit
+        )
 
     # cameras and recordings ------------------------------------------------------------
 
@@ -159,7 +164,9 @@ class OperatorApi:
                 now + RECORDING_RETENTION,
             )
         except ForeignKeyViolationError:
-            raise NotFound(f"Camera {camera_id!r} does not exist; create it first.") from None
+            raise NotFound(
+                "camera", camera_id, f"Camera {camera_id!r} does not exist; create it first."
+            ) from None
         if row is None:
             raise InvalidField(
                 f"Recording {recording_id!r} belongs to another camera; a replacement keeps "
@@ -173,7 +180,11 @@ class OperatorApi:
             sql("resources", "recording_delete"), recording_id, self.clock.now()
         )
         if row is None:
-            raise NotFound(f"Recording {recording_id!r} does not exist or is already deleted.")
+            raise NotFound(
+                "recording",
+                recording_id,
+                f"Recording {recording_id!r} does not exist or is already deleted.",
+            )
         return row
 
     async def list_recordings(
@@ -218,8 +229,10 @@ class OperatorApi:
             raise InvalidField("version must be 1 or more.")
         if not classes or any(not value for value in classes) or len(set(classes)) != len(classes):
             raise InvalidField("classes must list distinct, non-empty class names.")
-        if not input_shape or any(value < -1 or value == 0 for value in input_shape):
-            raise InvalidField("input_shape must list positive sizes (-1 for a dynamic one).")
+        if not input_shape or any(value < 1 for value in input_shape):
+            raise InvalidField(
+                "input_shape must list the positive sizes of one input frame (no batch dimension)."
+            )
         row = await self._fetchrow(
             sql("resources", "model_version_publish"),
             name,
@@ -278,7 +291,7 @@ class OperatorApi:
         async with self.db.transaction() as connection:
             row = await connection.fetchrow(sql("resources", "bucket_delete"), bucket_id, now)
             if row is None:
-                raise NotFound(f"Bucket {bucket_id!r} does not exist.")
+                raise NotFound("bucket", bucket_id, f"Bucket {bucket_id!r} does not exist.")
             cancelled = await connection.fetch(
                 sql("runs", "jobs_cancel_for_bucket"), bucket_id, now
             )
@@ -307,7 +320,7 @@ class OperatorApi:
         _require_admin(who)
         row = await self._fetchrow(sql("auth", "user_disable"), user_id, self.clock.now())
         if row is None:
-            raise NotFound(f"User {user_id!r} does not exist.")
+            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
         return row
 
     async def create_session(
@@ -319,14 +332,14 @@ class OperatorApi:
             raise InvalidField("A session's ttl must be positive and at most 30 days.")
         user = await self._fetchrow(sql("auth", "user_get"), user_id)
         if user is None:
-            raise NotFound(f"User {user_id!r} does not exist.")
+            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
         if user["disabled_at"] is not None:
             raise FailedPrecondition(f"User {user_id!r} is disabled.", reason="AUTHORITY_REVOKED")
-        secret, digest = auth.new_secret(auth.SESSION_PREFIX)
+        session_id, secret, digest = auth.new_credential(auth.SESSION_PREFIX)
         now = self.clock.now()
         row = await self._fetchrow(
             sql("auth", "session_create"),
-            auth.new_id("ses_"),
+            session_id,
             user_id,
             digest,
             now,
@@ -338,7 +351,7 @@ class OperatorApi:
         _require_admin(who)
         row = await self._fetchrow(sql("auth", "session_revoke"), session_id, self.clock.now())
         if row is None:
-            raise NotFound(f"Session {session_id!r} does not exist.")
+            raise NotFound("session", session_id, f"Session {session_id!r} does not exist.")
         return row
 
     async def create_key(
@@ -362,7 +375,7 @@ class OperatorApi:
         self, connection: Any, grants: Sequence[Grant], user_id: str
     ) -> None:
         if user_id and await connection.fetchrow(sql("auth", "user_get"), user_id) is None:
-            raise NotFound(f"User {user_id!r} does not exist.")
+            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
         cameras = {
             row["camera_id"] for row in await connection.fetch(sql("resources", "camera_ids_all"))
         }
@@ -370,23 +383,34 @@ class OperatorApi:
             if grant.device_id and (
                 await connection.fetchrow(sql("resources", "device_get"), grant.device_id) is None
             ):
-                raise NotFound(f"Device {grant.device_id!r} is not registered.")
+                raise NotFound(
+                    "device", grant.device_id, f"Device {grant.device_id!r} is not registered."
+                )
             missing = sorted(set(grant.camera_ids) - cameras)
             if missing:
-                raise NotFound(f"Unknown cameras in footage:read scope: {', '.join(missing)}.")
+                raise NotFound(
+                    "camera", missing[0], f"Unknown cameras in scope: {', '.join(missing)}."
+                )
 
     async def revoke_key(self, who: Principal, key_id: str) -> Record:
         _require_admin(who)
         row = await self._fetchrow(sql("auth", "key_revoke"), key_id, self.clock.now())
         if row is None:
-            raise NotFound(f"Key {key_id!r} does not exist.")
+            raise NotFound("key", key_id, f"Key {key_id!r} does not exist.")
         return row
 
     async def list_keys(
-        self, who: Principal, include_revoked: bool, after: str | None, limit: int
+        self,
+        who: Principal,
+        include_revoked: bool,
+        after: tuple[datetime, str] | None,
+        limit: int,
     ) -> list[Record]:
         _require_admin(who)
-        return await self._fetch(sql("auth", "key_list"), include_revoked, after, limit)
+        after_at, after_id = after if after else (None, None)
+        return await self._fetch(
+            sql("auth", "key_list"), include_revoked, after_at, after_id, limit
+        )
 
     async def policy_revision(self, who: Principal) -> int:
         _require_admin(who)
@@ -443,10 +467,10 @@ async def insert_key(
     now: datetime,
 ) -> tuple[Record, str]:
     """Stores a new key; returns its row and its secret (shown once)."""
-    secret, digest = auth.new_secret(auth.KEY_PREFIX)
+    key_id, secret, digest = auth.new_credential(auth.KEY_PREFIX)
     row = await connection.fetchrow(
         sql("auth", "key_create"),
-        auth.new_id("key_"),
+        key_id,
         name,
         user_id or None,
         digest,

@@ -209,7 +209,11 @@ class WorkshopApi:
                 return row
             current = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
         if current is None:
-            raise NotFound(f"Workflow {workflow_id!r} does not exist; save it with revision 0.")
+            raise NotFound(
+                "workflow",
+                workflow_id,
+                f"Workflow {workflow_id!r} does not exist; save it with revision 0.",
+            )
         if current["deleted_at"] is not None:
             raise IdConflict(
                 f"Workflow id {workflow_id!r} belonged to a deleted workflow; choose another id."
@@ -221,7 +225,7 @@ class WorkshopApi:
         async with self.db.connection() as connection:
             row = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
         if row is None or row["deleted_at"] is not None:
-            raise NotFound(f"Workflow {workflow_id!r} does not exist.")
+            raise NotFound("workflow", workflow_id, f"Workflow {workflow_id!r} does not exist.")
         return row
 
     async def list_workflows(
@@ -248,7 +252,9 @@ class WorkshopApi:
             if row is None:
                 current = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
                 if current is None or current["deleted_at"] is not None:
-                    raise NotFound(f"Workflow {workflow_id!r} does not exist.")
+                    raise NotFound(
+                        "workflow", workflow_id, f"Workflow {workflow_id!r} does not exist."
+                    )
                 raise _stale(workflow_id, expected_revision or 0, current["revision"])
             cancelled = await connection.fetch(
                 sql("runs", "jobs_cancel_for_workflow"), workflow_id, now
@@ -272,7 +278,7 @@ class WorkshopApi:
                     sql("resources", "model_version_list"), None, None, None, 10_000
                 ),
                 "runtimes": await connection.fetch(
-                    sql("resources", "runtime_list"), None, None, 10_000
+                    sql("resources", "runtime_list"), None, None, None, 10_000
                 ),
             }
 
@@ -302,7 +308,11 @@ class WorkshopApi:
                 sql("workflows", "workflow_lock"), request.workflow_id
             )
             if locked is None or locked["deleted_at"] is not None:
-                raise NotFound(f"Workflow {request.workflow_id!r} does not exist.")
+                raise NotFound(
+                    "workflow",
+                    request.workflow_id,
+                    f"Workflow {request.workflow_id!r} does not exist.",
+                )
             if locked["revision"] != request.revision:
                 raise _stale(request.workflow_id, request.revision, locked["revision"])
             unfinished = await connection.fetchval(sql("runs", "unfinished_job_count"))
@@ -327,12 +337,16 @@ class WorkshopApi:
     ) -> Admission:
         workflow = await connection.fetchrow(sql("workflows", "workflow_get"), request.workflow_id)
         if workflow is None or workflow["deleted_at"] is not None:
-            raise NotFound(f"Workflow {request.workflow_id!r} does not exist.")
+            raise NotFound(
+                "workflow", request.workflow_id, f"Workflow {request.workflow_id!r} does not exist."
+            )
         if workflow["revision"] != request.revision:
             raise _stale(request.workflow_id, request.revision, workflow["revision"])
         runtime = await connection.fetchrow(sql("resources", "runtime_get"), request.runtime_id)
         if runtime is None:
-            raise NotFound(f"Runtime {request.runtime_id!r} is not registered.")
+            raise NotFound(
+                "runtime", request.runtime_id, f"Runtime {request.runtime_id!r} is not registered."
+            )
         spec = spec_from_json(workflow["spec"])
         catalog = await load_catalog(connection)
         result = validation.validate_workflow(spec, catalog)
@@ -427,7 +441,7 @@ class WorkshopApi:
         async with self.db.connection() as connection:
             row = await connection.fetchrow(sql("runs", "run_get"), run_id)
             if row is None:
-                raise NotFound(f"Run {run_id!r} does not exist.")
+                raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
             jobs = await connection.fetch(sql("runs", "run_jobs"), run_id, job_limit)
             return await self._view(connection, row, jobs)
 
@@ -463,7 +477,7 @@ class WorkshopApi:
         async with self.db.connection() as connection:
             snapshot = await connection.fetchval(sql("runs", "run_snapshot_get"), run_id)
             if snapshot is None:
-                raise NotFound(f"Run {run_id!r} does not exist.")
+                raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
             rows = await connection.fetch(
                 sql("runs", "snapshot_recordings_page"), run_id, after_index, limit
             )

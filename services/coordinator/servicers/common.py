@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -36,6 +37,17 @@ def split_token(token: str, parts: int) -> list[str] | None:
     if len(values) != parts or not all(values):
         raise InvalidField("page_token is malformed; pass the next_page_token of a previous page.")
     return values
+
+
+def time_and_id_token(token: str) -> tuple[datetime, str] | None:
+    """A page token made of a timestamp and an id, as `next_token` writes it."""
+    parts = split_token(token, 2)
+    if parts is None:
+        return None
+    try:
+        return datetime.fromisoformat(parts[0]), parts[1]
+    except ValueError:
+        raise InvalidField("page_token is malformed.") from None
 
 
 def next_token(rows: list[Any], limit: int, *columns: str) -> str:

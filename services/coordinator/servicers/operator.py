@@ -8,7 +8,13 @@ from services.coordinator import convert
 from services.coordinator.errors import InvalidField
 from services.coordinator.fields import page_size, page_token
 from services.coordinator.operator_api import OperatorApi
-from services.coordinator.servicers.common import Authenticator, Context, next_token, split_token
+from services.coordinator.servicers.common import (
+    Authenticator,
+    Context,
+    next_token,
+    split_token,
+    time_and_id_token,
+)
 from workshop.v1 import operator_pb2 as pb
 from workshop.v1 import operator_pb2_grpc
 
@@ -57,11 +63,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     ) -> pb.ListRuntimesResponse:
         limit = page_size(request.page_size)
         rows = await self.api.list_runtimes(
-            await self.who(context), request.device_id, page_token(request.page_token), limit
+            await self.who(context),
+            request.device_id,
+            time_and_id_token(request.page_token),
+            limit,
         )
         return pb.ListRuntimesResponse(
             runtimes=[convert.runtime(row) for row in rows],
-            next_page_token=next_token(rows, limit, "runtime_id"),
+            next_page_token=next_token(rows, limit, "registered_at", "runtime_id"),
         )
 
     async def PutCamera(
@@ -109,13 +118,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: pb.ListRecordingsRequest, context: Context
     ) -> pb.ListRecordingsResponse:
         limit = page_size(request.page_size)
-        token = split_token(request.page_token, 2)
-        after = None
-        if token is not None:
-            try:
-                after = (datetime.fromisoformat(token[0]), token[1])
-            except ValueError:
-                raise InvalidField("page_token is malformed.") from None
+        after = time_and_id_token(request.page_token)
         rows = await self.api.list_recordings(
             await self.who(context),
             camera_id=request.camera_id,
@@ -236,11 +239,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def ListKeys(self, request: pb.ListKeysRequest, context: Context) -> pb.ListKeysResponse:
         limit = page_size(request.page_size)
         rows = await self.api.list_keys(
-            await self.who(context), request.include_revoked, page_token(request.page_token), limit
+            await self.who(context),
+            request.include_revoked,
+            time_and_id_token(request.page_token),
+            limit,
         )
         return pb.ListKeysResponse(
             keys=[convert.key(row) for row in rows],
-            next_page_token=next_token(rows, limit, "key_id"),
+            next_page_token=next_token(rows, limit, "created_at", "key_id"),
         )
 
     async def GetPolicyRevision(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format
@@ -11,7 +10,13 @@ from google.protobuf import json_format
 from services.coordinator import convert
 from services.coordinator.errors import InvalidField
 from services.coordinator.fields import page_size
-from services.coordinator.servicers.common import Authenticator, Context, next_token, split_token
+from services.coordinator.servicers.common import (
+    Authenticator,
+    Context,
+    next_token,
+    split_token,
+    time_and_id_token,
+)
 from services.coordinator.workshop_api import RunView, WorkshopApi, run_request, spec_from_json
 from workshop.kit.errors import NotImplementedYet
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2, workflow_pb2, workshop_pb2_grpc
@@ -136,13 +141,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self, request: pb.ListWorkflowsRequest, context: Context
     ) -> pb.ListWorkflowsResponse:
         limit = page_size(request.page_size)
-        token = split_token(request.page_token, 2)
-        after = None
-        if token is not None:
-            try:
-                after = (datetime.fromisoformat(token[0]), token[1])
-            except ValueError:
-                raise InvalidField("page_token is malformed.") from None
+        after = time_and_id_token(request.page_token)
         rows = await self.api.list_workflows(await self.who(context), after, limit)
         return pb.ListWorkflowsResponse(
             workflows=[workflow(row) for row in rows],

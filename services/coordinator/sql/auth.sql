@@ -1,6 +1,11 @@
 -- Credentials, principals and the policy revision.
 
 -- name: key_by_secret_hash
+-- Also records the use ($2 = now), at most once a minute per key, in the same round trip.
+WITH touched AS (
+    UPDATE keys SET last_used_at = $2::timestamptz
+    WHERE secret_hash = $1 AND (last_used_at IS NULL OR last_used_at < $2::timestamptz - interval '1 minute')
+)
 SELECT k.key_id, k.name, k.user_id, k.scopes, k.expires_at, k.revoked_at,
        u.disabled_at AS user_disabled_at, coalesce(u.display_name, k.name) AS display_name
 FROM keys k LEFT JOIN users u ON u.user_id = k.user_id
@@ -40,10 +45,12 @@ RETURNING *;
 UPDATE keys SET revoked_at = coalesce(revoked_at, $2) WHERE key_id = $1 RETURNING *;
 
 -- name: key_list
+-- Newest first; the page token is the (created_at, key_id) of the last row.
 SELECT * FROM keys
-WHERE ($1 OR revoked_at IS NULL) AND ($2::text IS NULL OR key_id < $2)
-ORDER BY key_id DESC
-LIMIT $3;
+WHERE ($1 OR revoked_at IS NULL)
+  AND ($2::timestamptz IS NULL OR (created_at, key_id) < ($2, $3::text))
+ORDER BY created_at DESC, key_id DESC
+LIMIT $4;
 
 -- name: policy_get
 SELECT revision FROM policy;

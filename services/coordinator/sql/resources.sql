@@ -24,10 +24,12 @@ RETURNING *, (xmax = 0) AS created;
 SELECT * FROM runtimes WHERE runtime_id = $1;
 
 -- name: runtime_list
+-- Newest registration first; the page token is the (registered_at, runtime_id) of the last row.
 SELECT * FROM runtimes
-WHERE ($1::text IS NULL OR device_id = $1) AND ($2::text IS NULL OR runtime_id > $2)
-ORDER BY runtime_id
-LIMIT $3;
+WHERE ($1::text IS NULL OR device_id = $1)
+  AND ($2::timestamptz IS NULL OR (registered_at, runtime_id) < ($2, $3::text))
+ORDER BY registered_at DESC, runtime_id DESC
+LIMIT $4;
 
 -- name: runtime_newest_seen
 -- The newest runtime that ever checked in (schedules and agents, SPEC §4).

@@ -1,0 +1,419 @@
+"""CreateRun at the size limit: a full run over 10,000 recordings of 60 slots each.
+
+    .venv/bin/python -m bench.run_create [--samples 5] [--profile] [--check]
+
+Starts a throwaway Postgres cluster (the test harness's: tmpfs when roomy, fsync and
+synchronous_commit off), migrates a database, starts the coordinator in process on real
+gRPC (loopback) with the harness's frozen clock, and registers a device, runtimes, 500
+cameras, a model and a bucket. It then copies in 10,000 one-hour recordings (20 per
+camera, 02:00-22:00 on the input day; setup, not measured) and saves a workflow that
+samples them every 60 s over 01:00-23:00, so each recording is one job of 60 slots.
+
+Measured, with time.perf_counter() around the RPC as a client sees it:
+- creation: `--samples` CreateRun calls in full mode with new run ids; each admits
+  10,000 jobs (600,000 slots), and each finds the previous ones' jobs unfinished;
+- retry: `--samples` CreateRun calls repeating the first run's id and body (created=false).
+
+Then, unmeasured, one more creation in process (WorkshopApi.create_run plus the
+get_run the RPC answers with) on a one-connection pool whose statements are timed by
+asyncpg's query logger: the split between SQL round trips and Python. `--profile` adds
+EXPLAIN ANALYZE of the big statements (in a rolled-back transaction) and cProfile over
+one more in-process creation.
+
+The last line is `RESULT run_create_10k_s=<median> run_create_retry_ms=<median>`.
+Everything it starts is stopped on exit, also on error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import dataclasses
+import hashlib
+import io
+import pstats
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from services.coordinator import queries
+from services.coordinator.auth import Grant, Principal, ScopeName
+from services.coordinator.db import Database
+from services.coordinator.operator_api import RECORDING_RETENTION
+from services.coordinator.workshop_api import WorkshopApi
+from services.coordinator.workshop_api import run_request as api_run_request
+from tests.coordinator_world import DAY, build_world, run_request, save_workflow, workflow_spec
+from tests.harness.coordinator import CoordinatorHarness, running_coordinator
+from tests.harness.postgres import (
+    TIMINGS,
+    PostgresUnavailable,
+    create_migrated_database,
+    postgres_cluster,
+)
+from workshop.v1 import common_pb2
+from workshop.v1 import operator_pb2 as op
+
+CAMERAS = 500
+RECORDINGS_PER_CAMERA = 20
+FIRST_RECORDING_HOUR = 2  # recordings start on the hour: 02:00 ... 21:00
+WINDOW_HOURS = (1, 23)  # the workflow's window; the slot grid starts at 01:00
+INTERVAL_SECONDS = 60
+RECORDING_LENGTH = timedelta(hours=1)
+RECORDINGS = CAMERAS * RECORDINGS_PER_CAMERA
+SLOTS_PER_RECORDING = int(RECORDING_LENGTH.total_seconds()) // INTERVAL_SECONDS
+WORKFLOW_ID = "bench-10k"
+DATABASE = "bench_run_create"
+# Room for every run this benchmark creates; the capacity check itself still runs.
+JOB_CAPACITY = 10_000_000
+RPC_TIMEOUT_S = 120.0
+TARGET_CREATE_S = 1.0
+TARGET_RETRY_MS = 30.0
+PROFILE_TOP = 15
+PROFILE_FRAMEWORK = ("/asyncio/", "selectors.py", "bench/run_create.py")
+BENCH_PRINCIPAL = Principal(kind="key", key_id="bench", grants=(Grant(ScopeName.ADMIN),))
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    create_s: list[float]
+    retry_s: list[float]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run_create", description=__doc__)
+    parser.add_argument("--samples", type=int, default=5, help="creations and retries timed")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also EXPLAIN ANALYZE the big statements and cProfile one in-process creation",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a median misses its target"
+    )
+    args = parser.parse_args(argv)
+    if args.samples < 1:
+        parser.error("--samples must be at least 1")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the cluster's cleanup runs
+    try:
+        with postgres_cluster() as cluster:
+            say(
+                f"postgres: {cluster.bin_dir} on {cluster.host}:{cluster.port}, "
+                f"data in {cluster.data_dir} (initdb {TIMINGS.initdb_s:.2f} s, "
+                f"start {TIMINGS.start_s:.2f} s)"
+            )
+            dsn = create_migrated_database(cluster, DATABASE)
+            figures = asyncio.run(_bench(dsn, args.samples, profile=args.profile))
+    except PostgresUnavailable as unavailable:
+        say(f"cannot start a private Postgres cluster: {unavailable}")
+        return 2
+    create_s = statistics.median(figures.create_s)
+    retry_ms = statistics.median(figures.retry_s) * 1000
+    missed = create_s > TARGET_CREATE_S or retry_ms > TARGET_RETRY_MS
+    say(f"RESULT run_create_10k_s={create_s:.3f} run_create_retry_ms={retry_ms:.1f}")
+    return 1 if args.check and missed else 0
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+async def _bench(dsn: str, samples: int, *, profile: bool) -> Figures:
+    async with running_coordinator(dsn, job_capacity=JOB_CAPACITY) as c:
+        began = time.perf_counter()
+        runtime_id = await _set_up(c)
+        say(
+            f"setup: {RECORDINGS:,} recordings x {SLOTS_PER_RECORDING} slots on {CAMERAS} "
+            f"cameras, workflow {WORKFLOW_ID!r} ({time.perf_counter() - began:.1f} s)"
+        )
+        figures = await _measure(c, runtime_id, samples)
+        _print_table(figures)
+        await _phases(dsn, c, runtime_id, samples, profile=profile)
+        return figures
+
+
+async def _set_up(c: CoordinatorHarness) -> str:
+    """The world, 500 more cameras, 10,000 recordings (copied in) and the workflow."""
+    world = await build_world(c, recordings_per_camera=0)
+    cameras = [f"cam-{index:03d}" for index in range(CAMERAS)]
+    for camera in cameras:
+        await c.operator.PutCamera(op.PutCameraRequest(camera_id=camera), metadata=c.admin)
+    now = c.clock.now()
+    rows: list[tuple[Any, ...]] = []
+    for camera in cameras:
+        for hour in range(FIRST_RECORDING_HOUR, FIRST_RECORDING_HOUR + RECORDINGS_PER_CAMERA):
+            recording_id = f"{camera}-h{hour:02d}"
+            start = DAY + timedelta(hours=hour)
+            # What PutRecording writes for a first put (generation 1).
+            rows.append(
+                (
+                    recording_id,
+                    camera,
+                    1,
+                    start,
+                    start + RECORDING_LENGTH,
+                    30.0,
+                    f"recordings/{recording_id}.mp4",
+                    hashlib.sha256(recording_id.encode()).hexdigest(),
+                    1_500_000_000,
+                    now,
+                    now + RECORDING_RETENTION,
+                )
+            )
+    async with c.db.connection() as connection:
+        await connection.copy_records_to_table(
+            "recordings",
+            records=rows,
+            columns=[
+                "recording_id",
+                "camera_id",
+                "generation",
+                "start_at",
+                "end_at",
+                "fps",
+                "object_key",
+                "sha256",
+                "byte_size",
+                "put_at",
+                "expires_at",
+            ],
+        )
+        await connection.execute("VACUUM ANALYZE")
+    spec = workflow_spec(cameras=cameras, interval=INTERVAL_SECONDS, window=WINDOW_HOURS)
+    await save_workflow(c, WORKFLOW_ID, spec)
+    return world.tracking_runtime
+
+
+async def _measure(c: CoordinatorHarness, runtime_id: str, samples: int) -> Figures:
+    create_s: list[float] = []
+    for index in range(samples):
+        request = _full_request(f"bench-create-{index}", runtime_id)
+        began = time.perf_counter()
+        response = await c.workshop.CreateRun(request, metadata=c.admin, timeout=RPC_TIMEOUT_S)
+        create_s.append(time.perf_counter() - began)
+        if not response.created:
+            raise AssertionError(f"{request.run_id}: created=false on a new id")
+        await _check_jobs(c, request.run_id)
+    first = _full_request("bench-create-0", runtime_id)
+    retry_s: list[float] = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        response = await c.workshop.CreateRun(first, metadata=c.admin, timeout=RPC_TIMEOUT_S)
+        retry_s.append(time.perf_counter() - began)
+        if response.created:
+            raise AssertionError("a retry with the same id and body created a run")
+    return Figures(create_s=create_s, retry_s=retry_s)
+
+
+def _full_request(run_id: str, runtime_id: str) -> Any:
+    return run_request(run_id, WORKFLOW_ID, runtime_id, mode=common_pb2.RUN_MODE_FULL)
+
+
+async def _check_jobs(c: CoordinatorHarness, run_id: str) -> None:
+    async with c.db.connection() as connection:
+        jobs, slots = await connection.fetchrow(
+            "SELECT count(*), coalesce(sum(slot_count), 0) FROM jobs WHERE run_id = $1", run_id
+        )
+    expected = (RECORDINGS, RECORDINGS * SLOTS_PER_RECORDING)
+    if (jobs, slots) != expected:
+        raise AssertionError(f"{run_id}: {jobs} jobs, {slots} slots; expected {expected}")
+
+
+def _print_table(figures: Figures) -> None:
+    say()
+    say(f"CreateRun through gRPC, full mode, {RECORDINGS:,} jobs x {SLOTS_PER_RECORDING} slots")
+    say(f"{'':>8} {'create (s)':>12} {'retry (ms)':>12}")
+    for index, (create, retry) in enumerate(
+        zip(figures.create_s, figures.retry_s, strict=True), start=1
+    ):
+        say(f"{f'#{index}':>8} {create:>12.3f} {retry * 1000:>12.1f}")
+    for label, pick in (("median", statistics.median), ("min", min), ("max", max)):
+        say(f"{label:>8} {pick(figures.create_s):>12.3f} {pick(figures.retry_s) * 1000:>12.1f}")
+    create = statistics.median(figures.create_s)
+    retry = statistics.median(figures.retry_s) * 1000
+    say(
+        f"targets: creation <= {TARGET_CREATE_S:.1f} s {_verdict(create <= TARGET_CREATE_S)}; "
+        f"retry <= {TARGET_RETRY_MS:.0f} ms {_verdict(retry <= TARGET_RETRY_MS)}"
+    )
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+# Where one creation's time goes ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    name: str
+    elapsed_s: float
+    args: tuple[Any, ...]
+
+
+class StatementClock:
+    """asyncpg query logger: each statement's client-side time, named as in sql/*.sql."""
+
+    def __init__(self) -> None:
+        self.names = {
+            text: f"{path.stem}.{name}"
+            for path in sorted(queries.SQL_DIR.glob("*.sql"))
+            for name, text in queries.load(path.stem).items()
+        }
+        self.timed: list[Timed] = []
+
+    def __call__(self, record: Any) -> None:
+        text = str(record.query).strip()
+        name = self.names.get(text) or _driver_statement(text)
+        self.timed.append(Timed(name, float(record.elapsed), tuple(record.args or ())))
+
+    def find(self, name: str) -> Timed:
+        return next(timed for timed in self.timed if timed.name == name)
+
+
+def _driver_statement(text: str) -> str:
+    """A name for the statements asyncpg itself sends."""
+    if text.startswith("SELECT pg_advisory_unlock_all()"):
+        return "(asyncpg: pool reset on release)"
+    if text in ("BEGIN;", "COMMIT;", "ROLLBACK;"):
+        return text.rstrip(";")
+    return "(other) " + " ".join(text.split())[:40]
+
+
+async def _phases(
+    dsn: str, c: CoordinatorHarness, runtime_id: str, samples: int, *, profile: bool
+) -> None:
+    async with Database.open(dsn, size=1) as db:  # one connection: every statement is timed
+        api = WorkshopApi(db, c.clock, capacity=JOB_CAPACITY)
+        # Warm the connection (type introspection, prepared statements) with a 1-job test run.
+        warm = dataclasses.replace(
+            _api_request("bench-warm", runtime_id), mode="test", image_limit=1
+        )
+        await api.create_run(BENCH_PRINCIPAL, warm)
+        await api.get_run(BENCH_PRINCIPAL, warm.run_id, 0)
+        clock = StatementClock()
+        async with db.connection() as connection:
+            connection.add_query_logger(clock)
+        run_id = "bench-phases"
+        request = _api_request(run_id, runtime_id)
+        began = time.perf_counter()
+        _, created = await api.create_run(BENCH_PRINCIPAL, request)
+        created_s = time.perf_counter() - began
+        await api.get_run(BENCH_PRINCIPAL, run_id, 0)  # what the RPC answers with
+        total_s = time.perf_counter() - began
+        await asyncio.sleep(0.05)  # the logger is called soon after each statement
+        if not created:
+            raise AssertionError(f"{run_id}: not created")
+        say()
+        say(
+            f"one more creation, in process on a warm connection ({samples * RECORDINGS:,} "
+            f"unfinished jobs before it): create_run {created_s * 1000:.0f} ms + get_run "
+            f"{(total_s - created_s) * 1000:.0f} ms"
+        )
+        sql_s = sum(timed.elapsed_s for timed in clock.timed)
+        for timed in sorted(clock.timed, key=lambda t: -t.elapsed_s):
+            say(f"  {timed.elapsed_s * 1000:8.1f} ms  {timed.name}")
+        say(
+            f"  {sql_s * 1000:8.1f} ms  SQL in all ({len(clock.timed)} statements, "
+            "client side: encoding, round trip, server)"
+        )
+        say(f"  {(total_s - sql_s) * 1000:8.1f} ms  Python outside the statements")
+        if profile:
+            await _explain(db, clock)
+            await _profile(api, runtime_id)
+
+
+def _api_request(run_id: str, runtime_id: str) -> Any:
+    return api_run_request(
+        run_id=run_id,
+        workflow_id=WORKFLOW_ID,
+        runtime_id=runtime_id,
+        revision=1,
+        mode="full",
+        image_limit=None,
+    )
+
+
+class _Rollback(Exception):
+    pass
+
+
+async def _explain(db: Database, clock: StatementClock) -> None:
+    """EXPLAIN ANALYZE the phase run's big statements again, under a copy of its run row."""
+    copy_id = "bench-explain"
+    snapshot_rows = clock.find("runs.snapshot_recordings_insert").args
+    jobs = clock.find("runs.jobs_insert").args
+    statements = [
+        ("runs.unfinished_job_count", ()),
+        (
+            "resources.recording_list_for_input",
+            clock.find("resources.recording_list_for_input").args,
+        ),
+        ("runs.snapshot_recordings_insert", (copy_id, *snapshot_rows[1:])),
+        ("runs.jobs_insert", (copy_id, None, *jobs[2:])),  # the seq is the copy's
+    ]
+    texts = {name: text for text, name in clock.names.items()}
+    say()
+    say("EXPLAIN (ANALYZE, BUFFERS) of the big statements, rolled back:")
+    try:
+        async with db.transaction() as connection:
+            seq = await connection.fetchval(
+                "INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, "
+                "runtime_id, image_limit, fingerprint, created_by, policy_revision, created_at, "
+                "expires_at) SELECT $1, kind, mode, workflow_id, workflow_revision, runtime_id, "
+                "image_limit, fingerprint, created_by, policy_revision, created_at, expires_at "
+                "FROM runs WHERE run_id = $2 RETURNING seq",
+                copy_id,
+                jobs[0],
+            )
+            for name, args in statements:
+                values = [seq if value is None else value for value in args]
+                plan = await connection.fetch(f"EXPLAIN (ANALYZE, BUFFERS) {texts[name]}", *values)
+                say(f"-- {name}")
+                for row in plan:
+                    line = str(row[0])
+                    say(f"   {line if len(line) <= 140 else line[:137] + '...'}")
+            raise _Rollback
+    except _Rollback:
+        pass
+
+
+async def _profile(api: WorkshopApi, runtime_id: str) -> None:
+    run_id = "bench-profile"
+    request = _api_request(run_id, runtime_id)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        await api.create_run(BENCH_PRINCIPAL, request)
+        await api.get_run(BENCH_PRINCIPAL, run_id, 0)
+    finally:
+        profiler.disable()
+    # By cumulative time, the event loop and this file would fill the list: leave them out.
+    for sort, leave_out in (("cumulative", PROFILE_FRAMEWORK), ("tottime", ())):
+        stats = pstats.Stats(profiler)
+        table: Any = stats.stats  # type: ignore[attr-defined]
+        for function in list(table):
+            if any(part in function[0] for part in leave_out) or "_contextvars" in function[2]:
+                del table[function]
+        out = io.StringIO()
+        stats.stream = out  # type: ignore[attr-defined]
+        stats.strip_dirs().sort_stats(sort).print_stats(PROFILE_TOP)
+        say()
+        say(f"cProfile of one in-process creation (+ get_run), top {PROFILE_TOP} by {sort}:")
+        lines = out.getvalue().strip().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
+        for line in lines[start:]:
+            say(f"  {line}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
