@@ -560,3 +560,48 @@ async def test_save_workflow_validation_and_revisions(
     )
     assert validated.valid
     assert list(validated.required_capabilities) == ["workshop-v3"]
+
+
+async def test_choose_runtime_rules(coordinator: CoordinatorHarness, world: World) -> None:
+    c = coordinator
+    await save_workflow(c, "change", workflow_spec(keep_by_change=True))
+
+    async def choose(workflow_id: str, choice: ws.RuntimeChoice.ValueType) -> str:
+        reply = await c.workshop.ChooseRuntime(
+            ws.ChooseRuntimeRequest(workflow_id=workflow_id, choice=choice), metadata=c.admin
+        )
+        return reply.runtime.runtime_id
+
+    async def seen(runtime_id: str, minutes_ago: int) -> None:
+        async with c.db.connection() as connection:
+            await connection.execute(
+                "UPDATE runtimes SET last_seen_at = $2 WHERE runtime_id = $1",
+                runtime_id,
+                c.clock.now() - timedelta(minutes=minutes_ago),
+            )
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await choose("yard", ws.RUNTIME_CHOICE_NEWEST)
+    assert error_reason(caught.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "NO_RUNTIME")
+    await seen(world.tracking_runtime, minutes_ago=1)
+    await seen(world.plain_runtime, minutes_ago=0)
+    # the website: newest seen within 2 minutes that has the needed capabilities
+    assert await choose("yard", ws.RUNTIME_CHOICE_RECENT_CAPABLE) == world.plain_runtime
+    assert await choose("change", ws.RUNTIME_CHOICE_RECENT_CAPABLE) == world.tracking_runtime
+    # agents and schedules: newest ever seen, however long ago
+    c.clock.advance(timedelta(hours=5))
+    assert await choose("change", ws.RUNTIME_CHOICE_NEWEST) == world.plain_runtime
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await choose("yard", ws.RUNTIME_CHOICE_RECENT_CAPABLE)
+    assert error_reason(caught.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "NO_RUNTIME")
+
+
+async def test_catalog_lists_what_the_editor_offers(
+    coordinator: CoordinatorHarness, world: World
+) -> None:
+    agent = bearer_metadata(await coordinator.key(Grant(ScopeName.WORKSHOP)))
+    catalog = await coordinator.workshop.GetCatalog(ws.GetCatalogRequest(), metadata=agent)
+    assert [camera.camera_id for camera in catalog.cameras] == ["cam-a", "cam-b"]
+    assert [bucket.bucket_id for bucket in catalog.buckets] == ["yard"]
+    assert [(m.name, m.version) for m in catalog.model_versions] == [("detector", 1)]
+    assert {r.runtime_id for r in catalog.runtimes} == {world.tracking_runtime, world.plain_runtime}
