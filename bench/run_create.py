@@ -55,6 +55,7 @@ from tests.harness.postgres import (
     PostgresUnavailable,
     create_migrated_database,
     postgres_cluster,
+    quote_ident,
 )
 from workshop.v1 import common_pb2
 from workshop.v1 import operator_pb2 as op
@@ -75,6 +76,7 @@ RPC_TIMEOUT_S = 120.0
 TARGET_CREATE_S = 1.0
 TARGET_RETRY_MS = 30.0
 PROFILE_TOP = 15
+SHOWN_STATEMENT_S = 0.0005
 PROFILE_FRAMEWORK = ("/asyncio/", "selectors.py", "bench/run_create.py")
 BENCH_PRINCIPAL = Principal(kind="key", key_id="bench", grants=(Grant(ScopeName.ADMIN),))
 
@@ -86,7 +88,11 @@ class Figures:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.run_create", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run_create",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--samples", type=int, default=5, help="creations and retries timed")
     parser.add_argument(
         "--profile",
@@ -99,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.samples < 1:
         parser.error("--samples must be at least 1")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the cluster's cleanup runs
+    # Outside the event loop (initdb, start, migrations, stop) SIGTERM raises SystemExit,
+    # so the cluster's cleanup runs.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with postgres_cluster() as cluster:
             say(
@@ -108,7 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"start {TIMINGS.start_s:.2f} s)"
             )
             dsn = create_migrated_database(cluster, DATABASE)
-            figures = asyncio.run(_bench(dsn, args.samples, profile=args.profile))
+            try:
+                figures = asyncio.run(_bench(dsn, args.samples, profile=args.profile))
+            except asyncio.CancelledError:  # SIGTERM while the loop ran
+                raise SystemExit(128 + signal.SIGTERM) from None
+            finally:
+                signal.signal(signal.SIGTERM, _exit_on_sigterm)
     except PostgresUnavailable as unavailable:
         say(f"cannot start a private Postgres cluster: {unavailable}")
         return 2
@@ -128,6 +141,12 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 async def _bench(dsn: str, samples: int, *, profile: bool) -> Figures:
+    # Inside the loop, SIGTERM cancels the benchmark like Ctrl-C does, so every `finally`
+    # runs on the loop (an exception raised from a plain signal handler in the middle of
+    # gRPC's callbacks can crash the interpreter). asyncio.run restores SIG_DFL at the end.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     async with running_coordinator(dsn, job_capacity=JOB_CAPACITY) as c:
         began = time.perf_counter()
         runtime_id = await _set_up(c)
@@ -276,9 +295,6 @@ class StatementClock:
         name = self.names.get(text) or _driver_statement(text)
         self.timed.append(Timed(name, float(record.elapsed), tuple(record.args or ())))
 
-    def find(self, name: str) -> Timed:
-        return next(timed for timed in self.timed if timed.name == name)
-
 
 def _driver_statement(text: str) -> str:
     """A name for the statements asyncpg itself sends."""
@@ -303,33 +319,62 @@ async def _phases(
         clock = StatementClock()
         async with db.connection() as connection:
             connection.add_query_logger(clock)
-        run_id = "bench-phases"
-        request = _api_request(run_id, runtime_id)
-        began = time.perf_counter()
-        _, created = await api.create_run(BENCH_PRINCIPAL, request)
-        created_s = time.perf_counter() - began
-        await api.get_run(BENCH_PRINCIPAL, run_id, 0)  # what the RPC answers with
-        total_s = time.perf_counter() - began
-        await asyncio.sleep(0.05)  # the logger is called soon after each statement
-        if not created:
-            raise AssertionError(f"{run_id}: not created")
+        request = _api_request("bench-phases", runtime_id)
         say()
-        say(
-            f"one more creation, in process on a warm connection ({samples * RECORDINGS:,} "
-            f"unfinished jobs before it): create_run {created_s * 1000:.0f} ms + get_run "
-            f"{(total_s - created_s) * 1000:.0f} ms"
+        await _split(
+            f"one more creation, in process on a warm connection, {samples * RECORDINGS:,} "
+            "unfinished jobs before it",
+            api,
+            request,
+            clock,
+            created=True,
         )
-        sql_s = sum(timed.elapsed_s for timed in clock.timed)
-        for timed in sorted(clock.timed, key=lambda t: -t.elapsed_s):
-            say(f"  {timed.elapsed_s * 1000:8.1f} ms  {timed.name}")
-        say(
-            f"  {sql_s * 1000:8.1f} ms  SQL in all ({len(clock.timed)} statements, "
-            "client side: encoding, round trip, server)"
-        )
-        say(f"  {(total_s - sql_s) * 1000:8.1f} ms  Python outside the statements")
+        creation = list(clock.timed)
+        say()
+        await _split("one retry of it, in process", api, request, clock, created=False)
         if profile:
-            await _explain(db, clock)
+            await _explain(db, creation)
             await _profile(api, runtime_id)
+
+
+async def _split(
+    title: str, api: WorkshopApi, request: Any, clock: StatementClock, *, created: bool
+) -> None:
+    """Times create_run plus the get_run the RPC answers with; prints where the time went."""
+    clock.timed.clear()
+    began = time.perf_counter()
+    _, was_created = await api.create_run(BENCH_PRINCIPAL, request)
+    create_s = time.perf_counter() - began
+    await api.get_run(BENCH_PRINCIPAL, request.run_id, 0)
+    total_s = time.perf_counter() - began
+    await asyncio.sleep(0.05)  # the logger is called soon after each statement
+    if was_created != created:
+        raise AssertionError(f"{request.run_id}: created={was_created}, expected {created}")
+    say(
+        f"{title}: {total_s * 1000:.1f} ms (create_run {create_s * 1000:.1f} ms, "
+        f"get_run {(total_s - create_s) * 1000:.1f} ms)"
+    )
+    by_name: dict[str, list[float]] = {}
+    for timed in clock.timed:
+        by_name.setdefault(timed.name, []).append(timed.elapsed_s)
+    sql_s = sum(timed.elapsed_s for timed in clock.timed)
+    shown = 0.0
+    for name, times in sorted(by_name.items(), key=lambda item: -sum(item[1])):
+        if sum(times) < SHOWN_STATEMENT_S:
+            continue
+        shown += sum(times)
+        calls = f" (x{len(times)})" if len(times) > 1 else ""
+        say(f"  {sum(times) * 1000:8.1f} ms  {name}{calls}")
+    hidden = len(clock.timed) - sum(
+        len(times) for times in by_name.values() if sum(times) >= SHOWN_STATEMENT_S
+    )
+    if hidden:
+        say(f"  {(sql_s - shown) * 1000:8.1f} ms  {hidden} statements under 0.5 ms each")
+    say(
+        f"  {sql_s * 1000:8.1f} ms  SQL in all, {len(clock.timed)} statements "
+        "(client side: argument encoding, round trip, server, result decoding)"
+    )
+    say(f"  {(total_s - sql_s) * 1000:8.1f} ms  Python outside the statements")
 
 
 def _api_request(run_id: str, runtime_id: str) -> Any:
@@ -347,37 +392,50 @@ class _Rollback(Exception):
     pass
 
 
-async def _explain(db: Database, clock: StatementClock) -> None:
-    """EXPLAIN ANALYZE the phase run's big statements again, under a copy of its run row."""
-    copy_id = "bench-explain"
-    snapshot_rows = clock.find("runs.snapshot_recordings_insert").args
-    jobs = clock.find("runs.jobs_insert").args
-    statements = [
-        ("runs.unfinished_job_count", ()),
-        (
-            "resources.recording_list_for_input",
-            clock.find("resources.recording_list_for_input").args,
-        ),
-        ("runs.snapshot_recordings_insert", (copy_id, *snapshot_rows[1:])),
-        ("runs.jobs_insert", (copy_id, None, *jobs[2:])),  # the seq is the copy's
+async def _explain(db: Database, creation: Sequence[Timed]) -> None:
+    """EXPLAIN ANALYZE the phase run's big statements again, under a copy of its run row.
+
+    The inserts get the arguments the phase run sent, its run id and seq swapped for the
+    copy's; the transaction is rolled back.
+    """
+    timed = {entry.name: entry for entry in creation}
+    names = [
+        "runs.unfinished_job_count",
+        "resources.recording_list_for_input",
+        "runs.snapshot_recordings_insert",
+        "runs.jobs_insert",
     ]
-    texts = {name: text for text, name in clock.names.items()}
+    texts = {name: text for text, name in StatementClock().names.items()}
+    original = "bench-phases"
+    copy_id = "bench-explain"
     say()
     say("EXPLAIN (ANALYZE, BUFFERS) of the big statements, rolled back:")
     try:
         async with db.transaction() as connection:
-            seq = await connection.fetchval(
-                "INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, "
-                "runtime_id, image_limit, fingerprint, created_by, policy_revision, created_at, "
-                "expires_at) SELECT $1, kind, mode, workflow_id, workflow_revision, runtime_id, "
-                "image_limit, fingerprint, created_by, policy_revision, created_at, expires_at "
-                "FROM runs WHERE run_id = $2 RETURNING seq",
-                copy_id,
-                jobs[0],
+            original_seq = await connection.fetchval(
+                "SELECT seq FROM runs WHERE run_id = $1", original
             )
-            for name, args in statements:
-                values = [seq if value is None else value for value in args]
-                plan = await connection.fetch(f"EXPLAIN (ANALYZE, BUFFERS) {texts[name]}", *values)
+            columns = ", ".join(
+                quote_ident(row["attname"])
+                for row in await connection.fetch(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = 'runs'::regclass "
+                    "AND attnum > 0 AND NOT attisdropped AND attidentity = '' "
+                    "AND attgenerated = '' AND attname <> 'run_id' ORDER BY attnum"
+                )
+            )
+            seq = await connection.fetchval(
+                f"INSERT INTO runs (run_id, {columns}) SELECT $1, {columns} FROM runs "
+                "WHERE run_id = $2 RETURNING seq",
+                copy_id,
+                original,
+            )
+            swap = {original: copy_id, original_seq: seq}
+            for name in names:
+                args = [
+                    swap.get(value, value) if isinstance(value, str | int) else value
+                    for value in timed[name].args
+                ]
+                plan = await connection.fetch(f"EXPLAIN (ANALYZE, BUFFERS) {texts[name]}", *args)
                 say(f"-- {name}")
                 for row in plan:
                     line = str(row[0])
