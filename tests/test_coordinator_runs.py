@@ -448,8 +448,9 @@ async def test_list_runs_newest_first_without_photos(
     async with c.db.connection() as connection:
         await connection.execute(
             """INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id,
-                                 image_limit, fingerprint, created_by, policy_revision, created_at)
-               VALUES ('photo-x', 'photo', 'test', 'yard', 1, $1, 1, 'f', '{}', 1, $2)""",
+                                 image_limit, fingerprint, created_by, policy_revision, created_at,
+                                 code_sha256)
+               VALUES ('photo-x', 'photo', 'test', 'yard', 1, $1, 1, 'f', '{}', 1, $2, 'c')""",
             world.tracking_runtime,
             c.clock.now(),
         )

@@ -104,8 +104,9 @@ async def test_snapshot_refuses_every_change(pg_dsn: str, statement: str) -> Non
             INSERT INTO devices VALUES ('d', '', now());
             INSERT INTO runtimes VALUES ('r', 'd', 'e', 'c', '{}', now(), NULL);
             INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id,
-                              image_limit, fingerprint, created_by, policy_revision, created_at)
-                VALUES ('run1', 'workflow', 'full', 'w', 1, 'r', 0, 'f', '{}', 1, now());
+                              image_limit, fingerprint, created_by, policy_revision, created_at,
+                              code_sha256)
+                VALUES ('run1', 'workflow', 'full', 'w', 1, 'r', 0, 'f', '{}', 1, now(), 'c');
             INSERT INTO run_snapshots VALUES ('run1', '{"a": 1}');
             INSERT INTO snapshot_recordings VALUES
                 ('run1', 0, 'rec', 'cam', 1, 's', 1, 'k', now(), now(), 30, 1);

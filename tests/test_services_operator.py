@@ -83,7 +83,7 @@ CASES = [
             "workshop.v1.JobService",
             "workshop.v1.PublicationService",
         ],
-        "workshop.v1.JobService/Claim",
+        "workshop.v1.WorkshopService/GetSummary",
     ),
     (
         "services.preview",

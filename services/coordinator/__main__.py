@@ -36,6 +36,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             make_clock(settings),
             job_capacity=settings.job_capacity,
             scheduler_interval_seconds=settings.scheduler_interval_seconds,
+            maintenance_interval_seconds=settings.maintenance_interval_seconds,
         )
         await serve(
             label=LABEL,

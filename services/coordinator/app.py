@@ -10,15 +10,20 @@ import dataclasses
 
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database
+from services.coordinator.jobs_api import JobsApi
+from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
+from services.coordinator.publication_api import PublicationApi
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.servicers.common import Authenticator
+from services.coordinator.servicers.jobs import JobServicer
 from services.coordinator.servicers.operator import OperatorServicer
+from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
+from services.coordinator.snapshots import SnapshotCache
 from services.coordinator.workshop_api import WorkshopApi
 from workshop.kit.server import GrpcService, Worker
-from workshop.kit.unimplemented import unimplemented_service
-from workshop.v1 import jobs_pb2, operator_pb2_grpc, publication_pb2, workshop_pb2_grpc
+from workshop.v1 import jobs_pb2_grpc, operator_pb2_grpc, publication_pb2_grpc, workshop_pb2_grpc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,15 +33,22 @@ class Coordinator:
 
 
 def build(
-    db: Database, clock: Clock, *, job_capacity: int, scheduler_interval_seconds: float = 0.0
+    db: Database,
+    clock: Clock,
+    *,
+    job_capacity: int,
+    scheduler_interval_seconds: float = 0.0,
+    maintenance_interval_seconds: float = 0.0,
 ) -> Coordinator:
-    """The coordinator's services, and its background workers (0 s turns the scheduler off)."""
+    """The coordinator's services and background workers (an interval of 0 s turns one off)."""
     workshop_api = WorkshopApi(db, clock, capacity=job_capacity)
     workers: list[Worker] = []
     if scheduler_interval_seconds > 0:
         workers.append(
             Scheduler(db, clock, workshop_api, interval_seconds=scheduler_interval_seconds)
         )
+    if maintenance_interval_seconds > 0:
+        workers.append(Maintenance(db, clock, interval_seconds=maintenance_interval_seconds))
     return Coordinator(grpc_services(db, clock, workshop_api), workers)
 
 
@@ -44,6 +56,8 @@ def grpc_services(db: Database, clock: Clock, workshop_api: WorkshopApi) -> list
     authenticate = Authenticator(db, clock)
     operator = OperatorServicer(OperatorApi(db, clock), authenticate)
     workshop = WorkshopServicer(workshop_api, authenticate)
+    jobs = JobServicer(JobsApi(db, clock, SnapshotCache(db)), authenticate)
+    publication = PublicationServicer(PublicationApi(db, clock), authenticate)
     return [
         GrpcService(
             "workshop.v1.OperatorService",
@@ -57,6 +71,14 @@ def grpc_services(db: Database, clock: Clock, workshop_api: WorkshopApi) -> list
                 workshop, server
             ),
         ),
-        unimplemented_service(jobs_pb2.DESCRIPTOR.services_by_name["JobService"]),
-        unimplemented_service(publication_pb2.DESCRIPTOR.services_by_name["PublicationService"]),
+        GrpcService(
+            "workshop.v1.JobService",
+            lambda server: jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, server),
+        ),
+        GrpcService(
+            "workshop.v1.PublicationService",
+            lambda server: publication_pb2_grpc.add_PublicationServiceServicer_to_server(
+                publication, server
+            ),
+        ),
     ]

@@ -77,3 +77,40 @@ NO_MEDIA_MESSAGE = "The selected input has no available media."
 NEEDS_TRACKING_MESSAGE = (
     "Update the Workshop processor: this workflow keeps frames by change or routes on motion."
 )
+
+
+class ResultInvalid(errors.ValidationFailed):
+    """A result that does not account for its slots, or names objects not staged."""
+
+    reason = "RESULT_INVALID"
+
+
+class ResultConflict(errors.Conflict):
+    reason = "RESULT_CONFLICT"
+
+
+class Fenced(errors.FailedPrecondition):
+    """A lease or fence of SPEC §7 no longer holds; the processor stops the job."""
+
+
+# What each fence reason means to the processor that hears it.
+FENCE_MESSAGES = {
+    "LEASE_MISMATCH": "This lease is no longer the job's lease (it lapsed or the job was "
+    "claimed again); stop working on the job.",
+    "JOB_CANCELLED": "The job was cancelled; stop working on it.",
+    "JOB_FINISHED": "The job has already ended; stop working on it.",
+    "SOURCE_CHANGED": "The job's recording was replaced or deleted since the run was created; "
+    "its results would be stale.",
+    "AUTHORITY_REVOKED": "The run's creator lost their authority (key or session revoked, user "
+    "disabled); the run may not publish anything more.",
+    "POLICY_CHANGED": "The policy revision was raised since the run was created; the run may "
+    "not publish anything more.",
+    "REPORTER_NOT_AUTHORIZED": "The calling key is no longer a workshop:run key for this "
+    "runtime's device.",
+    "CODE_MISMATCH": "The processor's code_sha256 differs from the run's snapshot; only the "
+    "runtime the run was created for may report on it.",
+}
+
+
+def fenced(reason: str) -> Fenced:
+    return Fenced(FENCE_MESSAGES[reason], reason=reason)

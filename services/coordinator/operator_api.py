@@ -293,7 +293,7 @@ class OperatorApi:
             if row is None:
                 raise NotFound("bucket", bucket_id, f"Bucket {bucket_id!r} does not exist.")
             cancelled = await connection.fetch(
-                sql("runs", "jobs_cancel_for_bucket"), bucket_id, now
+                sql("runs", "runs_cancel_for_bucket"), bucket_id, now
             )
         return [r["run_id"] for r in cancelled]
 

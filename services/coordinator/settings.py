@@ -26,12 +26,17 @@ class CoordinatorSettings(ServerSettings):
     scheduler_interval_seconds: float = setting(
         30.0, help="Seconds between passes of the daily-schedule loop (0 turns it off)."
     )
+    maintenance_interval_seconds: float = setting(
+        5.0, help="Seconds between lease-rescue and expiry passes (0 turns them off)."
+    )
 
     def validate(self) -> None:
         if not self.database_url.startswith(("postgresql://", "postgres://")):
             raise SettingsError(f"{PREFIX}_DATABASE_URL", "expected a postgresql:// DSN")
         if self.job_capacity < 1:
             raise SettingsError(f"{PREFIX}_JOB_CAPACITY", "must be at least 1")
+        if self.maintenance_interval_seconds < 0:
+            raise SettingsError(f"{PREFIX}_MAINTENANCE_INTERVAL_SECONDS", "cannot be negative")
         if self.scheduler_interval_seconds < 0:
             raise SettingsError(f"{PREFIX}_SCHEDULER_INTERVAL_SECONDS", "cannot be negative")
         if self.database_pool_size < 1:

@@ -257,7 +257,7 @@ class WorkshopApi:
                     )
                 raise _stale(workflow_id, expected_revision or 0, current["revision"])
             cancelled = await connection.fetch(
-                sql("runs", "jobs_cancel_for_workflow"), workflow_id, now
+                sql("runs", "runs_cancel_for_workflow"), workflow_id, now
             )
         return [r["run_id"] for r in cancelled]
 
@@ -384,6 +384,7 @@ class WorkshopApi:
             policy_revision,
             now,
             expires_at,
+            admission.snapshot.code_sha256,
         )
         if seq is None:
             return False
@@ -469,6 +470,17 @@ class WorkshopApi:
         return RunView(
             row=row, counts=counts, status=status, waiting_behind=waiting, jobs=list(jobs)
         )
+
+    async def cancel_run(self, who: Principal, run_id: str) -> int:
+        """Cancels the run's queued and leased jobs; returns how many (0 when finished)."""
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.transaction() as connection:
+            if await connection.fetchrow(sql("runs", "run_fingerprint"), run_id) is None:
+                raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
+            cancelled: int = await connection.fetchval(
+                sql("runs", "run_cancel"), run_id, self.clock.now()
+            )
+        return cancelled
 
     async def run_snapshot(
         self, who: Principal, run_id: str, after_index: int, limit: int

@@ -24,7 +24,9 @@ class Authenticator:
         self._clock = clock
 
     async def __call__(self, context: Context) -> Principal:
-        secret = bearer_secret(context.invocation_metadata())
+        return await self.principal(bearer_secret(context.invocation_metadata()))
+
+    async def principal(self, secret: str) -> Principal:
         async with self._db.connection() as connection:
             return await authenticate(connection, secret, self._clock.now())
 

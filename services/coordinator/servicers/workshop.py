@@ -10,6 +10,7 @@ from google.protobuf import json_format
 from services.coordinator import convert
 from services.coordinator.errors import InvalidField
 from services.coordinator.fields import page_size
+from services.coordinator.jobs_api import job_id
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,
@@ -41,11 +42,6 @@ JOB_STATES = {
 }
 DEFAULT_JOB_LIMIT = 100
 MAX_JOB_LIMIT = 10_000
-
-
-def job_id(index: int) -> str:
-    """A job's id within its run: 'j' + its index in job order."""
-    return f"j{index}"
 
 
 def workflow(row: Any) -> workflow_pb2.Workflow:
@@ -243,12 +239,15 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             next_page_token=next_token(rows, limit, "job_index"),
         )
 
-    # Arrive with the execution, preview and review issues.
-
     async def CancelRun(
         self, request: pb.CancelRunRequest, context: Context
     ) -> pb.CancelRunResponse:
-        raise NotImplementedYet("CancelRun arrives with the execution issue.")
+        who = await self.who(context)
+        cancelled = await self.api.cancel_run(who, request.run_id)
+        view = await self.api.get_run(who, request.run_id, 0)
+        return pb.CancelRunResponse(run=run(view), jobs_cancelled=cancelled)
+
+    # Arrive with the live-events, preview and review work.
 
     async def WatchRun(
         self, request: pb.WatchRunRequest, context: Context

@@ -11,8 +11,8 @@ SELECT revision FROM policy FOR SHARE;
 
 -- name: run_insert
 INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id, image_limit,
-                  fingerprint, created_by, policy_revision, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                  fingerprint, created_by, policy_revision, created_at, expires_at, code_sha256)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 ON CONFLICT (run_id) DO NOTHING
 RETURNING seq;
 
@@ -94,26 +94,27 @@ SELECT snapshot FROM run_snapshots WHERE run_id = $1;
 -- name: snapshot_recordings_page
 SELECT * FROM snapshot_recordings WHERE run_id = $1 AND job_index > $2 ORDER BY job_index LIMIT $3;
 
--- name: jobs_cancel_for_workflow
--- Cancels every queued or leased job of the workflow's runs; returns the runs touched.
-WITH cancelled AS (
-    UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL,
-                    updated_at = $2
-    WHERE state IN ('queued', 'leased')
-      AND run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND kind = 'workflow')
-    RETURNING run_id
-)
-SELECT DISTINCT run_id FROM cancelled ORDER BY run_id;
+-- name: run_cancel
+SELECT run_cancel($1, $2);
 
--- name: jobs_cancel_for_bucket
--- Cancels every queued or leased job of runs whose snapshot writes into the bucket.
-WITH cancelled AS (
-    UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL,
-                    updated_at = $2
-    WHERE state IN ('queued', 'leased')
-      AND run_id IN (
-          SELECT run_id FROM run_snapshots
-          WHERE snapshot -> 'outputs' @> jsonb_build_array(jsonb_build_object('bucket_id', $1::text)))
-    RETURNING run_id
-)
-SELECT DISTINCT run_id FROM cancelled ORDER BY run_id;
+-- name: runs_cancel_for_workflow
+-- Cancels the unfinished runs of a workflow; returns those that had jobs to cancel.
+SELECT run_id FROM (
+    SELECT r.run_id, run_cancel(r.run_id, $2) AS cancelled
+    FROM runs r
+    WHERE r.workflow_id = $1 AND r.kind = 'workflow'
+      AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.run_id AND j.state IN ('queued', 'leased'))
+    ORDER BY r.run_id
+) c
+WHERE cancelled > 0;
+
+-- name: runs_cancel_for_bucket
+-- Cancels the unfinished runs whose snapshot writes into the bucket.
+SELECT run_id FROM (
+    SELECT s.run_id, run_cancel(s.run_id, $2) AS cancelled
+    FROM run_snapshots s
+    WHERE s.snapshot -> 'outputs' @> jsonb_build_array(jsonb_build_object('bucket_id', $1::text))
+      AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = s.run_id AND j.state IN ('queued', 'leased'))
+    ORDER BY s.run_id
+) c
+WHERE cancelled > 0;

@@ -1,0 +1,88 @@
+"""Maintenance (SPEC §6): rescue lapsed leases and expire jobs with their source.
+
+Runs on one replica at a time (advisory lock); every pass follows the injected
+clock, so tests move time and call `run_once` instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+
+from services.coordinator.clock import Clock
+from services.coordinator.db import Database, sql
+
+log = logging.getLogger(__name__)
+
+MAX_LAPSES = 3
+BATCH = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """What one maintenance pass changed."""
+
+    requeued: int = 0
+    exhausted: int = 0
+    expired: int = 0
+    skipped: bool = False  # another replica held the lock
+
+
+class Maintenance:
+    def __init__(self, db: Database, clock: Clock, *, interval_seconds: float) -> None:
+        self.db = db
+        self.clock = clock
+        self.interval_seconds = interval_seconds
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._loop(), name="maintenance")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._stopping.set()
+        await self._task
+        self._task = None
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                done = await self.run_once()
+                if done.requeued or done.exhausted or done.expired:
+                    log.info("maintenance: %s", done)
+            except Exception:
+                log.exception("maintenance pass failed; retrying next pass")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.interval_seconds)
+
+    async def run_once(self) -> Pass:
+        async with self.db.connection() as connection:
+            if not await connection.fetchval(sql("jobs", "maintenance_try_lock")):
+                return Pass(skipped=True)
+            try:
+                now = self.clock.now()
+                # Expiry first: a job whose source expired is expired, not retried.
+                expired = 0
+                while True:
+                    rows = await connection.fetch(sql("jobs", "jobs_expire"), now, BATCH)
+                    expired += len(rows)
+                    if len(rows) < BATCH:
+                        break
+                requeued = exhausted = 0
+                while True:
+                    rows = await connection.fetch(
+                        sql("jobs", "jobs_rescue_lapsed"), now, MAX_LAPSES, BATCH
+                    )
+                    exhausted += sum(row["state"] == "failed" for row in rows)
+                    requeued += sum(row["state"] == "queued" for row in rows)
+                    if len(rows) < BATCH:
+                        break
+            finally:
+                await connection.execute(sql("jobs", "maintenance_unlock"))
+        return Pass(requeued=requeued, exhausted=exhausted, expired=expired)

@@ -1,0 +1,196 @@
+"""Checks a job's result against its expected slots (SPEC §6), without the database.
+
+Every expected slot is accounted for exactly once, in slot order: FRAME (a frame
+inside its slot and the window, with its upload in a full run), EMPTY (no frame)
+or DROPPED (only when the graph has a Do nothing step or keeps frames by change).
+The accepted result is turned into what the commit writes: counts, the uploads
+to verify and, for full runs, one bucket item per output a frame reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from google.protobuf import json_format
+
+from services.coordinator.errors import InvalidField, ResultInvalid
+from workshop.kit.hashing import sha256_hex
+from workshop.v1 import common_pb2, jobs_pb2
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFacts:
+    """What a result is checked against: the job's slots and the run's snapshot."""
+
+    slot_count: int
+    first_slot_at: datetime
+    interval: timedelta
+    window_end: datetime
+    dropped_allowed: bool
+    full_run: bool
+    output_buckets: Mapping[str, str]  # output step id -> bucket id
+
+    def slot_span(self, index: int) -> tuple[datetime, datetime]:
+        start = self.first_slot_at + index * self.interval
+        return start, min(start + self.interval, self.window_end)
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    item_id: str
+    bucket_id: str
+    slot_index: int
+    step_id: str
+    frame_time: datetime
+    boxes: list[dict[str, Any]]
+    object_key: str
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Upload:
+    object_key: str
+    sha256: str
+    slot_index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedResult:
+    frames: int
+    empties: int
+    dropped: int
+    uploads: list[Upload]
+    items: list[Item]
+
+
+def result_digest(result: jobs_pb2.JobResult) -> str:
+    """SHA-256 of the result's deterministic protobuf serialization (the receipt's digest)."""
+    return sha256_hex(result.SerializeToString(deterministic=True))
+
+
+def item_id(run_id: str, job_index: int, slot_index: int, step_id: str) -> str:
+    """A bucket item's id: stable for the same run, job, slot and output step."""
+    key = f"{run_id}\0{job_index}\0{slot_index}\0{step_id}".encode()
+    return "it_" + hashlib.sha256(key).hexdigest()[:24]
+
+
+def _invalid(slot_index: int, message: str) -> ResultInvalid:
+    return ResultInvalid(message, metadata={"slot_index": str(slot_index)})
+
+
+def _frame_time(slot: jobs_pb2.SlotResult, facts: JobFacts) -> datetime:
+    if not slot.HasField("frame_time"):
+        raise _invalid(slot.slot_index, f"Slot {slot.slot_index}: a frame needs its frame_time.")
+    moment = slot.frame_time.ToDatetime(tzinfo=UTC)
+    start, end = facts.slot_span(slot.slot_index)
+    if not start <= moment < end:
+        raise _invalid(
+            slot.slot_index,
+            f"Slot {slot.slot_index}: frame_time {moment.isoformat()} is outside the slot "
+            f"[{start.isoformat()}, {end.isoformat()}).",
+        )
+    return moment
+
+
+def check_result(
+    result: jobs_pb2.JobResult, facts: JobFacts, *, run_id: str, job_index: int
+) -> CheckedResult:
+    """Validates `result`; raises ResultInvalid naming the first bad slot."""
+    if len(result.slots) != facts.slot_count:
+        raise _invalid(
+            min(len(result.slots), facts.slot_count),
+            f"The result has {len(result.slots)} slots; the job expects {facts.slot_count}, "
+            "each exactly once.",
+        )
+    frames = empties = dropped = 0
+    uploads: list[Upload] = []
+    items: list[Item] = []
+    for position, slot in enumerate(result.slots):
+        if slot.slot_index != position:
+            raise _invalid(
+                position,
+                f"Slot {position} is missing or out of order (found slot {slot.slot_index}); "
+                "list every expected slot once, in slot order.",
+            )
+        if slot.outcome == common_pb2.SLOT_OUTCOME_EMPTY:
+            if slot.HasField("frame_time") or slot.boxes or slot.outputs or slot.upload_key:
+                raise _invalid(position, f"Slot {position}: an EMPTY slot carries no frame.")
+            empties += 1
+        elif slot.outcome == common_pb2.SLOT_OUTCOME_DROPPED:
+            if not facts.dropped_allowed:
+                raise _invalid(
+                    position,
+                    f"Slot {position}: DROPPED needs a Do nothing step or keep-by-change in "
+                    "the run's graph.",
+                )
+            if slot.outputs or slot.upload_key:
+                raise _invalid(position, f"Slot {position}: a DROPPED frame reaches no output.")
+            _frame_time(slot, facts)
+            dropped += 1
+        elif slot.outcome == common_pb2.SLOT_OUTCOME_FRAME:
+            moment = _frame_time(slot, facts)
+            frames += 1
+            items += _frame_items(slot, moment, facts, run_id, job_index, uploads)
+        else:
+            raise _invalid(position, f"Slot {position}: outcome must be FRAME, EMPTY or DROPPED.")
+    return CheckedResult(frames, empties, dropped, uploads, items)
+
+
+def _frame_items(
+    slot: jobs_pb2.SlotResult,
+    moment: datetime,
+    facts: JobFacts,
+    run_id: str,
+    job_index: int,
+    uploads: list[Upload],
+) -> list[Item]:
+    index = slot.slot_index
+    seen_steps = set()
+    for output in slot.outputs:
+        if output.step_id not in facts.output_buckets:
+            raise _invalid(index, f"Slot {index}: {output.step_id!r} is not an output step.")
+        if output.step_id in seen_steps:
+            raise _invalid(index, f"Slot {index}: output {output.step_id!r} is listed twice.")
+        seen_steps.add(output.step_id)
+    if not facts.full_run:
+        if slot.upload_key:
+            raise _invalid(index, f"Slot {index}: test runs upload nothing; previews are all.")
+        return []
+    if not slot.outputs:
+        if slot.upload_key:
+            raise _invalid(index, f"Slot {index}: a frame that reaches no output is not uploaded.")
+        return []
+    if not slot.upload_key or len(slot.upload_sha256) != 64:
+        raise _invalid(
+            index, f"Slot {index}: a full run's frame needs upload_key and upload_sha256."
+        )
+    uploads.append(Upload(slot.upload_key, slot.upload_sha256, index))
+    return [
+        Item(
+            item_id=item_id(run_id, job_index, index, output.step_id),
+            bucket_id=facts.output_buckets[output.step_id],
+            slot_index=index,
+            step_id=output.step_id,
+            frame_time=moment,
+            boxes=[
+                json_format.MessageToDict(box, preserving_proto_field_name=True)
+                for box in output.boxes
+            ],
+            object_key=slot.upload_key,
+            sha256=slot.upload_sha256,
+        )
+        for output in slot.outputs
+    ]
+
+
+def check_digest(result: jobs_pb2.JobResult, claimed: str) -> str:
+    digest = result_digest(result)
+    if claimed != digest:
+        raise InvalidField(
+            "result_sha256 does not match the result: hash its deterministic serialization."
+        )
+    return digest

@@ -1,0 +1,133 @@
+"""JobService: translates the contract to JobsApi calls and back."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from google.protobuf.duration_pb2 import Duration
+
+from services.coordinator import convert
+from services.coordinator.errors import InvalidField
+from services.coordinator.jobs_api import (
+    HEARTBEAT_INTERVAL,
+    PHASES,
+    Claimed,
+    JobsApi,
+    Lease,
+    job_id,
+    lease_from,
+)
+from services.coordinator.servicers.common import Authenticator, Context
+from services.coordinator.servicers.workshop import snapshot_recording
+from workshop.v1 import common_pb2, jobs_pb2_grpc
+from workshop.v1 import jobs_pb2 as pb
+
+NO_JOB_RETRY_AFTER = timedelta(seconds=2)
+
+
+def lease(ref: common_pb2.LeaseRef) -> Lease:
+    return lease_from(ref.run_id, ref.job_id, ref.generation, ref.token)
+
+
+def duration(value: timedelta) -> Duration:
+    out = Duration()
+    out.FromTimedelta(value)
+    return out
+
+
+def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
+    job, frozen = claimed.job, claimed.frozen
+    interval = timedelta(seconds=job["interval_seconds"])
+    slots = []
+    for index in range(job["slot_count"]):
+        start = job["first_slot_at"] + index * interval
+        slots.append(
+            pb.Slot(
+                index=index,
+                start=convert.ts(start),
+                end=convert.ts(min(start + interval, frozen.window_end)),
+            )
+        )
+    return pb.ClaimedJob(
+        lease=common_pb2.LeaseRef(
+            run_id=job["run_id"],
+            job_id=job_id(job["job_index"]),
+            generation=job["generation"],
+            token=str(job["lease_token"]),
+        ),
+        lease_expires_at=convert.ts(job["lease_expires_at"]),
+        heartbeat_interval=duration(HEARTBEAT_INTERVAL),
+        input=pb.JobInput(
+            job_id=job_id(job["job_index"]),
+            job_index=job["job_index"],
+            recording=snapshot_recording({**job, "generation": job["recording_generation"]}),
+            slots=slots,
+            expires_at=convert.ts(job["expires_at"]),
+        ),
+        snapshot=frozen.snapshot,
+    )
+
+
+class JobServicer(jobs_pb2_grpc.JobServiceServicer):
+    def __init__(self, api: JobsApi, authenticate: Authenticator) -> None:
+        self.api = api
+        self.who = authenticate
+
+    async def Claim(self, request: pb.ClaimRequest, context: Context) -> pb.ClaimResponse:
+        claimed = await self.api.claim(
+            await self.who(context), request.runtime_id, request.code_sha256
+        )
+        if claimed is None:
+            return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
+        return pb.ClaimResponse(job=claimed_job(claimed))
+
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: Context
+    ) -> pb.HeartbeatResponse:
+        renewed = await self.api.heartbeat(await self.who(context), lease(request.lease))
+        return pb.HeartbeatResponse(lease_expires_at=convert.ts(renewed))
+
+    async def ReportProgress(
+        self, request: pb.ReportProgressRequest, context: Context
+    ) -> pb.ReportProgressResponse:
+        phase = None
+        if request.HasField("phase"):
+            if request.phase == common_pb2.JOB_PHASE_UNSPECIFIED:
+                raise InvalidField("phase, when given, must be a real phase.")
+            phase = common_pb2.JobPhase.Name(request.phase).removeprefix("JOB_PHASE_").lower()
+            assert phase in PHASES
+        percent, persisted = await self.api.progress(
+            await self.who(context), lease(request.lease), request.percent, phase
+        )
+        return pb.ReportProgressResponse(percent=percent, persisted=persisted)
+
+    async def Complete(self, request: pb.CompleteRequest, context: Context) -> pb.CompleteResponse:
+        receipt, already = await self.api.complete(
+            await self.who(context),
+            lease(request.lease),
+            code_sha256=request.code_sha256,
+            result=request.result,
+            result_sha256=request.result_sha256,
+            decoder=request.decoder,
+        )
+        return pb.CompleteResponse(
+            receipt=pb.Receipt(
+                run_id=receipt.run_id,
+                job_id=job_id(receipt.job_index),
+                generation=receipt.generation,
+                result_sha256=receipt.result_sha256,
+                committed_at=convert.ts(receipt.committed_at),
+                items_saved=receipt.items_saved,
+            ),
+            already_committed=already,
+        )
+
+    async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
+        if request.reason != common_pb2.FAILURE_REASON_PROCESSOR_FAILED:
+            raise InvalidField("reason must be PROCESSOR_FAILED; lapses are the coordinator's.")
+        await self.api.fail(await self.who(context), lease(request.lease), request.message)
+        return pb.FailResponse(state=common_pb2.JOB_STATE_FAILED)
+
+    async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
+        await self.api.release(await self.who(context), lease(request.lease))
+        return pb.ReleaseResponse(state=common_pb2.JOB_STATE_QUEUED)

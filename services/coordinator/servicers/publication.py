@@ -1,0 +1,111 @@
+"""PublicationService: the preview service's fenced calls into the coordinator."""
+
+from __future__ import annotations
+
+from google.protobuf import json_format
+
+from services.coordinator import convert
+from services.coordinator.auth import Principal
+from services.coordinator.errors import InvalidField
+from services.coordinator.publication_api import PublicationApi
+from services.coordinator.servicers.common import Authenticator, Context
+from services.coordinator.servicers.jobs import lease
+from workshop.kit.auth import bearer_secret
+from workshop.kit.errors import NotImplementedYet
+from workshop.v1 import common_pb2, publication_pb2_grpc
+from workshop.v1 import publication_pb2 as pb
+
+ON_BEHALF_OF = "workshop-on-behalf-of"
+MODES = {"test": common_pb2.RUN_MODE_TEST, "full": common_pb2.RUN_MODE_FULL}
+KINDS = {"workflow": common_pb2.RUN_KIND_WORKFLOW, "photo": common_pb2.RUN_KIND_PHOTO}
+OBJECT_KINDS = {common_pb2.OBJECT_KIND_PREVIEW: "preview", common_pb2.OBJECT_KIND_UPLOAD: "upload"}
+
+
+class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
+    def __init__(self, api: PublicationApi, authenticate: Authenticator) -> None:
+        self.api = api
+        self.who = authenticate
+
+    async def _callers(self, context: Context) -> tuple[Principal, Principal]:
+        """The calling service and the principal it calls for."""
+        service = await self.who(context)
+        forwarded = [
+            (key, value)
+            for key, value in context.invocation_metadata() or ()
+            if key.lower() == ON_BEHALF_OF
+        ]
+        secret = bearer_secret([("authorization", value) for _, value in forwarded])
+        return service, await self.who.principal(secret)
+
+    async def CheckLease(
+        self, request: pb.CheckLeaseRequest, context: Context
+    ) -> pb.CheckLeaseResponse:
+        service, processor = await self._callers(context)
+        facts = await self.api.check_lease(
+            service, processor, lease(request.lease), request.code_sha256
+        )
+        return pb.CheckLeaseResponse(
+            lease_expires_at=convert.ts(facts.lease_expires_at),
+            mode=MODES[facts.mode],
+            kind=KINDS[facts.kind],
+            camera_id=facts.camera_id,
+            slot_count=facts.slot_count,
+        )
+
+    async def StageObject(
+        self, request: pb.StageObjectRequest, context: Context
+    ) -> pb.StageObjectResponse:
+        service, processor = await self._callers(context)
+        kind = OBJECT_KINDS.get(request.kind)
+        if kind is None:
+            raise InvalidField("kind must be PREVIEW or UPLOAD.")
+        key = await self.api.stage(
+            service,
+            processor,
+            lease(request.lease),
+            code_sha256=request.code_sha256,
+            kind=kind,
+            slot=request.slot_index,
+            sha256=request.sha256,
+            byte_size=request.byte_size,
+            content_type=request.content_type,
+        )
+        return pb.StageObjectResponse(object_key=key)
+
+    async def RecordPreview(
+        self, request: pb.RecordPreviewRequest, context: Context
+    ) -> pb.RecordPreviewResponse:
+        service, processor = await self._callers(context)
+        expires = await self.api.publish_preview(
+            service,
+            processor,
+            lease(request.lease),
+            code_sha256=request.code_sha256,
+            key=request.object_key,
+            slot=request.slot_index,
+            sha256=request.sha256,
+            byte_size=request.byte_size,
+            frame_time=convert.from_ts("frame_time", request.frame_time),  # type: ignore[arg-type]
+            boxes=[
+                json_format.MessageToDict(box, preserving_proto_field_name=True)
+                for box in request.boxes
+            ],
+        )
+        return pb.RecordPreviewResponse(
+            item_id=request.object_key, expires_at=convert.opt_ts(expires)
+        )
+
+    async def ListCollectableObjects(
+        self, request: pb.ListCollectableObjectsRequest, context: Context
+    ) -> pb.ListCollectableObjectsResponse:
+        raise NotImplementedYet("ListCollectableObjects arrives with the preview issue.")
+
+    async def MarkObjectsDeleted(
+        self, request: pb.MarkObjectsDeletedRequest, context: Context
+    ) -> pb.MarkObjectsDeletedResponse:
+        raise NotImplementedYet("MarkObjectsDeleted arrives with the preview issue.")
+
+    async def AuthorizeImageRead(
+        self, request: pb.AuthorizeImageReadRequest, context: Context
+    ) -> pb.AuthorizeImageReadResponse:
+        raise NotImplementedYet("AuthorizeImageRead arrives with the preview issue.")

@@ -1,0 +1,62 @@
+-- Leases, progress and results (SPEC §5-§7). The work is done by the functions
+-- of migration 0002, so each call is one round trip with its fences folded in.
+
+-- name: runtime_identity
+SELECT runtime_id, device_id, code_sha256 FROM runtimes WHERE runtime_id = $1;
+
+-- name: job_claim
+SELECT j.*, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
+FROM job_claim($1, $2, $3, $4) j
+JOIN snapshot_recordings sr ON sr.run_id = j.run_id AND sr.job_index = j.job_index;
+
+-- name: job_heartbeat
+SELECT * FROM job_heartbeat($1, $2, $3, $4, $5, $6, $7);
+
+-- name: job_progress
+SELECT * FROM job_progress($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: job_fail
+SELECT job_fail($1, $2, $3, $4, $5, $6, $7);
+
+-- name: job_release
+SELECT job_release($1, $2, $3, $4, $5, $6);
+
+-- name: job_facts
+-- What Complete checks a result against, and the receipt if the job was committed.
+SELECT j.slot_count, j.first_slot_at, j.interval_seconds, j.state, r.mode,
+       rc.generation AS receipt_generation, rc.result_sha256 AS receipt_sha256,
+       rc.committed_at AS receipt_committed_at, rc.items_saved AS receipt_items_saved
+FROM jobs j
+JOIN runs r ON r.run_id = j.run_id
+LEFT JOIN receipts rc ON rc.run_id = j.run_id AND rc.job_index = j.job_index
+WHERE j.run_id = $1 AND j.job_index = $2;
+
+-- name: job_complete
+SELECT job_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                    $18, $19, $20, $21, $22, $23);
+
+-- name: job_check_lease
+SELECT workshop_fence($1, $2, $3, $4, $5, $6, $7) AS reason;
+
+-- name: job_lease_facts
+SELECT j.lease_expires_at, j.camera_id, j.slot_count, r.mode, r.kind
+FROM jobs j JOIN runs r ON r.run_id = j.run_id
+WHERE j.run_id = $1 AND j.job_index = $2;
+
+-- name: object_stage
+SELECT object_stage($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13);
+
+-- name: preview_publish
+SELECT * FROM preview_publish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13);
+
+-- name: maintenance_try_lock
+SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.maintenance'));
+
+-- name: maintenance_unlock
+SELECT pg_advisory_unlock(hashtext('workshop.coordinator.maintenance'));
+
+-- name: jobs_rescue_lapsed
+SELECT * FROM jobs_rescue_lapsed($1, $2, $3);
+
+-- name: jobs_expire
+SELECT * FROM jobs_expire($1, $2);
