@@ -22,7 +22,7 @@ from services.coordinator.operator_api import insert_key
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.server import Server, ServerSettings
-from workshop.v1 import operator_pb2_grpc, workshop_pb2_grpc
+from workshop.v1 import jobs_pb2_grpc, operator_pb2_grpc, publication_pb2_grpc, workshop_pb2_grpc
 
 EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -35,6 +35,8 @@ class CoordinatorHarness:
     channel: Any
     operator: operator_pb2_grpc.OperatorServiceAsyncStub
     workshop: workshop_pb2_grpc.WorkshopServiceAsyncStub
+    jobs: jobs_pb2_grpc.JobServiceAsyncStub
+    publication: publication_pb2_grpc.PublicationServiceAsyncStub
     admin: tuple[tuple[str, str], ...]
 
     async def key(self, *grants: Grant, name: str = "test", user_id: str = "") -> str:
@@ -73,6 +75,8 @@ async def running_coordinator(
                 channel=channel,
                 operator=operator_pb2_grpc.OperatorServiceStub(channel),
                 workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
+                jobs=jobs_pb2_grpc.JobServiceStub(channel),
+                publication=publication_pb2_grpc.PublicationServiceStub(channel),
                 admin=(),
             )
             harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))

@@ -1,0 +1,118 @@
+"""Builders for lease tests: a processor key, a claimed job, and results for it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.results import result_digest
+from tests.coordinator_world import (
+    CODE,
+    World,
+    build_world,
+    run_request,
+    save_workflow,
+    workflow_spec,
+)
+from tests.harness.coordinator import CoordinatorHarness
+from workshop.kit.auth import bearer_metadata
+from workshop.v1 import common_pb2, jobs_pb2
+from workshop.v1 import publication_pb2 as pub
+
+Metadata = tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass
+class Setup:
+    world: World
+    processor: Metadata  # a workshop:run key for gpu-box
+    service: Metadata  # the preview service's key
+    processor_secret: str
+
+
+async def setup(c: CoordinatorHarness, *, spec_kwargs: dict[str, object] | None = None) -> Setup:
+    world = await build_world(c)
+    await save_workflow(c, "yard", workflow_spec(**(spec_kwargs or {})))  # type: ignore[arg-type]
+    secret = await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="processor")
+    service = await c.key(Grant(ScopeName.SERVICE), name="preview-service")
+    return Setup(world, bearer_metadata(secret), bearer_metadata(service), secret)
+
+
+async def create_run(
+    c: CoordinatorHarness, s: Setup, run_id: str = "r1", *, full: bool = True
+) -> None:
+    mode = common_pb2.RUN_MODE_FULL if full else common_pb2.RUN_MODE_TEST
+    await c.workshop.CreateRun(
+        run_request(run_id, "yard", s.world.tracking_runtime, mode=mode), metadata=c.admin
+    )
+
+
+async def claim(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob | None:
+    reply = await c.jobs.Claim(
+        jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),
+        metadata=s.processor,
+    )
+    return reply.job if reply.HasField("job") else None
+
+
+def empty_result(job: jobs_pb2.ClaimedJob) -> jobs_pb2.JobResult:
+    return jobs_pb2.JobResult(
+        slots=[
+            jobs_pb2.SlotResult(slot_index=slot.index, outcome=common_pb2.SLOT_OUTCOME_EMPTY)
+            for slot in job.input.slots
+        ]
+    )
+
+
+def complete_request(
+    job: jobs_pb2.ClaimedJob, result: jobs_pb2.JobResult, *, code: str = CODE
+) -> jobs_pb2.CompleteRequest:
+    return jobs_pb2.CompleteRequest(
+        lease=job.lease,
+        code_sha256=code,
+        result=result,
+        result_sha256=result_digest(result),
+        decoder="pyav",
+    )
+
+
+async def stage_upload(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, slot: int, data: bytes
+) -> tuple[str, str]:
+    """Stages an upload for a slot through PublicationService; returns (key, sha256)."""
+    digest = hashlib.sha256(data).hexdigest()
+    reply = await c.publication.StageObject(
+        pub.StageObjectRequest(
+            lease=job.lease,
+            code_sha256=CODE,
+            kind=common_pb2.OBJECT_KIND_UPLOAD,
+            slot_index=slot,
+            sha256=digest,
+            byte_size=len(data),
+            content_type="image/jpeg",
+        ),
+        metadata=on_behalf(s),
+    )
+    return reply.object_key, digest
+
+
+def on_behalf(s: Setup) -> Metadata:
+    return (*s.service, ("workshop-on-behalf-of", f"Bearer {s.processor_secret}"))
+
+
+async def frame_result(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, frames: int = 2
+) -> jobs_pb2.JobResult:
+    """The first `frames` slots are frames that reach the `save` output (uploads staged)."""
+    result = empty_result(job)
+    for slot in result.slots[:frames]:
+        key, digest = await stage_upload(c, s, job, slot.slot_index, b"jpeg-%d" % slot.slot_index)
+        slot.outcome = common_pb2.SLOT_OUTCOME_FRAME
+        slot.frame_time.CopyFrom(job.input.slots[slot.slot_index].start)
+        box = common_pb2.Box(class_name="person", score=0.9, x=0.1, y=0.1, w=0.2, h=0.3)
+        slot.boxes.append(box)
+        slot.outputs.add(step_id="save", boxes=[box])
+        slot.upload_key = key
+        slot.upload_sha256 = digest
+    return result
