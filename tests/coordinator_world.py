@@ -116,6 +116,7 @@ def workflow_spec(
     classes: Sequence[str] = ("person",),
     bucket: str = "yard",
     schedule: tuple[int, int] | None = None,
+    drop_unmatched: bool = True,
 ) -> workflow_pb2.WorkflowSpec:
     """input → sample → model → rule → (match) output / (no match) do nothing."""
     sample = workflow_pb2.SampleStep(interval_seconds=interval)
@@ -140,7 +141,9 @@ def workflow_spec(
             step_id="rule", rule=workflow_pb2.RuleStep(class_names=list(classes), min_score=0.5)
         ),
         workflow_pb2.Step(step_id="save", output=workflow_pb2.OutputStep(bucket_id=bucket)),
-        workflow_pb2.Step(step_id="drop", do_nothing=workflow_pb2.DoNothingStep()),
+        workflow_pb2.Step(step_id="drop", do_nothing=workflow_pb2.DoNothingStep())
+        if drop_unmatched
+        else workflow_pb2.Step(step_id="drop", output=workflow_pb2.OutputStep(bucket_id=bucket)),
     ]
     next_ = workflow_pb2.EDGE_BRANCH_NEXT
     edges = [

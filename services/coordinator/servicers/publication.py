@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf import json_format
 
 from services.coordinator import convert
-from services.coordinator.auth import Principal
+from services.coordinator.auth import Principal, ScopeName, require
 from services.coordinator.errors import InvalidField
 from services.coordinator.publication_api import PublicationApi
 from services.coordinator.servicers.common import Authenticator, Context
@@ -29,6 +29,9 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     async def _callers(self, context: Context) -> tuple[Principal, Principal]:
         """The calling service and the principal it calls for."""
         service = await self.who(context)
+        # Only a service key may speak for someone else: refuse before reading
+        # the forwarded credential.
+        require(service, ScopeName.SERVICE)
         forwarded = [
             (key, value)
             for key, value in context.invocation_metadata() or ()
