@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -358,10 +357,10 @@ def test_bad_arguments_are_programming_errors(
         plan_jobs([rec], window, interval, limit)
 
 
-# --- speed -------------------------------------------------------------------------------------
+# --- scale (speed is measured in bench/run_create.py, never asserted here) ------------------
 
 
-def test_ten_thousand_recordings_of_sixty_slots_plan_well_under_100_ms() -> None:
+def test_ten_thousand_recordings_of_sixty_slots() -> None:
     start = at("2024-05-01 00:00")
     recordings = [
         recording(
@@ -373,15 +372,10 @@ def test_ten_thousand_recordings_of_sixty_slots_plan_well_under_100_ms() -> None
         for n in range(10_000)
     ]
     random.Random(7).shuffle(recordings)
-    window = (start, start + dt.timedelta(days=1))
-    best = float("inf")
-    for _ in range(3):
-        began = time.perf_counter()
-        jobs = plan_jobs(recordings, window, 10, None)
-        best = min(best, time.perf_counter() - began)
+    jobs = plan_jobs(recordings, (start, start + dt.timedelta(days=1)), 10, None)
     assert len(jobs) == 10_000
     assert {job.slot_count for job in jobs} == {60}
-    assert best < 0.1
+    assert [job.recording.recording_id for job in jobs[:3]] == ["rec-0", "rec-1", "rec-2"]
 
 
 # --- properties --------------------------------------------------------------------------------

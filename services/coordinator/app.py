@@ -10,6 +10,7 @@ import dataclasses
 
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database
+from services.coordinator.events import RunEvents
 from services.coordinator.jobs_api import JobsApi
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
@@ -42,20 +43,23 @@ def build(
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)."""
     workshop_api = WorkshopApi(db, clock, capacity=job_capacity)
-    workers: list[Worker] = []
+    events = RunEvents(db.dsn)
+    workers: list[Worker] = [events]
     if scheduler_interval_seconds > 0:
         workers.append(
             Scheduler(db, clock, workshop_api, interval_seconds=scheduler_interval_seconds)
         )
     if maintenance_interval_seconds > 0:
         workers.append(Maintenance(db, clock, interval_seconds=maintenance_interval_seconds))
-    return Coordinator(grpc_services(db, clock, workshop_api), workers)
+    return Coordinator(grpc_services(db, clock, workshop_api, events), workers)
 
 
-def grpc_services(db: Database, clock: Clock, workshop_api: WorkshopApi) -> list[GrpcService]:
+def grpc_services(
+    db: Database, clock: Clock, workshop_api: WorkshopApi, events: RunEvents
+) -> list[GrpcService]:
     authenticate = Authenticator(db, clock)
     operator = OperatorServicer(OperatorApi(db, clock), authenticate)
-    workshop = WorkshopServicer(workshop_api, authenticate)
+    workshop = WorkshopServicer(workshop_api, authenticate, events)
     jobs = JobServicer(JobsApi(db, clock, SnapshotCache(db)), authenticate)
     publication = PublicationServicer(PublicationApi(db, clock), authenticate)
     return [

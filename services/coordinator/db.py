@@ -46,15 +46,16 @@ async def _init_connection(connection: Any) -> None:
 class Database:
     """A connection pool plus the few helpers every store module uses."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, dsn: str) -> None:
         self.pool = pool
+        self.dsn = dsn  # for the one LISTEN connection of RunEvents
 
     @classmethod
     @asynccontextmanager
     async def open(cls, dsn: str, *, size: int = 10) -> AsyncIterator[Database]:
         pool = await asyncpg.create_pool(dsn, min_size=1, max_size=size, init=_init_connection)
         try:
-            yield cls(pool)
+            yield cls(pool, dsn)
         finally:
             await pool.close()
 

@@ -8,6 +8,7 @@ answer '' or the reason a fence refused; this module turns reasons into errors.
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -226,7 +227,8 @@ class JobsApi:
             [i.slot_index for i in items],
             [i.step_id for i in items],
             [i.frame_time for i in items],
-            [i.boxes for i in items],
+            # each item's boxes as JSON text: a list of lists would be read as a 2-D array
+            [json.dumps(i.boxes) for i in items],
             [i.object_key for i in items],
             [i.sha256 for i in items],
             now,

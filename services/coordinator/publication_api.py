@@ -18,6 +18,7 @@ from services.coordinator.db import Database, Record, sql
 from services.coordinator.errors import InvalidField, NotFound
 from services.coordinator.fields import check_sha256
 from services.coordinator.jobs_api import Lease, raise_for, reporter
+from workshop.kit.hashing import sha256_hex
 
 TEST_PREFIX = "workshop-tests/"
 EXTENSIONS = {"image/jpeg": "jpg", "image/png": "png"}
@@ -29,6 +30,11 @@ def object_key(kind: str, lease: Lease, slot: int, *, test: bool, content_type: 
     prefix = TEST_PREFIX if test else ""
     extension = EXTENSIONS[content_type]
     return f"{prefix}{kind}s/{lease.run_id}/{lease.job_id}/{lease.generation}/{slot}.{extension}"
+
+
+def preview_item_id(key: str) -> str:
+    """A preview's id in image URLs: stable per object key, and free of slashes."""
+    return "pv_" + sha256_hex(key.encode())[:24]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +152,7 @@ class PublicationApi:
                 byte_size,
                 frame_time,
                 boxes,
+                preview_item_id(key),
                 self.clock.now(),
             )
         if row["reason"] == "PREVIEW_NOT_STAGED":

@@ -17,6 +17,11 @@ class RunCounts:
     jobs_cancelled: int = 0
     jobs_expired: int = 0
     slots_expected: int = 0
+    slots_frame: int = 0
+    slots_empty: int = 0
+    slots_dropped: int = 0
+    items_saved: int = 0
+    previews_published: int = 0
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RunCounts:

@@ -437,14 +437,24 @@ class WorkshopApi:
         )
         return True
 
-    async def get_run(self, who: Principal, run_id: str, job_limit: int) -> RunView:
+    async def get_run(
+        self, who: Principal, run_id: str, job_limit: int, *, images: int = 0
+    ) -> RunView:
+        """A run with up to `job_limit` jobs and `images` recent images (none once expired)."""
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
             row = await connection.fetchrow(sql("runs", "run_get"), run_id)
             if row is None:
                 raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
             jobs = await connection.fetch(sql("runs", "run_jobs"), run_id, job_limit)
-            return await self._view(connection, row, jobs)
+            view = await self._view(connection, row, jobs)
+            if images and view.status != "expired":
+                view.images.extend(
+                    await connection.fetch(
+                        sql("runs", "run_recent_images"), run_id, self.clock.now(), images
+                    )
+                )
+            return view
 
     async def list_runs(
         self, who: Principal, workflow_id: str, before_seq: int | None, limit: int
@@ -503,6 +513,7 @@ class RunView:
     status: str
     waiting_behind: list[str]
     jobs: list[Record]
+    images: list[Record] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

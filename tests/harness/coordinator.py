@@ -60,10 +60,12 @@ async def running_coordinator(
 ) -> AsyncIterator[CoordinatorHarness]:
     clock = clock or FrozenClock(EPOCH)
     async with Database.open(dsn, size=4) as db:
+        coordinator = build(db, clock, job_capacity=job_capacity)
         server = Server(
             label="coordinator-test",
             settings=ServerSettings(port=0, drain_seconds=0.0, grace_seconds=1.0),
-            services=build(db, clock, job_capacity=job_capacity).services,
+            services=coordinator.services,
+            workers=coordinator.workers,  # run events only: no scheduler or maintenance loop
         )
         port = await server.start()
         channel = open_channel(f"127.0.0.1:{port}", max_attempts=1)

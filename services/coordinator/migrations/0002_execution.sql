@@ -46,8 +46,10 @@ CREATE TABLE staged_objects (
     byte_size      bigint NOT NULL,
     content_type   text NOT NULL,
     staged_at      timestamptz NOT NULL,
-    -- previews: when published, with their labels; uploads: when committed as items
+    -- previews: when published, with their labels and the item id of their image
+    -- URL; uploads: when committed as items
     published_at   timestamptz,
+    item_id        text UNIQUE,
     frame_time     timestamptz,
     boxes          jsonb,
     -- when the bytes may be deleted (NULL: kept); when they were deleted
@@ -332,7 +334,7 @@ CREATE FUNCTION job_complete(
     p_frames integer, p_empties integer, p_dropped integer,
     p_upload_keys text[], p_upload_sha256 text[], p_upload_slots integer[],
     p_item_ids text[], p_item_buckets text[], p_item_slots integer[], p_item_steps text[],
-    p_item_times timestamptz[], p_item_boxes jsonb[], p_item_keys text[], p_item_sha256 text[],
+    p_item_times timestamptz[], p_item_boxes text[], p_item_keys text[], p_item_sha256 text[],
     p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -357,7 +359,7 @@ BEGIN
                               camera_id, recording_id, recording_generation, frame_time, boxes,
                               object_key, sha256, saved_at)
     SELECT u.item_id, u.bucket_id, p_run, p_job, u.slot, u.step_id, j.camera_id, j.recording_id,
-           j.recording_generation, u.frame_time, u.boxes, u.object_key, u.sha256, p_now
+           j.recording_generation, u.frame_time, u.boxes::jsonb, u.object_key, u.sha256, p_now
     FROM unnest(p_item_ids, p_item_buckets, p_item_slots, p_item_steps, p_item_times,
                 p_item_boxes, p_item_keys, p_item_sha256)
          AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256);
@@ -418,7 +420,7 @@ BEGIN
     ON CONFLICT (object_key) DO UPDATE
         SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
             content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
-            published_at = NULL, frame_time = NULL, boxes = NULL;
+            published_at = NULL, frame_time = NULL, boxes = NULL, item_id = NULL;
     RETURN '';
 END;
 $$;
@@ -428,7 +430,7 @@ $$;
 CREATE FUNCTION preview_publish(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_key text, p_slot integer, p_sha256 text, p_byte_size bigint,
-    p_frame_time timestamptz, p_boxes jsonb, p_now timestamptz
+    p_frame_time timestamptz, p_boxes jsonb, p_item_id text, p_now timestamptz
 ) RETURNS TABLE (reason text, expires_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
     fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
@@ -440,7 +442,7 @@ BEGIN
     END IF;
     SELECT r.expires_at INTO run_expiry FROM runs r WHERE r.run_id = p_run;
     UPDATE staged_objects
-    SET published_at = p_now, frame_time = p_frame_time, boxes = p_boxes,
+    SET published_at = p_now, frame_time = p_frame_time, boxes = p_boxes, item_id = p_item_id,
         collectable_at = run_expiry
     WHERE object_key = p_key AND kind = 'preview' AND run_id = p_run AND job_index = p_job
       AND generation = p_generation AND slot_index = p_slot AND sha256 = p_sha256

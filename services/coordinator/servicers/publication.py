@@ -7,7 +7,7 @@ from google.protobuf import json_format
 from services.coordinator import convert
 from services.coordinator.auth import Principal, ScopeName, require
 from services.coordinator.errors import InvalidField
-from services.coordinator.publication_api import PublicationApi
+from services.coordinator.publication_api import PublicationApi, preview_item_id
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.jobs import lease
 from workshop.kit.auth import bearer_secret
@@ -95,7 +95,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             ],
         )
         return pb.RecordPreviewResponse(
-            item_id=request.object_key, expires_at=convert.opt_ts(expires)
+            item_id=preview_item_id(request.object_key), expires_at=convert.opt_ts(expires)
         )
 
     async def ListCollectableObjects(

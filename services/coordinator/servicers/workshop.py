@@ -9,6 +9,7 @@ from google.protobuf import json_format
 
 from services.coordinator import convert
 from services.coordinator.errors import InvalidField
+from services.coordinator.events import RunEvents
 from services.coordinator.fields import page_size
 from services.coordinator.jobs_api import job_id
 from services.coordinator.servicers.common import (
@@ -41,6 +42,7 @@ JOB_STATES = {
     "expired": common_pb2.JOB_STATE_EXPIRED,
 }
 DEFAULT_JOB_LIMIT = 100
+RECENT_IMAGES = 100
 MAX_JOB_LIMIT = 10_000
 
 
@@ -77,6 +79,11 @@ def run(view: RunView) -> run_pb2.Run:
             jobs_cancelled=counts.jobs_cancelled,
             jobs_expired=counts.jobs_expired,
             slots_expected=counts.slots_expected,
+            slots_frame=counts.slots_frame,
+            slots_empty=counts.slots_empty,
+            slots_dropped=counts.slots_dropped,
+            previews_published=counts.previews_published,
+            items_saved=counts.items_saved,
         ),
         waiting_behind=view.waiting_behind,
         created_by=convert.principal(row["created_by"]),
@@ -106,18 +113,38 @@ def job(row: Any) -> run_pb2.JobSummary:
     )
 
 
+def image(row: Any) -> run_pb2.RunImage:
+    source = (
+        run_pb2.IMAGE_SOURCE_PREVIEW if row["source"] == "preview" else run_pb2.IMAGE_SOURCE_ITEM
+    )
+    return run_pb2.RunImage(
+        item_id=row["item_id"],
+        source=source,
+        job_id=job_id(row["job_index"]),
+        slot_index=row["slot_index"],
+        camera_id=row["camera_id"],
+        frame_time=convert.ts(row["frame_time"]),
+        boxes=[json_format.ParseDict(box, common_pb2.Box()) for box in row["boxes"] or []],
+        bucket_id=row["bucket_id"],
+        published_at=convert.ts(row["published_at"]),
+        expires_at=convert.opt_ts(row["expires_at"]),
+    )
+
+
 def detail(view: RunView, job_limit: int) -> run_pb2.RunDetail:
     return run_pb2.RunDetail(
         run=run(view),
         jobs=[job(row) for row in view.jobs],
         jobs_truncated=view.counts.jobs_total > job_limit,
+        recent_images=[image(row) for row in view.images],
     )
 
 
 class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
-    def __init__(self, api: WorkshopApi, authenticate: Authenticator) -> None:
+    def __init__(self, api: WorkshopApi, authenticate: Authenticator, events: RunEvents) -> None:
         self.api = api
         self.who = authenticate
+        self.events = events
 
     async def SaveWorkflow(
         self, request: pb.SaveWorkflowRequest, context: Context
@@ -204,7 +231,9 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
 
     async def GetRun(self, request: pb.GetRunRequest, context: Context) -> pb.GetRunResponse:
         limit = min(request.job_limit or DEFAULT_JOB_LIMIT, MAX_JOB_LIMIT)
-        view = await self.api.get_run(await self.who(context), request.run_id, limit)
+        view = await self.api.get_run(
+            await self.who(context), request.run_id, limit, images=RECENT_IMAGES
+        )
         return pb.GetRunResponse(detail=detail(view, limit))
 
     async def ListRuns(self, request: pb.ListRunsRequest, context: Context) -> pb.ListRunsResponse:
@@ -252,8 +281,21 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def WatchRun(
         self, request: pb.WatchRunRequest, context: Context
     ) -> AsyncIterator[pb.WatchRunResponse]:
-        raise NotImplementedYet("WatchRun arrives with the execution issue.")
-        yield  # pragma: no cover - makes this an async generator
+        """The run detail now, then after every change; ends once the run has finished."""
+        who = await self.who(context)
+        limit = min(request.job_limit or DEFAULT_JOB_LIMIT, MAX_JOB_LIMIT)
+        async with self.events.subscribe(request.run_id) as changes:
+            while True:
+                view = await self.api.get_run(who, request.run_id, limit, images=RECENT_IMAGES)
+                final = view.status not in ("queued", "running")
+                yield pb.WatchRunResponse(
+                    detail=detail(view, limit),
+                    sent_at=convert.ts(self.api.clock.now()),
+                    final=final,
+                )
+                if final:
+                    return
+                await changes.wait()
 
     async def GetReview(
         self, request: pb.GetReviewRequest, context: Context

@@ -47,7 +47,7 @@ WHERE j.run_id = $1 AND j.job_index = $2;
 SELECT object_stage($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13);
 
 -- name: preview_publish
-SELECT * FROM preview_publish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13);
+SELECT * FROM preview_publish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
 
 -- name: maintenance_try_lock
 SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.maintenance'));

@@ -38,7 +38,7 @@ FROM unnest($6::integer[], $7::text[], $8::text[], $9::bigint[], $10::timestampt
 
 -- name: run_get
 -- A run with the counts its status is worked out from.
-SELECT r.*, c.*
+SELECT r.*, c.*, rs.*, pv.*
 FROM runs r
 CROSS JOIN LATERAL (
     SELECT count(*) AS jobs_total,
@@ -52,11 +52,21 @@ CROSS JOIN LATERAL (
            max(updated_at) AS last_job_update
     FROM jobs j WHERE j.run_id = r.run_id
 ) c
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(frames), 0) AS slots_frame, coalesce(sum(empties), 0) AS slots_empty,
+           coalesce(sum(dropped), 0) AS slots_dropped, coalesce(sum(items_saved), 0) AS items_saved
+    FROM receipts rc WHERE rc.run_id = r.run_id
+) rs
+CROSS JOIN LATERAL (
+    SELECT count(*) AS previews_published
+    FROM staged_objects so
+    WHERE so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
+) pv
 WHERE r.run_id = $1;
 
 -- name: run_list
 -- Recent runs, newest first; photos are never listed.
-SELECT r.*, c.*
+SELECT r.*, c.*, rs.*, pv.*
 FROM runs r
 CROSS JOIN LATERAL (
     SELECT count(*) AS jobs_total,
@@ -70,6 +80,16 @@ CROSS JOIN LATERAL (
            max(updated_at) AS last_job_update
     FROM jobs j WHERE j.run_id = r.run_id
 ) c
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(frames), 0) AS slots_frame, coalesce(sum(empties), 0) AS slots_empty,
+           coalesce(sum(dropped), 0) AS slots_dropped, coalesce(sum(items_saved), 0) AS items_saved
+    FROM receipts rc WHERE rc.run_id = r.run_id
+) rs
+CROSS JOIN LATERAL (
+    SELECT count(*) AS previews_published
+    FROM staged_objects so
+    WHERE so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
+) pv
 WHERE r.kind = 'workflow'
   AND ($1::text IS NULL OR r.workflow_id = $1)
   AND ($2::bigint IS NULL OR r.seq < $2)
@@ -118,3 +138,22 @@ SELECT run_id FROM (
     ORDER BY s.run_id
 ) c
 WHERE cancelled > 0;
+
+-- name: run_recent_images
+-- Up to $3 newest images of a run: published previews still readable at $2, and
+-- its bucket items.
+SELECT * FROM (
+    SELECT so.item_id, 'preview' AS source, so.job_index, so.slot_index, j.camera_id,
+           so.frame_time, so.boxes, '' AS bucket_id, so.published_at, so.collectable_at AS expires_at
+    FROM staged_objects so
+    JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
+    WHERE so.run_id = $1 AND so.kind = 'preview' AND so.published_at IS NOT NULL
+      AND so.deleted_at IS NULL AND (so.collectable_at IS NULL OR so.collectable_at > $2)
+    UNION ALL
+    SELECT bi.item_id, 'item', bi.job_index, bi.slot_index, bi.camera_id, bi.frame_time,
+           bi.boxes, bi.bucket_id, bi.saved_at, NULL
+    FROM bucket_items bi
+    WHERE bi.run_id = $1
+) images
+ORDER BY published_at DESC, item_id
+LIMIT $3;
