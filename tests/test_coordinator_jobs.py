@@ -621,3 +621,49 @@ async def test_staging_checks_lease_and_slot(coordinator: CoordinatorHarness, s:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stage_upload(c, s, job, 4, b"bytes")
     assert error_reason(caught.value)[:2] == (FAILED_PRECONDITION, "LEASE_MISMATCH")
+
+
+# items after the fact ---------------------------------------------------------------------------
+
+
+async def test_items_report_output_current_until_their_source_changes(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    await c.jobs.Complete(
+        complete_request(job, await frame_result(c, s, job, frames=2)), metadata=s.processor
+    )
+
+    async def current() -> list[bool]:
+        async with c.db.connection() as connection:
+            rows = await connection.fetch(
+                "SELECT output_current FROM bucket_items_current ORDER BY slot_index"
+            )
+        return [row["output_current"] for row in rows]
+
+    assert await current() == [True, True]
+    await put_recording(c, "cam-a-0", "cam-a", DAY + timedelta(hours=8))
+    assert await current() == [False, False]
+
+
+async def test_deleting_a_bucket_deletes_its_items_and_releases_their_uploads(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    await c.jobs.Complete(
+        complete_request(job, await frame_result(c, s, job, frames=2)), metadata=s.processor
+    )
+    deleted = await c.operator.DeleteBucket(
+        op.DeleteBucketRequest(bucket_id="yard"), metadata=c.admin
+    )
+    assert deleted.items_deleted == 2
+    assert list(deleted.cancelled_run_ids) == ["r1"]  # its other job was still queued
+    async with c.db.connection() as connection:
+        released = await connection.fetchval(
+            "SELECT count(*) FROM staged_objects WHERE kind = 'upload' AND collectable_at = $1",
+            c.clock.now(),
+        )
+    assert released == 2
+    assert await c.count("bucket_items") == 0

@@ -284,8 +284,9 @@ class OperatorApi:
             )
         return existing
 
-    async def delete_bucket(self, who: Principal, bucket_id: str) -> list[str]:
-        """Deletes the bucket and cancels unfinished runs writing into it; returns those runs."""
+    async def delete_bucket(self, who: Principal, bucket_id: str) -> tuple[list[str], int]:
+        """Deletes the bucket with its items and cancels unfinished runs writing into it;
+        returns those runs and how many items went."""
         _require_admin(who)
         now = self.clock.now()
         async with self.db.transaction() as connection:
@@ -295,7 +296,10 @@ class OperatorApi:
             cancelled = await connection.fetch(
                 sql("runs", "runs_cancel_for_bucket"), bucket_id, now
             )
-        return [r["run_id"] for r in cancelled]
+            items: int = await connection.fetchval(
+                sql("resources", "bucket_items_delete"), bucket_id, now
+            )
+        return [r["run_id"] for r in cancelled], items
 
     async def list_buckets(self, who: Principal, after: str | None, limit: int) -> list[Record]:
         _require_admin(who)

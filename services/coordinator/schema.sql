@@ -760,3 +760,33 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Bucket items with `output_current`: false once the source recording was
+-- replaced (a newer generation) or deleted since the item was made (SPEC §7).
+CREATE VIEW bucket_items_current AS
+SELECT bi.*,
+       (rec.generation = bi.recording_generation AND rec.deleted_at IS NULL) AS output_current
+FROM bucket_items bi
+JOIN recordings rec ON rec.recording_id = bi.recording_id;
+
+-- Deletes a bucket's items and releases their uploads to garbage collection.
+CREATE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    deleted integer;
+BEGIN
+    WITH gone AS (
+        DELETE FROM bucket_items WHERE bucket_id = p_bucket RETURNING object_key
+    ), released AS (
+        -- an upload another bucket still shows stays
+        UPDATE staged_objects s SET collectable_at = p_now
+        FROM gone
+        WHERE s.object_key = gone.object_key AND s.collectable_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM bucket_items other
+                          WHERE other.object_key = s.object_key AND other.bucket_id <> p_bucket)
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
+    RETURN deleted;
+END;
+$$;

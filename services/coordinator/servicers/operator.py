@@ -174,9 +174,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def DeleteBucket(
         self, request: pb.DeleteBucketRequest, context: Context
     ) -> pb.DeleteBucketResponse:
-        cancelled = await self.api.delete_bucket(await self.who(context), request.bucket_id)
-        # Bucket items arrive with the execution issue; until then there are none to delete.
-        return pb.DeleteBucketResponse(cancelled_run_ids=cancelled)
+        cancelled, items = await self.api.delete_bucket(await self.who(context), request.bucket_id)
+        return pb.DeleteBucketResponse(cancelled_run_ids=cancelled, items_deleted=items)
 
     async def ListBuckets(
         self, request: pb.ListBucketsRequest, context: Context

@@ -128,3 +128,6 @@ ORDER BY bucket_id LIMIT $2;
 
 -- name: bucket_ids_live
 SELECT bucket_id FROM buckets WHERE deleted_at IS NULL;
+
+-- name: bucket_items_delete
+SELECT bucket_items_delete($1, $2);
