@@ -130,7 +130,8 @@ CREATE TABLE runs (
     created_by        jsonb NOT NULL,
     policy_revision   bigint NOT NULL,
     created_at        timestamptz NOT NULL,
-    expires_at        timestamptz
+    expires_at        timestamptz,
+    code_sha256       text NOT NULL
 );
 CREATE INDEX runs_by_workflow ON runs (workflow_id, seq DESC);
 CREATE INDEX runs_by_runtime ON runs (runtime_id, seq);
@@ -207,22 +208,16 @@ CREATE TABLE jobs (
     input_cleared        boolean NOT NULL DEFAULT false,
     expires_at           timestamptz NOT NULL,
     updated_at           timestamptz NOT NULL,
+    is_photo             boolean NOT NULL DEFAULT false,
+    result_sha256        text,
+    committed_at         timestamptz,
     PRIMARY KEY (run_id, job_index)
 );
 CREATE INDEX jobs_claimable ON jobs (runtime_id, run_seq, job_index) WHERE state = 'queued';
 CREATE INDEX jobs_unfinished ON jobs (run_id) WHERE state IN ('queued', 'leased');
 
--- Workshop coordinator: execution (SPEC §5-§8): leases, fences, receipts, items,
--- staged objects, previews and run events.
-
-ALTER TABLE runs ADD COLUMN code_sha256 text NOT NULL DEFAULT '';
-UPDATE runs r SET code_sha256 = s.snapshot ->> 'code_sha256'
-FROM run_snapshots s WHERE s.run_id = r.run_id;
-ALTER TABLE runs ALTER COLUMN code_sha256 DROP DEFAULT;
-
-ALTER TABLE jobs ADD COLUMN is_photo boolean NOT NULL DEFAULT false;
-ALTER TABLE jobs ADD COLUMN result_sha256 text;
-ALTER TABLE jobs ADD COLUMN committed_at timestamptz;
+-- Execution (SPEC §5-§8): leases, fences, receipts, items, staged objects,
+-- previews and run events.
 
 -- The head run of a runtime: its oldest run with queued or leased jobs.
 CREATE INDEX jobs_unfinished_by_runtime ON jobs (runtime_id, run_seq)
