@@ -6,13 +6,12 @@ clock, so tests move time and call `run_once` instead of sleeping.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
 
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database, sql
+from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -30,36 +29,16 @@ class Pass:
     skipped: bool = False  # another replica held the lock
 
 
-class Maintenance:
+class Maintenance(Periodic):
     def __init__(self, db: Database, clock: Clock, *, interval_seconds: float) -> None:
+        super().__init__("maintenance", self._pass, interval_seconds=interval_seconds)
         self.db = db
         self.clock = clock
-        self.interval_seconds = interval_seconds
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
 
-    async def start(self) -> None:
-        if self._task is None:
-            self._stopping.clear()
-            self._task = asyncio.create_task(self._loop(), name="maintenance")
-
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        self._stopping.set()
-        await self._task
-        self._task = None
-
-    async def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                done = await self.run_once()
-                if done.requeued or done.exhausted or done.expired:
-                    log.info("maintenance: %s", done)
-            except Exception:
-                log.exception("maintenance pass failed; retrying next pass")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.interval_seconds)
+    async def _pass(self) -> None:
+        done = await self.run_once()
+        if done.requeued or done.exhausted or done.expired:
+            log.info("maintenance: %s", done)
 
     async def run_once(self) -> Pass:
         async with self.db.connection() as connection:

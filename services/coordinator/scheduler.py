@@ -10,8 +10,6 @@ is not backfilled: runs are created for the current local day only.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import zoneinfo
 from datetime import datetime
@@ -21,6 +19,7 @@ from services.coordinator.clock import Clock
 from services.coordinator.db import Connection, Database, sql
 from services.coordinator.workshop_api import RunRequest, WorkshopApi, choose_runtime
 from workshop.kit.errors import WorkshopError
+from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -29,38 +28,15 @@ def run_id_for(workflow_id: str, day: str) -> str:
     return f"{workflow_id}-{day}"
 
 
-class Scheduler:
+class Scheduler(Periodic):
     def __init__(
         self, db: Database, clock: Clock, api: WorkshopApi, *, interval_seconds: float
     ) -> None:
+        super().__init__("scheduler", self.run_once, interval_seconds=interval_seconds)
         self.db = db
         self.clock = clock
         self.api = api
-        self.interval_seconds = interval_seconds
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
         self._reported: set[str] = set()
-
-    async def start(self) -> None:
-        if self._task is None:
-            self._stopping.clear()
-            self._task = asyncio.create_task(self._loop(), name="scheduler")
-
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        self._stopping.set()
-        await self._task
-        self._task = None
-
-    async def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await self.run_once()
-            except Exception:
-                log.exception("scheduler pass failed; retrying next pass")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.interval_seconds)
 
     async def run_once(self) -> list[str]:
         """One pass; returns the ids of the runs it created."""

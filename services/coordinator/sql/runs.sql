@@ -37,63 +37,15 @@ FROM unnest($6::integer[], $7::text[], $8::text[], $9::bigint[], $10::timestampt
      AS u (job_index, camera_id, recording_id, generation, first_slot_at, slot_count, expires_at);
 
 -- name: run_get
--- A run with the counts its status is worked out from.
-SELECT r.*, c.*, rs.*, pv.*
-FROM runs r
-CROSS JOIN LATERAL (
-    SELECT count(*) AS jobs_total,
-           count(*) FILTER (WHERE state = 'queued') AS jobs_queued,
-           count(*) FILTER (WHERE state = 'leased') AS jobs_leased,
-           count(*) FILTER (WHERE state = 'completed') AS jobs_completed,
-           count(*) FILTER (WHERE state = 'failed') AS jobs_failed,
-           count(*) FILTER (WHERE state = 'cancelled') AS jobs_cancelled,
-           count(*) FILTER (WHERE state = 'expired') AS jobs_expired,
-           coalesce(sum(slot_count), 0) AS slots_expected,
-           max(updated_at) AS last_job_update
-    FROM jobs j WHERE j.run_id = r.run_id
-) c
-CROSS JOIN LATERAL (
-    SELECT coalesce(sum(frames), 0) AS slots_frame, coalesce(sum(empties), 0) AS slots_empty,
-           coalesce(sum(dropped), 0) AS slots_dropped, coalesce(sum(items_saved), 0) AS items_saved
-    FROM receipts rc WHERE rc.run_id = r.run_id
-) rs
-CROSS JOIN LATERAL (
-    SELECT count(*) AS previews_published
-    FROM staged_objects so
-    WHERE so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
-) pv
-WHERE r.run_id = $1;
+SELECT * FROM run_status WHERE run_id = $1;
 
 -- name: run_list
 -- Recent runs, newest first; photos are never listed.
-SELECT r.*, c.*, rs.*, pv.*
-FROM runs r
-CROSS JOIN LATERAL (
-    SELECT count(*) AS jobs_total,
-           count(*) FILTER (WHERE state = 'queued') AS jobs_queued,
-           count(*) FILTER (WHERE state = 'leased') AS jobs_leased,
-           count(*) FILTER (WHERE state = 'completed') AS jobs_completed,
-           count(*) FILTER (WHERE state = 'failed') AS jobs_failed,
-           count(*) FILTER (WHERE state = 'cancelled') AS jobs_cancelled,
-           count(*) FILTER (WHERE state = 'expired') AS jobs_expired,
-           coalesce(sum(slot_count), 0) AS slots_expected,
-           max(updated_at) AS last_job_update
-    FROM jobs j WHERE j.run_id = r.run_id
-) c
-CROSS JOIN LATERAL (
-    SELECT coalesce(sum(frames), 0) AS slots_frame, coalesce(sum(empties), 0) AS slots_empty,
-           coalesce(sum(dropped), 0) AS slots_dropped, coalesce(sum(items_saved), 0) AS items_saved
-    FROM receipts rc WHERE rc.run_id = r.run_id
-) rs
-CROSS JOIN LATERAL (
-    SELECT count(*) AS previews_published
-    FROM staged_objects so
-    WHERE so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
-) pv
-WHERE r.kind = 'workflow'
-  AND ($1::text IS NULL OR r.workflow_id = $1)
-  AND ($2::bigint IS NULL OR r.seq < $2)
-ORDER BY r.seq DESC
+SELECT * FROM run_status
+WHERE kind = 'workflow'
+  AND ($1::text IS NULL OR workflow_id = $1)
+  AND ($2::bigint IS NULL OR seq < $2)
+ORDER BY seq DESC
 LIMIT $3;
 
 -- name: run_jobs
