@@ -667,3 +667,22 @@ async def test_deleting_a_bucket_deletes_its_items_and_releases_their_uploads(
         )
     assert released == 2
     assert await c.count("bucket_items") == 0
+
+
+async def test_a_stale_lease_cannot_settle_on_a_later_generations_receipt(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    stale = await claimed(c, s)
+    await claimed(c, s)
+    c.clock.advance(timedelta(minutes=6))
+    await Maintenance(c.db, c.clock, interval_seconds=1).run_once()
+    fresh = await claimed(c, s)
+    assert (fresh.lease.job_id, fresh.lease.generation) == ("j0", 2)
+    result = empty_result(fresh)
+    await c.jobs.Complete(complete_request(fresh, result), metadata=s.processor)
+    same_result_old_lease = complete_request(stale, result)
+    assert await refused(c.jobs.Complete(same_result_old_lease, metadata=s.processor)) == (
+        FAILED_PRECONDITION,
+        "JOB_FINISHED",
+    )

@@ -270,8 +270,10 @@ def _claimable_cameras(who: Principal, device_id: str) -> list[str] | None:
 
 
 def _settled(facts: Record, lease: Lease, digest: str) -> Receipt | None:
-    """The existing receipt when this result was committed; a conflict for another result."""
-    if facts["receipt_sha256"] is None:
+    """The receipt when this lease already committed this result (a retry after a lost
+    answer); a conflict when it committed another. A receipt of another generation
+    settles nothing: that call is stale and the fences refuse it."""
+    if facts["receipt_sha256"] is None or facts["receipt_generation"] != lease.generation:
         return None
     if facts["receipt_sha256"] != digest:
         raise ResultConflict(
