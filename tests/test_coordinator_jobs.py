@@ -198,7 +198,9 @@ async def test_third_lapse_fails_with_attempts_exhausted(
         3,
     )
     assert await claim(c, s) is None
-    assert (await run_detail(c)).detail.run.status == common_pb2.RUN_STATUS_FAILED
+    detail = (await run_detail(c)).detail
+    assert detail.run.status == common_pb2.RUN_STATUS_FAILED
+    assert detail.jobs[0].failure_reason == common_pb2.FAILURE_REASON_ATTEMPTS_EXHAUSTED
 
 
 async def test_release_hands_back_without_spending_an_attempt(

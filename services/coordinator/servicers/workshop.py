@@ -41,6 +41,10 @@ JOB_STATES = {
     "cancelled": common_pb2.JOB_STATE_CANCELLED,
     "expired": common_pb2.JOB_STATE_EXPIRED,
 }
+FAILURE_REASONS = {
+    "processor_failed": common_pb2.FAILURE_REASON_PROCESSOR_FAILED,
+    "attempts_exhausted": common_pb2.FAILURE_REASON_ATTEMPTS_EXHAUSTED,
+}
 DEFAULT_JOB_LIMIT = 100
 RECENT_IMAGES = 100
 MAX_JOB_LIMIT = 10_000
@@ -107,6 +111,9 @@ def job(row: Any) -> run_pb2.JobSummary:
         progress_percent=row["progress"],
         slot_count=row["slot_count"],
         generation=row["generation"],
+        failure_reason=FAILURE_REASONS.get(
+            row["failure_reason"] or "", common_pb2.FAILURE_REASON_UNSPECIFIED
+        ),
         failure_message=row["failure_message"] or "",
         decoder=row["decoder"] or "",
         updated_at=convert.ts(row["updated_at"]),
