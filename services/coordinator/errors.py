@@ -114,3 +114,9 @@ FENCE_MESSAGES = {
 
 def fenced(reason: str) -> Fenced:
     return Fenced(FENCE_MESSAGES[reason], reason=reason)
+
+
+class Expired(errors.NotFound):
+    """The resource existed but its time is up (a preview, a test result after its hour)."""
+
+    reason = "EXPIRED"

@@ -8,19 +8,22 @@ write goes through the same fence function as results and progress.
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from services.coordinator import auth
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database, Record, sql
-from services.coordinator.errors import InvalidField, NotFound
+from services.coordinator.errors import Expired, InvalidField, NotFound
 from services.coordinator.fields import check_sha256
 from services.coordinator.jobs_api import Lease, raise_for, reporter
+from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import sha256_hex
 
 TEST_PREFIX = "workshop-tests/"
+MAX_COLLECT = 1000
+COLLECT_HOLD = timedelta(minutes=5)  # a pass that dies releases its objects after this
 EXTENSIONS = {"image/jpeg": "jpg", "image/png": "png"}
 KINDS = ("preview", "upload")
 
@@ -155,6 +158,11 @@ class PublicationApi:
                 preview_item_id(key),
                 self.clock.now(),
             )
+        if row["reason"] == "PREVIEW_OUT_OF_ORDER":
+            raise InvalidField(
+                f"Slot {slot} comes before a preview already published under this lease; "
+                "previews are published in slot order."
+            )
         if row["reason"] == "PREVIEW_NOT_STAGED":
             raise NotFound(
                 "staged_object",
@@ -164,6 +172,71 @@ class PublicationApi:
         raise_for(row["reason"], lease)
         expires: datetime | None = row["expires_at"]
         return expires
+
+    async def claim_collectable(
+        self, who: Principal, kind: str, limit: int
+    ) -> tuple[list[Record], bool]:
+        """Up to `limit` collectable objects, held for this caller's pass; and whether more wait."""
+        _require_service(who)
+        if kind not in KINDS:
+            raise InvalidField("kind must be PREVIEW or UPLOAD.")
+        if not 1 <= limit <= MAX_COLLECT:
+            raise InvalidField(f"limit must be 1..{MAX_COLLECT}.")
+        now = self.clock.now()
+        async with self.db.connection() as connection:
+            rows: list[Record] = await connection.fetch(
+                sql("jobs", "objects_claim_collectable"), kind, limit, now, COLLECT_HOLD
+            )
+            more: bool = await connection.fetchval(
+                sql("jobs", "objects_collectable_remaining"), kind, now
+            )
+        return rows, more
+
+    async def mark_deleted(self, who: Principal, keys: list[str]) -> int:
+        _require_service(who)
+        if len(keys) > MAX_COLLECT:
+            raise InvalidField(f"At most {MAX_COLLECT} keys per call.")
+        async with self.db.connection() as connection:
+            rows = await connection.fetch(
+                sql("jobs", "objects_mark_deleted"), keys, self.clock.now()
+            )
+        return len(rows)
+
+    async def authorize_read(
+        self, who: Principal, reader: Principal, run_id: str, item_id: str
+    ) -> Record:
+        """Where an image's bytes are, if `reader` may see that camera and it has not expired."""
+        _require_service(who)
+        async with self.db.connection() as connection:
+            row = await connection.fetchrow(sql("jobs", "image_for_read"), run_id, item_id)
+        if row is None:
+            raise NotFound("image", f"{run_id}/{item_id}", "No such image in this run.")
+        if not may_read_camera(reader, row["camera_id"]):
+            raise PermissionDenied(
+                f"This credential may not read images of camera {row['camera_id']!r}."
+            )
+        now = self.clock.now()
+        for moment in (row["expires_at"], row["run_expires_at"]):
+            if moment is not None and moment <= now:
+                raise Expired(
+                    "This image has expired; its labels and bytes are no longer readable.",
+                    metadata={"kind": "image", "id": f"{run_id}/{item_id}"},
+                )
+        return row
+
+
+def may_read_camera(reader: Principal, camera_id: str) -> bool:
+    """Sessions, admin keys, workshop keys covering the camera, footage:read for it."""
+    if reader.kind == "session" or reader.is_admin:
+        return True
+    for grant in reader.grants:
+        if grant.scope is ScopeName.WORKSHOP and (
+            not grant.camera_ids or camera_id in grant.camera_ids
+        ):
+            return True
+        if grant.scope is ScopeName.FOOTAGE_READ and camera_id in grant.camera_ids:
+            return True
+    return False
 
 
 def _lease_args(lease: Lease) -> tuple[str, int, int, Any]:

@@ -52,8 +52,11 @@ CREATE TABLE staged_objects (
     item_id        text UNIQUE,
     frame_time     timestamptz,
     boxes          jsonb,
-    -- when the bytes may be deleted (NULL: kept); when they were deleted
+    -- when the bytes may be deleted (NULL: kept); which cleanup pass holds them
+    -- until when (so two preview replicas never delete the same object); when
+    -- they were deleted
     collectable_at timestamptz,
+    gc_claimed_until timestamptz,
     deleted_at     timestamptz,
     FOREIGN KEY (run_id, job_index) REFERENCES jobs (run_id, job_index)
 );
@@ -440,6 +443,13 @@ BEGIN
         RETURN QUERY SELECT fenced, NULL::timestamptz;
         RETURN;
     END IF;
+    -- previews of an attempt are published in slot order
+    IF EXISTS (SELECT 1 FROM staged_objects
+               WHERE run_id = p_run AND job_index = p_job AND generation = p_generation
+                 AND kind = 'preview' AND published_at IS NOT NULL AND slot_index > p_slot) THEN
+        RETURN QUERY SELECT 'PREVIEW_OUT_OF_ORDER', NULL::timestamptz;
+        RETURN;
+    END IF;
     SELECT r.expires_at INTO run_expiry FROM runs r WHERE r.run_id = p_run;
     UPDATE staged_objects
     SET published_at = p_now, frame_time = p_frame_time, boxes = p_boxes, item_id = p_item_id,
@@ -603,3 +613,20 @@ CROSS JOIN LATERAL (
     FROM staged_objects so
     WHERE so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
 ) pv;
+
+-- Hands a cleanup pass up to p_limit collectable objects of one kind, oldest
+-- first, and holds them for p_hold so a second preview replica gets others.
+CREATE FUNCTION objects_claim_collectable(
+    p_kind text, p_limit integer, p_now timestamptz, p_hold interval
+) RETURNS TABLE (object_key text, byte_size bigint, collectable_at timestamptz)
+LANGUAGE sql AS $$
+    UPDATE staged_objects s SET gc_claimed_until = p_now + p_hold
+    WHERE s.object_key IN (
+        SELECT c.object_key FROM staged_objects c
+        WHERE c.kind = p_kind AND c.deleted_at IS NULL AND c.collectable_at <= p_now
+          AND (c.gc_claimed_until IS NULL OR c.gc_claimed_until <= p_now)
+        ORDER BY c.collectable_at, c.object_key
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED)
+    RETURNING s.object_key, s.byte_size, s.collectable_at;
+$$;

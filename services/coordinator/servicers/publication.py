@@ -11,13 +11,13 @@ from services.coordinator.publication_api import PublicationApi, preview_item_id
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.jobs import lease
 from workshop.kit.auth import bearer_secret
-from workshop.kit.errors import NotImplementedYet
 from workshop.v1 import common_pb2, publication_pb2_grpc
 from workshop.v1 import publication_pb2 as pb
 
 ON_BEHALF_OF = "workshop-on-behalf-of"
 MODES = {"test": common_pb2.RUN_MODE_TEST, "full": common_pb2.RUN_MODE_FULL}
 KINDS = {"workflow": common_pb2.RUN_KIND_WORKFLOW, "photo": common_pb2.RUN_KIND_PHOTO}
+DEFAULT_COLLECT = 500
 OBJECT_KINDS = {common_pb2.OBJECT_KIND_PREVIEW: "preview", common_pb2.OBJECT_KIND_UPLOAD: "upload"}
 
 
@@ -101,14 +101,42 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     async def ListCollectableObjects(
         self, request: pb.ListCollectableObjectsRequest, context: Context
     ) -> pb.ListCollectableObjectsResponse:
-        raise NotImplementedYet("ListCollectableObjects arrives with the preview issue.")
+        kind = OBJECT_KINDS.get(request.kind)
+        if kind is None:
+            raise InvalidField("kind must be PREVIEW or UPLOAD.")
+        rows, more = await self.api.claim_collectable(
+            await self.who(context), kind, request.limit or DEFAULT_COLLECT
+        )
+        return pb.ListCollectableObjectsResponse(
+            objects=[
+                pb.CollectableObject(
+                    object_key=row["object_key"],
+                    kind=request.kind,
+                    byte_size=row["byte_size"],
+                    collectable_since=convert.ts(row["collectable_at"]),
+                )
+                for row in rows
+            ],
+            has_more=more,
+        )
 
     async def MarkObjectsDeleted(
         self, request: pb.MarkObjectsDeletedRequest, context: Context
     ) -> pb.MarkObjectsDeletedResponse:
-        raise NotImplementedYet("MarkObjectsDeleted arrives with the preview issue.")
+        marked = await self.api.mark_deleted(await self.who(context), list(request.object_keys))
+        return pb.MarkObjectsDeletedResponse(marked=marked)
 
     async def AuthorizeImageRead(
         self, request: pb.AuthorizeImageReadRequest, context: Context
     ) -> pb.AuthorizeImageReadResponse:
-        raise NotImplementedYet("AuthorizeImageRead arrives with the preview issue.")
+        service, reader = await self._callers(context)
+        row = await self.api.authorize_read(service, reader, request.run_id, request.item_id)
+        return pb.AuthorizeImageReadResponse(
+            object_key=row["object_key"],
+            content_type=row["content_type"],
+            boxes=[json_format.ParseDict(box, common_pb2.Box()) for box in row["boxes"] or []],
+            frame_time=convert.ts(row["frame_time"]),
+            camera_id=row["camera_id"],
+            sha256=row["sha256"],
+            expires_at=convert.opt_ts(row["expires_at"] or row["run_expires_at"]),
+        )

@@ -60,3 +60,34 @@ SELECT * FROM jobs_rescue_lapsed($1, $2, $3);
 
 -- name: jobs_expire
 SELECT * FROM jobs_expire($1, $2);
+
+-- name: objects_claim_collectable
+SELECT * FROM objects_claim_collectable($1, $2, $3, $4) ORDER BY collectable_at, object_key;
+
+-- name: objects_collectable_remaining
+SELECT EXISTS (
+    SELECT 1 FROM staged_objects
+    WHERE kind = $1 AND deleted_at IS NULL AND collectable_at <= $2
+      AND (gc_claimed_until IS NULL OR gc_claimed_until <= $2));
+
+-- name: objects_mark_deleted
+-- Only objects that were collectable: bytes of a live object are never forgotten.
+UPDATE staged_objects SET deleted_at = $2
+WHERE object_key = ANY ($1::text[]) AND deleted_at IS NULL AND collectable_at <= $2
+RETURNING object_key;
+
+-- name: image_for_read
+-- A preview (by its item id) or a bucket item of a run, with what reading it needs.
+SELECT 'preview' AS source, so.object_key, so.content_type, so.boxes, so.frame_time,
+       j.camera_id, so.sha256, so.collectable_at AS expires_at, r.expires_at AS run_expires_at
+FROM staged_objects so
+JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
+JOIN runs r ON r.run_id = so.run_id
+WHERE so.run_id = $1 AND so.item_id = $2 AND so.kind = 'preview'
+  AND so.published_at IS NOT NULL AND so.deleted_at IS NULL
+UNION ALL
+SELECT 'item', bi.object_key, 'image/jpeg', bi.boxes, bi.frame_time, bi.camera_id, bi.sha256,
+       NULL, r.expires_at
+FROM bucket_items bi
+JOIN runs r ON r.run_id = bi.run_id
+WHERE bi.run_id = $1 AND bi.item_id = $2;
