@@ -14,6 +14,7 @@ from services.coordinator.events import RunEvents
 from services.coordinator.jobs_api import JobsApi
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
+from services.coordinator.photos import PhotosApi
 from services.coordinator.publication_api import PublicationApi
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.servicers.common import Authenticator
@@ -59,7 +60,7 @@ def grpc_services(
 ) -> list[GrpcService]:
     authenticate = Authenticator(db, clock)
     operator = OperatorServicer(OperatorApi(db, clock), authenticate)
-    workshop = WorkshopServicer(workshop_api, authenticate, events)
+    workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), authenticate, events)
     jobs = JobServicer(JobsApi(db, clock, SnapshotCache(db)), authenticate)
     publication = PublicationServicer(PublicationApi(db, clock), authenticate)
     return [

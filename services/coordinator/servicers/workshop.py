@@ -12,6 +12,7 @@ from services.coordinator.errors import InvalidField
 from services.coordinator.events import RunEvents
 from services.coordinator.fields import page_size
 from services.coordinator.jobs_api import job_id
+from services.coordinator.photos import PhotosApi, PhotoView
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,
@@ -148,8 +149,11 @@ def detail(view: RunView, job_limit: int) -> run_pb2.RunDetail:
 
 
 class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
-    def __init__(self, api: WorkshopApi, authenticate: Authenticator, events: RunEvents) -> None:
+    def __init__(
+        self, api: WorkshopApi, photos: PhotosApi, authenticate: Authenticator, events: RunEvents
+    ) -> None:
         self.api = api
+        self.photos = photos
         self.who = authenticate
         self.events = events
 
@@ -322,10 +326,31 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def RequestPhoto(
         self, request: pb.RequestPhotoRequest, context: Context
     ) -> pb.RequestPhotoResponse:
-        raise NotImplementedYet("RequestPhoto arrives with the preview issue.")
+        moment = convert.from_ts("time", request.time)
+        assert moment is not None  # from_ts refuses a missing time
+        view, created = await self.photos.request(
+            await self.who(context), request.camera_id, moment
+        )
+        return pb.RequestPhotoResponse(photo=photo(view), created=created)
 
     async def GetPhoto(self, request: pb.GetPhotoRequest, context: Context) -> pb.GetPhotoResponse:
-        raise NotImplementedYet("GetPhoto arrives with the preview issue.")
+        view = await self.photos.get(await self.who(context), request.photo_id)
+        return pb.GetPhotoResponse(photo=photo(view))
+
+
+def photo(view: PhotoView) -> run_pb2.Photo:
+    row = view.row
+    return run_pb2.Photo(
+        photo_id=row["run_id"],
+        camera_id=row["camera_id"],
+        requested_time=convert.ts(row["first_slot_at"]),
+        recording_id=row["recording_id"],
+        status=STATUSES[view.status],
+        item_id=row["item_id"] or "",
+        frame_time=convert.opt_ts(row["frame_time"]),
+        created_at=convert.ts(row["created_at"]),
+        expires_at=convert.ts(row["expires_at"]),
+    )
 
 
 def snapshot_recording(row: Any) -> snapshot_pb2.SnapshotRecording:

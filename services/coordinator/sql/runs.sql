@@ -109,3 +109,30 @@ SELECT * FROM (
 ) images
 ORDER BY published_at DESC, item_id
 LIMIT $3;
+
+-- name: recording_covering
+-- The newest current recording of a camera that covers the instant $2 (photos).
+SELECT recording_id, camera_id, generation, start_at, end_at, fps, object_key, sha256, byte_size,
+       expires_at
+FROM recordings
+WHERE camera_id = $1 AND start_at <= $2 AND end_at > $2 AND deleted_at IS NULL AND expires_at > $3
+ORDER BY put_at DESC, recording_id
+LIMIT 1;
+
+-- name: photo_job_insert
+INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
+                  recording_generation, first_slot_at, interval_seconds, slot_count, expires_at,
+                  updated_at, is_photo)
+VALUES ($1, 0, $2, $3, $4, $5, $6, $7, 1, 1, $8, $9, true);
+
+-- name: photo_get
+-- A photo with its job, and its frame once published.
+SELECT r.run_id, r.created_at, r.expires_at, j.camera_id, j.recording_id, j.first_slot_at,
+       j.state, so.item_id, so.frame_time
+FROM runs r
+JOIN jobs j ON j.run_id = r.run_id AND j.job_index = 0
+LEFT JOIN staged_objects so
+       ON so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
+WHERE r.run_id = $1 AND r.kind = 'photo'
+ORDER BY so.published_at DESC NULLS LAST
+LIMIT 1;

@@ -1,0 +1,166 @@
+"""Photos (SPEC §10): a still frame of a camera at an instant.
+
+A photo is a one-frame test run with no model on the newest recording covering
+the instant. Its job is a photo job, which claims take before any run and
+which skips the run queue. The processor publishes the frame as the job's
+preview (the same fenced stage, upload and checksum path) and completes the job.
+Its id is derived from camera, instant and the clock hour of the request, so
+the same request within that hour finds the same photo. It lasts an hour and
+never appears in run lists or summaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+from google.protobuf import json_format
+
+from services.coordinator import auth, convert
+from services.coordinator.auth import Principal, ScopeName
+from services.coordinator.clock import Clock
+from services.coordinator.db import Connection, Database, Record, sql
+from services.coordinator.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
+from services.coordinator.publication_api import may_read_camera
+from services.coordinator.workshop_api import TEST_RESULT_LIFETIME, choose_runtime
+from workshop.kit.errors import PermissionDenied
+from workshop.kit.hashing import canonical_json, sha256_hex
+from workshop.v1 import common_pb2, snapshot_pb2
+
+SLOT = timedelta(seconds=1)  # the frame taken is the first at or after the instant, within 1 s
+
+
+def photo_id(camera_id: str, moment: datetime, now: datetime) -> str:
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    text = f"{camera_id}|{_rfc3339(moment)}|{_rfc3339(hour)}"
+    return "photo-" + sha256_hex(text.encode())[:32]
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhotoView:
+    row: Record
+    status: str
+
+
+class PhotosApi:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
+        self.clock = clock
+
+    async def request(
+        self, who: Principal, camera_id: str, moment: datetime
+    ) -> tuple[PhotoView, bool]:
+        auth.require(who, ScopeName.WORKSHOP)
+        if not may_read_camera(who, camera_id):
+            raise PermissionDenied(f"This credential may not take photos of {camera_id!r}.")
+        now = self.clock.now()
+        run_id = photo_id(camera_id, moment, now)
+        async with self.db.transaction() as connection:
+            if await connection.fetchrow(sql("runs", "run_fingerprint"), run_id) is None:
+                await self._create(connection, who, run_id, camera_id, moment, now)
+                created = True
+            else:
+                created = False
+        return await self.get(who, run_id), created
+
+    async def _create(
+        self,
+        db: Connection,
+        who: Principal,
+        run_id: str,
+        camera_id: str,
+        moment: datetime,
+        now: datetime,
+    ) -> None:
+        if await db.fetchrow(sql("resources", "camera_get"), camera_id) is None:
+            raise NotFound("camera", camera_id, f"Camera {camera_id!r} does not exist.")
+        recording = await db.fetchrow(sql("runs", "recording_covering"), camera_id, moment, now)
+        if recording is None:
+            raise NoMedia(NO_MEDIA_MESSAGE)
+        runtime = await choose_runtime(db, now, [], recent=False)
+        expires = now + TEST_RESULT_LIFETIME
+        policy = await db.fetchval(sql("runs", "policy_revision_share"))
+        fingerprint = sha256_hex(canonical_json({"camera_id": camera_id, "time": _rfc3339(moment)}))
+        seq = await db.fetchval(
+            sql("runs", "run_insert"),
+            run_id,
+            "photo",
+            "test",
+            "",
+            0,
+            runtime["runtime_id"],
+            1,
+            fingerprint,
+            who.to_json(),
+            policy,
+            now,
+            expires,
+            runtime["code_sha256"],
+        )
+        snapshot = snapshot_pb2.RunSnapshot(
+            run_id=run_id,
+            kind=common_pb2.RUN_KIND_PHOTO,
+            mode=common_pb2.RUN_MODE_TEST,
+            image_limit=1,
+            runtime_id=runtime["runtime_id"],
+            code_sha256=runtime["code_sha256"],
+            created_by=convert.principal(who.to_json()),
+            policy_revision=policy,
+            recording_count=1,
+            sampling=snapshot_pb2.Sampling(interval_seconds=int(SLOT.total_seconds())),
+            inputs=[snapshot_pb2.ResolvedInput(camera_ids=[camera_id])],
+        )
+        snapshot.inputs[0].window_start.FromDatetime(moment)
+        snapshot.inputs[0].window_end.FromDatetime(moment + SLOT)
+        snapshot.created_at.FromDatetime(now)
+        snapshot.expires_at.FromDatetime(expires)
+        await db.execute(
+            sql("runs", "snapshot_insert"),
+            run_id,
+            json_format.MessageToDict(snapshot, preserving_proto_field_name=True),
+        )
+        await db.execute(
+            sql("runs", "snapshot_recordings_insert"),
+            run_id,
+            [0],
+            [recording["recording_id"]],
+            [camera_id],
+            [recording["generation"]],
+            [recording["sha256"]],
+            [recording["byte_size"]],
+            [recording["object_key"]],
+            [recording["start_at"]],
+            [recording["end_at"]],
+            [recording["fps"]],
+            [1],
+        )
+        await db.execute(
+            sql("runs", "photo_job_insert"),
+            run_id,
+            seq,
+            runtime["runtime_id"],
+            camera_id,
+            recording["recording_id"],
+            recording["generation"],
+            moment,
+            min(expires, recording["expires_at"]),
+            now,
+        )
+
+    async def get(self, who: Principal, run_id: str) -> PhotoView:
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.connection() as connection:
+            row = await connection.fetchrow(sql("runs", "photo_get"), run_id)
+        if row is None:
+            raise NotFound("photo", run_id, f"Photo {run_id!r} does not exist.")
+        if row["expires_at"] <= self.clock.now():
+            raise Expired(
+                f"Photo {run_id!r} has expired (photos last an hour).",
+                metadata={"kind": "photo", "id": run_id},
+            )
+        status = {"leased": "running"}.get(row["state"], row["state"])
+        return PhotoView(row, status)
