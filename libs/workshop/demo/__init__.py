@@ -1,0 +1,1 @@
+"""Synthetic footage for tests and the demo: solid-coloured objects moving on a dark background."""

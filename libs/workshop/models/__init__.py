@@ -1,0 +1,1 @@
+"""Detection models: the operator-built ONNX detector and the Triton model repository."""
