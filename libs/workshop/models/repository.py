@@ -33,12 +33,18 @@ from typing import Literal
 import onnx
 from onnx import TensorProto
 
+from workshop.models.layout import (
+    LABELS_FILE,
+    MODEL_FILE,
+    WEIGHTS_SHA256_FILE,
+    RepositoryError,
+    served_classes,
+    served_weights_sha256,
+)
+
 Backend = Literal["python", "onnxruntime"]
 
-MODEL_FILE = "model.onnx"
 PYTHON_MODEL_FILE = "model.py"
-LABELS_FILE = "labels.txt"
-WEIGHTS_SHA256_FILE = "weights.sha256"
 CONFIG_FILE = "config.pbtxt"
 
 _CONFIG_TYPES: dict[int, str] = {
@@ -57,8 +63,15 @@ _CONFIG_TYPES: dict[int, str] = {
 }
 
 
-class RepositoryError(RuntimeError):
-    """The repository cannot take this version as asked."""
+# Reading lives in layout.py (no ONNX import) for the processor; re-exported here.
+__all__ = [
+    "ModelFiles",
+    "RepositoryError",
+    "VersionConflictError",
+    "publish_version",
+    "served_classes",
+    "served_weights_sha256",
+]
 
 
 class VersionConflictError(RepositoryError):
@@ -134,26 +147,6 @@ def publish_version(
         input_shape=inputs[0].dims,
         classes=tuple(classes),
     )
-
-
-def served_weights_sha256(repo: Path, name: str, version: int, *, verify: bool = True) -> str:
-    """The weights pin recorded for a version; with `verify`, also checked against the file."""
-    version_dir = repo / name / str(version)
-    recorded = (version_dir / WEIGHTS_SHA256_FILE).read_text().strip()
-    if verify:
-        actual = hashlib.sha256((version_dir / MODEL_FILE).read_bytes()).hexdigest()
-        if actual != recorded:
-            raise RepositoryError(
-                f"{name} version {version}: model.onnx has SHA-256 {actual}, "
-                f"but {recorded} was published"
-            )
-    return recorded
-
-
-def served_classes(repo: Path, name: str, version: int) -> tuple[str, ...]:
-    """The class list of a version; `det_classes` values index into it."""
-    text = (repo / name / str(version) / LABELS_FILE).read_text()
-    return tuple(line for line in text.splitlines() if line)
 
 
 def _check_arguments(
