@@ -1,0 +1,336 @@
+"""The claim loop (SPEC §5-§6, §9-§10): claim, decode, infer, route, publish, commit.
+
+Up to `in_flight` jobs (three recordings) run at once, so downloads and decoding
+overlap; model passes take turns behind one lock. Each job has its own
+heartbeat task; when a heartbeat, preview or upload says the lease no longer
+holds (cancelled, lapsed, fenced), the job stops at once and the loop claims
+the next. Processor errors (download, checksum, decode, model) fail the job
+with processor_failed and the decoder's or model's own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from services.processor import decode
+from services.processor.decode import DecodeError, StreamInfo
+from services.processor.images import JPEG, encode_jpeg
+from services.processor.inference import Detection, ModelServer, ModelUnavailable, Pin
+from services.processor.recordings import RecordingStore, RecordingUnavailable
+from services.processor.routing import JobRouter, Routed, Router, empty_slot_result, to_slot_result
+from services.processor.tracking import Box, box_to_proto
+from workshop.kit.hashing import sha256_hex
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2, preview_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Metadata = tuple[tuple[str, str], ...]
+PROGRESS_STEP = 10  # percent between progress reports
+# A photo's frame: no model and no output step; it is published as the job's preview.
+PHOTO_FRAME = Routed("frame", (), ())
+
+
+class LeaseLost(Exception):
+    """The coordinator refused a write under this lease: stop the job."""
+
+
+class JobFailed(Exception):
+    """A processor error: the job fails with processor_failed and this message."""
+
+
+@dataclasses.dataclass
+class Processor:
+    """One runtime on one device: the long-running claim loop (a kit Worker)."""
+
+    jobs: jobs_pb2_grpc.JobServiceAsyncStub
+    previews: preview_pb2_grpc.PreviewServiceAsyncStub
+    credentials: Metadata
+    runtime_id: str
+    code_sha256: str
+    recordings: RecordingStore
+    models: ModelServer
+    gpu: bool = False
+    in_flight: int = 3
+    idle_seconds: float = 2.0
+    _task: asyncio.Task[None] | None = None
+    _stopping: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    _model_turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    _running: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
+    completed: int = 0
+    failed: int = 0
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._loop(), name="claim-loop")
+
+    async def stop(self) -> None:
+        """Stops claiming; jobs in flight are released (not lapsed) so others take them."""
+        if self._task is None:
+            return
+        self._stopping.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        slots = asyncio.Semaphore(self.in_flight)
+        while not self._stopping.is_set():
+            await slots.acquire()
+            try:
+                reply = await self.jobs.Claim(
+                    jobs_pb2.ClaimRequest(runtime_id=self.runtime_id, code_sha256=self.code_sha256),
+                    metadata=self.credentials,
+                )
+            except grpc.aio.AioRpcError as error:
+                slots.release()
+                log.warning("claim failed: %s", error.details())
+                await self._idle(self.idle_seconds)
+                continue
+            if not reply.HasField("job"):
+                slots.release()
+                await self._idle(reply.retry_after.ToTimedelta().total_seconds() or 1.0)
+                continue
+            task = asyncio.create_task(self._run(reply.job), name=reply.job.lease.job_id)
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            task.add_done_callback(lambda _done: slots.release())
+
+    async def _idle(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _run(self, job: jobs_pb2.ClaimedJob) -> None:
+        lease = job.lease
+        work = asyncio.current_task()
+        assert work is not None
+        beating = asyncio.create_task(self._heartbeats(job, work))
+        try:
+            result, decoder = await self._process(job)
+            await self._call(
+                self.jobs.Complete,
+                jobs_pb2.CompleteRequest(
+                    lease=lease,
+                    code_sha256=self.code_sha256,
+                    result=result,
+                    result_sha256=_digest(result),
+                    decoder=decoder,
+                ),
+            )
+            self.completed += 1
+        except LeaseLost as lost:
+            log.info("job %s/%s stopped: %s", lease.run_id, lease.job_id, lost)
+        except JobFailed as error:
+            self.failed += 1
+            with contextlib.suppress(LeaseLost):
+                await self._call(
+                    self.jobs.Fail,
+                    jobs_pb2.FailRequest(
+                        lease=lease,
+                        reason=common_pb2.FAILURE_REASON_PROCESSOR_FAILED,
+                        message=str(error),
+                    ),
+                )
+        except asyncio.CancelledError:
+            if self._stopping.is_set():  # graceful shutdown: hand the job back
+                with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
+                    await self._call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease))
+            raise
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    async def _heartbeats(self, job: jobs_pb2.ClaimedJob, work: asyncio.Task[None]) -> None:
+        interval = job.heartbeat_interval.ToTimedelta().total_seconds() or 45.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._call(self.jobs.Heartbeat, jobs_pb2.HeartbeatRequest(lease=job.lease))
+            except LeaseLost as lost:
+                log.info("lease of %s/%s lost: %s", job.lease.run_id, job.lease.job_id, lost)
+                work.cancel()
+                return
+            except grpc.aio.AioRpcError as error:  # transient: try again next beat
+                log.warning("heartbeat failed: %s", error.details())
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        """One RPC about a job; a fence refusal becomes LeaseLost."""
+        try:
+            return await method(request, metadata=self.credentials)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                raise LeaseLost(error.details()) from None
+            raise
+
+    async def _process(self, job: jobs_pb2.ClaimedJob) -> tuple[jobs_pb2.JobResult, str]:
+        snapshot, recording = job.snapshot, job.input.recording
+        if snapshot.code_sha256 != self.code_sha256:
+            raise JobFailed(
+                f"The run's snapshot names code {snapshot.code_sha256}; this processor runs "
+                f"{self.code_sha256}."
+            )
+        try:
+            data = await self.recordings.fetch(recording.object_key, recording.sha256)
+            info = await asyncio.to_thread(decode.probe, data)
+            indices = decode.slot_frames(
+                info,
+                recording.start.ToDatetime(tzinfo=UTC),
+                [slot.start.ToDatetime(tzinfo=UTC) for slot in job.input.slots],
+                [slot.end.ToDatetime(tzinfo=UTC) for slot in job.input.slots],
+            )
+            served = [
+                await self.models.ensure(Pin(m.name, m.version, m.weights_sha256))
+                for m in snapshot.models
+            ]
+        except (RecordingUnavailable, DecodeError, ModelUnavailable) as error:
+            raise JobFailed(str(error)) from None
+        decoder, decoder_name = decode.choose_decoder(info.codec, self.gpu)
+        height, width = (served[0].height, served[0].width) if served else (info.height, info.width)
+        photo = snapshot.kind == common_pb2.RUN_KIND_PHOTO
+        router = None if photo else JobRouter(Router(snapshot.workflow, snapshot.models))
+        full = snapshot.mode == common_pb2.RUN_MODE_FULL
+        slots: dict[int, jobs_pb2.SlotResult] = {
+            index: empty_slot_result(index) for index, frame in enumerate(indices) if frame is None
+        }
+        wanted = [(index, frame) for index, frame in enumerate(indices) if frame is not None]
+        reported = 0
+        async for batch, frames in self._frames(decoder, data, wanted, height, width):
+            detections = await self._detect(served, frames)
+            for position, (index, frame_index) in enumerate(batch):
+                moment = _frame_time(info, recording.start.ToDatetime(tzinfo=UTC), frame_index)
+                by_step = {
+                    model.step_id: [_box(d) for d in found[position]]
+                    for model, found in zip(snapshot.models, detections, strict=True)
+                }
+                routed = router.route(by_step) if router else PHOTO_FRAME
+                slots[index] = await self._publish(
+                    job, index, moment, frames[position], routed, full
+                )
+            done = len(slots) * 100 // max(1, len(indices))
+            if done >= reported + PROGRESS_STEP:
+                reported = done
+                await self._call(
+                    self.jobs.ReportProgress,
+                    jobs_pb2.ReportProgressRequest(lease=job.lease, percent=min(done, 99)),
+                )
+        result = jobs_pb2.JobResult(slots=[slots[index] for index in range(len(indices))])
+        return result, decoder_name
+
+    async def _frames(
+        self,
+        decoder: decode.Decoder,
+        data: bytes,
+        wanted: list[tuple[int, int]],
+        height: int,
+        width: int,
+    ) -> AsyncIterator[tuple[list[tuple[int, int]], Any]]:
+        """Decoded frames chunk by chunk, off the event loop, with their slots."""
+        chunks: Iterator[Any] = decoder.chunks(
+            data, [frame for _, frame in wanted], out_height=height, out_width=width
+        )
+        taken = 0
+        while True:
+            try:
+                chunk = await asyncio.to_thread(next, chunks, None)
+            except DecodeError as error:
+                raise JobFailed(str(error)) from None
+            if chunk is None:
+                return
+            batch = wanted[taken : taken + len(chunk)]
+            taken += len(chunk)
+            yield batch, chunk
+
+    async def _detect(self, served: list[Any], frames: Any) -> list[list[list[Detection]]]:
+        """Each model's detections for each frame; one model pass at a time."""
+        found = []
+        async with self._model_turn:
+            for model in served:
+                try:
+                    found.append(await self.models.infer(model, frames))
+                except ModelUnavailable as error:
+                    raise JobFailed(str(error)) from None
+        return found
+
+    async def _publish(
+        self,
+        job: jobs_pb2.ClaimedJob,
+        index: int,
+        moment: datetime,
+        frame: Any,
+        routed: Routed,
+        full: bool,
+    ) -> jobs_pb2.SlotResult:
+        """A frame that reaches an output: its preview, then (full runs) its upload."""
+        if routed.outcome != "frame":
+            return to_slot_result(index, moment, routed)
+        image = await asyncio.to_thread(encode_jpeg, frame)
+        labels = [box for _, boxes in routed.outputs for box in boxes]
+        await self._call(
+            self.previews.PublishPreview,
+            preview_pb2.PublishPreviewRequest(
+                lease=job.lease,
+                code_sha256=self.code_sha256,
+                slot_index=index,
+                frame_time=_timestamp(moment),
+                image=image,
+                content_type=JPEG,
+                boxes=[box_to_proto(box) for box in labels],
+            ),
+        )
+        if not full or not routed.outputs:
+            return to_slot_result(index, moment, routed)
+        staged = await self._call(
+            self.previews.StageUpload,
+            preview_pb2.StageUploadRequest(
+                lease=job.lease,
+                code_sha256=self.code_sha256,
+                slot_index=index,
+                image=image,
+                content_type=JPEG,
+            ),
+        )
+        return to_slot_result(
+            index, moment, routed, upload_key=staged.object_key, upload_sha256=staged.sha256
+        )
+
+
+def _frame_time(info: StreamInfo, recording_start: datetime, frame_index: int) -> datetime:
+    """Wall-clock time of a frame: the recording's start plus its offset from the first frame."""
+    offset = (info.frame_pts[frame_index] - info.frame_pts[0]) * info.time_base
+    return recording_start + timedelta(microseconds=round(offset * 1_000_000))
+
+
+def _box(detection: Detection) -> Box:
+    return Box(
+        class_name=detection.class_name,
+        score=detection.score,
+        x=detection.x,
+        y=detection.y,
+        w=detection.w,
+        h=detection.h,
+    )
+
+
+def _timestamp(moment: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def _digest(result: jobs_pb2.JobResult) -> str:
+    """SHA-256 of the deterministic serialization, as the coordinator recomputes it."""
+    return sha256_hex(result.SerializeToString(deterministic=True))
