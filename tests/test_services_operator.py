@@ -69,7 +69,22 @@ def gateway_env() -> dict[str, str]:
 
 @pytest.fixture
 def processor_env() -> dict[str, str]:
-    return prefixed("PROCESSOR", {**COMMON, "DEVICE_ID": "gpu-box", "KEY": "wk_not_used_yet"})
+    # Nothing to claim from (no coordinator at the default address): it serves health and
+    # keeps retrying its claims, which is what a processor waiting for its coordinator does.
+    return prefixed(
+        "PROCESSOR",
+        {
+            **COMMON,
+            "DEVICE_ID": "gpu-box",
+            "KEY": "wk_unused.unused",
+            "RUNTIME_ID": "workshop-" + "0" * 32,
+            "COORDINATOR_TARGET": "127.0.0.1:1",
+            "PREVIEW_TARGET": "127.0.0.1:1",
+            "S3_ENDPOINT": "127.0.0.1:1",
+            "S3_ACCESS_KEY": "unused",
+            "S3_SECRET_KEY": "unused",
+        },
+    )
 
 
 CASES = [

@@ -8,19 +8,53 @@ import json
 import os
 import sys
 
-from services.processor.manifest import manifest_for
+from services.processor.decode import gpu_available
+from services.processor.inference import ModelServer
+from services.processor.manifest import code_sha256, manifest_for
+from services.processor.recordings import RecordingStore
 from services.processor.settings import PREFIX, ProcessorSettings
+from services.processor.worker import Processor
+from workshop.kit.auth import bearer_metadata
+from workshop.kit.channels import open_channel
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
+from workshop.v1 import jobs_pb2_grpc, preview_pb2_grpc
 
 LABEL = "processor"
 
 
 async def run_server(settings: ProcessorSettings) -> None:
-    # The claim loop arrives with the processor issue; until then the process
-    # serves only health and reflection and claims nothing.
-    await serve(label=LABEL, settings=settings, services=[])
+    """Health and reflection on the gRPC port, and the claim loop as a worker."""
+    credentials = bearer_metadata(settings.key)
+    recordings = RecordingStore(
+        settings.s3_endpoint,
+        settings.s3_access_key,
+        settings.s3_secret_key,
+        settings.recordings_bucket,
+        secure=settings.s3_secure,
+    )
+    models = ModelServer(settings.triton_target, settings.model_repository)
+    async with (
+        open_channel(settings.coordinator_target) as coordinator,
+        open_channel(settings.preview_target) as preview,
+    ):
+        processor = Processor(
+            jobs=jobs_pb2_grpc.JobServiceStub(coordinator),
+            previews=preview_pb2_grpc.PreviewServiceStub(preview),
+            credentials=credentials,
+            runtime_id=settings.runtime_id,
+            code_sha256=code_sha256(),
+            recordings=recordings,
+            models=models,
+            gpu=gpu_available(),
+            in_flight=settings.in_flight,
+        )
+        try:
+            await serve(label=LABEL, settings=settings, services=[], workers=[processor])
+        finally:
+            await models.close()
+            recordings.close()
 
 
 def main(argv: list[str] | None = None) -> None:

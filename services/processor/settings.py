@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from workshop.kit.server import ServerSettings
-from workshop.kit.settings import setting
+from workshop.kit.settings import SettingsError, setting
 
 PREFIX = "PROCESSOR"
+DEFAULT_MODEL_REPOSITORY = Path("/models")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -18,3 +20,17 @@ class ProcessorSettings(ServerSettings):
     coordinator_target: str = setting("127.0.0.1:50051", help="Coordinator gRPC address host:port.")
     preview_target: str = setting("127.0.0.1:50052", help="Preview service gRPC address.")
     triton_target: str = setting("127.0.0.1:8001", help="Triton gRPC address host:port.")
+    model_repository: Path = setting(  # noqa: RUF009 - Path is immutable
+        DEFAULT_MODEL_REPOSITORY, help="The Triton model repository, shared read-only with Triton."
+    )
+    runtime_id: str = setting(help="Registered runtime this processor claims for (required).")
+    s3_endpoint: str = setting(help="S3 endpoint host:port holding the recordings (required).")
+    s3_access_key: str = setting(help="S3 access key for reading recordings (required).")
+    s3_secret_key: str = setting(help="S3 secret key for reading recordings (required).")
+    s3_secure: bool = setting(False, help="1 = HTTPS to the S3 endpoint.")
+    recordings_bucket: str = setting("recordings", help="Bucket the recordings' object keys name.")
+    in_flight: int = setting(3, help="Recordings processed at once (download/decode overlap).")
+
+    def validate(self) -> None:
+        if not 1 <= self.in_flight <= 16:
+            raise SettingsError(f"{PREFIX}_IN_FLIGHT", "must be 1..16")
