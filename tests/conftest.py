@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.harness.s3",
     "tests.harness.triton",
     "tests.harness.coordinator",
+    "tests.harness.preview",
 ]

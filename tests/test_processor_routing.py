@@ -399,10 +399,12 @@ def test_to_slot_result() -> None:
     assert not empty.HasField("frame_time")
 
 
-def test_to_slot_result_refuses_incomplete_frames() -> None:
+def test_to_slot_result_refuses_incomplete_uploads() -> None:
     routed = router(simple()).route({"detect": [box()]})
     when = datetime.datetime(2026, 11, 29, 8, 0, 5, tzinfo=datetime.UTC)
+    test_run_frame = to_slot_result(0, when, routed)  # test runs upload nothing
+    assert (test_run_frame.upload_key, test_run_frame.upload_sha256) == ("", "")
     with pytest.raises(ValueError, match="upload"):
-        to_slot_result(0, when, routed)
+        to_slot_result(0, when, routed, upload_key="k")
     with pytest.raises(ValueError, match="timezone"):
         to_slot_result(0, when.replace(tzinfo=None), routed, upload_key="k", upload_sha256="x")

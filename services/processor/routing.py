@@ -311,11 +311,14 @@ def to_slot_result(
     upload_key: str = "",
     upload_sha256: str = "",
 ) -> jobs_pb2.SlotResult:
-    """The SlotResult of a decoded frame (FRAME or DROPPED); upload fields for FRAME only."""
+    """The SlotResult of a decoded frame (FRAME or DROPPED). A full run's FRAME carries its
+    upload's key and digest; test runs and photos upload nothing (previews are all)."""
     if frame_time.tzinfo is None:
         raise ValueError("frame_time must be timezone-aware")
-    if routed.outcome == "frame" and not (upload_key and upload_sha256):
-        raise ValueError("a FRAME slot needs its upload key and digest")
+    if routed.outcome != "frame" and (upload_key or upload_sha256):
+        raise ValueError("only a FRAME slot has an upload")
+    if bool(upload_key) != bool(upload_sha256):
+        raise ValueError("an upload needs both its key and its digest")
     result = jobs_pb2.SlotResult(
         slot_index=index,
         outcome=_OUTCOMES[routed.outcome],

@@ -144,6 +144,9 @@ class Processor:
                         message=str(error),
                     ),
                 )
+        except Exception as error:  # a bug must not strand the lease until it lapses
+            log.exception("job %s/%s failed unexpectedly", lease.run_id, lease.job_id)
+            await self._fail(lease, f"processor error: {error!r}")
         except asyncio.CancelledError:
             if self._stopping.is_set():  # graceful shutdown: hand the job back
                 with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
@@ -153,6 +156,18 @@ class Processor:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beating
+
+    async def _fail(self, lease: common_pb2.LeaseRef, message: str) -> None:
+        self.failed += 1
+        with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
+            await self._call(
+                self.jobs.Fail,
+                jobs_pb2.FailRequest(
+                    lease=lease,
+                    reason=common_pb2.FAILURE_REASON_PROCESSOR_FAILED,
+                    message=message,
+                ),
+            )
 
     async def _heartbeats(self, job: jobs_pb2.ClaimedJob, work: asyncio.Task[None]) -> None:
         interval = job.heartbeat_interval.ToTimedelta().total_seconds() or 45.0
