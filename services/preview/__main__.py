@@ -9,9 +9,11 @@ import sys
 from minio.error import S3Error
 from urllib3.exceptions import HTTPError
 
-from services.preview.app import grpc_services
+from services.preview.app import build
+from services.preview.errors import StorageUnavailable
 from services.preview.settings import PREFIX, PreviewSettings
 from services.preview.storage import ObjectStore
+from workshop.kit.channels import open_channel
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
@@ -21,10 +23,14 @@ LABEL = "preview"
 
 async def run_server(settings: PreviewSettings) -> None:
     store = ObjectStore(settings)
+    channel = open_channel(settings.coordinator_target)
     try:
+        # Proves the object store is reachable (and the keys work) before SERVING.
         await store.ensure_bucket()
-        await serve(label=LABEL, settings=settings, services=grpc_services())
+        app = build(settings, store, channel)
+        await serve(label=LABEL, settings=settings, services=app.services, workers=app.workers)
     finally:
+        await channel.close()
         store.close()
 
 
@@ -34,7 +40,7 @@ def main() -> None:
     configure_tracing(LABEL)
     try:
         asyncio.run(run_server(settings))
-    except (OSError, S3Error, HTTPError) as error:
+    except (OSError, S3Error, HTTPError, StorageUnavailable) as error:
         print(
             f"{LABEL}: cannot start: object store {settings.s3_endpoint}: {error}", file=sys.stderr
         )

@@ -1,15 +1,50 @@
-"""Assembles the preview service's gRPC services.
-
-PreviewService is hosted by `unimplemented_service` until the preview issue
-lands: every RPC answers UNIMPLEMENTED.
-"""
+"""Assembles the preview service: its gRPC service and the cleanup loop."""
 
 from __future__ import annotations
 
-from workshop.kit.server import GrpcService
-from workshop.kit.unimplemented import unimplemented_service
-from workshop.v1 import preview_pb2
+import dataclasses
+
+import grpc
+
+from services.preview.cleanup import Cleanup, cleanup_worker
+from services.preview.coordinator import CoordinatorClient
+from services.preview.publishing import PreviewApi
+from services.preview.servicer import PreviewServicer
+from services.preview.settings import PreviewSettings
+from services.preview.storage import ObjectStore
+from workshop.kit.server import GrpcService, Worker
+from workshop.v1 import preview_pb2_grpc
+
+SERVICE_NAME = "workshop.v1.PreviewService"
 
 
-def grpc_services() -> list[GrpcService]:
-    return [unimplemented_service(preview_pb2.DESCRIPTOR.services_by_name["PreviewService"])]
+@dataclasses.dataclass(frozen=True)
+class PreviewApp:
+    services: list[GrpcService]
+    workers: list[Worker]
+    api: PreviewApi
+    cleanup: Cleanup
+
+
+def build(
+    settings: PreviewSettings, store: ObjectStore, coordinator_channel: grpc.aio.Channel
+) -> PreviewApp:
+    """The service over `store`, calling the coordinator on `coordinator_channel`.
+
+    The cleanup loop is a worker unless `cleanup_interval_seconds` is 0; RunCleanup
+    runs a pass either way.
+    """
+    coordinator = CoordinatorClient(coordinator_channel, settings.service_key)
+    api = PreviewApi(coordinator, store, max_image_bytes=settings.max_image_bytes)
+    cleanup = Cleanup(coordinator, store)
+    servicer = PreviewServicer(api, cleanup, coordinator)
+    services = [
+        GrpcService(
+            SERVICE_NAME,
+            lambda server: preview_pb2_grpc.add_PreviewServiceServicer_to_server(servicer, server),
+        )
+    ]
+    workers: list[Worker] = []
+    if settings.cleanup_interval_seconds > 0:
+        workers.append(cleanup_worker(cleanup, settings.cleanup_interval_seconds))
+    return PreviewApp(services, workers, api, cleanup)

@@ -1,37 +1,87 @@
 """The object store behind the preview service, through the `minio` SDK.
 
 The SDK is synchronous, so every call runs on a bounded thread pool owned by
-this class and never on the event loop.
+this class and never on the event loop. Its HTTP client has short timeouts and
+retries a failed request once: a store that is down or stalled turns into
+`StorageUnavailable` (UNAVAILABLE) within a few timeouts instead of holding a
+processor's call for the SDK's default five minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import dataclasses
+import io
+import logging
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import urllib3
 from minio import Minio
+from minio.deleteobjects import DeleteObject
+from minio.error import S3Error
 
+from services.preview.errors import ImageMissing, StorageUnavailable
 from services.preview.settings import PreviewSettings
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+
+REQUEST_RETRIES = 1
+RETRY_BACKOFF_SECONDS = 0.2
+RETRY_STATUSES = (500, 502, 503, 504)
+MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RemovalFailure:
+    key: str
+    problem: str
+
+
+def http_client(settings: PreviewSettings) -> urllib3.PoolManager:
+    """Short timeouts, one retry with backoff, a connection per SDK thread."""
+    timeout = settings.s3_timeout_seconds
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=timeout, read=timeout),
+        maxsize=settings.s3_threads,
+        retries=urllib3.Retry(
+            total=REQUEST_RETRIES,
+            backoff_factor=RETRY_BACKOFF_SECONDS,
+            status_forcelist=RETRY_STATUSES,
+        ),
+    )
 
 
 class ObjectStore:
     def __init__(self, settings: PreviewSettings) -> None:
         self.bucket = settings.bucket
+        self._http = http_client(settings)
         self._client = Minio(
             settings.s3_endpoint,
             access_key=settings.s3_access_key,
             secret_key=settings.s3_secret_key,
             secure=settings.s3_secure,
             region=settings.s3_region,
+            http_client=self._http,
         )
         self._pool = ThreadPoolExecutor(max_workers=settings.s3_threads, thread_name_prefix="s3")
 
     async def _call(self, function: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, function)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, function)
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise StorageUnavailable(
+                f"Object storage is unavailable ({type(error).__name__}); retry later."
+            ) from error
+        except S3Error as error:
+            if error.code in MISSING_CODES:
+                raise
+            raise StorageUnavailable(
+                f"Object storage refused the request ({error.code}); retry later."
+            ) from error
 
     async def ensure_bucket(self) -> bool:
         """Create the bucket if it is missing; True when this call created it."""
@@ -44,5 +94,44 @@ class ObjectStore:
 
         return await self._call(ensure)
 
+    async def put(self, key: str, data: bytes, content_type: str) -> None:
+        def put() -> None:
+            self._client.put_object(
+                self.bucket, key, io.BytesIO(data), length=len(data), content_type=content_type
+            )
+
+        await self._call(put)
+
+    async def get(self, key: str) -> bytes:
+        """The object's bytes; ImageMissing when the store has no such object."""
+
+        def get() -> bytes:
+            response = self._client.get_object(self.bucket, key)
+            try:
+                return response.read()
+            finally:
+                response.close()
+                response.release_conn()
+
+        try:
+            return await self._call(get)
+        except S3Error as error:
+            raise ImageMissing("The image's bytes are missing from object storage.") from error
+
+    async def remove(self, keys: Sequence[str]) -> list[RemovalFailure]:
+        """Deletes objects (an object already gone counts as deleted); returns the failures."""
+        return await self._call(lambda: self._remove_now(keys))
+
+    def _remove_now(self, keys: Sequence[str]) -> list[RemovalFailure]:
+        # One DeleteObjects request per 1,000 keys; the SDK's result is lazy, so nothing
+        # is sent until it is iterated.
+        errors = self._client.remove_objects(self.bucket, [DeleteObject(key) for key in keys])
+        return [
+            RemovalFailure(error.name or "", f"{error.code}: {error.message}")
+            for error in errors
+            if error.code not in MISSING_CODES
+        ]
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._http.clear()

@@ -249,7 +249,8 @@ BEGIN
         RETURN QUERY SELECT fenced, NULL::timestamptz;
         RETURN;
     END IF;
-    UPDATE jobs j SET lease_expires_at = least(p_now + p_lease, j.expires_at), updated_at = p_now
+    -- updated_at tells when the job last changed state: a renewal is not a change
+    UPDATE jobs j SET lease_expires_at = least(p_now + p_lease, j.expires_at)
     WHERE j.run_id = p_run AND j.job_index = p_job
     RETURNING j.lease_expires_at, j.runtime_id INTO renewed, runtime;
     PERFORM runtime_seen(runtime, p_now);
@@ -273,7 +274,7 @@ BEGIN
     END IF;
     UPDATE jobs j
     SET progress = greatest(j.progress, p_percent), phase = coalesce(p_phase, j.phase),
-        progress_updates = j.progress_updates + 1, updated_at = p_now
+        progress_updates = j.progress_updates + 1
     WHERE j.run_id = p_run AND j.job_index = p_job AND j.progress_updates < 100
       AND (p_percent > j.progress OR (p_phase IS NOT NULL AND p_phase IS DISTINCT FROM j.phase))
     RETURNING j.progress INTO stored;

@@ -65,7 +65,8 @@ def workflow(row: Any) -> workflow_pb2.Workflow:
 def run(view: RunView) -> run_pb2.Run:
     row, counts = view.row, view.counts
     kind = common_pb2.RUN_KIND_PHOTO if row["kind"] == "photo" else common_pb2.RUN_KIND_WORKFLOW
-    finished = view.status not in ("queued", "running")
+    # finished once no job is queued or leased (an expired test run may still have some)
+    finished = counts.jobs_queued == 0 and counts.jobs_leased == 0
     return run_pb2.Run(
         run_id=row["run_id"],
         kind=kind,
@@ -106,8 +107,9 @@ def job(row: Any) -> run_pb2.JobSummary:
         recording_id=row["recording_id"],
         recording_generation=row["recording_generation"],
         state=JOB_STATES[row["state"]],
+        # a phase means something only while the job is leased
         phase=common_pb2.JobPhase.Value(f"JOB_PHASE_{row['phase'].upper()}")
-        if row["phase"]
+        if row["phase"] and row["state"] == "leased"
         else common_pb2.JOB_PHASE_UNSPECIFIED,
         progress_percent=row["progress"],
         slot_count=row["slot_count"],

@@ -1,0 +1,100 @@
+"""The cleanup loop (SPEC §9): deletes the bytes the coordinator calls collectable.
+
+One pass deletes every expired preview (batch after batch until the
+coordinator says none remain) and at most one batch of 500 expired or
+abandoned uploads, oldest first; a backlog of uploads drains over later
+passes. The coordinator claims each batch it lists for this pass alone (5
+minutes), so preview replicas running passes at once get disjoint batches;
+a pass that dies releases its batch when the claim lapses. Bytes are deleted
+before they are marked deleted, so a failure in between only repeats work:
+deleting a missing object succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from services.preview.coordinator import CoordinatorClient
+from services.preview.storage import ObjectStore
+from workshop.kit.periodic import Periodic
+from workshop.v1 import common_pb2
+from workshop.v1 import publication_pb2 as pub
+
+log = logging.getLogger(__name__)
+
+PREVIEW_BATCH = 500
+UPLOAD_LIMIT = 500
+
+
+@dataclasses.dataclass
+class CleanupReport:
+    previews_deleted: int = 0
+    uploads_deleted: int = 0
+    bytes_deleted: int = 0
+    uploads_remaining: bool = False
+
+
+class Cleanup:
+    """Runs cleanup passes, one at a time per replica (the loop and RunCleanup share it)."""
+
+    def __init__(
+        self,
+        coordinator: CoordinatorClient,
+        store: ObjectStore,
+        *,
+        preview_batch: int = PREVIEW_BATCH,
+        upload_limit: int = UPLOAD_LIMIT,
+    ) -> None:
+        self.coordinator = coordinator
+        self.store = store
+        self.preview_batch = preview_batch
+        self.upload_limit = upload_limit
+        self._one_pass_at_a_time = asyncio.Lock()
+
+    async def run_pass(self) -> CleanupReport:
+        async with self._one_pass_at_a_time:
+            report = CleanupReport()
+            while True:
+                listed = await self.coordinator.collectable(
+                    common_pb2.OBJECT_KIND_PREVIEW, self.preview_batch
+                )
+                count, size = await self._delete(listed.objects)
+                report.previews_deleted += count
+                report.bytes_deleted += size
+                if not listed.has_more or not listed.objects:
+                    break
+            listed = await self.coordinator.collectable(
+                common_pb2.OBJECT_KIND_UPLOAD, self.upload_limit
+            )
+            count, size = await self._delete(listed.objects)
+            report.uploads_deleted = count
+            report.bytes_deleted += size
+            report.uploads_remaining = listed.has_more
+        log.info(
+            "cleanup pass: deleted %d previews and %d uploads (%d bytes); uploads remaining: %s",
+            report.previews_deleted,
+            report.uploads_deleted,
+            report.bytes_deleted,
+            "yes" if report.uploads_remaining else "no",
+        )
+        return report
+
+    async def _delete(self, objects: Sequence[pub.CollectableObject]) -> tuple[int, int]:
+        """Deletes the objects' bytes and marks them deleted; (objects, bytes) deleted."""
+        if not objects:
+            return 0, 0
+        failures = await self.store.remove([item.object_key for item in objects])
+        failed = {failure.key for failure in failures}
+        for failure in failures:
+            log.warning("cleanup: could not delete %s: %s", failure.key, failure.problem)
+        deleted = [item for item in objects if item.object_key not in failed]
+        if deleted:
+            await self.coordinator.mark_deleted([item.object_key for item in deleted])
+        return len(deleted), sum(item.byte_size for item in deleted)
+
+
+def cleanup_worker(cleanup: Cleanup, interval_seconds: float) -> Periodic:
+    return Periodic("preview-cleanup", cleanup.run_pass, interval_seconds=interval_seconds)

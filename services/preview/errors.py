@@ -1,0 +1,40 @@
+"""The preview service's errors: kit classes with the reasons of `workshop.v1.ErrorReason`."""
+
+from __future__ import annotations
+
+from workshop.kit import errors
+
+
+class InvalidField(errors.InvalidArgument):
+    """A request field is missing or malformed; metadata "field" names it."""
+
+    reason = "INVALID_FIELD"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, metadata={"field": field})
+
+
+class ImageTooLarge(errors.PayloadTooLarge):
+    reason = "PAYLOAD_TOO_LARGE"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"The image is {size} bytes; at most {limit} bytes are accepted.",
+            metadata={"limit_bytes": str(limit)},
+        )
+
+
+class StorageUnavailable(errors.Unavailable):
+    """Object storage did not answer in time or refused the connection; safe to retry."""
+
+
+class ImageMissing(errors.NotFound):
+    """The coordinator knows the image but its bytes are gone from object storage."""
+
+    reason = "NOT_FOUND"
+
+
+class ImageCorrupted(errors.WorkshopError):
+    """Stored bytes whose digest differs from the one recorded (INTERNAL: never served)."""
+
+    reason = "IMAGE_CORRUPTED"

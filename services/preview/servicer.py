@@ -1,0 +1,55 @@
+"""PreviewService: the caller's credential from metadata, then the preview API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from services.preview.cleanup import Cleanup
+from services.preview.coordinator import CoordinatorClient
+from services.preview.publishing import PreviewApi
+from workshop.kit.auth import bearer_secret
+from workshop.v1 import preview_pb2 as pb
+from workshop.v1 import preview_pb2_grpc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def credential(context: Context) -> str:
+    """The caller's bearer secret, forwarded to the coordinator; UNAUTHENTICATED if absent."""
+    return bearer_secret(context.invocation_metadata())
+
+
+class PreviewServicer(preview_pb2_grpc.PreviewServiceServicer):
+    def __init__(self, api: PreviewApi, cleanup: Cleanup, coordinator: CoordinatorClient) -> None:
+        self.api = api
+        self.cleanup = cleanup
+        self.coordinator = coordinator
+
+    async def PublishPreview(
+        self, request: pb.PublishPreviewRequest, context: Context
+    ) -> pb.PublishPreviewResponse:
+        return await self.api.publish_preview(credential(context), request)
+
+    async def StageUpload(
+        self, request: pb.StageUploadRequest, context: Context
+    ) -> pb.StageUploadResponse:
+        return await self.api.stage_upload(credential(context), request)
+
+    async def ReadImage(
+        self, request: pb.ReadImageRequest, context: Context
+    ) -> pb.ReadImageResponse:
+        return await self.api.read_image(credential(context), request.run_id, request.item_id)
+
+    async def RunCleanup(
+        self, request: pb.RunCleanupRequest, context: Context
+    ) -> pb.RunCleanupResponse:
+        await self.coordinator.require_admin(credential(context))
+        report = await self.cleanup.run_pass()
+        return pb.RunCleanupResponse(
+            previews_deleted=report.previews_deleted,
+            uploads_deleted=report.uploads_deleted,
+            bytes_deleted=report.bytes_deleted,
+            uploads_remaining=report.uploads_remaining,
+        )
