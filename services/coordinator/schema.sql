@@ -578,12 +578,10 @@ BEGIN
          AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256);
     UPDATE staged_objects SET published_at = p_now
     WHERE object_key = ANY (p_upload_keys);
-    -- Previews of a full run are replaced by its items; uploads staged under this
-    -- lease that the result does not name are garbage now.
-    UPDATE staged_objects SET collectable_at = p_now
-    WHERE run_id = p_run AND job_index = p_job AND collectable_at IS NULL
-      AND ((kind = 'preview' AND (SELECT mode FROM runs WHERE run_id = p_run) = 'full')
-           OR (kind = 'upload' AND published_at IS NULL));
+    -- What the commit does not keep is garbage now: objects staged but never
+    -- published or named (refused previews, unnamed uploads), and a full run's
+    -- previews, which its items replace.
+    PERFORM job_objects_abandon(p_run, p_job, p_now);
     INSERT INTO receipts (run_id, job_index, generation, result_sha256, frames, empties, dropped,
                           items_saved, committed_at)
     VALUES (p_run, p_job, p_generation, p_result_sha256, p_frames, p_empties, p_dropped,
@@ -598,7 +596,7 @@ BEGIN
 END;
 $$;
 
--- Objects of a job that ended without committing them become garbage: unpublished
+-- Objects of a job that ended become garbage unless kept: unpublished
 -- staged objects always, published previews too for full runs (their items
 -- never came). Called when a job fails, is cancelled, expires or loses its lease.
 CREATE FUNCTION job_objects_abandon(p_run text, p_job integer, p_now timestamptz) RETURNS void
