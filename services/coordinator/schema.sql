@@ -404,9 +404,11 @@ $$;
 -- Leases the next claimable job of a runtime (SPEC §5-§6): photos first, then
 -- the head run (the oldest with queued or leased jobs), in job order; only jobs
 -- of the cameras in p_cameras (NULL: every camera). One statement, one round trip.
+-- ROWS 1 tells the planner so: the join to snapshot_recordings then probes its
+-- index instead of hashing the whole table on every claim.
 CREATE FUNCTION job_claim(
     p_runtime text, p_cameras text[], p_now timestamptz, p_lease interval
-) RETURNS SETOF jobs LANGUAGE plpgsql AS $$
+) RETURNS SETOF jobs LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
     head bigint;
     picked jobs%ROWTYPE;

@@ -1,0 +1,1159 @@
+"""Lease cycles over gRPC: 8 simulated processors against the coordinator, and procrastinate.
+
+    .venv/bin/python -m bench.claim_cycle [--profile] [--check]
+
+Starts a throwaway Postgres cluster with the test harness (tmpfs when roomy, fsync and
+synchronous_commit off), migrates a database and starts the coordinator as its own
+process (`python -m services.coordinator`, system clock, scheduler and maintenance
+off), read through `tests/harness/processes.py`. Setup, not measured: gpu-box with 4
+runtimes, 50 cameras, 1,000 one-hour recordings (copied in), a workflow sampling them
+every 60 s, one workshop:run key per processor, and 20 full runs (5 per runtime) of
+1,000 jobs x 60 slots: 20,000 queued jobs.
+
+Measured:
+- throughput: 8 processor processes (multiprocessing, spawn), 2 per runtime, each on
+  its own loopback gRPC channel (`workshop.kit.channels.open_channel`), loop Claim ->
+  Heartbeat x2 -> Complete (all 60 slots EMPTY) until every job of their runtime is
+  committed. Cycles / wall time from the moment all processes are released.
+- latency: 100 more runs of 1,000 jobs (25 per runtime; 100,000 queued), then the same
+  8 processes cycle `--latency-cycles` times each; p50/p99 of the Claim RPC as the
+  processor sees it.
+- procrastinate, the peer a Python team would pick, on the same server in its own
+  database (schema applied with its SchemaManager): 20,000 jobs of a task that only
+  returns are deferred (batch_defer_async, setup), then `--procrastinate-processes`
+  worker processes of `--procrastinate-concurrency` each (default 8 x 1: the closest
+  match to 8 single-threaded processors) run with wait=False until the queue is empty.
+
+Each phase also reports the CPU time used by the coordinator, Postgres (every backend
+of the cluster, reaped ones included) and the clients, from /proc and getrusage, and
+what the rest of the machine used meanwhile (/proc/stat): rates measured while other
+processes load the machine are not its own, so it warns above 5 % and also prints the
+ratio on CPU per cycle, which such load disturbs much less. `--profile` adds
+pg_stat_statements (the cluster is restarted with it preloaded, track=all) for both
+queues and a py-spy sample of the coordinator during the throughput phase; both cost
+throughput. `--runs` scales the throughput phase and procrastinate's queue for quick
+looks (default 20 runs: 20,000 jobs).
+
+The last line is `RESULT claim_cycles_per_s=<x> procrastinate_jobs_per_s=<y> ratio=<x/y>
+claim_p99_ms=<z>`. Everything it starts is stopped on exit, also on error, Ctrl-C or
+SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import logging
+import multiprocessing
+import os
+import queue
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from multiprocessing.context import SpawnContext, SpawnProcess
+from multiprocessing.queues import Queue
+from multiprocessing.sharedctypes import SynchronizedArray
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import asyncpg
+from procrastinate import App, PsycopgConnector
+
+from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.clock import SystemClock
+from services.coordinator.db import Database
+from services.coordinator.operator_api import RECORDING_RETENTION
+from services.coordinator.results import result_digest
+from tests.coordinator_leases import empty_result
+from tests.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
+from tests.harness.coordinator import CoordinatorHarness
+from tests.harness.postgres import (
+    TIMINGS,
+    PostgresCluster,
+    PostgresUnavailable,
+    create_migrated_database,
+    postgres_cluster,
+    quote_ident,
+)
+from tests.harness.processes import ServiceProcess
+from workshop.kit.auth import bearer_metadata
+from workshop.kit.channels import open_channel
+from workshop.v1 import (
+    common_pb2,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    operator_pb2_grpc,
+    publication_pb2_grpc,
+    workshop_pb2_grpc,
+)
+from workshop.v1 import operator_pb2 as op
+
+PROCESSORS = 8
+RUNTIMES = 4
+RUNS = 20
+QUEUED_FOR_LATENCY = 100_000
+LATENCY_CYCLES = 500  # per processor: 4,000 claims timed
+CAMERAS = 50
+RECORDINGS_PER_CAMERA = 20  # one-hour recordings from 02:00: 1,000 per run
+FIRST_RECORDING_HOUR = 2
+WINDOW_HOURS = (1, 23)
+INTERVAL_SECONDS = 60
+RECORDING_LENGTH = timedelta(hours=1)
+JOBS_PER_RUN = CAMERAS * RECORDINGS_PER_CAMERA
+SLOTS_PER_JOB = int(RECORDING_LENGTH.total_seconds()) // INTERVAL_SECONDS
+HEARTBEATS = 2
+WORKFLOW_ID = "bench-cycle"
+DATABASE = "bench_claim_cycle"
+PROCRASTINATE_DATABASE = "bench_procrastinate"
+NOOP_TASK = "bench_noop"
+DEFER_BATCH = 1_000
+# A processor that finds nothing while its runtime still has unfinished jobs (the head
+# run's last jobs are leased by the other processor) asks again after this pause.
+EMPTY_BACKOFF_S = 0.005
+READY_TIMEOUT_S = 120.0
+PHASE_TIMEOUT_S = 600.0
+RPC_TIMEOUT_S = 60.0
+TARGET_RATIO = 1.0
+TARGET_CLAIM_P99_MS = 25.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROFILE_TOP = 25
+PYSPY_RATE = 200
+OTHER_LOAD_WARNING = 0.05  # share of the machine used by processes we did not start
+T = TypeVar("T")
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run where SIGTERM cancels the work like Ctrl-C, so every `finally` runs on
+    the loop (raising from a plain signal handler amid gRPC's callbacks can crash)."""
+
+    async def body() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await make()
+
+    try:
+        return asyncio.run(body())
+    except asyncio.CancelledError:
+        raise SystemExit(128 + signal.SIGTERM) from None
+    finally:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+# What the child processes run -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessorConfig:
+    index: int
+    target: str
+    secret: str
+    runtime_id: str
+    runtime_index: int
+    expected_jobs: int  # stop once the runtime has this many commits in the phase (0: none)
+    max_cycles: int  # stop after this many cycles (0: no limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    index: int
+    dsn: str
+    concurrency: int
+
+
+@dataclasses.dataclass
+class Report:
+    """What one child process measured between its release and its end."""
+
+    index: int
+    cycles: int = 0
+    empty_claims: int = 0
+    claim_s: list[float] = dataclasses.field(default_factory=list)
+    heartbeat_s: list[float] = dataclasses.field(default_factory=list)
+    complete_s: list[float] = dataclasses.field(default_factory=list)
+    started: float = 0.0
+    finished: float = 0.0
+    cpu_s: float = 0.0
+    error: str = ""
+
+
+def _self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _child(
+    run: Callable[[Any, Callable[[], None]], Coroutine[Any, Any, Report]],
+    config: ProcessorConfig | WorkerConfig,
+    ready: Queue[int],
+    go: Event,
+    reports: Queue[Report],
+) -> None:
+    """A child's body: build, say ready, wait for the release, measure, report."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+
+    def released() -> None:
+        ready.put(config.index)
+        if not go.wait(READY_TIMEOUT_S):
+            raise TimeoutError("never released")
+
+    try:
+        report = asyncio.run(run(config, released))  # child
+    except BaseException as error:
+        report = Report(config.index, error=f"{type(error).__name__}: {error}")
+    reports.put(report)
+
+
+async def _processor(
+    config: ProcessorConfig, released: Callable[[], None], *, completed: SynchronizedArray[int]
+) -> Report:
+    channel = open_channel(config.target)
+    try:
+        await asyncio.wait_for(channel.channel_ready(), READY_TIMEOUT_S)
+        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        metadata = bearer_metadata(config.secret)
+        claim = jobs_pb2.ClaimRequest(runtime_id=config.runtime_id, code_sha256=CODE)
+        # Every job has the same 60 slots, so its all-EMPTY result and digest are built
+        # once per slot count: what a processor computes is not what is measured here.
+        results: dict[int, tuple[jobs_pb2.JobResult, str]] = {}
+        report = Report(config.index)
+        await asyncio.to_thread(released)
+        report.started = time.monotonic()
+        cpu = _self_cpu_s()
+        clock = time.perf_counter
+        while not config.max_cycles or report.cycles < config.max_cycles:
+            began = clock()
+            reply = await stub.Claim(claim, metadata=metadata, timeout=RPC_TIMEOUT_S)
+            claimed = clock()
+            if not reply.HasField("job"):
+                report.empty_claims += 1
+                if config.expected_jobs and completed[config.runtime_index] >= config.expected_jobs:
+                    break
+                await asyncio.sleep(EMPTY_BACKOFF_S)
+                continue
+            report.claim_s.append(claimed - began)
+            job = reply.job
+            for _ in range(HEARTBEATS):
+                began = clock()
+                await stub.Heartbeat(
+                    jobs_pb2.HeartbeatRequest(lease=job.lease),
+                    metadata=metadata,
+                    timeout=RPC_TIMEOUT_S,
+                )
+                report.heartbeat_s.append(clock() - began)
+            result, digest = _empty_result(results, job)
+            began = clock()
+            await stub.Complete(
+                jobs_pb2.CompleteRequest(
+                    lease=job.lease,
+                    code_sha256=CODE,
+                    result=result,
+                    result_sha256=digest,
+                    decoder="pyav",
+                ),
+                metadata=metadata,
+                timeout=RPC_TIMEOUT_S,
+            )
+            report.complete_s.append(clock() - began)
+            report.cycles += 1
+            with completed.get_lock():
+                completed[config.runtime_index] += 1
+        report.finished = time.monotonic()
+        report.cpu_s = _self_cpu_s() - cpu
+        return report
+    finally:
+        await channel.close()
+
+
+def _empty_result(
+    cache: dict[int, tuple[jobs_pb2.JobResult, str]], job: jobs_pb2.ClaimedJob
+) -> tuple[jobs_pb2.JobResult, str]:
+    count = len(job.input.slots)
+    if any(slot.index != index for index, slot in enumerate(job.input.slots)):
+        raise AssertionError(f"{job.input.job_id}: slot indices are not 0..{count - 1}")
+    found = cache.get(count)
+    if found is None:
+        result = empty_result(job)
+        found = cache[count] = (result, result_digest(result))
+    return found
+
+
+async def _noop() -> None:
+    """The procrastinate task: nothing but returning."""
+
+
+def _procrastinate_app(dsn: str) -> App:
+    # It warns when the app is built in __main__ (a worker could miss the tasks); the
+    # workers here build the same app and register the task themselves.
+    logging.getLogger("procrastinate.blueprints").setLevel(logging.ERROR)
+    app = App(connector=PsycopgConnector(conninfo=dsn))
+    app.task(name=NOOP_TASK)(_noop)
+    return app
+
+
+async def _procrastinate_worker(config: WorkerConfig, released: Callable[[], None]) -> Report:
+    app = _procrastinate_app(config.dsn)
+    async with app.open_async():
+        report = Report(config.index)
+        await asyncio.to_thread(released)
+        report.started = time.monotonic()
+        cpu = _self_cpu_s()
+        await app.run_worker_async(
+            name=f"bench-{config.index}",
+            concurrency=config.concurrency,
+            wait=False,
+            install_signal_handlers=False,
+        )
+        report.finished = time.monotonic()
+        report.cpu_s = _self_cpu_s() - cpu
+        return report
+
+
+def _processor_child(
+    config: ProcessorConfig,
+    completed: SynchronizedArray[int],
+    ready: Queue[int],
+    go: Event,
+    reports: Queue[Report],
+) -> None:
+    _child(functools.partial(_processor, completed=completed), config, ready, go, reports)
+
+
+def _worker_child(
+    config: WorkerConfig,
+    ready: Queue[int],
+    go: Event,
+    reports: Queue[Report],
+) -> None:
+    _child(_procrastinate_worker, config, ready, go, reports)
+
+
+# CPU time from /proc ----------------------------------------------------------------------
+
+
+def _proc_times(pid: int) -> tuple[float, float, int] | None:
+    """(own CPU s, reaped children's CPU s, parent pid) of a process, None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    # fields[0] is field 3 (state): utime is field 14, stime 15, cutime 16, cstime 17
+    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    reaped = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+    return own, reaped, int(fields[1])
+
+
+def _postgres_cpu_s(cluster: PostgresCluster) -> float:
+    """CPU of the postmaster, its live children and every child it has reaped."""
+    pid_file = cluster.data_dir / "postmaster.pid"
+    postmaster = int(pid_file.read_text().split("\n", 1)[0])
+    total = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        times = _proc_times(pid)
+        if times is None:
+            continue
+        own, reaped, parent = times
+        if pid == postmaster:
+            total += own + reaped
+        elif parent == postmaster:
+            total += own
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuMark:
+    coordinator: float
+    postgres: float
+    parent: float
+    machine: float  # every process on the machine (/proc/stat), ours and others'
+
+
+def _cpu_mark(cluster: PostgresCluster, coordinator: ServiceProcess | None) -> CpuMark:
+    own = 0.0
+    if coordinator is not None:
+        times = _proc_times(coordinator.process.pid)
+        own = times[0] if times else 0.0
+    return CpuMark(own, _postgres_cpu_s(cluster), _self_cpu_s(), _machine_busy_s())
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (not idle, not waiting for I/O)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / CLOCK_TICKS
+
+
+# Running a group of children --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    name: str
+    reports: list[Report]
+    wall_s: float
+    cpu: dict[str, float]  # seconds: coordinator, postgres, clients, bench
+
+    @property
+    def cycles(self) -> int:
+        return sum(report.cycles for report in self.reports)
+
+    @property
+    def empty_claims(self) -> int:
+        return sum(report.empty_claims for report in self.reports)
+
+    def latencies(self, field: str) -> list[float]:
+        values: list[float] = []
+        for report in self.reports:
+            values.extend(getattr(report, field))
+        return values
+
+
+def _run_children(
+    ctx: SpawnContext,
+    name: str,
+    target: Callable[..., None],
+    argument_sets: Sequence[tuple[Any, ...]],
+    cluster: PostgresCluster,
+    coordinator: ServiceProcess | None,
+    ready: Queue[int],
+    go: Event,
+    reports: Queue[Report],
+    during: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+) -> Phase:
+    """Starts the children, releases them together, and waits for their reports."""
+    children: list[SpawnProcess] = []
+    try:
+        for arguments in argument_sets:
+            child = ctx.Process(target=target, args=arguments, daemon=True)
+            child.start()
+            children.append(child)
+        _wait_ready(ready, children)
+        with during() if during is not None else contextlib.nullcontext():
+            mark = _cpu_mark(cluster, coordinator)
+            released = time.monotonic()
+            go.set()
+            collected = _collect(reports, children)
+            end = _cpu_mark(cluster, coordinator)
+        for child in children:  # they exit once their report is sent
+            child.join(timeout=10)
+        failed = [report for report in collected if report.error]
+        if failed:
+            raise RuntimeError(f"{name}: child {failed[0].index} failed: {failed[0].error}")
+        wall = max(report.finished for report in collected) - released
+        cpu = {
+            "coordinator": end.coordinator - mark.coordinator,
+            "postgres": end.postgres - mark.postgres,
+            "clients": sum(report.cpu_s for report in collected),
+            "bench": end.parent - mark.parent,
+        }
+        # Whatever else ran on the machine meanwhile (other people's tests, the kernel).
+        cpu["other"] = max(0.0, end.machine - mark.machine - sum(cpu.values()))
+        return Phase(name, sorted(collected, key=lambda r: r.index), wall, cpu)
+    finally:
+        go.clear()
+        for child in children:  # on an error or SIGTERM: at once
+            if child.is_alive():
+                child.terminate()
+                child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+                child.join()
+
+
+def _wait_ready(ready: Queue[int], children: Sequence[SpawnProcess]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    seen = 0
+    while seen < len(children):
+        with contextlib.suppress(queue.Empty):
+            ready.get(timeout=0.5)
+            seen += 1
+            continue
+        dead = [child for child in children if child.exitcode is not None]
+        if dead:
+            raise RuntimeError(f"a child exited ({dead[0].exitcode}) before it was ready")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {seen} of {len(children)} children became ready")
+
+
+def _collect(reports: Queue[Report], children: Sequence[SpawnProcess]) -> list[Report]:
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    collected: list[Report] = []
+    while len(collected) < len(children):
+        with contextlib.suppress(queue.Empty):
+            collected.append(reports.get(timeout=0.5))
+            continue
+        died = [child for child in children if child.exitcode not in (None, 0)]
+        if died:
+            raise RuntimeError(f"a child died (exit {died[0].exitcode})")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(collected)} of {len(children)} children finished")
+    return collected
+
+
+# Setup ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    runtimes: list[str]
+    processor_secrets: list[str]
+
+
+@contextlib.asynccontextmanager
+async def _client(dsn: str, port: int) -> Any:
+    """A CoordinatorHarness on the coordinator process, so the test builders work on it."""
+    async with Database.open(dsn, size=2) as db:
+        channel = open_channel(f"127.0.0.1:{port}")
+        try:
+            harness = CoordinatorHarness(
+                db=db,
+                clock=SystemClock(),
+                port=port,
+                channel=channel,
+                operator=operator_pb2_grpc.OperatorServiceStub(channel),
+                workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
+                jobs=jobs_pb2_grpc.JobServiceStub(channel),
+                publication=publication_pb2_grpc.PublicationServiceStub(channel),
+                admin=(),
+            )
+            harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
+            yield harness
+        finally:
+            await channel.close()
+
+
+async def _set_up(c: CoordinatorHarness) -> World:
+    """gpu-box with 4 runtimes, 50 cameras, 1,000 recordings, the workflow, 8 keys."""
+    built = await build_world(c, recordings_per_camera=0)
+    runtimes = [built.tracking_runtime]
+    for index in range(1, RUNTIMES):
+        reply = await c.operator.RegisterRuntime(
+            op.RegisterRuntimeRequest(
+                device_id="gpu-box",
+                engine=f"workshop-processor-bench-{index}",
+                code_sha256=CODE,
+                capabilities=["workshop-v3"],
+            ),
+            metadata=c.admin,
+        )
+        runtimes.append(reply.runtime.runtime_id)
+    cameras = [f"cam-{index:03d}" for index in range(CAMERAS)]
+    for camera in cameras:
+        await c.operator.PutCamera(op.PutCameraRequest(camera_id=camera), metadata=c.admin)
+    now = c.clock.now()
+    day = datetime(now.year, now.month, now.day, tzinfo=UTC) - timedelta(days=1)
+    rows: list[tuple[Any, ...]] = []
+    for camera in cameras:
+        for hour in range(FIRST_RECORDING_HOUR, FIRST_RECORDING_HOUR + RECORDINGS_PER_CAMERA):
+            recording_id = f"{camera}-h{hour:02d}"
+            start = day + timedelta(hours=hour)
+            rows.append(
+                (
+                    recording_id,
+                    camera,
+                    1,
+                    start,
+                    start + RECORDING_LENGTH,
+                    30.0,
+                    f"recordings/{recording_id}.mp4",
+                    hashlib.sha256(recording_id.encode()).hexdigest(),
+                    1_500_000_000,
+                    now,
+                    now + RECORDING_RETENTION,
+                )
+            )
+    async with c.db.connection() as connection:
+        await connection.copy_records_to_table(
+            "recordings",
+            records=rows,
+            columns=[
+                "recording_id",
+                "camera_id",
+                "generation",
+                "start_at",
+                "end_at",
+                "fps",
+                "object_key",
+                "sha256",
+                "byte_size",
+                "put_at",
+                "expires_at",
+            ],
+        )
+    spec = workflow_spec(
+        cameras=cameras,
+        interval=INTERVAL_SECONDS,
+        window=WINDOW_HOURS,
+        date=(day.year, day.month, day.day),
+    )
+    await save_workflow(c, WORKFLOW_ID, spec)
+    secrets = [
+        await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name=f"processor-{index}")
+        for index in range(PROCESSORS)
+    ]
+    return World(runtimes, secrets)
+
+
+async def _create_runs(c: CoordinatorHarness, world: World, prefix: str, count: int) -> None:
+    for index in range(count):
+        request = run_request(
+            f"{prefix}-{index:03d}",
+            WORKFLOW_ID,
+            world.runtimes[index % RUNTIMES],
+            mode=common_pb2.RUN_MODE_FULL,
+        )
+        reply = await c.workshop.CreateRun(request, metadata=c.admin, timeout=RPC_TIMEOUT_S)
+        if not reply.created:
+            raise AssertionError(f"{request.run_id}: created=false on a new id")
+    async with c.db.connection() as connection:
+        jobs = await connection.fetchval(
+            "SELECT count(*) FROM jobs WHERE run_id LIKE $1 AND state = 'queued'", f"{prefix}-%"
+        )
+        await connection.execute("VACUUM ANALYZE")
+    if jobs != count * JOBS_PER_RUN:
+        raise AssertionError(f"{prefix}: {jobs} queued jobs, expected {count * JOBS_PER_RUN}")
+
+
+async def _check_committed(dsn: str, prefix: str, expected: int) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        jobs, receipts = await connection.fetchrow(
+            "SELECT count(*) FILTER (WHERE j.state = 'completed'), count(r.run_id) "
+            "FROM jobs j LEFT JOIN receipts r USING (run_id, job_index) WHERE j.run_id LIKE $1",
+            f"{prefix}-%",
+        )
+    finally:
+        await connection.close()
+    if (jobs, receipts) != (expected, expected):
+        raise AssertionError(f"{prefix}: {jobs} completed, {receipts} receipts; want {expected}")
+
+
+# procrastinate ----------------------------------------------------------------------------
+
+
+async def _procrastinate_prepare(cluster: PostgresCluster, jobs: int) -> float:
+    """Its own database and schema, and `jobs` deferred jobs; returns the defer seconds."""
+    admin = await asyncpg.connect(cluster.admin_dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {quote_ident(PROCRASTINATE_DATABASE)}")
+    finally:
+        await admin.close()
+    dsn = cluster.dsn(PROCRASTINATE_DATABASE)
+    app = _procrastinate_app(dsn)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        task = app.tasks[NOOP_TASK]
+        began = time.perf_counter()
+        for start in range(0, jobs, DEFER_BATCH):
+            await task.batch_defer_async(*({} for _ in range(min(DEFER_BATCH, jobs - start))))
+        deferred_s = time.perf_counter() - began
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute("VACUUM ANALYZE")
+    finally:
+        await connection.close()
+    return deferred_s
+
+
+async def _procrastinate_done(dsn: str) -> dict[str, int]:
+    connection = await asyncpg.connect(dsn)
+    try:
+        rows = await connection.fetch(
+            "SELECT status::text, count(*) FROM procrastinate_jobs GROUP BY status"
+        )
+    finally:
+        await connection.close()
+    return {row[0]: row[1] for row in rows}
+
+
+def _psycopg_impl() -> str:
+    import psycopg
+
+    return str(psycopg.pq.__impl__)
+
+
+# Profiling --------------------------------------------------------------------------------
+
+
+def _enable_pg_stat_statements(cluster: PostgresCluster) -> None:
+    with (cluster.data_dir / "workshop.conf").open("a", encoding="utf-8") as conf:
+        conf.write(
+            "shared_preload_libraries = 'pg_stat_statements'\n"
+            "pg_stat_statements.track = all\n"
+            "pg_stat_statements.max = 2000\n"
+        )
+    cluster.restart()
+
+
+async def _statements_reset(dsn: str) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        await connection.execute("SELECT pg_stat_statements_reset()")
+    finally:
+        await connection.close()
+
+
+async def _statements_report(dsn: str, per: int, unit: str) -> None:
+    connection = await asyncpg.connect(dsn)
+    try:
+        rows = await connection.fetch(
+            "SELECT toplevel, calls, total_exec_time, shared_blks_dirtied, query "
+            "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database()) ORDER BY total_exec_time DESC LIMIT 40"
+        )
+    finally:
+        await connection.close()
+    say(f"  {'level':<6} {'calls':>8} {'total ms':>9} {'ms/call':>8} {'us/' + unit:>9}  statement")
+    for row in rows[:PROFILE_TOP]:
+        text = " ".join(str(row["query"]).split())
+        total = float(row["total_exec_time"])
+        say(
+            f"  {'top' if row['toplevel'] else 'nested':<6} {row['calls']:>8} {total:>9.0f} "
+            f"{total / max(row['calls'], 1):>8.3f} {total * 1000 / per:>9.1f}  {text[:90]}"
+        )
+
+
+@contextlib.contextmanager
+def _py_spy(pid: int, out: Path) -> Iterator[None]:
+    """Samples `pid` with py-spy (collapsed stacks) while the block runs, if installed."""
+    binary = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if binary is None:
+        say("  (py-spy is not installed: `pip install py-spy` for the coordinator's profile)")
+        yield
+        return
+    spy = subprocess.Popen(
+        [
+            binary,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            str(PYSPY_RATE),
+            "--format",
+            "raw",
+            "--nolineno",
+            "--nonblocking",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)  # attach before the release
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
+
+
+def _py_spy_report(path: Path, wall_s: float) -> None:
+    if not path.exists():
+        return
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [
+            _frame_name(frame)
+            for frame in stack.split(";")
+            if not frame.startswith(("process ", "thread "))
+        ]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    if not total:
+        return
+    busy = total / (wall_s * PYSPY_RATE)
+    say(
+        f"py-spy of the coordinator: {total} busy samples at {PYSPY_RATE} Hz over "
+        f"{wall_s:.1f} s (Python thread busy {busy:.0%} of the wall time)"
+    )
+    say(f"  inclusive (% of busy samples), top {PROFILE_TOP}, without frames on > 95 %:")
+    shown = 0
+    for name, count in inclusive.most_common():
+        if count / total > 0.95:
+            continue
+        say(f"    {count / total:6.1%}  {name}")
+        shown += 1
+        if shown == PROFILE_TOP:
+            break
+    say(f"  own time (% of busy samples), top {PROFILE_TOP}:")
+    for name, count in own.most_common(PROFILE_TOP):
+        say(f"    {count / total:6.1%}  {name}")
+
+
+def _frame_name(frame: str) -> str:
+    """'function (path/to/module.py)' -> 'function (module.py)'."""
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    parts = where.split("/")
+    short = "/".join(parts[-2:]) if len(parts) > 1 else where
+    return f"{name} ({short})"
+
+
+# Report -----------------------------------------------------------------------------------
+
+
+def _percentile_ms(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile, in milliseconds."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(fraction * len(ordered) + 0.5)))
+    return ordered[rank - 1] * 1000
+
+
+def _print_phases(phases: Sequence[Phase], procrastinate: Phase, label: str) -> None:
+    say()
+    say(
+        f"{'phase':<34} {'cycles':>7} {'wall s':>7} {'per s':>7} "
+        f"{'claim p50/p99 ms':>17} {'heartbeat p50/p99':>18} {'complete p50/p99':>17} "
+        f"{'empty':>6}"
+    )
+    for phase in phases:
+        say(
+            f"{phase.name:<34} {phase.cycles:>7,} {phase.wall_s:>7.2f} "
+            f"{phase.cycles / phase.wall_s:>7.0f} {_pair(phase.latencies('claim_s')):>17} "
+            f"{_pair(phase.latencies('heartbeat_s')):>18} "
+            f"{_pair(phase.latencies('complete_s')):>17} {phase.empty_claims:>6}"
+        )
+    say(
+        f"{label:<34} {procrastinate.cycles:>7,} {procrastinate.wall_s:>7.2f} "
+        f"{procrastinate.cycles / procrastinate.wall_s:>7.0f}"
+    )
+    say()
+    cores = os.cpu_count() or 1
+    say(f"CPU per cycle (per job for procrastinate), ms; busy = all CPU / ({cores} cores x wall)")
+    say(
+        f"{'phase':<34} {'coordinator':>11} {'postgres':>9} {'clients':>8} {'bench':>6} "
+        f"{'total':>6} {'busy':>5} {'other':>6} {'other busy':>10} {'CPU-bound /s':>12}"
+    )
+    for phase in [*phases, procrastinate]:
+        per = max(phase.cycles, 1)
+        other = phase.cpu["other"]
+        total = sum(phase.cpu.values()) - other
+        say(
+            f"{phase.name if phase is not procrastinate else label:<34} "
+            f"{phase.cpu['coordinator'] * 1000 / per:>11.2f} "
+            f"{phase.cpu['postgres'] * 1000 / per:>9.2f} "
+            f"{phase.cpu['clients'] * 1000 / per:>8.2f} {phase.cpu['bench'] * 1000 / per:>6.2f} "
+            f"{total * 1000 / per:>6.2f} {total / (cores * phase.wall_s):>5.0%} "
+            f"{other * 1000 / per:>6.2f} {other / (cores * phase.wall_s):>10.0%} "
+            f"{cores * per / total:>12.0f}"
+        )
+    say(
+        "other: CPU of processes this benchmark did not start; more than a few % means the "
+        "figures are not the machine's own."
+    )
+    say(
+        f"CPU-bound /s: {cores} cores / total CPU per cycle, the rate if every core did this "
+        "work alone (no idle, no other load)."
+    )
+
+
+def _cpu_per_unit(phase: Phase) -> float:
+    """CPU seconds per cycle (per job) that the benchmark's own processes used."""
+    return (sum(phase.cpu.values()) - phase.cpu["other"]) / max(phase.cycles, 1)
+
+
+def _other_share(phase: Phase) -> float:
+    return phase.cpu["other"] / ((os.cpu_count() or 1) * phase.wall_s)
+
+
+def _pair(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    return f"{_percentile_ms(values, 0.50):.1f} / {_percentile_ms(values, 0.99):.1f}"
+
+
+# Main -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    runs: int
+    latency_cycles: int
+    workers: int
+    concurrency: int
+    profile: bool
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.claim_cycle",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=RUNS,
+        help=f"runs of {JOBS_PER_RUN:,} jobs for the throughput phase, and jobs / "
+        f"{JOBS_PER_RUN:,} for procrastinate (default {RUNS}; a multiple of {RUNTIMES})",
+    )
+    parser.add_argument(
+        "--latency-cycles",
+        type=int,
+        default=LATENCY_CYCLES,
+        help=f"cycles per processor in the 100,000-queued phase (default {LATENCY_CYCLES})",
+    )
+    parser.add_argument(
+        "--procrastinate-processes", type=int, default=PROCESSORS, help="worker processes"
+    )
+    parser.add_argument(
+        "--procrastinate-concurrency", type=int, default=1, help="concurrency of each worker"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="pg_stat_statements for both queues and py-spy of the coordinator (slower)",
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    if args.runs < RUNTIMES or args.runs % RUNTIMES:
+        parser.error(f"--runs must be a positive multiple of {RUNTIMES}")
+    if args.latency_cycles < 1 or args.procrastinate_processes < 1:
+        parser.error("--latency-cycles and --procrastinate-processes must be at least 1")
+    if args.procrastinate_concurrency < 1:
+        parser.error("--procrastinate-concurrency must be at least 1")
+    options = Options(
+        runs=args.runs,
+        latency_cycles=args.latency_cycles,
+        workers=args.procrastinate_processes,
+        concurrency=args.procrastinate_concurrency,
+        profile=args.profile,
+    )
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with postgres_cluster() as cluster, tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+            say(
+                f"postgres: {cluster.bin_dir} on {cluster.host}:{cluster.port}, data in "
+                f"{cluster.data_dir} (initdb {TIMINGS.initdb_s:.2f} s, start "
+                f"{TIMINGS.start_s:.2f} s)"
+            )
+            if options.profile:
+                _enable_pg_stat_statements(cluster)
+            ratio, claim_p99 = _bench(cluster, Path(tmp), options)
+    except PostgresUnavailable as unavailable:
+        say(f"cannot start a private Postgres cluster: {unavailable}")
+        return 2
+    missed = ratio < TARGET_RATIO or claim_p99 > TARGET_CLAIM_P99_MS
+    return 1 if args.check and missed else 0
+
+
+def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float, float]:
+    dsn = create_migrated_database(cluster, DATABASE)
+    ctx = multiprocessing.get_context("spawn")
+    ready: Queue[int] = ctx.Queue()
+    go = ctx.Event()
+    reports: Queue[Report] = ctx.Queue()
+    env = {
+        "COORDINATOR_DATABASE_URL": dsn,
+        "COORDINATOR_HOST": "127.0.0.1",
+        "COORDINATOR_PORT": "0",
+        "COORDINATOR_DRAIN_SECONDS": "0",
+        "COORDINATOR_GRACE_SECONDS": "1",
+        "COORDINATOR_SCHEDULER_INTERVAL_SECONDS": "0",
+        "COORDINATOR_MAINTENANCE_INTERVAL_SECONDS": "0",
+    }
+    coordinator = ServiceProcess("services.coordinator", env, tmp / "coordinator.log")
+    try:
+        port = int(coordinator.wait_event("serving", timeout=READY_TIMEOUT_S)["port"])
+        say(f"coordinator: pid {coordinator.process.pid} on 127.0.0.1:{port}")
+        began = time.perf_counter()
+        world = _run(lambda: _prepare(dsn, port, "cycle", options.runs))
+        say(
+            f"setup: {RUNTIMES} runtimes, {JOBS_PER_RUN:,} recordings, {options.runs} runs x "
+            f"{JOBS_PER_RUN:,} jobs x {SLOTS_PER_JOB} slots queued "
+            f"({time.perf_counter() - began:.1f} s)"
+        )
+        phases: list[Phase] = []
+
+        def processor_args(expected: int, max_cycles: int) -> list[tuple[Any, ...]]:
+            completed: SynchronizedArray[int] = ctx.Array("q", RUNTIMES)
+            return [
+                (
+                    ProcessorConfig(
+                        index=index,
+                        target=f"127.0.0.1:{port}",
+                        secret=world.processor_secrets[index],
+                        runtime_id=world.runtimes[index % RUNTIMES],
+                        runtime_index=index % RUNTIMES,
+                        expected_jobs=expected,
+                        max_cycles=max_cycles,
+                    ),
+                    completed,
+                    ready,
+                    go,
+                    reports,
+                )
+                for index in range(PROCESSORS)
+            ]
+
+        if options.profile:
+            _run(lambda: _statements_reset(dsn))
+        spy_out = tmp / "coordinator.pyspy"
+        throughput = _run_children(
+            ctx,
+            f"throughput ({options.runs * JOBS_PER_RUN:,} queued)",
+            _processor_child,
+            processor_args(options.runs // RUNTIMES * JOBS_PER_RUN, 0),
+            cluster,
+            coordinator,
+            ready,
+            go,
+            reports,
+            during=(lambda: _py_spy(coordinator.process.pid, spy_out)) if options.profile else None,
+        )
+        phases.append(throughput)
+        _run(lambda: _check_committed(dsn, "cycle", options.runs * JOBS_PER_RUN))
+        say(f"throughput: {throughput.cycles:,} cycles in {throughput.wall_s:.2f} s")
+        if options.profile:
+            say()
+            say(f"pg_stat_statements, workshop, throughput phase ({throughput.cycles:,} cycles):")
+            _run(lambda: _statements_report(dsn, throughput.cycles, "cycle"))
+            say()
+            _py_spy_report(spy_out, throughput.wall_s)
+
+        latency_runs = QUEUED_FOR_LATENCY // JOBS_PER_RUN
+        began = time.perf_counter()
+        _run(lambda: _prepare_more(dsn, port, world, "queue", latency_runs))
+        say(
+            f"setup: {latency_runs} more runs, {latency_runs * JOBS_PER_RUN:,} jobs queued "
+            f"({time.perf_counter() - began:.1f} s)"
+        )
+        latency = _run_children(
+            ctx,
+            f"latency ({latency_runs * JOBS_PER_RUN:,} queued)",
+            _processor_child,
+            processor_args(0, options.latency_cycles),
+            cluster,
+            coordinator,
+            ready,
+            go,
+            reports,
+        )
+        phases.append(latency)
+        say(f"latency: {latency.cycles:,} cycles in {latency.wall_s:.2f} s")
+    finally:
+        code = coordinator.stop()
+        if code not in (0, -signal.SIGTERM):
+            say(f"coordinator exited {code}:\n{coordinator.log_tail()}")
+
+    deferred_s = _run(lambda: _procrastinate_prepare(cluster, options.runs * JOBS_PER_RUN))
+    procrastinate_dsn = cluster.dsn(PROCRASTINATE_DATABASE)
+    say(
+        f"procrastinate: {options.runs * JOBS_PER_RUN:,} jobs deferred in {deferred_s:.1f} s "
+        f"(psycopg implementation: {_psycopg_impl()})"
+    )
+    if options.profile:
+        _run(lambda: _statements_reset(procrastinate_dsn))
+    label = f"procrastinate ({options.workers} x concurrency {options.concurrency})"
+    worked = _run_children(
+        ctx,
+        label,
+        _worker_child,
+        [
+            (WorkerConfig(index, procrastinate_dsn, options.concurrency), ready, go, reports)
+            for index in range(options.workers)
+        ],
+        cluster,
+        None,
+        ready,
+        go,
+        reports,
+    )
+    statuses = _run(lambda: _procrastinate_done(procrastinate_dsn))
+    done = statuses.get("succeeded", 0)
+    if done != options.runs * JOBS_PER_RUN:
+        raise AssertionError(
+            f"procrastinate: {statuses}, expected {options.runs * JOBS_PER_RUN} done"
+        )
+    worked = dataclasses.replace(worked, reports=[*worked.reports, Report(-1, cycles=done)])
+    if options.profile:
+        say()
+        say(f"pg_stat_statements, procrastinate ({done:,} jobs):")
+        _run(lambda: _statements_report(procrastinate_dsn, done, "job"))
+
+    _print_phases(phases, worked, label)
+    cycles_per_s = throughput.cycles / throughput.wall_s
+    jobs_per_s = done / worked.wall_s
+    ratio = cycles_per_s / jobs_per_s
+    claim_p99 = _percentile_ms(latency.latencies("claim_s"), 0.99)
+    say()
+    # The same comparison on CPU per cycle, which other load on the machine disturbs less.
+    cpu_ratio = _cpu_per_unit(worked) / _cpu_per_unit(throughput)
+    say(f"ratio on CPU per cycle (procrastinate's per job / ours): {cpu_ratio:.2f}")
+    loaded = [phase for phase in (*phases, worked) if _other_share(phase) > OTHER_LOAD_WARNING]
+    if loaded:
+        say(
+            "WARNING: other processes used "
+            + ", ".join(f"{_other_share(phase):.0%} ({phase.name})" for phase in loaded)
+            + " of the machine: the rates below are not this machine's own"
+        )
+    say(
+        f"targets: ratio >= {TARGET_RATIO:.1f}: {ratio:.2f} "
+        f"{'met' if ratio >= TARGET_RATIO else 'MISSED'}; claim p99 <= "
+        f"{TARGET_CLAIM_P99_MS:.0f} ms at {QUEUED_FOR_LATENCY:,} queued: {claim_p99:.1f} ms "
+        f"{'met' if claim_p99 <= TARGET_CLAIM_P99_MS else 'MISSED'}"
+    )
+    say(
+        f"RESULT claim_cycles_per_s={cycles_per_s:.0f} procrastinate_jobs_per_s={jobs_per_s:.0f} "
+        f"ratio={ratio:.2f} claim_p99_ms={claim_p99:.1f}"
+    )
+    return ratio, claim_p99
+
+
+async def _prepare(dsn: str, port: int, prefix: str, runs: int) -> World:
+    async with _client(dsn, port) as c:
+        world = await _set_up(c)
+        await _create_runs(c, world, prefix, runs)
+        return world
+
+
+async def _prepare_more(dsn: str, port: int, world: World, prefix: str, runs: int) -> None:
+    async with _client(dsn, port) as c:
+        await _create_runs(c, world, prefix, runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
