@@ -196,3 +196,46 @@ def run_request(
     if image_limit is not None:
         request.image_limit = image_limit
     return request
+
+
+RECORDING_COLUMNS = (
+    "recording_id",
+    "camera_id",
+    "generation",
+    "start_at",
+    "end_at",
+    "fps",
+    "object_key",
+    "sha256",
+    "byte_size",
+    "put_at",
+    "expires_at",
+)
+
+
+async def copy_recordings(
+    c: CoordinatorHarness, spans: Sequence[tuple[str, str, datetime, datetime]]
+) -> None:
+    """Many recordings at once, straight into the table (set-up for scale tests and
+    benchmarks; PutRecording is what operators use): (recording id, camera, start, end)."""
+    now = c.clock.now()
+    records = [
+        (
+            recording_id,
+            camera,
+            1,
+            start,
+            end,
+            30.0,
+            f"recordings/{recording_id}.mp4",
+            "0" * 64,
+            1000,
+            now,
+            now + timedelta(days=40),
+        )
+        for recording_id, camera, start, end in spans
+    ]
+    async with c.db.connection() as connection:
+        await connection.copy_records_to_table(
+            "recordings", columns=list(RECORDING_COLUMNS), records=records
+        )

@@ -34,8 +34,6 @@ import dataclasses
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,10 +41,7 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import FrozenClock
-from services.coordinator.db import Database
 from services.coordinator.maintenance import MAX_LAPSES, Maintenance, Pass
 from services.coordinator.results import result_digest
 from tests.coordinator_leases import complete_request, empty_result
@@ -54,22 +49,17 @@ from tests.coordinator_world import (
     CODE,
     DAY,
     build_world,
+    copy_recordings,
     error_reason,
     run_request,
     save_workflow,
     workflow_spec,
 )
-from tests.harness.coordinator import EPOCH, CoordinatorHarness
+from tests.harness.coordinator import EPOCH, CoordinatorHarness, running_coordinator
 from workshop.kit.auth import bearer_metadata
-from workshop.kit.channels import open_channel
-from workshop.kit.server import Server, ServerSettings
 from workshop.v1 import (
     common_pb2,
     jobs_pb2,
-    jobs_pb2_grpc,
-    operator_pb2_grpc,
-    publication_pb2_grpc,
-    workshop_pb2_grpc,
 )
 
 pytestmark = pytest.mark.slow
@@ -95,6 +85,9 @@ P_RETRY = 0.03  # before a claim: Complete again under a lease that committed (i
 FENCED = {"LEASE_MISMATCH", "JOB_FINISHED"}
 Metadata = tuple[tuple[str, str], ...]
 Row = dict[str, Any]  # a fetched row, as a plain dict
+
+
+MINUTE = timedelta(minutes=1)
 
 
 @dataclasses.dataclass
@@ -150,78 +143,19 @@ def _fence_reason(error: grpc.aio.AioRpcError) -> str:
     return reason
 
 
-@asynccontextmanager
-async def _coordinator(dsn: str) -> AsyncIterator[CoordinatorHarness]:
-    """Like tests.harness.coordinator.running_coordinator, with a pool for 16 claimers."""
-    clock = FrozenClock(EPOCH)
-    async with Database.open(dsn, size=POOL_SIZE) as db:
-        server = Server(
-            label="coordinator-concurrency",
-            settings=ServerSettings(port=0, drain_seconds=0.0, grace_seconds=1.0),
-            services=build(db, clock, job_capacity=1_000_000).services,
-        )
-        port = await server.start()
-        channel = open_channel(f"127.0.0.1:{port}", max_attempts=1)
-        try:
-            harness = CoordinatorHarness(
-                db=db,
-                clock=clock,
-                port=port,
-                channel=channel,
-                operator=operator_pb2_grpc.OperatorServiceStub(channel),
-                workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
-                jobs=jobs_pb2_grpc.JobServiceStub(channel),
-                publication=publication_pb2_grpc.PublicationServiceStub(channel),
-                admin=(),
-            )
-            harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
-            yield harness
-        finally:
-            await channel.close()
-            await server.stop()
-
-
 async def _create_run(c: CoordinatorHarness) -> str:
     """A full run of JOBS one-slot jobs (one-minute recordings, 60 s slots); its runtime."""
     world = await build_world(c, recordings_per_camera=0)
-    now = c.clock.now()
     per_camera = JOBS // len(CAMERAS)
     start = DAY + timedelta(hours=WINDOW[0])
-    records = [
-        (
-            f"{camera}-{i}",
-            camera,
-            1,
-            start + timedelta(minutes=i),
-            start + timedelta(minutes=i + 1),
-            30.0,
-            f"recordings/{camera}-{i}.mp4",
-            "0" * 64,
-            1000,
-            now,
-            now + timedelta(days=40),
-        )
-        for camera in CAMERAS
-        for i in range(per_camera)
-    ]
-    async with c.db.connection() as connection:
-        await connection.copy_records_to_table(
-            "recordings",
-            columns=[
-                "recording_id",
-                "camera_id",
-                "generation",
-                "start_at",
-                "end_at",
-                "fps",
-                "object_key",
-                "sha256",
-                "byte_size",
-                "put_at",
-                "expires_at",
-            ],
-            records=records,
-        )
+    await copy_recordings(
+        c,
+        [
+            (f"{camera}-{i}", camera, start + i * MINUTE, start + (i + 1) * MINUTE)
+            for camera in CAMERAS
+            for i in range(per_camera)
+        ],
+    )
     await save_workflow(c, "yard", workflow_spec(cameras=CAMERAS, interval=60, window=WINDOW))
     created = await c.workshop.CreateRun(
         run_request("r1", "yard", world.tracking_runtime, mode=common_pb2.RUN_MODE_FULL),
@@ -552,7 +486,7 @@ def _check_leases(log: Log, jobs: dict[int, Row], receipts: dict[int, Row]) -> N
 
 async def test_claimers_crashes_and_time(pg_dsn: str) -> None:
     started = time.perf_counter()
-    async with _coordinator(pg_dsn) as c:
+    async with running_coordinator(pg_dsn, pool_size=POOL_SIZE) as c:
         runtime = await _create_run(c)
         key = bearer_metadata(
             await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="processor")

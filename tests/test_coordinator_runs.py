@@ -16,6 +16,7 @@ from tests.coordinator_world import (
     DAY,
     World,
     build_world,
+    copy_recordings,
     error_reason,
     put_recording,
     run_request,
@@ -335,39 +336,13 @@ async def test_too_many_slots(coordinator: CoordinatorHarness, world: World) -> 
 async def test_too_many_jobs(coordinator: CoordinatorHarness, world: World) -> None:
     c = coordinator
     start = DAY + timedelta(hours=12)
-    async with c.db.connection() as connection:
-        await connection.copy_records_to_table(
-            "recordings",
-            columns=[
-                "recording_id",
-                "camera_id",
-                "generation",
-                "start_at",
-                "end_at",
-                "fps",
-                "object_key",
-                "sha256",
-                "byte_size",
-                "put_at",
-                "expires_at",
-            ],
-            records=[
-                (
-                    f"many-{i}",
-                    "cam-b",
-                    1,
-                    start + timedelta(seconds=i),
-                    start + timedelta(seconds=i + 1),
-                    30.0,
-                    f"k{i}",
-                    "0" * 64,
-                    1,
-                    c.clock.now(),
-                    c.clock.now() + timedelta(days=40),
-                )
-                for i in range(10_001)
-            ],
-        )
+    await copy_recordings(
+        c,
+        [
+            (f"many-{i}", "cam-b", start + timedelta(seconds=i), start + timedelta(seconds=i + 1))
+            for i in range(10_001)
+        ],
+    )
     await save_workflow(c, "many", workflow_spec(cameras=["cam-b"], interval=1, window=(12, 18)))
     code, reason, _, message = await _refused(
         c, run_request("r1", "many", world.tracking_runtime, mode=FULL)

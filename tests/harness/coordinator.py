@@ -56,10 +56,10 @@ StartCoordinator = Callable[..., Awaitable[CoordinatorHarness]]
 
 @asynccontextmanager
 async def running_coordinator(
-    dsn: str, *, clock: Clock | None = None, job_capacity: int = 1_000_000
+    dsn: str, *, clock: Clock | None = None, job_capacity: int = 1_000_000, pool_size: int = 4
 ) -> AsyncIterator[CoordinatorHarness]:
     clock = clock or FrozenClock(EPOCH)
-    async with Database.open(dsn, size=4) as db:
+    async with Database.open(dsn, size=pool_size) as db:
         coordinator = build(db, clock, job_capacity=job_capacity)
         server = Server(
             label="coordinator-test",
