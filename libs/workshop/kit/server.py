@@ -28,6 +28,7 @@ from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_p
 
 from workshop.kit.interceptors import ErrorMappingInterceptor
 from workshop.kit.settings import setting
+from workshop.kit.telemetry import tracing_enabled
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +90,7 @@ class Server:
     async def start(self) -> int:
         """Bind, start, mark every service SERVING and start the workers; returns the port."""
         server = grpc.aio.server(
-            # The error mapper is outermost so it sees what tracing re-raises.
-            # Tracing skips health and reflection: probes are noise, and their
-            # write-style streams are not what the OTel aio wrapper expects.
-            interceptors=[
-                ErrorMappingInterceptor(),
-                aio_server_interceptor(filter_=negate(_infrastructure_call)),  # type: ignore[no-untyped-call]
-            ],
+            interceptors=_interceptors(),
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
@@ -131,6 +126,18 @@ class Server:
         await server.stop(self.settings.grace_seconds)
         while self._started_workers:
             await self._started_workers.pop().stop()
+
+
+def _interceptors() -> list[grpc.aio.ServerInterceptor]:
+    """The error mapper, outermost so it sees what tracing re-raises; then tracing, when a
+    tracer provider is configured. Tracing skips health and reflection: probes are noise,
+    and their write-style streams are not what the OTel aio wrapper expects."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
+    if tracing_enabled():
+        interceptors.append(
+            aio_server_interceptor(filter_=negate(_infrastructure_call))  # type: ignore[no-untyped-call]
+        )
+    return interceptors
 
 
 def announce(label: str, **fields: object) -> None:

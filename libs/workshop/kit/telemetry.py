@@ -35,3 +35,13 @@ def configure_tracing(service: str) -> None:
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     trace.set_tracer_provider(provider)
+
+
+def tracing_enabled() -> bool:
+    """Whether a real tracer provider is installed (ours, or opentelemetry-instrument's).
+
+    Without one every span is a no-op, so servers skip the tracing interceptor and
+    its per-call cost altogether.
+    """
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
