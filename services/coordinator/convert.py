@@ -38,10 +38,16 @@ def opt_ts(value: datetime | None) -> Timestamp | None:
     return None if value is None else ts(value)
 
 
-def from_ts(field: str, stamp: Timestamp, *, required: bool = True) -> datetime | None:
+def from_ts(field: str, stamp: Timestamp) -> datetime:
+    """A required instant of a request; INVALID_ARGUMENT naming the field when unset."""
     if stamp.seconds == 0 and stamp.nanos == 0:
-        if required:
-            raise InvalidField(f"{field} is required.")
+        raise InvalidField(f"{field} is required.")
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def from_optional_ts(stamp: Timestamp | None) -> datetime | None:
+    """An optional instant: None when absent or unset."""
+    if stamp is None or (stamp.seconds == 0 and stamp.nanos == 0):
         return None
     return stamp.ToDatetime(tzinfo=UTC)
 

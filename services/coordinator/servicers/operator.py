@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC
 
 from services.coordinator import convert
 from services.coordinator.errors import InvalidField
@@ -99,8 +99,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             who,
             recording_id=request.recording_id,
             camera_id=request.camera_id,
-            start=_required(convert.from_ts("start", request.start)),
-            end=_required(convert.from_ts("end", request.end)),
+            start=convert.from_ts("start", request.start),
+            end=convert.from_ts("end", request.end),
             fps=request.fps,
             object_key=request.object_key,
             sha256=request.sha256,
@@ -122,8 +122,12 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         rows = await self.api.list_recordings(
             await self.who(context),
             camera_id=request.camera_id,
-            overlaps_from=_optional_ts(request, "overlaps_from"),
-            overlaps_until=_optional_ts(request, "overlaps_until"),
+            overlaps_from=convert.from_optional_ts(
+                request.overlaps_from if request.HasField("overlaps_from") else None
+            ),
+            overlaps_until=convert.from_optional_ts(
+                request.overlaps_until if request.HasField("overlaps_until") else None
+            ),
             after=after,
             limit=limit,
         )
@@ -274,14 +278,3 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         to = request.to.ToDatetime(tzinfo=UTC) if target == "to" else None
         now = self.api.advance_clock(who, by, to)
         return pb.AdvanceClockResponse(now=convert.ts(now))
-
-
-def _required(value: datetime | None) -> datetime:
-    assert value is not None  # from_ts(required=True) raised already
-    return value
-
-
-def _optional_ts(request: pb.ListRecordingsRequest, field: str) -> datetime | None:
-    if not request.HasField(field):  # type: ignore[arg-type]
-        return None
-    return convert.from_ts(field, getattr(request, field), required=False)

@@ -88,7 +88,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             slot=request.slot_index,
             sha256=request.sha256,
             byte_size=request.byte_size,
-            frame_time=convert.from_ts("frame_time", request.frame_time),  # type: ignore[arg-type]
+            frame_time=convert.from_ts("frame_time", request.frame_time),
             boxes=[
                 json_format.MessageToDict(box, preserving_proto_field_name=True)
                 for box in request.boxes

@@ -329,7 +329,6 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self, request: pb.RequestPhotoRequest, context: Context
     ) -> pb.RequestPhotoResponse:
         moment = convert.from_ts("time", request.time)
-        assert moment is not None  # from_ts refuses a missing time
         view, created = await self.photos.request(
             await self.who(context), request.camera_id, moment
         )
