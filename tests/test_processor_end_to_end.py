@@ -183,3 +183,57 @@ async def test_a_run_labels_every_sampled_frame_like_the_ground_truth(
         assert all(image.source == 2 for image in images)  # bucket items replaced previews
     else:
         assert run.counts.previews_published == 20
+
+
+async def test_a_recording_shorter_than_its_slots_fails_the_job(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    processor: Processor,
+    tmp_path: Path,
+) -> None:
+    """cam-a's file holds 5 s of footage though the recording says 20 s: the job fails with
+    processor_failed and the decoder's reason; cam-b's job completes."""
+    c = coordinator
+    runtime_id, model, scenes = await _world(c, preview, triton_server, tmp_path)
+    short = tmp_path / "short.vp9"
+    write_recording(short, scenes["cam-a"], seconds=5, fps=10, codec="vp9")
+    data = short.read_bytes()
+    client = preview.bucket.server.client()
+    await asyncio.to_thread(client.fput_object, preview.bucket.name, "recordings/short", str(short))
+    await c.operator.PutRecording(
+        op.PutRecordingRequest(
+            recording_id="cam-a-0",
+            camera_id="cam-a",
+            start=stamp(START),
+            end=stamp(START + timedelta(seconds=SECONDS)),
+            fps=10,
+            object_key="recordings/short",
+            sha256=hashlib.sha256(data).hexdigest(),
+            byte_size=len(data),
+        ),
+        metadata=c.admin,
+    )
+    spec = workflow_spec(cameras=list(CAMERAS), interval=2, window=(8, 9))
+    spec.graph.steps[2].model.model_name = model
+    await save_workflow(c, "yard", spec)
+    await c.workshop.CreateRun(
+        ws.CreateRunRequest(
+            run_id="r1",
+            workflow_id="yard",
+            runtime_id=runtime_id,
+            revision=1,
+            mode=common_pb2.RUN_MODE_TEST,
+            image_limit=20,
+        ),
+        metadata=c.admin,
+    )
+    processor.runtime_id = runtime_id
+    await processor.start()
+    detail = (await _finished(c, "r1")).detail
+    assert detail.run.status == common_pb2.RUN_STATUS_FAILED
+    failed = {job.camera_id: job for job in detail.jobs}
+    assert failed["cam-a"].state == common_pb2.JOB_STATE_FAILED
+    assert failed["cam-a"].failure_reason == common_pb2.FAILURE_REASON_PROCESSOR_FAILED
+    assert "before the last slot starts" in failed["cam-a"].failure_message
+    assert failed["cam-b"].state == common_pb2.JOB_STATE_COMPLETED

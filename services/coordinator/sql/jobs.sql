@@ -86,8 +86,9 @@ JOIN runs r ON r.run_id = so.run_id
 WHERE so.run_id = $1 AND so.item_id = $2 AND so.kind = 'preview'
   AND so.published_at IS NOT NULL AND so.deleted_at IS NULL
 UNION ALL
-SELECT 'item', bi.object_key, 'image/jpeg', bi.boxes, bi.frame_time, bi.camera_id, bi.sha256,
-       NULL, r.expires_at
+SELECT 'item', bi.object_key, upload.content_type, bi.boxes, bi.frame_time, bi.camera_id,
+       bi.sha256, NULL, r.expires_at
 FROM bucket_items bi
 JOIN runs r ON r.run_id = bi.run_id
+JOIN staged_objects upload ON upload.object_key = bi.object_key
 WHERE bi.run_id = $1 AND bi.item_id = $2;
