@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import logging
 import multiprocessing
 import os
@@ -73,13 +72,17 @@ import asyncpg
 from procrastinate import App, PsycopgConnector
 
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import SystemClock
-from services.coordinator.db import Database
-from services.coordinator.operator_api import RECORDING_RETENTION
 from services.coordinator.results import result_digest
 from tests.coordinator_leases import empty_result
-from tests.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness
+from tests.coordinator_world import (
+    CODE,
+    build_world,
+    copy_recordings,
+    run_request,
+    save_workflow,
+    workflow_spec,
+)
+from tests.harness.coordinator import CoordinatorHarness, coordinator_client
 from tests.harness.postgres import (
     TIMINGS,
     PostgresCluster,
@@ -95,9 +98,6 @@ from workshop.v1 import (
     common_pb2,
     jobs_pb2,
     jobs_pb2_grpc,
-    operator_pb2_grpc,
-    publication_pb2_grpc,
-    workshop_pb2_grpc,
 )
 from workshop.v1 import operator_pb2 as op
 
@@ -111,6 +111,7 @@ RECORDINGS_PER_CAMERA = 20  # one-hour recordings from 02:00: 1,000 per run
 FIRST_RECORDING_HOUR = 2
 WINDOW_HOURS = (1, 23)
 INTERVAL_SECONDS = 60
+RECORDING_BYTES = 1_500_000_000  # an hour of camera footage, roughly
 RECORDING_LENGTH = timedelta(hours=1)
 JOBS_PER_RUN = CAMERAS * RECORDINGS_PER_CAMERA
 SLOTS_PER_JOB = int(RECORDING_LENGTH.total_seconds()) // INTERVAL_SECONDS
@@ -525,29 +526,6 @@ class World:
     processor_secrets: list[str]
 
 
-@contextlib.asynccontextmanager
-async def _client(dsn: str, port: int) -> Any:
-    """A CoordinatorHarness on the coordinator process, so the test builders work on it."""
-    async with Database.open(dsn, size=2) as db:
-        channel = open_channel(f"127.0.0.1:{port}")
-        try:
-            harness = CoordinatorHarness(
-                db=db,
-                clock=SystemClock(),
-                port=port,
-                channel=channel,
-                operator=operator_pb2_grpc.OperatorServiceStub(channel),
-                workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
-                jobs=jobs_pb2_grpc.JobServiceStub(channel),
-                publication=publication_pb2_grpc.PublicationServiceStub(channel),
-                admin=(),
-            )
-            harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
-            yield harness
-        finally:
-            await channel.close()
-
-
 async def _set_up(c: CoordinatorHarness) -> World:
     """gpu-box with 4 runtimes, 50 cameras, 1,000 recordings, the workflow, 8 keys."""
     built = await build_world(c, recordings_per_camera=0)
@@ -568,44 +546,16 @@ async def _set_up(c: CoordinatorHarness) -> World:
         await c.operator.PutCamera(op.PutCameraRequest(camera_id=camera), metadata=c.admin)
     now = c.clock.now()
     day = datetime(now.year, now.month, now.day, tzinfo=UTC) - timedelta(days=1)
-    rows: list[tuple[Any, ...]] = []
-    for camera in cameras:
-        for hour in range(FIRST_RECORDING_HOUR, FIRST_RECORDING_HOUR + RECORDINGS_PER_CAMERA):
-            recording_id = f"{camera}-h{hour:02d}"
-            start = day + timedelta(hours=hour)
-            rows.append(
-                (
-                    recording_id,
-                    camera,
-                    1,
-                    start,
-                    start + RECORDING_LENGTH,
-                    30.0,
-                    f"recordings/{recording_id}.mp4",
-                    hashlib.sha256(recording_id.encode()).hexdigest(),
-                    1_500_000_000,
-                    now,
-                    now + RECORDING_RETENTION,
-                )
-            )
-    async with c.db.connection() as connection:
-        await connection.copy_records_to_table(
-            "recordings",
-            records=rows,
-            columns=[
-                "recording_id",
-                "camera_id",
-                "generation",
-                "start_at",
-                "end_at",
-                "fps",
-                "object_key",
-                "sha256",
-                "byte_size",
-                "put_at",
-                "expires_at",
-            ],
-        )
+    await copy_recordings(
+        c,
+        [
+            (f"{camera}-h{hour:02d}", camera, start, start + RECORDING_LENGTH)
+            for camera in cameras
+            for hour in range(FIRST_RECORDING_HOUR, FIRST_RECORDING_HOUR + RECORDINGS_PER_CAMERA)
+            for start in [day + timedelta(hours=hour)]
+        ],
+        byte_size=RECORDING_BYTES,
+    )
     spec = workflow_spec(
         cameras=cameras,
         interval=INTERVAL_SECONDS,
@@ -1144,14 +1094,14 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
 
 
 async def _prepare(dsn: str, port: int, prefix: str, runs: int) -> World:
-    async with _client(dsn, port) as c:
+    async with coordinator_client(dsn, port) as c:
         world = await _set_up(c)
         await _create_runs(c, world, prefix, runs)
         return world
 
 
 async def _prepare_more(dsn: str, port: int, world: World, prefix: str, runs: int) -> None:
-    async with _client(dsn, port) as c:
+    async with coordinator_client(dsn, port) as c:
         await _create_runs(c, world, prefix, runs)
 
 

@@ -60,10 +60,8 @@ import urllib3
 from minio import Minio
 
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import SystemClock
-from services.coordinator.db import Database
 from tests.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness, running_coordinator
+from tests.harness.coordinator import CoordinatorHarness, coordinator_client, running_coordinator
 from tests.harness.postgres import (
     TIMINGS,
     PostgresCluster,
@@ -80,11 +78,7 @@ from workshop.kit.hashing import sha256_hex
 from workshop.v1 import (
     common_pb2,
     jobs_pb2,
-    jobs_pb2_grpc,
-    operator_pb2_grpc,
     preview_pb2_grpc,
-    publication_pb2_grpc,
-    workshop_pb2_grpc,
 )
 from workshop.v1 import publication_pb2 as pub
 
@@ -248,7 +242,7 @@ async def _separate_services(dsn: str, s3: S3Server, scratch: Path) -> AsyncIter
         scratch / "coordinator.log",
         ready_timeout=READY_TIMEOUT_S,
     ) as (coordinator, serving):
-        async with _coordinator_client(dsn, int(serving["port"])) as c:
+        async with coordinator_client(dsn, int(serving["port"])) as c:
             preview_env = {
                 **common,
                 "S3_ENDPOINT": s3.endpoint,
@@ -278,29 +272,6 @@ async def _separate_services(dsn: str, s3: S3Server, scratch: Path) -> AsyncIter
                     )
                 finally:
                     await channel.close()
-
-
-@contextlib.asynccontextmanager
-async def _coordinator_client(dsn: str, port: int) -> AsyncIterator[CoordinatorHarness]:
-    """A CoordinatorHarness on the coordinator process, so the test builders work on it."""
-    async with Database.open(dsn, size=2) as db:
-        channel = open_channel(f"127.0.0.1:{port}")
-        try:
-            harness = CoordinatorHarness(
-                db=db,
-                clock=SystemClock(),
-                port=port,
-                channel=channel,
-                operator=operator_pb2_grpc.OperatorServiceStub(channel),
-                workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
-                jobs=jobs_pb2_grpc.JobServiceStub(channel),
-                publication=publication_pb2_grpc.PublicationServiceStub(channel),
-                admin=(),
-            )
-            harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
-            yield harness
-        finally:
-            await channel.close()
 
 
 async def _set_up(

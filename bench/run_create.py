@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import cProfile
 import dataclasses
-import hashlib
 import io
 import pstats
 import signal
@@ -45,10 +44,16 @@ from typing import Any
 from services.coordinator import queries
 from services.coordinator.auth import Grant, Principal, ScopeName
 from services.coordinator.db import Database
-from services.coordinator.operator_api import RECORDING_RETENTION
 from services.coordinator.workshop_api import WorkshopApi
 from services.coordinator.workshop_api import run_request as api_run_request
-from tests.coordinator_world import DAY, build_world, run_request, save_workflow, workflow_spec
+from tests.coordinator_world import (
+    DAY,
+    build_world,
+    copy_recordings,
+    run_request,
+    save_workflow,
+    workflow_spec,
+)
 from tests.harness.coordinator import CoordinatorHarness, running_coordinator
 from tests.harness.postgres import (
     TIMINGS,
@@ -65,6 +70,7 @@ RECORDINGS_PER_CAMERA = 20
 FIRST_RECORDING_HOUR = 2  # recordings start on the hour: 02:00 ... 21:00
 WINDOW_HOURS = (1, 23)  # the workflow's window; the slot grid starts at 01:00
 INTERVAL_SECONDS = 60
+RECORDING_BYTES = 1_500_000_000  # an hour of camera footage, roughly
 RECORDING_LENGTH = timedelta(hours=1)
 RECORDINGS = CAMERAS * RECORDINGS_PER_CAMERA
 SLOTS_PER_RECORDING = int(RECORDING_LENGTH.total_seconds()) // INTERVAL_SECONDS
@@ -166,46 +172,17 @@ async def _set_up(c: CoordinatorHarness) -> str:
     cameras = [f"cam-{index:03d}" for index in range(CAMERAS)]
     for camera in cameras:
         await c.operator.PutCamera(op.PutCameraRequest(camera_id=camera), metadata=c.admin)
-    now = c.clock.now()
-    rows: list[tuple[Any, ...]] = []
-    for camera in cameras:
-        for hour in range(FIRST_RECORDING_HOUR, FIRST_RECORDING_HOUR + RECORDINGS_PER_CAMERA):
-            recording_id = f"{camera}-h{hour:02d}"
-            start = DAY + timedelta(hours=hour)
-            # What PutRecording writes for a first put (generation 1).
-            rows.append(
-                (
-                    recording_id,
-                    camera,
-                    1,
-                    start,
-                    start + RECORDING_LENGTH,
-                    30.0,
-                    f"recordings/{recording_id}.mp4",
-                    hashlib.sha256(recording_id.encode()).hexdigest(),
-                    1_500_000_000,
-                    now,
-                    now + RECORDING_RETENTION,
-                )
-            )
+    await copy_recordings(
+        c,
+        [
+            (f"{camera}-h{hour:02d}", camera, start, start + RECORDING_LENGTH)
+            for camera in cameras
+            for hour in range(FIRST_RECORDING_HOUR, FIRST_RECORDING_HOUR + RECORDINGS_PER_CAMERA)
+            for start in [DAY + timedelta(hours=hour)]
+        ],
+        byte_size=RECORDING_BYTES,
+    )
     async with c.db.connection() as connection:
-        await connection.copy_records_to_table(
-            "recordings",
-            records=rows,
-            columns=[
-                "recording_id",
-                "camera_id",
-                "generation",
-                "start_at",
-                "end_at",
-                "fps",
-                "object_key",
-                "sha256",
-                "byte_size",
-                "put_at",
-                "expires_at",
-            ],
-        )
         await connection.execute("VACUUM ANALYZE")
     spec = workflow_spec(cameras=cameras, interval=INTERVAL_SECONDS, window=WINDOW_HOURS)
     await save_workflow(c, WORKFLOW_ID, spec)

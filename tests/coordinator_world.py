@@ -13,6 +13,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from services.coordinator.operator_api import RECORDING_RETENTION
 from tests.harness.coordinator import CoordinatorHarness
 from workshop.v1 import common_pb2, workflow_pb2
 from workshop.v1 import operator_pb2 as op
@@ -214,10 +215,14 @@ RECORDING_COLUMNS = (
 
 
 async def copy_recordings(
-    c: CoordinatorHarness, spans: Sequence[tuple[str, str, datetime, datetime]]
+    c: CoordinatorHarness,
+    spans: Sequence[tuple[str, str, datetime, datetime]],
+    *,
+    byte_size: int = 1000,
 ) -> None:
     """Many recordings at once, straight into the table (set-up for scale tests and
-    benchmarks; PutRecording is what operators use): (recording id, camera, start, end)."""
+    benchmarks; PutRecording is what operators use): (recording id, camera, start, end),
+    each as a first put would write it (generation 1, 40-day retention)."""
     now = c.clock.now()
     records = [
         (
@@ -228,10 +233,10 @@ async def copy_recordings(
             end,
             30.0,
             f"recordings/{recording_id}.mp4",
-            "0" * 64,
-            1000,
+            hashlib.sha256(recording_id.encode()).hexdigest(),
+            byte_size,
             now,
-            now + timedelta(days=40),
+            now + RECORDING_RETENTION,
         )
         for recording_id, camera, start, end in spans
     ]

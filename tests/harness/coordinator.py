@@ -16,7 +16,7 @@ import pytest
 
 from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import Clock, FrozenClock
+from services.coordinator.clock import Clock, FrozenClock, SystemClock
 from services.coordinator.db import Database
 from services.coordinator.operator_api import insert_key
 from workshop.kit.auth import bearer_metadata
@@ -68,24 +68,43 @@ async def running_coordinator(
             workers=coordinator.workers,  # run events only: no scheduler or maintenance loop
         )
         port = await server.start()
-        channel = open_channel(f"127.0.0.1:{port}", max_attempts=1)
         try:
-            harness = CoordinatorHarness(
-                db=db,
-                clock=clock,
-                port=port,
-                channel=channel,
-                operator=operator_pb2_grpc.OperatorServiceStub(channel),
-                workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
-                jobs=jobs_pb2_grpc.JobServiceStub(channel),
-                publication=publication_pb2_grpc.PublicationServiceStub(channel),
-                admin=(),
-            )
-            harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
-            yield harness
+            async with _harness(db, clock, port, max_attempts=1) as harness:
+                yield harness
         finally:
-            await channel.close()
             await server.stop()
+
+
+@asynccontextmanager
+async def coordinator_client(dsn: str, port: int) -> AsyncIterator[CoordinatorHarness]:
+    """A CoordinatorHarness on a coordinator running in another process (benchmarks), so
+    the test builders work against it."""
+    async with Database.open(dsn, size=2) as db, _harness(db, SystemClock(), port) as harness:
+        yield harness
+
+
+@asynccontextmanager
+async def _harness(
+    db: Database, clock: Clock, port: int, *, max_attempts: int = 5
+) -> AsyncIterator[CoordinatorHarness]:
+    """Stubs on a channel to `port` and a fresh admin key; closes the channel."""
+    channel = open_channel(f"127.0.0.1:{port}", max_attempts=max_attempts)
+    try:
+        harness = CoordinatorHarness(
+            db=db,
+            clock=clock,
+            port=port,
+            channel=channel,
+            operator=operator_pb2_grpc.OperatorServiceStub(channel),
+            workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
+            jobs=jobs_pb2_grpc.JobServiceStub(channel),
+            publication=publication_pb2_grpc.PublicationServiceStub(channel),
+            admin=(),
+        )
+        harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
+        yield harness
+    finally:
+        await channel.close()
 
 
 @pytest.fixture
