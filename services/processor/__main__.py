@@ -1,4 +1,4 @@
-"""`python -m services.processor [serve | workshop-manifest --device ID]`."""
+"""`python -m services.processor [serve | workshop-manifest --device ID | register-runtime ...]`."""
 
 from __future__ import annotations
 
@@ -8,20 +8,30 @@ import json
 import os
 import sys
 
+import grpc
+
 from services.processor.decode import gpu_available
 from services.processor.inference import ModelServer
-from services.processor.manifest import code_sha256, manifest_for
+from services.processor.manifest import ENGINE, code_sha256, manifest_for
 from services.processor.recordings import RecordingStore
 from services.processor.settings import PREFIX, ProcessorSettings
 from services.processor.worker import Processor
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
+from workshop.kit.cli import (
+    Metadata,
+    add_coordinator_arguments,
+    call_coordinator,
+    check_coordinator_arguments,
+)
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
-from workshop.v1 import jobs_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import jobs_pb2_grpc, operator_pb2, operator_pb2_grpc, preview_pb2_grpc
 
 LABEL = "processor"
+# Capabilities of this code (SPEC §2): it tracks objects across frames.
+CAPABILITIES = ("workshop-v3",)
 
 
 async def run_server(settings: ProcessorSettings) -> None:
@@ -57,6 +67,28 @@ async def run_server(settings: ProcessorSettings) -> None:
             recordings.close()
 
 
+def register_runtime(target: str, key: str, device_id: str) -> dict[str, object]:
+    """Registers this code on `device_id` (OperatorService.RegisterRuntime); returns its id."""
+
+    async def call(channel: grpc.aio.Channel, metadata: Metadata) -> dict[str, object]:
+        reply = await operator_pb2_grpc.OperatorServiceStub(channel).RegisterRuntime(
+            operator_pb2.RegisterRuntimeRequest(
+                device_id=device_id,
+                engine=ENGINE,
+                code_sha256=code_sha256(),
+                capabilities=CAPABILITIES,
+            ),
+            metadata=metadata,
+        )
+        return {
+            "runtime_id": reply.runtime.runtime_id,
+            "created": reply.created,
+            "manifest": json.loads(reply.manifest_json),
+        }
+
+    return call_coordinator(target, key, call)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m services.processor")
     commands = parser.add_subparsers(dest="command")
@@ -65,9 +97,20 @@ def main(argv: list[str] | None = None) -> None:
         "workshop-manifest", help="print the runtime manifest, code_sha256 and runtime id"
     )
     manifest.add_argument("--device", required=True, help="device id, e.g. gpu-box")
+    register = commands.add_parser(
+        "register-runtime", help="register this code as a runtime of a registered device"
+    )
+    register.add_argument("--device", required=True, help="registered device id")
+    add_coordinator_arguments(register, required=True)
     args = parser.parse_args(argv)
     if args.command == "workshop-manifest":
         print(json.dumps(manifest_for(args.device), indent=2, sort_keys=True))
+        return
+    if args.command == "register-runtime":
+        if not args.coordinator:
+            register.error("needs --coordinator and --key (or their environment variables)")
+        check_coordinator_arguments(register, args)
+        print(json.dumps(register_runtime(args.coordinator, args.key, args.device), indent=2))
         return
     settings = settings_or_exit(ProcessorSettings, PREFIX, os.environ)
     configure_logging(LABEL, settings.log_level)

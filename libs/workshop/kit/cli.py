@@ -1,0 +1,63 @@
+"""Shared pieces of the operator command lines: where the coordinator is, which key, errors.
+
+Operator commands take the coordinator's address and an admin key from flags or from the
+environment (`WORKSHOP_COORDINATOR`, `WORKSHOP_KEY`), so a key need not appear in a shell's
+history or a process list. A refused call prints the gRPC status and its message and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from workshop.kit.auth import bearer_metadata
+from workshop.kit.channels import open_channel
+
+COORDINATOR_ENV = "WORKSHOP_COORDINATOR"
+KEY_ENV = "WORKSHOP_KEY"
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
+
+
+def add_coordinator_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """`--coordinator HOST:PORT` and `--key KEY`, defaulting to the environment."""
+    need = " (required)" if required else ""
+    parser.add_argument(
+        "--coordinator",
+        default=os.environ.get(COORDINATOR_ENV, ""),
+        help=f"coordinator gRPC address HOST:PORT; default ${COORDINATOR_ENV}{need}",
+    )
+    parser.add_argument(
+        "--key",
+        default=os.environ.get(KEY_ENV, ""),
+        help=f"admin key; default ${KEY_ENV}{need}",
+    )
+
+
+def check_coordinator_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 with a usage message when only one of address and key is known."""
+    if bool(args.coordinator) != bool(args.key):
+        parser.error(f"--coordinator and --key (or ${COORDINATOR_ENV} and ${KEY_ENV}) go together")
+
+
+def call_coordinator(
+    target: str, key: str, call: Callable[[grpc.aio.Channel, Metadata], Awaitable[T]]
+) -> T:
+    """Run `call` on a channel to the coordinator; a refusal exits 1 with its status."""
+
+    async def run() -> T:
+        async with open_channel(target) as channel:
+            return await call(channel, bearer_metadata(key))
+
+    try:
+        return asyncio.run(run())
+    except grpc.aio.AioRpcError as error:
+        print(f"coordinator refused: {error.code().name}: {error.details()}", file=sys.stderr)
+        raise SystemExit(1) from None
