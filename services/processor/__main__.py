@@ -59,6 +59,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             models=models,
             gpu=gpu_available(),
             in_flight=settings.in_flight,
+            heartbeat_seconds=settings.heartbeat_seconds,
         )
         try:
             await serve(label=LABEL, settings=settings, services=[], workers=[processor])

@@ -30,7 +30,12 @@ class ProcessorSettings(ServerSettings):
     s3_secure: bool = setting(False, help="1 = HTTPS to the S3 endpoint.")
     recordings_bucket: str = setting("recordings", help="Bucket the recordings' object keys name.")
     in_flight: int = setting(3, help="Recordings processed at once (download/decode overlap).")
+    heartbeat_seconds: float = setting(
+        0.0, help="Seconds between lease heartbeats; 0 = the coordinator's interval (45 s)."
+    )
 
     def validate(self) -> None:
         if not 1 <= self.in_flight <= 16:
             raise SettingsError(f"{PREFIX}_IN_FLIGHT", "must be 1..16")
+        if self.heartbeat_seconds < 0:
+            raise SettingsError(f"{PREFIX}_HEARTBEAT_SECONDS", "must be 0 or more")

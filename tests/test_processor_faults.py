@@ -1,0 +1,415 @@
+"""Processor faults on the real components (SPEC §6-§8, §14): a processor killed mid-job,
+a recording replaced mid-job, a run cancelled mid-job.
+
+Timing is the test's: a write is held at a gate (in the preview service's store, or in a
+wrapper around the processor's real stubs) until the test has broken what it breaks, so
+"mid-job" is a fact, not a race. Every call that passes the gate is answered by the real
+coordinator, preview service, SeaweedFS and Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import signal
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from services.coordinator.maintenance import Maintenance
+from services.preview.settings import PreviewSettings
+from services.preview.storage import ObjectStore
+from services.processor.manifest import code_sha256
+from tests.coordinator_world import error_reason, run_request, save_workflow
+from tests.harness.coordinator import CoordinatorHarness
+from tests.harness.preview import PreviewHarness, running_preview
+from tests.harness.processes import ServiceProcess
+from tests.harness.s3 import S3Bucket
+from tests.harness.triton import TritonServer
+from tests.processor_world import (
+    DEVICE,
+    SECONDS,
+    build_world,
+    finished,
+    put_recording,
+    run_detail,
+    run_key,
+    running_processor,
+    yard_spec,
+)
+from workshop.kit.auth import bearer_metadata
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import preview_pb2 as pv
+from workshop.v1 import workshop_pb2 as ws
+
+pytestmark = pytest.mark.triton
+SLOTS = SECONDS // 2  # slots per job: every 2 s of a SECONDS-long recording
+FULL = common_pb2.RUN_MODE_FULL
+ITEM = 2  # RunImage.source of a bucket item (1: a preview)
+WAIT = 60.0  # seconds any single awaited step may take before the test fails
+
+
+# gates -----------------------------------------------------------------------------------------
+
+
+class HeldStore(ObjectStore):
+    """The preview service's store, holding each write whose key `hold` matches until
+    `gate` opens; every other write, and a held one once let through, goes to S3."""
+
+    def __init__(self, settings: PreviewSettings, hold: Callable[[str], bool]) -> None:
+        super().__init__(settings)
+        self.hold = hold
+        self.held = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def put(self, key: str, data: bytes, content_type: str) -> None:
+        if self.hold(key):
+            self.waiting += 1
+            self.held.set()
+            try:
+                await self.gate.wait()
+            finally:
+                self.waiting -= 1
+        await super().put(key, data, content_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    method: str
+    job: str  # run/job
+    slot: int | None  # previews and uploads
+    outcome: str  # "ok", the refusal's ErrorInfo reason, or "cancelled" (never sent)
+
+
+class Spy:
+    """A processor's real stub, each call logged with its outcome; a call that `hold`
+    matches waits for `gate` before it is sent."""
+
+    def __init__(
+        self, stub: Any, log: list[Call], hold: Callable[[str, Any], bool] | None = None
+    ) -> None:
+        self._stub = stub
+        self.log = log
+        self.hold = hold or (lambda _method, _request: False)
+        self.held = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        send = getattr(self._stub, method)
+
+        if method == "Claim":  # no lease yet: nothing to log or hold
+            return send  # type: ignore[no-any-return]
+
+        async def call(request: Any, **kwargs: Any) -> Any:
+            lease = request.lease
+            slot = request.slot_index if hasattr(request, "slot_index") else None
+
+            def logged(outcome: str) -> None:
+                self.log.append(Call(method, f"{lease.run_id}/{lease.job_id}", slot, outcome))
+
+            if self.hold(method, request):
+                self.held.set()
+                try:
+                    await self.gate.wait()
+                except asyncio.CancelledError:
+                    logged("cancelled")
+                    raise
+            try:
+                reply = await send(request, **kwargs)
+            except grpc.aio.AioRpcError as error:
+                logged(error_reason(error)[1] or error.code().name)
+                raise
+            logged("ok")
+            return reply
+
+        return call
+
+
+async def within(awaitable: Any, what: str) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, WAIT)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def until(check: Callable[[], Any], what: str) -> None:
+    """Polls `check` (sync or async) until it is true."""
+
+    async def poll() -> None:
+        while True:
+            value = check()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return
+            await asyncio.sleep(0.05)
+
+    await within(poll(), what)
+
+
+async def rows(c: CoordinatorHarness, query: str, *args: Any) -> list[dict[str, Any]]:
+    async with c.db.connection() as connection:
+        return [dict(row) for row in await connection.fetch(query, *args)]
+
+
+# 1. killed mid-job -----------------------------------------------------------------------------
+
+
+def processor_env(
+    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, runtime: str, key: str
+) -> dict[str, str]:
+    server = preview.bucket.server
+    values = {
+        "PORT": "0",
+        "DRAIN_SECONDS": "0",
+        "GRACE_SECONDS": "1",
+        "DEVICE_ID": DEVICE,
+        "KEY": key,
+        "RUNTIME_ID": runtime,
+        "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
+        "PREVIEW_TARGET": f"127.0.0.1:{preview.port}",
+        "TRITON_TARGET": triton.grpc_url,
+        "MODEL_REPOSITORY": str(triton.model_repository),
+        "S3_ENDPOINT": server.endpoint,
+        "S3_ACCESS_KEY": server.access_key,
+        "S3_SECRET_KEY": server.secret_key,
+        "RECORDINGS_BUCKET": preview.bucket.name,
+    }
+    return {f"PROCESSOR_{name}": value for name, value in values.items()}
+
+
+def first_attempt_upload_after_slot_0(key: str) -> bool:
+    match = re.fullmatch(r"uploads/r1/j0/1/(\d+)\.jpg", key)
+    return match is not None and int(match[1]) >= 1
+
+
+async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
+    coordinator: CoordinatorHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """`python -m services.processor` is SIGKILLed while its first attempt waits on the
+    upload of slot 1 (previews of slots 0-1 and the upload of slot 0 accepted). Until the
+    lease lapses nobody else gets the job; then a second processor takes it under
+    generation 2 and commits it once: each slot one item, all from generation 2, one
+    receipt, and the dead attempt's objects are garbage that cleanup deletes."""
+    c = coordinator
+
+    def held_store(settings: PreviewSettings) -> ObjectStore:
+        return HeldStore(settings, first_attempt_upload_after_slot_0)
+
+    async with running_preview(c, s3_bucket, store_factory=held_store) as preview:
+        store = preview.store
+        assert isinstance(store, HeldStore)
+        world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
+        await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
+        await c.workshop.CreateRun(
+            run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+        )
+        key = await run_key(c)
+        env = processor_env(c, preview, triton_server, world.runtime_id, key)
+        first = ServiceProcess("services.processor", env, tmp_path / "processor.log")
+        try:
+            await asyncio.to_thread(first.wait_event, "serving")
+            await within(store.held.wait(), f"the first attempt's upload\n{first.log_tail()}")
+            mid = await run_detail(c, "r1")
+            (job,) = mid.jobs
+            assert (job.state, job.generation) == (common_pb2.JOB_STATE_LEASED, 1)
+            assert mid.run.counts.previews_published == 2  # slots 0 and 1
+            os.killpg(first.process.pid, signal.SIGKILL)
+            assert await asyncio.to_thread(first.process.wait, WAIT) == -signal.SIGKILL
+        finally:
+            await asyncio.to_thread(first.stop)
+
+        # The dead processor's lease holds until it lapses: nobody else gets the job.
+        claim = jobs_pb2.ClaimRequest(runtime_id=world.runtime_id, code_sha256=code_sha256())
+        other = bearer_metadata(key)
+        assert not (await c.jobs.Claim(claim, metadata=other)).HasField("job")
+        c.clock.advance(timedelta(minutes=5, seconds=1))
+        done = await Maintenance(c.db, c.clock, interval_seconds=1).run_once()
+        assert (done.requeued, done.exhausted) == (1, 0)
+        store.gate.set()  # a write the dead attempt left behind may go on now: it is fenced
+        await until(lambda: store.waiting == 0, "the held write to end")
+
+        async with running_processor(c, preview, triton_server, world.runtime_id) as second:
+            detail = await finished(c, "r1")
+        assert (second.completed, second.failed) == (1, 0)
+        run = detail.run
+        assert run.status == common_pb2.RUN_STATUS_COMPLETED, detail
+        (job,) = detail.jobs
+        assert (job.state, job.generation) == (common_pb2.JOB_STATE_COMPLETED, 2)
+        assert (run.counts.slots_frame, run.counts.items_saved) == (SLOTS, SLOTS)
+        assert len(detail.recent_images) == SLOTS
+        assert all(image.source == ITEM for image in detail.recent_images)
+
+        items = await rows(c, "SELECT slot_index, object_key FROM bucket_items WHERE run_id = 'r1'")
+        assert sorted(item["slot_index"] for item in items) == list(range(SLOTS))
+        assert {item["object_key"] for item in items} == {
+            f"uploads/r1/j0/2/{slot}.jpg" for slot in range(SLOTS)
+        }
+        receipts = await rows(c, "SELECT generation, items_saved FROM receipts")
+        assert receipts == [{"generation": 2, "items_saved": SLOTS}]
+        lapsed = await rows(c, "SELECT lapses FROM jobs WHERE run_id = 'r1'")
+        assert lapsed == [{"lapses": 1}]
+        kept = await rows(
+            c,
+            "SELECT object_key FROM staged_objects WHERE run_id = 'r1' "
+            "AND collectable_at IS NULL ORDER BY object_key",
+        )
+        assert {row["object_key"] for row in kept} == {item["object_key"] for item in items}
+
+        cleaned = await preview.stub.RunCleanup(pv.RunCleanupRequest(), metadata=c.admin)
+        assert cleaned.previews_deleted == 2 + SLOTS  # the dead attempt's and the winner's
+        assert await preview.keys("previews/") == []
+        assert await preview.keys("uploads/") == sorted(item["object_key"] for item in items)
+
+
+# 2. recording replaced mid-job -----------------------------------------------------------------
+
+
+async def test_a_recording_replaced_mid_job_refuses_the_completion(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """cam-a's recording is replaced after its job published and staged every slot, before
+    Complete is sent: the source fence refuses the completion (SOURCE_CHANGED), nothing of
+    the job reaches the bucket, and the processor goes on to cam-b's job."""
+    c = coordinator
+    world = await build_world(c, preview, triton_server, tmp_path)
+    await save_workflow(c, "yard", yard_spec(world.model))
+    await c.workshop.CreateRun(
+        run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+    )
+    log: list[Call] = []
+    jobs = Spy(
+        jobs_pb2_grpc.JobServiceStub(c.channel),
+        log,
+        hold=lambda method, request: method == "Complete" and request.lease.job_id == "j0",
+    )
+    async with running_processor(
+        c, preview, triton_server, world.runtime_id, jobs=jobs, in_flight=1
+    ) as processor:
+        await within(jobs.held.wait(), "j0's completion")
+        mid = await run_detail(c, "r1")
+        assert mid.run.counts.previews_published == SLOTS  # every slot of j0 went through
+        # The same bytes again: a put is a replacement all the same (a new generation).
+        put = await put_recording(c, preview, "cam-a-0", "cam-a", world.files["cam-a"])
+        assert put.recording.generation == 2
+        jobs.gate.set()
+
+        await until(lambda: processor.completed == 1, "j1's completion")
+        detail = await run_detail(c, "r1")
+        assert processor.failed == 0
+
+    completes = [(call.job, call.outcome) for call in log if call.method == "Complete"]
+    assert completes == [("r1/j0", "SOURCE_CHANGED"), ("r1/j1", "ok")]
+    after = log.index(next(call for call in log if call.outcome == "SOURCE_CHANGED"))
+    assert [call for call in log[after + 1 :] if call.job == "r1/j0"] == []  # j0 stopped
+    states = {job.job_id: job.state for job in detail.jobs}
+    # j0's lease stands until it lapses (Fail is fenced too); it never commits.
+    assert states == {"j0": common_pb2.JOB_STATE_LEASED, "j1": common_pb2.JOB_STATE_COMPLETED}
+    assert detail.run.counts.items_saved == SLOTS
+    by_job = await rows(
+        c, "SELECT job_index, count(*) AS items FROM bucket_items GROUP BY job_index"
+    )
+    assert by_job == [{"job_index": 1, "items": SLOTS}]
+    assert [row["job_index"] for row in await rows(c, "SELECT job_index FROM receipts")] == [1]
+    unpublished = await rows(
+        c,
+        "SELECT count(*) AS n FROM staged_objects WHERE job_index = 0 AND kind = 'upload' "
+        "AND published_at IS NULL",
+    )
+    assert unpublished == [{"n": SLOTS}]  # staged, never committed
+
+
+# 3. cancelled mid-job --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop", ["heartbeat", "preview"])
+async def test_a_cancelled_run_stops_its_processor_at_the_next_heartbeat_or_write(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    stop: str,
+) -> None:
+    """r1 is cancelled while its processor holds slot 1's preview (slot 0 published). With
+    a 0.1 s heartbeat the refused heartbeat (JOB_CANCELLED) stops the job before the preview
+    is sent; with the 45 s heartbeat the preview is sent and refused (JOB_CANCELLED). Either
+    way nothing more of r1 is written, r1 ends cancelled, and the processor takes r2."""
+    c = coordinator
+    world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
+    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
+    await c.workshop.CreateRun(
+        run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+    )
+    log: list[Call] = []
+    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+    previews = Spy(
+        preview_pb2_grpc.PreviewServiceStub(preview.channel),
+        log,
+        hold=lambda method, request: (
+            method == "PublishPreview" and request.lease.run_id == "r1" and request.slot_index == 1
+        ),
+    )
+    beat = 0.1 if stop == "heartbeat" else 0.0  # 0: the coordinator's 45 s
+    async with running_processor(
+        c,
+        preview,
+        triton_server,
+        world.runtime_id,
+        jobs=jobs,
+        previews=previews,
+        heartbeat_seconds=beat,
+    ) as processor:
+        await within(previews.held.wait(), "slot 1's preview")
+        assert (await run_detail(c, "r1")).run.counts.previews_published == 1
+        cancelled = await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
+        assert cancelled.jobs_cancelled == 1
+        if stop == "heartbeat":
+            refused = Call("Heartbeat", "r1/j0", None, "JOB_CANCELLED")
+            await until(lambda: refused in log, "the refused heartbeat")
+            held = Call("PublishPreview", "r1/j0", 1, "cancelled")
+            await until(lambda: held in log, "the held preview to be dropped")
+        else:
+            previews.gate.set()
+            refused = Call("PublishPreview", "r1/j0", 1, "JOB_CANCELLED")
+            await until(lambda: refused in log, "the refused preview")
+        previews.gate.set()
+        await c.workshop.CreateRun(
+            run_request("r2", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+        )
+        second = await finished(c, "r2")
+        assert (processor.completed, processor.failed) == (1, 0)
+
+    assert second.run.status == common_pb2.RUN_STATUS_COMPLETED
+    assert second.run.counts.items_saved == SLOTS
+    detail = await run_detail(c, "r1")
+    assert detail.run.status == common_pb2.RUN_STATUS_CANCELLED
+    assert [job.state for job in detail.jobs] == [common_pb2.JOB_STATE_CANCELLED]
+    assert (detail.run.counts.previews_published, detail.run.counts.items_saved) == (1, 0)
+    # After the refusal nothing of r1 was sent, let alone accepted.
+    after = log[log.index(refused) + 1 :]
+    assert [call for call in after if call.job == "r1/j0" and call.outcome != "cancelled"] == []
+    accepted_writes = [
+        (call.method, call.slot)
+        for call in log
+        if call.job == "r1/j0" and call.outcome == "ok" and call.slot is not None
+    ]
+    assert accepted_writes == [("PublishPreview", 0), ("StageUpload", 0)]
+    assert await preview.keys("previews/r1/") == ["previews/r1/j0/1/0.jpg"]
+    assert await preview.keys("uploads/r1/") == ["uploads/r1/j0/1/0.jpg"]
+    garbage = await rows(
+        c, "SELECT count(*) AS n FROM staged_objects WHERE run_id = 'r1' AND collectable_at IS NULL"
+    )
+    assert garbage == [{"n": 0}]  # everything r1 staged is left to cleanup
