@@ -7,8 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(wildcard proto/workshop/v1/*.proto)
 PYTEST_ARGS ?=
+# Arguments of `make demo`, e.g. `make demo ARGS=--keep`.
+ARGS ?=
 
-.PHONY: setup system-deps proto test lint fmt clean
+.PHONY: setup system-deps proto test demo lint fmt clean
 
 setup: $(STAMP)
 
@@ -30,6 +32,11 @@ proto: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The whole system on this machine (Postgres, SeaweedFS, Triton, coordinator, preview,
+# processor) runs a 20-image test run and stops; ARGS=--keep keeps it running.
+demo: $(STAMP)
+	$(BIN)/python -m workshop.demo $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

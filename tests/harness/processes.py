@@ -1,102 +1,23 @@
-"""Start Workshop services as real processes and stop exactly the ones started.
-
-A service announces itself with JSON lines on stdout (see
-`workshop.kit.server.announce`); `ServiceProcess` reads them on a thread so the
-pipe never fills, and exposes the announced ports.
-"""
+"""Start Workshop services as real processes (from the repository root) and stop exactly the
+ones started; the launcher is `workshop.local.processes`."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from workshop.local import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class ServiceProcess:
+class ServiceProcess(processes.ServiceProcess):
     """One running service: `python -m services.<name>` with the given environment."""
 
     def __init__(self, module: str, env: Mapping[str, str], log_path: Path) -> None:
-        self.module = module
-        self.log_path = log_path
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        self._log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", module],
-            cwd=REPO,
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            start_new_session=True,
-        )
-        assert self.process.stdout is not None
-        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True)
-        self._reader.start()
-
-    def _read(self, stream: IO[bytes]) -> None:
-        for line in stream:
-            with contextlib.suppress(ValueError):
-                self.events.put(json.loads(line))
-        self.events.put({"event": "eof"})
-
-    def wait_event(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
-        """The first announced event named `event`; fails with the log tail otherwise."""
-        for item in self.seen:
-            if item.get("event") == event:
-                return item
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"{self.module}: no {event!r} in {timeout}s\n{self.log_tail()}")
-            try:
-                item = self.events.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            self.seen.append(item)
-            if item.get("event") == event:
-                return item
-            if item.get("event") == "eof":
-                code = self.process.wait(timeout=5)
-                raise RuntimeError(
-                    f"{self.module} exited ({code}) before {event!r}\n{self.log_tail()}"
-                )
-
-    def log_tail(self, lines: int = 40) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def terminate(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM, then SIGKILL to the process group if it does not exit in time."""
-        self.terminate()
-        try:
-            code = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            code = self.process.wait(timeout=10)
-        self._reader.join(timeout=5)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        self._log.close()
-        return code
+        super().__init__(module, env, log_path, cwd=REPO)
 
 
 @contextlib.contextmanager

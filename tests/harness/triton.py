@@ -1,54 +1,30 @@
 """Session-wide Triton: the real `tritonserver` that nvidia-pytriton bundles, started on demand.
 
-Launch recipe (docs: DESIGN.md, "Processor"): the server binary runs from the installed
-package, while `backends/` and `caches/` are copied into a work directory so that the python
-backend stub for this interpreter's minor version can sit next to `libtriton_python.so`.
-The copies lose their `$ORIGIN` RPATH to `nvidia_pytriton.libs`, hence `LD_LIBRARY_PATH`.
-The stub embeds Python: it needs a shared libpython of this minor version (the running
-interpreter's own one comes first) and finds the venv through `python3` on `PATH`.
+The launcher lives in `workshop.local.triton`; models are published with
+`workshop.models.repository.publish_version`, the same code the processor's repository uses.
+`write_onnx_python_model` is the shorthand for test models that declare their tensors.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes.util
-import importlib.util
-import os
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import sysconfig
-import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-READY_TIMEOUT_S = 60.0
-STOP_GRACE_S = 5.0
-LAUNCH_ATTEMPTS = 3
-LOG_HEAD_LINES = 10
-LOG_TAIL_LINES = 50
-# The python backend starts each stub with this much shared memory and grows it on demand.
-STUB_SHM_BYTES = 16 * 1024 * 1024
+from workshop.local.triton import TritonServer, TritonStartError, TritonUnavailable, running_triton
+from workshop.models.repository import CONFIG_FILE, publish_version
 
-_SERVER_OPTIONS = (
-    "--model-control-mode=explicit",
-    "--http-address=127.0.0.1",
-    "--grpc-address=127.0.0.1",
-    "--metrics-address=127.0.0.1",
-    "--allow-gpu-metrics=false",
-    # Local models run on CPU; pinned host memory only helps GPU transfers.
-    "--pinned-memory-pool-byte-size=0",
-    f"--exit-timeout-secs={int(STOP_GRACE_S)}",
-    f"--backend-config=python,shm-default-byte-size={STUB_SHM_BYTES}",
-    f"--backend-config=python,shm-growth-byte-size={STUB_SHM_BYTES}",
-)
-_MODEL_TEMPLATE = Path(__file__).parent / "triton_assets" / "onnx_python_model.py"
+__all__ = [
+    "PythonModelConfig",
+    "TensorSpec",
+    "TritonServer",
+    "TritonStartError",
+    "write_onnx_python_model",
+]
+
 # Triton client datatype names (as InferInput uses them) -> model config names.
 _CONFIG_TYPES = {
     "BOOL": "TYPE_BOOL",
@@ -65,20 +41,8 @@ _CONFIG_TYPES = {
     "FP64": "TYPE_FP64",
     "BYTES": "TYPE_STRING",
 }
-
-
-class TritonStartError(RuntimeError):
-    """The bundled server could not be prepared or did not become ready."""
-
-
-@dataclass(frozen=True)
-class TritonServer:
-    """A running server; models are loaded explicitly by name from `model_repository`."""
-
-    grpc_url: str
-    http_url: str
-    model_repository: Path
-    log_path: Path
+# publish_version writes labels.txt for detectors; these test models have no classes.
+_NO_CLASSES = ("unused",)
 
 
 @dataclass(frozen=True)
@@ -93,10 +57,17 @@ class TensorSpec:
         if self.datatype not in _CONFIG_TYPES:
             raise ValueError(f"unknown Triton datatype {self.datatype!r}")
 
+    def config_entry(self) -> str:
+        """How the model's config.pbtxt declares this tensor."""
+        dims = ", ".join(str(d) for d in self.dims)
+        return (
+            f'{{ name: "{self.name}" data_type: {_CONFIG_TYPES[self.datatype]} dims: [ {dims} ] }}'
+        )
+
 
 @dataclass(frozen=True)
 class PythonModelConfig:
-    """What `config.pbtxt` declares for an ONNX model served by the python backend."""
+    """What a test expects `config.pbtxt` to declare for an ONNX model on the python backend."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -110,276 +81,34 @@ class PythonModelConfig:
 def write_onnx_python_model(
     repo: Path, name: str, version: int, onnx_bytes: bytes, config: PythonModelConfig
 ) -> Path:
-    """Write `<repo>/<name>/{config.pbtxt,<version>/model.onnx,<version>/model.py}`."""
+    """Publish `<repo>/<name>/<version>` (python backend) and check the declared tensors
+    against the config read from the ONNX graph; returns the model's directory."""
+    publish_version(
+        repo,
+        name,
+        version,
+        onnx_bytes,
+        classes=_NO_CLASSES,
+        max_batch_size=config.max_batch_size,
+        instances=config.instance_count,
+        threads=config.intra_op_threads,
+        backend="python",
+        max_queue_delay_microseconds=config.max_queue_delay_microseconds,
+    )
     model_dir = repo / name
-    version_dir = model_dir / str(version)
-    version_dir.mkdir(parents=True, exist_ok=True)
-    (version_dir / "model.onnx").write_bytes(onnx_bytes)
-    shutil.copyfile(_MODEL_TEMPLATE, version_dir / "model.py")
-    (model_dir / "config.pbtxt").write_text(render_model_config(name, config))
+    written = (model_dir / CONFIG_FILE).read_text()
+    for spec in (*config.inputs, *config.outputs):
+        if spec.config_entry() not in written:
+            raise ValueError(f"{name}: the ONNX graph does not declare {spec.config_entry()}")
     return model_dir
-
-
-def render_model_config(name: str, config: PythonModelConfig) -> str:
-    lines = [
-        f'name: "{name}"',
-        'backend: "python"',
-        f"max_batch_size: {config.max_batch_size}",
-        *_render_tensors("input", config.inputs),
-        *_render_tensors("output", config.outputs),
-        f"instance_group [ {{ kind: KIND_CPU count: {config.instance_count} }} ]",
-        "parameters {",
-        '  key: "intra_op_threads"',
-        f'  value {{ string_value: "{config.intra_op_threads}" }}',
-        "}",
-    ]
-    if config.max_queue_delay_microseconds is not None:
-        delay = config.max_queue_delay_microseconds
-        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {delay} }}")
-    return "\n".join(lines) + "\n"
-
-
-def _render_tensors(kind: str, specs: tuple[TensorSpec, ...]) -> list[str]:
-    entries = [
-        f'  {{ name: "{spec.name}" data_type: {_CONFIG_TYPES[spec.datatype]} '
-        f"dims: [ {', '.join(str(d) for d in spec.dims)} ] }}"
-        for spec in specs
-    ]
-    return [f"{kind} [", ",\n".join(entries), "]"]
-
-
-@dataclass(frozen=True)
-class _Distribution:
-    """Where nvidia-pytriton keeps the server, its libraries and the python stubs."""
-
-    server_dir: Path
-    libs_dir: Path
-
-    @property
-    def binary(self) -> Path:
-        return self.server_dir / "bin" / "tritonserver"
-
-    @property
-    def stub(self) -> Path:
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        return self.server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
-
-
-def _find_distribution() -> _Distribution | None:
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or spec.origin is None:
-        return None
-    package_dir = Path(spec.origin).parent
-    dist = _Distribution(
-        server_dir=package_dir / "tritonserver",
-        libs_dir=package_dir.parent / "nvidia_pytriton.libs",
-    )
-    for required in (dist.binary, dist.stub, dist.libs_dir, dist.server_dir / "backends"):
-        if not required.exists():
-            raise TritonStartError(f"nvidia-pytriton is installed but {required} is missing")
-    return dist
-
-
-def _prepare_backends(dist: _Distribution, work_dir: Path) -> None:
-    """Copies, so the stub can join the python backend without touching site-packages."""
-    backends = work_dir / "backends"
-    shutil.copytree(dist.server_dir / "backends", backends, ignore=_ignore_pycache)
-    shutil.copytree(dist.server_dir / "caches", work_dir / "caches")
-    shutil.copy2(dist.stub, backends / "python" / "triton_python_backend_stub")
-
-
-def _ignore_pycache(_directory: str, names: list[str]) -> set[str]:
-    return {name for name in names if name == "__pycache__"}
-
-
-def _libpython_dir() -> Path | None:
-    """The running interpreter's shared libpython, so the stub matches its stdlib exactly."""
-    libdir = sysconfig.get_config_var("LIBDIR")
-    soname = sysconfig.get_config_var("INSTSONAME")
-    if libdir and soname and (Path(libdir) / soname).is_file():
-        return Path(libdir)
-    # Fall back to the loader's search path (Debian: the libpython3.X package).
-    if ctypes.util.find_library(f"python{sys.version_info.major}.{sys.version_info.minor}"):
-        return None
-    raise TritonStartError(
-        f"the python backend stub needs a shared libpython{sys.version_info.major}."
-        f"{sys.version_info.minor}.so.1.0 and none was found: install Debian's "
-        f"libpython{sys.version_info.major}.{sys.version_info.minor} or use a Python built "
-        "with --enable-shared"
-    )
-
-
-def _server_env(dist: _Distribution) -> dict[str, str]:
-    env = dict(os.environ)
-    libpython = _libpython_dir()
-    lib_dirs = [str(libpython)] if libpython else []
-    lib_dirs.append(str(dist.libs_dir))
-    if env.get("LD_LIBRARY_PATH"):
-        lib_dirs.append(env["LD_LIBRARY_PATH"])
-    env["LD_LIBRARY_PATH"] = ":".join(lib_dirs)
-    # The stub's embedded interpreter locates its prefix (and the venv) via `python3` on PATH.
-    env["PATH"] = os.pathsep.join([str(Path(sys.prefix) / "bin"), env.get("PATH", "")])
-    return env
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _log_excerpt(log_path: Path) -> str:
-    """Head and tail: a bad option is reported first, followed by the whole usage text."""
-    lines = log_path.read_text(errors="replace").splitlines()
-    if len(lines) <= LOG_HEAD_LINES + LOG_TAIL_LINES:
-        return "\n".join(lines)
-    return "\n".join([*lines[:LOG_HEAD_LINES], "[...]", *lines[-LOG_TAIL_LINES:]])
-
-
-def _is_ready(grpc_url: str) -> bool:
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
-        return bool(client.is_server_ready(client_timeout=1.0))
-    except InferenceServerException:
-        return False
-    finally:
-        client.close()
-
-
-def _wait_until_ready(popen: subprocess.Popen[bytes], grpc_url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if _has_exited(popen):
-            raise TritonStartError(
-                f"tritonserver exited before it was ready; "
-                f"log {log_path}:\n{_log_excerpt(log_path)}"
-            )
-        if _is_ready(grpc_url):
-            return
-        time.sleep(0.1)
-    raise TritonStartError(
-        f"tritonserver was not ready after {READY_TIMEOUT_S:.0f} s; "
-        f"log {log_path}:\n{_log_excerpt(log_path)}"
-    )
-
-
-def _stop(process: _Process) -> None:
-    """SIGTERM, then SIGKILL the server's own process group (it and its python stubs)."""
-    _terminate(process.popen)
-    # A killed stub leaves its shared-memory regions behind; the prefix is unique to us.
-    for region in Path("/dev/shm").glob(f"{process.shm_prefix}*"):
-        region.unlink(missing_ok=True)
-
-
-def _terminate(popen: subprocess.Popen[bytes]) -> None:
-    if popen.returncode is not None:
-        return
-    if not _has_exited(popen):
-        # os.kill, not send_signal: send_signal may reap the server, and the group id with it.
-        os.kill(popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S + 2.0
-        while time.monotonic() < deadline and not _has_exited(popen):
-            time.sleep(0.05)
-    # The server is not reaped yet, so its group id cannot belong to anyone else.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(popen.pid, signal.SIGKILL)
-    popen.wait()
-
-
-def _has_exited(popen: subprocess.Popen[bytes]) -> bool:
-    """Like poll(), but leaves the zombie unreaped (WNOWAIT) so its pid stays ours."""
-    result = os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    return result is not None
-
-
-@dataclass(frozen=True)
-class _Process:
-    """A server this harness started, and the prefix of the shared memory its stubs use."""
-
-    popen: subprocess.Popen[bytes]
-    shm_prefix: str
-
-
-def _start(
-    dist: _Distribution, work_dir: Path, repo: Path, env: dict[str, str], attempt: int
-) -> tuple[TritonServer, _Process]:
-    http_port, grpc_port, metrics_port = _free_ports(3)
-    shm_prefix = f"workshop-triton-{secrets.token_hex(6)}-"
-    log_path = work_dir / f"tritonserver-{attempt}.log"
-    command = [
-        str(dist.binary),
-        f"--model-repository={repo}",
-        f"--backend-directory={work_dir / 'backends'}",
-        f"--cache-directory={work_dir / 'caches'}",
-        *_SERVER_OPTIONS,
-        f"--http-port={http_port}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-port={metrics_port}",
-        # A unique prefix keeps concurrent servers' stub shared-memory regions apart.
-        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-    ]
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=work_dir,
-            start_new_session=True,
-        )
-    server = TritonServer(
-        grpc_url=f"127.0.0.1:{grpc_port}",
-        http_url=f"http://127.0.0.1:{http_port}",
-        model_repository=repo,
-        log_path=log_path,
-    )
-    return server, _Process(popen, shm_prefix)
-
-
-def _launch(dist: _Distribution, work_dir: Path, repo: Path) -> tuple[TritonServer, _Process]:
-    _prepare_backends(dist, work_dir)
-    env = _server_env(dist)
-    attempt = 1
-    while True:
-        server, process = _start(dist, work_dir, repo, env, attempt)
-        try:
-            _wait_until_ready(process.popen, server.grpc_url, server.log_path)
-        except BaseException as error:
-            _stop(process)
-            if not isinstance(error, TritonStartError) or attempt >= LAUNCH_ATTEMPTS:
-                raise
-            if not _lost_port_race(server.log_path):
-                raise
-            attempt += 1
-        else:
-            return server, process
-
-
-def _lost_port_race(log_path: Path) -> bool:
-    """Another process may take a probed port before the server binds it."""
-    return "address already in use" in log_path.read_text(errors="replace").lower()
 
 
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """The bundled Triton on loopback ports with an empty repository (explicit model control)."""
-    dist = _find_distribution()
-    if dist is None:
-        pytest.skip("nvidia-pytriton is not installed (pip install -e '.[triton]')")
-    work_dir = tmp_path_factory.mktemp("triton")
-    repo = work_dir / "models"
-    repo.mkdir()
-    server, process = _launch(dist, work_dir, repo)
-    try:
+    with ExitStack() as stack:
+        try:
+            server = stack.enter_context(running_triton(tmp_path_factory.mktemp("triton")))
+        except TritonUnavailable as missing:
+            pytest.skip(str(missing))
         yield server
-    finally:
-        _stop(process)

@@ -1,1 +1,2 @@
-"""Synthetic footage for tests and the demo: solid-coloured objects moving on a dark background."""
+"""The demo: `python -m workshop.demo` runs the whole system on this machine (`make demo`);
+`scenes` makes the synthetic footage it and the tests use."""

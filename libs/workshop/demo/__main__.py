@@ -1,0 +1,173 @@
+"""`python -m workshop.demo [--keep] [--workdir DIR]`: the whole system on this machine.
+
+Starts Postgres, SeaweedFS, the bundled Triton, the coordinator, the preview service and one
+processor; publishes the demo detector, imports synthetic recordings of two cameras, saves a
+workflow, runs a test run of 20 images with a progress bar, prints each frame's detections
+and preview, and stops everything it started. `--keep` leaves the stack running until
+Ctrl-C or SIGTERM. Exit status: 0 when the run completed, 1 on a failure, 2 on bad usage,
+130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from workshop.demo import script
+from workshop.demo.footage import Footage, make_footage
+from workshop.demo.report import collect_frames, frame_table, previews_prefix
+from workshop.demo.stack import PREVIEW_BUCKET, RECORDINGS_BUCKET, Stack, running_stack
+from workshop.demo.terminal import Console
+from workshop.demo.workdir import WorkdirError, forget_pids, prepare_workdir, record_pids
+from workshop.v1 import common_pb2
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workshop.demo", description=__doc__)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the stack running after the run (Ctrl-C stops)"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="work directory (default: a new temporary directory)"
+    )
+    args = parser.parse_args(argv)
+    console = Console()
+    # SIGTERM stops the demo the way Ctrl-C does: everything started is stopped first.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        workdir = prepare_workdir(args.workdir)
+    except WorkdirError as error:
+        print(f"workshop demo: {error}", file=sys.stderr)
+        return 2
+    console.line(f"workshop demo: work directory {workdir}")
+    began = time.perf_counter()
+    try:
+        _demo(workdir, console, keep=args.keep)
+    except KeyboardInterrupt:
+        console.line("interrupted: everything the demo started is stopped")
+        return 130
+    except Exception as error:
+        console.line(f"demo failed: {error}")
+        console.line(f"logs: {workdir / 'logs'}")
+        return 1
+    finally:
+        forget_pids(workdir)
+    console.line(
+        f"done in {time.perf_counter() - began:.1f} s; everything the demo started is stopped"
+    )
+    console.line(f"logs, recordings and preview copies stay in {workdir}")
+    return 0
+
+
+def _demo(workdir: Path, console: Console, *, keep: bool) -> None:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-footage") as pool:
+        # Encoding the recordings takes a few seconds of CPU: overlap it with the starts.
+        footage = pool.submit(make_footage, workdir / "recordings")
+        with running_stack(workdir, console) as stack:
+            record_pids(workdir, stack.pids)
+            console.line("stack pids: " + " ".join(f"{k}={v}" for k, v in stack.pids.items()))
+            _scenario(stack, footage, console)
+            if keep:
+                _keep_running(stack, console)
+
+
+def _scenario(stack: Stack, pending: Future[list[Footage]], console: Console) -> None:
+    classes = script.publish_detector(stack, console)
+    with console.stage("encoding synthetic recordings (VP9 and H.264, 640x360, 10 fps)"):
+        footage = pending.result()
+    yesterday = datetime.now(UTC) - timedelta(days=1)
+    cameras = [clip.camera_id for clip in footage]
+    with grpc.insecure_channel(stack.coordinator) as channel:
+        with console.stage(f"importing recordings of {', '.join(cameras)} (S3, PutRecording)"):
+            script.import_footage(stack, channel, footage, yesterday)
+        with console.stage(f"saving workflow {script.WORKFLOW_ID}"):
+            revision = script.save_workflow(channel, stack, cameras, classes)
+        script.create_run(channel, stack, revision)
+        console.line(
+            f"test run {script.RUN_ID}: {script.IMAGE_LIMIT} images, runtime {stack.runtime_id}"
+        )
+        began = time.perf_counter()
+        final = script.follow_run(channel, stack, console)
+    detail = final.detail
+    status = common_pb2.RunStatus.Name(detail.run.status).removeprefix("RUN_STATUS_").lower()
+    console.line(f"run {status} in {time.perf_counter() - began:.1f} s")
+    if detail.run.status != common_pb2.RUN_STATUS_COMPLETED:
+        failures = [
+            f"{job.camera_id}: {job.failure_message}" for job in detail.jobs if job.failure_message
+        ]
+        raise RunFailed(f"run {script.RUN_ID} ended {status}: {'; '.join(failures)}")
+    with grpc.insecure_channel(stack.preview) as channel:
+        frames = collect_frames(stack, channel, script.RUN_ID, list(detail.recent_images))
+    scene = footage[0].scene
+    prefix = previews_prefix(script.RUN_ID)
+    console.line()
+    console.line(
+        f"{len(frames)} frames; previews are objects under s3://{PREVIEW_BUCKET}/{prefix} "
+        f"on {stack.s3.endpoint} (for the run's hour, while the stack runs), "
+        f"copied to {stack.workdir / 'previews'}/<camera>-<HHMMSS>.jpg"
+    )
+    for row in frame_table(frames, script.RUN_ID, scene.width, scene.height):
+        console.line(row)
+    console.line()
+
+
+def _keep_running(stack: Stack, console: Console) -> None:
+    grpcurl = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
+    s3 = stack.s3
+    lines = [
+        "",
+        "the stack keeps running; Ctrl-C (or SIGTERM) stops it",
+        f"  coordinator  {stack.coordinator}  (OperatorService, WorkshopService, JobService)",
+        f"  preview      {stack.preview}  (PreviewService)",
+        f"  processor    {stack.processor}  (health; runtime {stack.runtime_id})",
+        f"  triton       {stack.triton.grpc_url}  (gRPC), {stack.triton.http_url}",
+        f"  postgres     {stack.database_url}",
+        f"  s3           http://{s3.endpoint}  access key {s3.access_key}  "
+        f"secret key {s3.secret_key}  buckets {PREVIEW_BUCKET}, {RECORDINGS_BUCKET}",
+        f"  admin key    {stack.admin_key}",
+        f"  work dir     {stack.workdir}",
+        "",
+        "try:",
+        f"  export ADMIN_KEY={stack.admin_key}",
+        f"  {grpcurl} -plaintext {stack.coordinator} list",
+        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
+        f"{stack.coordinator} workshop.v1.WorkshopService/ListRuns",
+        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
+        f'-d \'{{"run_id": "{script.RUN_ID}"}}\' {stack.coordinator} '
+        "workshop.v1.WorkshopService/GetRun",
+        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
+        f'-d \'{{"run_id": "demo-2", "workflow_id": "{script.WORKFLOW_ID}", '
+        f'"runtime_id": "{stack.runtime_id}", "revision": 1, "mode": "RUN_MODE_TEST", '
+        f'"image_limit": 10}}\' {stack.coordinator} workshop.v1.WorkshopService/CreateRun',
+        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
+        f'-d \'{{"run_id": "demo-2"}}\' {stack.coordinator} '
+        "workshop.v1.WorkshopService/WatchRun",
+    ]
+    for line in lines:
+        console.line(line)
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        console.line("stopping on request")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""The demo's local stack, all on loopback ports chosen at start and embedded defaults.
+
+Postgres (a throwaway cluster), SeaweedFS and the bundled Triton start in parallel; then the
+coordinator (`migrate` and `create-admin-key` first), the preview service with its own
+`service` key, and one processor with a `workshop:run` key bound to the demo's device, its
+runtime registered with `python -m services.processor register-runtime`. Everything stops,
+newest first, when the `running_stack` block ends (see `launcher.Launcher`): services and
+Triton with SIGTERM then SIGKILL, SeaweedFS with SIGKILL, Postgres with `pg_ctl stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from workshop.demo.launcher import Launcher, Service
+from workshop.demo.terminal import Console
+from workshop.kit.auth import bearer_metadata
+from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
+from workshop.local.postgres import PostgresCluster, create_database, postgres_cluster
+from workshop.local.processes import announcements
+from workshop.local.s3 import S3Server, running_s3_server
+from workshop.local.triton import TritonServer, running_triton
+from workshop.v1 import common_pb2, operator_pb2_grpc
+from workshop.v1 import operator_pb2 as op
+
+DEVICE_ID = "demo-gpu"
+DATABASE = "workshop"
+PREVIEW_BUCKET = "workshop"
+RECORDINGS_BUCKET = "recordings"
+CALL_TIMEOUT_S = 30.0
+# What the services and operator commands read from the environment: a shell's own values
+# must not leak into the demo's stack, which runs on embedded defaults only.
+_OWN_PREFIXES = ("COORDINATOR_", "PREVIEW_", "PROCESSOR_", "GATEWAY_", "WORKSHOP_")
+
+
+@dataclass(frozen=True)
+class Stack:
+    workdir: Path
+    logs: Path
+    base_env: Mapping[str, str]
+    database_url: str
+    s3: S3Server
+    triton: TritonServer
+    coordinator: str
+    preview: str
+    processor: str
+    admin_key: str
+    device_id: str
+    runtime_id: str
+    pids: Mapping[str, int]
+
+    @property
+    def admin(self) -> tuple[tuple[str, str]]:
+        return bearer_metadata(self.admin_key)
+
+    def operator_env(self) -> dict[str, str]:
+        """How the operator command lines find the coordinator and the admin key (kept out
+        of their arguments, so it shows in no process list)."""
+        return {COORDINATOR_ENV: self.coordinator, KEY_ENV: self.admin_key}
+
+
+def clean_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(_OWN_PREFIXES)}
+
+
+@contextmanager
+def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    base_env = clean_environment()
+    with Launcher(console, logs, base_env) as launch:
+        console.line("starting Postgres, SeaweedFS and Triton…")
+        postgres = launch.background("Postgres", postgres_cluster, _describe_postgres)
+        s3 = launch.background(
+            "SeaweedFS", lambda: running_s3_server(_empty_dir(workdir / "s3")), _describe_s3
+        )
+        triton = launch.background(
+            "Triton", lambda: running_triton(_empty_dir(workdir / "triton")), _describe_triton
+        )
+        cluster = postgres.result()
+        database_url = create_database(cluster, DATABASE)
+        coordinator, admin_key = _start_coordinator(launch, console, database_url)
+        service_key, run_key = _device_and_keys(coordinator.target, admin_key)
+        server = s3.result()
+        preview = _start_preview(launch, server, coordinator.target, service_key)
+        server.client().make_bucket(RECORDINGS_BUCKET)
+        runtime_id = _register_runtime(launch, console, coordinator.target, admin_key)
+        preview.wait()
+        models = triton.result()
+        processor = launch.service(
+            "processor",
+            "services.processor",
+            {
+                "PROCESSOR_DEVICE_ID": DEVICE_ID,
+                "PROCESSOR_KEY": run_key,
+                "PROCESSOR_RUNTIME_ID": runtime_id,
+                "PROCESSOR_COORDINATOR_TARGET": coordinator.target,
+                "PROCESSOR_PREVIEW_TARGET": preview.target,
+                "PROCESSOR_TRITON_TARGET": models.grpc_url,
+                "PROCESSOR_MODEL_REPOSITORY": str(models.model_repository),
+                "PROCESSOR_S3_ENDPOINT": server.endpoint,
+                "PROCESSOR_S3_ACCESS_KEY": server.access_key,
+                "PROCESSOR_S3_SECRET_KEY": server.secret_key,
+                "PROCESSOR_RECORDINGS_BUCKET": RECORDINGS_BUCKET,
+            },
+        )
+        processor.wait()
+        yield Stack(
+            workdir=workdir,
+            logs=logs,
+            base_env=base_env,
+            database_url=database_url,
+            s3=server,
+            triton=models,
+            coordinator=coordinator.target,
+            preview=preview.target,
+            processor=processor.target,
+            admin_key=admin_key,
+            device_id=DEVICE_ID,
+            runtime_id=runtime_id,
+            pids={
+                "postgres": cluster.pid or 0,
+                "seaweedfs": server.pid or 0,
+                "triton": models.pid,
+                "coordinator": coordinator.pid,
+                "preview": preview.pid,
+                "processor": processor.pid,
+            },
+        )
+
+
+def _start_coordinator(
+    launch: Launcher, console: Console, database_url: str
+) -> tuple[Service, str]:
+    """Migrate, start the server and, while it starts, create the first admin key."""
+    env = {"COORDINATOR_DATABASE_URL": database_url}
+    with console.stage("migrating the database (python -m services.coordinator migrate)"):
+        launch.command("migrate", "services.coordinator", ["migrate"], env)
+    coordinator = launch.service("coordinator", "services.coordinator", env)
+    with console.stage("creating the admin key (services.coordinator create-admin-key)"):
+        printed = launch.command(
+            "admin-key", "services.coordinator", ["create-admin-key", "--name", "demo"], env
+        )
+    secrets = [
+        line["secret"] for line in announcements(printed) if line.get("event") == "admin-key"
+    ]
+    coordinator.wait()
+    return coordinator, str(secrets[0])
+
+
+def _start_preview(
+    launch: Launcher, server: S3Server, coordinator: str, service_key: str
+) -> Service:
+    env = {
+        "PREVIEW_S3_ENDPOINT": server.endpoint,
+        "PREVIEW_S3_ACCESS_KEY": server.access_key,
+        "PREVIEW_S3_SECRET_KEY": server.secret_key,
+        "PREVIEW_BUCKET": PREVIEW_BUCKET,
+        "PREVIEW_COORDINATOR_TARGET": coordinator,
+        "PREVIEW_SERVICE_KEY": service_key,
+    }
+    return launch.service("preview", "services.preview", env)
+
+
+def _register_runtime(launch: Launcher, console: Console, coordinator: str, admin_key: str) -> str:
+    with console.stage("registering the runtime (services.processor register-runtime)"):
+        printed = launch.command(
+            "register-runtime",
+            "services.processor",
+            ["register-runtime", "--device", DEVICE_ID],
+            {COORDINATOR_ENV: coordinator, KEY_ENV: admin_key},
+        )
+    return str(json.loads(printed)["runtime_id"])
+
+
+def _device_and_keys(target: str, admin_key: str) -> tuple[str, str]:
+    """Registers the demo's device; returns new secrets for the preview service (scope
+    `service`) and the processor (`workshop:run`, bound to the device)."""
+    metadata = bearer_metadata(admin_key)
+    with grpc.insecure_channel(target) as channel:
+        operator = operator_pb2_grpc.OperatorServiceStub(channel)
+        operator.RegisterDevice(
+            op.RegisterDeviceRequest(device_id=DEVICE_ID, description="the demo's processor"),
+            metadata=metadata,
+            timeout=CALL_TIMEOUT_S,
+        )
+        service = operator.CreateKey(
+            op.CreateKeyRequest(
+                name="demo-preview", scopes=[common_pb2.KeyScope(scope=common_pb2.SCOPE_SERVICE)]
+            ),
+            metadata=metadata,
+            timeout=CALL_TIMEOUT_S,
+        )
+        run = operator.CreateKey(
+            op.CreateKeyRequest(
+                name="demo-processor",
+                scopes=[
+                    common_pb2.KeyScope(scope=common_pb2.SCOPE_WORKSHOP_RUN, device_id=DEVICE_ID)
+                ],
+            ),
+            metadata=metadata,
+            timeout=CALL_TIMEOUT_S,
+        )
+    return service.secret, run.secret
+
+
+def _empty_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def _describe_postgres(cluster: PostgresCluster) -> str:
+    return f"pid {cluster.pid}, {cluster.host}:{cluster.port}"
+
+
+def _describe_s3(server: S3Server) -> str:
+    return f"pid {server.pid}, S3 on {server.endpoint}"
+
+
+def _describe_triton(server: TritonServer) -> str:
+    return f"pid {server.pid}, gRPC on {server.grpc_url}"

@@ -1,0 +1,126 @@
+"""`python -m workshop.demo` end to end, twice in a row: each run exits 0, prints 20 frame
+rows with the scenes' detections and their previews, and leaves no process it started.
+
+The first run gets a new temporary work directory; the second reuses that one with
+`--workdir`, so a finished demo's directory and state do not break the next run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workshop.local.postgres import PostgresUnavailable
+from workshop.local.postgres import check_available as check_postgres
+from workshop.local.s3 import WeedNotFound, find_weed
+from workshop.local.triton import TritonUnavailable
+from workshop.local.triton import check_available as check_triton
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = {"person", "vehicle", "animal"}
+STACK = {"postgres", "seaweedfs", "triton", "coordinator", "preview", "processor"}
+ROW = re.compile(r"^(\d+)\s+(\d\d:\d\d:\d\d)\s+(cam-[ab])\s+(.+?)\s+(\S+/\d+\.jpg)$")
+DETECTION = re.compile(r"(\w+) (\d\.\d\d) \((\d+),(\d+) (\d+)x(\d+)\)")
+WORKDIR = re.compile(r"^workshop demo: work directory (\S+)$", re.MULTILINE)
+PIDS = re.compile(r"^stack pids: (.+)$", re.MULTILINE)
+PID = re.compile(r"\bpid (\d+)\b")
+
+
+@pytest.fixture(autouse=True)
+def _components_installed() -> None:
+    try:
+        check_postgres()
+        find_weed()
+        check_triton()
+    except (PostgresUnavailable, WeedNotFound, TritonUnavailable) as missing:
+        pytest.skip(str(missing))
+
+
+def run_demo(tmp_path: Path, *args: str) -> tuple[str, float]:
+    began = time.perf_counter()
+    finished = subprocess.run(
+        [sys.executable, "-m", "workshop.demo", *args],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # the default work directory goes here
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    elapsed = time.perf_counter() - began
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    return finished.stdout, elapsed
+
+
+def check_frames(output: str) -> None:
+    rows = [match for line in output.splitlines() if (match := ROW.match(line))]
+    assert [int(row[1]) for row in rows] == list(range(1, 21)), output
+    assert sorted(row[3] for row in rows) == ["cam-a"] * 10 + ["cam-b"] * 10
+    for row in rows:
+        detections = DETECTION.findall(row[4])
+        # Every scene object stays in frame the whole recording: each frame shows all three.
+        assert {d[0] for d in detections} == CLASSES, row[0]
+        assert all(float(d[1]) >= 0.5 for d in detections), row[0]
+
+
+def check_previews(workdir: Path) -> None:
+    copies = sorted((workdir / "previews").glob("*.jpg"))
+    assert len(copies) == 20
+    assert all(path.read_bytes()[:2] == b"\xff\xd8" for path in copies)
+
+
+def started_pids(output: str) -> set[int]:
+    (line,) = PIDS.findall(output)
+    named = dict(entry.split("=") for entry in line.split())
+    assert set(named) == STACK
+    pids = {int(pid) for pid in named.values()} | {int(pid) for pid in PID.findall(output)}
+    assert 0 not in pids
+    return pids
+
+
+def running(pid: int) -> bool:
+    """True while the process exists and is not a zombie (a reaped-late child of init)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def processes_mentioning(path: Path) -> list[str]:
+    """Command lines of live processes that name `path` (Triton and SeaweedFS do)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or not running(int(proc.name)):
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(path) in command:
+            found.append(f"{proc.name}: {command}")
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_the_demo_runs_twice_and_leaves_nothing_running(tmp_path: Path) -> None:
+    first, first_s = run_demo(tmp_path)
+    (workdir,) = WORKDIR.findall(first)
+    assert Path(workdir).parent == tmp_path
+    second, second_s = run_demo(tmp_path, "--workdir", workdir)
+    print(f"demo runs took {first_s:.1f} s and {second_s:.1f} s")
+
+    for output in (first, second):
+        check_frames(output)
+        assert not [pid for pid in started_pids(output) if running(pid)], output
+    check_previews(Path(workdir))
+    assert processes_mentioning(Path(workdir)) == []
