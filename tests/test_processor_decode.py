@@ -7,6 +7,7 @@ so a test can tell which frame a decoder returned.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from numpy.typing import NDArray
 
 from services.processor.decode import (
+    CHUNK_BYTES,
     MAX_FRAMES_PER_CHUNK,
     DaliDecoder,
     DecodeError,
@@ -24,7 +26,9 @@ from services.processor.decode import (
     RecordingTooShort,
     StreamInfo,
     choose_decoder,
+    frames_per_chunk,
     gpu_available,
+    plan_chunks,
     probe,
     slot_frames,
 )
@@ -54,11 +58,13 @@ def frame_number(image: NDArray[np.uint8]) -> int:
     return number
 
 
-def write_recording(path: Path, codec: str) -> Path:
+def write_recording(path: Path, codec: str, *, gop: int | None = None) -> Path:
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=FPS)
         assert isinstance(stream, av.VideoStream)
         stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        if gop is not None:
+            stream.codec_context.gop_size = gop
         for index in range(FRAME_COUNT):
             frame = av.VideoFrame.from_ndarray(synthetic_frame(index), format="rgb24")
             container.mux(stream.encode(frame))
@@ -69,6 +75,12 @@ def write_recording(path: Path, codec: str) -> Path:
 @pytest.fixture(scope="module")
 def vp9(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_recording(tmp_path_factory.mktemp("rec") / "clip.webm", "libvpx-vp9")
+
+
+@pytest.fixture(scope="module")
+def vp9_short_gops(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A keyframe every 10 frames: four GOPs."""
+    return write_recording(tmp_path_factory.mktemp("rec") / "gops.webm", "libvpx-vp9", gop=10)
 
 
 @pytest.fixture(scope="module")
@@ -204,18 +216,80 @@ def test_dali_resizes_in_the_pipeline_and_accepts_bytes(vp9: Path) -> None:
 def test_dali_yields_bounded_chunks(vp9: Path) -> None:
     wanted = list(range(FRAME_COUNT))
 
-    chunks = list(DaliDecoder("cpu").chunks(vp9, wanted, out_height=36, out_width=64))
+    decoder = DaliDecoder("cpu", max_chunk_frames=16)
+    chunks = list(decoder.chunks(vp9, wanted, out_height=36, out_width=64))
 
     assert [len(chunk) for chunk in chunks] == [16, 16, 8]
     assert numbers(np.concatenate(chunks)) == wanted
 
 
+def test_dali_cuts_chunks_at_keyframes(vp9_short_gops: Path) -> None:
+    """GOPs of 10 frames, 5 wanted from each: chunks hold whole GOPs (10 frames, not 12)."""
+    keyframes = [index for index, key in enumerate(_keyframe_flags(vp9_short_gops)) if key]
+    assert keyframes == [0, 10, 20, 30]
+    wanted = [i for start in keyframes for i in range(start + 1, start + 10, 2)][:16]
+
+    decoder = DaliDecoder("cpu", max_chunk_frames=12)
+    chunks = list(decoder.chunks(vp9_short_gops, wanted, out_height=HEIGHT, out_width=WIDTH))
+
+    assert [len(chunk) for chunk in chunks] == [10, 6]
+    assert numbers(np.concatenate(chunks)) == wanted
+
+
+def _keyframe_flags(path: Path) -> list[bool]:
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = sorted(
+            (packet.pts, packet.is_keyframe) for packet in container.demux(stream) if packet.size
+        )
+    return [key for _, key in packets]
+
+
+def test_plan_chunks_keeps_gops_together_and_the_request_order() -> None:
+    keyframes = [0, 10, 20, 30]
+
+    assert list(plan_chunks([1, 3, 11, 13, 15, 21, 23], keyframes, 4)) == [
+        [1, 3],
+        [11, 13, 15],
+        [21, 23],
+    ]
+    assert list(plan_chunks([1, 3, 11, 13], keyframes, 4)) == [[1, 3, 11, 13]]
+    # One GOP asking for more than a chunk holds is split; unknown keyframes: by count.
+    assert list(plan_chunks(list(range(10)), keyframes, 4)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert list(plan_chunks([5, 1, 30, 2], [], 3)) == [[5, 1, 30], [2]]
+    # Going back to an earlier GOP starts a new run.
+    assert list(plan_chunks([11, 1, 12], keyframes, 8)) == [[11, 1, 12]]
+    assert list(plan_chunks([11, 12, 1, 2, 13], keyframes, 3)) == [[11, 12], [1, 2, 13]]
+
+
+def test_chunk_size_follows_the_byte_budget() -> None:
+    assert frames_per_chunk(640 * 360) == MAX_FRAMES_PER_CHUNK
+    assert frames_per_chunk(1920 * 1080) == CHUNK_BYTES // (1920 * 1080 * 3) < 16
+    assert frames_per_chunk(10_000 * 10_000) == 1
+
+
+def test_dali_without_resizing_gives_the_same_frames(vp9: Path) -> None:
+    """The stream's own size skips fn.resize; the frames are the ones a resize to another
+    size and back would give, up to rounding."""
+    decoder = DaliDecoder("cpu")
+
+    native = decoder.decode(vp9, [3, 21], out_height=HEIGHT, out_width=WIDTH)
+    halved = decoder.decode(vp9, [3, 21], out_height=HEIGHT // 2, out_width=WIDTH // 2)
+
+    assert native.shape == (2, HEIGHT, WIDTH, 3)
+    assert halved.shape == (2, HEIGHT // 2, WIDTH // 2, 3)
+    assert numbers(native) == numbers(halved) == [3, 21]
+    assert set(decoder._idle) == {None, (HEIGHT // 2, WIDTH // 2)}  # one pipeline each
+
+
 def test_pyav_decodes_h264_in_any_order_with_bounded_chunks(h264: Path) -> None:
     wanted = [39, 0, 12, 12, 1, *range(20, 35)]
 
-    chunks = list(PyAvDecoder().chunks(h264, wanted, out_height=72, out_width=128))
+    chunks = list(
+        PyAvDecoder(max_chunk_frames=16).chunks(h264, wanted, out_height=72, out_width=128)
+    )
 
-    assert [len(chunk) for chunk in chunks] == [MAX_FRAMES_PER_CHUNK, len(wanted) - 16]
+    assert [len(chunk) for chunk in chunks] == [16, len(wanted) - 16]
     assert all(chunk.shape[1:] == (72, 128, 3) for chunk in chunks)
     assert numbers(np.concatenate(chunks)) == wanted
 
@@ -299,6 +373,22 @@ def test_choose_decoder_by_codec_and_gpu() -> None:
     assert isinstance(h264_gpu, DaliDecoder)
     assert (h264_gpu.device, h264_gpu_name) == ("gpu", "dali-gpu")
     assert choose_decoder("prores", gpu_available=True)[1] == "pyav"
+    # One decoder per kind for the process: jobs share built pipelines.
+    assert choose_decoder("vp8", gpu_available=False)[0] is vp9_cpu
+    assert choose_decoder("hevc", gpu_available=False)[0] is h264_cpu
+
+
+def test_concurrent_dali_runs_reuse_their_pipelines(vp9: Path) -> None:
+    decoder = DaliDecoder("cpu")
+    wanted = [[1, 2], [30, 31], [17], [5, 39]]
+
+    def run(indices: list[int]) -> list[int]:
+        return numbers(decoder.decode(vp9, indices, out_height=HEIGHT, out_width=WIDTH))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for _ in range(3):
+            assert list(pool.map(run, wanted)) == wanted
+    assert 1 <= len(decoder._idle[None]) <= 2
 
 
 def test_gpu_detection_is_safe_anywhere() -> None:

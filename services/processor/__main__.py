@@ -7,11 +7,12 @@ import asyncio
 import json
 import os
 import sys
+from typing import cast
 
 import grpc
 
 from services.processor.decode import gpu_available
-from services.processor.inference import ModelServer
+from services.processor.inference import ModelServer, SharedMemoryMode
 from services.processor.manifest import ENGINE, code_sha256, manifest_for
 from services.processor.recordings import RecordingStore
 from services.processor.settings import PREFIX, ProcessorSettings
@@ -44,7 +45,11 @@ async def run_server(settings: ProcessorSettings) -> None:
         settings.recordings_bucket,
         secure=settings.s3_secure,
     )
-    models = ModelServer(settings.triton_target, settings.model_repository)
+    models = ModelServer(
+        settings.triton_target,
+        settings.model_repository,
+        shared_memory=cast(SharedMemoryMode, settings.triton_shared_memory),
+    )
     async with (
         open_channel(settings.coordinator_target) as coordinator,
         open_channel(settings.preview_target) as preview,

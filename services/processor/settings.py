@@ -33,9 +33,16 @@ class ProcessorSettings(ServerSettings):
     heartbeat_seconds: float = setting(
         0.0, help="Seconds between lease heartbeats; 0 = the coordinator's interval (45 s)."
     )
+    triton_shared_memory: str = setting(
+        "auto",
+        help="Frames to Triton through system shared memory: auto (when TRITON_TARGET is "
+        "loopback; falls back to gRPC if Triton cannot map it), on (required), off.",
+    )
 
     def validate(self) -> None:
         if not 1 <= self.in_flight <= 16:
             raise SettingsError(f"{PREFIX}_IN_FLIGHT", "must be 1..16")
         if self.heartbeat_seconds < 0:
             raise SettingsError(f"{PREFIX}_HEARTBEAT_SECONDS", "must be 0 or more")
+        if self.triton_shared_memory not in ("auto", "on", "off"):
+            raise SettingsError(f"{PREFIX}_TRITON_SHARED_MEMORY", "must be auto, on or off")

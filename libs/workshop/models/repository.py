@@ -43,6 +43,9 @@ from workshop.models.layout import (
 )
 
 Backend = Literal["python", "onnxruntime"]
+# Where Triton places instances. The python wrapper runs onnxruntime's CPU provider either
+# way; KIND_GPU pays with the onnxruntime (or TensorRT) backend of a GPU build of Triton.
+InstanceKind = Literal["KIND_CPU", "KIND_GPU"]
 
 PYTHON_MODEL_FILE = "model.py"
 CONFIG_FILE = "config.pbtxt"
@@ -108,6 +111,7 @@ def publish_version(
     threads: int = 1,
     backend: Backend = "python",
     max_queue_delay_microseconds: int | None = None,
+    instance_kind: InstanceKind = "KIND_CPU",
 ) -> ModelFiles:
     """Write version `version` of model `name` and (re)write the model's config.
 
@@ -126,6 +130,7 @@ def publish_version(
         instances=instances,
         threads=threads,
         max_queue_delay_microseconds=max_queue_delay_microseconds,
+        instance_kind=instance_kind,
     )
     model_dir = repo / name
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -205,6 +210,7 @@ def _render_config(
     instances: int,
     threads: int,
     max_queue_delay_microseconds: int | None,
+    instance_kind: InstanceKind,
 ) -> str:
     # The python wrapper reads `intra_op_threads`; the onnxruntime backend its own key.
     thread_key = "intra_op_threads" if backend == "python" else "intra_op_thread_count"
@@ -214,7 +220,7 @@ def _render_config(
         f"max_batch_size: {max_batch_size}",
         # Every version on disk is servable, so a new one loads next to those serving.
         "version_policy: { all: {} }",
-        f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]",
+        f"instance_group [ {{ kind: {instance_kind} count: {instances} }} ]",
         "parameters {",
         f'  key: "{thread_key}"',
         f'  value {{ string_value: "{threads}" }}',

@@ -1,0 +1,933 @@
+"""Processor throughput through the whole path, against a plain in-process loop.
+
+    .venv/bin/python -m bench.processor_throughput [--recordings 10] [--seconds 60]
+        [--codec h264|vp9] [--interval 1] [--in-flight 3] [--repeat 1] [--drop-frames]
+        [--set NAME=VALUE ...] [--profile] [--check]
+
+Recordings: `--recordings` synthetic scenes (`workshop.demo.scenes`, seeds 1..N) of
+`--seconds` at 10 fps, 640x360, encoded once into a cache directory (`--cache-dir`,
+default `~/.cache/workshop-bench/processor_throughput`, one folder per codec, size,
+length, PyAV version and scenes source) and reused. H.264 by default, since that is
+what cameras and recorders write; `--codec vp9` runs the same through DALI's CPU decoder.
+
+Started for the run, every part on loopback and stopped on exit (also on error, Ctrl-C
+or SIGTERM; on error the services' logs are kept and their folder named): a throwaway
+Postgres cluster with a migrated database, SeaweedFS (`weed mini`) holding the
+recordings and the previews, the bundled Triton with the demo detector published as
+version 1 (max batch 8, two instances of one onnxruntime thread each) and loaded, and
+three service processes as they are deployed: the coordinator (`python -m
+services.coordinator`, scheduler and maintenance loops off), the preview service and the
+processor (`python -m services.processor`, PROCESSOR_IN_FLIGHT = `--in-flight`; `--set
+NAME=VALUE` adds PROCESSOR_NAME=VALUE, e.g. TRITON_SHARED_MEMORY=off).
+
+Measured, after a warm-up test run of two frames, `--repeat` times (baseline, processor),
+then the baseline once more:
+- **baseline**: one plain loop in this process that decodes the frames the run samples
+  with PyAV (its default threading, forward decoding, rgb24 at the model's size) and
+  runs the same ONNX file with onnxruntime (default session options, warmed up), in
+  batches of 8;
+- **processor**: a full run over all recordings, one frame every `--interval` seconds
+  (the workflow contract's finest interval is 1 s; 2 fps cannot be asked for), from
+  CreateRun until every job finished: claim, download, checksum, decode, Triton,
+  routing, then a preview and an upload of every frame (every frame shows objects of
+  the rule's classes), complete. A test run would stop at 100 images. With
+  `--drop-frames` the rule sends every frame to Do nothing instead: no previews or
+  uploads, the processor's own path. The first claim comes up to the coordinator's
+  retry_after (2 s) after CreateRun, since an idle processor waits that long between
+  empty claims; the rate from the first claim is printed too.
+
+Each pass reports frames/s, the cores that other processes of the machine kept busy
+meanwhile (from /proc/stat), CPU ms per frame of every part (from /proc, each service's
+process and its children; this process by getrusage) and the rate the machine's cores
+would give at that CPU per frame ("CPU-bound"), which other work disturbs much less
+than wall time. `--profile` runs the processor under cProfile (its event-loop thread)
+and prints the top functions; the processor's per-thread CPU is always printed.
+
+Memory: the processor's peak resident set is the kernel's high-water mark (`VmHWM` in
+/proc/<pid>/status) of the processor process, plus those of any children it has (none
+today). Triton is a separate server: its peak is reported on its own, sampled every
+0.5 s as the summed `VmRSS` of tritonserver and its python-backend stubs.
+
+The last line is `RESULT processor_fps=<x> baseline_fps=<y> ratio=<x/y> peak_rss_mb=<z>`
+with the median pass of each side; targets: ratio >= 0.7 and peak RSS <= 1,500 MB.
+`--check` exits 1 when one is missed. Results and analysis: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import io
+import os
+import pstats
+import resource
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import av
+import numpy as np
+import onnxruntime as ort
+import tritonclient.grpc as triton_client
+
+import workshop.demo.scenes as scenes_module
+from services.coordinator.auth import Grant, ScopeName
+from services.processor import decode
+from services.processor.manifest import code_sha256
+from tests.coordinator_world import DAY, save_workflow, stamp, workflow_spec
+from tests.harness.coordinator import CoordinatorHarness, coordinator_client
+from workshop.demo.scenes import random_scene, write_recording
+from workshop.local.postgres import (
+    PostgresCluster,
+    PostgresUnavailable,
+    create_migrated_database,
+    postgres_cluster,
+)
+from workshop.local.processes import ServiceProcess, running_service
+from workshop.local.s3 import S3LaunchError, S3Server, running_s3_server
+from workshop.local.triton import TritonServer, TritonStartError, running_triton
+from workshop.models.detector import CLASSES, build_detector, weights_sha256
+from workshop.models.repository import publish_version
+from workshop.v1 import common_pb2, run_pb2
+from workshop.v1 import operator_pb2 as op
+from workshop.v1 import workshop_pb2 as ws
+
+DATABASE = "bench_processor"
+RECORDINGS_BUCKET = "recordings"
+PREVIEW_BUCKET = "previews"
+DEVICE = "bench-box"
+MODEL = "detector"
+WIDTH, HEIGHT, FPS = 640, 360, 10
+MAX_BATCH = 8
+MODEL_INSTANCES, MODEL_THREADS = 2, 1  # best on 2 cores (DESIGN.md, "Processor")
+START = DAY + timedelta(hours=8)
+TARGET_RATIO = 0.7
+TARGET_RSS_MB = 1500
+READY_TIMEOUT_S = 60.0
+STALL_S = 90.0
+UNFINISHED_SQL = """
+SELECT count(*) AS jobs,
+       count(*) FILTER (WHERE state IN ('queued', 'leased')) AS unfinished,
+       count(*) FILTER (WHERE state <> 'queued') AS started,
+       coalesce(sum(progress), 0) AS progress
+FROM jobs WHERE run_id = $1
+"""
+POLL_S = 0.1
+MEMORY_POLL_S = 0.5
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count() or 1
+DEFAULT_CACHE = Path.home() / ".cache" / "workshop-bench" / "processor_throughput"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    camera: str
+    path: Path
+    sha256: str
+    byte_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    name: str
+    frames: int
+    wall_s: float
+    cpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    others_cores: float = 0.0  # cores busy with processes this benchmark did not start
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.wall_s
+
+    @property
+    def cpu_bound_fps(self) -> float:
+        """The rate all cores would give at this pass's CPU seconds per frame."""
+        return CORES * self.frames / sum(self.cpu_s.values())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.processor_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--recordings", type=int, default=10, help="recordings (jobs)")
+    parser.add_argument("--seconds", type=int, default=60, help="length of each recording")
+    parser.add_argument("--codec", choices=("h264", "vp9"), default="h264")
+    parser.add_argument("--interval", type=int, default=1, help="sampling interval, seconds")
+    parser.add_argument("--in-flight", type=int, default=3, help="PROCESSOR_IN_FLIGHT")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra processor setting, e.g. TRITON_SHARED_MEMORY=off (PROCESSOR_ is added)",
+    )
+    parser.add_argument(
+        "--drop-frames",
+        action="store_true",
+        help="route every frame to Do nothing: no previews or uploads (the processor's core)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="processor passes (baseline passes: one more)"
+    )
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument(
+        "--profile", action="store_true", help="run the processor under cProfile; print it"
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    if args.recordings < 1 or args.seconds < 2 or not 1 <= args.interval < args.seconds:
+        parser.error("need --recordings >= 1, --seconds >= 2 and 1 <= --interval < --seconds")
+    if args.repeat < 1:
+        parser.error("need --repeat >= 1")
+    extra = dict(item.split("=", 1) for item in args.set if "=" in item)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    recordings = cached_recordings(args.cache_dir, args.recordings, args.seconds, args.codec)
+    try:
+        with (
+            postgres_cluster() as cluster,
+            _scratch() as scratch,
+        ):
+            (scratch / "s3").mkdir()
+            (scratch / "triton").mkdir()
+            with (
+                running_s3_server(scratch / "s3") as s3,
+                running_triton(scratch / "triton") as triton,
+            ):
+                dsn = create_migrated_database(cluster, DATABASE)
+                for bucket in (RECORDINGS_BUCKET, PREVIEW_BUCKET):
+                    s3.client().make_bucket(bucket)
+                weights = build_detector(HEIGHT, WIDTH)
+                publish_version(
+                    triton.model_repository,
+                    MODEL,
+                    1,
+                    weights,
+                    classes=CLASSES,
+                    max_batch_size=MAX_BATCH,
+                    instances=MODEL_INSTANCES,
+                    threads=MODEL_THREADS,
+                )
+                say(
+                    f"postgres {cluster.host}:{cluster.port}; seaweedfs {s3.endpoint}; "
+                    f"triton {triton.grpc_url} (pid {triton.pid})"
+                )
+                processor, baseline, rss = asyncio.run(
+                    _bench(dsn, cluster, s3, triton, scratch, recordings, weights, args, extra)
+                )
+    except PostgresUnavailable as unavailable:
+        say(f"cannot start a private Postgres cluster: {unavailable}")
+        return 2
+    except (S3LaunchError, TritonStartError) as problem:
+        say(f"cannot start a dependency: {problem}")
+        return 2
+    ratio = processor.fps / baseline.fps
+    say(
+        f"RESULT processor_fps={processor.fps:.1f} baseline_fps={baseline.fps:.1f} "
+        f"ratio={ratio:.2f} peak_rss_mb={rss:.0f}"
+    )
+    missed = ratio < TARGET_RATIO or rss > TARGET_RSS_MB
+    return 1 if args.check and missed else 0
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """A work directory, removed afterwards; kept with the services' logs on failure."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-processor-"))
+    try:
+        yield folder
+    except BaseException:
+        say(f"logs kept in {folder} (coordinator.log, preview.log, processor.log)")
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+# Recordings -----------------------------------------------------------------------------
+
+
+def cached_recordings(cache: Path, count: int, seconds: int, codec: str) -> list[Recording]:
+    """Scenes 1..count encoded once; the directory name covers every input of the bytes."""
+    source = Path(scenes_module.__file__).read_bytes()
+    version = f"{av.__version__}-{hashlib.sha256(source).hexdigest()[:12]}"
+    folder = cache / f"{codec}-{WIDTH}x{HEIGHT}-{FPS}fps-{seconds}s-{version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = "webm" if codec == "vp9" else "mp4"
+    made = 0
+    began = time.perf_counter()
+    found = []
+    for seed in range(1, count + 1):
+        path = folder / f"scene-{seed:03d}.{suffix}"
+        if not path.exists():
+            partial = path.with_suffix(".partial")
+            scene = random_scene(seed, width=WIDTH, height=HEIGHT, seconds=seconds)
+            write_recording(partial, scene, seconds=seconds, fps=FPS, codec=codec)  # type: ignore[arg-type]
+            partial.rename(path)
+            made += 1
+        data = path.read_bytes()
+        found.append(
+            Recording(f"cam-{seed:03d}", path, hashlib.sha256(data).hexdigest(), len(data))
+        )
+    note = f"encoded {made} in {time.perf_counter() - began:.1f} s" if made else "all cached"
+    say(
+        f"recordings: {count} x {seconds} s {codec} {WIDTH}x{HEIGHT} {FPS} fps in {folder} ({note})"
+    )
+    return found
+
+
+# The benchmark ----------------------------------------------------------------------------
+
+
+async def _bench(
+    dsn: str,
+    cluster: PostgresCluster,
+    s3: S3Server,
+    triton: TritonServer,
+    scratch: Path,
+    recordings: list[Recording],
+    weights: bytes,
+    args: argparse.Namespace,
+    extra: dict[str, str],
+) -> tuple[Figures, Figures, float]:
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    wanted = await asyncio.to_thread(sampled_frames, recordings, args.seconds, args.interval)
+    frames = sum(len(indices) for indices in wanted)
+    _load_model(triton)
+    session = _session(weights)
+    async with _services(dsn, s3, scratch) as (c, pids):
+        runtime_id, key = await _world(c, s3, recordings, weights, args)
+        env = _processor_env(c, s3, triton, pids["preview_port"], runtime_id, key, args, extra)
+        profile = scratch / "processor.prof" if args.profile else None
+        with _processor_process(env, scratch / "processor.log", profile) as processor:
+            meter = CpuMeter(
+                {
+                    "processor": processor.pid,
+                    "triton": triton.pid,
+                    "coordinator": pids["coordinator"],
+                    "preview": pids["preview"],
+                    "seaweedfs": s3.pid or 0,
+                    "postgres": cluster.pid or 0,
+                }
+            )
+            with _MemoryWatch(processor.pid, triton.pid) as memory:
+                await _warm_up(c, runtime_id, processor)
+                phases = []
+                threads: dict[str, float] = {}
+                for attempt in range(1, args.repeat + 1):
+                    phases.append(
+                        await meter.measure(
+                            "baseline", lambda: _baseline(recordings, wanted, session)
+                        )
+                    )
+                    threads_before = _thread_cpu(processor.pid)
+                    phases.append(
+                        await meter.measure(
+                            "processor",
+                            lambda attempt=attempt: _processor_run(
+                                c,
+                                runtime_id,
+                                processor,
+                                recordings,
+                                frames,
+                                f"measured-{attempt}",
+                                args.drop_frames,
+                            ),
+                        )
+                    )
+                    for name, seconds in _delta(_thread_cpu(processor.pid), threads_before).items():
+                        threads[name] = threads.get(name, 0.0) + seconds
+                phases.append(
+                    await meter.measure("baseline", lambda: _baseline(recordings, wanted, session))
+                )
+            _check_alive(processor)
+            peak = memory.processor_peak_mb()
+            service_mb = {name: _hwm_mb(pids[name]) for name in ("coordinator", "preview")}
+    _print_table(phases, args, frames)
+    busiest = sorted(threads.items(), key=lambda item: -item[1])[:5]
+    say(
+        "processor threads, CPU ms per frame: "
+        + ", ".join(
+            f"{name} {seconds * 1000 / (frames * args.repeat):.2f}" for name, seconds in busiest
+        )
+        + " ('main' runs the event loop; Python's worker threads all show as 'python';"
+        " threads that ended before the end of a pass are not counted)"
+    )
+    if profile is not None:
+        _print_profile(profile)
+    say(
+        f"peak RSS: processor {peak:.0f} MB (VmHWM of the process and its children, "
+        f"{args.in_flight} recordings in flight); triton {memory.triton_peak_mb:.0f} MB "
+        "(server + python stubs, sampled); "
+        f"coordinator {service_mb['coordinator']:.0f} MB; preview {service_mb['preview']:.0f} MB"
+    )
+    run = _median("processor", [phase for phase in phases if phase.name == "processor"])
+    baseline = _median("baseline", [phase for phase in phases if phase.name == "baseline"])
+    ratio = run.fps / baseline.fps
+    processor_cpu = statistics.median(p.cpu_bound_fps for p in phases if p.name == "processor")
+    baseline_cpu = statistics.median(p.cpu_bound_fps for p in phases if p.name == "baseline")
+    say(
+        f"CPU-bound ratio {processor_cpu / baseline_cpu:.2f} (median CPU-bound frames/s: "
+        f"processor {processor_cpu:.1f}, baseline {baseline_cpu:.1f})"
+    )
+    say(
+        f"ratio processor / baseline {ratio:.2f} (target >= {TARGET_RATIO}: "
+        f"{'met' if ratio >= TARGET_RATIO else 'MISSED'}); peak RSS {peak:.0f} MB "
+        f"(target <= {TARGET_RSS_MB}: {'met' if peak <= TARGET_RSS_MB else 'MISSED'})"
+    )
+    return run, baseline, peak
+
+
+def sampled_frames(recordings: list[Recording], seconds: int, interval: int) -> list[list[int]]:
+    """The frame index of each slot, as the processor maps them (set-up, not measured)."""
+    starts = [START + timedelta(seconds=k) for k in range(0, seconds, interval)]
+    ends = [start + timedelta(seconds=interval) for start in starts]
+    found = []
+    for recording in recordings:
+        info = decode.probe(recording.path)
+        indices = decode.slot_frames(info, START, starts, ends)
+        found.append([index for index in indices if index is not None])
+    return found
+
+
+def _load_model(triton: TritonServer) -> None:
+    """Loaded before the processor starts, so no measured part waits for the stubs."""
+    client = triton_client.InferenceServerClient(triton.grpc_url)
+    try:
+        client.load_model(MODEL)
+    finally:
+        client.close()
+
+
+@contextlib.asynccontextmanager
+async def _services(
+    dsn: str, s3: S3Server, scratch: Path
+) -> AsyncIterator[tuple[CoordinatorHarness, dict[str, int]]]:
+    """The coordinator and the preview service as their own processes."""
+    common = {"HOST": "127.0.0.1", "PORT": "0", "DRAIN_SECONDS": "0", "GRACE_SECONDS": "1"}
+    coordinator_env = {
+        **common,
+        "DATABASE_URL": dsn,
+        "SCHEDULER_INTERVAL_SECONDS": "0",
+        "MAINTENANCE_INTERVAL_SECONDS": "0",
+    }
+    with running_service(
+        "services.coordinator",
+        {f"COORDINATOR_{key}": value for key, value in coordinator_env.items()},
+        scratch / "coordinator.log",
+        ready_timeout=READY_TIMEOUT_S,
+    ) as (coordinator, serving):
+        async with coordinator_client(dsn, int(serving["port"])) as c:
+            preview_env = {
+                **common,
+                "S3_ENDPOINT": s3.endpoint,
+                "S3_ACCESS_KEY": s3.access_key,
+                "S3_SECRET_KEY": s3.secret_key,
+                "BUCKET": PREVIEW_BUCKET,
+                "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
+                "SERVICE_KEY": await c.key(Grant(ScopeName.SERVICE), name="preview-service"),
+                "CLEANUP_INTERVAL_SECONDS": "0",
+            }
+            with running_service(
+                "services.preview",
+                {f"PREVIEW_{key}": value for key, value in preview_env.items()},
+                scratch / "preview.log",
+                ready_timeout=READY_TIMEOUT_S,
+            ) as (preview, announced):
+                yield (
+                    c,
+                    {
+                        "coordinator": coordinator.pid,
+                        "preview": preview.pid,
+                        "preview_port": int(announced["port"]),
+                    },
+                )
+
+
+async def _world(
+    c: CoordinatorHarness,
+    s3: S3Server,
+    recordings: list[Recording],
+    weights: bytes,
+    args: argparse.Namespace,
+) -> tuple[str, str]:
+    """Device, runtime of this checkout, cameras with their recordings in S3, the model,
+    the bucket and the workflow; returns the runtime id and a processor key."""
+    md = c.admin
+    await c.operator.RegisterDevice(op.RegisterDeviceRequest(device_id=DEVICE), metadata=md)
+    runtime = await c.operator.RegisterRuntime(
+        op.RegisterRuntimeRequest(
+            device_id=DEVICE,
+            engine="workshop-processor",
+            code_sha256=code_sha256(),
+            capabilities=["workshop-v3"],
+        ),
+        metadata=md,
+    )
+    client = s3.client()
+    for recording in recordings:
+        key = f"recordings/{recording.path.name}"
+        await asyncio.to_thread(client.fput_object, RECORDINGS_BUCKET, key, str(recording.path))
+        await c.operator.PutCamera(op.PutCameraRequest(camera_id=recording.camera), metadata=md)
+        await c.operator.PutRecording(
+            op.PutRecordingRequest(
+                recording_id=f"{recording.camera}-0",
+                camera_id=recording.camera,
+                start=stamp(START),
+                end=stamp(START + timedelta(seconds=args.seconds)),
+                fps=FPS,
+                object_key=key,
+                sha256=recording.sha256,
+                byte_size=recording.byte_size,
+            ),
+            metadata=md,
+        )
+    await c.operator.PublishModelVersion(
+        op.PublishModelVersionRequest(
+            name=MODEL,
+            version=1,
+            weights_sha256=weights_sha256(weights),
+            classes=list(CLASSES),
+            input_shape=[HEIGHT, WIDTH, 3],
+        ),
+        metadata=md,
+    )
+    await c.operator.CreateBucket(op.CreateBucketRequest(bucket_id="yard"), metadata=md)
+    spec = workflow_spec(
+        cameras=[recording.camera for recording in recordings],
+        interval=args.interval,
+        window=(8, 9),
+        classes=CLASSES,
+    )
+    if args.drop_frames:
+        # Every frame shows all classes, so MATCH -> Do nothing drops every frame; the
+        # output stays reachable (NO_MATCH), as the workflow contract requires.
+        for edge in spec.graph.edges:
+            if edge.from_step_id == "rule":
+                edge.to_step_id = "drop" if edge.to_step_id == "save" else "save"
+    await save_workflow(c, "bench", spec)
+    key_secret = await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id=DEVICE), name="processor")
+    return runtime.runtime.runtime_id, key_secret
+
+
+@contextlib.contextmanager
+def _processor_process(
+    env: dict[str, str], log_path: Path, profile: Path | None
+) -> Iterator[ServiceProcess]:
+    """`python -m services.processor`, or under cProfile (its event-loop thread) with
+    --profile; the profile is written when it stops."""
+    if profile is None:
+        process = ServiceProcess("services.processor", env, log_path)
+    else:
+        args = ["-o", str(profile), "-m", "services.processor"]
+        process = ServiceProcess("cProfile", env, log_path, args=args)
+    try:
+        process.wait_event("serving", timeout=READY_TIMEOUT_S)
+        yield process
+    finally:
+        process.stop()
+
+
+def _print_profile(path: Path, lines: int = 30) -> None:
+    say()
+    say(f"processor profile, event-loop thread (cProfile, top {lines} by own time):")
+    out = io.StringIO()
+    pstats.Stats(str(path), stream=out).sort_stats("tottime").print_stats(lines)
+    say(out.getvalue().split("\n\n", 1)[-1].rstrip())
+
+
+def _processor_env(
+    c: CoordinatorHarness,
+    s3: S3Server,
+    triton: TritonServer,
+    preview_port: int,
+    runtime_id: str,
+    key: str,
+    args: argparse.Namespace,
+    extra: dict[str, str],
+) -> dict[str, str]:
+    values = {
+        "HOST": "127.0.0.1",
+        "PORT": "0",
+        "DRAIN_SECONDS": "0",
+        "GRACE_SECONDS": "1",
+        "LOG_LEVEL": "WARNING",
+        "DEVICE_ID": DEVICE,
+        "KEY": key,
+        "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
+        "PREVIEW_TARGET": f"127.0.0.1:{preview_port}",
+        "TRITON_TARGET": triton.grpc_url,
+        "MODEL_REPOSITORY": str(triton.model_repository),
+        "RUNTIME_ID": runtime_id,
+        "S3_ENDPOINT": s3.endpoint,
+        "S3_ACCESS_KEY": s3.access_key,
+        "S3_SECRET_KEY": s3.secret_key,
+        "RECORDINGS_BUCKET": RECORDINGS_BUCKET,
+        "IN_FLIGHT": str(args.in_flight),
+        **extra,
+    }
+    return {f"PROCESSOR_{name}": value for name, value in values.items()}
+
+
+async def _warm_up(c: CoordinatorHarness, runtime_id: str, processor: ServiceProcess) -> None:
+    """A two-frame test run: channels, decoders and the model path are warm afterwards."""
+    request = ws.CreateRunRequest(
+        run_id="warm-up",
+        workflow_id="bench",
+        runtime_id=runtime_id,
+        revision=1,
+        mode=common_pb2.RUN_MODE_TEST,
+        image_limit=2,
+    )
+    await c.workshop.CreateRun(request, metadata=c.admin)
+    detail, _ = await _finished(c, "warm-up", processor)
+    if detail.run.status != common_pb2.RUN_STATUS_COMPLETED:
+        raise AssertionError(f"the warm-up run did not complete: {detail}")
+
+
+async def _processor_run(
+    c: CoordinatorHarness,
+    runtime_id: str,
+    processor: ServiceProcess,
+    recordings: list[Recording],
+    frames: int,
+    run_id: str,
+    drop_frames: bool,
+) -> int:
+    request = ws.CreateRunRequest(
+        run_id=run_id,
+        workflow_id="bench",
+        runtime_id=runtime_id,
+        revision=1,
+        mode=common_pb2.RUN_MODE_FULL,
+    )
+    created = time.perf_counter()
+    await c.workshop.CreateRun(request, metadata=c.admin)
+    detail, claimed = await _finished(c, run_id, processor)
+    finished = time.perf_counter()
+    run = detail.run
+    decoders: dict[str, int] = {}
+    for job in detail.jobs:
+        decoders[job.decoder] = decoders.get(job.decoder, 0) + 1
+    say(
+        f"processor run: {run.counts.jobs_completed}/{len(recordings)} jobs completed, "
+        f"{run.counts.slots_frame} frames, {run.counts.slots_dropped} dropped, "
+        f"{run.counts.items_saved} items saved; decoders "
+        + ", ".join(f"{name or '?'} x{count}" for name, count in sorted(decoders.items()))
+        + f"; first claim {claimed - created:.2f} s after CreateRun (the processor idles up "
+        f"to the coordinator's retry_after between empty claims), from there "
+        f"{frames / (finished - claimed):.1f} frames/s"
+    )
+    if (
+        run.status != common_pb2.RUN_STATUS_COMPLETED
+        or (run.counts.slots_dropped if drop_frames else run.counts.slots_frame) != frames
+        or run.counts.items_saved != (0 if drop_frames else frames)
+    ):
+        failed = [job.failure_message for job in detail.jobs if job.failure_message]
+        raise AssertionError(f"the run did not label all {frames} frames: {run} {failed[:3]}")
+    return frames
+
+
+async def _finished(
+    c: CoordinatorHarness, run_id: str, processor: ServiceProcess
+) -> tuple[run_pb2.RunDetail, float]:
+    """Waits for the run's jobs to finish; fails early when nothing moves for STALL_S.
+    Returns the run's detail and when its first job was seen claimed (perf_counter).
+
+    Polled in the database (one cheap query), not with GetRun: its detail of recent
+    images would cost the coordinator and this process CPU while the processor works."""
+    last, moved, claimed = None, time.monotonic(), 0.0
+    while True:
+        async with c.db.connection() as connection:
+            row = await connection.fetchrow(UNFINISHED_SQL, run_id)
+        if row["started"] and not claimed:
+            claimed = time.perf_counter()
+        if row["jobs"] and not row["unfinished"]:
+            break
+        progress = (row["unfinished"], row["progress"])
+        if progress != last:
+            last, moved = progress, time.monotonic()
+        elif time.monotonic() - moved > STALL_S:
+            raise TimeoutError(
+                f"run {run_id} made no progress for {STALL_S:.0f} s; processor log:\n"
+                f"{processor.log_tail()}"
+            )
+        await asyncio.sleep(POLL_S)
+    reply: ws.GetRunResponse = await c.workshop.GetRun(
+        ws.GetRunRequest(run_id=run_id), metadata=c.admin
+    )
+    return reply.detail, claimed
+
+
+def _check_alive(processor: ServiceProcess) -> None:
+    if processor.process.poll() is not None:
+        raise RuntimeError(f"the processor exited early:\n{processor.log_tail()}")
+
+
+# Baseline ---------------------------------------------------------------------------------
+
+
+def _session(weights: bytes) -> ort.InferenceSession:
+    """The peer's session, warmed by one batch (the processor's model is warm too)."""
+    session = ort.InferenceSession(weights, providers=["CPUExecutionProvider"])
+    _infer(session, [np.zeros((HEIGHT, WIDTH, 3), dtype=np.uint8)] * MAX_BATCH)
+    return session
+
+
+async def _baseline(
+    recordings: list[Recording], wanted: list[list[int]], session: ort.InferenceSession
+) -> int:
+    return await asyncio.to_thread(_baseline_loop, recordings, wanted, session)
+
+
+def _baseline_loop(
+    recordings: list[Recording], wanted: list[list[int]], session: ort.InferenceSession
+) -> int:
+    """PyAV decode of the sampled frames and onnxruntime in process: the named peer."""
+    found = 0
+    for recording, indices in zip(recordings, wanted, strict=True):
+        data = recording.path.read_bytes()  # the processor downloads; this reads memory
+        batch: list[Any] = []
+        for frame in _decoded(data, indices):
+            batch.append(frame)
+            if len(batch) == MAX_BATCH:
+                found += _infer(session, batch)
+                batch = []
+        if batch:
+            found += _infer(session, batch)
+    if found == 0:
+        raise AssertionError("the baseline found no objects: it did not run the detector")
+    return sum(len(indices) for indices in wanted)
+
+
+def _decoded(data: bytes, indices: list[int]) -> Iterator[Any]:
+    """rgb24 frames at the model's size, forward decoding, in index order."""
+    remaining = set(indices)
+    with av.open(io.BytesIO(data), mode="r") as container:
+        stream = container.streams.video[0]  # PyAV's default threading: a plain loop
+        for index, frame in enumerate(container.decode(stream)):
+            if index in remaining:
+                remaining.discard(index)
+                yield frame.to_ndarray(format="rgb24", width=WIDTH, height=HEIGHT)
+                if not remaining:
+                    return
+
+
+def _infer(session: ort.InferenceSession, batch: list[Any]) -> int:
+    counts = session.run(["num_dets"], {"images": np.stack(batch)})[0]
+    return int(counts.sum())
+
+
+# Measuring ------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[float, int] | None:
+    """(own CPU s, parent pid) from /proc; None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[1])
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live process (one pass over /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            found = _proc_stat(int(entry.name))
+            if found is not None:
+                parents[int(entry.name)] = found[1]
+    return parents
+
+
+def _children(root: int, parents: dict[int, int] | None = None) -> list[int]:
+    """`root`'s descendants that are alive now."""
+    parents = _parents() if parents is None else parents
+    family = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in family and pid not in family:
+                family.add(pid)
+                grew = True
+    return sorted(family - {root})
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of `pid`, by thread name ("main" for the event loop's)."""
+    found: dict[str, float] = {}
+    try:
+        tasks = list(os.scandir(f"/proc/{pid}/task"))
+    except OSError:
+        return found
+    for task in tasks:
+        stat = _proc_stat_path(Path(task.path) / "stat")
+        if stat is None:
+            continue
+        name = "main" if task.name == str(pid) else _comm(Path(task.path) / "comm")
+        found[name] = found.get(name, 0.0) + stat
+    return found
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {name: seconds - before.get(name, 0.0) for name, seconds in after.items()}
+
+
+def _proc_stat_path(path: Path) -> float | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _comm(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _hwm_mb(pid: int) -> float:
+    return _status_kb(pid, "VmHWM") / 1024
+
+
+class _MemoryWatch:
+    """Samples the processor's children and Triton's memory every MEMORY_POLL_S on a
+    thread (one pass over /proc each: the sampling must not load the machine it measures)."""
+
+    def __init__(self, processor: int, triton: int) -> None:
+        self.processor = processor
+        self.triton = triton
+        self.triton_peak_mb = 0.0
+        self._children_hwm: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> _MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(MEMORY_POLL_S):
+            parents = _parents()
+            for child in _children(self.processor, parents):
+                self._children_hwm[child] = max(self._children_hwm.get(child, 0), _hwm_mb(child))
+            family = [self.triton, *_children(self.triton, parents)]
+            total = sum(_status_kb(pid, "VmRSS") for pid in family) / 1024
+            self.triton_peak_mb = max(self.triton_peak_mb, total)
+
+    def processor_peak_mb(self) -> float:
+        """The kernel's high-water mark of the processor, plus its children's (if any)."""
+        return _hwm_mb(self.processor) + sum(self._children_hwm.values())
+
+
+def _median(name: str, phases: list[Figures]) -> Figures:
+    """The pass with the median rate (the lower middle one of an even count)."""
+    ordered = sorted(phases, key=lambda phase: phase.fps)
+    return dataclasses.replace(ordered[(len(ordered) - 1) // 2], name=name)
+
+
+def _busy_cores_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, from /proc/stat)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU seconds of this process and of each service's process family."""
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.roots = roots
+
+    def mark(self) -> dict[str, float]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        parents = _parents()
+        marks = {}
+        for name, root in self.roots.items():
+            family = (root, *_children(root, parents)) if root else ()
+            marks[name] = sum((_proc_stat(pid) or (0.0, 0))[0] for pid in family)
+        marks["bench"] = usage.ru_utime + usage.ru_stime
+        return marks
+
+    async def measure(self, name: str, run: Any) -> Figures:
+        before, busy = self.mark(), _busy_cores_s()
+        began = time.perf_counter()
+        frames = await run()
+        wall = time.perf_counter() - began
+        after, busy = self.mark(), _busy_cores_s() - busy
+        cpu = {k: after[k] - before[k] for k in before}
+        others = max(0.0, busy - sum(cpu.values())) / wall
+        say(f"{name}: {frames} frames in {wall:.2f} s ({others:.2f} cores busy elsewhere)")
+        return Figures(name, frames, wall, cpu, others)
+
+
+def _print_table(phases: list[Figures], args: argparse.Namespace, frames: int) -> None:
+    say()
+    say(
+        f"{args.recordings} recordings x {args.seconds} s, {args.codec} {WIDTH}x{HEIGHT} "
+        f"{FPS} fps, one frame every {args.interval} s: {frames} frames per pass"
+    )
+    names = list(phases[0].cpu_s)
+    say(
+        f"{'':>10} {'frames/s':>9} {'wall s':>7} {'others':>7} {'CPU-bound':>9}   "
+        "CPU ms per frame: " + " ".join(f"{name:>11}" for name in names) + f" {'total':>7}"
+    )
+    for phase in phases:
+        per_frame = {k: v * 1000 / phase.frames for k, v in phase.cpu_s.items()}
+        say(
+            f"{phase.name:>10} {phase.fps:>9.1f} {phase.wall_s:>7.2f} {phase.others_cores:>7.2f}"
+            f" {phase.cpu_bound_fps:>9.1f}                     "
+            + " ".join(f"{per_frame[name]:>11.2f}" for name in names)
+            + f" {sum(per_frame.values()):>7.2f}"
+        )
+    say(
+        "others: cores busy with processes this benchmark did not start (other work on the "
+        f"machine); CPU-bound: frames/s that {CORES} cores would give at that CPU per frame, "
+        "which other work disturbs much less than wall time; the result takes the median "
+        "pass of each side"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
