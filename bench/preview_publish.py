@@ -10,7 +10,9 @@ the preview service (its own `service` key, S3 timeouts of 5 s, cleanup loop off
 
 - by default both in this process on real gRPC (loopback), the coordinator on the
   harness's frozen clock (`running_coordinator`, `running_preview`), sharing one event
-  loop and one GIL with the clients and the S3 SDK's threads;
+  loop (uvloop when installed, as the services' own processes run:
+  `workshop.kit.server.run_event_loop`) and one GIL with the clients and the S3 SDK's
+  threads;
 - with `--processes`, each as its own process (`python -m services.coordinator`,
   `python -m services.preview`, system clock), as they are deployed.
 
@@ -75,6 +77,7 @@ from tests.harness.s3 import REGION, S3Bucket, S3HarnessError, S3Server, running
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.hashing import sha256_hex
+from workshop.kit.server import run_event_loop
 from workshop.v1 import (
     common_pb2,
     jobs_pb2,
@@ -156,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dsn = create_migrated_database(cluster, DATABASE)
             s3.client().make_bucket(BUCKET)
             try:
-                fenced, direct = asyncio.run(_bench(dsn, cluster, s3, Path(scratch), args))
+                fenced, direct = run_event_loop(_bench(dsn, cluster, s3, Path(scratch), args))
             except asyncio.CancelledError:  # SIGTERM while the loop ran
                 raise SystemExit(128 + signal.SIGTERM) from None
     except PostgresUnavailable as unavailable:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 
@@ -16,7 +15,7 @@ from services.coordinator.db import Database
 from services.coordinator.migrate import apply_migrations
 from services.coordinator.operator_api import insert_key
 from services.coordinator.settings import PREFIX, CoordinatorSettings
-from workshop.kit.server import announce, serve
+from workshop.kit.server import announce, run_event_loop, serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
 
@@ -37,6 +36,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             job_capacity=settings.job_capacity,
             scheduler_interval_seconds=settings.scheduler_interval_seconds,
             maintenance_interval_seconds=settings.maintenance_interval_seconds,
+            principal_cache_seconds=settings.principal_cache_seconds,
         )
         await serve(
             label=LABEL,
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         runner = run_server(settings)
     try:
-        asyncio.run(runner)
+        run_event_loop(runner)
     except (OSError, asyncpg.PostgresError) as error:
         print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None

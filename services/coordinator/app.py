@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from services.coordinator.auth import PRINCIPAL_CACHE_SECONDS
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database
 from services.coordinator.events import RunEvents
@@ -41,6 +42,7 @@ def build(
     job_capacity: int,
     scheduler_interval_seconds: float = 0.0,
     maintenance_interval_seconds: float = 0.0,
+    principal_cache_seconds: float = PRINCIPAL_CACHE_SECONDS,
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)."""
     workshop_api = WorkshopApi(db, clock, capacity=job_capacity)
@@ -52,17 +54,22 @@ def build(
         )
     if maintenance_interval_seconds > 0:
         workers.append(Maintenance(db, clock, interval_seconds=maintenance_interval_seconds))
-    return Coordinator(grpc_services(db, clock, workshop_api, events), workers)
+    authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
+    return Coordinator(grpc_services(db, clock, workshop_api, events, authenticate), workers)
 
 
 def grpc_services(
-    db: Database, clock: Clock, workshop_api: WorkshopApi, events: RunEvents
+    db: Database,
+    clock: Clock,
+    workshop_api: WorkshopApi,
+    events: RunEvents,
+    authenticate: Authenticator,
 ) -> list[GrpcService]:
-    authenticate = Authenticator(db, clock)
+    snapshots = SnapshotCache(db)
     operator = OperatorServicer(OperatorApi(db, clock), authenticate)
     workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), authenticate, events)
-    jobs = JobServicer(JobsApi(db, clock, SnapshotCache(db)), authenticate)
-    publication = PublicationServicer(PublicationApi(db, clock), authenticate)
+    jobs = JobServicer(JobsApi(db, clock, snapshots), authenticate)
+    publication = PublicationServicer(PublicationApi(db, clock, snapshots), authenticate)
     return [
         GrpcService(
             "workshop.v1.OperatorService",

@@ -21,6 +21,13 @@ from workshop.kit.hashing import sha256_hex
 
 KEY_PREFIX = "wk_"
 SESSION_PREFIX = "ws_"
+# How long a principal read from the database may be reused, in seconds of real time
+# (COORDINATOR_PRINCIPAL_CACHE_SECONDS). Only calls whose SQL re-checks the caller's key
+# in the transaction that writes use the cache (`servicers.common.Authenticator.cached`),
+# so a revocation through another replica is never outrun by a write; it can delay the
+# UNAUTHENTICATED answer to such a call by at most this long.
+PRINCIPAL_CACHE_SECONDS = 5.0
+PRINCIPAL_CACHE_MAX_SECONDS = 5.0
 
 
 class ScopeName(StrEnum):
@@ -66,6 +73,9 @@ class Principal:
     key_id: str = ""
     display_name: str = ""
     grants: tuple[Grant, ...] = ()
+    # When the credential stops authenticating by itself (None: never); a principal
+    # held in cache is checked against it on every use.
+    expires_at: datetime | None = None
 
     def has(self, scope: ScopeName) -> bool:
         return any(grant.scope is scope for grant in self.grants)
@@ -100,7 +110,7 @@ def new_credential(prefix: str) -> tuple[str, str, str]:
     return identifier, secret, sha256_hex(secret.encode())
 
 
-def _rejected(what: str) -> CredentialRejected:
+def rejected(what: str) -> CredentialRejected:
     return CredentialRejected(f"The {what}; sign in again or ask an admin for a new key.")
 
 
@@ -110,13 +120,13 @@ async def authenticate(connection: Connection, secret: str, now: datetime) -> Pr
     if secret.startswith(SESSION_PREFIX):
         row = await connection.fetchrow(sql("auth", "session_by_secret_hash"), digest)
         if row is None:
-            raise _rejected("session is unknown")
+            raise rejected("session is unknown")
         if row["revoked_at"] is not None:
-            raise _rejected("session was revoked")
+            raise rejected("session was revoked")
         if row["expires_at"] <= now:
-            raise _rejected("session has expired")
+            raise rejected("session has expired")
         if row["user_disabled_at"] is not None:
-            raise _rejected("user is disabled")
+            raise rejected("user is disabled")
         # A website session acts for its user: runs, reviews and all footage.
         return Principal(
             kind="session",
@@ -124,22 +134,24 @@ async def authenticate(connection: Connection, secret: str, now: datetime) -> Pr
             session_id=row["session_id"],
             display_name=row["display_name"],
             grants=(Grant(ScopeName.WORKSHOP), Grant(ScopeName.FOOTAGE_READ)),
+            expires_at=row["expires_at"],
         )
     row = await connection.fetchrow(sql("auth", "key_by_secret_hash"), digest, now)
     if row is None or not secret.startswith(KEY_PREFIX):
-        raise _rejected("key is unknown")
+        raise rejected("key is unknown")
     if row["revoked_at"] is not None:
-        raise _rejected("key was revoked")
+        raise rejected("key was revoked")
     if row["expires_at"] is not None and row["expires_at"] <= now:
-        raise _rejected("key has expired")
+        raise rejected("key has expired")
     if row["user_disabled_at"] is not None:
-        raise _rejected("key's user is disabled")
+        raise rejected("key's user is disabled")
     return Principal(
         kind="key",
         user_id=row["user_id"] or "",
         key_id=row["key_id"],
         display_name=row["display_name"],
         grants=tuple(Grant.from_json(value) for value in row["scopes"]),
+        expires_at=row["expires_at"],
     )
 
 

@@ -28,10 +28,25 @@ PRINCIPAL_KINDS = {
 }
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(value: datetime) -> int:
+    """Microseconds since the epoch (a naive datetime is UTC, as in FromDatetime)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - EPOCH) // MICROSECOND
+
+
+def stamp(microseconds: int) -> Timestamp:
+    seconds, rest = divmod(microseconds, 1_000_000)
+    return Timestamp(seconds=seconds, nanos=rest * 1000)
+
+
 def ts(value: datetime) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
+    # Integer arithmetic: a third of Timestamp.FromDatetime's cost, and the same value.
+    return stamp(micros(value))
 
 
 def opt_ts(value: datetime | None) -> Timestamp | None:

@@ -1,8 +1,11 @@
 """The processor's side of jobs (SPEC §5-§7): claim, heartbeat, progress, complete,
 fail and release, every write under its lease and the four fences.
 
-The database functions of migration 0002 do each step in one round trip and
-answer '' or the reason a fence refused; this module turns reasons into errors.
+The database functions of migrations 0002 and 0003 do each step in one round trip
+and answer '' or the reason a fence refused; this module turns reasons into errors.
+Each job's slot facts are immutable, so the ones a Claim returns are kept (bounded)
+for its Complete, which then checks the result without reading the job first; the
+commit verifies those facts under the job's lock.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ from typing import Any
 from services.coordinator import auth, results
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
-from services.coordinator.db import Database, Record, sql
+from services.coordinator.db import (
+    Database,
+    InvalidAuthorizationSpecificationError,
+    Record,
+    sql,
+)
 from services.coordinator.errors import (
     FENCE_MESSAGES,
     InvalidField,
@@ -33,6 +41,8 @@ LEASE = timedelta(minutes=5)
 HEARTBEAT_INTERVAL = timedelta(seconds=45)
 MAX_FAILURE_MESSAGE = 2000
 PHASES = ("downloading", "decoding", "labeling", "publishing", "committing")
+# Slot facts kept from claims: a few per processor are in flight at a time.
+FACTS_CACHE_SIZE = 20_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +88,19 @@ class Claimed:
 
 
 @dataclasses.dataclass(frozen=True)
+class SlotFacts:
+    """A job's slots as admitted; they never change."""
+
+    slot_count: int
+    first_slot_at: datetime
+    interval_seconds: int
+
+    @classmethod
+    def of(cls, row: Record) -> SlotFacts:
+        return cls(row["slot_count"], row["first_slot_at"], row["interval_seconds"])
+
+
+@dataclasses.dataclass(frozen=True)
 class Receipt:
     run_id: str
     job_index: int
@@ -116,6 +139,7 @@ class JobsApi:
         self.clock = clock
         self.snapshots = snapshots
         self._runtimes: dict[str, Record] = {}
+        self._facts: dict[tuple[str, int], SlotFacts] = {}
 
     async def _runtime(self, runtime_id: str) -> Record:
         # Identity fields of a runtime never change: cache them.
@@ -133,13 +157,29 @@ class JobsApi:
         cameras = _claimable_cameras(who, runtime["device_id"])
         if code_sha256 != runtime["code_sha256"]:
             raise fenced("CODE_MISMATCH")
-        async with self.db.connection() as connection:
-            row = await connection.fetchrow(
-                sql("jobs", "job_claim"), runtime_id, cameras, self.clock.now(), LEASE
-            )
+        try:
+            async with self.db.connection() as connection:
+                row = await connection.fetchrow(
+                    sql("jobs", "job_claim"),
+                    runtime_id,
+                    who.key_id,
+                    cameras,
+                    self.clock.now(),
+                    LEASE,
+                )
+        except InvalidAuthorizationSpecificationError:
+            # The key was revoked (or expired, or its user disabled) after this
+            # process authenticated it: what a fresh authentication would answer.
+            raise auth.rejected("key is no longer valid") from None
         if row is None:
             return None
+        self._remember(row["run_id"], row["job_index"], SlotFacts.of(row))
         return Claimed(row, await self.snapshots.get(row["run_id"]))
+
+    def _remember(self, run_id: str, job_index: int, facts: SlotFacts) -> None:
+        if len(self._facts) >= FACTS_CACHE_SIZE:
+            del self._facts[next(iter(self._facts))]  # the oldest claim
+        self._facts[(run_id, job_index)] = facts
 
     async def heartbeat(self, who: Principal, lease: Lease) -> datetime:
         row = await self._call(
@@ -180,25 +220,64 @@ class JobsApi:
         result_sha256: str,
         decoder: str,
     ) -> tuple[Receipt, bool]:
-        """Commits the result; returns the receipt and whether it was already committed."""
+        """Commits the result; returns the receipt and whether it was already committed.
+
+        One round trip when the job's slot facts are known from its Claim: the result
+        is checked against them, and job_complete verifies them, runs the fences and
+        commits, or answers with this lease's receipt if it already committed. Without
+        them (another replica claimed the job) the facts and receipt are read first.
+        """
         key = reporter(who)
         digest = results.check_digest(result, result_sha256)
+        facts = self._facts.get((lease.run_id, lease.job_index))
+        for _ in range(2):
+            if facts is None:
+                facts, settled = await self._facts_or_receipt(lease, digest)
+                if settled is not None:
+                    return settled, True
+            try:
+                checked = await self._checked(lease, result, facts)
+            except ResultInvalid:
+                # An invalid retry of a committed lease is a conflict, as it was
+                # before this process knew the facts: the receipt decides first.
+                await self._facts_or_receipt(lease, digest)
+                raise
+            row = await self._commit(lease, key, code_sha256, digest, decoder, facts, checked)
+            if row["reason"] != "FACTS_MISMATCH":
+                break
+            # Never expected (slot facts are immutable): forget them and read them again.
+            self._facts.pop((lease.run_id, lease.job_index), None)
+            facts = None
+        reason = row["reason"]
+        if reason == "":
+            self._facts.pop((lease.run_id, lease.job_index), None)
+            return self._receipt(lease, digest, row), False
+        if row["receipt_sha256"] is not None:
+            # A retry of this lease's own commit (the first answer was lost).
+            return self._receipt(lease, digest, row), True
+        raise_for(reason, lease)
+        raise AssertionError(f"job_complete answered {reason!r}")  # pragma: no cover
+
+    async def _facts_or_receipt(
+        self, lease: Lease, digest: str
+    ) -> tuple[SlotFacts, Receipt | None]:
+        """The job's slot facts, and this lease's receipt when it already committed."""
         async with self.db.connection() as connection:
-            facts = await connection.fetchrow(
-                sql("jobs", "job_facts"), lease.run_id, lease.job_index
-            )
-        if facts is None:
+            row = await connection.fetchrow(sql("jobs", "job_facts"), lease.run_id, lease.job_index)
+        if row is None:
             raise_for("NOT_FOUND", lease)
-        settled = _settled(facts, lease, digest)
-        if settled is not None:
-            return settled, True
+        return SlotFacts.of(row), _settled(row, lease, digest)
+
+    async def _checked(
+        self, lease: Lease, result: jobs_pb2.JobResult, facts: SlotFacts
+    ) -> results.CheckedResult:
         frozen = await self.snapshots.get(lease.run_id)
-        checked = results.check_result(
+        return results.check_result(
             result,
             results.JobFacts(
-                slot_count=facts["slot_count"],
-                first_slot_at=facts["first_slot_at"],
-                interval=timedelta(seconds=facts["interval_seconds"]),
+                slot_count=facts.slot_count,
+                first_slot_at=facts.first_slot_at,
+                interval=timedelta(seconds=facts.interval_seconds),
                 window_end=frozen.window_end,
                 dropped_allowed=frozen.dropped_allowed,
                 full_run=frozen.full_run,
@@ -207,15 +286,28 @@ class JobsApi:
             run_id=lease.run_id,
             job_index=lease.job_index,
         )
-        now = self.clock.now()
+
+    async def _commit(
+        self,
+        lease: Lease,
+        key: str,
+        code_sha256: str,
+        digest: str,
+        decoder: str,
+        facts: SlotFacts,
+        checked: results.CheckedResult,
+    ) -> Record:
         items = checked.items
-        reason = await self._call(
+        row: Record = await self._call(
             "job_complete",
             lease,
             key,
             code_sha256,
             digest,
             decoder,
+            facts.slot_count,
+            facts.first_slot_at,
+            facts.interval_seconds,
             checked.frames,
             checked.empties,
             checked.dropped,
@@ -231,21 +323,26 @@ class JobsApi:
             [json.dumps(i.boxes) for i in items],
             [i.object_key for i in items],
             [i.sha256 for i in items],
-            now,
+            self.clock.now(),
+            fetch="row",
         )
-        if reason in ("JOB_FINISHED", "LEASE_MISMATCH"):
-            # A retry that raced its own first attempt: the receipt settles it.
-            async with self.db.connection() as connection:
-                facts = await connection.fetchrow(
-                    sql("jobs", "job_facts"), lease.run_id, lease.job_index
-                )
-            settled = _settled(facts, lease, digest)
-            if settled is not None:
-                return settled, True
-        raise_for(reason, lease)
-        return (
-            Receipt(lease.run_id, lease.job_index, lease.generation, digest, now, len(items)),
-            False,
+        return row
+
+    @staticmethod
+    def _receipt(lease: Lease, digest: str, row: Record) -> Receipt:
+        """The receipt job_complete answered with; a conflict if it holds another result."""
+        if row["receipt_sha256"] != digest:
+            raise ResultConflict(
+                "This job was already completed with a different result.",
+                metadata={"result_sha256": row["receipt_sha256"]},
+            )
+        return Receipt(
+            lease.run_id,
+            lease.job_index,
+            row["receipt_generation"],
+            digest,
+            row["receipt_committed_at"],
+            row["receipt_items_saved"],
         )
 
     async def _call(self, name: str, lease: Lease, *args: Any, fetch: str = "val") -> Any:

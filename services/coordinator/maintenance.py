@@ -1,7 +1,8 @@
 """Maintenance (SPEC §6): rescue lapsed leases and expire jobs with their source.
 
-Runs on one replica at a time (advisory lock); every pass follows the injected
-clock, so tests move time and call `run_once` instead of sleeping.
+Runs on one replica at a time (a session advisory lock, on a connection from
+`Database.session()` so the lock never goes back to the pool); every pass follows the
+injected clock, so tests move time and call `run_once` instead of sleeping.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Maintenance(Periodic):
             log.info("maintenance: %s", done)
 
     async def run_once(self) -> Pass:
-        async with self.db.connection() as connection:
+        async with self.db.session() as connection:
             if not await connection.fetchval(sql("jobs", "maintenance_try_lock")):
                 return Pass(skipped=True)
             try:

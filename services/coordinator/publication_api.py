@@ -2,7 +2,9 @@
 
 The preview service calls these with its own `service` key; the processor's
 key rides along as the on-behalf-of principal, and fence 4 checks it. Every
-write goes through the same fence function as results and progress.
+write goes through the same fence function as results and progress, and checks
+that the service's own key is still live, so both principals may come from the
+coordinator's principal cache. Staging and publishing are one round trip each.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from services.coordinator.db import Database, Record, sql
 from services.coordinator.errors import Expired, InvalidField, NotFound
 from services.coordinator.fields import check_sha256
 from services.coordinator.jobs_api import Lease, raise_for, reporter
+from services.coordinator.snapshots import Frozen, SnapshotCache
 from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import sha256_hex
 
@@ -49,14 +52,28 @@ class LeaseFacts:
     slot_count: int
 
 
-def _require_service(who: Principal) -> None:
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    object_key: str
+    collectable_after: datetime  # if nothing commits it: when the lease lapses, unless renewed
+
+
+def _require_service(who: Principal) -> str:
+    """The service's key id (staging and publishing check it is still live)."""
     auth.require(who, ScopeName.SERVICE)
+    return who.key_id
+
+
+def _refused_service(reason: str) -> None:
+    if reason == "SERVICE_NOT_AUTHORIZED":
+        raise auth.rejected("service key is no longer valid")
 
 
 class PublicationApi:
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, snapshots: SnapshotCache) -> None:
         self.db = db
         self.clock = clock
+        self.snapshots = snapshots
 
     async def check_lease(
         self, who: Principal, processor: Principal, lease: Lease, code_sha256: str
@@ -90,9 +107,9 @@ class PublicationApi:
         sha256: str,
         byte_size: int,
         content_type: str,
-    ) -> str:
+    ) -> Staged:
         """Records a staged object under the fences; returns its key."""
-        _require_service(who)
+        service = _require_service(who)
         check_sha256("sha256", sha256)
         if kind not in KINDS:
             raise InvalidField("kind must be PREVIEW or UPLOAD.")
@@ -100,19 +117,14 @@ class PublicationApi:
             raise InvalidField(f"content_type must be one of {', '.join(EXTENSIONS)}.")
         if byte_size <= 0:
             raise InvalidField("byte_size must be positive.")
+        frozen = await self._frozen(lease)
+        key = object_key(kind, lease, slot, test=not frozen.full_run, content_type=content_type)
         async with self.db.connection() as connection:
-            facts = await connection.fetchrow(
-                sql("jobs", "job_lease_facts"), lease.run_id, lease.job_index
-            )
-            if facts is None:
-                raise_for("NOT_FOUND", lease)
-            key = object_key(
-                kind, lease, slot, test=facts["mode"] == "test", content_type=content_type
-            )
-            reason = await connection.fetchval(
+            row = await connection.fetchrow(
                 sql("jobs", "object_stage"),
                 *_lease_args(lease),
                 reporter(processor),
+                service,
                 code_sha256,
                 kind,
                 slot,
@@ -122,10 +134,20 @@ class PublicationApi:
                 key,
                 self.clock.now(),
             )
+        reason = row["reason"]
+        _refused_service(reason)
         if reason == "SLOT_NOT_EXPECTED":
             raise InvalidField(f"Slot {slot} is not an expected slot of job {lease.job_id}.")
         raise_for(reason, lease)
-        return key
+        return Staged(key, row["collectable_after"])
+
+    async def _frozen(self, lease: Lease) -> Frozen:
+        """The run's snapshot (its mode names the key's prefix); NOT_FOUND as the fences say."""
+        try:
+            return await self.snapshots.get(lease.run_id)
+        except NotFound:
+            raise_for("NOT_FOUND", lease)
+            raise
 
     async def publish_preview(
         self,
@@ -142,12 +164,13 @@ class PublicationApi:
         boxes: list[dict[str, Any]],
     ) -> datetime | None:
         """Publishes a staged preview; returns when it expires (None: when its job ends)."""
-        _require_service(who)
+        service = _require_service(who)
         async with self.db.connection() as connection:
             row: Record = await connection.fetchrow(
                 sql("jobs", "preview_publish"),
                 *_lease_args(lease),
                 reporter(processor),
+                service,
                 code_sha256,
                 key,
                 slot,
@@ -158,6 +181,7 @@ class PublicationApi:
                 preview_item_id(key),
                 self.clock.now(),
             )
+        _refused_service(row["reason"])
         if row["reason"] == "PREVIEW_OUT_OF_ORDER":
             raise InvalidField(
                 f"Slot {slot} comes before a preview already published under this lease; "

@@ -3,9 +3,10 @@
 Each pass looks at every scheduled workflow whose local time of day has come
 and creates the run `<workflow>-<date>` on the newest runtime that ever checked
 in. The id is deterministic and CreateRun is idempotent, so a restarted
-scheduler or a second replica never doubles a run; an advisory lock keeps
-replicas from doing the same pass twice. A day the scheduler missed entirely
-is not backfilled: runs are created for the current local day only.
+scheduler or a second replica never doubles a run; an advisory lock (a session
+lock, on a connection from `Database.session()`) keeps replicas from doing the
+same pass twice. A day the scheduler missed entirely is not backfilled: runs are
+created for the current local day only.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Scheduler(Periodic):
 
     async def run_once(self) -> list[str]:
         """One pass; returns the ids of the runs it created."""
-        async with self.db.connection() as connection:
+        async with self.db.session() as connection:
             if not await connection.fetchval(sql("workflows", "scheduler_try_lock")):
                 return []
             try:

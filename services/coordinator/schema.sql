@@ -211,6 +211,9 @@ CREATE TABLE jobs (
     is_photo             boolean NOT NULL DEFAULT false,
     result_sha256        text,
     committed_at         timestamptz,
+    -- the last slot published as a preview under the current lease (NULL: none yet);
+    -- a claim clears it, preview_publish keeps previews in slot order with it
+    preview_slot         integer,
     PRIMARY KEY (run_id, job_index)
 );
 CREATE INDEX jobs_claimable ON jobs (runtime_id, run_seq, job_index) WHERE state = 'queued';
@@ -224,7 +227,9 @@ CREATE INDEX jobs_unfinished_by_runtime ON jobs (runtime_id, run_seq)
     WHERE state IN ('queued', 'leased');
 CREATE INDEX jobs_photos_claimable ON jobs (runtime_id, run_seq, job_index)
     WHERE state = 'queued' AND is_photo;
-CREATE INDEX jobs_lease_lapse ON jobs (lease_expires_at) WHERE state = 'leased';
+-- Leased jobs (few: a few per processor), where the rescuer looks for lapsed leases.
+-- lease_expires_at is in no index, so a heartbeat's renewal is a HOT update.
+CREATE INDEX jobs_leased ON jobs (runtime_id) WHERE state = 'leased';
 CREATE INDEX jobs_source_expiry ON jobs (expires_at) WHERE state IN ('queued', 'leased');
 
 -- One receipt per committed completion (SPEC §7).
@@ -301,10 +306,24 @@ CREATE TABLE bucket_items (
 CREATE INDEX bucket_items_by_bucket ON bucket_items (bucket_id, saved_at);
 CREATE INDEX bucket_items_by_recording ON bucket_items (recording_id);
 
+-- Whether a key still authenticates: not revoked, not expired, its user (if any) not
+-- disabled. The same rules as the coordinator's authentication, read fresh.
+CREATE FUNCTION key_live(p_key text, p_now timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1 FROM keys k LEFT JOIN users u ON u.user_id = k.user_id
+        WHERE k.key_id = p_key AND k.revoked_at IS NULL
+          AND (k.expires_at IS NULL OR k.expires_at > p_now) AND u.disabled_at IS NULL);
+END;
+$$;
+
 -- The four fences of SPEC §7, checked under row locks; '' when all hold, else
 -- the ErrorReason that failed. Locks: the job FOR UPDATE; the recording, the
--- policy, the creator's key/session/user and the reporting key FOR SHARE, so a
--- concurrent replacement, revocation or policy raise waits for our commit.
+-- policy, the creator's key/session/user and the reporting key (and its user)
+-- FOR SHARE, so a concurrent replacement, revocation or policy raise waits for our
+-- commit. Fence 4 also refuses a reporting key whose user was disabled: a principal
+-- the coordinator holds in cache must not outlive it.
 CREATE FUNCTION workshop_fence(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_now timestamptz
@@ -315,6 +334,7 @@ DECLARE
     creator_kind text;
     creator_user text;
     device text;
+    reporter_user text;
 BEGIN
     SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job FOR UPDATE;
     IF NOT FOUND THEN
@@ -373,17 +393,23 @@ BEGIN
         END IF;
     END IF;
     -- fence 4: the reporting key is still a workshop:run key for the runtime's
-    -- device (or an admin key), and the code is the snapshot's
+    -- device (or an admin key) of an enabled user, and the code is the snapshot's
     SELECT device_id INTO device FROM runtimes WHERE runtime_id = j.runtime_id;
-    PERFORM 1 FROM keys
-    WHERE key_id = p_reporter AND revoked_at IS NULL
-      AND (expires_at IS NULL OR expires_at > p_now)
-      AND (scopes @> jsonb_build_array(jsonb_build_object('scope', 'workshop:run',
-                                                          'device_id', device))
-           OR scopes @> '[{"scope": "admin"}]')
+    SELECT k.user_id INTO reporter_user FROM keys k
+    WHERE k.key_id = p_reporter AND k.revoked_at IS NULL
+      AND (k.expires_at IS NULL OR k.expires_at > p_now)
+      AND (k.scopes @> jsonb_build_array(jsonb_build_object('scope', 'workshop:run',
+                                                            'device_id', device))
+           OR k.scopes @> '[{"scope": "admin"}]')
     FOR SHARE;
     IF NOT FOUND THEN
         RETURN 'REPORTER_NOT_AUTHORIZED';
+    END IF;
+    IF reporter_user IS NOT NULL THEN
+        PERFORM 1 FROM users WHERE user_id = reporter_user AND disabled_at IS NULL FOR SHARE;
+        IF NOT FOUND THEN
+            RETURN 'REPORTER_NOT_AUTHORIZED';
+        END IF;
     END IF;
     IF p_code IS NOT NULL AND p_code <> r.code_sha256 THEN
         RETURN 'CODE_MISMATCH';
@@ -393,26 +419,36 @@ END;
 $$;
 
 -- Records that a runtime checked in; at most one write a second per runtime,
--- so many processors of one runtime do not queue on its row.
+-- so many processors of one runtime do not queue on its row. Helpers called from
+-- plpgsql are plpgsql too: a LANGUAGE sql function called with PERFORM is planned
+-- again on every call, a plpgsql body keeps its plans for the session.
 CREATE FUNCTION runtime_seen(p_runtime text, p_now timestamptz) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE runtimes SET last_seen_at = p_now
     WHERE runtime_id = p_runtime
       AND (last_seen_at IS NULL OR last_seen_at < p_now - interval '1 second');
+END;
 $$;
 
 -- Leases the next claimable job of a runtime (SPEC §5-§6): photos first, then
 -- the head run (the oldest with queued or leased jobs), in job order; only jobs
 -- of the cameras in p_cameras (NULL: every camera). One statement, one round trip.
 -- ROWS 1 tells the planner so: the join to snapshot_recordings then probes its
--- index instead of hashing the whole table on every claim.
+-- index instead of hashing the whole table on every claim. The claiming key is
+-- checked first: a key revoked, expired or of a disabled user leases nothing
+-- (SQLSTATE 28000), even while the coordinator still holds its principal in cache.
 CREATE FUNCTION job_claim(
-    p_runtime text, p_cameras text[], p_now timestamptz, p_lease interval
+    p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval
 ) RETURNS SETOF jobs LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
     head bigint;
     picked jobs%ROWTYPE;
 BEGIN
+    IF NOT key_live(p_claimer, p_now) THEN
+        RAISE EXCEPTION 'the claiming key was revoked or expired, or its user disabled'
+            USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
     PERFORM runtime_seen(p_runtime, p_now);
     SELECT * INTO picked FROM jobs
     WHERE runtime_id = p_runtime AND state = 'queued' AND is_photo AND expires_at > p_now
@@ -438,7 +474,8 @@ BEGIN
     END IF;
     UPDATE jobs
     SET state = 'leased', generation = generation + 1, lease_token = gen_random_uuid(),
-        lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now
+        lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now,
+        preview_slot = NULL
     WHERE run_id = picked.run_id AND job_index = picked.job_index
     RETURNING * INTO picked;
     PERFORM pg_notify('workshop_run', picked.run_id);
@@ -541,24 +578,44 @@ $$;
 
 -- Commits a job's result in one transaction (SPEC §6-§7): fences, staged
 -- uploads, bucket items, receipt, job state and the run event together. Slot
--- accounting is checked by the caller before; uploads are checked here, under
--- the job's lock. Returns '' or the reason it refused.
+-- accounting is checked by the caller before, against the slot facts it passes
+-- (p_slot_count, p_first_slot_at, p_interval_seconds), which must be the job's
+-- (FACTS_MISMATCH otherwise); uploads are checked here, under the job's lock.
+-- Returns '' or the reason it refused, and with a refusal the receipt of this
+-- lease's generation if it already committed, so a retry after a lost answer
+-- settles in the same round trip.
 CREATE FUNCTION job_complete(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_result_sha256 text, p_decoder text,
+    p_slot_count integer, p_first_slot_at timestamptz, p_interval_seconds integer,
     p_frames integer, p_empties integer, p_dropped integer,
     p_upload_keys text[], p_upload_sha256 text[], p_upload_slots integer[],
     p_item_ids text[], p_item_buckets text[], p_item_slots integer[], p_item_steps text[],
     p_item_times timestamptz[], p_item_boxes text[], p_item_keys text[], p_item_sha256 text[],
     p_now timestamptz
-) RETURNS text LANGUAGE plpgsql AS $$
+) RETURNS TABLE (
+    reason text, receipt_generation bigint, receipt_sha256 text,
+    receipt_committed_at timestamptz, receipt_items_saved integer
+) LANGUAGE plpgsql AS $$
 DECLARE
     fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
     staged integer;
     j jobs%ROWTYPE;
+    rc receipts%ROWTYPE;
 BEGIN
     IF fenced <> '' THEN
-        RETURN fenced;
+        SELECT * INTO rc FROM receipts
+        WHERE run_id = p_run AND job_index = p_job AND generation = p_generation;
+        RETURN QUERY SELECT fenced, rc.generation, rc.result_sha256, rc.committed_at,
+                            rc.items_saved;
+        RETURN;
+    END IF;
+    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+    IF j.slot_count <> p_slot_count OR j.first_slot_at <> p_first_slot_at
+       OR j.interval_seconds <> p_interval_seconds THEN
+        RETURN QUERY SELECT 'FACTS_MISMATCH', NULL::bigint, NULL::text, NULL::timestamptz,
+                            NULL::integer;
+        RETURN;
     END IF;
     SELECT count(*) INTO staged
     FROM unnest(p_upload_keys, p_upload_sha256, p_upload_slots) AS u (object_key, sha256, slot)
@@ -567,9 +624,10 @@ BEGIN
       AND s.generation = p_generation AND s.slot_index = u.slot AND s.sha256 = u.sha256
       AND s.deleted_at IS NULL;
     IF staged <> cardinality(p_upload_keys) THEN
-        RETURN 'UPLOAD_NOT_STAGED';
+        RETURN QUERY SELECT 'UPLOAD_NOT_STAGED', NULL::bigint, NULL::text, NULL::timestamptz,
+                            NULL::integer;
+        RETURN;
     END IF;
-    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
     INSERT INTO bucket_items (item_id, bucket_id, run_id, job_index, slot_index, step_id,
                               camera_id, recording_id, recording_generation, frame_time, boxes,
                               object_key, sha256, saved_at)
@@ -594,37 +652,50 @@ BEGIN
         updated_at = p_now
     WHERE run_id = p_run AND job_index = p_job;
     PERFORM pg_notify('workshop_run', p_run);
-    RETURN '';
+    RETURN QUERY SELECT '', p_generation, p_result_sha256, p_now, cardinality(p_item_ids);
 END;
 $$;
 
 -- Objects of a job that ended become garbage unless kept: unpublished
 -- staged objects always, published previews too for full runs (their items
 -- never came). Called when a job fails, is cancelled, expires or loses its lease.
-CREATE FUNCTION job_objects_abandon(p_run text, p_job integer, p_now timestamptz) RETURNS void
-LANGUAGE sql AS $$
+CREATE FUNCTION job_objects_abandon(p_run text, p_job integer, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE staged_objects s SET collectable_at = p_now
     WHERE s.run_id = p_run AND s.job_index = p_job AND s.collectable_at IS NULL
       AND (s.published_at IS NULL
-           OR (s.kind = 'preview' AND (SELECT mode FROM runs WHERE run_id = p_run) = 'full'));
+           OR (s.kind = 'preview' AND (SELECT r.mode FROM runs r WHERE r.run_id = p_run) = 'full'));
+END;
 $$;
 
 -- Stages an object for one slot under the fences; the key is unique per run,
 -- job, lease generation, slot and kind, so a retry under the same lease reuses it.
+-- The calling service's key must still be live (SERVICE_NOT_AUTHORIZED). Answers
+-- when the object becomes collectable if nothing commits it: when this lease
+-- lapses, unless renewed.
 CREATE FUNCTION object_stage(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
-    p_code text, p_kind text, p_slot integer, p_sha256 text, p_byte_size bigint,
-    p_content_type text, p_key text, p_now timestamptz
-) RETURNS text LANGUAGE plpgsql AS $$
+    p_service text, p_code text, p_kind text, p_slot integer, p_sha256 text,
+    p_byte_size bigint, p_content_type text, p_key text, p_now timestamptz
+) RETURNS TABLE (reason text, collectable_after timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    fenced text;
+    j jobs%ROWTYPE;
 BEGIN
-    IF fenced <> '' THEN
-        RETURN fenced;
+    IF NOT key_live(p_service, p_now) THEN
+        RETURN QUERY SELECT 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz;
+        RETURN;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = p_run AND job_index = p_job
-                   AND p_slot >= 0 AND p_slot < slot_count) THEN
-        RETURN 'SLOT_NOT_EXPECTED';
+    fenced := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    IF fenced <> '' THEN
+        RETURN QUERY SELECT fenced, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+    IF p_slot < 0 OR p_slot >= j.slot_count THEN
+        RETURN QUERY SELECT 'SLOT_NOT_EXPECTED', NULL::timestamptz;
+        RETURN;
     END IF;
     INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
                                 sha256, byte_size, content_type, staged_at)
@@ -634,29 +705,37 @@ BEGIN
         SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
             content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
             published_at = NULL, frame_time = NULL, boxes = NULL, item_id = NULL;
-    RETURN '';
+    RETURN QUERY SELECT '', j.lease_expires_at;
 END;
 $$;
 
 -- Publishes a staged preview with its labels under the fences. A test run's
--- preview lives until the test's hour ends; a full run's until its job ends.
+-- preview lives until the test's hour ends; a full run's until its job ends. The
+-- calling service's key must still be live (SERVICE_NOT_AUTHORIZED). Previews of an
+-- attempt are published in slot order, checked against the job's preview_slot.
 CREATE FUNCTION preview_publish(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
-    p_code text, p_key text, p_slot integer, p_sha256 text, p_byte_size bigint,
+    p_service text, p_code text, p_key text, p_slot integer, p_sha256 text, p_byte_size bigint,
     p_frame_time timestamptz, p_boxes jsonb, p_item_id text, p_now timestamptz
 ) RETURNS TABLE (reason text, expires_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    fenced text;
     run_expiry timestamptz;
+    published_slot integer;
 BEGIN
+    IF NOT key_live(p_service, p_now) THEN
+        RETURN QUERY SELECT 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz;
+        RETURN;
+    END IF;
+    fenced := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
     IF fenced <> '' THEN
         RETURN QUERY SELECT fenced, NULL::timestamptz;
         RETURN;
     END IF;
-    -- previews of an attempt are published in slot order
-    IF EXISTS (SELECT 1 FROM staged_objects
-               WHERE run_id = p_run AND job_index = p_job AND generation = p_generation
-                 AND kind = 'preview' AND published_at IS NOT NULL AND slot_index > p_slot) THEN
+    -- previews of an attempt are published in slot order (the same slot again is a retry)
+    SELECT j.preview_slot INTO published_slot FROM jobs j
+    WHERE j.run_id = p_run AND j.job_index = p_job;
+    IF published_slot > p_slot THEN
         RETURN QUERY SELECT 'PREVIEW_OUT_OF_ORDER', NULL::timestamptz;
         RETURN;
     END IF;
@@ -671,6 +750,8 @@ BEGIN
         RETURN QUERY SELECT 'PREVIEW_NOT_STAGED', NULL::timestamptz;
         RETURN;
     END IF;
+    UPDATE jobs j SET preview_slot = p_slot
+    WHERE j.run_id = p_run AND j.job_index = p_job AND j.preview_slot IS DISTINCT FROM p_slot;
     PERFORM pg_notify('workshop_run', p_run);
     RETURN QUERY SELECT '', run_expiry;
 END;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from services.coordinator.auth import PRINCIPAL_CACHE_MAX_SECONDS, PRINCIPAL_CACHE_SECONDS
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import SettingsError, setting
 
@@ -29,6 +30,12 @@ class CoordinatorSettings(ServerSettings):
     maintenance_interval_seconds: float = setting(
         5.0, help="Seconds between lease-rescue and expiry passes (0 turns them off)."
     )
+    principal_cache_seconds: float = setting(
+        PRINCIPAL_CACHE_SECONDS,
+        help="Seconds a caller's principal is reused by the lease and publication calls, "
+        f"whose SQL re-checks the caller's key (0 turns the cache off; at most "
+        f"{PRINCIPAL_CACHE_MAX_SECONDS:g}).",
+    )
 
     def validate(self) -> None:
         if not self.database_url.startswith(("postgresql://", "postgres://")):
@@ -41,3 +48,8 @@ class CoordinatorSettings(ServerSettings):
             raise SettingsError(f"{PREFIX}_SCHEDULER_INTERVAL_SECONDS", "cannot be negative")
         if self.database_pool_size < 1:
             raise SettingsError(f"{PREFIX}_DATABASE_POOL_SIZE", "must be at least 1")
+        if not 0 <= self.principal_cache_seconds <= PRINCIPAL_CACHE_MAX_SECONDS:
+            raise SettingsError(
+                f"{PREFIX}_PRINCIPAL_CACHE_SECONDS",
+                f"must be 0..{PRINCIPAL_CACHE_MAX_SECONDS:g} seconds",
+            )

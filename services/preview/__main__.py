@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 
@@ -14,7 +13,7 @@ from services.preview.errors import StorageUnavailable
 from services.preview.settings import PREFIX, PreviewSettings
 from services.preview.storage import ObjectStore
 from workshop.kit.channels import open_channel
-from workshop.kit.server import serve
+from workshop.kit.server import run_event_loop, serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
 
@@ -39,7 +38,7 @@ def main() -> None:
     configure_logging(LABEL, settings.log_level)
     configure_tracing(LABEL)
     try:
-        asyncio.run(run_server(settings))
+        run_event_loop(run_server(settings))
     except (OSError, S3Error, HTTPError, StorageUnavailable) as error:
         print(
             f"{LABEL}: cannot start: object store {settings.s3_endpoint}: {error}", file=sys.stderr

@@ -115,7 +115,15 @@ _HANDLER_KINDS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions raised by servicers to statuses (see module docstring)."""
+    """Maps exceptions raised by servicers to statuses (see module docstring).
+
+    A method's handler is wrapped once and reused for every later call that gets
+    the same handler (registered handlers are long-lived objects), not rebuilt per call.
+    """
+
+    def __init__(self) -> None:
+        # method -> (the handler found, its wrapped version)
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(
         self,
@@ -127,14 +135,24 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        serializers = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        # The stubs type behaviours as sync callables with the sync context;
-        # under grpc.aio they are coroutines taking the aio context.
-        for attribute, factory, wrap in _HANDLER_KINDS:
-            behaviour: Any = getattr(handler, attribute)
-            if behaviour is not None:
-                return factory(wrap(behaviour), **serializers)  # type: ignore[no-any-return]
-        return handler
+        method: str = handler_call_details.method
+        found = self._wrapped.get(method)
+        if found is not None and found[0] is handler:
+            return found[1]
+        wrapped = _wrap_handler(handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+    serializers = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    # The stubs type behaviours as sync callables with the sync context;
+    # under grpc.aio they are coroutines taking the aio context.
+    for attribute, factory, wrap in _HANDLER_KINDS:
+        behaviour: Any = getattr(handler, attribute)
+        if behaviour is not None:
+            return factory(wrap(behaviour), **serializers)  # type: ignore[no-any-return]
+    return handler

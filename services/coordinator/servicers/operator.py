@@ -205,6 +205,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: pb.DisableUserRequest, context: Context
     ) -> pb.DisableUserResponse:
         row = await self.api.disable_user(await self.who(context), request.user_id)
+        self.who.forget()  # cached principals of the user's keys and sessions
         return pb.DisableUserResponse(user=convert.user(row))
 
     async def CreateSession(
@@ -219,6 +220,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: pb.RevokeSessionRequest, context: Context
     ) -> pb.RevokeSessionResponse:
         row = await self.api.revoke_session(await self.who(context), request.session_id)
+        self.who.forget()
         return pb.RevokeSessionResponse(session=convert.session(row))
 
     async def CreateKey(
@@ -237,6 +239,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: pb.RevokeKeyRequest, context: Context
     ) -> pb.RevokeKeyResponse:
         row = await self.api.revoke_key(await self.who(context), request.key_id)
+        self.who.forget()
         return pb.RevokeKeyResponse(key=convert.key(row))
 
     async def ListKeys(self, request: pb.ListKeysRequest, context: Context) -> pb.ListKeysResponse:

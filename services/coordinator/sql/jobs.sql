@@ -1,12 +1,13 @@
 -- Leases, progress and results (SPEC §5-§7). The work is done by the functions
--- of migration 0002, so each call is one round trip with its fences folded in.
+-- of migrations 0002 and 0003, so each call is one round trip with its fences
+-- folded in.
 
 -- name: runtime_identity
 SELECT runtime_id, device_id, code_sha256 FROM runtimes WHERE runtime_id = $1;
 
 -- name: job_claim
 SELECT j.*, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
-FROM job_claim($1, $2, $3, $4) j
+FROM job_claim($1, $2, $3, $4, $5) j
 JOIN snapshot_recordings sr ON sr.run_id = j.run_id AND sr.job_index = j.job_index;
 
 -- name: job_heartbeat
@@ -22,7 +23,8 @@ SELECT job_fail($1, $2, $3, $4, $5, $6, $7);
 SELECT job_release($1, $2, $3, $4, $5, $6);
 
 -- name: job_facts
--- What Complete checks a result against, and the receipt if the job was committed.
+-- What Complete checks a result against, and the receipt if the job was committed
+-- (when the facts are not cached from this process's Claim, or a result is invalid).
 SELECT j.slot_count, j.first_slot_at, j.interval_seconds, j.state, r.mode,
        rc.generation AS receipt_generation, rc.result_sha256 AS receipt_sha256,
        rc.committed_at AS receipt_committed_at, rc.items_saved AS receipt_items_saved
@@ -32,8 +34,8 @@ LEFT JOIN receipts rc ON rc.run_id = j.run_id AND rc.job_index = j.job_index
 WHERE j.run_id = $1 AND j.job_index = $2;
 
 -- name: job_complete
-SELECT job_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                    $18, $19, $20, $21, $22, $23);
+SELECT * FROM job_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                           $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26);
 
 -- name: job_check_lease
 SELECT workshop_fence($1, $2, $3, $4, $5, $6, $7) AS reason;
@@ -44,10 +46,11 @@ FROM jobs j JOIN runs r ON r.run_id = j.run_id
 WHERE j.run_id = $1 AND j.job_index = $2;
 
 -- name: object_stage
-SELECT object_stage($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13);
+SELECT * FROM object_stage($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
 
 -- name: preview_publish
-SELECT * FROM preview_publish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
+SELECT * FROM preview_publish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                              $15);
 
 -- name: maintenance_try_lock
 SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.maintenance'));

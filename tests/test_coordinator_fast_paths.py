@@ -1,0 +1,350 @@
+"""The one-round-trip lease and publication paths, and the caches behind them (0003).
+
+The coordinator keeps a caller's principal for a few seconds, but only for calls whose
+SQL checks the caller's key again in the transaction that writes. These tests revoke
+keys straight in the database, as a revocation through another coordinator replica
+would (this process's cache is not told), and check that a cached principal gets no
+lease, renewal, staged object or commit through; each check is also shown holding
+before the revocation. Complete keeps the slot facts of its Claim: the commit verifies
+them under the job's lock, and a Complete on a replica that never saw the Claim still
+commits and settles retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import UTC, timedelta
+
+import grpc
+import pytest
+
+from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.db import Database, sql
+from services.coordinator.jobs_api import LEASE, JobsApi, SlotFacts, lease_from
+from services.coordinator.results import result_digest
+from services.coordinator.servicers.common import Authenticator
+from services.coordinator.snapshots import SnapshotCache
+from tests.coordinator_leases import (
+    Setup,
+    claim,
+    complete_request,
+    create_run,
+    empty_result,
+    on_behalf,
+    setup,
+)
+from tests.coordinator_world import CODE, error_reason
+from tests.harness.coordinator import CoordinatorHarness, running_coordinator
+from workshop.kit.auth import bearer_metadata
+from workshop.v1 import common_pb2, jobs_pb2
+from workshop.v1 import operator_pb2 as op
+from workshop.v1 import publication_pb2 as pub
+
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def refused(call: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    code, reason, _ = error_reason(caught.value)
+    return code, reason
+
+
+@pytest.fixture
+async def s(coordinator: CoordinatorHarness) -> Setup:
+    s = await setup(coordinator)
+    await create_run(coordinator, s)
+    return s
+
+
+async def claimed(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob:
+    job = await claim(c, s)
+    assert job is not None
+    return job
+
+
+def heartbeat(
+    c: CoordinatorHarness, job: jobs_pb2.ClaimedJob, metadata: tuple[tuple[str, str], ...]
+) -> Awaitable[jobs_pb2.HeartbeatResponse]:
+    return c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=job.lease), metadata=metadata)
+
+
+async def leased(c: CoordinatorHarness) -> int:
+    async with c.db.connection() as connection:
+        count: int = await connection.fetchval("SELECT count(*) FROM jobs WHERE state = 'leased'")
+    return count
+
+
+async def revoke_in_database(c: CoordinatorHarness, key_name: str) -> None:
+    """What RevokeKey through another replica leaves behind: this process is not told."""
+    async with c.db.connection() as connection:
+        revoked = await connection.execute(
+            "UPDATE keys SET revoked_at = $2 WHERE name = $1", key_name, c.clock.now()
+        )
+    assert revoked == "UPDATE 1"
+
+
+def stage_request(job: jobs_pb2.ClaimedJob, slot: int) -> pub.StageObjectRequest:
+    return pub.StageObjectRequest(
+        lease=job.lease,
+        code_sha256=CODE,
+        kind=common_pb2.OBJECT_KIND_PREVIEW,
+        slot_index=slot,
+        sha256="a" * 64,
+        byte_size=100,
+        content_type="image/jpeg",
+    )
+
+
+# the principal cache never outruns a revocation -------------------------------------------
+
+
+async def test_a_key_revoked_elsewhere_gets_no_lease_renewal_or_commit(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)  # the processor's principal is now cached
+    await heartbeat(c, job, s.processor)
+    await revoke_in_database(c, "processor")
+    assert await refused(
+        c.jobs.Claim(
+            jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),
+            metadata=s.processor,
+        )
+    ) == (UNAUTHENTICATED, "CREDENTIAL_REJECTED")
+    assert await leased(c) == 1  # the refused claim leased nothing
+    assert await refused(heartbeat(c, job, s.processor)) == (
+        FAILED_PRECONDITION,
+        "REPORTER_NOT_AUTHORIZED",
+    )
+    complete = c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
+    assert await refused(complete) == (FAILED_PRECONDITION, "REPORTER_NOT_AUTHORIZED")
+    assert await c.count("receipts") == 0
+
+
+async def test_a_revocation_through_this_coordinator_empties_its_cache(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    await heartbeat(c, job, s.processor)
+    async with c.db.connection() as connection:
+        key_id = await connection.fetchval("SELECT key_id FROM keys WHERE name = 'processor'")
+    await c.operator.RevokeKey(op.RevokeKeyRequest(key_id=key_id), metadata=c.admin)
+    # Authenticated afresh: the credential itself is refused, not just the write.
+    assert await refused(heartbeat(c, job, s.processor)) == (
+        UNAUTHENTICATED,
+        "CREDENTIAL_REJECTED",
+    )
+
+
+async def test_a_reporting_key_of_a_user_disabled_elsewhere_stops(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    await c.operator.CreateUser(op.CreateUserRequest(user_id="ops"), metadata=c.admin)
+    secret = await c.key(
+        Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="ops-processor", user_id="ops"
+    )
+    processor = bearer_metadata(secret)
+    reply = await c.jobs.Claim(
+        jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),
+        metadata=processor,
+    )
+    job = reply.job
+    await heartbeat(c, job, processor)
+    async with c.db.connection() as connection:
+        await connection.execute(
+            "UPDATE users SET disabled_at = $1 WHERE user_id = 'ops'", c.clock.now()
+        )
+    assert await refused(heartbeat(c, job, processor)) == (
+        FAILED_PRECONDITION,
+        "REPORTER_NOT_AUTHORIZED",
+    )
+    assert await refused(
+        c.jobs.Claim(
+            jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),
+            metadata=processor,
+        )
+    ) == (UNAUTHENTICATED, "CREDENTIAL_REJECTED")
+
+
+async def test_a_service_key_revoked_elsewhere_stages_and_publishes_nothing(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    staged = await c.publication.StageObject(stage_request(job, 0), metadata=on_behalf(s))
+    await revoke_in_database(c, "preview-service")
+    assert await refused(
+        c.publication.StageObject(stage_request(job, 1), metadata=on_behalf(s))
+    ) == (UNAUTHENTICATED, "CREDENTIAL_REJECTED")
+    publish = pub.RecordPreviewRequest(
+        lease=job.lease,
+        code_sha256=CODE,
+        slot_index=0,
+        object_key=staged.object_key,
+        frame_time=job.input.slots[0].start,
+        byte_size=100,
+        sha256="a" * 64,
+    )
+    assert await refused(c.publication.RecordPreview(publish, metadata=on_behalf(s))) == (
+        UNAUTHENTICATED,
+        "CREDENTIAL_REJECTED",
+    )
+    async with c.db.connection() as connection:
+        rows = await connection.fetch("SELECT slot_index, published_at FROM staged_objects")
+    assert [(row["slot_index"], row["published_at"]) for row in rows] == [(0, None)]
+
+
+# StageObject in one round trip --------------------------------------------------------------
+
+
+async def test_staging_says_when_an_uncommitted_object_becomes_collectable(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    first = await c.publication.StageObject(stage_request(job, 0), metadata=on_behalf(s))
+    assert first.collectable_after == job.lease_expires_at
+    c.clock.advance(timedelta(minutes=1))
+    renewed = await heartbeat(c, job, s.processor)
+    second = await c.publication.StageObject(stage_request(job, 1), metadata=on_behalf(s))
+    assert second.collectable_after == renewed.lease_expires_at
+    assert second.collectable_after.ToDatetime() - first.collectable_after.ToDatetime() == (
+        timedelta(minutes=1)
+    )
+
+
+# Complete in one round trip ---------------------------------------------------------------
+
+
+async def test_a_replica_that_did_not_claim_the_job_commits_and_settles_it(
+    coordinator: CoordinatorHarness, pg_dsn: str, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    result = empty_result(job)
+    async with running_coordinator(pg_dsn, clock=c.clock) as other:
+        first = await other.jobs.Complete(complete_request(job, result), metadata=s.processor)
+        assert not first.already_committed
+        again = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+        assert again.already_committed
+        assert again.receipt == first.receipt
+        different = empty_result(job)
+        different.slots[0].outcome = common_pb2.SLOT_OUTCOME_DROPPED  # not allowed: invalid
+        different.slots[0].frame_time.CopyFrom(job.input.slots[0].start)
+        for replica in (other, c):  # without and with the facts of the claim kept
+            assert await refused(
+                replica.jobs.Complete(complete_request(job, different), metadata=s.processor)
+            ) == (grpc.StatusCode.ABORTED, "RESULT_CONFLICT")
+
+
+async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    lease = lease_from(job.lease.run_id, job.lease.job_id, job.lease.generation, job.lease.token)
+    result = empty_result(job)
+    first_slot_at = job.input.slots[0].start.ToDatetime(tzinfo=UTC)
+    interval = int(job.input.slots[0].end.seconds - job.input.slots[0].start.seconds)
+    slot_count = len(job.input.slots)
+    async with c.db.connection() as connection:
+        key_id = await connection.fetchval("SELECT key_id FROM keys WHERE name = 'processor'")
+
+        async def commit(facts: SlotFacts) -> str:
+            reason: str = await connection.fetchval(
+                sql("jobs", "job_complete"),
+                lease.run_id,
+                lease.job_index,
+                lease.generation,
+                lease.token,
+                key_id,
+                CODE,
+                result_digest(result),
+                "pyav",
+                facts.slot_count,
+                facts.first_slot_at,
+                facts.interval_seconds,
+                0,
+                slot_count,
+                0,
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                c.clock.now(),
+            )
+            return reason
+
+        wrong = SlotFacts(slot_count, first_slot_at + timedelta(hours=1), interval)
+        assert await commit(wrong) == "FACTS_MISMATCH"
+        assert await connection.fetchval("SELECT count(*) FROM receipts") == 0
+        assert await commit(SlotFacts(slot_count, first_slot_at, interval)) == ""
+        assert await connection.fetchval("SELECT count(*) FROM receipts") == 1
+
+
+async def test_complete_reads_the_facts_again_when_the_kept_ones_are_refused(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    """Kept facts never change in practice; if they were wrong, the commit refuses them
+    and Complete reads the job's own and commits."""
+    c = coordinator
+    api = JobsApi(c.db, c.clock, SnapshotCache(c.db))
+    processor = await Authenticator(c.db, c.clock).principal(s.processor_secret)
+    claimed_job = await api.claim(processor, s.world.tracking_runtime, CODE)
+    assert claimed_job is not None
+    row = claimed_job.job
+    key = (row["run_id"], row["job_index"])
+    kept = api._facts[key]
+    api._facts[key] = SlotFacts(
+        kept.slot_count, kept.first_slot_at - LEASE, kept.interval_seconds
+    )  # all slots EMPTY: the result checks out against these too
+    lease = lease_from(
+        row["run_id"], f"j{row['job_index']}", row["generation"], str(row["lease_token"])
+    )
+    result = jobs_pb2.JobResult(
+        slots=[
+            jobs_pb2.SlotResult(slot_index=index, outcome=common_pb2.SLOT_OUTCOME_EMPTY)
+            for index in range(kept.slot_count)
+        ]
+    )
+    receipt, already = await api.complete(
+        processor,
+        lease,
+        code_sha256=CODE,
+        result=result,
+        result_sha256=result_digest(result),
+        decoder="pyav",
+    )
+    assert not already
+    assert receipt.generation == row["generation"]
+    assert await c.count("receipts") == 1
+
+
+# session state stays off pooled connections ------------------------------------------------
+
+
+async def test_a_session_connection_releases_its_advisory_locks(pg_dsn: str) -> None:
+    lock = "SELECT pg_try_advisory_lock(hashtext('workshop.test.session'))"
+
+    async def failing_pass(db: Database) -> None:
+        async with db.session() as connection:
+            assert await connection.fetchval(lock)
+            raise RuntimeError("the pass failed before it unlocked")
+
+    async with Database.open(pg_dsn, size=1) as db:
+        with pytest.raises(RuntimeError):
+            await failing_pass(db)
+        async with Database.open(pg_dsn, size=1) as other, other.connection() as connection:
+            assert await connection.fetchval(lock)  # free again: the reset unlocked it
+            await connection.execute("SELECT pg_advisory_unlock_all()")
