@@ -61,9 +61,10 @@ from types import FrameType
 import urllib3
 from minio import Minio
 
+from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
 from tests.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness, coordinator_client, running_coordinator
+from tests.harness.coordinator import CoordinatorHarness, running_coordinator
 from tests.harness.postgres import (
     TIMINGS,
     PostgresCluster,
@@ -72,7 +73,6 @@ from tests.harness.postgres import (
     postgres_cluster,
 )
 from tests.harness.preview import jpeg_bytes, publish_request, running_preview
-from tests.harness.processes import running_service
 from tests.harness.s3 import REGION, S3Bucket, S3HarnessError, S3Server, running_s3_server
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
@@ -95,7 +95,6 @@ JOBS = len(CAMERAS) * RECORDINGS_PER_CAMERA
 SLOTS_PER_JOB = 3600 // INTERVAL_SECONDS
 WARM_UP = 10  # per caller
 S3_TIMEOUT_SECONDS = 5.0
-READY_TIMEOUT_S = 60.0
 TARGET_RATIO = 0.5
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -232,49 +231,22 @@ async def _in_process_services(dsn: str, s3: S3Server, scratch: Path) -> AsyncIt
 
 @contextlib.asynccontextmanager
 async def _separate_services(dsn: str, s3: S3Server, scratch: Path) -> AsyncIterator[Services]:
-    common = {"HOST": "127.0.0.1", "PORT": "0", "DRAIN_SECONDS": "0", "GRACE_SECONDS": "1"}
-    coordinator_env = {
-        **common,
-        "DATABASE_URL": dsn,
-        "SCHEDULER_INTERVAL_SECONDS": "0",
-        "MAINTENANCE_INTERVAL_SECONDS": "0",
-    }
-    with running_service(
-        "services.coordinator",
-        {f"COORDINATOR_{key}": value for key, value in coordinator_env.items()},
-        scratch / "coordinator.log",
-        ready_timeout=READY_TIMEOUT_S,
-    ) as (coordinator, serving):
-        async with coordinator_client(dsn, int(serving["port"])) as c:
-            preview_env = {
-                **common,
-                "S3_ENDPOINT": s3.endpoint,
-                "S3_ACCESS_KEY": s3.access_key,
-                "S3_SECRET_KEY": s3.secret_key,
-                "BUCKET": BUCKET,
-                "S3_TIMEOUT_SECONDS": str(S3_TIMEOUT_SECONDS),
-                "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
-                "SERVICE_KEY": await c.key(Grant(ScopeName.SERVICE), name="preview-service"),
-                "CLEANUP_INTERVAL_SECONDS": "0",
-            }
-            with running_service(
-                "services.preview",
-                {f"PREVIEW_{key}": value for key, value in preview_env.items()},
-                scratch / "preview.log",
-                ready_timeout=READY_TIMEOUT_S,
-            ) as (preview, announced):
-                channel = open_channel(f"127.0.0.1:{announced['port']}", max_attempts=1)
-                try:
-                    yield Services(
-                        c,
-                        preview_pb2_grpc.PreviewServiceStub(channel),
-                        {
-                            "coordinator": coordinator.process.pid,
-                            "preview": preview.process.pid,
-                        },
-                    )
-                finally:
-                    await channel.close()
+    settings = {"S3_TIMEOUT_SECONDS": str(S3_TIMEOUT_SECONDS)}
+    async with separate_services(
+        dsn, s3, scratch, bucket=BUCKET, preview_settings=settings
+    ) as services:
+        channel = open_channel(f"127.0.0.1:{services.preview_port}", max_attempts=1)
+        try:
+            yield Services(
+                services.coordinator,
+                preview_pb2_grpc.PreviewServiceStub(channel),
+                {
+                    "coordinator": services.coordinator_process.process.pid,
+                    "preview": services.preview_process.process.pid,
+                },
+            )
+        finally:
+            await channel.close()
 
 
 async def _set_up(

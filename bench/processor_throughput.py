@@ -83,11 +83,12 @@ import onnxruntime as ort
 import tritonclient.grpc as triton_client
 
 import workshop.demo.scenes as scenes_module
+from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
 from services.processor import decode
 from services.processor.manifest import code_sha256
 from tests.coordinator_world import DAY, save_workflow, stamp, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness, coordinator_client
+from tests.harness.coordinator import CoordinatorHarness
 from workshop.demo.scenes import random_scene, write_recording
 from workshop.local.postgres import (
     PostgresCluster,
@@ -95,7 +96,7 @@ from workshop.local.postgres import (
     create_migrated_database,
     postgres_cluster,
 )
-from workshop.local.processes import ServiceProcess, running_service
+from workshop.local.processes import ServiceProcess
 from workshop.local.s3 import S3LaunchError, S3Server, running_s3_server
 from workshop.local.triton import TritonServer, TritonStartError, running_triton
 from workshop.models.detector import CLASSES, build_detector, weights_sha256
@@ -425,44 +426,15 @@ async def _services(
     dsn: str, s3: S3Server, scratch: Path
 ) -> AsyncIterator[tuple[CoordinatorHarness, dict[str, int]]]:
     """The coordinator and the preview service as their own processes."""
-    common = {"HOST": "127.0.0.1", "PORT": "0", "DRAIN_SECONDS": "0", "GRACE_SECONDS": "1"}
-    coordinator_env = {
-        **common,
-        "DATABASE_URL": dsn,
-        "SCHEDULER_INTERVAL_SECONDS": "0",
-        "MAINTENANCE_INTERVAL_SECONDS": "0",
-    }
-    with running_service(
-        "services.coordinator",
-        {f"COORDINATOR_{key}": value for key, value in coordinator_env.items()},
-        scratch / "coordinator.log",
-        ready_timeout=READY_TIMEOUT_S,
-    ) as (coordinator, serving):
-        async with coordinator_client(dsn, int(serving["port"])) as c:
-            preview_env = {
-                **common,
-                "S3_ENDPOINT": s3.endpoint,
-                "S3_ACCESS_KEY": s3.access_key,
-                "S3_SECRET_KEY": s3.secret_key,
-                "BUCKET": PREVIEW_BUCKET,
-                "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
-                "SERVICE_KEY": await c.key(Grant(ScopeName.SERVICE), name="preview-service"),
-                "CLEANUP_INTERVAL_SECONDS": "0",
-            }
-            with running_service(
-                "services.preview",
-                {f"PREVIEW_{key}": value for key, value in preview_env.items()},
-                scratch / "preview.log",
-                ready_timeout=READY_TIMEOUT_S,
-            ) as (preview, announced):
-                yield (
-                    c,
-                    {
-                        "coordinator": coordinator.pid,
-                        "preview": preview.pid,
-                        "preview_port": int(announced["port"]),
-                    },
-                )
+    async with separate_services(dsn, s3, scratch, bucket=PREVIEW_BUCKET) as services:
+        yield (
+            services.coordinator,
+            {
+                "coordinator": services.coordinator_process.pid,
+                "preview": services.preview_process.pid,
+                "preview_port": services.preview_port,
+            },
+        )
 
 
 async def _world(

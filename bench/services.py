@@ -1,0 +1,70 @@
+"""The coordinator and the preview service as their own processes, for benchmarks that
+measure them the way they run in a deployment (own interpreter, own CPU accounting)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+from services.coordinator.auth import Grant, ScopeName
+from tests.harness.coordinator import CoordinatorHarness, coordinator_client
+from workshop.local.processes import ServiceProcess, running_service
+from workshop.local.s3 import S3Server
+
+READY_TIMEOUT_S = 60.0
+# Port 0, no drain, and no background loops: a benchmark measures only its own traffic.
+_COMMON = {"HOST": "127.0.0.1", "PORT": "0", "DRAIN_SECONDS": "0", "GRACE_SECONDS": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SeparateServices:
+    coordinator: CoordinatorHarness  # a client harness on the coordinator process
+    coordinator_process: ServiceProcess
+    preview_process: ServiceProcess
+    preview_port: int
+
+
+@contextlib.asynccontextmanager
+async def separate_services(
+    dsn: str,
+    s3: S3Server,
+    scratch: Path,
+    *,
+    bucket: str,
+    preview_settings: Mapping[str, str] | None = None,
+) -> AsyncIterator[SeparateServices]:
+    """Starts both (logs under `scratch`), the preview service with its own service key and
+    `PREVIEW_<name>` for each of `preview_settings`; stops both on exit."""
+    coordinator_env = {
+        **_COMMON,
+        "DATABASE_URL": dsn,
+        "SCHEDULER_INTERVAL_SECONDS": "0",
+        "MAINTENANCE_INTERVAL_SECONDS": "0",
+    }
+    with running_service(
+        "services.coordinator",
+        {f"COORDINATOR_{key}": value for key, value in coordinator_env.items()},
+        scratch / "coordinator.log",
+        ready_timeout=READY_TIMEOUT_S,
+    ) as (coordinator, serving):
+        async with coordinator_client(dsn, int(serving["port"])) as c:
+            preview_env = {
+                **_COMMON,
+                "S3_ENDPOINT": s3.endpoint,
+                "S3_ACCESS_KEY": s3.access_key,
+                "S3_SECRET_KEY": s3.secret_key,
+                "BUCKET": bucket,
+                "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
+                "SERVICE_KEY": await c.key(Grant(ScopeName.SERVICE), name="preview-service"),
+                "CLEANUP_INTERVAL_SECONDS": "0",
+                **(preview_settings or {}),
+            }
+            with running_service(
+                "services.preview",
+                {f"PREVIEW_{key}": value for key, value in preview_env.items()},
+                scratch / "preview.log",
+                ready_timeout=READY_TIMEOUT_S,
+            ) as (preview, announced):
+                yield SeparateServices(c, coordinator, preview, int(announced["port"]))
