@@ -21,9 +21,12 @@ JobService contract, not from the implementation:
   fences like every other write, so a stale lease hears JOB_FINISHED.
 - Maintenance expires jobs whose source expired before it rescues lapsed leases;
   the third lapse fails the job with attempts_exhausted. Release does not count.
-- Claim leases the first queued job in job order whose source has not expired;
-  it checks no fence, so a job whose recording was replaced, or whose run lost
-  its authority, is still leased (and every write under that lease refused).
+- Claim leases the first queued job in job order whose source has not expired.
+  A queued job it meets on the way that can never commit (its recording moved on:
+  fence 2; the policy revision was raised: fence 3) is not leased: it ends failed
+  with source_changed or authority_lost (source first), and Claim goes on. A
+  Complete or Fail refused with SOURCE_CHANGED or POLICY_CHANGED ends the job the
+  same way (and is still answered with the refusal).
 - Progress is the maximum reported; an update is persisted (at most 100 per job)
   when it raises the percent or changes the phase. The stored phase outlives the
   lease in the job row; GetRun shows it for leased jobs only.
@@ -41,6 +44,8 @@ MAX_PROGRESS_UPDATES = 100
 OK = ("OK", "")
 UNFINISHED = ("queued", "leased")
 FINISHED = ("completed", "failed", "expired")
+# Refusals of fences 2 and 3: the job can never commit.
+DOOMING = ("SOURCE_CHANGED", "POLICY_CHANGED")
 
 # (gRPC status code name, ErrorInfo reason); ("OK", "") for success.
 Outcome = tuple[str, str]
@@ -146,6 +151,23 @@ class RunModel:
             return "POLICY_CHANGED"
         return ""
 
+    def doomed(self, job: Job) -> str | None:
+        """The failure reason when fence 2 or 3 fails for `job` (it can never commit)."""
+        if job.source != job.admitted_source:
+            return "source_changed"
+        if self.policy_changed:
+            return "authority_lost"
+        return None
+
+    def end_if_doomed(self, job: Job, now: datetime) -> bool:
+        """Fails `job` when it can never commit; whether it did."""
+        reason = self.doomed(job)
+        if reason is None:
+            return False
+        job.move("failed", now)
+        job.failure_reason = reason
+        return True
+
     def live(self, lease: Lease, now: datetime) -> bool:
         """Whether `lease` is the job's live lease (fence 1 holds)."""
         return self.fence(lease, now) not in ("JOB_CANCELLED", "JOB_FINISHED", "LEASE_MISMATCH")
@@ -156,9 +178,10 @@ class RunModel:
     # processor calls ------------------------------------------------------------------
 
     def next_claim(self, now: datetime) -> Job | None:
-        """The job Claim leases next: the first queued job, in job order, not yet expired."""
+        """The job Claim leases next: the first queued job, in job order, not yet expired,
+        that can still commit. The doomed ones before it end failed (a Claim's effect)."""
         for job in self.jobs:
-            if job.state == "queued" and job.expires_at > now:
+            if job.state == "queued" and job.expires_at > now and not self.end_if_doomed(job, now):
                 return job
         return None
 
@@ -202,6 +225,8 @@ class RunModel:
             return Settled(OK, job.receipt_generation, job.committed_at, already_committed=True)
         reason = self.fence(lease, now)
         if reason:
+            if reason in DOOMING:
+                self.end_if_doomed(job, now)
             return Settled(refused(reason))
         job.move("completed", now)
         job.progress = 100
@@ -213,9 +238,11 @@ class RunModel:
 
     def fail(self, lease: Lease, now: datetime) -> Outcome:
         reason = self.fence(lease, now)
-        if reason:
-            return refused(reason)
         job = self.jobs[lease.job_index]
+        if reason:
+            if reason in DOOMING:
+                self.end_if_doomed(job, now)
+            return refused(reason)
         job.move("failed", now)
         job.failure_reason = "processor_failed"
         return OK

@@ -21,6 +21,9 @@ Properties:
 - job rows (state, generation, token, lease expiry, lapses, progress and its
   update count, phase, failure reason, result digest, input cleared, expiry)
   and receipts equal the model's;
+- Claim never leases a job that can never commit (its recording replaced, the
+  policy raised): it ends failed with source_changed or authority_lost, as does
+  a job whose Complete or Fail those fences refuse;
 - no job has two live leases: in the model after every step, and in the
   coordinator (CheckLease on every issued lease) at the end of every example;
 - progress never decreases; a committed digest never changes;
@@ -125,6 +128,8 @@ FAILURE_REASONS = {
     None: common_pb2.FAILURE_REASON_UNSPECIFIED,
     "processor_failed": common_pb2.FAILURE_REASON_PROCESSOR_FAILED,
     "attempts_exhausted": common_pb2.FAILURE_REASON_ATTEMPTS_EXHAUSTED,
+    "source_changed": common_pb2.FAILURE_REASON_SOURCE_CHANGED,
+    "authority_lost": common_pb2.FAILURE_REASON_AUTHORITY_LOST,
 }
 
 

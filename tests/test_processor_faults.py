@@ -282,8 +282,9 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
     tmp_path: Path,
 ) -> None:
     """cam-a's recording is replaced after its job published and staged every slot, before
-    Complete is sent: the source fence refuses the completion (SOURCE_CHANGED), nothing of
-    the job reaches the bucket, and the processor goes on to cam-b's job."""
+    Complete is sent: the source fence refuses the completion (SOURCE_CHANGED) and fails the
+    job with that reason (it can never commit), nothing of the job reaches the bucket, and
+    the processor goes on to cam-b's job."""
     c = coordinator
     world = await build_world(c, preview, triton_server, tmp_path)
     await save_workflow(c, "yard", yard_spec(world.model))
@@ -316,8 +317,11 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
     after = log.index(next(call for call in log if call.outcome == "SOURCE_CHANGED"))
     assert [call for call in log[after + 1 :] if call.job == "r1/j0"] == []  # j0 stopped
     states = {job.job_id: job.state for job in detail.jobs}
-    # j0's lease stands until it lapses (Fail is fenced too); it never commits.
-    assert states == {"j0": common_pb2.JOB_STATE_LEASED, "j1": common_pb2.JOB_STATE_COMPLETED}
+    # j0 can never commit: the refused Complete ended it at once, not a lapsed lease later.
+    assert states == {"j0": common_pb2.JOB_STATE_FAILED, "j1": common_pb2.JOB_STATE_COMPLETED}
+    reasons = {job.job_id: job.failure_reason for job in detail.jobs}
+    assert reasons["j0"] == common_pb2.FAILURE_REASON_SOURCE_CHANGED
+    assert detail.run.status == common_pb2.RUN_STATUS_FAILED
     assert detail.run.counts.items_saved == SLOTS
     by_job = await rows(
         c, "SELECT job_index, count(*) AS items FROM bucket_items GROUP BY job_index"

@@ -431,6 +431,73 @@ BEGIN
 END;
 $$;
 
+-- Ends a job that can never commit as failed, as Fail would, so that it does not wait
+-- leased or queued for its lease to lapse three times; returns whether it did. The
+-- caller holds the job's row lock. It checks fences 2 and 3 of SPEC §7 as
+-- workshop_fence does, in one read without locks (the committing calls still check
+-- them under locks): the recording at the admitted generation, else failure_reason
+-- 'source_changed'; the policy revision and the run creator's authority, else
+-- 'authority_lost'; with a message for people. The snapshot pins what failed.
+CREATE FUNCTION job_end_unfenced(p_job jobs, p_now timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+    why text;
+    message text;
+BEGIN
+    SELECT rec.generation AS source_generation, rec.deleted_at AS source_deleted,
+           r.policy_revision, pol.revision AS policy_now, r.created_by ->> 'kind' AS kind,
+           nullif(r.created_by ->> 'user_id', '') AS creator_user,
+           k.key_id IS NOT NULL AS key_ok, s.session_id IS NOT NULL AS session_ok,
+           u.user_id IS NOT NULL AS user_ok
+    INTO f
+    FROM runs r
+    CROSS JOIN policy pol
+    LEFT JOIN recordings rec ON rec.recording_id = p_job.recording_id
+    LEFT JOIN keys k
+        ON r.created_by ->> 'kind' = 'key' AND k.key_id = r.created_by ->> 'key_id'
+       AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > p_now)
+    LEFT JOIN sessions s
+        ON r.created_by ->> 'kind' = 'session' AND s.session_id = r.created_by ->> 'session_id'
+       AND s.revoked_at IS NULL AND s.expires_at > p_now
+    LEFT JOIN users u
+        ON u.user_id = nullif(r.created_by ->> 'user_id', '') AND u.disabled_at IS NULL
+    WHERE r.run_id = p_job.run_id;
+    why := 'source_changed';
+    IF f.source_generation IS NULL OR f.source_deleted IS NOT NULL THEN
+        message := format('Recording %s was deleted after the run was admitted.',
+                          p_job.recording_id);
+    ELSIF f.source_generation <> p_job.recording_generation THEN
+        message := format('Recording %s was replaced after the run was admitted '
+                          '(generation %s → %s).',
+                          p_job.recording_id, p_job.recording_generation, f.source_generation);
+    ELSE
+        why := 'authority_lost';
+        IF f.policy_now IS DISTINCT FROM f.policy_revision THEN
+            message := format('The policy revision was raised after the run was admitted '
+                              '(revision %s → %s).', f.policy_revision, f.policy_now);
+        ELSIF f.kind = 'key' AND NOT f.key_ok THEN
+            message := 'The key that created the run was revoked or expired.';
+        ELSIF f.kind = 'session' AND NOT f.session_ok THEN
+            message := 'The session that created the run was revoked or expired.';
+        ELSIF f.kind IS NULL OR f.kind NOT IN ('key', 'session', 'scheduler') THEN
+            message := 'The run''s creator has no authority.';
+        ELSIF f.creator_user IS NOT NULL AND NOT f.user_ok THEN
+            message := format('User %s, who created the run, was disabled.', f.creator_user);
+        ELSE
+            RETURN false;
+        END IF;
+    END IF;
+    UPDATE jobs
+    SET state = 'failed', failure_reason = why, failure_message = message,
+        lease_token = NULL, lease_expires_at = NULL, updated_at = p_now
+    WHERE run_id = p_job.run_id AND job_index = p_job.job_index;
+    PERFORM job_objects_abandon(p_job.run_id, p_job.job_index, p_now);
+    PERFORM pg_notify('workshop_run', p_job.run_id);
+    RETURN true;
+END;
+$$;
+
 -- Leases the next claimable job of a runtime (SPEC §5-§6): photos first, then
 -- the head run (the oldest with queued or leased jobs), in job order; only jobs
 -- of the cameras in p_cameras (NULL: every camera). One statement, one round trip.
@@ -438,6 +505,8 @@ $$;
 -- index instead of hashing the whole table on every claim. The claiming key is
 -- checked first: a key revoked, expired or of a disabled user leases nothing
 -- (SQLSTATE 28000), even while the coordinator still holds its principal in cache.
+-- A picked job whose fence 2 or 3 fails (job_end_unfenced) can never commit: it is
+-- failed with that reason instead of leased, and the claim goes on to the next.
 CREATE FUNCTION job_claim(
     p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval
 ) RETURNS SETOF jobs LANGUAGE plpgsql ROWS 1 AS $$
@@ -450,28 +519,33 @@ BEGIN
             USING ERRCODE = 'invalid_authorization_specification';
     END IF;
     PERFORM runtime_seen(p_runtime, p_now);
-    SELECT * INTO picked FROM jobs
-    WHERE runtime_id = p_runtime AND state = 'queued' AND is_photo AND expires_at > p_now
-      AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
-    ORDER BY run_seq, job_index
-    LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        SELECT run_seq INTO head FROM jobs
-        WHERE runtime_id = p_runtime AND state IN ('queued', 'leased') AND NOT is_photo
-        ORDER BY run_seq
-        LIMIT 1;
-        IF head IS NULL THEN
-            RETURN;
-        END IF;
+    LOOP
         SELECT * INTO picked FROM jobs
-        WHERE runtime_id = p_runtime AND run_seq = head AND state = 'queued'
-          AND expires_at > p_now AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
-        ORDER BY job_index
+        WHERE runtime_id = p_runtime AND state = 'queued' AND is_photo AND expires_at > p_now
+          AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
+        ORDER BY run_seq, job_index
         LIMIT 1 FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
-            RETURN;
+            SELECT run_seq INTO head FROM jobs
+            WHERE runtime_id = p_runtime AND state IN ('queued', 'leased') AND NOT is_photo
+            ORDER BY run_seq
+            LIMIT 1;
+            IF head IS NULL THEN
+                RETURN;
+            END IF;
+            SELECT * INTO picked FROM jobs
+            WHERE runtime_id = p_runtime AND run_seq = head AND state = 'queued'
+              AND expires_at > p_now AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
+            ORDER BY job_index
+            LIMIT 1 FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
         END IF;
-    END IF;
+        -- fences 2 and 3 for the picked job only: one that can never commit is failed
+        -- (it may have been the head run's last, so the head is looked up again)
+        EXIT WHEN NOT job_end_unfenced(picked, p_now);
+    END LOOP;
     UPDATE jobs
     SET state = 'leased', generation = generation + 1, lease_token = gen_random_uuid(),
         lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now,
@@ -536,15 +610,22 @@ BEGIN
 END;
 $$;
 
--- Ends a job as failed (processor_failed), without retry.
+-- Ends a job as failed (processor_failed), without retry. A refusal by fence 2 or 3
+-- fails the job with that reason instead (job_end_unfenced); so does Complete's.
 CREATE FUNCTION job_fail(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_message text, p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
+    j jobs%ROWTYPE;
 BEGIN
     IF fenced <> '' THEN
+        IF fenced IN ('SOURCE_CHANGED', 'POLICY_CHANGED', 'AUTHORITY_REVOKED') THEN
+            -- the job can never commit: it fails with that reason instead
+            SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+            PERFORM job_end_unfenced(j, p_now);
+        END IF;
         RETURN fenced;
     END IF;
     UPDATE jobs
@@ -604,6 +685,11 @@ DECLARE
     rc receipts%ROWTYPE;
 BEGIN
     IF fenced <> '' THEN
+        IF fenced IN ('SOURCE_CHANGED', 'POLICY_CHANGED', 'AUTHORITY_REVOKED') THEN
+            -- the job can never commit: end it now rather than when its lease lapses
+            SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+            PERFORM job_end_unfenced(j, p_now);
+        END IF;
         SELECT * INTO rc FROM receipts
         WHERE run_id = p_run AND job_index = p_job AND generation = p_generation;
         RETURN QUERY SELECT fenced, rc.generation, rc.result_sha256, rc.committed_at,

@@ -247,6 +247,17 @@ class _FailureReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Failure
     """
     FAILURE_REASON_ATTEMPTS_EXHAUSTED: _FailureReason.ValueType  # 2
     """Its third lease lapsed without a result; set by the coordinator only."""
+    FAILURE_REASON_SOURCE_CHANGED: _FailureReason.ValueType  # 3
+    """Its source recording was replaced or deleted after the run was admitted (fence 2 of SPEC §7); the
+    snapshot pins the admitted generation, so it can never complete. Set by the coordinator only: at Claim
+    (the job is not leased) or when Complete or Fail is refused with SOURCE_CHANGED.
+    """
+    FAILURE_REASON_AUTHORITY_LOST: _FailureReason.ValueType  # 4
+    """The run's creator lost authority (key or session revoked or expired, user disabled) or the policy
+    revision was raised after the run was admitted (fence 3 of SPEC §7), so it can never complete. Set by the
+    coordinator only: at Claim (the job is not leased) or when Complete or Fail is refused with
+    AUTHORITY_REVOKED or POLICY_CHANGED.
+    """
 
 class FailureReason(_FailureReason, metaclass=_FailureReasonEnumTypeWrapper):
     """Why a job failed (SPEC §6)."""
@@ -259,6 +270,17 @@ scheduled slot, or a snapshot naming other code); the job fails without retry.
 """
 FAILURE_REASON_ATTEMPTS_EXHAUSTED: FailureReason.ValueType  # 2
 """Its third lease lapsed without a result; set by the coordinator only."""
+FAILURE_REASON_SOURCE_CHANGED: FailureReason.ValueType  # 3
+"""Its source recording was replaced or deleted after the run was admitted (fence 2 of SPEC §7); the
+snapshot pins the admitted generation, so it can never complete. Set by the coordinator only: at Claim
+(the job is not leased) or when Complete or Fail is refused with SOURCE_CHANGED.
+"""
+FAILURE_REASON_AUTHORITY_LOST: FailureReason.ValueType  # 4
+"""The run's creator lost authority (key or session revoked or expired, user disabled) or the policy
+revision was raised after the run was admitted (fence 3 of SPEC §7), so it can never complete. Set by the
+coordinator only: at Claim (the job is not leased) or when Complete or Fail is refused with
+AUTHORITY_REVOKED or POLICY_CHANGED.
+"""
 Global___FailureReason: _TypeAlias = FailureReason  # noqa: Y015
 
 class _JobPhase:

@@ -103,7 +103,10 @@ class JobServiceServicer:
         """Leases the next claimable job for the runtime, recording that the runtime was seen. Claim order: photos
         first, then the oldest run, then job order; a run's jobs are claimable only when every older run on the
         same runtime has no queued or leased job left; only jobs of cameras the key covers. Answers without a job
-        when none is claimable.
+        when none is claimable. A job that can never commit (its recording replaced or deleted, its run's creator
+        without authority or the policy revision raised: fences 2 and 3 of SPEC §7) is not leased: it fails with
+        FAILURE_REASON_SOURCE_CHANGED or FAILURE_REASON_AUTHORITY_LOST and the claim goes on to the next job. A
+        Complete or Fail refused for those reasons fails the job the same way.
         Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
         FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
         """

@@ -283,7 +283,7 @@ class JobSummary(_message.Message):
     failure_reason: _common_pb2.FailureReason.ValueType
     """Failed jobs: why."""
     failure_message: _builtins.str
-    """Failed jobs: the processor's message, or a coordinator note for ATTEMPTS_EXHAUSTED."""
+    """Failed jobs: the processor's message, or a coordinator note for the reasons it sets."""
     decoder: _builtins.str
     """Completed jobs: decoder that served it ("dali-gpu", "dali-cpu" or "pyav")."""
     @_builtins.property

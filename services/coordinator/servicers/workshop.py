@@ -45,6 +45,8 @@ JOB_STATES = {
 FAILURE_REASONS = {
     "processor_failed": common_pb2.FAILURE_REASON_PROCESSOR_FAILED,
     "attempts_exhausted": common_pb2.FAILURE_REASON_ATTEMPTS_EXHAUSTED,
+    "source_changed": common_pb2.FAILURE_REASON_SOURCE_CHANGED,
+    "authority_lost": common_pb2.FAILURE_REASON_AUTHORITY_LOST,
 }
 DEFAULT_JOB_LIMIT = 100
 RECENT_IMAGES = 100

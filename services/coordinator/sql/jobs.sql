@@ -1,5 +1,5 @@
 -- Leases, progress and results (SPEC §5-§7). The work is done by the functions
--- of migrations 0002 and 0003, so each call is one round trip with its fences
+-- of migrations 0002-0004, so each call is one round trip with its fences
 -- folded in.
 
 -- name: runtime_identity

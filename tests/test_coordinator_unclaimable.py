@@ -1,0 +1,234 @@
+"""Jobs that can never commit end at once instead of waiting out three lapsed leases.
+
+Fences 2 and 3 of SPEC §7 (the source recording at its admitted generation; the
+run creator's authority and the policy revision) are checked by Claim for the job
+it picks: a job that fails one is failed with FAILURE_REASON_SOURCE_CHANGED or
+FAILURE_REASON_AUTHORITY_LOST, never leased, and the same Claim goes on to the next
+job. A Complete or Fail refused by those fences fails the job the same way. Each
+test also shows the other side: the jobs whose fences hold are leased as usual.
+Run status follows SPEC §8 (failed once nothing is queued or leased).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import timedelta
+
+import grpc
+import pytest
+
+from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.maintenance import Maintenance
+from tests.coordinator_leases import (
+    Setup,
+    claim,
+    complete_request,
+    create_run,
+    empty_result,
+    setup,
+)
+from tests.coordinator_world import DAY, error_reason, put_recording
+from tests.harness.coordinator import CoordinatorHarness
+from workshop.kit.auth import bearer_metadata
+from workshop.v1 import common_pb2, jobs_pb2
+from workshop.v1 import operator_pb2 as op
+from workshop.v1 import workshop_pb2 as ws
+
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+SOURCE_CHANGED = common_pb2.FAILURE_REASON_SOURCE_CHANGED
+AUTHORITY_LOST = common_pb2.FAILURE_REASON_AUTHORITY_LOST
+FAILED = common_pb2.JOB_STATE_FAILED
+LEASED = common_pb2.JOB_STATE_LEASED
+COMPLETED = common_pb2.JOB_STATE_COMPLETED
+
+
+async def refused(call: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    code, reason, _ = error_reason(caught.value)
+    return code, reason
+
+
+@pytest.fixture
+async def s(coordinator: CoordinatorHarness) -> Setup:
+    """Run r1 (admin key): j0 on recording cam-a-0, j1 on cam-a-1."""
+    built = await setup(coordinator)
+    await create_run(coordinator, built)
+    return built
+
+
+async def claimed(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob:
+    job = await claim(c, s)
+    assert job is not None
+    return job
+
+
+async def detail(c: CoordinatorHarness, run_id: str = "r1") -> ws.GetRunResponse:
+    reply: ws.GetRunResponse = await c.workshop.GetRun(
+        ws.GetRunRequest(run_id=run_id), metadata=c.admin
+    )
+    return reply
+
+
+async def jobs_of(c: CoordinatorHarness, run_id: str = "r1") -> list[tuple[object, ...]]:
+    """(job, state, failure reason, failure message, lease generation) of each job."""
+    return [
+        (j.job_id, j.state, j.failure_reason, j.failure_message, j.generation)
+        for j in (await detail(c, run_id)).detail.jobs
+    ]
+
+
+async def complete(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
+    await c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
+
+
+# fence 2 at Claim ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["replace", "delete"])
+async def test_claim_fails_a_job_whose_recording_changed_and_leases_the_next(
+    coordinator: CoordinatorHarness, s: Setup, change: str
+) -> None:
+    c = coordinator
+    if change == "replace":  # identical bytes still make a new generation
+        put = await put_recording(c, "cam-a-0", "cam-a", DAY + timedelta(hours=8))
+        assert put.recording.generation == 2
+        message = "Recording cam-a-0 was replaced after the run was admitted (generation 1 → 2)."
+    else:
+        await c.operator.DeleteRecording(
+            op.DeleteRecordingRequest(recording_id="cam-a-0"), metadata=c.admin
+        )
+        message = "Recording cam-a-0 was deleted after the run was admitted."
+
+    job = await claimed(c, s)
+    assert (job.lease.job_id, job.lease.generation) == ("j1", 1)  # its source is untouched
+    assert await jobs_of(c) == [
+        ("j0", FAILED, SOURCE_CHANGED, message, 0),  # never leased
+        ("j1", LEASED, common_pb2.FAILURE_REASON_UNSPECIFIED, "", 1),
+    ]
+    assert (await detail(c)).detail.run.status == common_pb2.RUN_STATUS_RUNNING
+    assert await claim(c, s) is None
+
+    await complete(c, s, job)
+    run = (await detail(c)).detail.run
+    assert run.status == common_pb2.RUN_STATUS_FAILED  # §8: nothing queued or leased
+    assert (run.counts.jobs_failed, run.counts.jobs_completed) == (1, 1)
+
+
+async def test_a_lapsed_lease_on_a_replaced_recording_fails_at_the_next_claim(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    """The processor on j0 stops when its writes are refused; once maintenance requeues the
+    lapsed job, the next claim fails it instead of leasing it for a second attempt."""
+    c = coordinator
+    first = await claimed(c, s)
+    assert first.lease.job_id == "j0"
+    await put_recording(c, "cam-a-0", "cam-a", DAY + timedelta(hours=8))
+    c.clock.advance(timedelta(minutes=5, seconds=1))
+    assert (await Maintenance(c.db, c.clock, interval_seconds=1).run_once()).requeued == 1
+
+    job = await claimed(c, s)
+    assert (job.lease.job_id, job.lease.generation) == ("j1", 1)
+    states = [(j[0], j[1], j[2], j[4]) for j in await jobs_of(c)]
+    assert states == [("j0", FAILED, SOURCE_CHANGED, 1), ("j1", LEASED, 0, 1)]
+
+
+# fence 3 at Claim ---------------------------------------------------------------------------
+
+
+async def test_claim_fails_every_job_of_a_run_whose_creating_key_was_revoked(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """r1 was created with an agent key that is then revoked; r2 (admin key) is behind it.
+    One Claim fails both of r1's jobs and leases r2's first job."""
+    c = coordinator
+    s = await setup(c)
+    agent = await c.key(Grant(ScopeName.WORKSHOP), name="agent")
+    await c.workshop.CreateRun(
+        ws.CreateRunRequest(
+            run_id="r1",
+            workflow_id="yard",
+            runtime_id=s.world.tracking_runtime,
+            revision=1,
+            mode=common_pb2.RUN_MODE_FULL,
+        ),
+        metadata=bearer_metadata(agent),
+    )
+    await create_run(c, s, "r2")
+    async with c.db.connection() as connection:
+        key_id = await connection.fetchval("SELECT key_id FROM keys WHERE name = 'agent'")
+    await c.operator.RevokeKey(op.RevokeKeyRequest(key_id=key_id), metadata=c.admin)
+
+    job = await claimed(c, s)
+    assert (job.lease.run_id, job.lease.job_id) == ("r2", "j0")
+    lost = "The key that created the run was revoked or expired."
+    assert await jobs_of(c, "r1") == [
+        ("j0", FAILED, AUTHORITY_LOST, lost, 0),
+        ("j1", FAILED, AUTHORITY_LOST, lost, 0),
+    ]
+    assert (await detail(c, "r1")).detail.run.status == common_pb2.RUN_STATUS_FAILED
+    assert (await detail(c, "r2")).detail.run.status == common_pb2.RUN_STATUS_RUNNING
+
+
+async def test_claim_fails_the_jobs_of_runs_admitted_before_a_policy_raise(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    await c.operator.RaisePolicyRevision(op.RaisePolicyRevisionRequest(), metadata=c.admin)
+    await create_run(c, s, "r2")  # admitted under the new revision
+
+    job = await claimed(c, s)
+    assert (job.lease.run_id, job.lease.job_id) == ("r2", "j0")
+    raised = "The policy revision was raised after the run was admitted (revision 1 → 2)."
+    assert await jobs_of(c, "r1") == [
+        ("j0", FAILED, AUTHORITY_LOST, raised, 0),
+        ("j1", FAILED, AUTHORITY_LOST, raised, 0),
+    ]
+    await complete(c, s, job)
+    assert (await claimed(c, s)).lease.job_id == "j1"  # r2's fences hold: leased as usual
+
+
+# refused Complete and Fail ------------------------------------------------------------------
+
+
+async def test_a_completion_refused_for_a_replaced_recording_fails_the_job(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job, other = await claimed(c, s), await claimed(c, s)
+    await put_recording(c, "cam-a-0", "cam-a", DAY + timedelta(hours=8))
+    heartbeat = c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=job.lease), metadata=s.processor)
+    assert await refused(heartbeat) == (FAILED_PRECONDITION, "SOURCE_CHANGED")
+    assert (await jobs_of(c))[0][1] == LEASED  # a refused heartbeat ends nothing
+
+    stale = complete_request(job, empty_result(job))
+    assert await refused(c.jobs.Complete(stale, metadata=s.processor)) == (
+        FAILED_PRECONDITION,
+        "SOURCE_CHANGED",
+    )
+    message = "Recording cam-a-0 was replaced after the run was admitted (generation 1 → 2)."
+    assert (await jobs_of(c))[0] == ("j0", FAILED, SOURCE_CHANGED, message, 1)
+    assert await refused(c.jobs.Complete(stale, metadata=s.processor)) == (
+        FAILED_PRECONDITION,
+        "JOB_FINISHED",
+    )
+    await complete(c, s, other)  # its recording is untouched
+    assert [j[1] for j in await jobs_of(c)] == [FAILED, COMPLETED]
+    assert (await detail(c)).detail.run.status == common_pb2.RUN_STATUS_FAILED
+
+
+async def test_a_failure_refused_after_a_policy_raise_fails_the_job_as_authority_lost(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    await c.operator.RaisePolicyRevision(op.RaisePolicyRevisionRequest(), metadata=c.admin)
+    fail = c.jobs.Fail(
+        jobs_pb2.FailRequest(
+            lease=job.lease, reason=common_pb2.FAILURE_REASON_PROCESSOR_FAILED, message="x"
+        ),
+        metadata=s.processor,
+    )
+    assert await refused(fail) == (FAILED_PRECONDITION, "POLICY_CHANGED")
+    raised = "The policy revision was raised after the run was admitted (revision 1 → 2)."
+    assert (await jobs_of(c))[0] == ("j0", FAILED, AUTHORITY_LOST, raised, 1)
