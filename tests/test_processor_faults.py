@@ -163,8 +163,9 @@ async def rows(c: CoordinatorHarness, query: str, *args: Any) -> list[dict[str, 
 
 
 def processor_env(
-    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, runtime: str, key: str
+    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, key: str
 ) -> dict[str, str]:
+    """No RUNTIME_ID: the process claims for the runtime of its own code on DEVICE_ID."""
     server = preview.bucket.server
     values = {
         "PORT": "0",
@@ -172,7 +173,6 @@ def processor_env(
         "GRACE_SECONDS": "1",
         "DEVICE_ID": DEVICE,
         "KEY": key,
-        "RUNTIME_ID": runtime,
         "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
         "PREVIEW_TARGET": f"127.0.0.1:{preview.port}",
         "TRITON_TARGET": triton.grpc_url,
@@ -215,7 +215,7 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
             run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
         )
         key = await run_key(c)
-        env = processor_env(c, preview, triton_server, world.runtime_id, key)
+        env = processor_env(c, preview, triton_server, key)
         first = ServiceProcess("services.processor", env, tmp_path / "processor.log")
         try:
             await asyncio.to_thread(first.wait_event, "serving")

@@ -58,7 +58,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             jobs=jobs_pb2_grpc.JobServiceStub(coordinator),
             previews=preview_pb2_grpc.PreviewServiceStub(preview),
             credentials=credentials,
-            runtime_id=settings.runtime_id,
+            runtime_id=settings.runtime_id or str(manifest_for(settings.device_id)["runtime_id"]),
             code_sha256=code_sha256(),
             recordings=recordings,
             models=models,

@@ -23,7 +23,11 @@ class ProcessorSettings(ServerSettings):
     model_repository: Path = setting(  # noqa: RUF009 - Path is immutable
         DEFAULT_MODEL_REPOSITORY, help="The Triton model repository, shared read-only with Triton."
     )
-    runtime_id: str = setting(help="Registered runtime this processor claims for (required).")
+    runtime_id: str = setting(
+        "",
+        help="Registered runtime to claim for; empty = this code on DEVICE_ID "
+        "(the id `workshop-manifest` prints).",
+    )
     s3_endpoint: str = setting(help="S3 endpoint host:port holding the recordings (required).")
     s3_access_key: str = setting(help="S3 access key for reading recordings (required).")
     s3_secret_key: str = setting(help="S3 secret key for reading recordings (required).")

@@ -100,7 +100,6 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
             {
                 "PROCESSOR_DEVICE_ID": DEVICE_ID,
                 "PROCESSOR_KEY": run_key,
-                "PROCESSOR_RUNTIME_ID": runtime_id,
                 "PROCESSOR_COORDINATOR_TARGET": coordinator.target,
                 "PROCESSOR_PREVIEW_TARGET": preview.target,
                 "PROCESSOR_TRITON_TARGET": models.grpc_url,
