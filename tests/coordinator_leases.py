@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Awaitable
+
+import grpc
+import pytest
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
@@ -11,6 +15,7 @@ from tests.coordinator_world import (
     CODE,
     World,
     build_world,
+    error_reason,
     run_request,
     save_workflow,
     workflow_spec,
@@ -29,6 +34,21 @@ class Setup:
     processor: Metadata  # a workshop:run key for gpu-box
     service: Metadata  # the preview service's key
     processor_secret: str
+
+
+async def refused(call: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
+    """The status code and ErrorInfo reason of a call that must fail."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    code, reason, _ = error_reason(caught.value)
+    return code, reason
+
+
+async def claimed(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob:
+    """The next job claimed with the processor's key; fails when there is none."""
+    job = await claim(c, s)
+    assert job is not None
+    return job
 
 
 async def setup(c: CoordinatorHarness, *, spec_kwargs: dict[str, object] | None = None) -> Setup:

@@ -26,14 +26,15 @@ from services.coordinator.servicers.common import Authenticator
 from services.coordinator.snapshots import SnapshotCache
 from tests.coordinator_leases import (
     Setup,
-    claim,
+    claimed,
     complete_request,
     create_run,
     empty_result,
     on_behalf,
+    refused,
     setup,
 )
-from tests.coordinator_world import CODE, error_reason
+from tests.coordinator_world import CODE
 from tests.harness.coordinator import CoordinatorHarness, running_coordinator
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
@@ -44,24 +45,11 @@ UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def refused(call: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    code, reason, _ = error_reason(caught.value)
-    return code, reason
-
-
 @pytest.fixture
 async def s(coordinator: CoordinatorHarness) -> Setup:
     s = await setup(coordinator)
     await create_run(coordinator, s)
     return s
-
-
-async def claimed(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob:
-    job = await claim(c, s)
-    assert job is not None
-    return job
 
 
 def heartbeat(

@@ -17,11 +17,13 @@ from services.coordinator.maintenance import Maintenance
 from tests.coordinator_leases import (
     Setup,
     claim,
+    claimed,
     complete_request,
     create_run,
     empty_result,
     frame_result,
     on_behalf,
+    refused,
     setup,
     stage_upload,
 )
@@ -36,24 +38,11 @@ from workshop.v1 import workshop_pb2 as ws
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def refused(call: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    code, reason, _ = error_reason(caught.value)
-    return code, reason
-
-
 @pytest.fixture
 async def s(coordinator: CoordinatorHarness) -> Setup:
     built = await setup(coordinator)
     await create_run(coordinator, built)
     return built
-
-
-async def claimed(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob:
-    job = await claim(c, s)
-    assert job is not None
-    return job
 
 
 def heartbeat(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> Awaitable[object]:

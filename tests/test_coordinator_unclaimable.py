@@ -11,7 +11,6 @@ Run status follows SPEC §8 (failed once nothing is queued or leased).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from datetime import timedelta
 
 import grpc
@@ -22,12 +21,14 @@ from services.coordinator.maintenance import Maintenance
 from tests.coordinator_leases import (
     Setup,
     claim,
+    claimed,
     complete_request,
     create_run,
     empty_result,
+    refused,
     setup,
 )
-from tests.coordinator_world import DAY, error_reason, put_recording
+from tests.coordinator_world import DAY, put_recording
 from tests.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
@@ -42,25 +43,12 @@ LEASED = common_pb2.JOB_STATE_LEASED
 COMPLETED = common_pb2.JOB_STATE_COMPLETED
 
 
-async def refused(call: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    code, reason, _ = error_reason(caught.value)
-    return code, reason
-
-
 @pytest.fixture
 async def s(coordinator: CoordinatorHarness) -> Setup:
     """Run r1 (admin key): j0 on recording cam-a-0, j1 on cam-a-1."""
     built = await setup(coordinator)
     await create_run(coordinator, built)
     return built
-
-
-async def claimed(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob:
-    job = await claim(c, s)
-    assert job is not None
-    return job
 
 
 async def detail(c: CoordinatorHarness, run_id: str = "r1") -> ws.GetRunResponse:

@@ -13,7 +13,14 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from tests.coordinator_leases import Setup, claim, complete_request, create_run, empty_result, setup
+from tests.coordinator_leases import (
+    Setup,
+    claimed,
+    complete_request,
+    create_run,
+    empty_result,
+    setup,
+)
 from tests.coordinator_world import error_reason
 from tests.harness.coordinator import CoordinatorHarness
 from tests.harness.preview import (
@@ -26,7 +33,7 @@ from tests.harness.preview import (
 )
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.hashing import sha256_hex
-from workshop.v1 import common_pb2, jobs_pb2, run_pb2
+from workshop.v1 import common_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import preview_pb2 as pb
 from workshop.v1 import workshop_pb2 as ws
@@ -44,12 +51,6 @@ async def refusal(call: Awaitable[object]) -> tuple[grpc.StatusCode, str, dict[s
 @pytest.fixture
 async def s(coordinator: CoordinatorHarness) -> Setup:
     return await setup(coordinator)
-
-
-async def claimed(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob:
-    job = await claim(c, s)
-    assert job is not None
-    return job
 
 
 async def recent_images(c: CoordinatorHarness, run_id: str = "r1") -> list[run_pb2.RunImage]:
