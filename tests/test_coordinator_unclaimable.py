@@ -158,6 +158,47 @@ async def test_claim_fails_every_job_of_a_run_whose_creating_key_was_revoked(
     assert (await detail(c, "r2")).detail.run.status == common_pb2.RUN_STATUS_RUNNING
 
 
+@pytest.mark.parametrize("loss", ["session revoked", "user disabled"])
+async def test_claim_fails_the_jobs_of_a_run_whose_creating_session_lost_authority(
+    coordinator: CoordinatorHarness, loss: str
+) -> None:
+    """r1 was created on the website (a user's session); r2 (admin key) is behind it."""
+    c = coordinator
+    s = await setup(c)
+    await c.operator.CreateUser(
+        op.CreateUserRequest(user_id="ana", display_name="Ana"), metadata=c.admin
+    )
+    session = await c.operator.CreateSession(
+        op.CreateSessionRequest(user_id="ana"), metadata=c.admin
+    )
+    await c.workshop.CreateRun(
+        ws.CreateRunRequest(
+            run_id="r1",
+            workflow_id="yard",
+            runtime_id=s.world.tracking_runtime,
+            revision=1,
+            mode=common_pb2.RUN_MODE_FULL,
+        ),
+        metadata=bearer_metadata(session.secret),
+    )
+    await create_run(c, s, "r2")
+    if loss == "session revoked":
+        await c.operator.RevokeSession(
+            op.RevokeSessionRequest(session_id=session.session.session_id), metadata=c.admin
+        )
+        lost = "The session that created the run was revoked or expired."
+    else:
+        await c.operator.DisableUser(op.DisableUserRequest(user_id="ana"), metadata=c.admin)
+        lost = "User ana, who created the run, was disabled."
+
+    job = await claimed(c, s)
+    assert (job.lease.run_id, job.lease.job_id) == ("r2", "j0")
+    assert await jobs_of(c, "r1") == [
+        ("j0", FAILED, AUTHORITY_LOST, lost, 0),
+        ("j1", FAILED, AUTHORITY_LOST, lost, 0),
+    ]
+
+
 async def test_claim_fails_the_jobs_of_runs_admitted_before_a_policy_raise(
     coordinator: CoordinatorHarness, s: Setup
 ) -> None:
