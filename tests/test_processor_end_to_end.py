@@ -94,3 +94,31 @@ async def test_a_recording_shorter_than_its_slots_fails_the_job(
     assert "before the last slot starts" in failed["cam-a"].failure_message
     assert failed["cam-b"].state == common_pb2.JOB_STATE_COMPLETED
     assert set(CAMERAS) == set(failed)
+
+
+async def test_a_corrupt_recording_fails_the_job_with_the_decoders_message(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """cam-a's object is not a decodable container (its checksum matches, so only the decoder
+    can tell): the job fails with processor_failed and FFmpeg's words; cam-b completes."""
+    c = coordinator
+    world = await build_world(c, preview, triton_server, tmp_path)
+    corrupt = tmp_path / "corrupt.vp9"
+    header = world.files["cam-a"].read_bytes()[:64]  # a real WebM start, then noise
+    corrupt.write_bytes(header + bytes(range(256)) * 400)
+    await put_recording(c, preview, "cam-a-0", "cam-a", corrupt)
+    await save_workflow(c, "yard", yard_spec(world.model))
+    await c.workshop.CreateRun(
+        run_request("r1", "yard", world.runtime_id, image_limit=20), metadata=c.admin
+    )
+    async with running_processor(c, preview, triton_server, world.runtime_id):
+        detail = await finished(c, "r1")
+    jobs = {job.camera_id: job for job in detail.jobs}
+    assert jobs["cam-a"].state == common_pb2.JOB_STATE_FAILED
+    assert jobs["cam-a"].failure_reason == common_pb2.FAILURE_REASON_PROCESSOR_FAILED
+    assert jobs["cam-a"].failure_message.startswith("Cannot read recording cam-a-0: ")
+    assert "End of file" in jobs["cam-a"].failure_message  # FFmpeg's words
+    assert jobs["cam-b"].state == common_pb2.JOB_STATE_COMPLETED

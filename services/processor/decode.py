@@ -115,7 +115,7 @@ def probe(source: Source) -> StreamInfo:
             time_base = Fraction(stream.time_base)
             nominal = stream.average_rate or stream.guessed_rate
     except av.error.FFmpegError as error:
-        raise DecodeError(str(error)) from error
+        raise DecodeError(_ffmpeg_message(error)) from error
     if not pts:
         raise DecodeError("the video stream holds no frames")
     fps = Fraction(nominal) if nominal else _measured_fps(pts, time_base)
@@ -444,6 +444,13 @@ def _encoded_bytes(source: Source) -> Frames:
         raise DecodeError(str(error)) from error
 
 
+def _ffmpeg_message(error: av.error.FFmpegError) -> str:
+    """FFmpeg's own words, with the file name when there is one (not PyAV's errno prefix)."""
+    message = error.strerror or str(error)
+    name = error.filename
+    return f"{message}: {name}" if name and name != "<none>" else message
+
+
 def _dali_message(text: str) -> str:
     """The operator's complaint, without DALI's pipeline traceback and C++ context."""
     _, marker, after = text.partition("encountered:")
@@ -486,7 +493,7 @@ class PyAvDecoder:
                 for offset in range(0, len(frame_indices), limit):
                     yield reader.read(frame_indices[offset : offset + limit])
         except av.error.FFmpegError as error:
-            raise DecodeError(str(error)) from error
+            raise DecodeError(_ffmpeg_message(error)) from error
 
     def decode(
         self,

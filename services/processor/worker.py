@@ -214,7 +214,9 @@ class Processor:
                 await self.models.ensure(Pin(m.name, m.version, m.weights_sha256))
                 for m in snapshot.models
             ]
-        except (RecordingUnavailable, DecodeError, ModelUnavailable) as error:
+        except DecodeError as error:
+            raise JobFailed(f"Cannot read recording {recording.recording_id}: {error}") from None
+        except (RecordingUnavailable, ModelUnavailable) as error:
             raise JobFailed(str(error)) from None
         decoder, decoder_name = decode.choose_decoder(info.codec, self.gpu)
         height, width = (served[0].height, served[0].width) if served else (info.height, info.width)
