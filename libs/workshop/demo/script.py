@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, time, timedelta
-from pathlib import Path
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -17,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from workshop.demo.footage import FPS, SECONDS, Footage
 from workshop.demo.stack import CALL_TIMEOUT_S, RECORDINGS_BUCKET, Stack
 from workshop.demo.terminal import Console
+from workshop.local.host import tail
 from workshop.local.processes import run_module
 from workshop.v1 import common_pb2, operator_pb2_grpc, workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import operator_pb2 as op
@@ -190,9 +190,10 @@ def follow_run(channel: grpc.Channel, stack: Stack, console: Console) -> ws.Watc
     except grpc.RpcError as error:
         if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
             raise
+        log = stack.logs / "processor.log"
         raise RuntimeError(
             f"run {RUN_ID} did not finish within {WATCH_TIMEOUT_S:.0f} s; the processor's "
-            f"last lines ({stack.logs / 'processor.log'}):\n{_tail(stack.logs / 'processor.log')}"
+            f"last lines ({log}):\n{tail(log, 10)}"
         ) from None
     finally:
         stream.cancel()
@@ -200,10 +201,6 @@ def follow_run(channel: grpc.Channel, stack: Stack, console: Console) -> ws.Watc
     if last is None:
         raise RuntimeError(f"WatchRun ended without a message for run {RUN_ID}")
     return last
-
-
-def _tail(path: Path, lines: int = 10) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _draw(console: Console, message: ws.WatchRunResponse) -> None:

@@ -21,7 +21,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Literal, TypeVar, cast
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+from workshop.local.host import free_ports, tail
 
 DEBIAN_BIN_DIR = Path("/usr/lib/postgresql/15/bin")
 SUPERUSER = "postgres"
@@ -144,7 +145,7 @@ class PostgresCluster:
         return status.returncode == 0
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, lines)
+        return tail(self.log_path, lines)
 
     def kill(self) -> None:
         """Last resort: SIGKILL the postmaster recorded in this cluster's own pid file."""
@@ -313,7 +314,7 @@ def _start_on_free_port(
 ) -> PostgresCluster:
     # Another process can take the free port before the server binds it: try a few.
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        port = _free_port()
+        [port] = free_ports(1)
         settings = {
             **SERVER_SETTINGS,
             "port": str(port),
@@ -384,17 +385,3 @@ def _run(command: list[str], *, cwd: Path, check: bool) -> subprocess.CompletedP
         text=True,
         timeout=START_TIMEOUT_S + 30,
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from workshop.local.host import tail
+
 
 class ServiceProcess:
     """One running service: `python -m <module> [args]` with the given environment.
@@ -94,8 +96,7 @@ class ServiceProcess:
     def log_tail(self, lines: int = 40) -> str:
         if not self._log.closed:
             self._log.flush()
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
+        return tail(self.log_path, lines)
 
     def terminate(self) -> None:
         if self.process.poll() is None:

@@ -17,19 +17,20 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import urllib3
 from minio import Minio
 from minio.error import S3Error
+
+from workshop.local.host import free_ports, tail
 
 HOST = "127.0.0.1"
 REGION = "us-east-1"
@@ -66,13 +67,7 @@ class WeedPorts:
 
     @classmethod
     def pick(cls) -> WeedPorts:
-        # Hold every socket until all are chosen so the ports are distinct.
-        with ExitStack() as stack:
-            ports = []
-            for _ in range(2 * len(COMPONENTS)):
-                probe = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                probe.bind((HOST, 0))
-                ports.append(int(probe.getsockname()[1]))
+        ports = free_ports(2 * len(COMPONENTS))
         return cls(
             http=dict(zip(COMPONENTS, ports[: len(COMPONENTS)], strict=True)),
             grpc=dict(zip(COMPONENTS, ports[len(COMPONENTS) :], strict=True)),
@@ -183,10 +178,10 @@ class S3Server:
         ]
 
     def log_tail(self, lines: int = 40) -> str:
-        parts = [_tail(self.log_path, lines)]
+        parts = [tail(self.log_path, lines)]
         glog = self.data_dir / "logs" / "weed.WARNING"
         if glog.exists():
-            parts.append(f"--- {glog} ---\n{_tail(glog, lines)}")
+            parts.append(f"--- {glog} ---\n{tail(glog, lines)}")
         return "\n".join(parts)
 
     def remove_grpc_sockets(self) -> None:
@@ -335,11 +330,3 @@ def _write_probe(client: Minio) -> None:
 def _lost_a_port(server: S3Server) -> bool:
     log = server.log_tail(200).lower()
     return any(sign in log for sign in PORT_TAKEN_SIGNS)
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])

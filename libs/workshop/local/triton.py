@@ -21,7 +21,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +28,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from workshop.local.host import free_ports
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 5.0
@@ -152,17 +153,6 @@ def _server_env(dist: _Distribution) -> dict[str, str]:
     return env
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _log_excerpt(log_path: Path) -> str:
     """Head and tail: a bad option is reported first, followed by the whole usage text."""
     lines = log_path.read_text(errors="replace").splitlines()
@@ -241,7 +231,7 @@ class _Process:
 def _start(
     dist: _Distribution, work_dir: Path, repo: Path, env: dict[str, str], attempt: int
 ) -> tuple[TritonServer, _Process]:
-    http_port, grpc_port, metrics_port = _free_ports(3)
+    http_port, grpc_port, metrics_port = free_ports(3)
     shm_prefix = f"workshop-triton-{secrets.token_hex(6)}-"
     log_path = work_dir / f"tritonserver-{attempt}.log"
     command = [
