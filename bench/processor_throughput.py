@@ -86,7 +86,7 @@ import workshop.demo.scenes as scenes_module
 from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
 from services.processor import decode
-from services.processor.manifest import code_sha256
+from services.processor.manifest import registration
 from tests.coordinator_world import DAY, save_workflow, stamp, workflow_spec
 from tests.harness.coordinator import CoordinatorHarness
 from workshop.demo.scenes import random_scene, write_recording
@@ -448,15 +448,7 @@ async def _world(
     the bucket and the workflow; returns the runtime id and a processor key."""
     md = c.admin
     await c.operator.RegisterDevice(op.RegisterDeviceRequest(device_id=DEVICE), metadata=md)
-    runtime = await c.operator.RegisterRuntime(
-        op.RegisterRuntimeRequest(
-            device_id=DEVICE,
-            engine="workshop-processor",
-            code_sha256=code_sha256(),
-            capabilities=["workshop-v3"],
-        ),
-        metadata=md,
-    )
+    runtime = await c.operator.RegisterRuntime(registration(DEVICE), metadata=md)
     client = s3.client()
     for recording in recordings:
         key = f"recordings/{recording.path.name}"

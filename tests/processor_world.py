@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from services.coordinator.auth import Grant, ScopeName
 from services.processor.inference import ModelServer
-from services.processor.manifest import code_sha256
+from services.processor.manifest import code_sha256, registration
 from services.processor.recordings import RecordingStore
 from services.processor.worker import Processor
 from tests.coordinator_world import DAY, stamp, workflow_spec
@@ -60,15 +60,7 @@ async def build_world(
     model and bucket a processor of this checkout works with."""
     md = c.admin
     await c.operator.RegisterDevice(op.RegisterDeviceRequest(device_id=DEVICE), metadata=md)
-    runtime = await c.operator.RegisterRuntime(
-        op.RegisterRuntimeRequest(
-            device_id=DEVICE,
-            engine="workshop-processor",
-            code_sha256=code_sha256(),
-            capabilities=["workshop-v3"],
-        ),
-        metadata=md,
-    )
+    runtime = await c.operator.RegisterRuntime(registration(DEVICE), metadata=md)
     scenes, files = {}, {}
     for camera in cameras:
         codec, seed = CAMERAS[camera]

@@ -13,7 +13,7 @@ import grpc
 
 from services.processor.decode import gpu_available
 from services.processor.inference import ModelServer, SharedMemoryMode
-from services.processor.manifest import ENGINE, code_sha256, manifest_for
+from services.processor.manifest import code_sha256, manifest_for, registration
 from services.processor.recordings import RecordingStore
 from services.processor.settings import PREFIX, ProcessorSettings
 from services.processor.worker import Processor
@@ -28,11 +28,9 @@ from workshop.kit.cli import (
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
-from workshop.v1 import jobs_pb2_grpc, operator_pb2, operator_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import jobs_pb2_grpc, operator_pb2_grpc, preview_pb2_grpc
 
 LABEL = "processor"
-# Capabilities of this code (SPEC §2): it tracks objects across frames.
-CAPABILITIES = ("workshop-v3",)
 
 
 async def run_server(settings: ProcessorSettings) -> None:
@@ -78,13 +76,7 @@ def register_runtime(target: str, key: str, device_id: str) -> dict[str, object]
 
     async def call(channel: grpc.aio.Channel, metadata: Metadata) -> dict[str, object]:
         reply = await operator_pb2_grpc.OperatorServiceStub(channel).RegisterRuntime(
-            operator_pb2.RegisterRuntimeRequest(
-                device_id=device_id,
-                engine=ENGINE,
-                code_sha256=code_sha256(),
-                capabilities=CAPABILITIES,
-            ),
-            metadata=metadata,
+            registration(device_id), metadata=metadata
         )
         return {
             "runtime_id": reply.runtime.runtime_id,

@@ -10,9 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from workshop.kit.hashing import runtime_id, runtime_manifest, tree_sha256
+from workshop.v1 import operator_pb2
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 ENGINE = "workshop-processor"
+# Capabilities of this code (SPEC §2): it tracks objects across frames.
+CAPABILITIES = ("workshop-v3",)
 _SKIPPED_DIRS = frozenset({"__pycache__"})
 _SKIPPED_SUFFIXES = frozenset({".pyc", ".pyo"})
 
@@ -40,3 +43,13 @@ def manifest_for(device_id: str, root: Path = PACKAGE_ROOT) -> dict[str, str]:
         **manifest,
         "runtime_id": runtime_id(engine=ENGINE, device_id=device_id, code_sha256=digest),
     }
+
+
+def registration(device_id: str, root: Path = PACKAGE_ROOT) -> operator_pb2.RegisterRuntimeRequest:
+    """The RegisterRuntime request for this code on `device_id`."""
+    return operator_pb2.RegisterRuntimeRequest(
+        device_id=device_id,
+        engine=ENGINE,
+        code_sha256=code_sha256(root),
+        capabilities=CAPABILITIES,
+    )
