@@ -251,10 +251,10 @@ class JobsApi:
         reason = row["reason"]
         if reason == "":
             self._facts.pop((lease.run_id, lease.job_index), None)
-            return self._receipt(lease, digest, row), False
+            return _receipt(lease, digest, row), False
         if row["receipt_sha256"] is not None:
             # A retry of this lease's own commit (the first answer was lost).
-            return self._receipt(lease, digest, row), True
+            return _receipt(lease, digest, row), True
         raise_for(reason, lease)
         raise AssertionError(f"job_complete answered {reason!r}")  # pragma: no cover
 
@@ -328,23 +328,6 @@ class JobsApi:
         )
         return row
 
-    @staticmethod
-    def _receipt(lease: Lease, digest: str, row: Record) -> Receipt:
-        """The receipt job_complete answered with; a conflict if it holds another result."""
-        if row["receipt_sha256"] != digest:
-            raise ResultConflict(
-                "This job was already completed with a different result.",
-                metadata={"result_sha256": row["receipt_sha256"]},
-            )
-        return Receipt(
-            lease.run_id,
-            lease.job_index,
-            row["receipt_generation"],
-            digest,
-            row["receipt_committed_at"],
-            row["receipt_items_saved"],
-        )
-
     async def _call(self, name: str, lease: Lease, *args: Any, fetch: str = "val") -> Any:
         query = sql("jobs", name)
         params = (lease.run_id, lease.job_index, lease.generation, lease.token, *args)
@@ -372,16 +355,22 @@ def _settled(facts: Record, lease: Lease, digest: str) -> Receipt | None:
     settles nothing: that call is stale and the fences refuse it."""
     if facts["receipt_sha256"] is None or facts["receipt_generation"] != lease.generation:
         return None
-    if facts["receipt_sha256"] != digest:
+    return _receipt(lease, digest, facts)
+
+
+def _receipt(lease: Lease, digest: str, row: Record) -> Receipt:
+    """The receipt in `row` (job_complete's answer or the job's facts); a conflict when it
+    holds another result."""
+    if row["receipt_sha256"] != digest:
         raise ResultConflict(
             "This job was already completed with a different result.",
-            metadata={"result_sha256": facts["receipt_sha256"]},
+            metadata={"result_sha256": row["receipt_sha256"]},
         )
     return Receipt(
         lease.run_id,
         lease.job_index,
-        facts["receipt_generation"],
+        row["receipt_generation"],
         digest,
-        facts["receipt_committed_at"],
-        facts["receipt_items_saved"],
+        row["receipt_committed_at"],
+        row["receipt_items_saved"],
     )
