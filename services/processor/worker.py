@@ -135,16 +135,7 @@ class Processor:
         except LeaseLost as lost:
             log.info("job %s/%s stopped: %s", lease.run_id, lease.job_id, lost)
         except JobFailed as error:
-            self.failed += 1
-            with contextlib.suppress(LeaseLost):
-                await self._call(
-                    self.jobs.Fail,
-                    jobs_pb2.FailRequest(
-                        lease=lease,
-                        reason=common_pb2.FAILURE_REASON_PROCESSOR_FAILED,
-                        message=str(error),
-                    ),
-                )
+            await self._fail(lease, str(error))
         except Exception as error:  # a bug must not strand the lease until it lapses
             log.exception("job %s/%s failed unexpectedly", lease.run_id, lease.job_id)
             await self._fail(lease, f"processor error: {error!r}")
@@ -159,6 +150,8 @@ class Processor:
                 await beating
 
     async def _fail(self, lease: common_pb2.LeaseRef, message: str) -> None:
+        """Fails the job with processor_failed; when even that call is refused or lost, the
+        lease lapses and maintenance takes the job back."""
         self.failed += 1
         with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
             await self._call(
