@@ -10,28 +10,26 @@ coordinator, preview service, SeaweedFS and Triton.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import re
 import signal
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
 
 from services.coordinator.maintenance import Maintenance
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from services.processor.manifest import code_sha256
-from tests.coordinator_world import error_reason, run_request, save_workflow
+from tests.coordinator_world import run_request, save_workflow
 from tests.harness.coordinator import CoordinatorHarness
 from tests.harness.preview import PreviewHarness, running_preview
 from tests.harness.processes import ServiceProcess
 from tests.harness.s3 import S3Bucket
 from tests.harness.triton import TritonServer
+from tests.processor_gates import WAIT, Call, Spy, rows, until, within
 from tests.processor_world import (
     DEVICE,
     SECONDS,
@@ -52,7 +50,6 @@ pytestmark = pytest.mark.triton
 SLOTS = SECONDS // 2  # slots per job: every 2 s of a SECONDS-long recording
 FULL = common_pb2.RUN_MODE_FULL
 ITEM = 2  # RunImage.source of a bucket item (1: a preview)
-WAIT = 60.0  # seconds any single awaited step may take before the test fails
 
 
 # gates -----------------------------------------------------------------------------------------
@@ -78,85 +75,6 @@ class HeldStore(ObjectStore):
             finally:
                 self.waiting -= 1
         await super().put(key, data, content_type)
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    method: str
-    job: str  # run/job
-    slot: int | None  # previews and uploads
-    outcome: str  # "ok", the refusal's ErrorInfo reason, or "cancelled" (never sent)
-
-
-class Spy:
-    """A processor's real stub, each call logged with its outcome; a call that `hold`
-    matches waits for `gate` before it is sent."""
-
-    def __init__(
-        self, stub: Any, log: list[Call], hold: Callable[[str, Any], bool] | None = None
-    ) -> None:
-        self._stub = stub
-        self.log = log
-        self.hold = hold or (lambda _method, _request: False)
-        self.held = asyncio.Event()
-        self.gate = asyncio.Event()
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        send = getattr(self._stub, method)
-
-        if method == "Claim":  # no lease yet: nothing to log or hold
-            return send  # type: ignore[no-any-return]
-
-        async def call(request: Any, **kwargs: Any) -> Any:
-            lease = request.lease
-            slot = request.slot_index if hasattr(request, "slot_index") else None
-
-            def logged(outcome: str) -> None:
-                self.log.append(Call(method, f"{lease.run_id}/{lease.job_id}", slot, outcome))
-
-            if self.hold(method, request):
-                self.held.set()
-                try:
-                    await self.gate.wait()
-                except asyncio.CancelledError:
-                    logged("cancelled")
-                    raise
-            try:
-                reply = await send(request, **kwargs)
-            except grpc.aio.AioRpcError as error:
-                logged(error_reason(error)[1] or error.code().name)
-                raise
-            logged("ok")
-            return reply
-
-        return call
-
-
-async def within(awaitable: Any, what: str) -> Any:
-    try:
-        return await asyncio.wait_for(awaitable, WAIT)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
-async def until(check: Callable[[], Any], what: str) -> None:
-    """Polls `check` (sync or async) until it is true."""
-
-    async def poll() -> None:
-        while True:
-            value = check()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return
-            await asyncio.sleep(0.05)
-
-    await within(poll(), what)
-
-
-async def rows(c: CoordinatorHarness, query: str, *args: Any) -> list[dict[str, Any]]:
-    async with c.db.connection() as connection:
-        return [dict(row) for row in await connection.fetch(query, *args)]
 
 
 # 1. killed mid-job -----------------------------------------------------------------------------

@@ -19,11 +19,13 @@ from services.processor.inference import (
     Pin,
     Served,
     SharedMemoryMode,
+    TritonUnreachable,
     batch_spans,
     is_loopback,
 )
 from tests.harness.triton import TritonServer
 from workshop.demo.scenes import Scene, ground_truth, random_scene, render_frame
+from workshop.local.host import free_ports
 from workshop.models.detector import CLASSES, build_detector, weights_sha256
 from workshop.models.repository import publish_version
 
@@ -151,7 +153,8 @@ async def test_after_triton_forgets_the_model_and_regions_the_next_ensure_restor
     triton_server: TritonServer,
 ) -> None:
     """What a Triton restart looks like to the client: the model unloaded and the regions
-    unknown. The failed batch fails its job; the next job's ensure serves the model again."""
+    unknown. Triton answers the batch UNAVAILABLE (unknown model), so the batch's job is
+    handed back rather than failed; the next ensure serves the model again."""
     pin = _publish(triton_server, max_batch_size=4, instances=1)
     server = ModelServer(triton_server.grpc_url, triton_server.model_repository)
     admin = triton.InferenceServerClient(triton_server.grpc_url)
@@ -163,7 +166,7 @@ async def test_after_triton_forgets_the_model_and_regions_the_next_ensure_restor
         for name in await _registered(triton_server):
             if name.startswith("workshop-processor-"):
                 await admin.unregister_system_shared_memory(name)
-        with pytest.raises(ModelUnavailable, match="Triton"):
+        with pytest.raises(TritonUnreachable, match="unknown model"):
             await server.infer(served, frames)
         again: Served = await server.ensure(pin)
         assert again is not served
@@ -172,6 +175,25 @@ async def test_after_triton_forgets_the_model_and_regions_the_next_ensure_restor
     finally:
         await admin.close()
         await server.close()
+
+
+async def test_a_triton_that_does_not_answer_is_unreachable_not_a_model_problem(
+    triton_server: TritonServer,
+) -> None:
+    """Nothing listens where the processor looks for Triton (a sidecar restarting): that is
+    TritonUnreachable, which hands the job back, not ModelUnavailable, which fails it. The
+    same pin on the real Triton is served, so only the missing server made the difference."""
+    pin = _publish(triton_server, max_batch_size=4, instances=1)
+    (port,) = free_ports(1)
+    gone = ModelServer(f"127.0.0.1:{port}", triton_server.model_repository)
+    there = ModelServer(triton_server.grpc_url, triton_server.model_repository)
+    try:
+        with pytest.raises(TritonUnreachable, match="Triton did not answer"):
+            await gone.ensure(pin)
+        assert (await there.ensure(pin)).pin == pin
+    finally:
+        await gone.close()
+        await there.close()
 
 
 def test_batches_are_balanced_and_cover_every_instance() -> None:

@@ -63,6 +63,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             gpu=gpu_available(),
             in_flight=settings.in_flight,
             heartbeat_seconds=settings.heartbeat_seconds,
+            retry_seconds=settings.rpc_retry_seconds,
         )
         try:
             await serve(label=LABEL, settings=settings, services=[], workers=[processor])

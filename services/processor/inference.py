@@ -56,6 +56,21 @@ class ModelUnavailable(RuntimeError):
     """The pinned model version cannot be served as pinned; the job fails."""
 
 
+class TritonUnreachable(RuntimeError):
+    """Triton did not answer (down, restarting, too slow); the job is handed back."""
+
+
+# Statuses of tritonclient's errors that mean Triton did not answer, as its gRPC
+# client words them; any other is Triton's answer about the model or the request.
+UNREACHABLE_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"})
+
+
+def triton_error(error: InferenceServerException) -> ModelUnavailable | TritonUnreachable:
+    if error.status() in UNREACHABLE_STATUSES:
+        return TritonUnreachable(f"Triton did not answer: {error.message()}")
+    return ModelUnavailable(f"Triton: {error.message()}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Pin:
     name: str
@@ -158,7 +173,7 @@ class ModelServer:
                 "config"
             ]
         except InferenceServerException as error:
-            raise ModelUnavailable(f"Triton: {error.message()}") from None
+            raise triton_error(error) from None
         dims = next(item for item in config["input"] if item["name"] == INPUT)["dims"]
         height, width = int(dims[0]), int(dims[1])
         max_batch_size = max(1, int(config.get("max_batch_size", 0)))
@@ -254,7 +269,7 @@ class ModelServer:
             # Triton may have restarted (models unloaded, regions unknown): the next job
             # ensures the model again instead of failing the same way.
             self._forget(served)
-            raise ModelUnavailable(f"Triton: {error.message()}") from None
+            raise triton_error(error) from None
         counts, boxes, scores, classes = (_output(reply, name) for name in OUTPUTS)
         return [
             [

@@ -2,7 +2,10 @@
 
 The SDK is synchronous: calls run on a small thread pool, never on the event loop.
 A recording whose bytes do not match the digest the run was admitted with is
-never decoded: the job fails instead of labelling other footage.
+never decoded: the job fails instead of labelling other footage. So does one the
+store says is gone. A store that does not answer, or answers with its own
+trouble (5xx, throttling, refused credentials), is not the recording's fault:
+`StorageUnreachable`, and the job is handed back to be tried again.
 """
 
 from __future__ import annotations
@@ -13,11 +16,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import urllib3
 from minio import Minio
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
+
+# What the store says about the object itself; any other answer is about the store.
+GONE_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket"})
 
 
 class RecordingUnavailable(RuntimeError):
-    """The recording cannot be read, or its bytes are not the admitted ones."""
+    """The recording is gone, or its bytes are not the admitted ones: the job fails."""
+
+
+class StorageUnreachable(RuntimeError):
+    """Object storage did not serve the recording (down, slow, refusing us)."""
 
 
 class RecordingStore:
@@ -60,13 +70,21 @@ class RecordingStore:
     def _read(self, object_key: str) -> bytes:
         try:
             response = self._client.get_object(self.bucket, object_key)
-        except (S3Error, urllib3.exceptions.HTTPError) as error:
-            raise RecordingUnavailable(f"{object_key}: {error}") from None
-        try:
-            return response.read()
-        finally:
-            response.close()
-            response.release_conn()
+            try:
+                return response.read()
+            finally:
+                response.close()
+                response.release_conn()
+        except S3Error as error:
+            if error.code in GONE_CODES:
+                raise RecordingUnavailable(f"{object_key}: {error.code}: {error.message}") from None
+            raise StorageUnreachable(
+                f"Object storage refused to serve {object_key}: {error.code}"
+            ) from None
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise StorageUnreachable(
+                f"Object storage did not serve {object_key}: {type(error).__name__}"
+            ) from None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

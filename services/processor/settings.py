@@ -37,6 +37,11 @@ class ProcessorSettings(ServerSettings):
     heartbeat_seconds: float = setting(
         0.0, help="Seconds between lease heartbeats; 0 = the coordinator's interval (45 s)."
     )
+    rpc_retry_seconds: float = setting(
+        60.0,
+        help="How long a call about a job that gets no answer (UNAVAILABLE, deadline) is "
+        "asked again before the job is handed back to the queue.",
+    )
     triton_shared_memory: str = setting(
         "auto",
         help="Frames to Triton through system shared memory: auto (when TRITON_TARGET is "
@@ -48,5 +53,7 @@ class ProcessorSettings(ServerSettings):
             raise SettingsError(f"{PREFIX}_IN_FLIGHT", "must be 1..16")
         if self.heartbeat_seconds < 0:
             raise SettingsError(f"{PREFIX}_HEARTBEAT_SECONDS", "must be 0 or more")
+        if self.rpc_retry_seconds < 0:
+            raise SettingsError(f"{PREFIX}_RPC_RETRY_SECONDS", "must be 0 or more")
         if self.triton_shared_memory not in ("auto", "on", "off"):
             raise SettingsError(f"{PREFIX}_TRITON_SHARED_MEMORY", "must be auto, on or off")

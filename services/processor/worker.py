@@ -4,8 +4,17 @@ Up to `in_flight` jobs (three recordings) run at once, so downloads and decoding
 overlap; model passes take turns behind one lock. Each job has its own
 heartbeat task; when a heartbeat, preview or upload says the lease no longer
 holds (cancelled, lapsed, fenced), the job stops at once and the loop claims
-the next. Processor errors (download, checksum, decode, model) fail the job
-with processor_failed and the decoder's or model's own message.
+the next. Processor errors (a missing or altered recording, decode, model) fail
+the job with processor_failed and the decoder's or model's own message.
+
+A service that does not answer (the coordinator or preview service restarting,
+object storage or Triton down) is not the job's fault: each RPC about a job is
+asked again with backoff for up to `retry_seconds`, which is safe because every
+write is idempotent under its lease (the same preview slot, staged upload,
+progress or result again is accepted). When the outage outlasts that, or the
+recording or Triton cannot be reached, the job is handed back with Release (no
+attempt spent) and the loop waits before it claims again, longer after each
+such hand-back in a row.
 """
 
 from __future__ import annotations
@@ -24,8 +33,18 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from services.processor import decode
 from services.processor.decode import DecodeError, StreamInfo
 from services.processor.images import JPEG, encode_jpeg
-from services.processor.inference import Detection, ModelServer, ModelUnavailable, Pin
-from services.processor.recordings import RecordingStore, RecordingUnavailable
+from services.processor.inference import (
+    Detection,
+    ModelServer,
+    ModelUnavailable,
+    Pin,
+    TritonUnreachable,
+)
+from services.processor.recordings import (
+    RecordingStore,
+    RecordingUnavailable,
+    StorageUnreachable,
+)
 from services.processor.routing import JobRouter, Routed, Router, empty_slot_result, to_slot_result
 from services.processor.tracking import Box, box_to_proto
 from workshop.kit.hashing import sha256_hex
@@ -37,6 +56,12 @@ Metadata = tuple[tuple[str, str], ...]
 PROGRESS_STEP = 10  # percent between progress reports
 # A photo's frame: no model and no output step; it is published as the job's preview.
 PHOTO_FRAME = Routed("frame", (), ())
+# Codes that mean "no answer": the call may not have reached the service, or its
+# answer was lost. Anything else is the service's answer.
+TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+RETRY_FIRST_PAUSE_SECONDS = 0.5
+RETRY_MAX_PAUSE_SECONDS = 5.0
+CLAIM_PAUSE_MAX_SECONDS = 60.0  # the longest wait before claiming after hand-backs in a row
 
 
 class LeaseLost(Exception):
@@ -45,6 +70,10 @@ class LeaseLost(Exception):
 
 class JobFailed(Exception):
     """A processor error: the job fails with processor_failed and this message."""
+
+
+class ServiceUnavailable(Exception):
+    """A service the job needs did not answer in time: the job is handed back."""
 
 
 @dataclasses.dataclass
@@ -62,12 +91,15 @@ class Processor:
     in_flight: int = 3
     idle_seconds: float = 2.0
     heartbeat_seconds: float = 0.0  # 0: the interval Claim hands out (45 s); tests shorten it
+    retry_seconds: float = 60.0  # how long an RPC about a job is asked again before a hand-back
     _task: asyncio.Task[None] | None = None
     _stopping: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _model_turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _running: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
+    _claim_pause: float = 0.0  # seconds the loop waits before its next claim (after hand-backs)
     completed: int = 0
     failed: int = 0
+    handed_back: int = 0
 
     async def start(self) -> None:
         if self._task is None:
@@ -91,6 +123,11 @@ class Processor:
         slots = asyncio.Semaphore(self.in_flight)
         while not self._stopping.is_set():
             await slots.acquire()
+            if self._claim_pause:
+                await self._idle(self._claim_pause)
+                if self._stopping.is_set():
+                    slots.release()
+                    return
             try:
                 reply = await self.jobs.Claim(
                     jobs_pb2.ClaimRequest(runtime_id=self.runtime_id, code_sha256=self.code_sha256),
@@ -132,17 +169,22 @@ class Processor:
                 ),
             )
             self.completed += 1
+            self._claim_pause = 0.0
         except LeaseLost as lost:
             log.info("job %s/%s stopped: %s", lease.run_id, lease.job_id, lost)
         except JobFailed as error:
             await self._fail(lease, str(error))
+        except ServiceUnavailable as error:
+            await self._hand_back(lease, str(error))
         except Exception as error:  # a bug must not strand the lease until it lapses
             log.exception("job %s/%s failed unexpectedly", lease.run_id, lease.job_id)
             await self._fail(lease, f"processor error: {error!r}")
         except asyncio.CancelledError:
             if self._stopping.is_set():  # graceful shutdown: hand the job back
                 with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
-                    await self._call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease))
+                    await self._call(
+                        self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease), retry=False
+                    )
             raise
         finally:
             beating.cancel()
@@ -153,7 +195,7 @@ class Processor:
         """Fails the job with processor_failed; when even that call is refused or lost, the
         lease lapses and maintenance takes the job back."""
         self.failed += 1
-        with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
+        with contextlib.suppress(LeaseLost, ServiceUnavailable, grpc.aio.AioRpcError):
             await self._call(
                 self.jobs.Fail,
                 jobs_pb2.FailRequest(
@@ -162,6 +204,24 @@ class Processor:
                     message=message,
                 ),
             )
+
+    async def _hand_back(self, lease: common_pb2.LeaseRef, why: str) -> None:
+        """Releases the job (no attempt spent: the outage is not its fault) and makes the
+        loop wait before it claims again; when even Release gets no answer, the lease
+        lapses and maintenance takes the job back."""
+        self.handed_back += 1
+        self._claim_pause = min(
+            CLAIM_PAUSE_MAX_SECONDS, max(self.idle_seconds, 2 * self._claim_pause)
+        )
+        log.warning(
+            "job %s/%s handed back, next claim in %.1f s: %s",
+            lease.run_id,
+            lease.job_id,
+            self._claim_pause,
+            why,
+        )
+        with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
+            await self._call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease), retry=False)
 
     async def _heartbeats(self, job: jobs_pb2.ClaimedJob, work: asyncio.Task[None]) -> None:
         interval = (
@@ -175,17 +235,34 @@ class Processor:
                 log.info("lease of %s/%s lost: %s", job.lease.run_id, job.lease.job_id, lost)
                 work.cancel()
                 return
-            except grpc.aio.AioRpcError as error:  # transient: try again next beat
-                log.warning("heartbeat failed: %s", error.details())
+            except (grpc.aio.AioRpcError, ServiceUnavailable) as error:  # try again next beat
+                log.warning("heartbeat failed: %s", error)
 
-    async def _call(self, method: Any, request: Any) -> Any:
-        """One RPC about a job; a fence refusal becomes LeaseLost."""
-        try:
-            return await method(request, metadata=self.credentials)
-        except grpc.aio.AioRpcError as error:
-            if error.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
-                raise LeaseLost(error.details()) from None
-            raise
+    async def _call(self, method: Any, request: Any, *, retry: bool = True) -> Any:
+        """One RPC about a job. A fence refusal becomes LeaseLost; no answer is asked again
+        with backoff for up to `retry_seconds` (unless `retry` is False), then becomes
+        ServiceUnavailable. Any other refusal is raised as it came."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + (self.retry_seconds if retry else 0.0)
+        pause = RETRY_FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                return await method(request, metadata=self.credentials)
+            except grpc.aio.AioRpcError as error:
+                code = error.code()
+                if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                    raise LeaseLost(error.details()) from None
+                if code not in TRANSIENT_CODES or not retry:
+                    raise
+                what = type(request).__name__.removesuffix("Request")
+                if loop.time() + pause > give_up or self._stopping.is_set():
+                    raise ServiceUnavailable(
+                        f"{what} got no answer for {self.retry_seconds:g} s: "
+                        f"{code.name} {error.details()}"
+                    ) from None
+                log.warning("%s: %s; asking again in %.1f s", what, code.name, pause)
+                await asyncio.sleep(pause)
+                pause = min(RETRY_MAX_PAUSE_SECONDS, 2 * pause)
 
     async def _process(self, job: jobs_pb2.ClaimedJob) -> tuple[jobs_pb2.JobResult, str]:
         snapshot, recording = job.snapshot, job.input.recording
@@ -211,6 +288,8 @@ class Processor:
             raise JobFailed(f"Cannot read recording {recording.recording_id}: {error}") from None
         except (RecordingUnavailable, ModelUnavailable) as error:
             raise JobFailed(str(error)) from None
+        except (StorageUnreachable, TritonUnreachable) as error:
+            raise ServiceUnavailable(str(error)) from None
         decoder, decoder_name = decode.choose_decoder(info.codec, self.gpu)
         height, width = (served[0].height, served[0].width) if served else (info.height, info.width)
         photo = snapshot.kind == common_pb2.RUN_KIND_PHOTO
@@ -276,6 +355,8 @@ class Processor:
                     found.append(await self.models.infer(model, frames))
                 except ModelUnavailable as error:
                     raise JobFailed(str(error)) from None
+                except TritonUnreachable as error:
+                    raise ServiceUnavailable(str(error)) from None
         return found
 
     async def _publish(

@@ -56,14 +56,21 @@ StartCoordinator = Callable[..., Awaitable[CoordinatorHarness]]
 
 @asynccontextmanager
 async def running_coordinator(
-    dsn: str, *, clock: Clock | None = None, job_capacity: int = 1_000_000, pool_size: int = 4
+    dsn: str,
+    *,
+    clock: Clock | None = None,
+    job_capacity: int = 1_000_000,
+    pool_size: int = 4,
+    port: int = 0,
 ) -> AsyncIterator[CoordinatorHarness]:
+    """A coordinator on `dsn` in this process, on `port` (0: a free one; a given port lets a
+    test start it again where its clients point)."""
     clock = clock or FrozenClock(EPOCH)
     async with Database.open(dsn, size=pool_size) as db:
         coordinator = build(db, clock, job_capacity=job_capacity)
         server = Server(
             label="coordinator-test",
-            settings=ServerSettings(port=0, drain_seconds=0.0, grace_seconds=1.0),
+            settings=ServerSettings(port=port, drain_seconds=0.0, grace_seconds=1.0),
             services=coordinator.services,
             workers=coordinator.workers,  # run events only: no scheduler or maintenance loop
         )

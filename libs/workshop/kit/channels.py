@@ -13,6 +13,10 @@ from typing import Any
 import grpc
 
 DEFAULT_DEADLINE_SECONDS = 10.0
+# gRPC's reconnect backoff grows to 120 s by default: a client whose server was down for a
+# minute could wait that long after it is back. Callers retry on their own schedule
+# (the processor for up to a minute), so reconnect attempts stay at most 5 s apart.
+MAX_RECONNECT_BACKOFF_MS = 5_000
 
 
 def retry_service_config(max_attempts: int = 5) -> str:
@@ -117,6 +121,7 @@ def open_channel(
     options: list[tuple[str, str | int]] = [
         ("grpc.max_receive_message_length", 16 * 1024 * 1024),
         ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ]
     # gRPC rejects a retry policy of fewer than 2 attempts: 1 means "no retries".
     if max_attempts > 1:

@@ -1,0 +1,96 @@
+"""Gates and logs for processor tests: a wrapper around a processor's real stubs that logs
+every call with its outcome and can hold one until the test opens a gate, and polling
+helpers with a bound."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from tests.coordinator_world import error_reason
+from tests.harness.coordinator import CoordinatorHarness
+
+WAIT = 60.0  # seconds any single awaited step may take before the test fails
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    method: str
+    job: str  # run/job
+    slot: int | None  # previews and uploads
+    outcome: str  # "ok", the refusal's ErrorInfo reason, or "cancelled" (never sent)
+
+
+class Spy:
+    """A processor's real stub, each call logged with its outcome; a call that `hold`
+    matches waits for `gate` before it is sent."""
+
+    def __init__(
+        self, stub: Any, log: list[Call], hold: Callable[[str, Any], bool] | None = None
+    ) -> None:
+        self._stub = stub
+        self.log = log
+        self.hold = hold or (lambda _method, _request: False)
+        self.held = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        send = getattr(self._stub, method)
+
+        if method == "Claim":  # no lease yet: nothing to log or hold
+            return send  # type: ignore[no-any-return]
+
+        async def call(request: Any, **kwargs: Any) -> Any:
+            lease = request.lease
+            slot = request.slot_index if hasattr(request, "slot_index") else None
+
+            def logged(outcome: str) -> None:
+                self.log.append(Call(method, f"{lease.run_id}/{lease.job_id}", slot, outcome))
+
+            if self.hold(method, request):
+                self.held.set()
+                try:
+                    await self.gate.wait()
+                except asyncio.CancelledError:
+                    logged("cancelled")
+                    raise
+            try:
+                reply = await send(request, **kwargs)
+            except grpc.aio.AioRpcError as error:
+                logged(error_reason(error)[1] or error.code().name)
+                raise
+            logged("ok")
+            return reply
+
+        return call
+
+
+async def within(awaitable: Any, what: str) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, WAIT)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def until(check: Callable[[], Any], what: str) -> None:
+    """Polls `check` (sync or async) until it is true."""
+
+    async def poll() -> None:
+        while True:
+            value = check()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return
+            await asyncio.sleep(0.05)
+
+    await within(poll(), what)
+
+
+async def rows(c: CoordinatorHarness, query: str, *args: Any) -> list[dict[str, Any]]:
+    async with c.db.connection() as connection:
+        return [dict(row) for row in await connection.fetch(query, *args)]

@@ -1,0 +1,269 @@
+"""Outages a processor rides out on the real components (SPEC §6-§7): the preview service
+and the coordinator restarting mid-job, an outage longer than the processor waits, and
+object storage down when a recording is fetched.
+
+None of these is the job's fault, so none may fail it: a call that gets no answer is asked
+again under the same lease (every write is idempotent under its lease), and when the outage
+outlasts `retry_seconds`, or the recording cannot be fetched, the job is handed back with
+Release (no attempt spent) and claimed again later. Each outage is made at a gate (a held
+call), so it happens mid-job by construction, and every retry is seen in the call log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.coordinator_world import run_request, save_workflow
+from tests.harness.coordinator import CoordinatorHarness, running_coordinator
+from tests.harness.preview import PreviewHarness, running_preview
+from tests.harness.s3 import S3Bucket
+from tests.harness.triton import TritonServer
+from tests.processor_gates import Call, Spy, rows, until, within
+from tests.processor_world import (
+    SECONDS,
+    build_world,
+    finished,
+    run_detail,
+    running_processor,
+    yard_spec,
+)
+from workshop.kit.channels import open_channel
+from workshop.v1 import common_pb2, jobs_pb2_grpc, preview_pb2_grpc
+
+pytestmark = pytest.mark.triton
+SLOTS = SECONDS // 2  # slots per job: every 2 s of a SECONDS-long recording
+FULL = common_pb2.RUN_MODE_FULL
+DOWN_SECONDS = 3.0  # longer than the channel's own retries (5 attempts, about 1.5 s of backoff)
+
+
+# Starts a harness (it has `.port`) on a port; 0 picks a free one.
+Starter = Callable[[int], AbstractAsyncContextManager[Any]]
+
+
+class Restartable:
+    """A service in this process that a test stops and starts again on the same port."""
+
+    def __init__(self, start: Starter) -> None:
+        self._start = start
+        self._stack: AsyncExitStack | None = None
+        self.port = 0
+
+    async def up(self) -> None:
+        assert self._stack is None
+        stack = AsyncExitStack()
+        started = await stack.enter_async_context(self._start(self.port))
+        self.port = started.port
+        self._stack = stack
+
+    async def down(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            await stack.aclose()
+
+
+@asynccontextmanager
+async def restartable(start: Starter) -> AsyncIterator[Restartable]:
+    service = Restartable(start)
+    await service.up()
+    try:
+        yield service
+    finally:
+        await service.down()
+
+
+def outcomes(log: list[Call], method: str, slot: int | None = None) -> list[str]:
+    return [call.outcome for call in log if call.method == method and call.slot == slot]
+
+
+async def one_camera_run(
+    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, tmp: Path
+) -> str:
+    """cam-a's world and full run r1 (one job of SLOTS slots); returns the runtime id."""
+    world = await build_world(c, preview, triton, tmp, cameras=["cam-a"])
+    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
+    await c.workshop.CreateRun(
+        run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+    )
+    return world.runtime_id
+
+
+async def assert_completed_once(c: CoordinatorHarness, generation: int) -> None:
+    detail = await run_detail(c, "r1")
+    assert detail.run.status == common_pb2.RUN_STATUS_COMPLETED, detail
+    (job,) = detail.jobs
+    assert (job.state, job.generation) == (common_pb2.JOB_STATE_COMPLETED, generation)
+    assert (detail.run.counts.slots_frame, detail.run.counts.items_saved) == (SLOTS, SLOTS)
+    items = await rows(c, "SELECT slot_index FROM bucket_items WHERE run_id = 'r1'")
+    assert sorted(item["slot_index"] for item in items) == list(range(SLOTS))
+    receipts = await rows(c, "SELECT generation FROM receipts WHERE run_id = 'r1'")
+    assert receipts == [{"generation": generation}]
+    assert await rows(c, "SELECT lapses FROM jobs WHERE run_id = 'r1'") == [{"lapses": 0}]
+
+
+async def test_the_preview_service_restarting_mid_job_fails_nothing(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The processor's preview service goes down while slot 2's preview is held, for longer
+    than the channel retries; the preview is asked again until the service is back, and the
+    job completes under its first lease with every slot once."""
+    c = coordinator
+    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    log: list[Call] = []
+    async with (
+        restartable(lambda port: running_preview(c, s3_bucket, port=port)) as service,
+        open_channel(f"127.0.0.1:{service.port}") as channel,
+    ):
+        previews = Spy(
+            preview_pb2_grpc.PreviewServiceStub(channel),
+            log,
+            hold=lambda method, request: method == "PublishPreview" and request.slot_index == 2,
+        )
+        async with running_processor(
+            c, preview, triton_server, runtime_id, previews=previews
+        ) as processor:
+            await within(previews.held.wait(), "slot 2's preview")
+            await service.down()
+            previews.gate.set()
+            await until(lambda: "UNAVAILABLE" in outcomes(log, "PublishPreview", 2), "a miss")
+            await asyncio.sleep(DOWN_SECONDS)
+            await service.up()
+            await finished(c, "r1")
+            await until(lambda: processor.completed == 1, "the processor to count it")
+            assert (processor.failed, processor.handed_back) == (0, 0)
+
+    slot_2 = outcomes(log, "PublishPreview", 2)
+    assert slot_2[-1] == "ok"
+    assert set(slot_2[:-1]) == {"UNAVAILABLE"}  # asked again until the service was back
+    published = [
+        call.slot for call in log if call.method == "PublishPreview" and call.outcome == "ok"
+    ]
+    assert published == list(range(SLOTS))  # in slot order, each once
+    await assert_completed_once(c, generation=1)
+
+
+async def test_the_coordinator_restarting_at_completion_fails_nothing(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    pg_dsn: str,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The processor's coordinator (a second replica on the same database and clock) goes
+    down while the Complete is held; the Complete is asked again until it is back, and the
+    result commits once under the first lease."""
+    c = coordinator
+    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    log: list[Call] = []
+    async with (
+        restartable(lambda port: running_coordinator(pg_dsn, clock=c.clock, port=port)) as replica,
+        open_channel(f"127.0.0.1:{replica.port}") as channel,
+    ):
+        jobs = Spy(
+            jobs_pb2_grpc.JobServiceStub(channel),
+            log,
+            hold=lambda method, _request: method == "Complete",
+        )
+        async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
+            await within(jobs.held.wait(), "the completion")
+            await replica.down()
+            jobs.gate.set()
+            await until(lambda: "UNAVAILABLE" in outcomes(log, "Complete"), "a miss")
+            await asyncio.sleep(DOWN_SECONDS)
+            await replica.up()
+            await until(lambda: processor.completed == 1, "the completion")
+            assert (processor.failed, processor.handed_back) == (0, 0)
+
+    completes = outcomes(log, "Complete")
+    assert completes[-1] == "ok"
+    assert set(completes[:-1]) == {"UNAVAILABLE"}
+    await assert_completed_once(c, generation=1)
+
+
+async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """With retry_seconds=1 the preview service stays down past it: the job is released
+    (queued again at once, no attempt spent, not failed), and once the service is back the
+    processor claims it again and completes it under generation 2."""
+    c = coordinator
+    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    log: list[Call] = []
+    async with (
+        restartable(lambda port: running_preview(c, s3_bucket, port=port)) as service,
+        open_channel(f"127.0.0.1:{service.port}") as channel,
+    ):
+        jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+        previews = Spy(
+            preview_pb2_grpc.PreviewServiceStub(channel),
+            log,
+            hold=lambda method, request: (
+                method == "PublishPreview"
+                and request.slot_index == 1
+                and request.lease.generation == 1
+            ),
+        )
+        async with running_processor(
+            c, preview, triton_server, runtime_id, jobs=jobs, previews=previews, retry_seconds=1.0
+        ) as processor:
+            await within(previews.held.wait(), "slot 1's preview")
+            await service.down()
+            previews.gate.set()
+            released = Call("Release", "r1/j0", None, "ok")
+            await until(lambda: released in log, "the hand-back")
+            assert processor.handed_back == 1
+            assert "UNAVAILABLE" in outcomes(log, "PublishPreview", 1)
+            await service.up()
+            await finished(c, "r1")
+            await until(lambda: processor.completed == 1, "the processor to count it")
+            assert processor.failed == 0
+
+    await assert_completed_once(c, generation=2)
+
+
+async def test_object_storage_down_at_download_hands_the_job_back(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """SeaweedFS is down when the processor fetches the recording: the job is released, not
+    failed, and claimed again (after a growing pause) until the store is back; then it
+    completes, with no lapse or failure on record."""
+    c = coordinator
+    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    log: list[Call] = []
+    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+    server = s3_bucket.server
+    server.kill()
+    try:
+        async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
+            await until(lambda: processor.handed_back >= 2, "two hand-backs")
+            await asyncio.to_thread(server.start)
+            detail = await finished(c, "r1")
+            await until(lambda: processor.completed == 1, "the processor to count it")
+            assert processor.failed == 0
+    finally:
+        if server.pid is None:
+            await asyncio.to_thread(server.start)
+
+    (job,) = detail.jobs
+    releases = [call for call in log if call.method == "Release"]
+    assert len(releases) == processor.handed_back
+    assert {release.outcome for release in releases} == {"ok"}
+    await assert_completed_once(c, generation=job.generation)
+    assert job.generation == processor.handed_back + 1
