@@ -1,7 +1,7 @@
 """Processor throughput through the whole path, against a plain in-process loop.
 
     .venv/bin/python -m bench.processor_throughput [--recordings 10] [--seconds 60]
-        [--codec h264|vp9] [--interval 1] [--in-flight 3] [--repeat 1] [--drop-frames]
+        [--codec h264|vp9] [--interval 0.5] [--in-flight 3] [--repeat 1] [--drop-frames]
         [--set NAME=VALUE ...] [--profile] [--check]
 
 Recordings: `--recordings` synthetic scenes (`workshop.demo.scenes`, seeds 1..N) of
@@ -27,7 +27,7 @@ then the baseline once more:
   runs the same ONNX file with onnxruntime (default session options, warmed up), in
   batches of 8;
 - **processor**: a full run over all recordings, one frame every `--interval` seconds
-  (the workflow contract's finest interval is 1 s; 2 fps cannot be asked for), from
+  (default 0.5: 2 fps, as issue 6 asks; any whole number of milliseconds from 0.1), from
   CreateRun until every job finished: claim, download, checksum, decode, Triton,
   routing, then a preview and an upload of every frame (every frame shows objects of
   the rule's classes), complete. A test run would stop at 100 images. With
@@ -85,6 +85,8 @@ import tritonclient.grpc as triton_client
 import workshop.demo.scenes as scenes_module
 from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.planning import interval_ms, slot_time
+from services.coordinator.validation import MILLISECOND_TOLERANCE, MIN_INTERVAL_SECONDS
 from services.processor import decode
 from services.processor.manifest import registration
 from tests.coordinator_world import DAY, save_workflow, stamp, workflow_spec
@@ -167,7 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--recordings", type=int, default=10, help="recordings (jobs)")
     parser.add_argument("--seconds", type=int, default=60, help="length of each recording")
     parser.add_argument("--codec", choices=("h264", "vp9"), default="h264")
-    parser.add_argument("--interval", type=int, default=1, help="sampling interval, seconds")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.5,
+        help="sampling interval, seconds (a whole number of ms, from 0.1; 0.5 = 2 fps)",
+    )
     parser.add_argument("--in-flight", type=int, default=3, help="PROCESSOR_IN_FLIGHT")
     parser.add_argument(
         "--set",
@@ -190,8 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    if args.recordings < 1 or args.seconds < 2 or not 1 <= args.interval < args.seconds:
-        parser.error("need --recordings >= 1, --seconds >= 2 and 1 <= --interval < --seconds")
+    if args.recordings < 1 or args.seconds < 2:
+        parser.error("need --recordings >= 1 and --seconds >= 2")
+    if not MIN_INTERVAL_SECONDS <= args.interval < args.seconds or not _whole_ms(args.interval):
+        parser.error(
+            f"need {MIN_INTERVAL_SECONDS} <= --interval < --seconds, a whole number of milliseconds"
+        )
     if args.repeat < 1:
         parser.error("need --repeat >= 1")
     extra = dict(item.split("=", 1) for item in args.set if "=" in item)
@@ -400,10 +411,19 @@ async def _bench(
     return run, baseline, peak
 
 
-def sampled_frames(recordings: list[Recording], seconds: int, interval: int) -> list[list[int]]:
-    """The frame index of each slot, as the processor maps them (set-up, not measured)."""
-    starts = [START + timedelta(seconds=k) for k in range(0, seconds, interval)]
-    ends = [start + timedelta(seconds=interval) for start in starts]
+def _whole_ms(interval: float) -> bool:
+    return abs(interval * 1000 - interval_ms(interval)) <= MILLISECOND_TOLERANCE
+
+
+def sampled_frames(recordings: list[Recording], seconds: int, interval: float) -> list[list[int]]:
+    """The frame index of each slot, as the processor maps them (set-up, not measured).
+
+    Slots are on the coordinator's grid, in exact integer milliseconds (slot k of 0.5 s
+    starts k * 500 ms after the recording), one per grid point in the recording."""
+    step = interval_ms(interval)
+    count = -(-seconds * 1000 // step)  # grid points in [0, seconds)
+    starts = [slot_time(START, step, k) for k in range(count)]
+    ends = [start + timedelta(milliseconds=step) for start in starts]
     found = []
     for recording in recordings:
         info = decode.probe(recording.path)
@@ -870,7 +890,7 @@ def _print_table(phases: list[Figures], args: argparse.Namespace, frames: int) -
     say()
     say(
         f"{args.recordings} recordings x {args.seconds} s, {args.codec} {WIDTH}x{HEIGHT} "
-        f"{FPS} fps, one frame every {args.interval} s: {frames} frames per pass"
+        f"{FPS} fps, one frame every {args.interval:g} s: {frames} frames per pass"
     )
     names = list(phases[0].cpu_s)
     say(

@@ -108,7 +108,7 @@ async def put_recording(
 def workflow_spec(
     *,
     cameras: Sequence[str] = ("cam-a",),
-    interval: int = 60,
+    interval: float = 60,  # seconds, fractional allowed
     day: workflow_pb2.InputDay.ValueType = workflow_pb2.INPUT_DAY_DATE,
     date: tuple[int, int, int] = (2026, 11, 29),
     window: tuple[int, int] = (8, 18),

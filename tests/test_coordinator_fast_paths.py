@@ -237,7 +237,8 @@ async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
     lease = lease_from(job.lease.run_id, job.lease.job_id, job.lease.generation, job.lease.token)
     result = empty_result(job)
     first_slot_at = job.input.slots[0].start.ToDatetime(tzinfo=UTC)
-    interval = int(job.input.slots[0].end.seconds - job.input.slots[0].start.seconds)
+    slot = job.input.slots[0]
+    interval = (slot.end.ToDatetime() - slot.start.ToDatetime()) // timedelta(milliseconds=1)
     slot_count = len(job.input.slots)
     async with c.db.connection() as connection:
         key_id = await connection.fetchval("SELECT key_id FROM keys WHERE name = 'processor'")
@@ -255,7 +256,7 @@ async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
                 "pyav",
                 facts.slot_count,
                 facts.first_slot_at,
-                facts.interval_seconds,
+                facts.interval_ms,
                 0,
                 slot_count,
                 0,
@@ -295,7 +296,7 @@ async def test_complete_reads_the_facts_again_when_the_kept_ones_are_refused(
     key = (row["run_id"], row["job_index"])
     kept = api._facts[key]
     api._facts[key] = SlotFacts(
-        kept.slot_count, kept.first_slot_at - LEASE, kept.interval_seconds
+        kept.slot_count, kept.first_slot_at - LEASE, kept.interval_ms
     )  # all slots EMPTY: the result checks out against these too
     lease = lease_from(
         row["run_id"], f"j{row['job_index']}", row["generation"], str(row["lease_token"])

@@ -7,7 +7,7 @@ and refused with FAILED_PRECONDITION and its reason once it does not.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import grpc
 import pytest
@@ -27,7 +27,15 @@ from tests.coordinator_leases import (
     setup,
     stage_upload,
 )
-from tests.coordinator_world import CODE, DAY, error_reason, put_recording
+from tests.coordinator_world import (
+    CODE,
+    DAY,
+    build_world,
+    error_reason,
+    put_recording,
+    save_workflow,
+    workflow_spec,
+)
 from tests.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
@@ -677,3 +685,96 @@ async def test_a_stale_lease_cannot_settle_on_a_later_generations_receipt(
         FAILED_PRECONDITION,
         "JOB_FINISHED",
     )
+
+
+# fractional intervals -------------------------------------------------------------------------
+
+HALF_SECOND = timedelta(milliseconds=500)
+EIGHT = DAY + timedelta(hours=8)
+
+
+async def half_second_setup(c: CoordinatorHarness) -> Setup:
+    """A run sampling 08:00-08:01 every 0.5 s over three recordings (41, 5 and 40 slots)."""
+    world = await build_world(c, recordings_per_camera=0)
+    # 07:59:00-08:00:20.25: the grid points 08:00:00.0 .. 08:00:20.0
+    await put_recording(c, "a0", "cam-a", EIGHT - timedelta(minutes=1), timedelta(seconds=80.25))
+    # 08:00:10.2-08:00:13.0: 10.5, 11.0, 11.5, 12.0, 12.5
+    await put_recording(c, "b0", "cam-b", EIGHT + timedelta(seconds=10.2), timedelta(seconds=2.8))
+    # from 08:00:40.0 on, clipped by the window: 40.0 .. 59.5
+    await put_recording(c, "a1", "cam-a", EIGHT + timedelta(seconds=40))
+    spec = workflow_spec(cameras=["cam-a", "cam-b"], interval=0.5, window=(8, 8))
+    spec.graph.steps[0].input.window_end.minutes = 1
+    await save_workflow(c, "yard", spec)
+    secret = await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="processor")
+    service = await c.key(Grant(ScopeName.SERVICE), name="preview-service")
+    built = Setup(world, bearer_metadata(secret), bearer_metadata(service), secret)
+    await create_run(c, built)
+    return built
+
+
+def slot_bounds(job: jobs_pb2.ClaimedJob) -> list[tuple[timedelta, timedelta]]:
+    """Each slot's [start, end) as the time since 08:00."""
+    return [
+        (
+            slot.start.ToDatetime(tzinfo=UTC) - EIGHT,
+            slot.end.ToDatetime(tzinfo=UTC) - EIGHT,
+        )
+        for slot in job.input.slots
+    ]
+
+
+async def test_half_second_slots_are_planned_claimed_and_committed_exactly(
+    coordinator: CoordinatorHarness,
+) -> None:
+    c = coordinator
+    s = await half_second_setup(c)
+    detail = (await run_detail(c)).detail
+    assert [(j.recording_id, j.slot_count) for j in detail.jobs] == [
+        ("a0", 41),
+        ("b0", 5),
+        ("a1", 40),
+    ]
+    assert detail.run.counts.slots_expected == 86
+    async with c.db.connection() as connection:
+        assert await connection.fetch("SELECT DISTINCT interval_ms FROM jobs") == [(500,)]
+    snapshot = await c.workshop.GetRunSnapshot(
+        ws.GetRunSnapshotRequest(run_id="r1"), metadata=c.admin
+    )
+    assert snapshot.snapshot.sampling.interval_seconds == 0.5
+
+    a0, b0, a1 = [await claimed(c, s) for _ in range(3)]
+    assert slot_bounds(a0) == [(k * HALF_SECOND, (k + 1) * HALF_SECOND) for k in range(41)]
+    assert slot_bounds(b0) == [
+        (k * HALF_SECOND, (k + 1) * HALF_SECOND) for k in range(21, 26)
+    ]  # 10.5 s .. 12.5 s
+    assert slot_bounds(a1)[-1] == (timedelta(seconds=59.5), timedelta(seconds=60))
+
+    # a frame 499 ms into its half-second slot is inside it
+    result = await frame_result(c, s, a0, frames=2)
+    for slot in result.slots[:2]:
+        start = a0.input.slots[slot.slot_index].start.ToDatetime(tzinfo=UTC)
+        slot.frame_time.FromDatetime(start + timedelta(milliseconds=499))
+    receipt = (await c.jobs.Complete(complete_request(a0, result), metadata=s.processor)).receipt
+    assert receipt.items_saved == 2
+    async with c.db.connection() as connection:
+        times = await connection.fetch(
+            "SELECT frame_time FROM bucket_items WHERE job_index = 0 ORDER BY slot_index"
+        )
+    assert [row["frame_time"] - EIGHT for row in times] == [
+        timedelta(milliseconds=499),
+        timedelta(milliseconds=999),
+    ]
+
+    # at its slot's end (the next slot's start) or before its start, a frame is outside
+    result = await frame_result(c, s, b0, frames=1)
+    start = b0.input.slots[0].start.ToDatetime(tzinfo=UTC)
+    for outside in (start + HALF_SECOND, start - timedelta(microseconds=1)):
+        result.slots[0].frame_time.FromDatetime(outside)
+        assert await refused(
+            c.jobs.Complete(complete_request(b0, result), metadata=s.processor)
+        ) == (grpc.StatusCode.INVALID_ARGUMENT, "RESULT_INVALID")
+    assert (await job_row(c, "r1", 1))["state"] == "leased"
+    result.slots[0].frame_time.FromDatetime(start + HALF_SECOND - timedelta(microseconds=1))
+    receipt = (await c.jobs.Complete(complete_request(b0, result), metadata=s.processor)).receipt
+    assert receipt.items_saved == 1
+    assert await c.count("receipts") == 2

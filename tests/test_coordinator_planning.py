@@ -15,6 +15,7 @@ from services.coordinator.planning import (
     MAX_SLOTS_PER_JOB,
     JobPlan,
     RecordingRef,
+    interval_ms,
     plan_jobs,
     resolve_day,
     slot_time,
@@ -61,8 +62,8 @@ def day_step(day: int, date: dt.date | None = None) -> workflow_pb2.InputStep:
     return step
 
 
-def slots_of(job: JobPlan, interval_seconds: int) -> list[dt.datetime]:
-    return [slot_time(job.first_slot_at, interval_seconds, k) for k in range(job.slot_count)]
+def slots_of(job: JobPlan, interval_ms: int) -> list[dt.datetime]:
+    return [slot_time(job.first_slot_at, interval_ms, k) for k in range(job.slot_count)]
 
 
 WINDOW = (at("2024-05-01 08:00"), at("2024-05-01 09:00"))
@@ -160,17 +161,17 @@ def test_window_that_the_gap_inverts_is_empty() -> None:
 
 def test_grid_is_anchored_at_the_window_start() -> None:
     job = plan_jobs(
-        [recording(at("2024-05-01 08:00:30"), at("2024-05-01 08:05:30"))], WINDOW, 60, None
+        [recording(at("2024-05-01 08:00:30"), at("2024-05-01 08:05:30"))], WINDOW, 60_000, None
     )[0]
     assert job.first_slot_at == at("2024-05-01 08:01")
     assert job.slot_count == 5  # 08:01 .. 08:05
 
 
 def test_recording_start_on_a_grid_point_is_included_and_its_end_excluded() -> None:
-    job = plan_jobs([recording(at("2024-05-01 08:02"), at("2024-05-01 08:05"))], WINDOW, 60, None)[
-        0
-    ]
-    assert slots_of(job, 60) == [
+    job = plan_jobs(
+        [recording(at("2024-05-01 08:02"), at("2024-05-01 08:05"))], WINDOW, 60_000, None
+    )[0]
+    assert slots_of(job, 60_000) == [
         at("2024-05-01 08:02"),
         at("2024-05-01 08:03"),
         at("2024-05-01 08:04"),
@@ -178,25 +179,25 @@ def test_recording_start_on_a_grid_point_is_included_and_its_end_excluded() -> N
 
 
 def test_window_end_is_excluded() -> None:
-    job = plan_jobs([recording(at("2024-05-01 07:00"), at("2024-05-01 10:00"))], WINDOW, 600, None)[
-        0
-    ]
+    job = plan_jobs(
+        [recording(at("2024-05-01 07:00"), at("2024-05-01 10:00"))], WINDOW, 600_000, None
+    )[0]
     assert job.first_slot_at == at("2024-05-01 08:00")
     assert job.slot_count == 6  # 08:00 .. 08:50, not 09:00
-    assert slots_of(job, 600)[-1] == at("2024-05-01 08:50")
+    assert slots_of(job, 600_000)[-1] == at("2024-05-01 08:50")
 
 
 def test_recording_partly_before_the_window() -> None:
-    job = plan_jobs([recording(at("2024-05-01 07:30"), at("2024-05-01 08:10"))], WINDOW, 60, None)[
-        0
-    ]
+    job = plan_jobs(
+        [recording(at("2024-05-01 07:30"), at("2024-05-01 08:10"))], WINDOW, 60_000, None
+    )[0]
     assert (job.first_slot_at, job.slot_count) == (at("2024-05-01 08:00"), 10)
 
 
 def test_recording_partly_after_the_window() -> None:
-    job = plan_jobs([recording(at("2024-05-01 08:55"), at("2024-05-01 09:30"))], WINDOW, 60, None)[
-        0
-    ]
+    job = plan_jobs(
+        [recording(at("2024-05-01 08:55"), at("2024-05-01 09:30"))], WINDOW, 60_000, None
+    )[0]
     assert (job.first_slot_at, job.slot_count) == (at("2024-05-01 08:55"), 5)
 
 
@@ -208,13 +209,16 @@ def test_recordings_without_a_slot_get_no_job() -> None:
         recording(at("2024-05-01 08:20"), at("2024-05-01 08:20")),  # empty
         recording(at("2024-05-01 08:30"), at("2024-05-01 08:30:00.000001")),
     ]
-    jobs = plan_jobs(recordings, WINDOW, 60, None)
+    jobs = plan_jobs(recordings, WINDOW, 60_000, None)
     assert [(job.recording.start, job.slot_count) for job in jobs] == [(at("2024-05-01 08:30"), 1)]
 
 
 def test_sub_second_starts_round_up_to_the_next_grid_point() -> None:
     job = plan_jobs(
-        [recording(at("2024-05-01 08:00:00.000001"), at("2024-05-01 08:00:20"))], WINDOW, 10, None
+        [recording(at("2024-05-01 08:00:00.000001"), at("2024-05-01 08:00:20"))],
+        WINDOW,
+        10_000,
+        None,
     )[0]
     assert (job.first_slot_at, job.slot_count) == (at("2024-05-01 08:00:10"), 1)
 
@@ -226,7 +230,7 @@ def test_job_order_is_start_then_camera_then_recording() -> None:
         recording(at("2024-05-01 08:00"), at("2024-05-01 08:20"), "cam-a", "r4"),
         recording(at("2024-05-01 08:00"), at("2024-05-01 08:20"), "cam-a", "r3"),
     ]
-    jobs = plan_jobs(recordings, WINDOW, 60, None)
+    jobs = plan_jobs(recordings, WINDOW, 60_000, None)
     assert [job.recording.recording_id for job in jobs] == ["r3", "r4", "r2", "r1"]
     assert [job.job_index for job in jobs] == [0, 1, 2, 3]
 
@@ -234,15 +238,64 @@ def test_job_order_is_start_then_camera_then_recording() -> None:
 def test_whole_spring_forward_day_in_berlin_has_23_hourly_slots() -> None:
     window = window_instants(dt.date(2024, 3, 31), tod(0), tod(0), BERLIN)
     job = plan_jobs(
-        [recording(at("2024-03-30 12:00"), at("2024-04-01 12:00"))], window, 3600, None
+        [recording(at("2024-03-30 12:00"), at("2024-04-01 12:00"))], window, 3_600_000, None
     )[0]
     assert job.slot_count == 23
     assert job.first_slot_at == at("2024-03-30 23:00")
-    assert slot_time(job.first_slot_at, 3600, 22) == at("2024-03-31 21:00")
+    assert slot_time(job.first_slot_at, 3_600_000, 22) == at("2024-03-31 21:00")
 
 
 def test_slot_time() -> None:
-    assert slot_time(at("2024-05-01 08:00"), 90, 3) == at("2024-05-01 08:04:30")
+    assert slot_time(at("2024-05-01 08:00"), 90_000, 3) == at("2024-05-01 08:04:30")
+
+
+# --- fractional intervals (exact integer milliseconds) --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "ms"),
+    [
+        (0.1, 100),
+        (0.25, 250),
+        (0.5, 500),
+        (0.1 + 0.2, 300),
+        (2.5, 2_500),
+        (60.0, 60_000),
+        (3599.999, 3_599_999),
+        (3600.0, 3_600_000),
+    ],
+)
+def test_interval_ms_is_the_exact_whole_number_of_milliseconds(seconds: float, ms: int) -> None:
+    assert interval_ms(seconds) == ms
+
+
+def test_half_second_slots_over_a_sixty_second_window_are_exact() -> None:
+    start = at("2024-05-01 08:00")
+    window = (start, start + dt.timedelta(seconds=60))
+    job = plan_jobs([recording(at("2024-05-01 07:59"), at("2024-05-01 08:02"))], window, 500, None)
+    assert [(j.first_slot_at, j.slot_count) for j in job] == [(start, 120)]
+    slots = slots_of(job[0], interval_ms(0.5))
+    # slot k is start + k * 500 ms to the microsecond: no float drift at slot 119
+    assert slots == [start + dt.timedelta(milliseconds=500 * k) for k in range(120)]
+    assert slots[1] == at("2024-05-01 08:00:00.5")
+    assert slots[-1] == at("2024-05-01 08:00:59.5")
+
+
+def test_half_second_slots_of_a_recording_inside_the_window() -> None:
+    # 08:00:10.2 to 08:00:13.0: the grid points 10.5, 11.0, 11.5, 12.0 and 12.5
+    rec = recording(at("2024-05-01 08:00:10.2"), at("2024-05-01 08:00:13"))
+    job = plan_jobs([rec], WINDOW, 500, None)[0]
+    assert (job.first_slot_at, job.slot_count) == (at("2024-05-01 08:00:10.5"), 5)
+    assert slots_of(job, 500)[-1] == at("2024-05-01 08:00:12.5")
+
+
+def test_tenth_of_a_second_slots_stay_on_the_grid_where_floats_drift() -> None:
+    start = at("2024-05-01 00:00")
+    window = (start, start + dt.timedelta(seconds=1_000))
+    job = plan_jobs([recording(start, window[1])], window, interval_ms(0.1), None)[0]
+    assert job.slot_count == MAX_SLOTS_PER_JOB
+    assert sum([0.1] * 9_999) != 999.9  # what adding a float interval would give
+    assert slot_time(job.first_slot_at, interval_ms(0.1), 9_999) == at("2024-05-01 00:16:39.9")
 
 
 # --- test runs ---------------------------------------------------------------------------------
@@ -258,22 +311,22 @@ def _three_ten_slot_recordings() -> list[RecordingRef]:
 
 
 def test_test_limit_truncates_the_job_that_crosses_it_and_drops_later_ones() -> None:
-    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60, 25)
+    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60_000, 25)
     assert [job.slot_count for job in jobs] == [10, 10, 5]
-    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60, 10)
+    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60_000, 10)
     assert [job.slot_count for job in jobs] == [10]
-    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60, 1)
+    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60_000, 1)
     assert [(job.first_slot_at, job.slot_count) for job in jobs] == [(at("2024-05-01 08:00"), 1)]
 
 
 def test_test_limit_above_the_available_slots_keeps_them_all() -> None:
-    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60, 100)
+    jobs = plan_jobs(_three_ten_slot_recordings(), WINDOW, 60_000, 100)
     assert [job.slot_count for job in jobs] == [10, 10, 10]
 
 
 def test_test_limit_counts_in_job_order_not_input_order() -> None:
     recordings = list(reversed(_three_ten_slot_recordings()))
-    jobs = plan_jobs(recordings, WINDOW, 60, 15)
+    jobs = plan_jobs(recordings, WINDOW, 60_000, 15)
     assert [job.recording.start for job in jobs] == [at("2024-05-01 08:00"), at("2024-05-01 08:20")]
 
 
@@ -282,7 +335,7 @@ def test_a_test_run_over_many_recordings_is_not_refused_for_their_number() -> No
         recording(at("2024-05-01 08:00"), at("2024-05-01 08:01"), f"cam-{n:05d}")
         for n in range(MAX_JOBS_PER_RUN + 1)
     ]
-    assert len(plan_jobs(recordings, WINDOW, 60, 20)) == 20
+    assert len(plan_jobs(recordings, WINDOW, 60_000, 20)) == 20
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -290,7 +343,7 @@ def test_a_test_run_over_many_recordings_is_not_refused_for_their_number() -> No
 
 def test_no_recording_is_no_media() -> None:
     with pytest.raises(errors.NoMedia) as caught:
-        plan_jobs([], WINDOW, 60, None)
+        plan_jobs([], WINDOW, 60_000, None)
     assert caught.value.message == "The selected input has no available media."
     assert caught.value.reason == "NO_MEDIA"
 
@@ -298,7 +351,7 @@ def test_no_recording_is_no_media() -> None:
 def test_recordings_outside_the_window_are_no_media() -> None:
     outside = [recording(at("2024-05-01 10:00"), at("2024-05-01 11:00"))]
     with pytest.raises(errors.NoMedia, match=r"^The selected input has no available media\.$"):
-        plan_jobs(outside, WINDOW, 60, 20)
+        plan_jobs(outside, WINDOW, 60_000, 20)
 
 
 def test_too_many_jobs() -> None:
@@ -307,7 +360,7 @@ def test_too_many_jobs() -> None:
         for n in range(MAX_JOBS_PER_RUN + 1)
     ]
     with pytest.raises(errors.TooManyJobs) as caught:
-        plan_jobs(recordings, WINDOW, 60, None)
+        plan_jobs(recordings, WINDOW, 60_000, None)
     error = caught.value
     assert "10,001 jobs" in error.message
     assert "at most 10,000" in error.message
@@ -321,7 +374,7 @@ def test_exactly_the_job_limit_is_fine() -> None:
         recording(at("2024-05-01 08:00"), at("2024-05-01 08:01"), f"cam-{n:05d}")
         for n in range(MAX_JOBS_PER_RUN)
     ]
-    assert len(plan_jobs(recordings, WINDOW, 60, None)) == MAX_JOBS_PER_RUN
+    assert len(plan_jobs(recordings, WINDOW, 60_000, None)) == MAX_JOBS_PER_RUN
 
 
 def test_too_many_slots_names_the_recording() -> None:
@@ -330,9 +383,9 @@ def test_too_many_slots_names_the_recording() -> None:
     long_one = recording(
         window[0], window[0] + dt.timedelta(seconds=MAX_SLOTS_PER_JOB + 1), "cam-2", "long"
     )
-    assert plan_jobs([fits], window, 1, None)[0].slot_count == MAX_SLOTS_PER_JOB
+    assert plan_jobs([fits], window, 1_000, None)[0].slot_count == MAX_SLOTS_PER_JOB
     with pytest.raises(errors.TooManySlots) as caught:
-        plan_jobs([fits, long_one], window, 1, None)
+        plan_jobs([fits, long_one], window, 1_000, None)
     error = caught.value
     assert "Recording 'long' would have 10,001 slots" in error.message
     assert "at most 10,000" in error.message
@@ -345,8 +398,8 @@ def test_too_many_slots_names_the_recording() -> None:
     ("window", "interval", "limit", "words"),
     [
         ((dt.datetime(2024, 5, 1, 8), WINDOW[1]), 60, None, "aware"),
-        (WINDOW, 0, None, "interval_seconds"),
-        (WINDOW, 60, 0, "image_limit"),
+        (WINDOW, 0, None, "interval_ms"),
+        (WINDOW, 60_000, 0, "image_limit"),
     ],
 )
 def test_bad_arguments_are_programming_errors(
@@ -372,7 +425,7 @@ def test_ten_thousand_recordings_of_sixty_slots() -> None:
         for n in range(10_000)
     ]
     random.Random(7).shuffle(recordings)
-    jobs = plan_jobs(recordings, (start, start + dt.timedelta(days=1)), 10, None)
+    jobs = plan_jobs(recordings, (start, start + dt.timedelta(days=1)), 10_000, None)
     assert len(jobs) == 10_000
     assert {job.slot_count for job in jobs} == {60}
     assert [job.recording.recording_id for job in jobs[:3]] == ["rec-0", "rec-1", "rec-2"]
@@ -387,10 +440,14 @@ ANCHOR = at("2024-05-01 08:00")
 def plans(
     draw: st.DrawFn,
 ) -> tuple[list[RecordingRef], tuple[dt.datetime, dt.datetime], int, int | None]:
-    """Small cases: a window of up to 2 hours, recordings around it, any interval and limit."""
-    window_ms = draw(st.integers(min_value=0, max_value=7_200_000))
+    """Small cases: a window of up to 2 hours, recordings around it, any interval (ms, from
+    0.1 s, fractional or whole seconds) and limit; at most 1,000 grid points for the oracle."""
+    interval = draw(
+        st.integers(min_value=100, max_value=900_000)
+        | st.integers(min_value=1, max_value=900).map(lambda seconds: seconds * 1000)
+    )
+    window_ms = draw(st.integers(min_value=0, max_value=min(7_200_000, interval * 1_000)))
     window = (ANCHOR, ANCHOR + dt.timedelta(milliseconds=window_ms))
-    interval = draw(st.integers(min_value=1, max_value=900))
     limit = draw(st.none() | st.integers(min_value=1, max_value=100))
     spans = draw(
         st.lists(
@@ -421,7 +478,7 @@ def grid_points_in(
     count, point = 0, window[0]
     while point < window[1]:
         count += rec.start <= point < rec.end
-        point += dt.timedelta(seconds=interval)
+        point += dt.timedelta(milliseconds=interval)
     return count
 
 
@@ -444,7 +501,7 @@ def test_planned_slots_are_the_first_grid_points_of_each_recording(
         (job.recording.start, job.recording.camera_id, job.recording.recording_id) for job in jobs
     ]
     assert orders == sorted(orders)
-    step = dt.timedelta(seconds=interval)
+    step = dt.timedelta(milliseconds=interval)
     for job in jobs:
         assert job.slot_count >= 1
         first, last = job.first_slot_at, slot_time(job.first_slot_at, interval, job.slot_count - 1)

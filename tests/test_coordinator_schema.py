@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import asyncpg
 import pytest
+from google.protobuf import json_format
 
+from services.coordinator.db import sql
 from services.coordinator.migrate import MIGRATIONS_DIR, apply_migrations, list_migrations
+from services.coordinator.workshop_api import spec_from_json
 from tests.harness.postgres import PostgresCluster
+from workshop.v1 import snapshot_pb2
 
 SCHEMA = Path(__file__).resolve().parents[1] / "services" / "coordinator" / "schema.sql"
 
@@ -61,6 +67,58 @@ async def test_migrations_equal_schema_sql(pg_cluster: PostgresCluster) -> None:
     assert _dump(pg_cluster, "schema_from_migrations") == _dump(
         pg_cluster, "schema_from_schema_sql"
     ), "services/coordinator/schema.sql differs from the migrations"
+
+
+async def test_whole_second_jobs_and_documents_survive_the_move_to_milliseconds(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """0005 turns a job's 6 s into 6000 ms; stored proto JSON with a whole number of
+    seconds (the uint32 days) still loads into the double interval_seconds."""
+    dsn = await _fresh_database(pg_cluster, "schema_interval_ms")
+    before = [m for m in list_migrations() if m.version < 5]
+    for migration in before:
+        shutil.copy(migration.path, tmp_path / migration.path.name)
+    assert await apply_migrations(dsn, tmp_path) == [f"{m.version:04d}_{m.name}" for m in before]
+    sampling = {"step_id": "s", "interval_seconds": 6}
+    spec = {"graph": {"steps": [{"step_id": "s", "sample": {"interval_seconds": 6}}]}}
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(
+            """
+            INSERT INTO devices VALUES ('d', '', now());
+            INSERT INTO runtimes VALUES ('r', 'd', 'e', 'c', '{}', now(), NULL);
+            INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id,
+                              image_limit, fingerprint, created_by, policy_revision, created_at,
+                              code_sha256)
+                VALUES ('run1', 'workflow', 'full', 'w', 1, 'r', 0, 'f', '{}', 1, now(), 'c');
+            INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
+                              recording_generation, first_slot_at, interval_seconds, slot_count,
+                              expires_at, updated_at)
+                VALUES ('run1', 0, 1, 'r', 'cam', 'rec', 1, now(), 6, 10, now(), now());
+            """
+        )
+        await connection.execute(
+            "INSERT INTO run_snapshots VALUES ('run1', $1::jsonb)",
+            json.dumps({"run_id": "run1", "sampling": sampling}),
+        )
+        await connection.execute(
+            "INSERT INTO workflows VALUES ('w', 1, $1::jsonb, NULL, 'UTC', now(), now(), '{}')",
+            json.dumps(spec),
+        )
+    finally:
+        await connection.close()
+    assert await apply_migrations(dsn) == ["0005_interval_ms"]
+    connection = await asyncpg.connect(dsn)
+    try:
+        facts = await connection.fetchrow(sql("jobs", "job_facts"), "run1", 0)
+        snapshot = await connection.fetchval("SELECT snapshot::text FROM run_snapshots")
+        stored_spec = await connection.fetchval("SELECT spec::text FROM workflows")
+    finally:
+        await connection.close()
+    assert facts["interval_ms"] == 6000
+    frozen = json_format.ParseDict(json.loads(snapshot), snapshot_pb2.RunSnapshot())
+    assert frozen.sampling.interval_seconds == 6.0
+    assert spec_from_json(json.loads(stored_spec)).graph.steps[0].sample.interval_seconds == 6.0
 
 
 async def test_migrate_is_idempotent_and_safe_concurrently(pg_cluster: PostgresCluster) -> None:

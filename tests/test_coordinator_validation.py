@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -728,12 +729,21 @@ def test_a_valid_fixed_date() -> None:
 @pytest.mark.parametrize(
     ("interval", "window_end", "words"),
     [
-        (0, tod(18), "use 1 to 3600"),
-        (3601, tod(18), "use 1 to 3600"),
-        (61, tod(8, 1), "longer than the 60-second window"),
+        (0, tod(18), "every 0 seconds; use 0.1 to 3600 seconds"),
+        (-1, tod(18), "every -1 seconds; use 0.1 to 3600 seconds"),
+        (0.05, tod(18), "every 0.05 seconds; use 0.1 to 3600 seconds"),
+        (3600.5, tod(0), "every 3600.5 seconds; use 0.1 to 3600 seconds"),
+        (0.0005, tod(18), "use 0.1 to 3600 seconds"),
+        (0.1005, tod(18), "every 0.1005 seconds, which is not a whole number of milliseconds"),
+        (2.0001, tod(18), "every 2.0001 seconds, which is not a whole number of milliseconds"),
+        (math.nan, tod(18), "every nan seconds, which is not a number of seconds"),
+        (math.inf, tod(18), "every inf seconds, which is not a number of seconds"),
+        (-math.inf, tod(18), "every -inf seconds, which is not a number of seconds"),
+        (61, tod(8, 1), "every 61 seconds, longer than the 60-second window"),
+        (60.5, tod(8, 1), "every 60.5 seconds, longer than the 60-second window"),
     ],
 )
-def test_bad_interval(interval: int, window_end: common_pb2.TimeOfDay, words: str) -> None:
+def test_bad_interval(interval: float, window_end: common_pb2.TimeOfDay, words: str) -> None:
     spec = good_spec()
     step_of(spec, "s").sample.interval_seconds = interval
     step_of(spec, "in").input.window_end.CopyFrom(window_end)
@@ -751,6 +761,29 @@ def test_interval_as_long_as_the_window_is_fine() -> None:
     step_of(spec, "s").sample.interval_seconds = 60
     step_of(spec, "in").input.window_end.CopyFrom(tod(8, 1))
     assert check(spec).valid
+
+
+@pytest.mark.parametrize("interval", [0.1, 0.25, 0.5, 0.3, 0.1 + 0.2, 2.5, 1.001, 3599.999, 3600])
+def test_fractional_whole_millisecond_intervals_are_fine(interval: float) -> None:
+    # 0.1 + 0.2 is 0.30000000000000004: float noise, still 300 ms
+    spec = good_spec()
+    step_of(spec, "s").sample.interval_seconds = interval
+    assert check(spec).valid, check(spec).summary()
+
+
+def test_a_whole_second_interval_from_an_old_client_is_refused_not_misread() -> None:
+    # Field 1 (varint 60) is what a client built against `uint32 interval_seconds = 1` sent;
+    # the number is reserved now, so the value is dropped and the interval reads as 0.
+    old_wire = bytes([0x08, 60])
+    spec = good_spec()
+    step_of(spec, "s").sample.CopyFrom(workflow_pb2.SampleStep.FromString(old_wire))
+    problem = only(spec)
+    assert (problem.kind, problem.path, problem.step_id) == (
+        K.VALIDATION_PROBLEM_KIND_BAD_INTERVAL,
+        "graph.steps[1].sample.interval_seconds",
+        "s",
+    )
+    assert "every 0 seconds" in problem.message
 
 
 @pytest.mark.parametrize(

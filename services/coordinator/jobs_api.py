@@ -93,11 +93,11 @@ class SlotFacts:
 
     slot_count: int
     first_slot_at: datetime
-    interval_seconds: int
+    interval_ms: int  # slot length, exact milliseconds
 
     @classmethod
     def of(cls, row: Record) -> SlotFacts:
-        return cls(row["slot_count"], row["first_slot_at"], row["interval_seconds"])
+        return cls(row["slot_count"], row["first_slot_at"], row["interval_ms"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +277,7 @@ class JobsApi:
             results.JobFacts(
                 slot_count=facts.slot_count,
                 first_slot_at=facts.first_slot_at,
-                interval=timedelta(seconds=facts.interval_seconds),
+                interval=timedelta(milliseconds=facts.interval_ms),
                 window_end=frozen.window_end,
                 dropped_allowed=frozen.dropped_allowed,
                 full_run=frozen.full_run,
@@ -307,7 +307,7 @@ class JobsApi:
             decoder,
             facts.slot_count,
             facts.first_slot_at,
-            facts.interval_seconds,
+            facts.interval_ms,
             checked.frames,
             checked.empties,
             checked.dropped,

@@ -28,6 +28,7 @@ from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2
 
 SLOT = timedelta(seconds=1)  # the frame taken is the first at or after the instant, within 1 s
+SLOT_MS = SLOT // timedelta(milliseconds=1)  # the photo job's one slot, as jobs keep it
 
 
 def photo_id(camera_id: str, moment: datetime, now: datetime) -> str:
@@ -111,7 +112,7 @@ class PhotosApi:
             created_by=convert.principal(who.to_json()),
             policy_revision=policy,
             recording_count=1,
-            sampling=snapshot_pb2.Sampling(interval_seconds=int(SLOT.total_seconds())),
+            sampling=snapshot_pb2.Sampling(interval_seconds=SLOT.total_seconds()),
             inputs=[snapshot_pb2.ResolvedInput(camera_ids=[camera_id])],
         )
         snapshot.inputs[0].window_start.FromDatetime(moment)
@@ -147,6 +148,7 @@ class PhotosApi:
             recording["recording_id"],
             recording["generation"],
             moment,
+            SLOT_MS,
             min(expires, recording["expires_at"]),
             now,
         )

@@ -16,6 +16,11 @@ Decisions:
   for t_k in [window start, window end). A recording's slots are the grid
   points in [recording start, recording end). Counts are computed with integer
   arithmetic on timedelta, never by walking the grid.
+- The interval is an exact integer number of milliseconds (`interval_ms`):
+  the contract's interval is a double of seconds (0.5 is two frames a second),
+  which validation has checked is a whole number of milliseconds. Converting it
+  once with round() keeps every slot instant exact (slot k of 0.1 s is
+  start + k * 100 ms), where summing or scaling a float 0.1 would drift.
 - Job order is (recording start, camera id, recording id); a recording with no
   slot gets no job.
 - Test runs (`image_limit` set) expect only the first `image_limit` slots in
@@ -107,26 +112,31 @@ def _utc_instant(day: dt.date, wall: dt.time, zone: zoneinfo.ZoneInfo) -> dt.dat
     return dt.datetime.combine(day, wall, tzinfo=zone).astimezone(dt.UTC)
 
 
-def slot_time(first_slot_at: dt.datetime, interval_seconds: int, index: int) -> dt.datetime:
+def interval_ms(interval_seconds: float) -> int:
+    """A validated interval (seconds, a whole number of milliseconds) as exact milliseconds."""
+    return round(interval_seconds * 1000)
+
+
+def slot_time(first_slot_at: dt.datetime, interval_ms: int, index: int) -> dt.datetime:
     """Instant of slot `index` of a job."""
-    return first_slot_at + dt.timedelta(seconds=interval_seconds * index)
+    return first_slot_at + dt.timedelta(milliseconds=interval_ms * index)
 
 
 def plan_jobs(
     recordings: Iterable[RecordingRef],
     window: tuple[dt.datetime, dt.datetime],
-    interval_seconds: int,
+    interval_ms: int,
     image_limit: int | None,
 ) -> list[JobPlan]:
     """Jobs in job order, one per recording with at least one expected slot."""
     window_start, window_end = window
     _require_aware(window_start, "window start")
     _require_aware(window_end, "window end")
-    if interval_seconds < 1:
-        raise ValueError(f"interval_seconds must be at least 1, not {interval_seconds}")
+    if interval_ms < 1:
+        raise ValueError(f"interval_ms must be at least 1, not {interval_ms}")
     if image_limit is not None and image_limit < 1:
         raise ValueError(f"image_limit must be at least 1, not {image_limit}")
-    interval = dt.timedelta(seconds=interval_seconds)
+    interval = dt.timedelta(milliseconds=interval_ms)
     spans = _slot_spans(recordings, window_start, window_end, interval, image_limit)
     _check_limits(spans)
     return [

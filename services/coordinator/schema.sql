@@ -191,7 +191,7 @@ CREATE TABLE jobs (
     recording_id         text NOT NULL,
     recording_generation bigint NOT NULL,
     first_slot_at        timestamptz NOT NULL,
-    interval_seconds     integer NOT NULL CHECK (interval_seconds >= 1),
+    interval_ms          integer NOT NULL CHECK (interval_ms >= 1),  -- slot length, exact ms
     slot_count           integer NOT NULL CHECK (slot_count >= 1),
     state                text NOT NULL DEFAULT 'queued'
         CHECK (state IN ('queued', 'leased', 'completed', 'failed', 'cancelled', 'expired')),
@@ -660,7 +660,7 @@ $$;
 -- Commits a job's result in one transaction (SPEC §6-§7): fences, staged
 -- uploads, bucket items, receipt, job state and the run event together. Slot
 -- accounting is checked by the caller before, against the slot facts it passes
--- (p_slot_count, p_first_slot_at, p_interval_seconds), which must be the job's
+-- (p_slot_count, p_first_slot_at, p_interval_ms), which must be the job's
 -- (FACTS_MISMATCH otherwise); uploads are checked here, under the job's lock.
 -- Returns '' or the reason it refused, and with a refusal the receipt of this
 -- lease's generation if it already committed, so a retry after a lost answer
@@ -668,7 +668,7 @@ $$;
 CREATE FUNCTION job_complete(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_result_sha256 text, p_decoder text,
-    p_slot_count integer, p_first_slot_at timestamptz, p_interval_seconds integer,
+    p_slot_count integer, p_first_slot_at timestamptz, p_interval_ms integer,
     p_frames integer, p_empties integer, p_dropped integer,
     p_upload_keys text[], p_upload_sha256 text[], p_upload_slots integer[],
     p_item_ids text[], p_item_buckets text[], p_item_slots integer[], p_item_steps text[],
@@ -698,7 +698,7 @@ BEGIN
     END IF;
     SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
     IF j.slot_count <> p_slot_count OR j.first_slot_at <> p_first_slot_at
-       OR j.interval_seconds <> p_interval_seconds THEN
+       OR j.interval_ms <> p_interval_ms THEN
         RETURN QUERY SELECT 'FACTS_MISMATCH', NULL::bigint, NULL::text, NULL::timestamptz,
                             NULL::integer;
         RETURN;

@@ -81,8 +81,11 @@ Values
   otherwise BAD_WINDOW. Lengths are wall-clock (a DST day is not special here).
 - day UNSPECIFIED, DATE without a valid date, or a date set with another day
   kind is BAD_DATE.
-- interval_seconds outside 1..3600, or longer than the (valid) window of the
-  first input step, is BAD_INTERVAL.
+- interval_seconds (fractional allowed) that is not finite, outside 0.1..3600,
+  not a whole number of milliseconds (jobs count slots in exact integer
+  milliseconds; x * 1000 within 1e-9 of an integer passes, so 0.1 and 0.1 + 0.2
+  do and 0.1005 does not), or longer than the (valid) window of the first input
+  step, is BAD_INTERVAL; one problem per step, the first of these that applies.
 - rule.min_score, keep_by_change.min_displacement and motion.min_displacement
   outside 0..1 (or NaN) is BAD_THRESHOLD; 0 displacement means the default.
 - time_zone: empty means UTC; otherwise it must be an IANA zone name that
@@ -94,6 +97,7 @@ Values
 from __future__ import annotations
 
 import datetime
+import math
 import re
 import zoneinfo
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -105,8 +109,11 @@ TRACKING_CAPABILITY = "workshop-v3"
 MAX_STEPS = 64
 MAX_EDGES = 256
 MAX_STEP_ID_LENGTH = 64
-MIN_INTERVAL_SECONDS = 1
+MIN_INTERVAL_SECONDS = 0.1
 MAX_INTERVAL_SECONDS = 3600
+# How far from a whole number of milliseconds `interval * 1000` may be: float noise
+# (0.1 * 1000 is 100.00000000000001), never a real fraction of a millisecond.
+MILLISECOND_TOLERANCE = 1e-9
 SECONDS_PER_DAY = 86_400
 
 _K = workflow_pb2.ValidationProblemKind
@@ -533,23 +540,14 @@ def _first_window_seconds(steps: Sequence[workflow_pb2.Step]) -> int | None:
 def _check_sample(
     step: workflow_pb2.Step, index: int, window_length: int | None, found: _Found
 ) -> None:
-    interval = step.sample.interval_seconds
     name = _step_name(step, index)
     path = f"{_steps_path(index)}.sample"
-    if not MIN_INTERVAL_SECONDS <= interval <= MAX_INTERVAL_SECONDS:
+    problem = _interval_problem(step.sample.interval_seconds, window_length)
+    if problem is not None:
         found.add(
             _K.VALIDATION_PROBLEM_KIND_BAD_INTERVAL,
             f"{path}.interval_seconds",
-            f"{name} samples every {interval} seconds; use {MIN_INTERVAL_SECONDS} to "
-            f"{MAX_INTERVAL_SECONDS} seconds.",
-            step.step_id,
-        )
-    elif window_length is not None and interval > window_length:
-        found.add(
-            _K.VALIDATION_PROBLEM_KIND_BAD_INTERVAL,
-            f"{path}.interval_seconds",
-            f"{name} samples every {interval} seconds, longer than the {window_length}-second "
-            "window; shorten the interval or widen the window.",
+            f"{name} samples every {problem}",
             step.step_id,
         )
     if step.sample.HasField("keep_by_change"):
@@ -576,6 +574,28 @@ def _check_rule_thresholds(step: workflow_pb2.Step, index: int, found: _Found) -
             step.step_id,
             found,
         )
+
+
+def _interval_problem(interval: float, window_length: int | None) -> str | None:
+    """What is wrong with a sampling interval (the end of a sentence), or None."""
+    shown = f"{interval:.15g}"
+    limits = f"use {MIN_INTERVAL_SECONDS:g} to {MAX_INTERVAL_SECONDS} seconds"
+    if not math.isfinite(interval):
+        return f"{shown} seconds, which is not a number of seconds; {limits}."
+    if not MIN_INTERVAL_SECONDS <= interval <= MAX_INTERVAL_SECONDS:
+        return f"{shown} seconds; {limits}."
+    millis = interval * 1000
+    if abs(millis - round(millis)) > MILLISECOND_TOLERANCE:
+        return (
+            f"{shown} seconds, which is not a whole number of milliseconds; use at most "
+            "3 decimal places (e.g. 0.5 or 0.25)."
+        )
+    if window_length is not None and interval > window_length:
+        return (
+            f"{shown} seconds, longer than the {window_length}-second window; shorten the "
+            "interval or widen the window."
+        )
+    return None
 
 
 def _check_fraction(value: float, path: str, sentence: str, step_id: str, found: _Found) -> None:

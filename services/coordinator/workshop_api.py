@@ -422,7 +422,7 @@ class WorkshopApi:
             request.run_id,
             seq,
             request.runtime_id,
-            admission.interval_seconds,
+            admission.interval_ms,
             now,
             [job.job_index for job in jobs],
             [r.camera_id for r in recordings],
@@ -522,7 +522,7 @@ class Admission:
 
     snapshot: snapshot_pb2.RunSnapshot
     jobs: list[planning.JobPlan]
-    interval_seconds: int
+    interval_ms: int  # the sample step's interval, exact milliseconds (jobs.interval_ms)
     recording_expiry: dict[str, datetime]
 
 
@@ -563,9 +563,9 @@ async def admit(
         )
         for r in rows
     ]
-    interval = sample.sample.interval_seconds
+    interval_ms = planning.interval_ms(sample.sample.interval_seconds)
     jobs = planning.plan_jobs(
-        refs, window, interval, request.image_limit if request.mode == "test" else None
+        refs, window, interval_ms, request.image_limit if request.mode == "test" else None
     )
     snapshot = snapshot_pb2.RunSnapshot(
         kind=common_pb2.RUN_KIND_WORKFLOW,
@@ -582,7 +582,8 @@ async def admit(
         models=_pinned_models(spec, catalog, await _model_rows(connection)),
         sampling=snapshot_pb2.Sampling(
             step_id=sample_id,
-            interval_seconds=interval,
+            # the interval the jobs use, in seconds (0.5 for 500 ms)
+            interval_seconds=interval_ms / 1000,
             keep_by_change=sample.sample.keep_by_change
             if sample.sample.HasField("keep_by_change")
             else None,
@@ -605,7 +606,7 @@ async def admit(
     return Admission(
         snapshot=snapshot,
         jobs=jobs,
-        interval_seconds=interval,
+        interval_ms=interval_ms,
         recording_expiry={r["recording_id"]: r["expires_at"] for r in rows},
     )
 

@@ -255,8 +255,10 @@ class Sampling(_message.Message):
     DROPPED_ALLOWED_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """Sample step id."""
-    interval_seconds: _builtins.int
-    """Slot length, seconds."""
+    interval_seconds: _builtins.float
+    """Slot length, seconds; fractional allowed: 0.1..3600, a whole number of milliseconds (the jobs' slots
+    are exact milliseconds), not longer than the window.
+    """
     dropped_allowed: _builtins.bool
     """True when DROPPED is an allowed slot outcome (the graph has a do-nothing step or keeps frames by change)."""
     @_builtins.property
@@ -267,7 +269,7 @@ class Sampling(_message.Message):
         self,
         *,
         step_id: _builtins.str = ...,
-        interval_seconds: _builtins.int = ...,
+        interval_seconds: _builtins.float = ...,
         keep_by_change: _workflow_pb2.KeepByChange | None = ...,
         dropped_allowed: _builtins.bool = ...,
     ) -> None: ...

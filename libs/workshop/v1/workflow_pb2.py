@@ -26,19 +26,19 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from workshop.v1 import common_pb2 as workshop_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aworkshop/v1/workflow.proto\x12\x0bworkshop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\"\xe6\x01\n\x08Workflow\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.workshop.v1.WorkflowSpec\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\nupdated_by\x18\x06 \x01(\x0b\x32\x16.workshop.v1.Principal\"\x95\x01\n\x0cWorkflowSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttime_zone\x18\x02 \x01(\t\x12)\n\x05graph\x18\x03 \x01(\x0b\x32\x1a.workshop.v1.WorkflowGraph\x12,\n\x08schedule\x18\x04 \x01(\x0b\x32\x15.workshop.v1.ScheduleH\x00\x88\x01\x01\x42\x0b\n\t_schedule\"S\n\rWorkflowGraph\x12 \n\x05steps\x18\x01 \x03(\x0b\x32\x11.workshop.v1.Step\x12 \n\x05\x65\x64ges\x18\x02 \x03(\x0b\x32\x11.workshop.v1.Edge\"\xaf\x02\n\x04Step\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\'\n\x05input\x18\x03 \x01(\x0b\x32\x16.workshop.v1.InputStepH\x00\x12)\n\x06sample\x18\x04 \x01(\x0b\x32\x17.workshop.v1.SampleStepH\x00\x12\'\n\x05model\x18\x05 \x01(\x0b\x32\x16.workshop.v1.ModelStepH\x00\x12%\n\x04rule\x18\x06 \x01(\x0b\x32\x15.workshop.v1.RuleStepH\x00\x12)\n\x06output\x18\x07 \x01(\x0b\x32\x17.workshop.v1.OutputStepH\x00\x12\x30\n\ndo_nothing\x18\x08 \x01(\x0b\x32\x1a.workshop.v1.DoNothingStepH\x00\x42\x06\n\x04kind\"Y\n\x04\x45\x64ge\x12\x14\n\x0c\x66rom_step_id\x18\x01 \x01(\t\x12\x12\n\nto_step_id\x18\x02 \x01(\t\x12\'\n\x06\x62ranch\x18\x03 \x01(\x0e\x32\x17.workshop.v1.EdgeBranch\"\xc6\x01\n\tInputStep\x12\x12\n\ncamera_ids\x18\x01 \x03(\t\x12\"\n\x03\x64\x61y\x18\x02 \x01(\x0e\x32\x15.workshop.v1.InputDay\x12\'\n\x04\x64\x61te\x18\x03 \x01(\x0b\x32\x19.workshop.v1.CalendarDate\x12,\n\x0cwindow_start\x18\x04 \x01(\x0b\x32\x16.workshop.v1.TimeOfDay\x12*\n\nwindow_end\x18\x05 \x01(\x0b\x32\x16.workshop.v1.TimeOfDay\"q\n\nSampleStep\x12\x18\n\x10interval_seconds\x18\x01 \x01(\r\x12\x36\n\x0ekeep_by_change\x18\x02 \x01(\x0b\x32\x19.workshop.v1.KeepByChangeH\x00\x88\x01\x01\x42\x11\n\x0f_keep_by_change\"(\n\x0cKeepByChange\x12\x18\n\x10min_displacement\x18\x01 \x01(\x02\"A\n\tModelStep\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x07version\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\n\n\x08_version\"l\n\x08RuleStep\x12\x13\n\x0b\x63lass_names\x18\x01 \x03(\t\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12-\n\x06motion\x18\x03 \x01(\x0b\x32\x18.workshop.v1.MotionRouteH\x00\x88\x01\x01\x42\t\n\x07_motion\"\'\n\x0bMotionRoute\x12\x18\n\x10min_displacement\x18\x01 \x01(\x02\"\x1f\n\nOutputStep\x12\x11\n\tbucket_id\x18\x01 \x01(\t\"\x0f\n\rDoNothingStep\"7\n\x08Schedule\x12+\n\x0btime_of_day\x18\x01 \x01(\x0b\x32\x16.workshop.v1.TimeOfDay\"u\n\x11ValidationProblem\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".workshop.v1.ValidationProblemKind\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t*l\n\x08InputDay\x12\x19\n\x15INPUT_DAY_UNSPECIFIED\x10\x00\x12\x15\n\x11INPUT_DAY_RUN_DAY\x10\x01\x12\x1a\n\x16INPUT_DAY_PREVIOUS_DAY\x10\x02\x12\x12\n\x0eINPUT_DAY_DATE\x10\x03*p\n\nEdgeBranch\x12\x1b\n\x17\x45\x44GE_BRANCH_UNSPECIFIED\x10\x00\x12\x14\n\x10\x45\x44GE_BRANCH_NEXT\x10\x01\x12\x15\n\x11\x45\x44GE_BRANCH_MATCH\x10\x02\x12\x18\n\x14\x45\x44GE_BRANCH_NO_MATCH\x10\x03*\xda\x06\n\x15ValidationProblemKind\x12\'\n#VALIDATION_PROBLEM_KIND_UNSPECIFIED\x10\x00\x12!\n\x1dVALIDATION_PROBLEM_KIND_CYCLE\x10\x01\x12,\n(VALIDATION_PROBLEM_KIND_UNREACHABLE_STEP\x10\x02\x12)\n%VALIDATION_PROBLEM_KIND_DANGLING_STEP\x10\x03\x12(\n$VALIDATION_PROBLEM_KIND_UNKNOWN_STEP\x10\x04\x12\'\n#VALIDATION_PROBLEM_KIND_BAD_STEP_ID\x10\x05\x12-\n)VALIDATION_PROBLEM_KIND_MISSING_STEP_KIND\x10\x06\x12%\n!VALIDATION_PROBLEM_KIND_BAD_SHAPE\x10\x07\x12*\n&VALIDATION_PROBLEM_KIND_BAD_CONNECTION\x10\x08\x12*\n&VALIDATION_PROBLEM_KIND_UNKNOWN_CAMERA\x10\t\x12)\n%VALIDATION_PROBLEM_KIND_UNKNOWN_MODEL\x10\n\x12*\n&VALIDATION_PROBLEM_KIND_UNKNOWN_BUCKET\x10\x0b\x12)\n%VALIDATION_PROBLEM_KIND_UNKNOWN_CLASS\x10\x0c\x12%\n!VALIDATION_PROBLEM_KIND_NO_OUTPUT\x10\r\x12&\n\"VALIDATION_PROBLEM_KIND_BAD_WINDOW\x10\x0e\x12(\n$VALIDATION_PROBLEM_KIND_BAD_INTERVAL\x10\x0f\x12)\n%VALIDATION_PROBLEM_KIND_BAD_THRESHOLD\x10\x10\x12$\n VALIDATION_PROBLEM_KIND_BAD_DATE\x10\x11\x12(\n$VALIDATION_PROBLEM_KIND_BAD_SCHEDULE\x10\x12\x12%\n!VALIDATION_PROBLEM_KIND_TOO_LARGE\x10\x13\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aworkshop/v1/workflow.proto\x12\x0bworkshop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\"\xe6\x01\n\x08Workflow\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.workshop.v1.WorkflowSpec\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\nupdated_by\x18\x06 \x01(\x0b\x32\x16.workshop.v1.Principal\"\x95\x01\n\x0cWorkflowSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttime_zone\x18\x02 \x01(\t\x12)\n\x05graph\x18\x03 \x01(\x0b\x32\x1a.workshop.v1.WorkflowGraph\x12,\n\x08schedule\x18\x04 \x01(\x0b\x32\x15.workshop.v1.ScheduleH\x00\x88\x01\x01\x42\x0b\n\t_schedule\"S\n\rWorkflowGraph\x12 \n\x05steps\x18\x01 \x03(\x0b\x32\x11.workshop.v1.Step\x12 \n\x05\x65\x64ges\x18\x02 \x03(\x0b\x32\x11.workshop.v1.Edge\"\xaf\x02\n\x04Step\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\'\n\x05input\x18\x03 \x01(\x0b\x32\x16.workshop.v1.InputStepH\x00\x12)\n\x06sample\x18\x04 \x01(\x0b\x32\x17.workshop.v1.SampleStepH\x00\x12\'\n\x05model\x18\x05 \x01(\x0b\x32\x16.workshop.v1.ModelStepH\x00\x12%\n\x04rule\x18\x06 \x01(\x0b\x32\x15.workshop.v1.RuleStepH\x00\x12)\n\x06output\x18\x07 \x01(\x0b\x32\x17.workshop.v1.OutputStepH\x00\x12\x30\n\ndo_nothing\x18\x08 \x01(\x0b\x32\x1a.workshop.v1.DoNothingStepH\x00\x42\x06\n\x04kind\"Y\n\x04\x45\x64ge\x12\x14\n\x0c\x66rom_step_id\x18\x01 \x01(\t\x12\x12\n\nto_step_id\x18\x02 \x01(\t\x12\'\n\x06\x62ranch\x18\x03 \x01(\x0e\x32\x17.workshop.v1.EdgeBranch\"\xc6\x01\n\tInputStep\x12\x12\n\ncamera_ids\x18\x01 \x03(\t\x12\"\n\x03\x64\x61y\x18\x02 \x01(\x0e\x32\x15.workshop.v1.InputDay\x12\'\n\x04\x64\x61te\x18\x03 \x01(\x0b\x32\x19.workshop.v1.CalendarDate\x12,\n\x0cwindow_start\x18\x04 \x01(\x0b\x32\x16.workshop.v1.TimeOfDay\x12*\n\nwindow_end\x18\x05 \x01(\x0b\x32\x16.workshop.v1.TimeOfDay\"w\n\nSampleStep\x12\x18\n\x10interval_seconds\x18\x03 \x01(\x01\x12\x36\n\x0ekeep_by_change\x18\x02 \x01(\x0b\x32\x19.workshop.v1.KeepByChangeH\x00\x88\x01\x01\x42\x11\n\x0f_keep_by_changeJ\x04\x08\x01\x10\x02\"(\n\x0cKeepByChange\x12\x18\n\x10min_displacement\x18\x01 \x01(\x02\"A\n\tModelStep\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x07version\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\n\n\x08_version\"l\n\x08RuleStep\x12\x13\n\x0b\x63lass_names\x18\x01 \x03(\t\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12-\n\x06motion\x18\x03 \x01(\x0b\x32\x18.workshop.v1.MotionRouteH\x00\x88\x01\x01\x42\t\n\x07_motion\"\'\n\x0bMotionRoute\x12\x18\n\x10min_displacement\x18\x01 \x01(\x02\"\x1f\n\nOutputStep\x12\x11\n\tbucket_id\x18\x01 \x01(\t\"\x0f\n\rDoNothingStep\"7\n\x08Schedule\x12+\n\x0btime_of_day\x18\x01 \x01(\x0b\x32\x16.workshop.v1.TimeOfDay\"u\n\x11ValidationProblem\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".workshop.v1.ValidationProblemKind\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t*l\n\x08InputDay\x12\x19\n\x15INPUT_DAY_UNSPECIFIED\x10\x00\x12\x15\n\x11INPUT_DAY_RUN_DAY\x10\x01\x12\x1a\n\x16INPUT_DAY_PREVIOUS_DAY\x10\x02\x12\x12\n\x0eINPUT_DAY_DATE\x10\x03*p\n\nEdgeBranch\x12\x1b\n\x17\x45\x44GE_BRANCH_UNSPECIFIED\x10\x00\x12\x14\n\x10\x45\x44GE_BRANCH_NEXT\x10\x01\x12\x15\n\x11\x45\x44GE_BRANCH_MATCH\x10\x02\x12\x18\n\x14\x45\x44GE_BRANCH_NO_MATCH\x10\x03*\xda\x06\n\x15ValidationProblemKind\x12\'\n#VALIDATION_PROBLEM_KIND_UNSPECIFIED\x10\x00\x12!\n\x1dVALIDATION_PROBLEM_KIND_CYCLE\x10\x01\x12,\n(VALIDATION_PROBLEM_KIND_UNREACHABLE_STEP\x10\x02\x12)\n%VALIDATION_PROBLEM_KIND_DANGLING_STEP\x10\x03\x12(\n$VALIDATION_PROBLEM_KIND_UNKNOWN_STEP\x10\x04\x12\'\n#VALIDATION_PROBLEM_KIND_BAD_STEP_ID\x10\x05\x12-\n)VALIDATION_PROBLEM_KIND_MISSING_STEP_KIND\x10\x06\x12%\n!VALIDATION_PROBLEM_KIND_BAD_SHAPE\x10\x07\x12*\n&VALIDATION_PROBLEM_KIND_BAD_CONNECTION\x10\x08\x12*\n&VALIDATION_PROBLEM_KIND_UNKNOWN_CAMERA\x10\t\x12)\n%VALIDATION_PROBLEM_KIND_UNKNOWN_MODEL\x10\n\x12*\n&VALIDATION_PROBLEM_KIND_UNKNOWN_BUCKET\x10\x0b\x12)\n%VALIDATION_PROBLEM_KIND_UNKNOWN_CLASS\x10\x0c\x12%\n!VALIDATION_PROBLEM_KIND_NO_OUTPUT\x10\r\x12&\n\"VALIDATION_PROBLEM_KIND_BAD_WINDOW\x10\x0e\x12(\n$VALIDATION_PROBLEM_KIND_BAD_INTERVAL\x10\x0f\x12)\n%VALIDATION_PROBLEM_KIND_BAD_THRESHOLD\x10\x10\x12$\n VALIDATION_PROBLEM_KIND_BAD_DATE\x10\x11\x12(\n$VALIDATION_PROBLEM_KIND_BAD_SCHEDULE\x10\x12\x12%\n!VALIDATION_PROBLEM_KIND_TOO_LARGE\x10\x13\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workshop.v1.workflow_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INPUTDAY']._serialized_start=1771
-  _globals['_INPUTDAY']._serialized_end=1879
-  _globals['_EDGEBRANCH']._serialized_start=1881
-  _globals['_EDGEBRANCH']._serialized_end=1993
-  _globals['_VALIDATIONPROBLEMKIND']._serialized_start=1996
-  _globals['_VALIDATIONPROBLEMKIND']._serialized_end=2854
+  _globals['_INPUTDAY']._serialized_start=1777
+  _globals['_INPUTDAY']._serialized_end=1885
+  _globals['_EDGEBRANCH']._serialized_start=1887
+  _globals['_EDGEBRANCH']._serialized_end=1999
+  _globals['_VALIDATIONPROBLEMKIND']._serialized_start=2002
+  _globals['_VALIDATIONPROBLEMKIND']._serialized_end=2860
   _globals['_WORKFLOW']._serialized_start=103
   _globals['_WORKFLOW']._serialized_end=333
   _globals['_WORKFLOWSPEC']._serialized_start=336
@@ -52,21 +52,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INPUTSTEP']._serialized_start=970
   _globals['_INPUTSTEP']._serialized_end=1168
   _globals['_SAMPLESTEP']._serialized_start=1170
-  _globals['_SAMPLESTEP']._serialized_end=1283
-  _globals['_KEEPBYCHANGE']._serialized_start=1285
-  _globals['_KEEPBYCHANGE']._serialized_end=1325
-  _globals['_MODELSTEP']._serialized_start=1327
-  _globals['_MODELSTEP']._serialized_end=1392
-  _globals['_RULESTEP']._serialized_start=1394
-  _globals['_RULESTEP']._serialized_end=1502
-  _globals['_MOTIONROUTE']._serialized_start=1504
-  _globals['_MOTIONROUTE']._serialized_end=1543
-  _globals['_OUTPUTSTEP']._serialized_start=1545
-  _globals['_OUTPUTSTEP']._serialized_end=1576
-  _globals['_DONOTHINGSTEP']._serialized_start=1578
-  _globals['_DONOTHINGSTEP']._serialized_end=1593
-  _globals['_SCHEDULE']._serialized_start=1595
-  _globals['_SCHEDULE']._serialized_end=1650
-  _globals['_VALIDATIONPROBLEM']._serialized_start=1652
-  _globals['_VALIDATIONPROBLEM']._serialized_end=1769
+  _globals['_SAMPLESTEP']._serialized_end=1289
+  _globals['_KEEPBYCHANGE']._serialized_start=1291
+  _globals['_KEEPBYCHANGE']._serialized_end=1331
+  _globals['_MODELSTEP']._serialized_start=1333
+  _globals['_MODELSTEP']._serialized_end=1398
+  _globals['_RULESTEP']._serialized_start=1400
+  _globals['_RULESTEP']._serialized_end=1508
+  _globals['_MOTIONROUTE']._serialized_start=1510
+  _globals['_MOTIONROUTE']._serialized_end=1549
+  _globals['_OUTPUTSTEP']._serialized_start=1551
+  _globals['_OUTPUTSTEP']._serialized_end=1582
+  _globals['_DONOTHINGSTEP']._serialized_start=1584
+  _globals['_DONOTHINGSTEP']._serialized_end=1599
+  _globals['_SCHEDULE']._serialized_start=1601
+  _globals['_SCHEDULE']._serialized_end=1656
+  _globals['_VALIDATIONPROBLEM']._serialized_start=1658
+  _globals['_VALIDATIONPROBLEM']._serialized_end=1775
 # @@protoc_insertion_point(module_scope)

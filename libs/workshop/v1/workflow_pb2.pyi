@@ -129,7 +129,9 @@ class _ValidationProblemKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[
     VALIDATION_PROBLEM_KIND_BAD_WINDOW: _ValidationProblemKind.ValueType  # 14
     """The daily window is malformed or empty (start not before end)."""
     VALIDATION_PROBLEM_KIND_BAD_INTERVAL: _ValidationProblemKind.ValueType  # 15
-    """The sampling interval is outside 1..3600 seconds or longer than the window."""
+    """The sampling interval is not a finite number, is outside 0.1..3600 seconds, is not a whole number of
+    milliseconds, or is longer than the window.
+    """
     VALIDATION_PROBLEM_KIND_BAD_THRESHOLD: _ValidationProblemKind.ValueType  # 16
     """A score or displacement is outside 0..1."""
     VALIDATION_PROBLEM_KIND_BAD_DATE: _ValidationProblemKind.ValueType  # 17
@@ -173,7 +175,9 @@ VALIDATION_PROBLEM_KIND_NO_OUTPUT: ValidationProblemKind.ValueType  # 13
 VALIDATION_PROBLEM_KIND_BAD_WINDOW: ValidationProblemKind.ValueType  # 14
 """The daily window is malformed or empty (start not before end)."""
 VALIDATION_PROBLEM_KIND_BAD_INTERVAL: ValidationProblemKind.ValueType  # 15
-"""The sampling interval is outside 1..3600 seconds or longer than the window."""
+"""The sampling interval is not a finite number, is outside 0.1..3600 seconds, is not a whole number of
+milliseconds, or is longer than the window.
+"""
 VALIDATION_PROBLEM_KIND_BAD_THRESHOLD: ValidationProblemKind.ValueType  # 16
 """A score or displacement is outside 0..1."""
 VALIDATION_PROBLEM_KIND_BAD_DATE: ValidationProblemKind.ValueType  # 17
@@ -464,8 +468,10 @@ class SampleStep(_message.Message):
 
     INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     KEEP_BY_CHANGE_FIELD_NUMBER: _builtins.int
-    interval_seconds: _builtins.int
-    """Slot length, seconds; 1..3600 and not longer than the window."""
+    interval_seconds: _builtins.float
+    """Slot length, seconds; fractional allowed (0.5 is two frames a second): 0.1..3600, a whole number of
+    milliseconds, and not longer than the window.
+    """
     @_builtins.property
     def keep_by_change(self) -> Global___KeepByChange:
         """When present, keep frames by change (needs capability "workshop-v3"): a slot whose tracked objects did
@@ -475,7 +481,7 @@ class SampleStep(_message.Message):
     def __init__(
         self,
         *,
-        interval_seconds: _builtins.int = ...,
+        interval_seconds: _builtins.float = ...,
         keep_by_change: Global___KeepByChange | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_keep_by_change", b"_keep_by_change", "keep_by_change", b"keep_by_change"]  # noqa: Y015

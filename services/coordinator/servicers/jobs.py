@@ -54,7 +54,7 @@ def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
     slots = _slots(
         convert.micros(job["first_slot_at"]),
         job["slot_count"],
-        job["interval_seconds"] * 1_000_000,
+        job["interval_ms"] * 1_000,
         convert.micros(frozen.window_end),
     )
     return pb.ClaimedJob(

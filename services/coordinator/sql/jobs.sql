@@ -25,7 +25,7 @@ SELECT job_release($1, $2, $3, $4, $5, $6);
 -- name: job_facts
 -- What Complete checks a result against, and the receipt if the job was committed
 -- (when the facts are not cached from this process's Claim, or a result is invalid).
-SELECT j.slot_count, j.first_slot_at, j.interval_seconds, j.state, r.mode,
+SELECT j.slot_count, j.first_slot_at, j.interval_ms, j.state, r.mode,
        rc.generation AS receipt_generation, rc.result_sha256 AS receipt_sha256,
        rc.committed_at AS receipt_committed_at, rc.items_saved AS receipt_items_saved
 FROM jobs j

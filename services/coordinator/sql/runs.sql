@@ -28,7 +28,7 @@ SELECT $1, * FROM unnest($2::integer[], $3::text[], $4::text[], $5::bigint[], $6
 
 -- name: jobs_insert
 INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
-                  recording_generation, first_slot_at, interval_seconds, slot_count, expires_at,
+                  recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
                   updated_at)
 SELECT $1, u.job_index, $2, $3, u.camera_id, u.recording_id, u.generation, u.first_slot_at, $4,
        u.slot_count, u.expires_at, $5
@@ -121,9 +121,9 @@ LIMIT 1;
 
 -- name: photo_job_insert
 INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
-                  recording_generation, first_slot_at, interval_seconds, slot_count, expires_at,
+                  recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
                   updated_at, is_photo)
-VALUES ($1, 0, $2, $3, $4, $5, $6, $7, 1, 1, $8, $9, true);
+VALUES ($1, 0, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, true);
 
 -- name: photo_get
 -- A photo with its job, and its frame once published.
