@@ -1,6 +1,6 @@
 """NVDEC decoding with DALI and Triton inference on a GPU: frames/s of each and end to end.
 
-    .venv/bin/python -m bench.gpu_decode_infer [--recordings 10] [--seconds 60] [--interval 1]
+    .venv/bin/python -m bench.gpu_decode_infer [--recordings 10] [--seconds 60] [--interval 0.5]
         [--triton HOST:PORT --repository PATH] [--in-flight 3]
 
 Runs only where DALI sees a CUDA device. Elsewhere it prints one line starting with
@@ -62,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--recordings", type=int, default=10)
     parser.add_argument("--seconds", type=int, default=60)
-    parser.add_argument("--interval", type=int, default=1, help="sampling interval, seconds")
+    parser.add_argument(
+        "--interval", type=float, default=0.5, help="sampling interval, seconds (0.5 = 2 fps)"
+    )
     parser.add_argument("--in-flight", type=int, default=3)
     parser.add_argument("--triton", help="a GPU Triton's gRPC address (default: bundled)")
     parser.add_argument("--repository", type=Path, help="that Triton's model repository")
