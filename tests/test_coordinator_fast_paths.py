@@ -12,6 +12,7 @@ commits and settles retries.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from datetime import UTC, timedelta
 
@@ -26,6 +27,7 @@ from services.coordinator.servicers.common import Authenticator
 from services.coordinator.snapshots import SnapshotCache
 from tests.coordinator_leases import (
     Setup,
+    claim,
     claimed,
     complete_request,
     create_run,
@@ -337,3 +339,42 @@ async def test_a_session_connection_releases_its_advisory_locks(pg_dsn: str) -> 
         async with Database.open(pg_dsn, size=1) as other, other.connection() as connection:
             assert await connection.fetchval(lock)  # free again: the reset unlocked it
             await connection.execute("SELECT pg_advisory_unlock_all()")
+
+
+async def test_a_claim_that_overlaps_a_run_creation_answers_the_job_it_leased(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """A Claim whose statement began before CreateRun committed, and whose lease was taken
+    after (here: it waits on the runtime's row, held by another transaction, while the run
+    is created). The lease and the answer come from the same snapshot, so the processor gets
+    the job it leased; before, the answer's join read the older snapshot, found no
+    recording, and answered "no job" while the job stayed leased until its lease lapsed."""
+    c = coordinator
+    s = await setup(c)
+    runtime = s.world.tracking_runtime
+    async with c.db.connection() as holder, holder.transaction():
+        # NO KEY UPDATE: blocks the claim's runtime_seen, not CreateRun's foreign keys.
+        await holder.execute(
+            "SELECT 1 FROM runtimes WHERE runtime_id = $1 FOR NO KEY UPDATE", runtime
+        )
+        claiming = asyncio.create_task(claim(c, s))
+        async with c.db.connection() as watcher:
+            for _ in range(500):
+                waiting = await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND query LIKE '%job_claim%'"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting == 1, "the claim never waited on the runtime's row"
+        await create_run(c, s)
+        assert not claiming.done()
+    job = await asyncio.wait_for(claiming, 10)
+    async with c.db.connection() as connection:
+        leased = await connection.fetch(
+            "SELECT job_index, generation FROM jobs WHERE state = 'leased'"
+        )
+    assert job is not None, f"no job answered, but leased: {[dict(r) for r in leased]}"
+    assert [(r["job_index"], r["generation"]) for r in leased] == [(0, job.lease.generation)]
+    assert job.input.recording.sha256  # the recording's facts came with it

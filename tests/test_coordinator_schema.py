@@ -107,7 +107,7 @@ async def test_whole_second_jobs_and_documents_survive_the_move_to_milliseconds(
         )
     finally:
         await connection.close()
-    assert await apply_migrations(dsn) == ["0005_interval_ms"]
+    assert (await apply_migrations(dsn))[0] == "0005_interval_ms"  # and any later ones
     connection = await asyncpg.connect(dsn)
     try:
         facts = await connection.fetchrow(sql("jobs", "job_facts"), "run1", 0)

@@ -500,16 +500,24 @@ $$;
 
 -- Leases the next claimable job of a runtime (SPEC §5-§6): photos first, then
 -- the head run (the oldest with queued or leased jobs), in job order; only jobs
--- of the cameras in p_cameras (NULL: every camera). One statement, one round trip.
--- ROWS 1 tells the planner so: the join to snapshot_recordings then probes its
--- index instead of hashing the whole table on every claim. The claiming key is
+-- of the cameras in p_cameras (NULL: every camera). One statement, one round trip:
+-- the leased job comes back with its recording's facts, read here, after the lease,
+-- so both see the same committed runs. (Read by the calling statement instead, they
+-- came from that statement's older snapshot: a claim that began before a CreateRun
+-- committed and leased one of its jobs found no recording, answered "no job", and left
+-- the job leased until its lease lapsed.) A leased job without its recording is a
+-- broken snapshot: the claim fails and its lease is rolled back. The claiming key is
 -- checked first: a key revoked, expired or of a disabled user leases nothing
 -- (SQLSTATE 28000), even while the coordinator still holds its principal in cache.
 -- A picked job whose fence 2 or 3 fails (job_end_unfenced) can never commit: it is
 -- failed with that reason instead of leased, and the claim goes on to the next.
 CREATE FUNCTION job_claim(
     p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval
-) RETURNS SETOF jobs LANGUAGE plpgsql ROWS 1 AS $$
+) RETURNS TABLE (
+    job jobs, recording_sha256 text, recording_byte_size bigint, recording_object_key text,
+    recording_start_at timestamptz, recording_end_at timestamptz,
+    recording_fps double precision
+) LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
     head bigint;
     picked jobs%ROWTYPE;
@@ -552,8 +560,14 @@ BEGIN
         preview_slot = NULL
     WHERE run_id = picked.run_id AND job_index = picked.job_index
     RETURNING * INTO picked;
+    RETURN QUERY
+        SELECT picked, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
+        FROM snapshot_recordings sr
+        WHERE sr.run_id = picked.run_id AND sr.job_index = picked.job_index;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job %/% has no snapshot recording', picked.run_id, picked.job_index;
+    END IF;
     PERFORM pg_notify('workshop_run', picked.run_id);
-    RETURN NEXT picked;
 END;
 $$;
 
