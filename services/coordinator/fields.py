@@ -8,6 +8,7 @@ from services.coordinator.errors import InvalidField
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
@@ -19,6 +20,19 @@ def check_id(field: str, value: str) -> str:
         raise InvalidField(
             f"{field} must be 1-128 characters of letters, digits, '.', '_' or '-', "
             f"starting with a letter or digit (got {shown})."
+        )
+    return value
+
+
+def check_request_id(field: str, value: str) -> str | None:
+    """An optional client-chosen request id (None when empty): at most 64 characters of
+    [A-Za-z0-9._:-], room for a UUID with a prefix."""
+    if not value:
+        return None
+    if not _REQUEST_ID.fullmatch(value):  # fullmatch: `$` would let a final newline in
+        raise InvalidField(
+            f"{field} must be at most 64 characters of letters, digits, '.', '_', ':' or '-' "
+            f"(got {value[:80]!r})."
         )
     return value
 

@@ -34,6 +34,7 @@ from services.coordinator.errors import (
     ScopeMissing,
     fenced,
 )
+from services.coordinator.fields import check_request_id
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from workshop.v1 import jobs_pb2
 
@@ -152,7 +153,13 @@ class JobsApi:
             self._runtimes[runtime_id] = found
         return found
 
-    async def claim(self, who: Principal, runtime_id: str, code_sha256: str) -> Claimed | None:
+    async def claim(
+        self, who: Principal, runtime_id: str, code_sha256: str, request_id: str = ""
+    ) -> Claimed | None:
+        """Leases the next claimable job, or None. With a request id the claim is
+        idempotent: the same key sending the same id again (its answer was lost) gets the
+        lease that claim took, unchanged, while it is held, not another job."""
+        remembered_as = check_request_id("request_id", request_id)
         runtime = await self._runtime(runtime_id)
         cameras = _claimable_cameras(who, runtime["device_id"])
         if code_sha256 != runtime["code_sha256"]:
@@ -166,6 +173,7 @@ class JobsApi:
                     cameras,
                     self.clock.now(),
                     LEASE,
+                    remembered_as,
                 )
         except InvalidAuthorizationSpecificationError:
             # The key was revoked (or expired, or its user disabled) after this

@@ -214,6 +214,10 @@ CREATE TABLE jobs (
     -- the last slot published as a preview under the current lease (NULL: none yet);
     -- a claim clears it, preview_publish keeps previews in slot order with it
     preview_slot         integer,
+    -- the key that took the latest lease and that Claim's request id (NULL: none sent);
+    -- a Claim by the same key with the same id answers that lease again while it is held
+    claimed_by           text,
+    claim_request_id     text,
     PRIMARY KEY (run_id, job_index)
 );
 CREATE INDEX jobs_claimable ON jobs (runtime_id, run_seq, job_index) WHERE state = 'queued';
@@ -231,6 +235,9 @@ CREATE INDEX jobs_photos_claimable ON jobs (runtime_id, run_seq, job_index)
 -- lease_expires_at is in no index, so a heartbeat's renewal is a HOT update.
 CREATE INDEX jobs_leased ON jobs (runtime_id) WHERE state = 'leased';
 CREATE INDEX jobs_source_expiry ON jobs (expires_at) WHERE state IN ('queued', 'leased');
+-- A remembered Claim, found in one probe; one per key and request id.
+CREATE UNIQUE INDEX jobs_claim_request ON jobs (claimed_by, claim_request_id)
+    WHERE claim_request_id IS NOT NULL;
 
 -- One receipt per committed completion (SPEC §7).
 CREATE TABLE receipts (
@@ -511,8 +518,13 @@ $$;
 -- (SQLSTATE 28000), even while the coordinator still holds its principal in cache.
 -- A picked job whose fence 2 or 3 fails (job_end_unfenced) can never commit: it is
 -- failed with that reason instead of leased, and the claim goes on to the next.
+-- With a request id (p_request_id, NULL: none) the claim is idempotent: the key's
+-- earlier claim with that id is answered again, unchanged, while its lease is held
+-- (a retry after a lost answer); the id is stored with the lease, and forgotten when
+-- it comes again after that lease ended, so no other function has to clear it.
 CREATE FUNCTION job_claim(
-    p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval
+    p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval,
+    p_request_id text
 ) RETURNS TABLE (
     job jobs, recording_sha256 text, recording_byte_size bigint, recording_object_key text,
     recording_start_at timestamptz, recording_end_at timestamptz,
@@ -521,45 +533,66 @@ CREATE FUNCTION job_claim(
 DECLARE
     head bigint;
     picked jobs%ROWTYPE;
+    remembered boolean := false;
 BEGIN
     IF NOT key_live(p_claimer, p_now) THEN
         RAISE EXCEPTION 'the claiming key was revoked or expired, or its user disabled'
             USING ERRCODE = 'invalid_authorization_specification';
     END IF;
     PERFORM runtime_seen(p_runtime, p_now);
-    LOOP
+    IF p_request_id IS NOT NULL THEN
+        -- Claims of one key with one request id take turns: a retry that arrives while
+        -- the call it repeats still runs waits for its commit, then answers its lease.
+        PERFORM pg_advisory_xact_lock(hashtext('workshop.job_claim'),
+                                      hashtext(p_claimer || '/' || p_request_id));
         SELECT * INTO picked FROM jobs
-        WHERE runtime_id = p_runtime AND state = 'queued' AND is_photo AND expires_at > p_now
-          AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
-        ORDER BY run_seq, job_index
-        LIMIT 1 FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            SELECT run_seq INTO head FROM jobs
-            WHERE runtime_id = p_runtime AND state IN ('queued', 'leased') AND NOT is_photo
-            ORDER BY run_seq
-            LIMIT 1;
-            IF head IS NULL THEN
-                RETURN;
-            END IF;
-            SELECT * INTO picked FROM jobs
-            WHERE runtime_id = p_runtime AND run_seq = head AND state = 'queued'
-              AND expires_at > p_now AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
-            ORDER BY job_index
-            LIMIT 1 FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                RETURN;
+        WHERE claimed_by = p_claimer AND claim_request_id = p_request_id;
+        IF FOUND THEN
+            -- answered again only while that lease is held (fence 1 would refuse a lapsed
+            -- one); once it ended the id is forgotten and this is a new claim
+            remembered := picked.state = 'leased' AND picked.lease_token IS NOT NULL
+                          AND picked.lease_expires_at > p_now AND picked.runtime_id = p_runtime;
+            IF NOT remembered THEN
+                UPDATE jobs SET claim_request_id = NULL
+                WHERE run_id = picked.run_id AND job_index = picked.job_index;
             END IF;
         END IF;
-        -- fences 2 and 3 for the picked job only: one that can never commit is failed
-        -- (it may have been the head run's last, so the head is looked up again)
-        EXIT WHEN NOT job_end_unfenced(picked, p_now);
-    END LOOP;
-    UPDATE jobs
-    SET state = 'leased', generation = generation + 1, lease_token = gen_random_uuid(),
-        lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now,
-        preview_slot = NULL
-    WHERE run_id = picked.run_id AND job_index = picked.job_index
-    RETURNING * INTO picked;
+    END IF;
+    IF NOT remembered THEN
+        LOOP
+            SELECT * INTO picked FROM jobs
+            WHERE runtime_id = p_runtime AND state = 'queued' AND is_photo
+              AND expires_at > p_now AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
+            ORDER BY run_seq, job_index
+            LIMIT 1 FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                SELECT run_seq INTO head FROM jobs
+                WHERE runtime_id = p_runtime AND state IN ('queued', 'leased') AND NOT is_photo
+                ORDER BY run_seq
+                LIMIT 1;
+                IF head IS NULL THEN
+                    RETURN;
+                END IF;
+                SELECT * INTO picked FROM jobs
+                WHERE runtime_id = p_runtime AND run_seq = head AND state = 'queued'
+                  AND expires_at > p_now AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
+                ORDER BY job_index
+                LIMIT 1 FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    RETURN;
+                END IF;
+            END IF;
+            -- fences 2 and 3 for the picked job only: one that can never commit is failed
+            -- (it may have been the head run's last, so the head is looked up again)
+            EXIT WHEN NOT job_end_unfenced(picked, p_now);
+        END LOOP;
+        UPDATE jobs
+        SET state = 'leased', generation = generation + 1, lease_token = gen_random_uuid(),
+            lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now,
+            preview_slot = NULL, claimed_by = p_claimer, claim_request_id = p_request_id
+        WHERE run_id = picked.run_id AND job_index = picked.job_index
+        RETURNING * INTO picked;
+    END IF;
     RETURN QUERY
         SELECT picked, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
         FROM snapshot_recordings sr
@@ -567,7 +600,9 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job %/% has no snapshot recording', picked.run_id, picked.job_index;
     END IF;
-    PERFORM pg_notify('workshop_run', picked.run_id);
+    IF NOT remembered THEN
+        PERFORM pg_notify('workshop_run', picked.run_id);
+    END IF;
 END;
 $$;
 

@@ -11,7 +11,8 @@ A service that does not answer (the coordinator or preview service restarting,
 object storage or Triton down) is not the job's fault: each RPC about a job is
 asked again with backoff for up to `retry_seconds`, which is safe because every
 write is idempotent under its lease (the same preview slot, staged upload,
-progress or result again is accepted). When the outage outlasts that, or the
+progress or result again is accepted; a Claim asked again carries the same request
+id, so it answers the lease the lost call took). When the outage outlasts that, or the
 recording or Triton cannot be reached, the job is handed back with Release (no
 attempt spent) and the loop waits before it claims again, longer after each
 such hand-back in a row.
@@ -23,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -121,6 +123,9 @@ class Processor:
 
     async def _loop(self) -> None:
         slots = asyncio.Semaphore(self.in_flight)
+        # Each claim carries a fresh request id; a claim that got no answer is asked again
+        # with the same one, so a lease the lost call took is answered, not stranded.
+        request_id = uuid.uuid4().hex
         while not self._stopping.is_set():
             await slots.acquire()
             if self._claim_pause:
@@ -130,14 +135,21 @@ class Processor:
                     return
             try:
                 reply = await self.jobs.Claim(
-                    jobs_pb2.ClaimRequest(runtime_id=self.runtime_id, code_sha256=self.code_sha256),
+                    jobs_pb2.ClaimRequest(
+                        runtime_id=self.runtime_id,
+                        code_sha256=self.code_sha256,
+                        request_id=request_id,
+                    ),
                     metadata=self.credentials,
                 )
             except grpc.aio.AioRpcError as error:
                 slots.release()
                 log.warning("claim failed: %s", error.details())
+                if error.code() not in TRANSIENT_CODES:
+                    request_id = uuid.uuid4().hex  # a refusal is an answer
                 await self._idle(self.idle_seconds)
                 continue
+            request_id = uuid.uuid4().hex
             if not reply.HasField("job"):
                 slots.release()
                 await self._idle(reply.retry_after.ToTimedelta().total_seconds() or 1.0)

@@ -1,7 +1,9 @@
 """Client channels between services: default deadlines and retry on UNAVAILABLE.
 
 Retries are safe because every write in Workshop is idempotent by design
-(client-chosen ids, lease generations, receipts). Deadlines are added only to
+(client-chosen ids, lease generations, receipts; JobService.Claim through its
+request_id, which answers the lease an earlier Claim with that id took instead of
+leasing another job). Deadlines are added only to
 unary calls, so server streams such as WatchRun can stay open.
 """
 

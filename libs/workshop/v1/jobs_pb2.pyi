@@ -32,19 +32,29 @@ class ClaimRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     CODE_SHA256_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     """Runtime the processor runs as."""
     code_sha256: _builtins.str
     """SHA-256 (hex) of the processor's own code; must equal the runtime's."""
+    request_id: _builtins.str
+    """Optional, chosen by the client: at most 64 characters of [A-Za-z0-9._:-] (a fresh one per claim,
+    e.g. a UUID; the same one again when a Claim got no answer). A Claim carrying the request_id of an
+    earlier Claim by the same key (for the same runtime) answers that Claim's lease again while it is
+    still held (same generation and token, lease_expires_at as stored), instead of leasing another job;
+    once that lease ended (completed, failed, released, lapsed, cancelled, expired) the request_id
+    leases as a new claim. Empty = no such memory.
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         code_sha256: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -58,7 +58,12 @@ class JobServiceStub:
     without authority or the policy revision raised: fences 2 and 3 of SPEC §7) is not leased: it fails with
     FAILURE_REASON_SOURCE_CHANGED or FAILURE_REASON_AUTHORITY_LOST and the claim goes on to the next job. A
     Complete or Fail refused for those reasons fails the job the same way.
+    Claim is idempotent with a request_id: asking again after an answer that was lost (a coordinator
+    stopped mid-call, a reset connection, a deadline) with the same request_id answers the lease the first
+    call took while it is still held, instead of leasing another job and leaving that one leased to nobody
+    until its lease lapses (and spends one of its attempts).
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
+    INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.HeartbeatRequest, _jobs_pb2.HeartbeatResponse]
@@ -117,7 +122,12 @@ class JobServiceAsyncStub(JobServiceStub):
     without authority or the policy revision raised: fences 2 and 3 of SPEC §7) is not leased: it fails with
     FAILURE_REASON_SOURCE_CHANGED or FAILURE_REASON_AUTHORITY_LOST and the claim goes on to the next job. A
     Complete or Fail refused for those reasons fails the job the same way.
+    Claim is idempotent with a request_id: asking again after an answer that was lost (a coordinator
+    stopped mid-call, a reset connection, a deadline) with the same request_id answers the lease the first
+    call took while it is still held, instead of leasing another job and leaving that one leased to nobody
+    until its lease lapses (and spends one of its attempts).
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
+    INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_jobs_pb2.HeartbeatRequest, _jobs_pb2.HeartbeatResponse]  # type: ignore[assignment]
@@ -179,7 +189,12 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         without authority or the policy revision raised: fences 2 and 3 of SPEC §7) is not leased: it fails with
         FAILURE_REASON_SOURCE_CHANGED or FAILURE_REASON_AUTHORITY_LOST and the claim goes on to the next job. A
         Complete or Fail refused for those reasons fails the job the same way.
+        Claim is idempotent with a request_id: asking again after an answer that was lost (a coordinator
+        stopped mid-call, a reset connection, a deadline) with the same request_id answers the lease the first
+        call took while it is still held, instead of leasing another job and leaving that one leased to nobody
+        until its lease lapses (and spends one of its attempts).
         Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
+        INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id),
         FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
         """
 

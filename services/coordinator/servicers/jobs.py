@@ -87,7 +87,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
     async def Claim(self, request: pb.ClaimRequest, context: Context) -> pb.ClaimResponse:
         claimed = await self.api.claim(
-            await self.who.cached(context), request.runtime_id, request.code_sha256
+            await self.who.cached(context),
+            request.runtime_id,
+            request.code_sha256,
+            request.request_id,
         )
         if claimed is None:
             return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))

@@ -6,10 +6,11 @@
 SELECT runtime_id, device_id, code_sha256 FROM runtimes WHERE runtime_id = $1;
 
 -- name: job_claim
+-- $6: the Claim's request id (NULL: none); the same one again answers its held lease.
 SELECT (c.job).*, c.recording_sha256 AS sha256, c.recording_byte_size AS byte_size,
        c.recording_object_key AS object_key, c.recording_start_at AS start_at,
        c.recording_end_at AS end_at, c.recording_fps AS fps
-FROM job_claim($1, $2, $3, $4, $5) c;
+FROM job_claim($1, $2, $3, $4, $5, $6) c;
 
 -- name: job_heartbeat
 SELECT * FROM job_heartbeat($1, $2, $3, $4, $5, $6, $7);

@@ -1,0 +1,88 @@
+"""A processor whose Claim answer is lost asks again with the same request id (SPEC §6), on
+the real coordinator, preview service, object storage and Triton.
+
+The coordinator commits the lease and the answer never reaches the processor (it stopped
+mid-reply, the connection reset): here the processor's stub throws the real answer away
+and reports UNAVAILABLE, so the loss happens after the commit by construction. The next
+claim carries the same request id and is answered the same lease; before, it leased
+nothing (the run's only job was leased to nobody) until the lease lapsed, five minutes and
+one of the job's three attempts later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.coordinator_world import run_request, save_workflow
+from tests.harness.coordinator import CoordinatorHarness
+from tests.harness.preview import PreviewHarness
+from tests.harness.triton import TritonServer
+from tests.processor_gates import rows, until
+from tests.processor_world import build_world, finished, running_processor, yard_spec
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+
+pytestmark = pytest.mark.triton
+
+
+class LosesFirstLease:
+    """The processor's real JobService stub, except that the answer to the first Claim that
+    leased a job is dropped after the coordinator committed it: the processor hears
+    UNAVAILABLE. Every Claim is logged as (request id, job id or "", answer dropped)."""
+
+    def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub) -> None:
+        self._stub = stub
+        self.claims: list[tuple[str, str, bool]] = []
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._stub, method)
+
+    async def Claim(self, request: jobs_pb2.ClaimRequest, **kwargs: Any) -> Any:
+        reply = await self._stub.Claim(request, **kwargs)
+        job = reply.job.lease.job_id if reply.HasField("job") else ""
+        dropped = bool(job) and not any(leased for _, leased, _ in self.claims)
+        self.claims.append((request.request_id, job, dropped))
+        if dropped:
+            empty = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, empty, empty, details="answer lost (test)"
+            )
+        return reply
+
+
+async def test_a_lost_claim_answer_is_claimed_again_under_the_same_lease(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    c = coordinator
+    world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
+    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
+    await c.workshop.CreateRun(
+        run_request("r1", "yard", world.runtime_id, mode=common_pb2.RUN_MODE_FULL),
+        metadata=c.admin,
+    )
+    jobs = LosesFirstLease(jobs_pb2_grpc.JobServiceStub(c.channel))
+    async with running_processor(c, preview, triton_server, world.runtime_id, jobs=jobs) as worker:
+        detail = await finished(c, "r1")
+        await until(lambda: worker.completed == 1, "the processor to count it")
+        await until(lambda: len(jobs.claims) >= 3, "a claim after the job")
+        assert (worker.failed, worker.handed_back) == (0, 0)
+
+    assert detail.run.status == common_pb2.RUN_STATUS_COMPLETED, detail
+    (job,) = detail.jobs
+    assert (job.state, job.generation) == (common_pb2.JOB_STATE_COMPLETED, 1)
+    assert await rows(c, "SELECT lapses FROM jobs WHERE run_id = 'r1'") == [{"lapses": 0}]
+    assert await rows(c, "SELECT generation FROM receipts WHERE run_id = 'r1'") == [
+        {"generation": 1}
+    ]
+    lost, answered = jobs.claims[:2]
+    assert lost[1:] == ("j0", True)
+    assert answered == (lost[0], "j0", False)  # the same id, the same lease answered again
+    ids = [request_id for request_id, _, _ in jobs.claims]
+    assert all(ids), "every claim carries a request id"
+    assert len(set(ids)) == len(ids) - 1  # after each answer a fresh one
