@@ -12,9 +12,10 @@ every 60 s, one workshop:run key per processor, and 20 full runs (5 per runtime)
 
 Measured:
 - throughput: 8 processor processes (multiprocessing, spawn), 2 per runtime, each on
-  its own loopback gRPC channel (`workshop.kit.channels.open_channel`), loop Claim ->
-  Heartbeat x2 -> Complete (all 60 slots EMPTY) until every job of their runtime is
-  committed. Cycles / wall time from the moment all processes are released.
+  its own loopback gRPC channel (`workshop.kit.channels.open_channel`), loop Claim
+  (a fresh request_id each, as the processor sends) -> Heartbeat x2 -> Complete (all
+  60 slots EMPTY) until every job of their runtime is committed. Cycles / wall time
+  from the moment all processes are released.
 - latency: 100 more runs of 1,000 jobs (25 per runtime; 100,000 queued), then the same
   8 processes cycle `--latency-cycles` times each; p50/p99 of the Claim RPC as the
   processor sees it.
@@ -57,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -245,6 +247,8 @@ async def _processor(
         clock = time.perf_counter
         while not config.max_cycles or report.cycles < config.max_cycles:
             began = clock()
+            # A fresh request id per claim, as the processor sends (idempotent Claim).
+            claim.request_id = uuid.uuid4().hex
             reply = await stub.Claim(claim, metadata=metadata, timeout=RPC_TIMEOUT_S)
             claimed = clock()
             if not reply.HasField("job"):
