@@ -21,6 +21,17 @@ from workshop.v1 import snapshot_pb2
 SCHEMA = Path(__file__).resolve().parents[1] / "services" / "coordinator" / "schema.sql"
 
 
+# A device, a runtime and run1 on it, as rows (no API): what the schema tests build on.
+A_RUN = """
+INSERT INTO devices VALUES ('d', '', now());
+INSERT INTO runtimes VALUES ('r', 'd', 'e', 'c', '{}', now(), NULL);
+INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id,
+                  image_limit, fingerprint, created_by, policy_revision, created_at,
+                  code_sha256)
+    VALUES ('run1', 'workflow', 'full', 'w', 1, 'r', 0, 'f', '{}', 1, now(), 'c');
+"""
+
+
 async def _fresh_database(cluster: PostgresCluster, name: str) -> str:
     admin = await asyncpg.connect(cluster.admin_dsn)
     try:
@@ -84,13 +95,8 @@ async def test_whole_second_jobs_and_documents_survive_the_move_to_milliseconds(
     connection = await asyncpg.connect(dsn)
     try:
         await connection.execute(
-            """
-            INSERT INTO devices VALUES ('d', '', now());
-            INSERT INTO runtimes VALUES ('r', 'd', 'e', 'c', '{}', now(), NULL);
-            INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id,
-                              image_limit, fingerprint, created_by, policy_revision, created_at,
-                              code_sha256)
-                VALUES ('run1', 'workflow', 'full', 'w', 1, 'r', 0, 'f', '{}', 1, now(), 'c');
+            A_RUN
+            + """
             INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
                               recording_generation, first_slot_at, interval_seconds, slot_count,
                               expires_at, updated_at)
@@ -158,13 +164,8 @@ async def test_snapshot_refuses_every_change(pg_dsn: str, statement: str) -> Non
     connection = await asyncpg.connect(pg_dsn)
     try:
         await connection.execute(
-            """
-            INSERT INTO devices VALUES ('d', '', now());
-            INSERT INTO runtimes VALUES ('r', 'd', 'e', 'c', '{}', now(), NULL);
-            INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id,
-                              image_limit, fingerprint, created_by, policy_revision, created_at,
-                              code_sha256)
-                VALUES ('run1', 'workflow', 'full', 'w', 1, 'r', 0, 'f', '{}', 1, now(), 'c');
+            A_RUN
+            + """
             INSERT INTO run_snapshots VALUES ('run1', '{"a": 1}');
             INSERT INTO snapshot_recordings VALUES
                 ('run1', 0, 'rec', 'cam', 1, 's', 1, 'k', now(), now(), 30, 1);

@@ -77,6 +77,18 @@ async def restartable(start: Starter) -> AsyncIterator[Restartable]:
         await service.down()
 
 
+@asynccontextmanager
+async def restartable_preview(
+    c: CoordinatorHarness, bucket: S3Bucket
+) -> AsyncIterator[tuple[Restartable, Any]]:
+    """A preview service the test restarts, and a processor's channel to its port."""
+    async with (
+        restartable(lambda port: running_preview(c, bucket, port=port)) as service,
+        open_channel(f"127.0.0.1:{service.port}") as channel,
+    ):
+        yield service, channel
+
+
 def outcomes(log: list[Call], method: str, slot: int | None = None) -> list[str]:
     return [call.outcome for call in log if call.method == method and call.slot == slot]
 
@@ -119,10 +131,7 @@ async def test_the_preview_service_restarting_mid_job_fails_nothing(
     c = coordinator
     runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
     log: list[Call] = []
-    async with (
-        restartable(lambda port: running_preview(c, s3_bucket, port=port)) as service,
-        open_channel(f"127.0.0.1:{service.port}") as channel,
-    ):
+    async with restartable_preview(c, s3_bucket) as (service, channel):
         previews = Spy(
             preview_pb2_grpc.PreviewServiceStub(channel),
             log,
@@ -202,10 +211,7 @@ async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
     c = coordinator
     runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
     log: list[Call] = []
-    async with (
-        restartable(lambda port: running_preview(c, s3_bucket, port=port)) as service,
-        open_channel(f"127.0.0.1:{service.port}") as channel,
-    ):
+    async with restartable_preview(c, s3_bucket) as (service, channel):
         jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
         previews = Spy(
             preview_pb2_grpc.PreviewServiceStub(channel),
