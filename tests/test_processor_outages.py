@@ -273,3 +273,53 @@ async def test_object_storage_down_at_download_hands_the_job_back(
     assert {release.outcome for release in releases} == {"ok"}
     await assert_completed_once(c, generation=job.generation)
     assert job.generation == processor.handed_back + 1
+
+
+async def test_a_hand_back_whose_release_gets_no_answer_is_asked_again(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
+    pg_dsn: str,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """SeaweedFS is down at the download, so the job is handed back; the processor's
+    coordinator is down too when that Release is sent. The Release is asked again until the
+    coordinator is back, so the job is queued again without a lapse (no attempt spent) and
+    completes under generation 2 once the store is back."""
+    c = coordinator
+    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    log: list[Call] = []
+    server = s3_bucket.server
+    async with (
+        restartable(lambda port: running_coordinator(pg_dsn, clock=c.clock, port=port)) as replica,
+        open_channel(f"127.0.0.1:{replica.port}") as channel,
+    ):
+        jobs = Spy(
+            jobs_pb2_grpc.JobServiceStub(channel),
+            log,
+            hold=lambda method, _request: method == "Release",
+        )
+        server.kill()
+        try:
+            async with running_processor(
+                c, preview, triton_server, runtime_id, jobs=jobs
+            ) as processor:
+                await within(jobs.held.wait(), "the hand-back's Release")
+                await replica.down()
+                jobs.gate.set()
+                await until(lambda: "UNAVAILABLE" in outcomes(log, "Release"), "a miss")
+                await asyncio.sleep(DOWN_SECONDS)
+                await asyncio.to_thread(server.start)
+                await replica.up()
+                await finished(c, "r1")
+                await until(lambda: processor.completed == 1, "the processor to count it")
+                assert (processor.failed, processor.handed_back) == (0, 1)
+        finally:
+            if server.pid is None:
+                await asyncio.to_thread(server.start)
+
+    releases = outcomes(log, "Release")
+    assert releases[-1] == "ok"
+    assert set(releases[:-1]) == {"UNAVAILABLE"}
+    await assert_completed_once(c, generation=2)

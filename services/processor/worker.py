@@ -219,8 +219,9 @@ class Processor:
 
     async def _hand_back(self, lease: common_pb2.LeaseRef, why: str) -> None:
         """Releases the job (no attempt spent: the outage is not its fault) and makes the
-        loop wait before it claims again; when even Release gets no answer, the lease
-        lapses and maintenance takes the job back."""
+        loop wait before it claims again. Release is asked again like any call about the
+        job; when even that gets no answer, the lease lapses and maintenance takes the job
+        back (one attempt spent)."""
         self.handed_back += 1
         self._claim_pause = min(
             CLAIM_PAUSE_MAX_SECONDS, max(self.idle_seconds, 2 * self._claim_pause)
@@ -232,8 +233,8 @@ class Processor:
             self._claim_pause,
             why,
         )
-        with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
-            await self._call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease), retry=False)
+        with contextlib.suppress(LeaseLost, ServiceUnavailable, grpc.aio.AioRpcError):
+            await self._call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease))
 
     async def _heartbeats(self, job: jobs_pb2.ClaimedJob, work: asyncio.Task[None]) -> None:
         interval = (
