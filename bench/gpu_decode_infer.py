@@ -40,7 +40,7 @@ from typing import TypeVar
 import numpy as np
 import tritonclient.grpc as triton_client
 
-from bench.processor_throughput import DEFAULT_CACHE, Recording, cached_recordings, sampled_frames
+from bench.footage import DEFAULT_CACHE, Recording, cached_recordings, sampled_frames
 from services.processor.decode import DaliDecoder, Frames, gpu_available, probe
 from services.processor.inference import ModelServer, Pin, Served
 from workshop.local.triton import TritonServer, TritonStartError, running_triton

@@ -59,7 +59,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import io
 import os
 import pstats
@@ -69,7 +68,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import timedelta
@@ -82,16 +80,33 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc as triton_client
 
-import workshop.demo.scenes as scenes_module
+from bench.footage import (
+    DEFAULT_CACHE,
+    FPS,
+    HEIGHT,
+    START,
+    WIDTH,
+    Recording,
+    cached_recordings,
+    sampled_frames,
+    whole_ms,
+)
+from bench.proc_stats import (
+    MemoryWatch,
+    busy_cores_s,
+    children,
+    delta,
+    hwm_mb,
+    parents_of_all,
+    proc_stat,
+    thread_cpu,
+)
 from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.planning import interval_ms, slot_time
-from services.coordinator.validation import MILLISECOND_TOLERANCE, MIN_INTERVAL_SECONDS
-from services.processor import decode
+from services.coordinator.validation import MIN_INTERVAL_SECONDS
 from services.processor.manifest import registration
-from tests.coordinator_world import DAY, save_workflow, stamp, workflow_spec
+from tests.coordinator_world import save_workflow, stamp, workflow_spec
 from tests.harness.coordinator import CoordinatorHarness
-from workshop.demo.scenes import random_scene, write_recording
 from workshop.local.postgres import (
     PostgresCluster,
     PostgresUnavailable,
@@ -112,10 +127,8 @@ RECORDINGS_BUCKET = "recordings"
 PREVIEW_BUCKET = "previews"
 DEVICE = "bench-box"
 MODEL = "detector"
-WIDTH, HEIGHT, FPS = 640, 360, 10
 MAX_BATCH = 8
 MODEL_INSTANCES, MODEL_THREADS = 2, 1  # best on 2 cores (DESIGN.md, "Processor")
-START = DAY + timedelta(hours=8)
 TARGET_RATIO = 0.7
 TARGET_RSS_MB = 1500
 READY_TIMEOUT_S = 60.0
@@ -128,18 +141,7 @@ SELECT count(*) AS jobs,
 FROM jobs WHERE run_id = $1
 """
 POLL_S = 0.1
-MEMORY_POLL_S = 0.5
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
-DEFAULT_CACHE = Path.home() / ".cache" / "workshop-bench" / "processor_throughput"
-
-
-@dataclasses.dataclass(frozen=True)
-class Recording:
-    camera: str
-    path: Path
-    sha256: str
-    byte_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.recordings < 1 or args.seconds < 2:
         parser.error("need --recordings >= 1 and --seconds >= 2")
-    if not MIN_INTERVAL_SECONDS <= args.interval < args.seconds or not _whole_ms(args.interval):
+    if not MIN_INTERVAL_SECONDS <= args.interval < args.seconds or not whole_ms(args.interval):
         parser.error(
             f"need {MIN_INTERVAL_SECONDS} <= --interval < --seconds, a whole number of milliseconds"
         )
@@ -275,38 +277,6 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-# Recordings -----------------------------------------------------------------------------
-
-
-def cached_recordings(cache: Path, count: int, seconds: int, codec: str) -> list[Recording]:
-    """Scenes 1..count encoded once; the directory name covers every input of the bytes."""
-    source = Path(scenes_module.__file__).read_bytes()
-    version = f"{av.__version__}-{hashlib.sha256(source).hexdigest()[:12]}"
-    folder = cache / f"{codec}-{WIDTH}x{HEIGHT}-{FPS}fps-{seconds}s-{version}"
-    folder.mkdir(parents=True, exist_ok=True)
-    suffix = "webm" if codec == "vp9" else "mp4"
-    made = 0
-    began = time.perf_counter()
-    found = []
-    for seed in range(1, count + 1):
-        path = folder / f"scene-{seed:03d}.{suffix}"
-        if not path.exists():
-            partial = path.with_suffix(".partial")
-            scene = random_scene(seed, width=WIDTH, height=HEIGHT, seconds=seconds)
-            write_recording(partial, scene, seconds=seconds, fps=FPS, codec=codec)  # type: ignore[arg-type]
-            partial.rename(path)
-            made += 1
-        data = path.read_bytes()
-        found.append(
-            Recording(f"cam-{seed:03d}", path, hashlib.sha256(data).hexdigest(), len(data))
-        )
-    note = f"encoded {made} in {time.perf_counter() - began:.1f} s" if made else "all cached"
-    say(
-        f"recordings: {count} x {seconds} s {codec} {WIDTH}x{HEIGHT} {FPS} fps in {folder} ({note})"
-    )
-    return found
-
-
 # The benchmark ----------------------------------------------------------------------------
 
 
@@ -343,7 +313,7 @@ async def _bench(
                     "postgres": cluster.pid or 0,
                 }
             )
-            with _MemoryWatch(processor.pid, triton.pid) as memory:
+            with MemoryWatch(processor.pid, triton.pid) as memory:
                 await _warm_up(c, runtime_id, processor)
                 phases = []
                 threads: dict[str, float] = {}
@@ -353,7 +323,7 @@ async def _bench(
                             "baseline", lambda: _baseline(recordings, wanted, session)
                         )
                     )
-                    threads_before = _thread_cpu(processor.pid)
+                    threads_before = thread_cpu(processor.pid)
                     phases.append(
                         await meter.measure(
                             "processor",
@@ -368,14 +338,14 @@ async def _bench(
                             ),
                         )
                     )
-                    for name, seconds in _delta(_thread_cpu(processor.pid), threads_before).items():
+                    for name, seconds in delta(thread_cpu(processor.pid), threads_before).items():
                         threads[name] = threads.get(name, 0.0) + seconds
                 phases.append(
                     await meter.measure("baseline", lambda: _baseline(recordings, wanted, session))
                 )
             _check_alive(processor)
             peak = memory.processor_peak_mb()
-            service_mb = {name: _hwm_mb(pids[name]) for name in ("coordinator", "preview")}
+            service_mb = {name: hwm_mb(pids[name]) for name in ("coordinator", "preview")}
     _print_table(phases, args, frames)
     busiest = sorted(threads.items(), key=lambda item: -item[1])[:5]
     say(
@@ -409,27 +379,6 @@ async def _bench(
         f"(target <= {TARGET_RSS_MB}: {'met' if peak <= TARGET_RSS_MB else 'MISSED'})"
     )
     return run, baseline, peak
-
-
-def _whole_ms(interval: float) -> bool:
-    return abs(interval * 1000 - interval_ms(interval)) <= MILLISECOND_TOLERANCE
-
-
-def sampled_frames(recordings: list[Recording], seconds: int, interval: float) -> list[list[int]]:
-    """The frame index of each slot, as the processor maps them (set-up, not measured).
-
-    Slots are on the coordinator's grid, in exact integer milliseconds (slot k of 0.5 s
-    starts k * 500 ms after the recording), one per grid point in the recording."""
-    step = interval_ms(interval)
-    count = -(-seconds * 1000 // step)  # grid points in [0, seconds)
-    starts = [slot_time(START, step, k) for k in range(count)]
-    ends = [start + timedelta(milliseconds=step) for start in starts]
-    found = []
-    for recording in recordings:
-        info = decode.probe(recording.path)
-        indices = decode.slot_frames(info, START, starts, ends)
-        found.append([index for index in indices if index is not None])
-    return found
 
 
 def _load_model(triton: TritonServer) -> None:
@@ -723,139 +672,10 @@ def _infer(session: ort.InferenceSession, batch: list[Any]) -> int:
     return int(counts.sum())
 
 
-# Measuring ------------------------------------------------------------------------------
-
-
-def _proc_stat(pid: int) -> tuple[float, int] | None:
-    """(own CPU s, parent pid) from /proc; None when the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[1])
-
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every live process (one pass over /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            found = _proc_stat(int(entry.name))
-            if found is not None:
-                parents[int(entry.name)] = found[1]
-    return parents
-
-
-def _children(root: int, parents: dict[int, int] | None = None) -> list[int]:
-    """`root`'s descendants that are alive now."""
-    parents = _parents() if parents is None else parents
-    family = {root}
-    grew = True
-    while grew:
-        grew = False
-        for pid, parent in parents.items():
-            if parent in family and pid not in family:
-                family.add(pid)
-                grew = True
-    return sorted(family - {root})
-
-
-def _thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread of `pid`, by thread name ("main" for the event loop's)."""
-    found: dict[str, float] = {}
-    try:
-        tasks = list(os.scandir(f"/proc/{pid}/task"))
-    except OSError:
-        return found
-    for task in tasks:
-        stat = _proc_stat_path(Path(task.path) / "stat")
-        if stat is None:
-            continue
-        name = "main" if task.name == str(pid) else _comm(Path(task.path) / "comm")
-        found[name] = found.get(name, 0.0) + stat
-    return found
-
-
-def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {name: seconds - before.get(name, 0.0) for name, seconds in after.items()}
-
-
-def _proc_stat_path(path: Path) -> float | None:
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def _comm(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return "?"
-
-
-def _status_kb(pid: int, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _hwm_mb(pid: int) -> float:
-    return _status_kb(pid, "VmHWM") / 1024
-
-
-class _MemoryWatch:
-    """Samples the processor's children and Triton's memory every MEMORY_POLL_S on a
-    thread (one pass over /proc each: the sampling must not load the machine it measures)."""
-
-    def __init__(self, processor: int, triton: int) -> None:
-        self.processor = processor
-        self.triton = triton
-        self.triton_peak_mb = 0.0
-        self._children_hwm: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self) -> _MemoryWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(MEMORY_POLL_S):
-            parents = _parents()
-            for child in _children(self.processor, parents):
-                self._children_hwm[child] = max(self._children_hwm.get(child, 0), _hwm_mb(child))
-            family = [self.triton, *_children(self.triton, parents)]
-            total = sum(_status_kb(pid, "VmRSS") for pid in family) / 1024
-            self.triton_peak_mb = max(self.triton_peak_mb, total)
-
-    def processor_peak_mb(self) -> float:
-        """The kernel's high-water mark of the processor, plus its children's (if any)."""
-        return _hwm_mb(self.processor) + sum(self._children_hwm.values())
-
-
 def _median(name: str, phases: list[Figures]) -> Figures:
     """The pass with the median rate (the lower middle one of an even count)."""
     ordered = sorted(phases, key=lambda phase: phase.fps)
     return dataclasses.replace(ordered[(len(ordered) - 1) // 2], name=name)
-
-
-def _busy_cores_s() -> float:
-    """CPU seconds the whole machine has been busy (all cores, from /proc/stat)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
 
 
 class CpuMeter:
@@ -866,20 +686,20 @@ class CpuMeter:
 
     def mark(self) -> dict[str, float]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        parents = _parents()
+        parents = parents_of_all()
         marks = {}
         for name, root in self.roots.items():
-            family = (root, *_children(root, parents)) if root else ()
-            marks[name] = sum((_proc_stat(pid) or (0.0, 0))[0] for pid in family)
+            family = (root, *children(root, parents)) if root else ()
+            marks[name] = sum((proc_stat(pid) or (0.0, 0))[0] for pid in family)
         marks["bench"] = usage.ru_utime + usage.ru_stime
         return marks
 
     async def measure(self, name: str, run: Any) -> Figures:
-        before, busy = self.mark(), _busy_cores_s()
+        before, busy = self.mark(), busy_cores_s()
         began = time.perf_counter()
         frames = await run()
         wall = time.perf_counter() - began
-        after, busy = self.mark(), _busy_cores_s() - busy
+        after, busy = self.mark(), busy_cores_s() - busy
         cpu = {k: after[k] - before[k] for k in before}
         others = max(0.0, busy - sum(cpu.values())) / wall
         say(f"{name}: {frames} frames in {wall:.2f} s ({others:.2f} cores busy elsewhere)")

@@ -1,0 +1,140 @@
+"""CPU and memory of processes, read from /proc (Linux): what the benchmarks measure with.
+
+Reading /proc costs little and needs no agent in the measured processes; every figure is
+what the kernel accounts (utime + stime in clock ticks, VmHWM / VmRSS in kB).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MEMORY_POLL_S = 0.5
+
+
+def proc_stat(pid: int) -> tuple[float, int] | None:
+    """(own CPU s, parent pid) from /proc; None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[1])
+
+
+def parents_of_all() -> dict[int, int]:
+    """pid -> parent pid of every live process (one pass over /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            found = proc_stat(int(entry.name))
+            if found is not None:
+                parents[int(entry.name)] = found[1]
+    return parents
+
+
+def children(root: int, parents: dict[int, int] | None = None) -> list[int]:
+    """`root`'s descendants that are alive now."""
+    parents = parents_of_all() if parents is None else parents
+    family = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in family and pid not in family:
+                family.add(pid)
+                grew = True
+    return sorted(family - {root})
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of `pid`, by thread name ("main" for the event loop's)."""
+    found: dict[str, float] = {}
+    try:
+        tasks = list(os.scandir(f"/proc/{pid}/task"))
+    except OSError:
+        return found
+    for task in tasks:
+        stat = proc_stat_path(Path(task.path) / "stat")
+        if stat is None:
+            continue
+        name = "main" if task.name == str(pid) else comm(Path(task.path) / "comm")
+        found[name] = found.get(name, 0.0) + stat
+    return found
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {name: seconds - before.get(name, 0.0) for name, seconds in after.items()}
+
+
+def proc_stat_path(path: Path) -> float | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def comm(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return "?"
+
+
+def status_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def hwm_mb(pid: int) -> float:
+    return status_kb(pid, "VmHWM") / 1024
+
+
+class MemoryWatch:
+    """Samples the processor's children and Triton's memory every MEMORY_POLL_S on a
+    thread (one pass over /proc each: the sampling must not load the machine it measures)."""
+
+    def __init__(self, processor: int, triton: int) -> None:
+        self.processor = processor
+        self.triton = triton
+        self.triton_peak_mb = 0.0
+        self._children_hwm: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(MEMORY_POLL_S):
+            parents = parents_of_all()
+            for child in children(self.processor, parents):
+                self._children_hwm[child] = max(self._children_hwm.get(child, 0), hwm_mb(child))
+            family = [self.triton, *children(self.triton, parents)]
+            total = sum(status_kb(pid, "VmRSS") for pid in family) / 1024
+            self.triton_peak_mb = max(self.triton_peak_mb, total)
+
+    def processor_peak_mb(self) -> float:
+        """The kernel's high-water mark of the processor, plus its children's (if any)."""
+        return hwm_mb(self.processor) + sum(self._children_hwm.values())
+
+
+def busy_cores_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, from /proc/stat)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
