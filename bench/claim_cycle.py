@@ -73,6 +73,7 @@ from typing import Any, TypeVar
 import asyncpg
 from procrastinate import App, PsycopgConnector
 
+from bench.proc_stats import busy_cores_s, proc_times
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
 from tests.coordinator_leases import empty_result
@@ -131,7 +132,6 @@ PHASE_TIMEOUT_S = 600.0
 RPC_TIMEOUT_S = 60.0
 TARGET_RATIO = 1.0
 TARGET_CLAIM_P99_MS = 25.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROFILE_TOP = 25
 PYSPY_RATE = 200
 OTHER_LOAD_WARNING = 0.05  # share of the machine used by processes we did not start
@@ -357,19 +357,6 @@ def _worker_child(
 # CPU time from /proc ----------------------------------------------------------------------
 
 
-def _proc_times(pid: int) -> tuple[float, float, int] | None:
-    """(own CPU s, reaped children's CPU s, parent pid) of a process, None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state): utime is field 14, stime 15, cutime 16, cstime 17
-    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    reaped = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
-    return own, reaped, int(fields[1])
-
-
 def _postgres_cpu_s(cluster: PostgresCluster) -> float:
     """CPU of the postmaster, its live children and every child it has reaped."""
     pid_file = cluster.data_dir / "postmaster.pid"
@@ -379,7 +366,7 @@ def _postgres_cpu_s(cluster: PostgresCluster) -> float:
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        times = _proc_times(pid)
+        times = proc_times(pid)
         if times is None:
             continue
         own, reaped, parent = times
@@ -401,17 +388,9 @@ class CpuMark:
 def _cpu_mark(cluster: PostgresCluster, coordinator: ServiceProcess | None) -> CpuMark:
     own = 0.0
     if coordinator is not None:
-        times = _proc_times(coordinator.process.pid)
+        times = proc_times(coordinator.process.pid)
         own = times[0] if times else 0.0
-    return CpuMark(own, _postgres_cpu_s(cluster), _self_cpu_s(), _machine_busy_s())
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (not idle, not waiting for I/O)."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        fields = [int(value) for value in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / CLOCK_TICKS
+    return CpuMark(own, _postgres_cpu_s(cluster), _self_cpu_s(), busy_cores_s())
 
 
 # Running a group of children --------------------------------------------------------------

@@ -61,6 +61,7 @@ from types import FrameType
 import urllib3
 from minio import Minio
 
+from bench.proc_stats import proc_stat
 from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
 from tests.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
@@ -96,7 +97,6 @@ SLOTS_PER_JOB = 3600 // INTERVAL_SECONDS
 WARM_UP = 10  # per caller
 S3_TIMEOUT_SECONDS = 5.0
 TARGET_RATIO = 0.5
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 Metadata = tuple[tuple[str, str], ...]
 Result = tuple[int, list[float]]  # calls, latencies
@@ -421,16 +421,6 @@ async def _check(c: CoordinatorHarness, s3: S3Server, expected: int) -> None:
 # CPU time -----------------------------------------------------------------------------------
 
 
-def _proc_cpu_s(pid: int) -> tuple[float, int] | None:
-    """(own CPU s, parent pid) of a process from /proc, None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[1])
-
-
 class CpuMeter:
     """CPU seconds of this process, the service processes, SeaweedFS and Postgres."""
 
@@ -443,7 +433,7 @@ class CpuMeter:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         marks = {"bench": usage.ru_utime + usage.ru_stime}
         for name, pid in self.pids.items():
-            marks[name] = (_proc_cpu_s(pid) or (0.0, 0))[0]
+            marks[name] = (proc_stat(pid) or (0.0, 0))[0]
         marks["seaweedfs"] = self._family_cpu_s(self.s3.pid)
         marks["postgres"] = self._family_cpu_s(self._postmaster())
         return marks
@@ -462,7 +452,7 @@ class CpuMeter:
         total = 0.0
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
-                found = _proc_cpu_s(int(entry.name))
+                found = proc_stat(int(entry.name))
                 if found is not None and root in (int(entry.name), found[1]):
                     total += found[0]
         return total

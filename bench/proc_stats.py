@@ -14,14 +14,30 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MEMORY_POLL_S = 0.5
 
 
-def proc_stat(pid: int) -> tuple[float, int] | None:
-    """(own CPU s, parent pid) from /proc; None when the process is gone."""
+def _stat_fields(path: Path) -> list[str] | None:
+    """The fields of a /proc stat file after the command name (fields[0] is field 3,
+    the state: utime is field 14, stime 15, cutime 16, cstime 17); None when it is gone."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = path.read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[1])
+    return text[text.rindex(")") + 2 :].split()
+
+
+def proc_times(pid: int) -> tuple[float, float, int] | None:
+    """(own CPU s, reaped children's CPU s, parent pid) of a process; None when it is gone."""
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    if fields is None:
+        return None
+    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    reaped = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+    return own, reaped, int(fields[1])
+
+
+def proc_stat(pid: int) -> tuple[float, int] | None:
+    """(own CPU s, parent pid) from /proc; None when the process is gone."""
+    times = proc_times(pid)
+    return None if times is None else (times[0], times[2])
 
 
 def parents_of_all() -> dict[int, int]:
@@ -70,12 +86,9 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 
 def proc_stat_path(path: Path) -> float | None:
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """Own CPU s from a stat file (a thread's, under /proc/<pid>/task)."""
+    fields = _stat_fields(path)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def comm(path: Path) -> str:
