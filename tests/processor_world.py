@@ -20,7 +20,7 @@ from services.processor.inference import ModelServer
 from services.processor.manifest import code_sha256, registration
 from services.processor.recordings import RecordingStore
 from services.processor.worker import Processor
-from tests.coordinator_world import DAY, stamp, workflow_spec
+from tests.coordinator_world import DAY, run_request, save_workflow, stamp, workflow_spec
 from tests.harness.coordinator import CoordinatorHarness
 from tests.harness.preview import PreviewHarness
 from tests.harness.triton import TritonServer
@@ -120,6 +120,19 @@ def yard_spec(
     spec.graph.steps[2].model.model_name = model
     spec.graph.steps[3].rule.class_names[:] = list(classes)
     return spec
+
+
+async def one_camera_run(
+    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, tmp: Path
+) -> ProcessorWorld:
+    """cam-a's world, workflow `yard` over it and full run r1 (one job)."""
+    world = await build_world(c, preview, triton, tmp, cameras=["cam-a"])
+    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
+    await c.workshop.CreateRun(
+        run_request("r1", "yard", world.runtime_id, mode=common_pb2.RUN_MODE_FULL),
+        metadata=c.admin,
+    )
+    return world
 
 
 async def run_key(c: CoordinatorHarness) -> str:

@@ -17,12 +17,11 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.coordinator_world import run_request, save_workflow
 from tests.harness.coordinator import CoordinatorHarness
 from tests.harness.preview import PreviewHarness
 from tests.harness.triton import TritonServer
 from tests.processor_gates import rows, until
-from tests.processor_world import build_world, finished, running_processor, yard_spec
+from tests.processor_world import finished, one_camera_run, running_processor
 from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 
 pytestmark = pytest.mark.triton
@@ -60,12 +59,7 @@ async def test_a_lost_claim_answer_is_claimed_again_under_the_same_lease(
     tmp_path: Path,
 ) -> None:
     c = coordinator
-    world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
-    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
-    await c.workshop.CreateRun(
-        run_request("r1", "yard", world.runtime_id, mode=common_pb2.RUN_MODE_FULL),
-        metadata=c.admin,
-    )
+    world = await one_camera_run(c, preview, triton_server, tmp_path)
     jobs = LosesFirstLease(jobs_pb2_grpc.JobServiceStub(c.channel))
     async with running_processor(c, preview, triton_server, world.runtime_id, jobs=jobs) as worker:
         detail = await finished(c, "r1")

@@ -35,6 +35,7 @@ from tests.processor_world import (
     SECONDS,
     build_world,
     finished,
+    one_camera_run,
     put_recording,
     run_detail,
     run_key,
@@ -127,11 +128,7 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
     async with running_preview(c, s3_bucket, store_factory=held_store) as preview:
         store = preview.store
         assert isinstance(store, HeldStore)
-        world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
-        await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
-        await c.workshop.CreateRun(
-            run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
-        )
+        world = await one_camera_run(c, preview, triton_server, tmp_path)
         key = await run_key(c)
         env = processor_env(c, preview, triton_server, key)
         first = ServiceProcess("services.processor", env, tmp_path / "processor.log")
@@ -273,11 +270,7 @@ async def test_a_cancelled_run_stops_its_processor_at_the_next_heartbeat_or_writ
     is sent; with the 45 s heartbeat the preview is sent and refused (JOB_CANCELLED). Either
     way nothing more of r1 is written, r1 ends cancelled, and the processor takes r2."""
     c = coordinator
-    world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
-    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
-    await c.workshop.CreateRun(
-        run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
-    )
+    world = await one_camera_run(c, preview, triton_server, tmp_path)
     log: list[Call] = []
     jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
     previews = Spy(

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from tests.coordinator_world import run_request, save_workflow
 from tests.harness.coordinator import CoordinatorHarness, running_coordinator
 from tests.harness.preview import PreviewHarness, running_preview
 from tests.harness.s3 import S3Bucket
@@ -27,11 +26,10 @@ from tests.harness.triton import TritonServer
 from tests.processor_gates import Call, Spy, rows, until, within
 from tests.processor_world import (
     SECONDS,
-    build_world,
     finished,
+    one_camera_run,
     run_detail,
     running_processor,
-    yard_spec,
 )
 from workshop.kit.channels import open_channel
 from workshop.v1 import common_pb2, jobs_pb2_grpc, preview_pb2_grpc
@@ -89,20 +87,21 @@ async def restartable_preview(
         yield service, channel
 
 
+@asynccontextmanager
+async def restartable_replica(
+    c: CoordinatorHarness, dsn: str
+) -> AsyncIterator[tuple[Restartable, Any]]:
+    """A second coordinator on `c`'s database and clock that the test restarts, and a
+    processor's channel to its port."""
+    async with (
+        restartable(lambda port: running_coordinator(dsn, clock=c.clock, port=port)) as replica,
+        open_channel(f"127.0.0.1:{replica.port}") as channel,
+    ):
+        yield replica, channel
+
+
 def outcomes(log: list[Call], method: str, slot: int | None = None) -> list[str]:
     return [call.outcome for call in log if call.method == method and call.slot == slot]
-
-
-async def one_camera_run(
-    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, tmp: Path
-) -> str:
-    """cam-a's world and full run r1 (one job of SLOTS slots); returns the runtime id."""
-    world = await build_world(c, preview, triton, tmp, cameras=["cam-a"])
-    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
-    await c.workshop.CreateRun(
-        run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
-    )
-    return world.runtime_id
 
 
 async def assert_completed_once(c: CoordinatorHarness, generation: int) -> None:
@@ -129,7 +128,7 @@ async def test_the_preview_service_restarting_mid_job_fails_nothing(
     than the channel retries; the preview is asked again until the service is back, and the
     job completes under its first lease with every slot once."""
     c = coordinator
-    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     async with restartable_preview(c, s3_bucket) as (service, channel):
         previews = Spy(
@@ -171,12 +170,9 @@ async def test_the_coordinator_restarting_at_completion_fails_nothing(
     down while the Complete is held; the Complete is asked again until it is back, and the
     result commits once under the first lease."""
     c = coordinator
-    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
-    async with (
-        restartable(lambda port: running_coordinator(pg_dsn, clock=c.clock, port=port)) as replica,
-        open_channel(f"127.0.0.1:{replica.port}") as channel,
-    ):
+    async with restartable_replica(c, pg_dsn) as (replica, channel):
         jobs = Spy(
             jobs_pb2_grpc.JobServiceStub(channel),
             log,
@@ -209,7 +205,7 @@ async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
     (queued again at once, no attempt spent, not failed), and once the service is back the
     processor claims it again and completes it under generation 2."""
     c = coordinator
-    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     async with restartable_preview(c, s3_bucket) as (service, channel):
         jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
@@ -251,7 +247,7 @@ async def test_object_storage_down_at_download_hands_the_job_back(
     failed, and claimed again (after a growing pause) until the store is back; then it
     completes, with no lapse or failure on record."""
     c = coordinator
-    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
     server = s3_bucket.server
@@ -288,13 +284,10 @@ async def test_a_hand_back_whose_release_gets_no_answer_is_asked_again(
     coordinator is back, so the job is queued again without a lapse (no attempt spent) and
     completes under generation 2 once the store is back."""
     c = coordinator
-    runtime_id = await one_camera_run(c, preview, triton_server, tmp_path)
+    runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     server = s3_bucket.server
-    async with (
-        restartable(lambda port: running_coordinator(pg_dsn, clock=c.clock, port=port)) as replica,
-        open_channel(f"127.0.0.1:{replica.port}") as channel,
-    ):
+    async with restartable_replica(c, pg_dsn) as (replica, channel):
         jobs = Spy(
             jobs_pb2_grpc.JobServiceStub(channel),
             log,
