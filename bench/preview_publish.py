@@ -26,10 +26,11 @@ Measured (wall time from the first call to the last answer), each after a warm-u
 - direct put: `--previews` objects of the image put with the minio SDK's `put_object`
   from `--publishers` threads sharing one client; keys under `bench-direct/`;
 - PublishPreview: `--publishers` tasks, one per job, each publishing its share of
-  `--previews` in slot order (StageObject, put, RecordPreview per call);
-- fences only: the coordinator's StageObject + RecordPreview per preview as the service
-  makes them (its credential, the processor's on behalf), with no bytes: the ceiling
-  the coordinator sets on the fenced path.
+  `--previews` in slot order (lease check kept 10 s, put, record: the service
+  batches the records of concurrent publishes into one RecordPreviews call);
+- fences only: the coordinator's RecordPreview per preview as the service makes it
+  (its credential, the processor's on behalf), one call per preview, with no bytes:
+  what the coordinator costs without group commit.
 
 Each phase also reports per-call latency (p50/p99) and the CPU seconds used by this
 process, the services' processes (with --processes), SeaweedFS and Postgres.
@@ -78,6 +79,7 @@ from tests.harness.s3 import REGION, S3Bucket, S3HarnessError, S3Server, running
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.hashing import sha256_hex
+from workshop.kit.object_keys import object_key
 from workshop.kit.server import run_event_loop
 from workshop.v1 import (
     common_pb2,
@@ -319,34 +321,32 @@ async def _fences_only(
     counts: list[int],
     first_slot: int,
 ) -> Result:
-    """The coordinator's two fenced calls per preview as the service makes them, no bytes."""
+    """The coordinator's fenced record per preview as the service makes it, no bytes."""
     service = bearer_metadata(await c.key(Grant(ScopeName.SERVICE), name="bench-fences"))
     on_behalf = ("workshop-on-behalf-of", processor[0][1])
     metadata = (*service, on_behalf)
     digest = sha256_hex(image)
 
     async def publish(job: jobs_pb2.ClaimedJob, slot: int) -> None:
-        staged = await c.publication.StageObject(
-            pub.StageObjectRequest(
-                lease=job.lease,
-                code_sha256=CODE,
-                kind=common_pb2.OBJECT_KIND_PREVIEW,
-                slot_index=slot,
-                sha256=digest,
-                byte_size=len(image),
-                content_type="image/jpeg",
-            ),
-            metadata=metadata,
-        )
+        lease = job.lease
         await c.publication.RecordPreview(
             pub.RecordPreviewRequest(
-                lease=job.lease,
+                lease=lease,
                 code_sha256=CODE,
                 slot_index=slot,
-                object_key=staged.object_key,
+                object_key=object_key(
+                    "preview",
+                    lease.run_id,
+                    lease.job_id,
+                    lease.generation,
+                    slot,
+                    test=False,
+                    content_type="image/jpeg",
+                ),
                 frame_time=job.input.slots[slot].start,
                 byte_size=len(image),
                 sha256=digest,
+                content_type="image/jpeg",
             ),
             metadata=metadata,
         )

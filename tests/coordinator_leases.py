@@ -121,6 +121,34 @@ def on_behalf(s: Setup) -> Metadata:
     return (*s.service, ("workshop-on-behalf-of", f"Bearer {s.processor_secret}"))
 
 
+def preview_key(
+    job: jobs_pb2.ClaimedJob, slot: int, *, test: bool, generation: int = 0, ext: str = "jpg"
+) -> str:
+    """A lease's preview key for a slot, spelled out as publication.proto names it
+    (`generation`: another than the lease's, when not 0)."""
+    prefix = "workshop-tests/" if test else ""
+    lease = job.lease
+    attempt = generation or lease.generation
+    return f"{prefix}previews/{lease.run_id}/{lease.job_id}/{attempt}/{slot}.{ext}"
+
+
+def record_request(
+    job: jobs_pb2.ClaimedJob, slot: int, *, test: bool, data: bytes = b"preview"
+) -> pub.RecordPreviewRequest:
+    """RecordPreview of `data` written under the lease's key for `slot`, with one box."""
+    return pub.RecordPreviewRequest(
+        lease=job.lease,
+        code_sha256=CODE,
+        slot_index=slot,
+        object_key=preview_key(job, slot, test=test),
+        frame_time=job.input.slots[slot].start,
+        boxes=[common_pb2.Box(class_name="person", score=0.9, x=0.1, y=0.1, w=0.2, h=0.3)],
+        byte_size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        content_type="image/jpeg",
+    )
+
+
 async def frame_result(
     c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, frames: int = 2
 ) -> jobs_pb2.JobResult:

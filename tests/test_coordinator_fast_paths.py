@@ -33,6 +33,7 @@ from tests.coordinator_leases import (
     create_run,
     empty_result,
     on_behalf,
+    record_request,
     refused,
     setup,
 )
@@ -170,22 +171,18 @@ async def test_a_service_key_revoked_elsewhere_stages_and_publishes_nothing(
     assert await refused(
         c.publication.StageObject(stage_request(job, 1), metadata=on_behalf(s))
     ) == (UNAUTHENTICATED, "CREDENTIAL_REJECTED")
-    publish = pub.RecordPreviewRequest(
-        lease=job.lease,
-        code_sha256=CODE,
-        slot_index=0,
-        object_key=staged.object_key,
-        frame_time=job.input.slots[0].start,
-        byte_size=100,
-        sha256="a" * 64,
-    )
-    assert await refused(c.publication.RecordPreview(publish, metadata=on_behalf(s))) == (
-        UNAUTHENTICATED,
-        "CREDENTIAL_REJECTED",
-    )
+    # neither the staged slot nor one written without staging is recorded
+    for slot in (0, 1):
+        publish = record_request(job, slot, test=False)
+        assert await refused(c.publication.RecordPreview(publish, metadata=on_behalf(s))) == (
+            UNAUTHENTICATED,
+            "CREDENTIAL_REJECTED",
+        )
     async with c.db.connection() as connection:
-        rows = await connection.fetch("SELECT slot_index, published_at FROM staged_objects")
-    assert [(row["slot_index"], row["published_at"]) for row in rows] == [(0, None)]
+        rows = await connection.fetch(
+            "SELECT object_key, published_at, collectable_at FROM staged_objects"
+        )
+    assert [tuple(row) for row in rows] == [(staged.object_key, None, None)]
 
 
 # StageObject in one round trip --------------------------------------------------------------

@@ -23,6 +23,7 @@ from tests.coordinator_leases import (
     empty_result,
     frame_result,
     on_behalf,
+    record_request,
     refused,
     setup,
     stage_upload,
@@ -577,24 +578,19 @@ async def test_previews_are_fenced_like_results(coordinator: CoordinatorHarness)
         byte_size=10,
         content_type="image/jpeg",
     )
+    # staging first still names the key the record must carry
     staged = await c.publication.StageObject(stage, metadata=on_behalf(s))
     assert staged.object_key == "workshop-tests/previews/r1/j0/1/0.jpg"
-    record = pub.RecordPreviewRequest(
-        lease=job.lease,
-        code_sha256=CODE,
-        slot_index=0,
-        object_key=staged.object_key,
-        frame_time=job.input.slots[0].start,
-        byte_size=10,
-        sha256="a" * 64,
-    )
+    record = record_request(job, 0, test=True)
+    assert record.object_key == staged.object_key
     published = await c.publication.RecordPreview(record, metadata=on_behalf(s))
     assert published.expires_at == job.input.expires_at
-    wrong_size = pub.RecordPreviewRequest()
-    wrong_size.CopyFrom(record)
-    wrong_size.byte_size = 11
-    assert (await refused(c.publication.RecordPreview(wrong_size, metadata=on_behalf(s))))[0] == (
-        grpc.StatusCode.NOT_FOUND
+    not_its_key = pub.RecordPreviewRequest()
+    not_its_key.CopyFrom(record)
+    not_its_key.object_key = "previews/r1/j0/1/0.jpg"  # a full run's key
+    assert await refused(c.publication.RecordPreview(not_its_key, metadata=on_behalf(s))) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
     )
     await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
     for call in (
@@ -603,9 +599,11 @@ async def test_previews_are_fenced_like_results(coordinator: CoordinatorHarness)
     ):
         assert await refused(call) == (FAILED_PRECONDITION, "JOB_CANCELLED")
     # the processor's key alone is not a service key
-    assert (await refused(c.publication.StageObject(stage, metadata=s.processor)))[0] == (
-        grpc.StatusCode.PERMISSION_DENIED
-    )
+    for call in (
+        c.publication.StageObject(stage, metadata=s.processor),
+        c.publication.RecordPreview(record, metadata=s.processor),
+    ):
+        assert (await refused(call))[0] == grpc.StatusCode.PERMISSION_DENIED
 
 
 async def test_staging_checks_lease_and_slot(coordinator: CoordinatorHarness, s: Setup) -> None:

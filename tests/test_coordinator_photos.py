@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from datetime import timedelta
 
 import grpc
@@ -17,12 +16,12 @@ from tests.coordinator_leases import (
     create_run,
     empty_result,
     on_behalf,
+    record_request,
     setup,
 )
-from tests.coordinator_world import CODE, DAY, error_reason, put_recording, stamp
+from tests.coordinator_world import DAY, error_reason, put_recording, stamp
 from tests.harness.coordinator import CoordinatorHarness
 from workshop.v1 import common_pb2
-from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
 AT = DAY + timedelta(hours=8, minutes=30, seconds=15)
@@ -91,32 +90,12 @@ async def test_photos_skip_the_queue_and_complete_with_their_frame(
     assert job.input.slots[0].start == stamp(AT)
     assert job.snapshot.kind == common_pb2.RUN_KIND_PHOTO
     data = b"\xff\xd8photo\xff\xd9"
-    digest = hashlib.sha256(data).hexdigest()
-    staged = await c.publication.StageObject(
-        pub.StageObjectRequest(
-            lease=job.lease,
-            code_sha256=CODE,
-            kind=common_pb2.OBJECT_KIND_PREVIEW,
-            slot_index=0,
-            sha256=digest,
-            byte_size=len(data),
-            content_type="image/jpeg",
-        ),
-        metadata=on_behalf(s),
-    )
-    assert staged.object_key.startswith("workshop-tests/previews/" + photo.photo_id)
-    published = await c.publication.RecordPreview(
-        pub.RecordPreviewRequest(
-            lease=job.lease,
-            code_sha256=CODE,
-            slot_index=0,
-            object_key=staged.object_key,
-            frame_time=stamp(AT + timedelta(milliseconds=20)),
-            byte_size=len(data),
-            sha256=digest,
-        ),
-        metadata=on_behalf(s),
-    )
+    # a photo is a test: its preview lives under the test prefix, recorded in one call
+    record = record_request(job, 0, test=True, data=data)
+    assert record.object_key == f"workshop-tests/previews/{photo.photo_id}/j0/1/0.jpg"
+    record.frame_time.CopyFrom(stamp(AT + timedelta(milliseconds=20)))
+    published = await c.publication.RecordPreview(record, metadata=on_behalf(s))
+    assert published.expires_at == photo.expires_at
     result = empty_result(job)
     result.slots[0].outcome = common_pb2.SLOT_OUTCOME_FRAME
     result.slots[0].frame_time.CopyFrom(stamp(AT + timedelta(milliseconds=20)))

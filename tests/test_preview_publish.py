@@ -181,7 +181,7 @@ async def test_a_png_is_stored_under_a_png_key(
         (b"", "image/jpeg", "image"),
     ],
 )
-async def test_images_that_are_not_complete_jpegs_or_pngs_are_invalid_and_never_staged(
+async def test_images_that_are_not_complete_jpegs_or_pngs_are_invalid_and_nothing_is_written(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
     s: Setup,

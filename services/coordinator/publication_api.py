@@ -4,12 +4,15 @@ The preview service calls these with its own `service` key; the processor's
 key rides along as the on-behalf-of principal, and fence 4 checks it. Every
 write goes through the same fence function as results and progress, and checks
 that the service's own key is still live, so both principals may come from the
-coordinator's principal cache. Staging and publishing are one round trip each.
+coordinator's principal cache. Staging an upload and recording previews are one
+round trip each; a batch of previews (group commit) is one statement.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,23 +22,33 @@ from services.coordinator.clock import Clock
 from services.coordinator.db import Database, Record, sql
 from services.coordinator.errors import Expired, InvalidField, NotFound
 from services.coordinator.fields import check_sha256
-from services.coordinator.jobs_api import Lease, raise_for, reporter
+from services.coordinator.jobs_api import Lease, job_id, raise_for, reporter
 from services.coordinator.snapshots import Frozen, SnapshotCache
-from workshop.kit.errors import PermissionDenied
+from workshop.kit import object_keys
+from workshop.kit.errors import PermissionDenied, WorkshopError
 from workshop.kit.hashing import sha256_hex
+from workshop.kit.object_keys import EXTENSIONS
 
-TEST_PREFIX = "workshop-tests/"
 MAX_COLLECT = 1000
+MAX_RECORD_BATCH = 256
 COLLECT_HOLD = timedelta(minutes=5)  # a pass that dies releases its objects after this
-EXTENSIONS = {"image/jpeg": "jpg", "image/png": "png"}
+# A job's preview prefix is swept this long after it ended: a write that was in flight
+# then has long finished (or failed), so the sweep sees every byte it will ever see.
+SWEEP_GRACE = timedelta(minutes=10)
 KINDS = ("preview", "upload")
 
 
 def object_key(kind: str, lease: Lease, slot: int, *, test: bool, content_type: str) -> str:
-    """`[workshop-tests/]previews|uploads/<run>/<job>/<generation>/<slot>.<ext>`."""
-    prefix = TEST_PREFIX if test else ""
-    extension = EXTENSIONS[content_type]
-    return f"{prefix}{kind}s/{lease.run_id}/{lease.job_id}/{lease.generation}/{slot}.{extension}"
+    """This lease's key for one slot's object of `kind`."""
+    return object_keys.object_key(
+        kind,
+        lease.run_id,
+        lease.job_id,
+        lease.generation,
+        slot,
+        test=test,
+        content_type=content_type,
+    )
 
 
 def preview_item_id(key: str) -> str:
@@ -50,6 +63,34 @@ class LeaseFacts:
     kind: str
     camera_id: str
     slot_count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PreviewRecord:
+    """One preview to record: its bytes are written under `key`."""
+
+    lease: Lease
+    code_sha256: str
+    key: str
+    slot: int
+    sha256: str
+    byte_size: int
+    content_type: str
+    frame_time: datetime
+    boxes: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    item_id: str
+    expires_at: datetime | None  # None: when its job ends (a full run's items replace it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    run_id: str
+    job_index: int
+    prefix: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,58 +190,77 @@ class PublicationApi:
             raise_for("NOT_FOUND", lease)
             raise
 
-    async def publish_preview(
-        self,
-        who: Principal,
-        processor: Principal,
-        lease: Lease,
-        *,
-        code_sha256: str,
-        key: str,
-        slot: int,
-        sha256: str,
-        byte_size: int,
-        frame_time: datetime,
-        boxes: list[dict[str, Any]],
-    ) -> datetime | None:
-        """Publishes a staged preview; returns when it expires (None: when its job ends)."""
+    async def record_previews(
+        self, who: Principal, processor: Principal, previews: list[PreviewRecord]
+    ) -> list[Recorded | WorkshopError]:
+        """Records previews of one processor in one statement; one outcome per preview.
+
+        A preview with malformed fields gets its error without reaching the database;
+        a refusal by the fences leaves its bytes to the cleanup loop (preview_record).
+        """
         service = _require_service(who)
+        if not 1 <= len(previews) <= MAX_RECORD_BATCH:
+            raise InvalidField(f"Give 1..{MAX_RECORD_BATCH} previews per call.")
+        reporting = reporter(processor)
+        outcomes: list[Recorded | WorkshopError | None] = []
+        checked: list[PreviewRecord] = []
+        for preview in previews:
+            try:
+                checked.append(await self._check_preview(preview))
+            except WorkshopError as error:
+                outcomes.append(error)
+            else:
+                outcomes.append(None)
+        if not checked:
+            return [outcome for outcome in outcomes if outcome is not None]
+        columns = list(zip(*(_preview_row(preview) for preview in checked), strict=True))
         async with self.db.connection() as connection:
-            row: Record = await connection.fetchrow(
-                sql("jobs", "preview_publish"),
-                *_lease_args(lease),
-                reporter(processor),
+            rows: list[Record] = await connection.fetch(
+                sql("jobs", "previews_record"),
+                *columns[:4],
+                reporting,
                 service,
-                code_sha256,
-                key,
-                slot,
-                sha256,
-                byte_size,
-                frame_time,
-                boxes,
-                preview_item_id(key),
+                *columns[4:],
                 self.clock.now(),
             )
-        _refused_service(row["reason"])
-        if row["reason"] == "PREVIEW_OUT_OF_ORDER":
+        answers = iter(zip(checked, rows, strict=True))
+        return [
+            outcome if outcome is not None else _recorded(*next(answers)) for outcome in outcomes
+        ]
+
+    async def _check_preview(self, preview: PreviewRecord) -> PreviewRecord:
+        """The preview with its content type, checked: its key must be the lease's for the slot."""
+        check_sha256("sha256", preview.sha256)
+        if not preview.content_type:
+            # a preview service from before 0008 sends none: its key names the type
+            extension = preview.key.rpartition(".")[2]
+            preview = dataclasses.replace(
+                preview, content_type=object_keys.CONTENT_TYPES.get(extension, "")
+            )
+        if preview.content_type not in EXTENSIONS:
+            raise InvalidField(f"content_type must be one of {', '.join(EXTENSIONS)}.")
+        if preview.byte_size <= 0:
+            raise InvalidField("byte_size must be positive.")
+        frozen = await self._frozen(preview.lease)
+        expected = object_key(
+            "preview",
+            preview.lease,
+            preview.slot,
+            test=not frozen.full_run,
+            content_type=preview.content_type,
+        )
+        if preview.key != expected:
             raise InvalidField(
-                f"Slot {slot} comes before a preview already published under this lease; "
-                "previews are published in slot order."
+                f"object_key must be this lease's preview key for slot {preview.slot}: "
+                f"{expected!r}."
             )
-        if row["reason"] == "PREVIEW_NOT_STAGED":
-            raise NotFound(
-                "staged_object",
-                key,
-                "No preview is staged under this key for this lease, slot, digest and size.",
-            )
-        raise_for(row["reason"], lease)
-        expires: datetime | None = row["expires_at"]
-        return expires
+        return preview
 
     async def claim_collectable(
         self, who: Principal, kind: str, limit: int
-    ) -> tuple[list[Record], bool]:
-        """Up to `limit` collectable objects, held for this caller's pass; and whether more wait."""
+    ) -> tuple[list[Record], bool, list[Sweep]]:
+        """Up to `limit` collectable objects, held for this caller's pass; whether more wait;
+        for previews, up to `limit` job prefixes to sweep, held the same way."""
         _require_service(who)
         if kind not in KINDS:
             raise InvalidField("kind must be PREVIEW or UPLOAD.")
@@ -214,7 +274,64 @@ class PublicationApi:
             more: bool = await connection.fetchval(
                 sql("jobs", "objects_collectable_remaining"), kind, now
             )
-        return rows, more
+            swept: list[Record] = (
+                await connection.fetch(
+                    sql("jobs", "preview_sweeps_claim"), limit, now, SWEEP_GRACE, COLLECT_HOLD
+                )
+                if kind == "preview"
+                else []
+            )
+        sweeps = [
+            Sweep(
+                row["run_id"],
+                row["job_index"],
+                object_keys.job_prefix(
+                    "preview", row["run_id"], job_id(row["job_index"]), test=row["mode"] != "full"
+                ),
+            )
+            for row in swept
+        ]
+        return rows, more, sweeps
+
+    async def settle_sweep(
+        self, who: Principal, sweep: Sweep, objects: list[tuple[str, int]], *, done: bool
+    ) -> int:
+        """Records the objects found under a sweep's prefix that no row knows as collectable."""
+        _require_service(who)
+        if len(objects) > MAX_COLLECT:
+            raise InvalidField(f"At most {MAX_COLLECT} objects per call.")
+        lease = Lease(sweep.run_id, sweep.job_index, 0, uuid.UUID(int=0))
+        frozen = await self._frozen(lease)
+        prefix = object_keys.job_prefix(
+            "preview", sweep.run_id, lease.job_id, test=not frozen.full_run
+        )
+        if sweep.prefix != prefix:
+            raise InvalidField(f"The sweep of job {lease.job_id} has prefix {prefix!r}.")
+        columns: list[list[Any]] = [[], [], [], [], []]
+        for key, size in objects:
+            if not key.startswith(prefix):
+                raise InvalidField(f"Object {key!r} is not under the sweep's prefix {prefix!r}.")
+            parts = object_keys.parts_under(prefix, key)
+            values = (
+                (parts.generation, parts.slot, parts.content_type)
+                if parts
+                else (-1, -1, object_keys.UNKNOWN_CONTENT_TYPE)
+            )
+            for column, value in zip(columns, (key, size, *values), strict=True):
+                column.append(value)
+        async with self.db.connection() as connection:
+            recorded: int | None = await connection.fetchval(
+                sql("jobs", "preview_sweep_settle"),
+                sweep.run_id,
+                sweep.job_index,
+                *columns,
+                done,
+                self.clock.now(),
+                COLLECT_HOLD,
+            )
+        if recorded is None:
+            raise_for("NOT_FOUND", lease)
+        return recorded or 0
 
     async def mark_deleted(self, who: Principal, keys: list[str]) -> int:
         _require_service(who)
@@ -265,3 +382,39 @@ def may_read_camera(reader: Principal, camera_id: str) -> bool:
 
 def _lease_args(lease: Lease) -> tuple[str, int, int, Any]:
     return (lease.run_id, lease.job_index, lease.generation, lease.token)
+
+
+def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:
+    """One preview's values in the column order of previews_record's arrays."""
+    return (
+        *_lease_args(preview.lease),
+        preview.code_sha256,
+        preview.key,
+        preview.slot,
+        preview.sha256,
+        preview.byte_size,
+        preview.content_type,
+        preview.frame_time,
+        json.dumps(preview.boxes),
+        preview_item_id(preview.key),
+    )
+
+
+def _recorded(preview: PreviewRecord, row: Record) -> Recorded | WorkshopError:
+    """preview_record's answer for one preview: recorded, or the error its refusal means."""
+    reason: str = row["reason"]
+    try:
+        _refused_service(reason)
+        if reason == "SLOT_NOT_EXPECTED":
+            raise InvalidField(
+                f"Slot {preview.slot} is not an expected slot of job {preview.lease.job_id}."
+            )
+        if reason == "PREVIEW_OUT_OF_ORDER":
+            raise InvalidField(
+                f"Slot {preview.slot} comes before a preview already published under this "
+                "lease; previews are published in slot order."
+            )
+        raise_for(reason, preview.lease)
+    except WorkshopError as error:
+        return error
+    return Recorded(preview_item_id(preview.key), row["expires_at"])

@@ -212,12 +212,16 @@ CREATE TABLE jobs (
     result_sha256        text,
     committed_at         timestamptz,
     -- the last slot published as a preview under the current lease (NULL: none yet);
-    -- a claim clears it, preview_publish keeps previews in slot order with it
+    -- a claim clears it, preview_record keeps previews in slot order with it
     preview_slot         integer,
     -- the key that took the latest lease and that Claim's request id (NULL: none sent);
     -- a Claim by the same key with the same id answers that lease again while it is held
     claimed_by           text,
     claim_request_id     text,
+    -- when the job's preview prefix was swept for bytes never recorded (NULL: not yet;
+    -- jobs only need it once they ended), and which cleanup pass holds the sweep until when
+    previews_swept_at    timestamptz,
+    sweep_claimed_until  timestamptz,
     PRIMARY KEY (run_id, job_index)
 );
 CREATE INDEX jobs_claimable ON jobs (runtime_id, run_seq, job_index) WHERE state = 'queued';
@@ -238,6 +242,8 @@ CREATE INDEX jobs_source_expiry ON jobs (expires_at) WHERE state IN ('queued', '
 -- A remembered Claim, found in one probe; one per key and request id.
 CREATE UNIQUE INDEX jobs_claim_request ON jobs (claimed_by, claim_request_id)
     WHERE claim_request_id IS NOT NULL;
+CREATE INDEX jobs_preview_sweeps ON jobs (updated_at)
+    WHERE previews_swept_at IS NULL AND state IN ('completed', 'failed', 'cancelled', 'expired');
 
 -- One receipt per committed completion (SPEC §7).
 CREATE TABLE receipts (
@@ -752,12 +758,15 @@ BEGIN
                             NULL::integer;
         RETURN;
     END IF;
+    -- an upload is a staged upload, or a published preview of the same frame (kept
+    -- rows only: a refused record is collectable at once)
     SELECT count(*) INTO staged
     FROM unnest(p_upload_keys, p_upload_sha256, p_upload_slots) AS u (object_key, sha256, slot)
     JOIN staged_objects s ON s.object_key = u.object_key
-    WHERE s.kind = 'upload' AND s.run_id = p_run AND s.job_index = p_job
+    WHERE (s.kind = 'upload' OR s.published_at IS NOT NULL)
+      AND s.run_id = p_run AND s.job_index = p_job
       AND s.generation = p_generation AND s.slot_index = u.slot AND s.sha256 = u.sha256
-      AND s.deleted_at IS NULL;
+      AND s.collectable_at IS NULL AND s.deleted_at IS NULL;
     IF staged <> cardinality(p_upload_keys) THEN
         RETURN QUERY SELECT 'UPLOAD_NOT_STAGED', NULL::bigint, NULL::text, NULL::timestamptz,
                             NULL::integer;
@@ -771,11 +780,12 @@ BEGIN
     FROM unnest(p_item_ids, p_item_buckets, p_item_slots, p_item_steps, p_item_times,
                 p_item_boxes, p_item_keys, p_item_sha256)
          AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256);
-    UPDATE staged_objects SET published_at = p_now
+    -- a preview named as an upload becomes one: its item replaces it
+    UPDATE staged_objects SET kind = 'upload', published_at = p_now
     WHERE object_key = ANY (p_upload_keys);
     -- What the commit does not keep is garbage now: objects staged but never
     -- published or named (refused previews, unnamed uploads), and a full run's
-    -- previews, which its items replace.
+    -- other previews, which its items replace.
     PERFORM job_objects_abandon(p_run, p_job, p_now);
     INSERT INTO receipts (run_id, job_index, generation, result_sha256, frames, empties, dropped,
                           items_saved, committed_at)
@@ -844,51 +854,157 @@ BEGIN
 END;
 $$;
 
--- Publishes a staged preview with its labels under the fences. A test run's
--- preview lives until the test's hour ends; a full run's until its job ends. The
--- calling service's key must still be live (SERVICE_NOT_AUTHORIZED). Previews of an
--- attempt are published in slot order, checked against the job's preview_slot.
-CREATE FUNCTION preview_publish(
+-- Records one preview whose bytes are written under p_key (the caller checked that the
+-- key is this lease's key for the slot). A refusal by a fence, the slot order or the
+-- slot range leaves a collectable row for the bytes, unless a live row already holds the key.
+CREATE FUNCTION preview_record(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
-    p_service text, p_code text, p_key text, p_slot integer, p_sha256 text, p_byte_size bigint,
-    p_frame_time timestamptz, p_boxes jsonb, p_item_id text, p_now timestamptz
+    p_code text, p_key text, p_slot integer, p_sha256 text, p_byte_size bigint,
+    p_content_type text, p_frame_time timestamptz, p_boxes jsonb, p_item_id text,
+    p_now timestamptz
 ) RETURNS TABLE (reason text, expires_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text;
+    refused text;
+    j jobs%ROWTYPE;
     run_expiry timestamptz;
-    published_slot integer;
 BEGIN
-    IF NOT key_live(p_service, p_now) THEN
-        RETURN QUERY SELECT 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz;
+    refused := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    IF refused = 'NOT_FOUND' THEN
+        RETURN QUERY SELECT refused, NULL::timestamptz;
         RETURN;
     END IF;
-    fenced := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
-    IF fenced <> '' THEN
-        RETURN QUERY SELECT fenced, NULL::timestamptz;
-        RETURN;
+    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+    IF refused = '' AND (p_slot < 0 OR p_slot >= j.slot_count) THEN
+        refused := 'SLOT_NOT_EXPECTED';
     END IF;
     -- previews of an attempt are published in slot order (the same slot again is a retry)
-    SELECT j.preview_slot INTO published_slot FROM jobs j
-    WHERE j.run_id = p_run AND j.job_index = p_job;
-    IF published_slot > p_slot THEN
-        RETURN QUERY SELECT 'PREVIEW_OUT_OF_ORDER', NULL::timestamptz;
+    IF refused = '' AND j.preview_slot > p_slot THEN
+        refused := 'PREVIEW_OUT_OF_ORDER';
+    END IF;
+    IF refused <> '' THEN
+        INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
+                                    sha256, byte_size, content_type, staged_at, collectable_at)
+        VALUES (p_key, 'preview', p_run, p_job, p_generation, p_slot, p_sha256, p_byte_size,
+                p_content_type, p_now, p_now)
+        ON CONFLICT (object_key) DO UPDATE
+            SET collectable_at = p_now, gc_claimed_until = NULL, deleted_at = NULL
+            WHERE staged_objects.deleted_at IS NOT NULL;
+        RETURN QUERY SELECT refused, NULL::timestamptz;
         RETURN;
     END IF;
     SELECT r.expires_at INTO run_expiry FROM runs r WHERE r.run_id = p_run;
-    UPDATE staged_objects
-    SET published_at = p_now, frame_time = p_frame_time, boxes = p_boxes, item_id = p_item_id,
-        collectable_at = run_expiry
-    WHERE object_key = p_key AND kind = 'preview' AND run_id = p_run AND job_index = p_job
-      AND generation = p_generation AND slot_index = p_slot AND sha256 = p_sha256
-      AND byte_size = p_byte_size AND deleted_at IS NULL;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'PREVIEW_NOT_STAGED', NULL::timestamptz;
-        RETURN;
-    END IF;
-    UPDATE jobs j SET preview_slot = p_slot
-    WHERE j.run_id = p_run AND j.job_index = p_job AND j.preview_slot IS DISTINCT FROM p_slot;
+    INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
+                                sha256, byte_size, content_type, staged_at, published_at,
+                                item_id, frame_time, boxes, collectable_at)
+    VALUES (p_key, 'preview', p_run, p_job, p_generation, p_slot, p_sha256, p_byte_size,
+            p_content_type, p_now, p_now, p_item_id, p_frame_time, p_boxes, run_expiry)
+    ON CONFLICT (object_key) DO UPDATE
+        SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
+            content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
+            published_at = EXCLUDED.published_at, item_id = EXCLUDED.item_id,
+            frame_time = EXCLUDED.frame_time, boxes = EXCLUDED.boxes,
+            collectable_at = EXCLUDED.collectable_at, gc_claimed_until = NULL,
+            deleted_at = NULL;
+    UPDATE jobs SET preview_slot = p_slot
+    WHERE run_id = p_run AND job_index = p_job AND preview_slot IS DISTINCT FROM p_slot;
     PERFORM pg_notify('workshop_run', p_run);
     RETURN QUERY SELECT '', run_expiry;
+END;
+$$;
+
+-- Records a batch of previews for one processor (group commit), in (run, job, slot)
+-- order so that concurrent batches lock job rows in the same order and never deadlock.
+-- The calling service's key must still be live (SERVICE_NOT_AUTHORIZED for all).
+-- p_boxes holds each preview's labels as JSON text (a jsonb[] of arrays would be a
+-- two-dimensional array). Answers one row per preview with its 1-based position.
+CREATE FUNCTION previews_record(
+    p_runs text[], p_jobs integer[], p_generations bigint[], p_tokens uuid[],
+    p_reporter text, p_service text, p_codes text[], p_keys text[], p_slots integer[],
+    p_sha256 text[], p_sizes bigint[], p_content_types text[], p_frame_times timestamptz[],
+    p_boxes text[], p_item_ids text[], p_now timestamptz
+) RETURNS TABLE (ordinal integer, reason text, expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    outcome record;
+BEGIN
+    IF NOT key_live(p_service, p_now) THEN
+        RETURN QUERY SELECT o::integer, 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz
+                     FROM generate_subscripts(p_runs, 1) AS o;
+        RETURN;
+    END IF;
+    FOR i IN SELECT o FROM generate_subscripts(p_runs, 1) AS o
+             ORDER BY p_runs[o], p_jobs[o], p_slots[o], o
+    LOOP
+        SELECT * INTO outcome FROM preview_record(
+            p_runs[i], p_jobs[i], p_generations[i], p_tokens[i], p_reporter, p_codes[i],
+            p_keys[i], p_slots[i], p_sha256[i], p_sizes[i], p_content_types[i],
+            p_frame_times[i], p_boxes[i]::jsonb, p_item_ids[i], p_now);
+        ordinal := i;
+        reason := outcome.reason;
+        expires_at := outcome.expires_at;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Jobs whose previews have all expired (a full run's when the job ended, a test run's
+-- when its hour passed) and whose preview prefix was never swept, at least p_grace
+-- after the job ended (a write still in flight then has long finished); held for the
+-- calling pass until p_now + p_hold.
+CREATE FUNCTION preview_sweeps_claim(
+    p_limit integer, p_now timestamptz, p_grace interval, p_hold interval
+) RETURNS TABLE (run_id text, job_index integer, mode text) LANGUAGE sql AS $$
+    UPDATE jobs j SET sweep_claimed_until = p_now + p_hold
+    FROM runs r
+    WHERE r.run_id = j.run_id AND (j.run_id, j.job_index) IN (
+        SELECT l.run_id, l.job_index FROM jobs l JOIN runs lr ON lr.run_id = l.run_id
+        WHERE l.previews_swept_at IS NULL
+          AND l.state IN ('completed', 'failed', 'cancelled', 'expired')
+          AND l.updated_at <= p_now - p_grace
+          AND (lr.mode = 'full' OR lr.expires_at <= p_now)
+          AND (l.sweep_claimed_until IS NULL OR l.sweep_claimed_until <= p_now)
+        ORDER BY l.updated_at, l.run_id, l.job_index
+        LIMIT p_limit
+        FOR UPDATE OF l SKIP LOCKED)
+    RETURNING j.run_id, j.job_index, r.mode;
+$$;
+
+-- Settles a sweep: objects found under the job's preview prefix that no row records
+-- become collectable previews, and so do rows whose bytes were deleted before this
+-- sweep was claimed (p_hold ago from sweep_claimed_until) and are back: a row deleted
+-- after that may be one another pass deleted after this one listed the prefix. With
+-- p_done the sweep is finished. Answers how many objects it recorded (NULL: no such job).
+CREATE FUNCTION preview_sweep_settle(
+    p_run text, p_job integer, p_keys text[], p_sizes bigint[], p_generations bigint[],
+    p_slots integer[], p_content_types text[], p_done boolean, p_now timestamptz,
+    p_hold interval
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    claimed_at timestamptz;
+    recorded integer;
+BEGIN
+    SELECT j.sweep_claimed_until - p_hold INTO claimed_at
+    FROM jobs j WHERE j.run_id = p_run AND j.job_index = p_job;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO staged_objects AS s (object_key, kind, run_id, job_index, generation,
+                                     slot_index, sha256, byte_size, content_type, staged_at,
+                                     collectable_at)
+    SELECT u.object_key, 'preview', p_run, p_job, u.generation, u.slot_index, '', u.byte_size,
+           u.content_type, p_now, p_now
+    FROM unnest(p_keys, p_sizes, p_generations, p_slots, p_content_types)
+         AS u (object_key, byte_size, generation, slot_index, content_type)
+    ON CONFLICT (object_key) DO UPDATE
+        SET collectable_at = p_now, gc_claimed_until = NULL, deleted_at = NULL
+        WHERE s.deleted_at < claimed_at;
+    GET DIAGNOSTICS recorded = ROW_COUNT;
+    IF p_done THEN
+        UPDATE jobs SET previews_swept_at = p_now, sweep_claimed_until = NULL
+        WHERE run_id = p_run AND job_index = p_job;
+    END IF;
+    RETURN recorded;
 END;
 $$;
 

@@ -35,7 +35,12 @@ def build(
     runs a pass either way.
     """
     coordinator = CoordinatorClient(coordinator_channel, settings.service_key)
-    api = PreviewApi(coordinator, store, max_image_bytes=settings.max_image_bytes)
+    api = PreviewApi(
+        coordinator,
+        store,
+        max_image_bytes=settings.max_image_bytes,
+        lease_check_seconds=settings.lease_check_seconds,
+    )
     cleanup = Cleanup(coordinator, store)
     servicer = PreviewServicer(api, cleanup, coordinator)
     services = [

@@ -8,6 +8,12 @@ minutes), so preview replicas running passes at once get disjoint batches;
 a pass that dies releases its batch when the claim lapses. Bytes are deleted
 before they are marked deleted, so a failure in between only repeats work:
 deleting a missing object succeeds.
+
+Preview batches also carry sweeps: jobs whose previews have all expired, whose
+prefix may hold bytes that were written but never recorded (a preview service
+that stopped between the write and the record). The pass lists the prefix and
+hands what it found to the coordinator, which records the unknown objects as
+collectable; the next batches delete them like any other.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ log = logging.getLogger(__name__)
 
 PREVIEW_BATCH = 500
 UPLOAD_LIMIT = 500
+SETTLE_BATCH = 1000
 
 
 @dataclasses.dataclass
 class CleanupReport:
     previews_deleted: int = 0
+    unrecorded_previews_found: int = 0
     uploads_deleted: int = 0
     bytes_deleted: int = 0
     uploads_remaining: bool = False
@@ -61,10 +69,13 @@ class Cleanup:
                 listed = await self.coordinator.collectable(
                     common_pb2.OBJECT_KIND_PREVIEW, self.preview_batch
                 )
+                for sweep in listed.sweeps:
+                    report.unrecorded_previews_found += await self._settle(sweep)
                 count, size = await self._delete(listed.objects)
                 report.previews_deleted += count
                 report.bytes_deleted += size
-                if not listed.has_more or not listed.objects:
+                # after sweeps, the objects they recorded wait in the next batches
+                if not listed.sweeps and (not listed.has_more or not listed.objects):
                     break
             listed = await self.coordinator.collectable(
                 common_pb2.OBJECT_KIND_UPLOAD, self.upload_limit
@@ -74,13 +85,28 @@ class Cleanup:
             report.bytes_deleted += size
             report.uploads_remaining = listed.has_more
         log.info(
-            "cleanup pass: deleted %d previews and %d uploads (%d bytes); uploads remaining: %s",
+            "cleanup pass: deleted %d previews (%d of them never recorded) and %d uploads "
+            "(%d bytes); uploads remaining: %s",
             report.previews_deleted,
+            report.unrecorded_previews_found,
             report.uploads_deleted,
             report.bytes_deleted,
             "yes" if report.uploads_remaining else "no",
         )
         return report
+
+    async def _settle(self, sweep: pub.Sweep) -> int:
+        """Hands what is under a sweep's prefix to the coordinator; how many it did not know."""
+        found = [
+            pub.SweptObject(object_key=key, byte_size=size)
+            for key, size in await self.store.list_under(sweep.prefix)
+        ]
+        recorded = 0
+        for start in range(0, max(len(found), 1), SETTLE_BATCH):
+            chunk = found[start : start + SETTLE_BATCH]
+            done = start + SETTLE_BATCH >= len(found)
+            recorded += await self.coordinator.settle_sweep(sweep, chunk, done=done)
+        return recorded
 
     async def _delete(self, objects: Sequence[pub.CollectableObject]) -> tuple[int, int]:
         """Deletes the objects' bytes and marks them deleted; (objects, bytes) deleted."""

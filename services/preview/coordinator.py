@@ -25,6 +25,7 @@ from workshop.v1 import publication_pb2 as pub
 
 ON_BEHALF_OF = "workshop-on-behalf-of"
 T = TypeVar("T")
+STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 # Kit classes whose status code is the coordinator's. A deadline or a cancelled call
 # means the coordinator did not answer: UNAVAILABLE, safe to retry (preview.proto).
@@ -61,6 +62,14 @@ def passed_through(error: grpc.aio.AioRpcError) -> errors.WorkshopError:
     return kind(message, reason=info.reason or None, metadata=dict(info.metadata))
 
 
+def refused(refusal: pub.Refusal) -> errors.WorkshopError:
+    """One preview's refusal in a RecordPreviews answer, as passed_through makes it."""
+    code = STATUS_CODES.get(refusal.code, grpc.StatusCode.UNKNOWN)
+    kind = KIT_ERRORS.get(code, CoordinatorFailed)
+    message = refusal.message or f"The coordinator answered {code.name}."
+    return kind(message, reason=refusal.reason or None, metadata=dict(refusal.metadata))
+
+
 async def _call(response: Awaitable[T]) -> T:
     try:
         return await response
@@ -88,10 +97,23 @@ class CoordinatorClient:
     ) -> pub.StageObjectResponse:
         return await _call(self._publication.StageObject(request, metadata=self._for(processor)))
 
-    async def record_preview(
-        self, request: pub.RecordPreviewRequest, processor: str
-    ) -> pub.RecordPreviewResponse:
-        return await _call(self._publication.RecordPreview(request, metadata=self._for(processor)))
+    async def check_lease(
+        self, request: pub.CheckLeaseRequest, processor: str
+    ) -> pub.CheckLeaseResponse:
+        return await _call(self._publication.CheckLease(request, metadata=self._for(processor)))
+
+    async def record_previews(
+        self, requests: Sequence[pub.RecordPreviewRequest], processor: str
+    ) -> list[pub.RecordPreviewResponse | errors.WorkshopError]:
+        """Records previews of one processor in one call; one outcome each, in order."""
+        call = self._publication.RecordPreviews(
+            pub.RecordPreviewsRequest(previews=requests), metadata=self._for(processor)
+        )
+        reply = await _call(call)
+        return [
+            outcome.recorded if outcome.HasField("recorded") else refused(outcome.refused)
+            for outcome in reply.outcomes
+        ]
 
     async def authorize_read(
         self, run_id: str, item_id: str, reader: str
@@ -107,6 +129,14 @@ class CoordinatorClient:
         request = pub.ListCollectableObjectsRequest(kind=kind, limit=limit)
         call = self._publication.ListCollectableObjects(request, metadata=self._service)
         return await _call(call)
+
+    async def settle_sweep(
+        self, sweep: pub.Sweep, found: Sequence[pub.SweptObject], *, done: bool
+    ) -> int:
+        """Records the unrecorded objects found under a sweep's prefix as collectable."""
+        request = pub.SettleSweepRequest(sweep=sweep, objects=found, done=done)
+        reply = await _call(self._publication.SettleSweep(request, metadata=self._service))
+        return reply.recorded
 
     async def mark_deleted(self, keys: Sequence[str]) -> int:
         request = pub.MarkObjectsDeletedRequest(object_keys=list(keys))

@@ -1,11 +1,12 @@
 """Publishing previews, staging uploads and reading images (SPEC §7, §9).
 
-Every write follows the staging protocol of publication.proto: the coordinator
-stages the object under the lease's fences and names its key, the bytes are
-written under that key, and (for previews) the coordinator publishes it under
-the fences again. Whatever is refused after the bytes are written stays in
-the bucket until the cleanup loop deletes it; nothing is published that the
-store did not acknowledge.
+Writes follow publication.proto. A preview: the lease is checked (kept a few
+seconds, see leases.py), the bytes are written under the lease's key for the
+slot, then the coordinator records them under the fences, batched with other
+publishes of the same processor (recorder.py). An upload: the coordinator stages
+it under the fences and names its key, then the bytes are written. Whatever is
+refused after the bytes are written stays in the bucket until the cleanup loop
+deletes it; nothing is published that the store did not acknowledge.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import logging
 from services.preview.coordinator import CoordinatorClient
 from services.preview.errors import ImageCorrupted, ImageTooLarge, InvalidField
 from services.preview.images import CONTENT_TYPES, ImageError, inspect_image
+from services.preview.leases import LeaseChecks
+from services.preview.recorder import PreviewRecorder
 from services.preview.storage import ObjectStore
 from workshop.kit.hashing import sha256_hex
+from workshop.kit.object_keys import object_key
 from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
 from workshop.v1 import publication_pb2 as pub
@@ -26,11 +30,18 @@ log = logging.getLogger(__name__)
 
 class PreviewApi:
     def __init__(
-        self, coordinator: CoordinatorClient, store: ObjectStore, *, max_image_bytes: int
+        self,
+        coordinator: CoordinatorClient,
+        store: ObjectStore,
+        *,
+        max_image_bytes: int,
+        lease_check_seconds: float,
     ) -> None:
         self.coordinator = coordinator
         self.store = store
         self.max_image_bytes = max_image_bytes
+        self.leases = LeaseChecks(coordinator, seconds=lease_check_seconds)
+        self.recorder = PreviewRecorder(coordinator)
 
     def checked_image(self, image: bytes, content_type: str) -> str:
         """The image's content type, after checking its size, format and completeness."""
@@ -53,53 +64,35 @@ class PreviewApi:
             )
         return info.content_type
 
-    async def _stage_and_write(
-        self,
-        processor: str,
-        *,
-        lease: common_pb2.LeaseRef,
-        code_sha256: str,
-        kind: common_pb2.ObjectKind.ValueType,
-        slot_index: int,
-        image: bytes,
-        content_type: str,
-        digest: str,
-    ) -> str:
-        staged = await self.coordinator.stage_object(
-            pub.StageObjectRequest(
-                lease=lease,
-                code_sha256=code_sha256,
-                kind=kind,
-                slot_index=slot_index,
-                sha256=digest,
-                byte_size=len(image),
-                content_type=content_type,
-            ),
-            processor,
-        )
-        await self.store.put(staged.object_key, image, content_type)
-        return staged.object_key
-
     async def publish_preview(
         self, processor: str, request: pb.PublishPreviewRequest
     ) -> pb.PublishPreviewResponse:
         content_type = self.checked_image(request.image, request.content_type)
         if not request.HasField("frame_time"):
             raise InvalidField("frame_time", "frame_time is required.")
-        digest = sha256_hex(request.image)
-        key = await self._stage_and_write(
-            processor,
-            lease=request.lease,
-            code_sha256=request.code_sha256,
-            kind=common_pb2.OBJECT_KIND_PREVIEW,
-            slot_index=request.slot_index,
-            image=request.image,
+        lease = request.lease
+        facts = await self.leases.facts(processor, lease, request.code_sha256)
+        if request.slot_index >= facts.slot_count:
+            raise InvalidField(
+                "slot_index",
+                f"Slot {request.slot_index} is not an expected slot of job {lease.job_id} "
+                f"(it has {facts.slot_count}).",
+            )
+        key = object_key(
+            "preview",
+            lease.run_id,
+            lease.job_id,
+            lease.generation,
+            request.slot_index,
+            test=facts.mode != common_pb2.RUN_MODE_FULL,
             content_type=content_type,
-            digest=digest,
         )
-        recorded = await self.coordinator.record_preview(
+        digest = sha256_hex(request.image)
+        await self.store.put(key, request.image, content_type)
+        recorded = await self.recorder.record(
+            processor,
             pub.RecordPreviewRequest(
-                lease=request.lease,
+                lease=lease,
                 code_sha256=request.code_sha256,
                 slot_index=request.slot_index,
                 object_key=key,
@@ -107,10 +100,12 @@ class PreviewApi:
                 boxes=request.boxes,
                 byte_size=len(request.image),
                 sha256=digest,
+                content_type=content_type,
             ),
-            processor,
         )
-        published = pb.PublishPreviewResponse(item_id=recorded.item_id, object_key=key)
+        published = pb.PublishPreviewResponse(
+            item_id=recorded.item_id, object_key=key, sha256=digest
+        )
         if recorded.HasField("expires_at"):
             published.expires_at.CopyFrom(recorded.expires_at)
         return published
@@ -124,17 +119,22 @@ class PreviewApi:
             raise InvalidField(
                 "sha256", "sha256 differs from the digest of the image bytes received."
             )
-        key = await self._stage_and_write(
+        staged = await self.coordinator.stage_object(
+            pub.StageObjectRequest(
+                lease=request.lease,
+                code_sha256=request.code_sha256,
+                kind=common_pb2.OBJECT_KIND_UPLOAD,
+                slot_index=request.slot_index,
+                sha256=digest,
+                byte_size=len(request.image),
+                content_type=content_type,
+            ),
             processor,
-            lease=request.lease,
-            code_sha256=request.code_sha256,
-            kind=common_pb2.OBJECT_KIND_UPLOAD,
-            slot_index=request.slot_index,
-            image=request.image,
-            content_type=content_type,
-            digest=digest,
         )
-        return pb.StageUploadResponse(object_key=key, sha256=digest, byte_size=len(request.image))
+        await self.store.put(staged.object_key, request.image, content_type)
+        return pb.StageUploadResponse(
+            object_key=staged.object_key, sha256=digest, byte_size=len(request.image)
+        )
 
     async def read_image(self, reader: str, run_id: str, item_id: str) -> pb.ReadImageResponse:
         if not run_id:

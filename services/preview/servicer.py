@@ -52,4 +52,5 @@ class PreviewServicer(preview_pb2_grpc.PreviewServiceServicer):
             uploads_deleted=report.uploads_deleted,
             bytes_deleted=report.bytes_deleted,
             uploads_remaining=report.uploads_remaining,
+            unrecorded_previews_found=report.unrecorded_previews_found,
         )

@@ -37,6 +37,11 @@ class PreviewSettings(ServerSettings):
         help="Seconds between cleanup passes (expired previews, up to 500 uploads; 0 turns "
         "the loop off, RunCleanup still works).",
     )
+    lease_check_seconds: float = setting(
+        10.0,
+        help="Seconds a lease's CheckLease answer is reused before writing a preview's bytes "
+        "(0 checks every publish); a lease refused meanwhile gets its bytes collected.",
+    )
     max_image_bytes: int = setting(
         4 * MIB, help="Largest image accepted by PublishPreview and StageUpload, bytes."
     )
@@ -48,6 +53,8 @@ class PreviewSettings(ServerSettings):
             raise SettingsError(f"{PREFIX}_S3_ENDPOINT", "expected host:port without a scheme")
         if self.s3_timeout_seconds <= 0:
             raise SettingsError(f"{PREFIX}_S3_TIMEOUT_SECONDS", "must be positive")
+        if self.lease_check_seconds < 0:
+            raise SettingsError(f"{PREFIX}_LEASE_CHECK_SECONDS", "cannot be negative")
         if self.cleanup_interval_seconds < 0:
             raise SettingsError(f"{PREFIX}_CLEANUP_INTERVAL_SECONDS", "cannot be negative")
         if not 1 <= self.max_image_bytes <= MAX_IMAGE_BYTES_LIMIT:

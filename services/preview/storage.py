@@ -120,6 +120,15 @@ class ObjectStore:
         except S3Error as error:
             raise ImageMissing("The image's bytes are missing from object storage.") from error
 
+    async def list_under(self, prefix: str) -> list[tuple[str, int]]:
+        """Every object's key and size under `prefix`."""
+
+        def list_all() -> list[tuple[str, int]]:
+            found = self._client.list_objects(self.bucket, prefix=prefix, recursive=True)
+            return [(item.object_name or "", item.size or 0) for item in found]
+
+        return await self._call(list_all)
+
     async def remove(self, keys: Sequence[str]) -> list[RemovalFailure]:
         """Deletes objects (an object already gone counts as deleted); returns the failures."""
         return await self._call(lambda: self._remove_now(keys))

@@ -381,12 +381,16 @@ class Processor:
         routed: Routed,
         full: bool,
     ) -> jobs_pb2.SlotResult:
-        """A frame that reaches an output: its preview, then (full runs) its upload."""
+        """A frame that reaches an output: its preview, which in full runs is also its upload.
+
+        A preview service that does not answer the preview's digest (older than the
+        coordinator's migration 0008) gets the upload staged separately, as before.
+        """
         if routed.outcome != "frame":
             return to_slot_result(index, moment, routed)
         image = await asyncio.to_thread(encode_jpeg, frame)
         labels = [box for _, boxes in routed.outputs for box in boxes]
-        await self._call(
+        published = await self._call(
             self.previews.PublishPreview,
             preview_pb2.PublishPreviewRequest(
                 lease=job.lease,
@@ -400,6 +404,14 @@ class Processor:
         )
         if not full or not routed.outputs:
             return to_slot_result(index, moment, routed)
+        if published.sha256:
+            return to_slot_result(
+                index,
+                moment,
+                routed,
+                upload_key=published.object_key,
+                upload_sha256=published.sha256,
+            )
         staged = await self._call(
             self.previews.StageUpload,
             preview_pb2.StageUploadRequest(

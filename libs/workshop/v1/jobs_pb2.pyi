@@ -412,9 +412,11 @@ class SlotResult(_message.Message):
     outcome: _common_pb2.SlotOutcome.ValueType
     """Frame, empty or dropped."""
     upload_key: _builtins.str
-    """FRAME: object key returned by PreviewService.StageUpload under this lease."""
+    """FRAME: object key returned by PreviewService.StageUpload under this lease, or by PublishPreview for this
+    slot under this lease (the preview's object then becomes the upload).
+    """
     upload_sha256: _builtins.str
-    """FRAME: SHA-256 (hex) of the uploaded image bytes; must match the staged upload."""
+    """FRAME: SHA-256 (hex) of the uploaded image bytes; must match the staged upload or published preview."""
     @_builtins.property
     def frame_time(self) -> _timestamp_pb2.Timestamp:
         """FRAME and DROPPED: presentation time of the decoded frame (UTC), inside the slot and the window; unset

@@ -83,10 +83,15 @@ class PublishPreviewResponse(_message.Message):
     ITEM_ID_FIELD_NUMBER: _builtins.int
     OBJECT_KEY_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     """Item id of the preview within the run."""
     object_key: _builtins.str
     """Object key the bytes were written under."""
+    sha256: _builtins.str
+    """SHA-256 (hex) of the stored bytes. In a full run the preview's object may be named as the slot's upload
+    in CompleteRequest (object_key and this digest) instead of staging the same bytes again with StageUpload.
+    """
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the preview expires (UTC)."""
@@ -97,10 +102,11 @@ class PublishPreviewResponse(_message.Message):
         item_id: _builtins.str = ...,
         object_key: _builtins.str = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
+        sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "item_id", b"item_id", "object_key", b"object_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "item_id", b"item_id", "object_key", b"object_key", "sha256", b"sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -283,6 +289,7 @@ class RunCleanupResponse(_message.Message):
     UPLOADS_DELETED_FIELD_NUMBER: _builtins.int
     BYTES_DELETED_FIELD_NUMBER: _builtins.int
     UPLOADS_REMAINING_FIELD_NUMBER: _builtins.int
+    UNRECORDED_PREVIEWS_FOUND_FIELD_NUMBER: _builtins.int
     previews_deleted: _builtins.int
     """Preview objects deleted."""
     uploads_deleted: _builtins.int
@@ -291,6 +298,11 @@ class RunCleanupResponse(_message.Message):
     """Bytes freed, bytes."""
     uploads_remaining: _builtins.bool
     """True when expired uploads remain for the next pass."""
+    unrecorded_previews_found: _builtins.int
+    """Preview objects found by sweeps that were written but never recorded (a preview service stopped
+    between the write and the record); recorded as collectable, and counted in previews_deleted once
+    deleted.
+    """
     def __init__(
         self,
         *,
@@ -298,10 +310,11 @@ class RunCleanupResponse(_message.Message):
         uploads_deleted: _builtins.int = ...,
         bytes_deleted: _builtins.int = ...,
         uploads_remaining: _builtins.bool = ...,
+        unrecorded_previews_found: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_deleted", b"bytes_deleted", "previews_deleted", b"previews_deleted", "uploads_deleted", b"uploads_deleted", "uploads_remaining", b"uploads_remaining"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_deleted", b"bytes_deleted", "previews_deleted", b"previews_deleted", "unrecorded_previews_found", b"unrecorded_previews_found", "uploads_deleted", b"uploads_deleted", "uploads_remaining", b"uploads_remaining"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -89,9 +89,10 @@ class PreviewServiceServicer:
 
     def PublishPreview(self, request, context):
         """Stores one frame that reaches an output as the job's preview for its slot, under the lease's fences:
-        stage (fenced), write bytes, publish (fenced). Processors publish in slot order, each before uploading
-        the next frame. Errors: FAILED_PRECONDITION (a fence; the bytes are left to garbage collection),
-        NOT_FOUND (run or job).
+        the lease is checked (answers are kept a few seconds), the bytes are written under the lease's key for
+        the slot, then the coordinator records them under the fences. Processors publish in slot order, each
+        before uploading the next frame. Errors: FAILED_PRECONDITION (a fence; bytes already written are left to
+        the cleanup loop), NOT_FOUND (run or job), INVALID_ARGUMENT (slot not expected, out of slot order).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,7 +100,9 @@ class PreviewServiceServicer:
 
     def StageUpload(self, request, context):
         """Stores one frame's upload under a key unique to the lease generation and slot, before the job's
-        result is committed; the returned key and digest go into CompleteRequest. Errors: FAILED_PRECONDITION
+        result is committed; the returned key and digest go into CompleteRequest. A frame already published as
+        the slot's preview needs no upload: its preview's key and digest may go into CompleteRequest instead.
+        Errors: FAILED_PRECONDITION
         (a fence), NOT_FOUND (run or job), INVALID_ARGUMENT (sha256 given and different from the bytes').
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

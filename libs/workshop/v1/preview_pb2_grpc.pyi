@@ -51,13 +51,16 @@ class PreviewServiceStub:
     def __new__(cls, channel: _aio.Channel) -> PreviewServiceAsyncStub: ...
     PublishPreview: _grpc.UnaryUnaryMultiCallable[_preview_pb2.PublishPreviewRequest, _preview_pb2.PublishPreviewResponse]
     """Stores one frame that reaches an output as the job's preview for its slot, under the lease's fences:
-    stage (fenced), write bytes, publish (fenced). Processors publish in slot order, each before uploading
-    the next frame. Errors: FAILED_PRECONDITION (a fence; the bytes are left to garbage collection),
-    NOT_FOUND (run or job).
+    the lease is checked (answers are kept a few seconds), the bytes are written under the lease's key for
+    the slot, then the coordinator records them under the fences. Processors publish in slot order, each
+    before uploading the next frame. Errors: FAILED_PRECONDITION (a fence; bytes already written are left to
+    the cleanup loop), NOT_FOUND (run or job), INVALID_ARGUMENT (slot not expected, out of slot order).
     """
     StageUpload: _grpc.UnaryUnaryMultiCallable[_preview_pb2.StageUploadRequest, _preview_pb2.StageUploadResponse]
     """Stores one frame's upload under a key unique to the lease generation and slot, before the job's
-    result is committed; the returned key and digest go into CompleteRequest. Errors: FAILED_PRECONDITION
+    result is committed; the returned key and digest go into CompleteRequest. A frame already published as
+    the slot's preview needs no upload: its preview's key and digest may go into CompleteRequest instead.
+    Errors: FAILED_PRECONDITION
     (a fence), NOT_FOUND (run or job), INVALID_ARGUMENT (sha256 given and different from the bytes').
     """
     ReadImage: _grpc.UnaryUnaryMultiCallable[_preview_pb2.ReadImageRequest, _preview_pb2.ReadImageResponse]
@@ -91,13 +94,16 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     PublishPreview: _aio.UnaryUnaryMultiCallable[_preview_pb2.PublishPreviewRequest, _preview_pb2.PublishPreviewResponse]  # type: ignore[assignment]
     """Stores one frame that reaches an output as the job's preview for its slot, under the lease's fences:
-    stage (fenced), write bytes, publish (fenced). Processors publish in slot order, each before uploading
-    the next frame. Errors: FAILED_PRECONDITION (a fence; the bytes are left to garbage collection),
-    NOT_FOUND (run or job).
+    the lease is checked (answers are kept a few seconds), the bytes are written under the lease's key for
+    the slot, then the coordinator records them under the fences. Processors publish in slot order, each
+    before uploading the next frame. Errors: FAILED_PRECONDITION (a fence; bytes already written are left to
+    the cleanup loop), NOT_FOUND (run or job), INVALID_ARGUMENT (slot not expected, out of slot order).
     """
     StageUpload: _aio.UnaryUnaryMultiCallable[_preview_pb2.StageUploadRequest, _preview_pb2.StageUploadResponse]  # type: ignore[assignment]
     """Stores one frame's upload under a key unique to the lease generation and slot, before the job's
-    result is committed; the returned key and digest go into CompleteRequest. Errors: FAILED_PRECONDITION
+    result is committed; the returned key and digest go into CompleteRequest. A frame already published as
+    the slot's preview needs no upload: its preview's key and digest may go into CompleteRequest instead.
+    Errors: FAILED_PRECONDITION
     (a fence), NOT_FOUND (run or job), INVALID_ARGUMENT (sha256 given and different from the bytes').
     """
     ReadImage: _aio.UnaryUnaryMultiCallable[_preview_pb2.ReadImageRequest, _preview_pb2.ReadImageResponse]  # type: ignore[assignment]
@@ -134,9 +140,10 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_preview_pb2.PublishPreviewResponse, _abc.Awaitable[_preview_pb2.PublishPreviewResponse]]:
         """Stores one frame that reaches an output as the job's preview for its slot, under the lease's fences:
-        stage (fenced), write bytes, publish (fenced). Processors publish in slot order, each before uploading
-        the next frame. Errors: FAILED_PRECONDITION (a fence; the bytes are left to garbage collection),
-        NOT_FOUND (run or job).
+        the lease is checked (answers are kept a few seconds), the bytes are written under the lease's key for
+        the slot, then the coordinator records them under the fences. Processors publish in slot order, each
+        before uploading the next frame. Errors: FAILED_PRECONDITION (a fence; bytes already written are left to
+        the cleanup loop), NOT_FOUND (run or job), INVALID_ARGUMENT (slot not expected, out of slot order).
         """
 
     @_abc_1.abstractmethod
@@ -146,7 +153,9 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_preview_pb2.StageUploadResponse, _abc.Awaitable[_preview_pb2.StageUploadResponse]]:
         """Stores one frame's upload under a key unique to the lease generation and slot, before the job's
-        result is committed; the returned key and digest go into CompleteRequest. Errors: FAILED_PRECONDITION
+        result is committed; the returned key and digest go into CompleteRequest. A frame already published as
+        the slot's preview needs no upload: its preview's key and digest may go into CompleteRequest instead.
+        Errors: FAILED_PRECONDITION
         (a fence), NOT_FOUND (run or job), INVALID_ARGUMENT (sha256 given and different from the bytes').
         """
 

@@ -26,13 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from workshop.v1 import common_pb2 as workshop_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkshop/v1/publication.proto\x12\x0bworkshop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\"N\n\x11\x43heckLeaseRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\"\xb9\x01\n\x12\x43heckLeaseResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x04mode\x18\x02 \x01(\x0e\x32\x14.workshop.v1.RunMode\x12\"\n\x04kind\x18\x03 \x01(\x0e\x32\x14.workshop.v1.RunKind\x12\x11\n\tcamera_id\x18\x04 \x01(\t\x12\x12\n\nslot_count\x18\x05 \x01(\r\"\xc3\x01\n\x12StageObjectRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12%\n\x04kind\x18\x03 \x01(\x0e\x32\x17.workshop.v1.ObjectKind\x12\x12\n\nslot_index\x18\x04 \x01(\r\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x11\n\tbyte_size\x18\x06 \x01(\x03\x12\x14\n\x0c\x63ontent_type\x18\x07 \x01(\t\"`\n\x13StageObjectResponse\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12\x35\n\x11\x63ollectable_after\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xed\x01\n\x14RecordPreviewRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nslot_index\x18\x03 \x01(\r\x12\x12\n\nobject_key\x18\x04 \x01(\t\x12.\n\nframe_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1f\n\x05\x62oxes\x18\x06 \x03(\x0b\x32\x10.workshop.v1.Box\x12\x11\n\tbyte_size\x18\x07 \x01(\x03\x12\x0e\n\x06sha256\x18\x08 \x01(\t\"X\n\x15RecordPreviewResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"U\n\x1dListCollectableObjectsRequest\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.workshop.v1.ObjectKind\x12\r\n\x05limit\x18\x02 \x01(\r\"c\n\x1eListCollectableObjectsResponse\x12/\n\x07objects\x18\x01 \x03(\x0b\x32\x1e.workshop.v1.CollectableObject\x12\x10\n\x08has_more\x18\x02 \x01(\x08\"\x98\x01\n\x11\x43ollectableObject\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.workshop.v1.ObjectKind\x12\x11\n\tbyte_size\x18\x03 \x01(\x03\x12\x35\n\x11\x63ollectable_since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x19MarkObjectsDeletedRequest\x12\x13\n\x0bobject_keys\x18\x01 \x03(\t\",\n\x1aMarkObjectsDeletedResponse\x12\x0e\n\x06marked\x18\x01 \x01(\r\"<\n\x19\x41uthorizeImageReadRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\"\xfe\x01\n\x1a\x41uthorizeImageReadResponse\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x03 \x03(\x0b\x32\x10.workshop.v1.Box\x12.\n\nframe_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcamera_id\x18\x05 \x01(\t\x12\x0e\n\x06sha256\x18\x06 \x01(\t\x12\x33\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x88\x01\x01\x42\r\n\x0b_expires_at2\xce\x04\n\x12PublicationService\x12M\n\nCheckLease\x12\x1e.workshop.v1.CheckLeaseRequest\x1a\x1f.workshop.v1.CheckLeaseResponse\x12P\n\x0bStageObject\x12\x1f.workshop.v1.StageObjectRequest\x1a .workshop.v1.StageObjectResponse\x12V\n\rRecordPreview\x12!.workshop.v1.RecordPreviewRequest\x1a\".workshop.v1.RecordPreviewResponse\x12q\n\x16ListCollectableObjects\x12*.workshop.v1.ListCollectableObjectsRequest\x1a+.workshop.v1.ListCollectableObjectsResponse\x12\x65\n\x12MarkObjectsDeleted\x12&.workshop.v1.MarkObjectsDeletedRequest\x1a\'.workshop.v1.MarkObjectsDeletedResponse\x12\x65\n\x12\x41uthorizeImageRead\x12&.workshop.v1.AuthorizeImageReadRequest\x1a\'.workshop.v1.AuthorizeImageReadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkshop/v1/publication.proto\x12\x0bworkshop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\"N\n\x11\x43heckLeaseRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\"\xb9\x01\n\x12\x43heckLeaseResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x04mode\x18\x02 \x01(\x0e\x32\x14.workshop.v1.RunMode\x12\"\n\x04kind\x18\x03 \x01(\x0e\x32\x14.workshop.v1.RunKind\x12\x11\n\tcamera_id\x18\x04 \x01(\t\x12\x12\n\nslot_count\x18\x05 \x01(\r\"\xc3\x01\n\x12StageObjectRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12%\n\x04kind\x18\x03 \x01(\x0e\x32\x17.workshop.v1.ObjectKind\x12\x12\n\nslot_index\x18\x04 \x01(\r\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x11\n\tbyte_size\x18\x06 \x01(\x03\x12\x14\n\x0c\x63ontent_type\x18\x07 \x01(\t\"`\n\x13StageObjectResponse\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12\x35\n\x11\x63ollectable_after\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x83\x02\n\x14RecordPreviewRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nslot_index\x18\x03 \x01(\r\x12\x12\n\nobject_key\x18\x04 \x01(\t\x12.\n\nframe_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1f\n\x05\x62oxes\x18\x06 \x03(\x0b\x32\x10.workshop.v1.Box\x12\x11\n\tbyte_size\x18\x07 \x01(\x03\x12\x0e\n\x06sha256\x18\x08 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\t \x01(\t\"X\n\x15RecordPreviewResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"L\n\x15RecordPreviewsRequest\x12\x33\n\x08previews\x18\x01 \x03(\x0b\x32!.workshop.v1.RecordPreviewRequest\"M\n\x16RecordPreviewsResponse\x12\x33\n\x08outcomes\x18\x01 \x03(\x0b\x32!.workshop.v1.RecordPreviewOutcome\"\x82\x01\n\x14RecordPreviewOutcome\x12\x36\n\x08recorded\x18\x01 \x01(\x0b\x32\".workshop.v1.RecordPreviewResponseH\x00\x12\'\n\x07refused\x18\x02 \x01(\x0b\x32\x14.workshop.v1.RefusalH\x00\x42\t\n\x07outcome\"\x9f\x01\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x34\n\x08metadata\x18\x04 \x03(\x0b\x32\".workshop.v1.Refusal.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x1dListCollectableObjectsRequest\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.workshop.v1.ObjectKind\x12\r\n\x05limit\x18\x02 \x01(\r\"\x87\x01\n\x1eListCollectableObjectsResponse\x12/\n\x07objects\x18\x01 \x03(\x0b\x32\x1e.workshop.v1.CollectableObject\x12\x10\n\x08has_more\x18\x02 \x01(\x08\x12\"\n\x06sweeps\x18\x03 \x03(\x0b\x32\x12.workshop.v1.Sweep\":\n\x05Sweep\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tjob_index\x18\x02 \x01(\r\x12\x0e\n\x06prefix\x18\x03 \x01(\t\"p\n\x12SettleSweepRequest\x12!\n\x05sweep\x18\x01 \x01(\x0b\x32\x12.workshop.v1.Sweep\x12)\n\x07objects\x18\x02 \x03(\x0b\x32\x18.workshop.v1.SweptObject\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\"4\n\x0bSweptObject\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12\x11\n\tbyte_size\x18\x02 \x01(\x03\"\'\n\x13SettleSweepResponse\x12\x10\n\x08recorded\x18\x01 \x01(\r\"\x98\x01\n\x11\x43ollectableObject\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.workshop.v1.ObjectKind\x12\x11\n\tbyte_size\x18\x03 \x01(\x03\x12\x35\n\x11\x63ollectable_since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x19MarkObjectsDeletedRequest\x12\x13\n\x0bobject_keys\x18\x01 \x03(\t\",\n\x1aMarkObjectsDeletedResponse\x12\x0e\n\x06marked\x18\x01 \x01(\r\"<\n\x19\x41uthorizeImageReadRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\"\xfe\x01\n\x1a\x41uthorizeImageReadResponse\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x03 \x03(\x0b\x32\x10.workshop.v1.Box\x12.\n\nframe_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcamera_id\x18\x05 \x01(\t\x12\x0e\n\x06sha256\x18\x06 \x01(\t\x12\x33\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x88\x01\x01\x42\r\n\x0b_expires_at2\xfb\x05\n\x12PublicationService\x12M\n\nCheckLease\x12\x1e.workshop.v1.CheckLeaseRequest\x1a\x1f.workshop.v1.CheckLeaseResponse\x12P\n\x0bStageObject\x12\x1f.workshop.v1.StageObjectRequest\x1a .workshop.v1.StageObjectResponse\x12V\n\rRecordPreview\x12!.workshop.v1.RecordPreviewRequest\x1a\".workshop.v1.RecordPreviewResponse\x12Y\n\x0eRecordPreviews\x12\".workshop.v1.RecordPreviewsRequest\x1a#.workshop.v1.RecordPreviewsResponse\x12q\n\x16ListCollectableObjects\x12*.workshop.v1.ListCollectableObjectsRequest\x1a+.workshop.v1.ListCollectableObjectsResponse\x12\x65\n\x12MarkObjectsDeleted\x12&.workshop.v1.MarkObjectsDeletedRequest\x1a\'.workshop.v1.MarkObjectsDeletedResponse\x12P\n\x0bSettleSweep\x12\x1f.workshop.v1.SettleSweepRequest\x1a .workshop.v1.SettleSweepResponse\x12\x65\n\x12\x41uthorizeImageRead\x12&.workshop.v1.AuthorizeImageReadRequest\x1a\'.workshop.v1.AuthorizeImageReadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workshop.v1.publication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_REFUSAL_METADATAENTRY']._loaded_options = None
+  _globals['_REFUSAL_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_CHECKLEASEREQUEST']._serialized_start=105
   _globals['_CHECKLEASEREQUEST']._serialized_end=183
   _globals['_CHECKLEASERESPONSE']._serialized_start=186
@@ -42,23 +44,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STAGEOBJECTRESPONSE']._serialized_start=571
   _globals['_STAGEOBJECTRESPONSE']._serialized_end=667
   _globals['_RECORDPREVIEWREQUEST']._serialized_start=670
-  _globals['_RECORDPREVIEWREQUEST']._serialized_end=907
-  _globals['_RECORDPREVIEWRESPONSE']._serialized_start=909
-  _globals['_RECORDPREVIEWRESPONSE']._serialized_end=997
-  _globals['_LISTCOLLECTABLEOBJECTSREQUEST']._serialized_start=999
-  _globals['_LISTCOLLECTABLEOBJECTSREQUEST']._serialized_end=1084
-  _globals['_LISTCOLLECTABLEOBJECTSRESPONSE']._serialized_start=1086
-  _globals['_LISTCOLLECTABLEOBJECTSRESPONSE']._serialized_end=1185
-  _globals['_COLLECTABLEOBJECT']._serialized_start=1188
-  _globals['_COLLECTABLEOBJECT']._serialized_end=1340
-  _globals['_MARKOBJECTSDELETEDREQUEST']._serialized_start=1342
-  _globals['_MARKOBJECTSDELETEDREQUEST']._serialized_end=1390
-  _globals['_MARKOBJECTSDELETEDRESPONSE']._serialized_start=1392
-  _globals['_MARKOBJECTSDELETEDRESPONSE']._serialized_end=1436
-  _globals['_AUTHORIZEIMAGEREADREQUEST']._serialized_start=1438
-  _globals['_AUTHORIZEIMAGEREADREQUEST']._serialized_end=1498
-  _globals['_AUTHORIZEIMAGEREADRESPONSE']._serialized_start=1501
-  _globals['_AUTHORIZEIMAGEREADRESPONSE']._serialized_end=1755
-  _globals['_PUBLICATIONSERVICE']._serialized_start=1758
-  _globals['_PUBLICATIONSERVICE']._serialized_end=2348
+  _globals['_RECORDPREVIEWREQUEST']._serialized_end=929
+  _globals['_RECORDPREVIEWRESPONSE']._serialized_start=931
+  _globals['_RECORDPREVIEWRESPONSE']._serialized_end=1019
+  _globals['_RECORDPREVIEWSREQUEST']._serialized_start=1021
+  _globals['_RECORDPREVIEWSREQUEST']._serialized_end=1097
+  _globals['_RECORDPREVIEWSRESPONSE']._serialized_start=1099
+  _globals['_RECORDPREVIEWSRESPONSE']._serialized_end=1176
+  _globals['_RECORDPREVIEWOUTCOME']._serialized_start=1179
+  _globals['_RECORDPREVIEWOUTCOME']._serialized_end=1309
+  _globals['_REFUSAL']._serialized_start=1312
+  _globals['_REFUSAL']._serialized_end=1471
+  _globals['_REFUSAL_METADATAENTRY']._serialized_start=1424
+  _globals['_REFUSAL_METADATAENTRY']._serialized_end=1471
+  _globals['_LISTCOLLECTABLEOBJECTSREQUEST']._serialized_start=1473
+  _globals['_LISTCOLLECTABLEOBJECTSREQUEST']._serialized_end=1558
+  _globals['_LISTCOLLECTABLEOBJECTSRESPONSE']._serialized_start=1561
+  _globals['_LISTCOLLECTABLEOBJECTSRESPONSE']._serialized_end=1696
+  _globals['_SWEEP']._serialized_start=1698
+  _globals['_SWEEP']._serialized_end=1756
+  _globals['_SETTLESWEEPREQUEST']._serialized_start=1758
+  _globals['_SETTLESWEEPREQUEST']._serialized_end=1870
+  _globals['_SWEPTOBJECT']._serialized_start=1872
+  _globals['_SWEPTOBJECT']._serialized_end=1924
+  _globals['_SETTLESWEEPRESPONSE']._serialized_start=1926
+  _globals['_SETTLESWEEPRESPONSE']._serialized_end=1965
+  _globals['_COLLECTABLEOBJECT']._serialized_start=1968
+  _globals['_COLLECTABLEOBJECT']._serialized_end=2120
+  _globals['_MARKOBJECTSDELETEDREQUEST']._serialized_start=2122
+  _globals['_MARKOBJECTSDELETEDREQUEST']._serialized_end=2170
+  _globals['_MARKOBJECTSDELETEDRESPONSE']._serialized_start=2172
+  _globals['_MARKOBJECTSDELETEDRESPONSE']._serialized_end=2216
+  _globals['_AUTHORIZEIMAGEREADREQUEST']._serialized_start=2218
+  _globals['_AUTHORIZEIMAGEREADREQUEST']._serialized_end=2278
+  _globals['_AUTHORIZEIMAGEREADRESPONSE']._serialized_start=2281
+  _globals['_AUTHORIZEIMAGEREADRESPONSE']._serialized_end=2535
+  _globals['_PUBLICATIONSERVICE']._serialized_start=2538
+  _globals['_PUBLICATIONSERVICE']._serialized_end=3301
 # @@protoc_insertion_point(module_scope)

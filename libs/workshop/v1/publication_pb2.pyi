@@ -5,12 +5,21 @@ Coordinator-internal contract used by the preview service (SPEC §7, §9):
 lease fences, staged object keys, preview metadata, image-read
 authorization and the cleanup loop's bookkeeping.
 
-Staging protocol, for previews and uploads alike:
-1. StageObject (fenced) records the object key, digest and size as staged
-   and returns the key; a staged object nothing commits becomes collectable.
-2. The preview service writes the bytes under that key.
-3. RecordPreview (fenced) publishes a preview; uploads are committed by
-   JobService.Complete, which checks each upload key against its staged row.
+Object keys are deterministic: "[workshop-tests/]previews|uploads/<run>/<job>/
+<generation>/<slot>.<ext>", so a retry under the same lease writes the same key.
+
+Previews: the preview service checks the lease once (CheckLease), writes the
+bytes under the preview's key, then records them with one fenced call
+(RecordPreview, or RecordPreviews for several at once). A fence that refuses
+the record still records the object, as collectable: the cleanup loop deletes
+its bytes. Bytes written by a preview service that stopped before recording
+them are found by the per-job sweep (ListCollectableObjects' sweeps) once
+every preview of the job has expired.
+
+Uploads: StageObject (fenced) records the key, digest and size as staged;
+the bytes are written under that key; JobService.Complete commits them,
+checking each upload key against its staged row. A staged upload nothing
+commits becomes collectable.
 """
 
 from collections import abc as _abc
@@ -190,16 +199,21 @@ class RecordPreviewRequest(_message.Message):
     BOXES_FIELD_NUMBER: _builtins.int
     BYTE_SIZE_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     code_sha256: _builtins.str
     """SHA-256 (hex) of the reporting processor's code (fence 4)."""
     slot_index: _builtins.int
     """Slot index of the frame."""
     object_key: _builtins.str
-    """Key returned by StageObject for this slot (kind PREVIEW)."""
+    """Key the bytes were written under: this lease's preview key for the slot (as StageObject would name it)."""
     byte_size: _builtins.int
     """Size of the stored bytes, bytes; must equal the staged size."""
     sha256: _builtins.str
-    """SHA-256 (hex) of the stored bytes; must equal the staged digest."""
+    """SHA-256 (hex) of the stored bytes (if staged with StageObject, it must equal the staged digest)."""
+    content_type: _builtins.str
+    """MIME type of the stored bytes: "image/jpeg" or "image/png"; names the key's extension. Empty: taken
+    from the key's extension (what preview services before this field send).
+    """
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseRef:
         """The current lease."""
@@ -223,10 +237,11 @@ class RecordPreviewRequest(_message.Message):
         boxes: _abc.Iterable[_common_pb2.Box] | None = ...,
         byte_size: _builtins.int = ...,
         sha256: _builtins.str = ...,
+        content_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["frame_time", b"frame_time", "lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "byte_size", b"byte_size", "code_sha256", b"code_sha256", "frame_time", b"frame_time", "lease", b"lease", "object_key", b"object_key", "sha256", b"sha256", "slot_index", b"slot_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "byte_size", b"byte_size", "code_sha256", b"code_sha256", "content_type", b"content_type", "frame_time", b"frame_time", "lease", b"lease", "object_key", b"object_key", "sha256", b"sha256", "slot_index", b"slot_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -263,6 +278,142 @@ class RecordPreviewResponse(_message.Message):
 Global___RecordPreviewResponse: _TypeAlias = RecordPreviewResponse  # noqa: Y015
 
 @_typing.final
+class RecordPreviewsRequest(_message.Message):
+    """Record several previews of one processor."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIEWS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def previews(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordPreviewRequest]:
+        """The previews, 1..256, each as RecordPreview takes it."""
+
+    def __init__(
+        self,
+        *,
+        previews: _abc.Iterable[Global___RecordPreviewRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["previews", b"previews"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordPreviewsRequest: _TypeAlias = RecordPreviewsRequest  # noqa: Y015
+
+@_typing.final
+class RecordPreviewsResponse(_message.Message):
+    """One outcome per preview."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordPreviewOutcome]:
+        """In the order of the request's previews."""
+
+    def __init__(
+        self,
+        *,
+        outcomes: _abc.Iterable[Global___RecordPreviewOutcome] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordPreviewsResponse: _TypeAlias = RecordPreviewsResponse  # noqa: Y015
+
+@_typing.final
+class RecordPreviewOutcome(_message.Message):
+    """What happened to one preview of a RecordPreviews call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def recorded(self) -> Global___RecordPreviewResponse:
+        """Recorded and published, as RecordPreview answers."""
+
+    @_builtins.property
+    def refused(self) -> Global___Refusal:
+        """Refused, with the status RecordPreview would have answered."""
+
+    def __init__(
+        self,
+        *,
+        recorded: Global___RecordPreviewResponse | None = ...,
+        refused: Global___Refusal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "recorded", b"recorded", "refused", b"refused"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "recorded", b"recorded", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["recorded", "refused"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___RecordPreviewOutcome: _TypeAlias = RecordPreviewOutcome  # noqa: Y015
+
+@_typing.final
+class Refusal(_message.Message):
+    """A refusal, as the gRPC status a single call would carry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """gRPC status code number, e.g. 9 (FAILED_PRECONDITION)."""
+    message: _builtins.str
+    """Status message."""
+    reason: _builtins.str
+    """google.rpc.ErrorInfo reason, e.g. "LEASE_MISMATCH"."""
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """google.rpc.ErrorInfo metadata."""
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "metadata", b"metadata", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Refusal: _TypeAlias = Refusal  # noqa: Y015
+
+@_typing.final
 class ListCollectableObjectsRequest(_message.Message):
     """Ask for objects to delete."""
 
@@ -296,25 +447,143 @@ class ListCollectableObjectsResponse(_message.Message):
 
     OBJECTS_FIELD_NUMBER: _builtins.int
     HAS_MORE_FIELD_NUMBER: _builtins.int
+    SWEEPS_FIELD_NUMBER: _builtins.int
     has_more: _builtins.bool
     """True when more collectable objects of this kind remain."""
     @_builtins.property
     def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___CollectableObject]:
         """Oldest collectable first."""
 
+    @_builtins.property
+    def sweeps(self) -> _containers.RepeatedCompositeFieldContainer[Global___Sweep]:
+        """Kind PREVIEW: job prefixes to sweep (every preview of the job has expired), held for this pass."""
+
     def __init__(
         self,
         *,
         objects: _abc.Iterable[Global___CollectableObject] | None = ...,
         has_more: _builtins.bool = ...,
+        sweeps: _abc.Iterable[Global___Sweep] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_more", b"has_more", "objects", b"objects"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_more", b"has_more", "objects", b"objects", "sweeps", b"sweeps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListCollectableObjectsResponse: _TypeAlias = ListCollectableObjectsResponse  # noqa: Y015
+
+@_typing.final
+class Sweep(_message.Message):
+    """A job's preview prefix whose unrecorded bytes may be deleted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    JOB_INDEX_FIELD_NUMBER: _builtins.int
+    PREFIX_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run of the job."""
+    job_index: _builtins.int
+    """Job index within the run."""
+    prefix: _builtins.str
+    """Object key prefix, "[workshop-tests/]previews/<run>/<job>/"."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        job_index: _builtins.int = ...,
+        prefix: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_index", b"job_index", "prefix", b"prefix", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Sweep: _TypeAlias = Sweep  # noqa: Y015
+
+@_typing.final
+class SettleSweepRequest(_message.Message):
+    """Settle a sweep."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWEEP_FIELD_NUMBER: _builtins.int
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    done: _builtins.bool
+    """True with the last objects found: the sweep is finished."""
+    @_builtins.property
+    def sweep(self) -> Global___Sweep:
+        """The sweep, as listed."""
+
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___SweptObject]:
+        """Objects found under its prefix, at most 1000 per call."""
+
+    def __init__(
+        self,
+        *,
+        sweep: Global___Sweep | None = ...,
+        objects: _abc.Iterable[Global___SweptObject] | None = ...,
+        done: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sweep", b"sweep"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "objects", b"objects", "sweep", b"sweep"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleSweepRequest: _TypeAlias = SettleSweepRequest  # noqa: Y015
+
+@_typing.final
+class SweptObject(_message.Message):
+    """An object found under a sweep's prefix."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_KEY_FIELD_NUMBER: _builtins.int
+    BYTE_SIZE_FIELD_NUMBER: _builtins.int
+    object_key: _builtins.str
+    """Its key."""
+    byte_size: _builtins.int
+    """Its size, bytes."""
+    def __init__(
+        self,
+        *,
+        object_key: _builtins.str = ...,
+        byte_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["byte_size", b"byte_size", "object_key", b"object_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SweptObject: _TypeAlias = SweptObject  # noqa: Y015
+
+@_typing.final
+class SettleSweepResponse(_message.Message):
+    """What the sweep recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDED_FIELD_NUMBER: _builtins.int
+    recorded: _builtins.int
+    """Objects no row recorded, now recorded as collectable."""
+    def __init__(
+        self,
+        *,
+        recorded: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recorded", b"recorded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleSweepResponse: _TypeAlias = SettleSweepResponse  # noqa: Y015
 
 @_typing.final
 class CollectableObject(_message.Message):

@@ -61,6 +61,11 @@ class PublicationServiceStub:
                 request_serializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewResponse.FromString,
                 _registered_method=True)
+        self.RecordPreviews = channel.unary_unary(
+                '/workshop.v1.PublicationService/RecordPreviews',
+                request_serializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewsRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewsResponse.FromString,
+                _registered_method=True)
         self.ListCollectableObjects = channel.unary_unary(
                 '/workshop.v1.PublicationService/ListCollectableObjects',
                 request_serializer=workshop_dot_v1_dot_publication__pb2.ListCollectableObjectsRequest.SerializeToString,
@@ -70,6 +75,11 @@ class PublicationServiceStub:
                 '/workshop.v1.PublicationService/MarkObjectsDeleted',
                 request_serializer=workshop_dot_v1_dot_publication__pb2.MarkObjectsDeletedRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_publication__pb2.MarkObjectsDeletedResponse.FromString,
+                _registered_method=True)
+        self.SettleSweep = channel.unary_unary(
+                '/workshop.v1.PublicationService/SettleSweep',
+                request_serializer=workshop_dot_v1_dot_publication__pb2.SettleSweepRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_publication__pb2.SettleSweepResponse.FromString,
                 _registered_method=True)
         self.AuthorizeImageRead = channel.unary_unary(
                 '/workshop.v1.PublicationService/AuthorizeImageRead',
@@ -112,10 +122,22 @@ class PublicationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RecordPreview(self, request, context):
-        """Fenced: publishes a staged preview with its labels; it appears in the run's recent images and live
-        channel. Publishing the same slot again under the same lease replaces the preview.
-        Errors: NOT_FOUND (run, job or staged key), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (key not staged
-        as a preview of this lease and slot, or digest/size differ from the staged row).
+        """Fenced: records a preview whose bytes are written under its key and publishes it with its labels; it
+        appears in the run's recent images and live channel. Recording the same slot again under the same lease
+        replaces the preview. When a fence refuses, the object is recorded as collectable (its bytes are
+        garbage) and the refusal is answered. A preview staged first with StageObject is recorded the same way.
+        Errors: NOT_FOUND (run or job), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (object_key is not this
+        lease's key for the slot and content type, slot not expected, previews out of slot order).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordPreviews(self, request, context):
+        """Group commit: records up to 256 previews for one processor (the on-behalf-of credential) in one call,
+        each exactly as RecordPreview would, and answers one outcome per preview in request order; a refusal
+        of one preview does not affect the others. Errors of the whole call: the common ones, INVALID_ARGUMENT
+        (no previews, or more than 256).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +147,8 @@ class PublicationServiceServicer:
         """Lists objects whose bytes may be deleted, oldest first: expired previews (test hour passed, full-run
         previews replaced by bucket items, jobs that ended), expired uploads (test hour passed, items of deleted
         buckets) and staged objects nothing committed (their lease ended). Follows the coordinator's clock.
+        For kind PREVIEW it also lists job prefixes to sweep for bytes that were never recorded; each batch
+        and sweep is held for the calling pass for 5 minutes, so two cleaners never get the same one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -132,6 +156,16 @@ class PublicationServiceServicer:
 
     def MarkObjectsDeleted(self, request, context):
         """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SettleSweep(self, request, context):
+        """Settles a sweep with the objects found under its prefix: those no row records (bytes never recorded)
+        are recorded as collectable previews, which later batches of ListCollectableObjects list like any
+        other; with `done`, the sweep is finished and never listed again. Errors: NOT_FOUND (no such job),
+        INVALID_ARGUMENT (a key outside the sweep's prefix, more than 1000 objects).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -165,6 +199,11 @@ def add_PublicationServiceServicer_to_server(servicer, server):
                     request_deserializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewResponse.SerializeToString,
             ),
+            'RecordPreviews': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordPreviews,
+                    request_deserializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewsRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_publication__pb2.RecordPreviewsResponse.SerializeToString,
+            ),
             'ListCollectableObjects': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCollectableObjects,
                     request_deserializer=workshop_dot_v1_dot_publication__pb2.ListCollectableObjectsRequest.FromString,
@@ -174,6 +213,11 @@ def add_PublicationServiceServicer_to_server(servicer, server):
                     servicer.MarkObjectsDeleted,
                     request_deserializer=workshop_dot_v1_dot_publication__pb2.MarkObjectsDeletedRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_publication__pb2.MarkObjectsDeletedResponse.SerializeToString,
+            ),
+            'SettleSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.SettleSweep,
+                    request_deserializer=workshop_dot_v1_dot_publication__pb2.SettleSweepRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_publication__pb2.SettleSweepResponse.SerializeToString,
             ),
             'AuthorizeImageRead': grpc.unary_unary_rpc_method_handler(
                     servicer.AuthorizeImageRead,
@@ -285,6 +329,33 @@ class PublicationService:
             _registered_method=True)
 
     @staticmethod
+    def RecordPreviews(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.PublicationService/RecordPreviews',
+            workshop_dot_v1_dot_publication__pb2.RecordPreviewsRequest.SerializeToString,
+            workshop_dot_v1_dot_publication__pb2.RecordPreviewsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListCollectableObjects(request,
             target,
             options=(),
@@ -328,6 +399,33 @@ class PublicationService:
             '/workshop.v1.PublicationService/MarkObjectsDeleted',
             workshop_dot_v1_dot_publication__pb2.MarkObjectsDeletedRequest.SerializeToString,
             workshop_dot_v1_dot_publication__pb2.MarkObjectsDeletedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SettleSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.PublicationService/SettleSweep',
+            workshop_dot_v1_dot_publication__pb2.SettleSweepRequest.SerializeToString,
+            workshop_dot_v1_dot_publication__pb2.SettleSweepResponse.FromString,
             options,
             channel_credentials,
             insecure,

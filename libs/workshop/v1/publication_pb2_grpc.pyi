@@ -5,12 +5,21 @@ Coordinator-internal contract used by the preview service (SPEC §7, §9):
 lease fences, staged object keys, preview metadata, image-read
 authorization and the cleanup loop's bookkeeping.
 
-Staging protocol, for previews and uploads alike:
-1. StageObject (fenced) records the object key, digest and size as staged
-   and returns the key; a staged object nothing commits becomes collectable.
-2. The preview service writes the bytes under that key.
-3. RecordPreview (fenced) publishes a preview; uploads are committed by
-   JobService.Complete, which checks each upload key against its staged row.
+Object keys are deterministic: "[workshop-tests/]previews|uploads/<run>/<job>/
+<generation>/<slot>.<ext>", so a retry under the same lease writes the same key.
+
+Previews: the preview service checks the lease once (CheckLease), writes the
+bytes under the preview's key, then records them with one fenced call
+(RecordPreview, or RecordPreviews for several at once). A fence that refuses
+the record still records the object, as collectable: the cleanup loop deletes
+its bytes. Bytes written by a preview service that stopped before recording
+them are found by the per-job sweep (ListCollectableObjects' sweeps) once
+every preview of the job has expired.
+
+Uploads: StageObject (fenced) records the key, digest and size as staged;
+the bytes are written under that key; JobService.Complete commits them,
+checking each upload key against its staged row. A staged upload nothing
+commits becomes collectable.
 """
 
 from collections import abc as _abc
@@ -66,18 +75,34 @@ class PublicationServiceStub:
     Errors: NOT_FOUND (run or job), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (slot not expected).
     """
     RecordPreview: _grpc.UnaryUnaryMultiCallable[_publication_pb2.RecordPreviewRequest, _publication_pb2.RecordPreviewResponse]
-    """Fenced: publishes a staged preview with its labels; it appears in the run's recent images and live
-    channel. Publishing the same slot again under the same lease replaces the preview.
-    Errors: NOT_FOUND (run, job or staged key), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (key not staged
-    as a preview of this lease and slot, or digest/size differ from the staged row).
+    """Fenced: records a preview whose bytes are written under its key and publishes it with its labels; it
+    appears in the run's recent images and live channel. Recording the same slot again under the same lease
+    replaces the preview. When a fence refuses, the object is recorded as collectable (its bytes are
+    garbage) and the refusal is answered. A preview staged first with StageObject is recorded the same way.
+    Errors: NOT_FOUND (run or job), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (object_key is not this
+    lease's key for the slot and content type, slot not expected, previews out of slot order).
+    """
+    RecordPreviews: _grpc.UnaryUnaryMultiCallable[_publication_pb2.RecordPreviewsRequest, _publication_pb2.RecordPreviewsResponse]
+    """Group commit: records up to 256 previews for one processor (the on-behalf-of credential) in one call,
+    each exactly as RecordPreview would, and answers one outcome per preview in request order; a refusal
+    of one preview does not affect the others. Errors of the whole call: the common ones, INVALID_ARGUMENT
+    (no previews, or more than 256).
     """
     ListCollectableObjects: _grpc.UnaryUnaryMultiCallable[_publication_pb2.ListCollectableObjectsRequest, _publication_pb2.ListCollectableObjectsResponse]
     """Lists objects whose bytes may be deleted, oldest first: expired previews (test hour passed, full-run
     previews replaced by bucket items, jobs that ended), expired uploads (test hour passed, items of deleted
     buckets) and staged objects nothing committed (their lease ended). Follows the coordinator's clock.
+    For kind PREVIEW it also lists job prefixes to sweep for bytes that were never recorded; each batch
+    and sweep is held for the calling pass for 5 minutes, so two cleaners never get the same one.
     """
     MarkObjectsDeleted: _grpc.UnaryUnaryMultiCallable[_publication_pb2.MarkObjectsDeletedRequest, _publication_pb2.MarkObjectsDeletedResponse]
     """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored."""
+    SettleSweep: _grpc.UnaryUnaryMultiCallable[_publication_pb2.SettleSweepRequest, _publication_pb2.SettleSweepResponse]
+    """Settles a sweep with the objects found under its prefix: those no row records (bytes never recorded)
+    are recorded as collectable previews, which later batches of ListCollectableObjects list like any
+    other; with `done`, the sweep is finished and never listed again. Errors: NOT_FOUND (no such job),
+    INVALID_ARGUMENT (a key outside the sweep's prefix, more than 1000 objects).
+    """
     AuthorizeImageRead: _grpc.UnaryUnaryMultiCallable[_publication_pb2.AuthorizeImageReadRequest, _publication_pb2.AuthorizeImageReadResponse]
     """Decides whether the on-behalf-of credential may read an image of a run (a preview or a result item) and
     where its bytes are: a session or Agent key (scope workshop) covering the camera, or a footage:read key for
@@ -113,18 +138,34 @@ class PublicationServiceAsyncStub(PublicationServiceStub):
     Errors: NOT_FOUND (run or job), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (slot not expected).
     """
     RecordPreview: _aio.UnaryUnaryMultiCallable[_publication_pb2.RecordPreviewRequest, _publication_pb2.RecordPreviewResponse]  # type: ignore[assignment]
-    """Fenced: publishes a staged preview with its labels; it appears in the run's recent images and live
-    channel. Publishing the same slot again under the same lease replaces the preview.
-    Errors: NOT_FOUND (run, job or staged key), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (key not staged
-    as a preview of this lease and slot, or digest/size differ from the staged row).
+    """Fenced: records a preview whose bytes are written under its key and publishes it with its labels; it
+    appears in the run's recent images and live channel. Recording the same slot again under the same lease
+    replaces the preview. When a fence refuses, the object is recorded as collectable (its bytes are
+    garbage) and the refusal is answered. A preview staged first with StageObject is recorded the same way.
+    Errors: NOT_FOUND (run or job), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (object_key is not this
+    lease's key for the slot and content type, slot not expected, previews out of slot order).
+    """
+    RecordPreviews: _aio.UnaryUnaryMultiCallable[_publication_pb2.RecordPreviewsRequest, _publication_pb2.RecordPreviewsResponse]  # type: ignore[assignment]
+    """Group commit: records up to 256 previews for one processor (the on-behalf-of credential) in one call,
+    each exactly as RecordPreview would, and answers one outcome per preview in request order; a refusal
+    of one preview does not affect the others. Errors of the whole call: the common ones, INVALID_ARGUMENT
+    (no previews, or more than 256).
     """
     ListCollectableObjects: _aio.UnaryUnaryMultiCallable[_publication_pb2.ListCollectableObjectsRequest, _publication_pb2.ListCollectableObjectsResponse]  # type: ignore[assignment]
     """Lists objects whose bytes may be deleted, oldest first: expired previews (test hour passed, full-run
     previews replaced by bucket items, jobs that ended), expired uploads (test hour passed, items of deleted
     buckets) and staged objects nothing committed (their lease ended). Follows the coordinator's clock.
+    For kind PREVIEW it also lists job prefixes to sweep for bytes that were never recorded; each batch
+    and sweep is held for the calling pass for 5 minutes, so two cleaners never get the same one.
     """
     MarkObjectsDeleted: _aio.UnaryUnaryMultiCallable[_publication_pb2.MarkObjectsDeletedRequest, _publication_pb2.MarkObjectsDeletedResponse]  # type: ignore[assignment]
     """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored."""
+    SettleSweep: _aio.UnaryUnaryMultiCallable[_publication_pb2.SettleSweepRequest, _publication_pb2.SettleSweepResponse]  # type: ignore[assignment]
+    """Settles a sweep with the objects found under its prefix: those no row records (bytes never recorded)
+    are recorded as collectable previews, which later batches of ListCollectableObjects list like any
+    other; with `done`, the sweep is finished and never listed again. Errors: NOT_FOUND (no such job),
+    INVALID_ARGUMENT (a key outside the sweep's prefix, more than 1000 objects).
+    """
     AuthorizeImageRead: _aio.UnaryUnaryMultiCallable[_publication_pb2.AuthorizeImageReadRequest, _publication_pb2.AuthorizeImageReadResponse]  # type: ignore[assignment]
     """Decides whether the on-behalf-of credential may read an image of a run (a preview or a result item) and
     where its bytes are: a session or Agent key (scope workshop) covering the camera, or a footage:read key for
@@ -175,10 +216,24 @@ class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _publication_pb2.RecordPreviewRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_publication_pb2.RecordPreviewResponse, _abc.Awaitable[_publication_pb2.RecordPreviewResponse]]:
-        """Fenced: publishes a staged preview with its labels; it appears in the run's recent images and live
-        channel. Publishing the same slot again under the same lease replaces the preview.
-        Errors: NOT_FOUND (run, job or staged key), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (key not staged
-        as a preview of this lease and slot, or digest/size differ from the staged row).
+        """Fenced: records a preview whose bytes are written under its key and publishes it with its labels; it
+        appears in the run's recent images and live channel. Recording the same slot again under the same lease
+        replaces the preview. When a fence refuses, the object is recorded as collectable (its bytes are
+        garbage) and the refusal is answered. A preview staged first with StageObject is recorded the same way.
+        Errors: NOT_FOUND (run or job), FAILED_PRECONDITION (a fence), INVALID_ARGUMENT (object_key is not this
+        lease's key for the slot and content type, slot not expected, previews out of slot order).
+        """
+
+    @_abc_1.abstractmethod
+    def RecordPreviews(
+        self,
+        request: _publication_pb2.RecordPreviewsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_publication_pb2.RecordPreviewsResponse, _abc.Awaitable[_publication_pb2.RecordPreviewsResponse]]:
+        """Group commit: records up to 256 previews for one processor (the on-behalf-of credential) in one call,
+        each exactly as RecordPreview would, and answers one outcome per preview in request order; a refusal
+        of one preview does not affect the others. Errors of the whole call: the common ones, INVALID_ARGUMENT
+        (no previews, or more than 256).
         """
 
     @_abc_1.abstractmethod
@@ -190,6 +245,8 @@ class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
         """Lists objects whose bytes may be deleted, oldest first: expired previews (test hour passed, full-run
         previews replaced by bucket items, jobs that ended), expired uploads (test hour passed, items of deleted
         buckets) and staged objects nothing committed (their lease ended). Follows the coordinator's clock.
+        For kind PREVIEW it also lists job prefixes to sweep for bytes that were never recorded; each batch
+        and sweep is held for the calling pass for 5 minutes, so two cleaners never get the same one.
         """
 
     @_abc_1.abstractmethod
@@ -199,6 +256,18 @@ class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_publication_pb2.MarkObjectsDeletedResponse, _abc.Awaitable[_publication_pb2.MarkObjectsDeletedResponse]]:
         """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored."""
+
+    @_abc_1.abstractmethod
+    def SettleSweep(
+        self,
+        request: _publication_pb2.SettleSweepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_publication_pb2.SettleSweepResponse, _abc.Awaitable[_publication_pb2.SettleSweepResponse]]:
+        """Settles a sweep with the objects found under its prefix: those no row records (bytes never recorded)
+        are recorded as collectable previews, which later batches of ListCollectableObjects list like any
+        other; with `done`, the sweep is finished and never listed again. Errors: NOT_FOUND (no such job),
+        INVALID_ARGUMENT (a key outside the sweep's prefix, more than 1000 objects).
+        """
 
     @_abc_1.abstractmethod
     def AuthorizeImageRead(

@@ -7,10 +7,18 @@ from google.protobuf import json_format
 from services.coordinator import convert
 from services.coordinator.auth import Principal, ScopeName, require
 from services.coordinator.errors import InvalidField
-from services.coordinator.publication_api import PublicationApi, preview_item_id
+from services.coordinator.publication_api import (
+    MAX_RECORD_BATCH,
+    PreviewRecord,
+    PublicationApi,
+    Recorded,
+    Sweep,
+)
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.jobs import lease
 from workshop.kit.auth import bearer_secret
+from workshop.kit.errors import WorkshopError
+from workshop.kit.status import status_for
 from workshop.v1 import common_pb2, publication_pb2_grpc
 from workshop.v1 import publication_pb2 as pb
 
@@ -31,7 +39,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     ) -> tuple[Principal, Principal]:
         """The calling service and the principal it calls for.
 
-        `cached` for StageObject and RecordPreview only: their SQL checks both keys
+        `cached` for StageObject and RecordPreview(s) only: their SQL checks both keys
         again (the service's with key_live, the processor's with fence 4).
         """
         who = self.who.cached if cached else self.who
@@ -90,23 +98,30 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         self, request: pb.RecordPreviewRequest, context: Context
     ) -> pb.RecordPreviewResponse:
         service, processor = await self._callers(context, cached=True)
-        expires = await self.api.publish_preview(
-            service,
-            processor,
-            lease(request.lease),
-            code_sha256=request.code_sha256,
-            key=request.object_key,
-            slot=request.slot_index,
-            sha256=request.sha256,
-            byte_size=request.byte_size,
-            frame_time=convert.from_ts("frame_time", request.frame_time),
-            boxes=[
-                json_format.MessageToDict(box, preserving_proto_field_name=True)
-                for box in request.boxes
-            ],
-        )
-        return pb.RecordPreviewResponse(
-            item_id=preview_item_id(request.object_key), expires_at=convert.opt_ts(expires)
+        [outcome] = await self.api.record_previews(service, processor, [_preview(request)])
+        if isinstance(outcome, WorkshopError):
+            raise outcome
+        return _recorded(outcome)
+
+    async def RecordPreviews(
+        self, request: pb.RecordPreviewsRequest, context: Context
+    ) -> pb.RecordPreviewsResponse:
+        service, processor = await self._callers(context, cached=True)
+        if not 1 <= len(request.previews) <= MAX_RECORD_BATCH:
+            raise InvalidField(f"Give 1..{MAX_RECORD_BATCH} previews per call.")
+        previews: list[PreviewRecord | WorkshopError] = []
+        for one in request.previews:
+            try:
+                previews.append(_preview(one))
+            except WorkshopError as error:
+                previews.append(error)
+        valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
+        answers = iter(await self.api.record_previews(service, processor, valid) if valid else [])
+        return pb.RecordPreviewsResponse(
+            outcomes=[
+                _outcome(preview if isinstance(preview, WorkshopError) else next(answers))
+                for preview in previews
+            ]
         )
 
     async def ListCollectableObjects(
@@ -115,7 +130,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         kind = OBJECT_KINDS.get(request.kind)
         if kind is None:
             raise InvalidField("kind must be PREVIEW or UPLOAD.")
-        rows, more = await self.api.claim_collectable(
+        rows, more, sweeps = await self.api.claim_collectable(
             await self.who(context), kind, request.limit or DEFAULT_COLLECT
         )
         return pb.ListCollectableObjectsResponse(
@@ -129,7 +144,23 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
                 for row in rows
             ],
             has_more=more,
+            sweeps=[
+                pb.Sweep(run_id=sweep.run_id, job_index=sweep.job_index, prefix=sweep.prefix)
+                for sweep in sweeps
+            ],
         )
+
+    async def SettleSweep(
+        self, request: pb.SettleSweepRequest, context: Context
+    ) -> pb.SettleSweepResponse:
+        sweep = request.sweep
+        recorded = await self.api.settle_sweep(
+            await self.who(context),
+            Sweep(sweep.run_id, sweep.job_index, sweep.prefix),
+            [(found.object_key, found.byte_size) for found in request.objects],
+            done=request.done,
+        )
+        return pb.SettleSweepResponse(recorded=recorded)
 
     async def MarkObjectsDeleted(
         self, request: pb.MarkObjectsDeletedRequest, context: Context
@@ -151,3 +182,40 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             sha256=row["sha256"],
             expires_at=convert.opt_ts(row["expires_at"] or row["run_expires_at"]),
         )
+
+
+def _preview(request: pb.RecordPreviewRequest) -> PreviewRecord:
+    return PreviewRecord(
+        lease=lease(request.lease),
+        code_sha256=request.code_sha256,
+        key=request.object_key,
+        slot=request.slot_index,
+        sha256=request.sha256,
+        byte_size=request.byte_size,
+        content_type=request.content_type,
+        frame_time=convert.from_ts("frame_time", request.frame_time),
+        boxes=[
+            json_format.MessageToDict(box, preserving_proto_field_name=True)
+            for box in request.boxes
+        ],
+    )
+
+
+def _recorded(recorded: Recorded) -> pb.RecordPreviewResponse:
+    return pb.RecordPreviewResponse(
+        item_id=recorded.item_id, expires_at=convert.opt_ts(recorded.expires_at)
+    )
+
+
+def _outcome(outcome: Recorded | WorkshopError) -> pb.RecordPreviewOutcome:
+    """One preview's outcome; a refusal carries the status RecordPreview would answer."""
+    if isinstance(outcome, Recorded):
+        return pb.RecordPreviewOutcome(recorded=_recorded(outcome))
+    return pb.RecordPreviewOutcome(
+        refused=pb.Refusal(
+            code=status_for(outcome).grpc_code.value[0],
+            message=outcome.message,
+            reason=outcome.reason,
+            metadata=outcome.metadata,
+        )
+    )

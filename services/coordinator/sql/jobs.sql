@@ -50,9 +50,16 @@ WHERE j.run_id = $1 AND j.job_index = $2;
 -- name: object_stage
 SELECT * FROM object_stage($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
 
--- name: preview_publish
-SELECT * FROM preview_publish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                              $15);
+-- name: previews_record
+-- One row per preview, in the order of the arrays.
+SELECT * FROM previews_record($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                              $15, $16) ORDER BY ordinal;
+
+-- name: preview_sweeps_claim
+SELECT * FROM preview_sweeps_claim($1, $2, $3, $4);
+
+-- name: preview_sweep_settle
+SELECT preview_sweep_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: maintenance_try_lock
 SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.maintenance'));
@@ -83,12 +90,16 @@ RETURNING object_key;
 
 -- name: image_for_read
 -- A preview (by its item id) or a bucket item of a run, with what reading it needs.
+-- A full run's preview that became its item's upload expired when the job committed.
 SELECT 'preview' AS source, so.object_key, so.content_type, so.boxes, so.frame_time,
-       j.camera_id, so.sha256, so.collectable_at AS expires_at, r.expires_at AS run_expires_at
+       j.camera_id, so.sha256,
+       CASE WHEN so.kind = 'upload' THEN so.published_at ELSE so.collectable_at END
+           AS expires_at,
+       r.expires_at AS run_expires_at
 FROM staged_objects so
 JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
 JOIN runs r ON r.run_id = so.run_id
-WHERE so.run_id = $1 AND so.item_id = $2 AND so.kind = 'preview'
+WHERE so.run_id = $1 AND so.item_id = $2
   AND so.published_at IS NOT NULL AND so.deleted_at IS NULL
 UNION ALL
 SELECT 'item', bi.object_key, upload.content_type, bi.boxes, bi.frame_time, bi.camera_id,
