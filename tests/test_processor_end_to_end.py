@@ -64,6 +64,7 @@ async def test_a_run_labels_every_sampled_frame_like_the_ground_truth(
     if mode == common_pb2.RUN_MODE_FULL:
         assert run.counts.items_saved == 20
         assert all(image.source == 2 for image in images)  # bucket items replaced previews
+        assert await preview.keys("uploads/") == []  # each item's object is its preview's
     else:
         assert run.counts.previews_published == 20
 

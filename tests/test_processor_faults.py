@@ -17,13 +17,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import grpc
 import pytest
 
 from services.coordinator.maintenance import Maintenance
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from services.processor.manifest import code_sha256
-from tests.coordinator_world import run_request, save_workflow
+from tests.coordinator_world import error_reason, run_request, save_workflow
 from tests.harness.coordinator import CoordinatorHarness
 from tests.harness.preview import PreviewHarness, running_preview
 from tests.harness.processes import ServiceProcess
@@ -43,6 +44,7 @@ from tests.processor_world import (
     yard_spec,
 )
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.hashing import sha256_hex
 from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2_grpc
 from workshop.v1 import preview_pb2 as pv
 from workshop.v1 import workshop_pb2 as ws
@@ -66,16 +68,20 @@ class HeldStore(ObjectStore):
         self.held = asyncio.Event()
         self.gate = asyncio.Event()
         self.waiting = 0
+        self.let_through: list[str] = []  # held writes that reached S3 once let through
 
     async def put(self, key: str, data: bytes, content_type: str) -> None:
-        if self.hold(key):
-            self.waiting += 1
-            self.held.set()
-            try:
-                await self.gate.wait()
-            finally:
-                self.waiting -= 1
+        if not self.hold(key):
+            await super().put(key, data, content_type)
+            return
+        self.waiting += 1
+        self.held.set()
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
         await super().put(key, data, content_type)
+        self.let_through.append(key)
 
 
 # 1. killed mid-job -----------------------------------------------------------------------------
@@ -104,8 +110,8 @@ def processor_env(
     return {f"PROCESSOR_{name}": value for name, value in values.items()}
 
 
-def first_attempt_upload_after_slot_0(key: str) -> bool:
-    match = re.fullmatch(r"uploads/r1/j0/1/(\d+)\.jpg", key)
+def first_attempt_preview_after_slot_0(key: str) -> bool:
+    match = re.fullmatch(r"previews/r1/j0/1/(\d+)\.jpg", key)
     return match is not None and int(match[1]) >= 1
 
 
@@ -116,14 +122,15 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
     tmp_path: Path,
 ) -> None:
     """`python -m services.processor` is SIGKILLed while its first attempt waits on the
-    upload of slot 1 (previews of slots 0-1 and the upload of slot 0 accepted). Until the
-    lease lapses nobody else gets the job; then a second processor takes it under
-    generation 2 and commits it once: each slot one item, all from generation 2, one
-    receipt, and the dead attempt's objects are garbage that cleanup deletes."""
+    write of slot 1's preview (slot 0's preview, which in a full run is also its upload,
+    accepted). Until the lease lapses nobody else gets the job; then a second processor
+    takes it under generation 2 and commits it once: each slot one item whose object is
+    generation 2's preview of that slot, one receipt, and the dead attempt's objects are
+    garbage that cleanup deletes."""
     c = coordinator
 
     def held_store(settings: PreviewSettings) -> ObjectStore:
-        return HeldStore(settings, first_attempt_upload_after_slot_0)
+        return HeldStore(settings, first_attempt_preview_after_slot_0)
 
     async with running_preview(c, s3_bucket, store_factory=held_store) as preview:
         store = preview.store
@@ -134,11 +141,11 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
         first = ServiceProcess("services.processor", env, tmp_path / "processor.log")
         try:
             await asyncio.to_thread(first.wait_event, "serving")
-            await within(store.held.wait(), f"the first attempt's upload\n{first.log_tail()}")
+            await within(store.held.wait(), f"slot 1's preview\n{first.log_tail()}")
             mid = await run_detail(c, "r1")
             (job,) = mid.jobs
             assert (job.state, job.generation) == (common_pb2.JOB_STATE_LEASED, 1)
-            assert mid.run.counts.previews_published == 2  # slots 0 and 1
+            assert mid.run.counts.previews_published == 1  # slot 0
             os.killpg(first.process.pid, signal.SIGKILL)
             assert await asyncio.to_thread(first.process.wait, WAIT) == -signal.SIGKILL
         finally:
@@ -154,6 +161,20 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
         store.gate.set()  # a write the dead attempt left behind may go on now: it is fenced
         await until(lambda: store.waiting == 0, "the held write to end")
 
+        # Killing the client may have cancelled the held call (nothing written); if not,
+        # its bytes reached S3 and the coordinator refused their record (LEASE_MISMATCH),
+        # which leaves a collectable row for them.
+        async def refusals_recorded() -> bool:
+            found = await rows(
+                c,
+                "SELECT 1 FROM staged_objects WHERE object_key = ANY($1::text[])",
+                store.let_through,
+            )
+            return len(found) == len(store.let_through)
+
+        await until(refusals_recorded, "the refused records of the held writes")
+        dead = ["previews/r1/j0/1/0.jpg", *store.let_through]
+
         async with running_processor(c, preview, triton_server, world.runtime_id) as second:
             detail = await finished(c, "r1")
             # The run reads completed once the commit lands, a moment before the processor
@@ -168,10 +189,14 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
         assert len(detail.recent_images) == SLOTS
         assert all(image.source == ITEM for image in detail.recent_images)
 
-        items = await rows(c, "SELECT slot_index, object_key FROM bucket_items WHERE run_id = 'r1'")
+        items = await rows(
+            c,
+            "SELECT item_id, slot_index, object_key, sha256 FROM bucket_items WHERE run_id = 'r1'",
+        )
         assert sorted(item["slot_index"] for item in items) == list(range(SLOTS))
+        # each item's object is generation 2's preview of its slot: nothing was staged twice
         assert {item["object_key"] for item in items} == {
-            f"uploads/r1/j0/2/{slot}.jpg" for slot in range(SLOTS)
+            f"previews/r1/j0/2/{slot}.jpg" for slot in range(SLOTS)
         }
         receipts = await rows(c, "SELECT generation, items_saved FROM receipts")
         assert receipts == [{"generation": 2, "items_saved": SLOTS}]
@@ -179,15 +204,33 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
         assert lapsed == [{"lapses": 1}]
         kept = await rows(
             c,
-            "SELECT object_key FROM staged_objects WHERE run_id = 'r1' "
+            "SELECT object_key, kind FROM staged_objects WHERE run_id = 'r1' "
             "AND collectable_at IS NULL ORDER BY object_key",
         )
         assert {row["object_key"] for row in kept} == {item["object_key"] for item in items}
+        assert {row["kind"] for row in kept} == {"upload"}
+        assert await preview.keys("previews/r1/j0/1/") == sorted(dead)
 
         cleaned = await preview.stub.RunCleanup(pv.RunCleanupRequest(), metadata=c.admin)
-        assert cleaned.previews_deleted == 2 + SLOTS  # the dead attempt's and the winner's
-        assert await preview.keys("previews/") == []
-        assert await preview.keys("uploads/") == sorted(item["object_key"] for item in items)
+        assert (cleaned.previews_deleted, cleaned.uploads_deleted) == (len(dead), 0)
+        assert await preview.keys("previews/") == sorted(item["object_key"] for item in items)
+        assert await preview.keys("uploads/") == []
+        for item in items:
+            read = await preview.stub.ReadImage(
+                pv.ReadImageRequest(run_id="r1", item_id=item["item_id"]), metadata=c.admin
+            )
+            assert sha256_hex(read.image) == item["sha256"]
+            assert not read.HasField("expires_at")  # a full run's items stay
+        # the winner's previews became its items' uploads: their own ids have expired
+        replaced = await rows(
+            c, "SELECT item_id FROM staged_objects WHERE run_id = 'r1' AND generation = 2"
+        )
+        assert len(replaced) == SLOTS
+        for one in replaced:
+            gone = pv.ReadImageRequest(run_id="r1", item_id=one["item_id"])
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await preview.stub.ReadImage(gone, metadata=c.admin)
+            assert error_reason(caught.value)[:2] == (grpc.StatusCode.NOT_FOUND, "EXPIRED")
 
 
 # 2. recording replaced mid-job -----------------------------------------------------------------
@@ -199,10 +242,10 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
     triton_server: TritonServer,
     tmp_path: Path,
 ) -> None:
-    """cam-a's recording is replaced after its job published and staged every slot, before
-    Complete is sent: the source fence refuses the completion (SOURCE_CHANGED) and fails the
-    job with that reason (it can never commit), nothing of the job reaches the bucket, and
-    the processor goes on to cam-b's job."""
+    """cam-a's recording is replaced after its job published every slot (each preview also
+    its slot's upload), before Complete is sent: the source fence refuses the completion
+    (SOURCE_CHANGED) and fails the job with that reason (it can never commit), nothing of
+    the job reaches the bucket, and the processor goes on to cam-b's job."""
     c = coordinator
     world = await build_world(c, preview, triton_server, tmp_path)
     await save_workflow(c, "yard", yard_spec(world.model))
@@ -246,12 +289,18 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
     )
     assert by_job == [{"job_index": 1, "items": SLOTS}]
     assert [row["job_index"] for row in await rows(c, "SELECT job_index FROM receipts")] == [1]
-    unpublished = await rows(
+    objects = await rows(
         c,
-        "SELECT count(*) AS n FROM staged_objects WHERE job_index = 0 AND kind = 'upload' "
-        "AND published_at IS NULL",
+        "SELECT job_index, kind, collectable_at IS NULL AS kept, count(*) AS n "
+        "FROM staged_objects GROUP BY 1, 2, 3 ORDER BY 1",
     )
-    assert unpublished == [{"n": SLOTS}]  # staged, never committed
+    # j0's previews were never committed as uploads: with the job ended they are garbage;
+    # j1's each became its item's upload. No upload was staged on its own.
+    assert objects == [
+        {"job_index": 0, "kind": "preview", "kept": False, "n": SLOTS},
+        {"job_index": 1, "kind": "upload", "kept": True, "n": SLOTS},
+    ]
+    assert await preview.keys("uploads/") == []
 
 
 # 3. cancelled mid-job --------------------------------------------------------------------------
@@ -260,75 +309,92 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
 @pytest.mark.parametrize("stop", ["heartbeat", "preview"])
 async def test_a_cancelled_run_stops_its_processor_at_the_next_heartbeat_or_write(
     coordinator: CoordinatorHarness,
-    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
     stop: str,
 ) -> None:
     """r1 is cancelled while its processor holds slot 1's preview (slot 0 published). With
     a 0.1 s heartbeat the refused heartbeat (JOB_CANCELLED) stops the job before the preview
-    is sent; with the 45 s heartbeat the preview is sent and refused (JOB_CANCELLED). Either
-    way nothing more of r1 is written, r1 ends cancelled, and the processor takes r2."""
+    is sent; with the 45 s heartbeat the preview is sent: the preview service still keeps
+    slot 0's lease check (for an hour here, so that this is certain), writes the bytes, and
+    their record is refused (JOB_CANCELLED), which leaves them collectable. Either way
+    nothing more of r1 is accepted, r1 ends cancelled, and the processor takes r2."""
     c = coordinator
-    world = await one_camera_run(c, preview, triton_server, tmp_path)
-    log: list[Call] = []
-    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
-    previews = Spy(
-        preview_pb2_grpc.PreviewServiceStub(preview.channel),
-        log,
-        hold=lambda method, request: (
-            method == "PublishPreview" and request.lease.run_id == "r1" and request.slot_index == 1
-        ),
-    )
-    beat = 0.1 if stop == "heartbeat" else 0.0  # 0: the coordinator's 45 s
-    async with running_processor(
-        c,
-        preview,
-        triton_server,
-        world.runtime_id,
-        jobs=jobs,
-        previews=previews,
-        heartbeat_seconds=beat,
-    ) as processor:
-        await within(previews.held.wait(), "slot 1's preview")
-        assert (await run_detail(c, "r1")).run.counts.previews_published == 1
-        cancelled = await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
-        assert cancelled.jobs_cancelled == 1
-        if stop == "heartbeat":
-            refused = Call("Heartbeat", "r1/j0", None, "JOB_CANCELLED")
-            await until(lambda: refused in log, "the refused heartbeat")
-            held = Call("PublishPreview", "r1/j0", 1, "cancelled")
-            await until(lambda: held in log, "the held preview to be dropped")
-        else:
-            previews.gate.set()
-            refused = Call("PublishPreview", "r1/j0", 1, "JOB_CANCELLED")
-            await until(lambda: refused in log, "the refused preview")
-        previews.gate.set()
-        await c.workshop.CreateRun(
-            run_request("r2", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+    async with running_preview(c, s3_bucket, lease_check_seconds=3600) as preview:
+        world = await one_camera_run(c, preview, triton_server, tmp_path)
+        log: list[Call] = []
+        jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+        previews = Spy(
+            preview_pb2_grpc.PreviewServiceStub(preview.channel),
+            log,
+            hold=lambda method, request: (
+                method == "PublishPreview"
+                and request.lease.run_id == "r1"
+                and request.slot_index == 1
+            ),
         )
-        second = await finished(c, "r2")
-        await until(lambda: processor.completed == 1, "the processor to count r2's completion")
-        assert processor.failed == 0
+        beat = 0.1 if stop == "heartbeat" else 0.0  # 0: the coordinator's 45 s
+        async with running_processor(
+            c,
+            preview,
+            triton_server,
+            world.runtime_id,
+            jobs=jobs,
+            previews=previews,
+            heartbeat_seconds=beat,
+        ) as processor:
+            await within(previews.held.wait(), "slot 1's preview")
+            assert (await run_detail(c, "r1")).run.counts.previews_published == 1
+            cancelled = await c.workshop.CancelRun(
+                ws.CancelRunRequest(run_id="r1"), metadata=c.admin
+            )
+            assert cancelled.jobs_cancelled == 1
+            if stop == "heartbeat":
+                refused = Call("Heartbeat", "r1/j0", None, "JOB_CANCELLED")
+                await until(lambda: refused in log, "the refused heartbeat")
+                held = Call("PublishPreview", "r1/j0", 1, "cancelled")
+                await until(lambda: held in log, "the held preview to be dropped")
+            else:
+                previews.gate.set()
+                refused = Call("PublishPreview", "r1/j0", 1, "JOB_CANCELLED")
+                await until(lambda: refused in log, "the refused preview")
+            previews.gate.set()
+            await c.workshop.CreateRun(
+                run_request("r2", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+            )
+            second = await finished(c, "r2")
+            await until(lambda: processor.completed == 1, "the processor to count r2's completion")
+            assert processor.failed == 0
 
-    assert second.run.status == common_pb2.RUN_STATUS_COMPLETED
-    assert second.run.counts.items_saved == SLOTS
-    detail = await run_detail(c, "r1")
-    assert detail.run.status == common_pb2.RUN_STATUS_CANCELLED
-    assert [job.state for job in detail.jobs] == [common_pb2.JOB_STATE_CANCELLED]
-    assert (detail.run.counts.previews_published, detail.run.counts.items_saved) == (1, 0)
-    # After the refusal nothing of r1 was sent, let alone accepted.
-    after = log[log.index(refused) + 1 :]
-    assert [call for call in after if call.job == "r1/j0" and call.outcome != "cancelled"] == []
-    accepted_writes = [
-        (call.method, call.slot)
-        for call in log
-        if call.job == "r1/j0" and call.outcome == "ok" and call.slot is not None
-    ]
-    assert accepted_writes == [("PublishPreview", 0), ("StageUpload", 0)]
-    assert await preview.keys("previews/r1/") == ["previews/r1/j0/1/0.jpg"]
-    assert await preview.keys("uploads/r1/") == ["uploads/r1/j0/1/0.jpg"]
-    garbage = await rows(
-        c, "SELECT count(*) AS n FROM staged_objects WHERE run_id = 'r1' AND collectable_at IS NULL"
-    )
-    assert garbage == [{"n": 0}]  # everything r1 staged is left to cleanup
+        assert second.run.status == common_pb2.RUN_STATUS_COMPLETED
+        assert second.run.counts.items_saved == SLOTS
+        detail = await run_detail(c, "r1")
+        assert detail.run.status == common_pb2.RUN_STATUS_CANCELLED
+        assert [job.state for job in detail.jobs] == [common_pb2.JOB_STATE_CANCELLED]
+        assert (detail.run.counts.previews_published, detail.run.counts.items_saved) == (1, 0)
+        # After the refusal nothing of r1 was sent, let alone accepted.
+        after = log[log.index(refused) + 1 :]
+        assert [call for call in after if call.job == "r1/j0" and call.outcome != "cancelled"] == []
+        accepted_writes = [
+            (call.method, call.slot)
+            for call in log
+            if call.job == "r1/j0" and call.outcome == "ok" and call.slot is not None
+        ]
+        assert accepted_writes == [("PublishPreview", 0)]  # the preview is also slot 0's upload
+        assert [call for call in log if call.method == "StageUpload"] == []  # r2's neither
+        assert await preview.keys("uploads/") == []
+        written = ["previews/r1/j0/1/0.jpg"]
+        if stop == "preview":
+            written.append("previews/r1/j0/1/1.jpg")  # written, then its record refused
+        assert await preview.keys("previews/r1/") == written
+        known = await rows(
+            c,
+            "SELECT object_key, published_at IS NOT NULL AS published, "
+            "collectable_at IS NOT NULL AS garbage FROM staged_objects WHERE run_id = 'r1' "
+            "ORDER BY object_key",
+        )
+        # every object r1 wrote has its row, and is left to cleanup
+        assert known == [
+            {"object_key": key, "published": key == written[0], "garbage": True} for key in written
+        ]

@@ -292,6 +292,8 @@ CREATE INDEX staged_objects_collectable ON staged_objects (kind, collectable_at)
     WHERE deleted_at IS NULL AND collectable_at IS NOT NULL;
 CREATE INDEX staged_objects_recent_previews ON staged_objects (run_id, published_at DESC)
     WHERE kind = 'preview' AND published_at IS NOT NULL;
+CREATE INDEX staged_objects_recorded_previews ON staged_objects (run_id)
+    WHERE item_id IS NOT NULL;
 
 -- A full run's labeled frames, committed a whole job at a time.
 CREATE TABLE bucket_items (
@@ -1151,9 +1153,10 @@ CROSS JOIN LATERAL (
     FROM receipts rc WHERE rc.run_id = r.run_id
 ) rs
 CROSS JOIN LATERAL (
+    -- every preview ever recorded has an item id, also one that became an upload
     SELECT count(*) AS previews_published
     FROM staged_objects so
-    WHERE so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
+    WHERE so.run_id = r.run_id AND so.item_id IS NOT NULL
 ) pv;
 
 -- Hands a cleanup pass up to p_limit collectable objects of one kind, oldest

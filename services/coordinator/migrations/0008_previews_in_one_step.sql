@@ -272,3 +272,33 @@ BEGIN
 END;
 $$;
 
+-- A preview that became an upload still counts as published.
+CREATE INDEX staged_objects_recorded_previews ON staged_objects (run_id)
+    WHERE item_id IS NOT NULL;
+-- A run with the counts its status and detail are worked out from (SPEC §8).
+CREATE OR REPLACE VIEW run_status AS
+SELECT r.*, c.*, rs.*, pv.*
+FROM runs r
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs_total,
+           count(*) FILTER (WHERE state = 'queued') AS jobs_queued,
+           count(*) FILTER (WHERE state = 'leased') AS jobs_leased,
+           count(*) FILTER (WHERE state = 'completed') AS jobs_completed,
+           count(*) FILTER (WHERE state = 'failed') AS jobs_failed,
+           count(*) FILTER (WHERE state = 'cancelled') AS jobs_cancelled,
+           count(*) FILTER (WHERE state = 'expired') AS jobs_expired,
+           coalesce(sum(slot_count), 0) AS slots_expected,
+           max(updated_at) AS last_job_update
+    FROM jobs j WHERE j.run_id = r.run_id
+) c
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(frames), 0) AS slots_frame, coalesce(sum(empties), 0) AS slots_empty,
+           coalesce(sum(dropped), 0) AS slots_dropped, coalesce(sum(items_saved), 0) AS items_saved
+    FROM receipts rc WHERE rc.run_id = r.run_id
+) rs
+CROSS JOIN LATERAL (
+    -- every preview ever recorded has an item id, also one that became an upload
+    SELECT count(*) AS previews_published
+    FROM staged_objects so
+    WHERE so.run_id = r.run_id AND so.item_id IS NOT NULL
+) pv;
