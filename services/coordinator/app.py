@@ -68,7 +68,7 @@ def grpc_services(
     snapshots = SnapshotCache(db)
     operator = OperatorServicer(OperatorApi(db, clock), authenticate)
     workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), authenticate, events)
-    jobs = JobServicer(JobsApi(db, clock, snapshots), authenticate)
+    jobs = JobServicer(JobsApi(db, clock, snapshots), authenticate, events)
     publication = PublicationServicer(PublicationApi(db, clock, snapshots), authenticate)
     return [
         GrpcService(

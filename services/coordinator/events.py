@@ -1,12 +1,14 @@
-"""Run events across coordinator replicas (SPEC §8 live).
+"""Run events and claimable jobs across coordinator replicas (SPEC §8 live).
 
 Every committing function calls `pg_notify('workshop_run', run_id)` inside its
 transaction, so an event exists exactly when the change it announces is
-committed, whichever replica committed it. Each coordinator process holds one
-LISTEN connection and wakes the WatchRun streams of that run. A wake carries no
-data: watchers re-read the run, so coalesced or duplicate wakes lose nothing.
-If the LISTEN connection drops (database restart), the hub reconnects and
-wakes every watcher, since notifications sent meanwhile are lost.
+committed, whichever replica committed it; a trigger announces every job that
+becomes claimable on `workshop_jobs` with its runtime id (migration 0009).
+Each coordinator process holds one LISTEN connection and wakes the WatchRun
+streams of that run, or the Claims waiting for that runtime. A wake carries no
+data: the woken re-read the database, so coalesced or duplicate wakes lose
+nothing. If the LISTEN connection drops (database restart), the hub reconnects
+and wakes everyone, since notifications sent meanwhile are lost.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import asyncpg
 
 CHANNEL = "workshop_run"
+JOBS_CHANNEL = "workshop_jobs"
 RECONNECT_SECONDS = 1.0
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,7 @@ class Subscription:
 class RunEvents:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
-        self._subscriptions: dict[str, set[Subscription]] = defaultdict(set)
+        self._subscriptions: dict[tuple[str, str], set[Subscription]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
@@ -61,20 +64,28 @@ class RunEvents:
         self._task = None
         self._ready.clear()
 
+    def subscribe(self, run_id: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
+        """Wakes when the run changes."""
+        return self._subscribed(CHANNEL, run_id)
+
+    def claimable(self, runtime_id: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
+        """Wakes when a job of the runtime becomes claimable."""
+        return self._subscribed(JOBS_CHANNEL, runtime_id)
+
     @contextlib.asynccontextmanager
-    async def subscribe(self, run_id: str) -> AsyncIterator[Subscription]:
+    async def _subscribed(self, channel: str, key: str) -> AsyncIterator[Subscription]:
         subscription = Subscription()
-        self._subscriptions[run_id].add(subscription)
+        self._subscriptions[channel, key].add(subscription)
         try:
             yield subscription
         finally:
-            watchers = self._subscriptions[run_id]
+            watchers = self._subscriptions[channel, key]
             watchers.discard(subscription)
             if not watchers:
-                del self._subscriptions[run_id]
+                del self._subscriptions[channel, key]
 
-    def _notified(self, _connection: Any, _pid: int, _channel: str, run_id: str) -> None:
-        for subscription in self._subscriptions.get(run_id, ()):
+    def _notified(self, _connection: Any, _pid: int, channel: str, key: str) -> None:
+        for subscription in self._subscriptions.get((channel, key), ()):
             subscription.wake()
 
     def _wake_all(self) -> None:
@@ -99,6 +110,7 @@ class RunEvents:
             lost = asyncio.Event()
             connection.add_termination_listener(lambda _connection: lost.set())
             await connection.add_listener(CHANNEL, self._notified)
+            await connection.add_listener(JOBS_CHANNEL, self._notified)
             self._wake_all()  # anything may have changed while we were not listening
             self._ready.set()
             await lost.wait()

@@ -245,6 +245,20 @@ CREATE UNIQUE INDEX jobs_claim_request ON jobs (claimed_by, claim_request_id)
 CREATE INDEX jobs_preview_sweeps ON jobs (updated_at)
     WHERE previews_swept_at IS NULL AND state IN ('completed', 'failed', 'cancelled', 'expired');
 
+-- A queued job (a run or photo created it, a Release or a rescue queued it again) is
+-- announced on `workshop_jobs` with its runtime id, so Claims waiting for that runtime
+-- try again; identical notifications of one transaction are folded into one.
+CREATE FUNCTION jobs_announce_claimable() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('workshop_jobs', NEW.runtime_id);
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER jobs_claimable_announced
+    AFTER INSERT OR UPDATE OF state ON jobs
+    FOR EACH ROW WHEN (NEW.state = 'queued')
+    EXECUTE FUNCTION jobs_announce_claimable();
+
 -- One receipt per committed completion (SPEC §7).
 CREATE TABLE receipts (
     run_id        text NOT NULL,

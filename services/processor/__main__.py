@@ -62,6 +62,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             models=models,
             gpu=gpu_available(),
             in_flight=settings.in_flight,
+            claim_wait_seconds=settings.claim_wait_seconds,
             heartbeat_seconds=settings.heartbeat_seconds,
             retry_seconds=settings.rpc_retry_seconds,
         )

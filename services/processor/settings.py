@@ -8,6 +8,7 @@ from pathlib import Path
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import SettingsError, setting
 
+MAX_CLAIM_WAIT_SECONDS = 50  # the coordinator takes up to 60; the call's deadline is 10 s more
 PREFIX = "PROCESSOR"
 DEFAULT_MODEL_REPOSITORY = Path("/models")
 
@@ -34,6 +35,11 @@ class ProcessorSettings(ServerSettings):
     s3_secure: bool = setting(False, help="1 = HTTPS to the S3 endpoint.")
     recordings_bucket: str = setting("recordings", help="Bucket the recordings' object keys name.")
     in_flight: int = setting(3, help="Recordings processed at once (download/decode overlap).")
+    claim_wait_seconds: int = setting(
+        20,
+        help="Seconds a Claim waits at the coordinator for a job when none is queued (a long "
+        "poll, 0..50; 0 polls every 2 s instead).",
+    )
     heartbeat_seconds: float = setting(
         0.0, help="Seconds between lease heartbeats; 0 = the coordinator's interval (45 s)."
     )
@@ -51,6 +57,10 @@ class ProcessorSettings(ServerSettings):
     def validate(self) -> None:
         if not 1 <= self.in_flight <= 16:
             raise SettingsError(f"{PREFIX}_IN_FLIGHT", "must be 1..16")
+        if not 0 <= self.claim_wait_seconds <= MAX_CLAIM_WAIT_SECONDS:
+            raise SettingsError(
+                f"{PREFIX}_CLAIM_WAIT_SECONDS", f"must be 0..{MAX_CLAIM_WAIT_SECONDS}"
+            )
         if self.heartbeat_seconds < 0:
             raise SettingsError(f"{PREFIX}_HEARTBEAT_SECONDS", "must be 0 or more")
         if self.rpc_retry_seconds < 0:

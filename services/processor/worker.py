@@ -64,6 +64,7 @@ TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLI
 RETRY_FIRST_PAUSE_SECONDS = 0.5
 RETRY_MAX_PAUSE_SECONDS = 5.0
 CLAIM_PAUSE_MAX_SECONDS = 60.0  # the longest wait before claiming after hand-backs in a row
+CLAIM_DEADLINE_MARGIN_SECONDS = 10.0  # a waiting Claim's deadline: its wait plus this
 
 
 class LeaseLost(Exception):
@@ -92,6 +93,7 @@ class Processor:
     gpu: bool = False
     in_flight: int = 3
     idle_seconds: float = 2.0
+    claim_wait_seconds: int = 20  # a Claim waits this long at the coordinator for a job
     heartbeat_seconds: float = 0.0  # 0: the interval Claim hands out (45 s); tests shorten it
     retry_seconds: float = 60.0  # how long an RPC about a job is asked again before a hand-back
     _task: asyncio.Task[None] | None = None
@@ -139,8 +141,10 @@ class Processor:
                         runtime_id=self.runtime_id,
                         code_sha256=self.code_sha256,
                         request_id=request_id,
+                        wait_seconds=self.claim_wait_seconds,
                     ),
                     metadata=self.credentials,
+                    timeout=self.claim_wait_seconds + CLAIM_DEADLINE_MARGIN_SECONDS,
                 )
             except grpc.aio.AioRpcError as error:
                 slots.release()
@@ -152,7 +156,9 @@ class Processor:
             request_id = uuid.uuid4().hex
             if not reply.HasField("job"):
                 slots.release()
-                await self._idle(reply.retry_after.ToTimedelta().total_seconds() or 1.0)
+                pause = reply.retry_after.ToTimedelta().total_seconds()
+                if pause or not self.claim_wait_seconds:  # after a wait: ask again at once
+                    await self._idle(pause or 1.0)
                 continue
             task = asyncio.create_task(self._run(reply.job), name=reply.job.lease.job_id)
             self._running.add(task)

@@ -33,6 +33,7 @@ class ClaimRequest(_message.Message):
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     CODE_SHA256_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     """Runtime the processor runs as."""
     code_sha256: _builtins.str
@@ -45,16 +46,22 @@ class ClaimRequest(_message.Message):
     once that lease ended (completed, failed, released, lapsed, cancelled, expired) the request_id
     leases as a new claim. Empty = no such memory.
     """
+    wait_seconds: _builtins.int
+    """Seconds to wait for a job when none is claimable now, 0..60 (0: answer at once). The answer comes as
+    soon as a job is leased, or with no job (and retry_after 0) when the wait ends; the wait is cut short to
+    end a second before the call's deadline. Set the call's deadline above it.
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         code_sha256: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        wait_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "request_id", b"request_id", "runtime_id", b"runtime_id", "wait_seconds", b"wait_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -74,7 +81,7 @@ class ClaimResponse(_message.Message):
 
     @_builtins.property
     def retry_after(self) -> _duration_pb2.Duration:
-        """Suggested wait before the next Claim when no job was returned."""
+        """Suggested wait before the next Claim when no job was returned (0 after a Claim that waited)."""
 
     def __init__(
         self,

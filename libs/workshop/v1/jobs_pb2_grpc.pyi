@@ -63,7 +63,11 @@ class JobServiceStub:
     call took while it is still held, instead of leasing another job and leaving that one leased to nobody
     until its lease lapses (and spends one of its attempts).
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
-    INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id),
+    With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
+    runtime becomes claimable (a run created, a job released or requeued), so an idle processor starts new
+    work at once instead of after its next poll.
+    Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
+    INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.HeartbeatRequest, _jobs_pb2.HeartbeatResponse]
@@ -127,7 +131,11 @@ class JobServiceAsyncStub(JobServiceStub):
     call took while it is still held, instead of leasing another job and leaving that one leased to nobody
     until its lease lapses (and spends one of its attempts).
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
-    INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id),
+    With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
+    runtime becomes claimable (a run created, a job released or requeued), so an idle processor starts new
+    work at once instead of after its next poll.
+    Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
+    INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_jobs_pb2.HeartbeatRequest, _jobs_pb2.HeartbeatResponse]  # type: ignore[assignment]
@@ -194,7 +202,11 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         call took while it is still held, instead of leasing another job and leaving that one leased to nobody
         until its lease lapses (and spends one of its attempts).
         Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
-        INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id),
+        With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
+        runtime becomes claimable (a run created, a job released or requeued), so an idle processor starts new
+        work at once instead of after its next poll.
+        Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
+        INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
         FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
         """
 

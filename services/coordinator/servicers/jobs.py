@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from functools import lru_cache
 
@@ -9,6 +10,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from services.coordinator import convert
 from services.coordinator.errors import InvalidField
+from services.coordinator.events import RunEvents
 from services.coordinator.jobs_api import (
     HEARTBEAT_INTERVAL,
     PHASES,
@@ -24,6 +26,9 @@ from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
 
 NO_JOB_RETRY_AFTER = timedelta(seconds=2)
+MAX_CLAIM_WAIT_SECONDS = 60
+# A waiting Claim answers this long before the call's deadline, so the answer arrives.
+DEADLINE_MARGIN_SECONDS = 1.0
 
 
 def lease(ref: common_pb2.LeaseRef) -> Lease:
@@ -78,23 +83,44 @@ def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, api: JobsApi, authenticate: Authenticator) -> None:
+    def __init__(self, api: JobsApi, authenticate: Authenticator, events: RunEvents) -> None:
         self.api = api
         self.who = authenticate
+        self.events = events
 
     # Every call here authenticates through the principal cache: job_claim checks the
     # claiming key and every fenced write the reporting key again, in SQL.
 
     async def Claim(self, request: pb.ClaimRequest, context: Context) -> pb.ClaimResponse:
-        claimed = await self.api.claim(
-            await self.who.cached(context),
-            request.runtime_id,
-            request.code_sha256,
-            request.request_id,
-        )
-        if claimed is None:
-            return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
-        return pb.ClaimResponse(job=claimed_job(claimed))
+        if request.wait_seconds > MAX_CLAIM_WAIT_SECONDS:
+            raise InvalidField(f"wait_seconds must be 0..{MAX_CLAIM_WAIT_SECONDS}.")
+        who = await self.who.cached(context)
+        wait = float(request.wait_seconds)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait = min(wait, remaining - DEADLINE_MARGIN_SECONDS)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        # Subscribed before the first try, so a job queued between a try and the wait
+        # still wakes it; every try carries the same request id, so a lease taken by a
+        # try whose answer is lost is answered again.
+        async with self.events.claimable(request.runtime_id) as queued:
+            while True:
+                claimed = await self.api.claim(
+                    who, request.runtime_id, request.code_sha256, request.request_id
+                )
+                if claimed is not None:
+                    return pb.ClaimResponse(job=claimed_job(claimed))
+                left = until - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(queued.wait(), left)
+                except TimeoutError:
+                    break
+        # after a wait, the next Claim may come at once: it waits in turn
+        retry_after = timedelta(0) if request.wait_seconds else NO_JOB_RETRY_AFTER
+        return pb.ClaimResponse(retry_after=duration(retry_after))
 
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: Context
