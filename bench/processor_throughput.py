@@ -29,12 +29,12 @@ then the baseline once more:
 - **processor**: a full run over all recordings, one frame every `--interval` seconds
   (default 0.5: 2 fps, as issue 6 asks; any whole number of milliseconds from 0.1), from
   CreateRun until every job finished: claim, download, checksum, decode, Triton,
-  routing, then a preview and an upload of every frame (every frame shows objects of
-  the rule's classes), complete. A test run would stop at 100 images. With
-  `--drop-frames` the rule sends every frame to Do nothing instead: no previews or
-  uploads, the processor's own path. The first claim comes up to the coordinator's
-  retry_after (2 s) after CreateRun, since an idle processor waits that long between
-  empty claims; the rate from the first claim is printed too.
+  routing, then a preview of every frame (every frame shows objects of the rule's
+  classes; in a full run the preview's object is also the frame's upload), complete. A
+  test run would stop at 100 images. With `--drop-frames` the rule sends every frame to
+  Do nothing instead: no previews or uploads, the processor's own path. The idle
+  processor's Claim waits at the coordinator (a long poll), so the first claim follows
+  CreateRun at once; the delay and the rate from the first claim are printed too.
 
 Each pass reports frames/s, the cores that other processes of the machine kept busy
 meanwhile (from /proc/stat), CPU ms per frame of every part (from /proc, each service's
@@ -568,8 +568,7 @@ async def _processor_run(
         f"{run.counts.slots_frame} frames, {run.counts.slots_dropped} dropped, "
         f"{run.counts.items_saved} items saved; decoders "
         + ", ".join(f"{name or '?'} x{count}" for name, count in sorted(decoders.items()))
-        + f"; first claim {claimed - created:.2f} s after CreateRun (the processor idles up "
-        f"to the coordinator's retry_after between empty claims), from there "
+        + f"; first claim {claimed - created:.2f} s after CreateRun, from there "
         f"{frames / (finished - claimed):.1f} frames/s"
     )
     if (

@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import io
 from collections import Counter
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from services.preview.settings import PreviewSettings
-from services.preview.storage import ObjectStore, RemovalFailure
+from services.preview.storage import ObjectStore
 from tests.coordinator_leases import create_run, setup
 from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness, running_preview
+from tests.harness.preview import CountingStore, PreviewHarness, running_preview
 from tests.harness.s3 import S3Bucket
 from workshop.kit.periodic import Periodic
 from workshop.v1 import preview_pb2 as pb
@@ -99,21 +98,6 @@ async def test_uploads_drain_500_per_pass_oldest_first(
             )
         assert left == 0
         assert (await cleanup(c, p)).uploads_deleted == 0
-
-
-class CountingStore(ObjectStore):
-    """Records every key this replica handed to the SDK for removal."""
-
-    def __init__(self, settings: PreviewSettings) -> None:
-        super().__init__(settings)
-        self.removed: list[str] = []
-        self.failures: list[RemovalFailure] = []
-
-    async def remove(self, keys: Sequence[str]) -> list[RemovalFailure]:
-        self.removed.extend(keys)
-        failures = await super().remove(keys)
-        self.failures.extend(failures)
-        return failures
 
 
 async def test_two_replicas_passing_at_once_delete_each_object_exactly_once(

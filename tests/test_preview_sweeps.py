@@ -27,7 +27,7 @@ import pytest
 
 from services.coordinator.db import Record
 from services.preview.settings import PreviewSettings
-from services.preview.storage import ObjectStore, RemovalFailure
+from services.preview.storage import ObjectStore
 from tests.coordinator_leases import (
     Setup,
     claim,
@@ -39,7 +39,14 @@ from tests.coordinator_leases import (
 )
 from tests.coordinator_world import CODE, error_reason, run_request, save_workflow, workflow_spec
 from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness, box, jpeg_bytes, publish_request, running_preview
+from tests.harness.preview import (
+    CountingStore,
+    PreviewHarness,
+    box,
+    jpeg_bytes,
+    publish_request,
+    running_preview,
+)
 from tests.harness.s3 import S3Bucket
 from workshop.kit.errors import FailedPrecondition, WorkshopError
 from workshop.kit.hashing import sha256_hex
@@ -145,21 +152,6 @@ async def test_bytes_written_but_never_recorded_are_swept_once_the_job_has_ended
     assert unrecorded_row["byte_size"] == len(image)  # the size S3 listed
     assert await p.keys() == []
     assert found_and_deleted(await cleanup(c, p)) == (0, 0)
-
-
-class CountingStore(ObjectStore):
-    """Records every key this replica handed to the SDK for removal."""
-
-    def __init__(self, settings: PreviewSettings) -> None:
-        super().__init__(settings)
-        self.removed: list[str] = []
-        self.failures: list[RemovalFailure] = []
-
-    async def remove(self, keys: Sequence[str]) -> list[RemovalFailure]:
-        self.removed.extend(keys)
-        failures = await super().remove(keys)
-        self.failures.extend(failures)
-        return failures
 
 
 async def test_two_replicas_sweeping_at_once_delete_each_unrecorded_object_exactly_once(

@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import struct
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from fractions import Fraction
 from functools import cache
@@ -30,7 +30,7 @@ import pytest
 from services.coordinator.auth import Grant, ScopeName
 from services.preview.app import PreviewApp, build
 from services.preview.settings import PreviewSettings
-from services.preview.storage import ObjectStore
+from services.preview.storage import ObjectStore, RemovalFailure
 from tests.coordinator_world import CODE
 from tests.harness.coordinator import CoordinatorHarness
 from tests.harness.s3 import S3Bucket
@@ -235,3 +235,18 @@ def upload_request(
         content_type="image/jpeg",
         sha256=sha256,
     )
+
+
+class CountingStore(ObjectStore):
+    """Records every key this replica handed to the SDK for removal."""
+
+    def __init__(self, settings: PreviewSettings) -> None:
+        super().__init__(settings)
+        self.removed: list[str] = []
+        self.failures: list[RemovalFailure] = []
+
+    async def remove(self, keys: Sequence[str]) -> list[RemovalFailure]:
+        self.removed.extend(keys)
+        failures = await super().remove(keys)
+        self.failures.extend(failures)
+        return failures
