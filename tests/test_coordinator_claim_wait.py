@@ -1,12 +1,13 @@
 """Claim with wait_seconds (a long poll) on real Postgres over gRPC.
 
 A Claim that finds no job waits until a job of its runtime becomes claimable: the
-trigger of migration 0009 announces every queued job on `workshop_jobs` with its
-runtime id, and the coordinator's LISTEN connection wakes the Claims waiting for that
+trigger of migration 0009 announces every job queued or ended on `workshop_jobs` with
+its runtime id, and the coordinator's LISTEN connection wakes the Claims waiting for that
 runtime. The first tests listen on a connection of their own, as another replica
 would; the others wait in Claims and check what they answer. A Claim that was not
 woken answers no job when its wait ends, so every "answers a job" below fails (after
-the wait) when the wake does not work.
+the wait) when the wake does not work, among them the next run's job that becomes
+claimable when the head run's last job ends.
 
 Ordering without sleeps: a waiting Claim is known to be waiting once its first try
 committed, and that try marks the runtime seen at the (frozen, advanced) clock's now.
@@ -66,7 +67,7 @@ class Announcements:
         self._heard: list[str] = []
         self._fences: dict[str, asyncio.Event] = {}
 
-    def _notified(self, _connection: Any, _pid: int, channel: str, payload: str) -> None:
+    def notified(self, _connection: Any, _pid: int, channel: str, payload: str) -> None:
         if channel == JOBS_CHANNEL:
             self._heard.append(payload)
         elif payload in self._fences:
@@ -91,8 +92,8 @@ async def announcements(c: CoordinatorHarness) -> AsyncIterator[Announcements]:
     connection = await asyncpg.connect(c.db.dsn)
     try:
         heard = Announcements(connection)
-        await connection.add_listener(JOBS_CHANNEL, heard._notified)
-        await connection.add_listener(FENCE_CHANNEL, heard._notified)
+        await connection.add_listener(JOBS_CHANNEL, heard.notified)
+        await connection.add_listener(FENCE_CHANNEL, heard.notified)
         yield heard
     finally:
         await connection.close()
@@ -113,12 +114,12 @@ async def claim(
     *,
     runtime_id: str = "",
     metadata: Metadata | None = None,
-    timeout: float | None = None,
+    deadline: float | None = None,
 ) -> jobs_pb2.ClaimResponse:
     reply: jobs_pb2.ClaimResponse = await c.jobs.Claim(
         claim_request(runtime_id or s.world.tracking_runtime, wait_seconds),
         metadata=metadata or s.processor,
-        timeout=timeout,
+        timeout=deadline,  # seconds
     )
     return reply
 
@@ -187,7 +188,7 @@ async def test_a_created_run_announces_its_runtime_once(
         assert await heard.since_last(c) == [s.world.plain_runtime]
 
 
-async def test_a_release_and_a_rescue_announce_what_the_lease_calls_do_not(
+async def test_a_release_a_rescue_and_an_end_announce_what_the_lease_calls_do_not(
     coordinator: CoordinatorHarness, s: Setup
 ) -> None:
     c = coordinator
@@ -208,22 +209,24 @@ async def test_a_release_and_a_rescue_announce_what_the_lease_calls_do_not(
         )
         assert await heard.since_last(c) == [], "a ReportProgress"
         await c.jobs.Complete(complete_request(j0, empty_result(j0)), metadata=s.processor)
-        assert await heard.since_last(c) == [], "a Complete"
+        assert await heard.since_last(c) == [runtime], "a Complete (a job that ended)"
         await c.jobs.Release(jobs_pb2.ReleaseRequest(lease=j1.lease), metadata=s.processor)
         assert await heard.since_last(c) == [runtime], "a Release"
         assert await jobs_by_state(c) == [("r1", 0, "completed", 1), ("r1", 1, "queued", 1)]
 
         lapsing = await claimed(c, s)
+        assert lapsing.lease.job_id == "j1"
         assert await heard.since_last(c) == []
         c.clock.advance(timedelta(minutes=5, seconds=1))
         done = await Maintenance(c.db, c.clock, interval_seconds=1).run_once()
         assert done.requeued == 1
         assert await heard.since_last(c) == [runtime], "a rescued lapsed lease"
         assert await jobs_by_state(c) == [("r1", 0, "completed", 1), ("r1", 1, "queued", 2)]
-        assert lapsing.lease.job_id == "j1"
 
 
-async def test_a_cancel_announces_nothing(coordinator: CoordinatorHarness, s: Setup) -> None:
+async def test_a_cancel_announces_its_runtime_once(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
     c = coordinator
     await create_run(c, s)
     await claimed(c, s)  # one job leased, one queued: both end
@@ -231,7 +234,7 @@ async def test_a_cancel_announces_nothing(coordinator: CoordinatorHarness, s: Se
         await heard.since_last(c)
         reply = await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
         assert reply.jobs_cancelled == 2
-        assert await heard.since_last(c) == []
+        assert await heard.since_last(c) == [s.world.tracking_runtime]
 
 
 # 2. The answers without a wake
@@ -308,7 +311,7 @@ async def test_a_deadline_shorter_than_the_wait_answers_no_job_before_it(
 ) -> None:
     c = coordinator
     # the wait ends a second before the 2 s deadline; without that cut it ran into it
-    assert no_job(await claim(c, s, LONG_WAIT, timeout=2)) == timedelta(0)
+    assert no_job(await claim(c, s, LONG_WAIT, deadline=2)) == timedelta(0)
     await create_run(c, s)
     assert job_of(await claim(c, s, 0)) == ("r1", "j0", 1)  # nothing leased meanwhile
 
@@ -337,15 +340,9 @@ async def test_two_waiting_claims_and_one_job_lease_it_once(
 
 # Claimable without being queued: the claim order is run by run (job_claim leases from the
 # oldest run of the runtime with unfinished jobs), so a queued job of a later run becomes
-# claimable when the head run's last job ends, which the trigger does not announce.
+# claimable when the head run's last job ends; the trigger announces ended jobs too.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the end of the head run (Complete, Fail, CancelRun, an exhausted or expired "
-    "job) makes the next run's queued jobs claimable without a notification, so a waiting "
-    "Claim sleeps out its wait (the processor's 20 s) while jobs are claimable",
-)
 async def test_a_waiting_claim_gets_the_next_runs_job_when_the_head_run_ends(
     coordinator: CoordinatorHarness, s: Setup
 ) -> None:

@@ -245,9 +245,10 @@ CREATE UNIQUE INDEX jobs_claim_request ON jobs (claimed_by, claim_request_id)
 CREATE INDEX jobs_preview_sweeps ON jobs (updated_at)
     WHERE previews_swept_at IS NULL AND state IN ('completed', 'failed', 'cancelled', 'expired');
 
--- A queued job (a run or photo created it, a Release or a rescue queued it again) is
--- announced on `workshop_jobs` with its runtime id, so Claims waiting for that runtime
--- try again; identical notifications of one transaction are folded into one.
+-- A job queued (a run or photo created it, a Release or a rescue queued it again) or
+-- ended (which may make its runtime's next run the one Claims lease from) is announced
+-- on `workshop_jobs` with its runtime id, so Claims waiting for that runtime try again;
+-- identical notifications of one transaction are folded into one.
 CREATE FUNCTION jobs_announce_claimable() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('workshop_jobs', NEW.runtime_id);
@@ -256,7 +257,7 @@ END;
 $$;
 CREATE TRIGGER jobs_claimable_announced
     AFTER INSERT OR UPDATE OF state ON jobs
-    FOR EACH ROW WHEN (NEW.state = 'queued')
+    FOR EACH ROW WHEN (NEW.state <> 'leased')
     EXECUTE FUNCTION jobs_announce_claimable();
 
 -- One receipt per committed completion (SPEC §7).

@@ -64,8 +64,8 @@ class JobServiceStub:
     until its lease lapses (and spends one of its attempts).
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
     With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
-    runtime becomes claimable (a run created, a job released or requeued), so an idle processor starts new
-    work at once instead of after its next poll.
+    runtime may have become claimable (a run created, a job released or requeued, a job of the run ahead
+    ended), so an idle processor starts new work at once instead of after its next poll.
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
     INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
@@ -132,8 +132,8 @@ class JobServiceAsyncStub(JobServiceStub):
     until its lease lapses (and spends one of its attempts).
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
     With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
-    runtime becomes claimable (a run created, a job released or requeued), so an idle processor starts new
-    work at once instead of after its next poll.
+    runtime may have become claimable (a run created, a job released or requeued, a job of the run ahead
+    ended), so an idle processor starts new work at once instead of after its next poll.
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
     INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
@@ -203,8 +203,8 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         until its lease lapses (and spends one of its attempts).
         Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
         With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
-        runtime becomes claimable (a run created, a job released or requeued), so an idle processor starts new
-        work at once instead of after its next poll.
+        runtime may have become claimable (a run created, a job released or requeued, a job of the run ahead
+        ended), so an idle processor starts new work at once instead of after its next poll.
         Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
         INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
         FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
