@@ -359,7 +359,7 @@ async def test_concurrent_publishes_of_one_processor_succeed_and_a_cancelled_job
         outcomes = [outcome for call in batches.calls for outcome in call]
         assert len(outcomes) == 5 * SLOTS  # each publish recorded once, refusals included
         assert outcomes.count(False) == SLOTS - CANCEL_AFTER
-        assert len(batches.calls) < len(outcomes)  # concurrent records shared calls
+        # whether records share calls here depends on timing; the next test batches for sure
 
         # the cancelled job's bytes (refused or published) go with the next pass
         report = await cleanup(c, p)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -300,13 +299,15 @@ class PublicationApi:
         _require_service(who)
         if len(objects) > MAX_COLLECT:
             raise InvalidField(f"At most {MAX_COLLECT} objects per call.")
-        lease = Lease(sweep.run_id, sweep.job_index, 0, uuid.UUID(int=0))
-        frozen = await self._frozen(lease)
-        prefix = object_keys.job_prefix(
-            "preview", sweep.run_id, lease.job_id, test=not frozen.full_run
-        )
+        job = job_id(sweep.job_index)
+        missing = NotFound("job", f"{sweep.run_id}/{job}", "No such run or job.")
+        try:
+            frozen = await self.snapshots.get(sweep.run_id)
+        except NotFound:
+            raise missing from None
+        prefix = object_keys.job_prefix("preview", sweep.run_id, job, test=not frozen.full_run)
         if sweep.prefix != prefix:
-            raise InvalidField(f"The sweep of job {lease.job_id} has prefix {prefix!r}.")
+            raise InvalidField(f"The sweep of job {job} has prefix {prefix!r}.")
         columns: list[list[Any]] = [[], [], [], [], []]
         for key, size in objects:
             if not key.startswith(prefix):
@@ -330,8 +331,8 @@ class PublicationApi:
                 COLLECT_HOLD,
             )
         if recorded is None:
-            raise_for("NOT_FOUND", lease)
-        return recorded or 0
+            raise missing
+        return recorded
 
     async def mark_deleted(self, who: Principal, keys: list[str]) -> int:
         _require_service(who)
