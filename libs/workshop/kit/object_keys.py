@@ -48,8 +48,8 @@ class KeyParts:
 
 
 def parts_under(prefix: str, key: str) -> KeyParts | None:
-    """Generation, slot and content type of a key under a job prefix; None if it has
-    some other shape (an object someone else put there): generation and slot -1."""
+    """Generation, slot and content type of a key under a job prefix; None if the key has
+    some other shape (an object someone else put there)."""
     match = _ATTEMPT_OBJECT.fullmatch(key.removeprefix(prefix))
     if match is None or match.group(3) not in CONTENT_TYPES:
         return None
