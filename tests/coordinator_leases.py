@@ -68,6 +68,13 @@ async def create_run(
     )
 
 
+async def leased(c: CoordinatorHarness, *, full: bool = True) -> tuple[Setup, jobs_pb2.ClaimedJob]:
+    """The usual world, run r1 (full or test) and its first job leased by the processor."""
+    s = await setup(c)
+    await create_run(c, s, full=full)
+    return s, await claimed(c, s)
+
+
 async def claim(c: CoordinatorHarness, s: Setup) -> jobs_pb2.ClaimedJob | None:
     reply = await c.jobs.Claim(
         jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),

@@ -22,6 +22,7 @@ from tests.coordinator_leases import (
     create_run,
     empty_result,
     frame_result,
+    leased,
     on_behalf,
     record_request,
     refused,
@@ -534,9 +535,7 @@ async def test_result_digest_must_match(coordinator: CoordinatorHarness, s: Setu
 
 async def test_test_runs_expire_after_their_hour(coordinator: CoordinatorHarness) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s, full=False)
-    job = await claimed(c, s)
+    s, job = await leased(c, full=False)
     assert job.input.expires_at.ToDatetime() == (c.clock.now() + timedelta(hours=1)).replace(
         tzinfo=None
     )
@@ -566,9 +565,7 @@ async def test_jobs_expire_with_their_recording(coordinator: CoordinatorHarness,
 
 async def test_previews_are_fenced_like_results(coordinator: CoordinatorHarness) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s, full=False)
-    job = await claimed(c, s)
+    s, job = await leased(c, full=False)
     stage = pub.StageObjectRequest(
         lease=job.lease,
         code_sha256=CODE,

@@ -27,6 +27,7 @@ from tests.coordinator_leases import (
     complete_request,
     create_run,
     empty_result,
+    leased,
     on_behalf,
     record_request,
     refused,
@@ -150,9 +151,7 @@ async def test_a_preview_named_as_an_upload_is_kept_for_its_item_and_stops_being
     (a preview service from before 0008); slot 2's preview belongs to a slot the result
     says is empty. Only slot 0's object is kept, as the upload of its item."""
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     previews = [await record(c, s, job, slot, b"frame-%d" % slot) for slot in range(3)]
     named = lease_key(job, 0)
     assert (await run_detail(c)).run.counts.previews_published == 3

@@ -25,6 +25,7 @@ from tests.coordinator_leases import (
     complete_request,
     create_run,
     empty_result,
+    leased,
     on_behalf,
     preview_key,
     record_request,
@@ -117,9 +118,7 @@ async def test_a_preview_is_recorded_and_published_without_staging(
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s, full=False)
-    job = await claimed(c, s)
+    s, job = await leased(c, full=False)
     first = record_request(job, 0, test=True, data=b"first")
     published = await record(c, s, first)
     assert published.item_id
@@ -182,9 +181,7 @@ async def test_a_key_or_field_the_lease_does_not_name_is_refused_and_recorded_no
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s, full=False)
-    job = await claimed(c, s)
+    s, job = await leased(c, full=False)
     base = record_request(job, 0, test=True)
     cases = {
         "another slot's key": changed(base, object_key=preview_key(job, 1, test=True)),
@@ -331,9 +328,7 @@ async def test_previews_of_an_attempt_are_recorded_in_slot_order_within_its_slot
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     await record(c, s, record_request(job, 0, test=False))
     await record(c, s, record_request(job, 2, test=False))
     behind = record_request(job, 1, test=False)
@@ -361,9 +356,7 @@ async def test_a_refused_retry_of_a_published_preview_leaves_it_live(
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s, full=False)
-    job = await claimed(c, s)
+    s, job = await leased(c, full=False)
     published = await record(c, s, record_request(job, 0, test=True))
     before = await row(c, preview_key(job, 0, test=True))
     await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
@@ -391,9 +384,7 @@ async def test_a_refused_record_of_bytes_already_deleted_records_them_again(
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     c.clock.advance(timedelta(minutes=5, seconds=1))
     late = record_request(job, 0, test=False)
     assert (await refused(c.publication.RecordPreview(late, metadata=on_behalf(s))))[1] == (
@@ -493,9 +484,7 @@ async def test_a_batch_answers_each_preview_as_a_single_call_would(
 
 async def test_a_batch_holds_one_to_256_previews(coordinator: CoordinatorHarness) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     one = record_request(job, 0, test=False)
     for count in (0, 257):
         call = c.publication.RecordPreviews(
@@ -514,9 +503,7 @@ async def test_a_service_key_revoked_elsewhere_records_no_batch(
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     first = record_request(job, 0, test=False)
     reply = await c.publication.RecordPreviews(  # the service's principal is now cached
         pub.RecordPreviewsRequest(previews=[first]), metadata=on_behalf(s)
@@ -549,9 +536,7 @@ async def test_a_full_runs_jobs_are_swept_ten_minutes_after_they_ended_once_per_
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     await c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
     await claimed(c, s)  # j1 is leased: not ended, never swept
     c.clock.advance(timedelta(minutes=3))
@@ -574,9 +559,7 @@ async def test_a_test_runs_jobs_are_swept_once_the_run_expired(
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s, full=False)
-    job = await claimed(c, s)
+    s, job = await leased(c, full=False)
     await c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
     c.clock.advance(timedelta(minutes=10))
     assert await sweeps(c, s) == []  # its previews are readable until the run expires
@@ -594,9 +577,7 @@ async def test_settling_a_sweep_records_what_no_row_knows(
     coordinator: CoordinatorHarness,
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     live = record_request(job, 0, test=False)
     gone = record_request(job, 1, test=False)
     for request in (live, gone):

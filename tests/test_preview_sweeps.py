@@ -35,6 +35,7 @@ from tests.coordinator_leases import (
     complete_request,
     create_run,
     empty_result,
+    leased,
     setup,
 )
 from tests.coordinator_world import CODE, error_reason, run_request, save_workflow, workflow_spec
@@ -230,9 +231,7 @@ async def test_a_preview_deleted_by_another_replica_during_a_sweep_is_not_found_
     coordinator: CoordinatorHarness, s3_bucket: S3Bucket
 ) -> None:
     c = coordinator
-    s = await setup(c)
-    await create_run(c, s, full=True)
-    job = await claimed(c, s)
+    s, job = await leased(c)
     hooked: list[ListingHookedStore] = []
 
     def hooking(settings: PreviewSettings) -> ObjectStore:
