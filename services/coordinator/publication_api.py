@@ -104,9 +104,26 @@ def _require_service(who: Principal) -> str:
     return who.key_id
 
 
-def _refused_service(reason: str) -> None:
+def _raise_refusal(reason: str, lease: Lease, slot: int) -> None:
+    """The error a staging or recording function's refusal means ('' is none)."""
     if reason == "SERVICE_NOT_AUTHORIZED":
         raise auth.rejected("service key is no longer valid")
+    if reason == "SLOT_NOT_EXPECTED":
+        raise InvalidField(f"Slot {slot} is not an expected slot of job {lease.job_id}.")
+    if reason == "PREVIEW_OUT_OF_ORDER":
+        raise InvalidField(
+            f"Slot {slot} comes before a preview already published under this lease; "
+            "previews are published in slot order."
+        )
+    raise_for(reason, lease)
+
+
+def _check_object(sha256: str, byte_size: int, content_type: str) -> None:
+    check_sha256("sha256", sha256)
+    if content_type not in EXTENSIONS:
+        raise InvalidField(f"content_type must be one of {', '.join(EXTENSIONS)}.")
+    if byte_size <= 0:
+        raise InvalidField("byte_size must be positive.")
 
 
 class PublicationApi:
@@ -150,13 +167,9 @@ class PublicationApi:
     ) -> Staged:
         """Records a staged object under the fences; returns its key."""
         service = _require_service(who)
-        check_sha256("sha256", sha256)
+        _check_object(sha256, byte_size, content_type)
         if kind not in KINDS:
             raise InvalidField("kind must be PREVIEW or UPLOAD.")
-        if content_type not in EXTENSIONS:
-            raise InvalidField(f"content_type must be one of {', '.join(EXTENSIONS)}.")
-        if byte_size <= 0:
-            raise InvalidField("byte_size must be positive.")
         frozen = await self._frozen(lease)
         key = object_key(kind, lease, slot, test=not frozen.full_run, content_type=content_type)
         async with self.db.connection() as connection:
@@ -174,11 +187,7 @@ class PublicationApi:
                 key,
                 self.clock.now(),
             )
-        reason = row["reason"]
-        _refused_service(reason)
-        if reason == "SLOT_NOT_EXPECTED":
-            raise InvalidField(f"Slot {slot} is not an expected slot of job {lease.job_id}.")
-        raise_for(reason, lease)
+        _raise_refusal(row["reason"], lease, slot)
         return Staged(key, row["collectable_after"])
 
     async def _frozen(self, lease: Lease) -> Frozen:
@@ -229,17 +238,13 @@ class PublicationApi:
 
     async def _check_preview(self, preview: PreviewRecord) -> PreviewRecord:
         """The preview with its content type, checked: its key must be the lease's for the slot."""
-        check_sha256("sha256", preview.sha256)
         if not preview.content_type:
             # a preview service from before 0008 sends none: its key names the type
             extension = preview.key.rpartition(".")[2]
             preview = dataclasses.replace(
                 preview, content_type=object_keys.CONTENT_TYPES.get(extension, "")
             )
-        if preview.content_type not in EXTENSIONS:
-            raise InvalidField(f"content_type must be one of {', '.join(EXTENSIONS)}.")
-        if preview.byte_size <= 0:
-            raise InvalidField("byte_size must be positive.")
+        _check_object(preview.sha256, preview.byte_size, preview.content_type)
         frozen = await self._frozen(preview.lease)
         expected = object_key(
             "preview",
@@ -403,19 +408,8 @@ def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:
 
 def _recorded(preview: PreviewRecord, row: Record) -> Recorded | WorkshopError:
     """preview_record's answer for one preview: recorded, or the error its refusal means."""
-    reason: str = row["reason"]
     try:
-        _refused_service(reason)
-        if reason == "SLOT_NOT_EXPECTED":
-            raise InvalidField(
-                f"Slot {preview.slot} is not an expected slot of job {preview.lease.job_id}."
-            )
-        if reason == "PREVIEW_OUT_OF_ORDER":
-            raise InvalidField(
-                f"Slot {preview.slot} comes before a preview already published under this "
-                "lease; previews are published in slot order."
-            )
-        raise_for(reason, preview.lease)
+        _raise_refusal(row["reason"], preview.lease, preview.slot)
     except WorkshopError as error:
         return error
     return Recorded(preview_item_id(preview.key), row["expires_at"])

@@ -10,7 +10,7 @@ that the error-mapping interceptor answers with that code.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
@@ -57,17 +57,21 @@ def passed_through(error: grpc.aio.AioRpcError) -> errors.WorkshopError:
     status = rpc_status.from_call(error)
     if status is not None and status.details:
         status.details[0].Unpack(info)
-    kind = KIT_ERRORS.get(error.code(), CoordinatorFailed)
-    message = error.details() or f"The coordinator answered {error.code().name}."
-    return kind(message, reason=info.reason or None, metadata=dict(info.metadata))
+    return _kit_error(error.code(), error.details(), info.reason, info.metadata)
 
 
 def refused(refusal: pub.Refusal) -> errors.WorkshopError:
     """One preview's refusal in a RecordPreviews answer, as passed_through makes it."""
     code = STATUS_CODES.get(refusal.code, grpc.StatusCode.UNKNOWN)
+    return _kit_error(code, refusal.message, refusal.reason, refusal.metadata)
+
+
+def _kit_error(
+    code: grpc.StatusCode, message: str | None, reason: str, metadata: Mapping[str, str]
+) -> errors.WorkshopError:
     kind = KIT_ERRORS.get(code, CoordinatorFailed)
-    message = refusal.message or f"The coordinator answered {code.name}."
-    return kind(message, reason=refusal.reason or None, metadata=dict(refusal.metadata))
+    message = message or f"The coordinator answered {code.name}."
+    return kind(message, reason=reason or None, metadata=dict(metadata))
 
 
 async def _call(response: Awaitable[T]) -> T:
