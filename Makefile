@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Arguments of `make demo`, e.g. `make demo ARGS=--keep`.
 ARGS ?=
 
-.PHONY: setup system-deps proto test demo lint fmt clean
+.PHONY: setup system-deps lock proto test demo lint fmt clean
 
 setup: $(STAMP)
 
@@ -19,11 +19,16 @@ setup: $(STAMP)
 system-deps:
 	@scripts/system-deps.sh
 
-$(STAMP): pyproject.toml | system-deps
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $@
+# The venv holds exactly the lock requirements/dev.txt (hashes required, nothing
+# resolved at install time) and this project, editable. scripts/setup-venv.sh
+# installs the system packages too and lets concurrent `make` runs take turns.
+$(STAMP): requirements/dev.txt pyproject.toml
+	@scripts/setup-venv.sh $(PYTHON) $(VENV)
+
+# Re-resolves requirements/*.txt from pyproject.toml (keeping the versions a lock
+# already names unless a bound excludes them); commit the result.
+lock: $(STAMP)
+	UV=$(BIN)/uv scripts/lock.sh
 
 # Generated contracts (+ .pyi stubs) live in libs/workshop/v1 and are committed;
 # tests/test_contracts.py fails when they differ from what this target writes.

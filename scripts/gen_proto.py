@@ -3,13 +3,19 @@
 `python -m scripts.gen_proto [OUT_ROOT]` writes `OUT_ROOT/workshop/v1/*`; the
 default root is `libs/`. The test for drift calls `generate()` into a
 temporary folder and compares.
+
+The output depends on the generators' versions (grpcio-tools bundles protoc and
+stamps its version into every file), so generation refuses to run with other
+versions of them than the lock requirements/dev.txt names.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import grpc_tools
@@ -19,10 +25,32 @@ REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "proto"
 PACKAGE_DIR = Path("workshop") / "v1"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+LOCK = REPO / "requirements" / "dev.txt"
+GENERATORS = ("grpcio-tools", "mypy-protobuf")
+
+
+def locked_version(package: str) -> str:
+    """The version of `package` pinned in the lock."""
+    found = re.search(rf"^{re.escape(package)}==(\S+)", LOCK.read_text(), re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"{package} is not pinned in {LOCK}")
+    return found.group(1)
+
+
+def check_generators() -> None:
+    """Refuse to generate with generator versions other than the lock's."""
+    wrong = [
+        f"{package} {metadata.version(package)} (the lock says {locked_version(package)})"
+        for package in GENERATORS
+        if metadata.version(package) != locked_version(package)
+    ]
+    if wrong:
+        raise SystemExit(f"installed {', '.join(wrong)}: run `make setup` to install the lock")
 
 
 def generate(out_root: Path) -> list[Path]:
     """Write every generated file for proto/workshop/v1 under `out_root`; returns them."""
+    check_generators()
     target = out_root / PACKAGE_DIR
     target.mkdir(parents=True, exist_ok=True)
     for stale in target.iterdir():
