@@ -41,7 +41,7 @@ test: $(STAMP)
 # The whole system on this machine (Postgres, SeaweedFS, Triton, coordinator, preview,
 # processor) runs a 20-image test run and stops; ARGS=--keep keeps it running.
 demo: $(STAMP)
-	$(BIN)/python -m workshop.demo $(ARGS)
+	$(BIN)/python -m tools.demo $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,7 +5,7 @@
 Starts a throwaway Postgres cluster with the test harness (tmpfs when roomy, fsync and
 synchronous_commit off), migrates a database and starts the coordinator as its own
 process (`python -m services.coordinator`, system clock, scheduler and maintenance
-off), read through `tests/harness/processes.py`. Setup, not measured: gpu-box with 4
+off), read through `testbed/harness/processes.py`. Setup, not measured: gpu-box with 4
 runtimes, 50 cameras, 1,000 one-hour recordings (copied in), a workflow sampling them
 every 60 s, one workshop:run key per processor, and 20 full runs (5 per runtime) of
 1,000 jobs x 60 slots: 20,000 queued jobs.
@@ -76,8 +76,8 @@ from procrastinate import App, PsycopgConnector
 from bench.proc_stats import busy_cores_s, proc_times
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
-from tests.coordinator_leases import empty_result
-from tests.coordinator_world import (
+from testbed.coordinator_leases import empty_result
+from testbed.coordinator_world import (
     CODE,
     build_world,
     copy_recordings,
@@ -85,8 +85,8 @@ from tests.coordinator_world import (
     save_workflow,
     workflow_spec,
 )
-from tests.harness.coordinator import CoordinatorHarness, coordinator_client
-from tests.harness.postgres import (
+from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
+from testbed.harness.postgres import (
     TIMINGS,
     PostgresCluster,
     PostgresUnavailable,
@@ -94,7 +94,7 @@ from tests.harness.postgres import (
     postgres_cluster,
     quote_ident,
 )
-from tests.harness.processes import ServiceProcess
+from testbed.harness.processes import ServiceProcess
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.v1 import (

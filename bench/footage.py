@@ -1,6 +1,6 @@
 """The synthetic footage the processor benchmarks run on, and the frames a run samples.
 
-Scenes come from `workshop.demo.scenes` (seeds 1..n), encoded once into a cache folder
+Scenes come from `tools.demo.scenes` (seeds 1..n), encoded once into a cache folder
 whose name covers every input of the bytes (codec, size, rate, length, PyAV and the scene
 module), so reruns and both benchmarks share the same files.
 """
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import av
 
-import workshop.demo.scenes as scenes_module
+import tools.demo.scenes as scenes_module
 from services.coordinator.planning import interval_ms, slot_time
 from services.coordinator.validation import MILLISECOND_TOLERANCE
 from services.processor import decode
-from tests.coordinator_world import DAY
-from workshop.demo.scenes import random_scene, write_recording
+from testbed.coordinator_world import DAY
+from tools.demo.scenes import random_scene, write_recording
 
 WIDTH, HEIGHT, FPS = 640, 360, 10
 START = DAY + timedelta(hours=8)  # every recording starts here

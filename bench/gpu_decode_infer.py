@@ -43,9 +43,9 @@ import tritonclient.grpc as triton_client
 from bench.footage import DEFAULT_CACHE, Recording, cached_recordings, sampled_frames
 from services.processor.decode import DaliDecoder, Frames, gpu_available, probe
 from services.processor.inference import ModelServer, Pin, Served
-from workshop.local.triton import TritonServer, TritonStartError, running_triton
-from workshop.models.detector import CLASSES, build_detector, weights_sha256
-from workshop.models.repository import publish_version
+from tools.localstack.triton import TritonServer, TritonStartError, running_triton
+from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
+from tools.model_repository.repository import publish_version
 
 HEIGHT, WIDTH = 360, 640
 MODEL = "detector_gpu"

@@ -65,17 +65,17 @@ from minio import Minio
 from bench.proc_stats import proc_stat
 from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
-from tests.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness, running_coordinator
-from tests.harness.postgres import (
+from testbed.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
+from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.harness.postgres import (
     TIMINGS,
     PostgresCluster,
     PostgresUnavailable,
     create_migrated_database,
     postgres_cluster,
 )
-from tests.harness.preview import jpeg_bytes, publish_request, running_preview
-from tests.harness.s3 import REGION, S3Bucket, S3HarnessError, S3Server, running_s3_server
+from testbed.harness.preview import jpeg_bytes, publish_request, running_preview
+from testbed.harness.s3 import REGION, S3Bucket, S3HarnessError, S3Server, running_s3_server
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.hashing import sha256_hex

@@ -4,7 +4,7 @@
         [--codec h264|vp9] [--interval 0.5] [--in-flight 3] [--repeat 1] [--drop-frames]
         [--set NAME=VALUE ...] [--profile] [--check]
 
-Recordings: `--recordings` synthetic scenes (`workshop.demo.scenes`, seeds 1..N) of
+Recordings: `--recordings` synthetic scenes (`tools.demo.scenes`, seeds 1..N) of
 `--seconds` at 10 fps, 640x360, encoded once into a cache directory (`--cache-dir`,
 default `~/.cache/workshop-bench/processor_throughput`, one folder per codec, size,
 length, PyAV version and scenes source) and reused. H.264 by default, since that is
@@ -105,19 +105,19 @@ from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.validation import MIN_INTERVAL_SECONDS
 from services.processor.manifest import registration
-from tests.coordinator_world import save_workflow, stamp, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness
-from workshop.local.postgres import (
+from testbed.coordinator_world import save_workflow, stamp, workflow_spec
+from testbed.harness.coordinator import CoordinatorHarness
+from tools.localstack.postgres import (
     PostgresCluster,
     PostgresUnavailable,
     create_migrated_database,
     postgres_cluster,
 )
-from workshop.local.processes import ServiceProcess
-from workshop.local.s3 import S3LaunchError, S3Server, running_s3_server
-from workshop.local.triton import TritonServer, TritonStartError, running_triton
-from workshop.models.detector import CLASSES, build_detector, weights_sha256
-from workshop.models.repository import publish_version
+from tools.localstack.processes import ServiceProcess
+from tools.localstack.s3 import S3LaunchError, S3Server, running_s3_server
+from tools.localstack.triton import TritonServer, TritonStartError, running_triton
+from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
+from tools.model_repository.repository import publish_version
 from workshop.v1 import common_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws

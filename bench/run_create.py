@@ -46,7 +46,7 @@ from services.coordinator.auth import Grant, Principal, ScopeName
 from services.coordinator.db import Database
 from services.coordinator.workshop_api import WorkshopApi
 from services.coordinator.workshop_api import run_request as api_run_request
-from tests.coordinator_world import (
+from testbed.coordinator_world import (
     DAY,
     build_world,
     copy_recordings,
@@ -54,8 +54,8 @@ from tests.coordinator_world import (
     save_workflow,
     workflow_spec,
 )
-from tests.harness.coordinator import CoordinatorHarness, running_coordinator
-from tests.harness.postgres import (
+from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.harness.postgres import (
     TIMINGS,
     PostgresUnavailable,
     create_migrated_database,

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from services.coordinator.auth import Grant, ScopeName
-from tests.harness.coordinator import CoordinatorHarness, coordinator_client
-from workshop.local.processes import ServiceProcess, running_service
-from workshop.local.s3 import S3Server
+from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
+from tools.localstack.processes import ServiceProcess, running_service
+from tools.localstack.s3 import S3Server
 
 READY_TIMEOUT_S = 60.0
 # Port 0, no drain, and no background loops: a benchmark measures only its own traffic.

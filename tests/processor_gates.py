@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 
-from tests.coordinator_world import error_reason
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import error_reason
+from testbed.harness.coordinator import CoordinatorHarness
 
 WAIT = 60.0  # seconds any single awaited step may take before the test fails
 

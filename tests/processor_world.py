@@ -20,14 +20,14 @@ from services.processor.inference import ModelServer
 from services.processor.manifest import code_sha256, registration
 from services.processor.recordings import RecordingStore
 from services.processor.worker import Processor
-from tests.coordinator_world import DAY, run_request, save_workflow, stamp, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness
-from tests.harness.triton import TritonServer
-from workshop.demo.scenes import Scene, random_scene, write_recording
+from testbed.coordinator_world import DAY, run_request, save_workflow, stamp, workflow_spec
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness
+from testbed.harness.triton import TritonServer
+from tools.demo.scenes import Scene, random_scene, write_recording
+from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
+from tools.model_repository.repository import publish_version
 from workshop.kit.auth import bearer_metadata
-from workshop.models.detector import CLASSES, build_detector, weights_sha256
-from workshop.models.repository import publish_version
 from workshop.v1 import common_pb2, jobs_pb2_grpc, preview_pb2_grpc, run_pb2, workflow_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws

@@ -17,7 +17,7 @@ import pytest
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Metadata,
     Setup,
     complete_request,
@@ -25,8 +25,8 @@ from tests.coordinator_leases import (
     empty_result,
     setup,
 )
-from tests.coordinator_world import CODE, error_reason
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import CODE, error_reason
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import jobs_pb2
 

@@ -29,7 +29,7 @@ import pytest
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Metadata,
     Setup,
     claimed,
@@ -39,8 +39,8 @@ from tests.coordinator_leases import (
     refused,
     setup,
 )
-from tests.coordinator_world import CODE, run_request, save_workflow, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import CODE, run_request, save_workflow, workflow_spec
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import workshop_pb2 as ws

@@ -44,8 +44,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.maintenance import MAX_LAPSES, Maintenance, Pass
 from services.coordinator.results import result_digest
-from tests.coordinator_leases import complete_request, empty_result
-from tests.coordinator_world import (
+from testbed.coordinator_leases import complete_request, empty_result
+from testbed.coordinator_world import (
     CODE,
     DAY,
     build_world,
@@ -55,7 +55,7 @@ from tests.coordinator_world import (
     save_workflow,
     workflow_spec,
 )
-from tests.harness.coordinator import EPOCH, CoordinatorHarness, running_coordinator
+from testbed.harness.coordinator import EPOCH, CoordinatorHarness, running_coordinator
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import (
     common_pb2,

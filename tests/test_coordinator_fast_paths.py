@@ -25,7 +25,7 @@ from services.coordinator.jobs_api import LEASE, JobsApi, SlotFacts, lease_from
 from services.coordinator.results import result_digest
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.snapshots import SnapshotCache
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Setup,
     claim,
     claimed,
@@ -37,8 +37,8 @@ from tests.coordinator_leases import (
     refused,
     setup,
 )
-from tests.coordinator_world import CODE
-from tests.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.coordinator_world import CODE
+from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op

@@ -14,7 +14,7 @@ import pytest
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Setup,
     claim,
     claimed,
@@ -29,7 +29,7 @@ from tests.coordinator_leases import (
     setup,
     stage_upload,
 )
-from tests.coordinator_world import (
+from testbed.coordinator_world import (
     CODE,
     DAY,
     build_world,
@@ -38,7 +38,7 @@ from tests.coordinator_world import (
     save_workflow,
     workflow_spec,
 )
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op

@@ -64,8 +64,8 @@ from hypothesis.stateful import (
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.results import result_digest
-from tests.coordinator_leases import Metadata, Setup, on_behalf, setup
-from tests.coordinator_world import (
+from testbed.coordinator_leases import Metadata, Setup, on_behalf, setup
+from testbed.coordinator_world import (
     CODE,
     DAY,
     error_reason,
@@ -75,7 +75,7 @@ from tests.coordinator_world import (
     stamp,
     workflow_spec,
 )
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.harness.coordinator import CoordinatorHarness
 from tests.lease_model import OK, Job, Lease, Outcome, Pass, RunModel, refused
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2

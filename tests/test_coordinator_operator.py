@@ -20,7 +20,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from services.coordinator.auth import Grant, ScopeName
-from tests.harness.coordinator import EPOCH, CoordinatorHarness
+from testbed.harness.coordinator import EPOCH, CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, operator_pb2, workshop_pb2
 

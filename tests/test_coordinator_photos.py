@@ -9,7 +9,7 @@ import pytest
 
 from services.coordinator.errors import NO_MEDIA_MESSAGE
 from services.coordinator.maintenance import Maintenance
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Setup,
     claim,
     complete_request,
@@ -19,8 +19,8 @@ from tests.coordinator_leases import (
     record_request,
     setup,
 )
-from tests.coordinator_world import DAY, error_reason, put_recording, stamp
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import DAY, error_reason, put_recording, stamp
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.v1 import common_pb2
 from workshop.v1 import workshop_pb2 as ws
 

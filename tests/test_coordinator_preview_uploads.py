@@ -20,7 +20,7 @@ import pytest
 
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.results import item_id
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Metadata,
     Setup,
     claimed,
@@ -34,8 +34,8 @@ from tests.coordinator_leases import (
     setup,
     stage_upload,
 )
-from tests.coordinator_world import CODE, error_reason
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import CODE, error_reason
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.object_keys import object_key
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op

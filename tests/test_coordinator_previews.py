@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Metadata,
     Setup,
     claimed,
@@ -32,8 +32,8 @@ from tests.coordinator_leases import (
     refused,
     setup,
 )
-from tests.coordinator_world import DAY, error_reason, put_recording
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import DAY, error_reason, put_recording
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.processes import REPO, ServiceProcess
+from testbed.harness.processes import REPO, ServiceProcess
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
 OPERATOR = "workshop.v1.OperatorService"

@@ -12,7 +12,7 @@ import pytest
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.errors import NEEDS_TRACKING_MESSAGE, NO_MEDIA_MESSAGE
-from tests.coordinator_world import (
+from testbed.coordinator_world import (
     DAY,
     World,
     build_world,
@@ -23,7 +23,7 @@ from tests.coordinator_world import (
     save_workflow,
     workflow_spec,
 )
-from tests.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, workflow_pb2
 from workshop.v1 import operator_pb2 as op

@@ -10,8 +10,8 @@ import pytest
 
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.workshop_api import WorkshopApi
-from tests.coordinator_world import World, build_world, save_workflow, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import World, build_world, save_workflow, workflow_spec
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.v1 import common_pb2, workflow_pb2
 from workshop.v1 import workshop_pb2 as ws
 

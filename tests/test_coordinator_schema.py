@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from services.coordinator.db import sql
 from services.coordinator.migrate import MIGRATIONS_DIR, apply_migrations, list_migrations
 from services.coordinator.workshop_api import spec_from_json
-from tests.harness.postgres import PostgresCluster
+from testbed.harness.postgres import PostgresCluster
 from workshop.v1 import snapshot_pb2
 
 SCHEMA = Path(__file__).resolve().parents[1] / "services" / "coordinator" / "schema.sql"

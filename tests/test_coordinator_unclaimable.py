@@ -18,7 +18,7 @@ import pytest
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Setup,
     claim,
     claimed,
@@ -28,8 +28,8 @@ from tests.coordinator_leases import (
     refused,
     setup,
 )
-from tests.coordinator_world import DAY, put_recording
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.coordinator_world import DAY, put_recording
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Setup,
     claim,
     complete_request,
@@ -17,9 +17,9 @@ from tests.coordinator_leases import (
     frame_result,
     setup,
 )
-from tests.coordinator_world import CODE
-from tests.harness.coordinator import CoordinatorHarness, running_coordinator
-from tests.harness.postgres import PostgresCluster
+from testbed.coordinator_world import CODE
+from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.harness.postgres import PostgresCluster
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import workshop_pb2 as ws
 

@@ -1,4 +1,4 @@
-"""`python -m workshop.demo` end to end, twice in a row: each run exits 0, prints 20 frame
+"""`python -m tools.demo` end to end, twice in a row: each run exits 0, prints 20 frame
 rows with the scenes' detections and their previews, and leaves no process it started.
 
 The first run gets a new temporary work directory; the second reuses that one with
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from workshop.local.postgres import PostgresUnavailable
-from workshop.local.postgres import check_available as check_postgres
-from workshop.local.s3 import WeedNotFound, find_weed
-from workshop.local.triton import TritonUnavailable
-from workshop.local.triton import check_available as check_triton
+from tools.localstack.postgres import PostgresUnavailable
+from tools.localstack.postgres import check_available as check_postgres
+from tools.localstack.s3 import WeedNotFound, find_weed
+from tools.localstack.triton import TritonUnavailable
+from tools.localstack.triton import check_available as check_triton
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -47,7 +47,7 @@ def _components_installed() -> None:
 def run_demo(tmp_path: Path, *args: str) -> tuple[str, float]:
     began = time.perf_counter()
     finished = subprocess.run(
-        [sys.executable, "-m", "workshop.demo", *args],
+        [sys.executable, "-m", "tools.demo", *args],
         cwd=REPO,
         env={**os.environ, "TMPDIR": str(tmp_path)},  # the default work directory goes here
         stdin=subprocess.DEVNULL,

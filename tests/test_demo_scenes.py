@@ -10,7 +10,7 @@ import av
 import numpy as np
 import pytest
 
-from workshop.demo.scenes import (
+from tools.demo.scenes import (
     BACKGROUND,
     CLASS_COLOURS,
     Box,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 import pytest
 
-from tests.harness.postgres import (
+from testbed.harness.postgres import (
     TIMINGS,
     PostgresCluster,
     PostgresDatabase,

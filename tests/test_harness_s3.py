@@ -8,7 +8,7 @@ import secrets
 import pytest
 from minio.error import S3Error
 
-from tests.harness.s3 import TIMINGS, S3Bucket
+from testbed.harness.s3 import TIMINGS, S3Bucket
 
 
 def test_put_then_get_returns_the_same_bytes(s3_bucket: S3Bucket) -> None:

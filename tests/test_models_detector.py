@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from workshop.demo.scenes import (
+from tools.demo.scenes import (
     CLASS_COLOURS,
     Box,
     Codec,
@@ -22,7 +22,7 @@ from workshop.demo.scenes import (
     render_frame,
     write_recording,
 )
-from workshop.models.detector import (
+from tools.model_repository.detector import (
     CLASSES,
     IR_VERSION,
     OUTPUT_NAMES,

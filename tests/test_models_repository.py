@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcclient
 
-from tests.harness.triton import TritonServer
-from workshop.demo.scenes import Box, ground_truth, random_scene, render_frame
-from workshop.models.detector import CLASSES, OUTPUT_NAMES, Thresholds, build_detector
-from workshop.models.repository import (
+from testbed.harness.triton import TritonServer
+from tools.demo.scenes import Box, ground_truth, random_scene, render_frame
+from tools.model_repository.detector import CLASSES, OUTPUT_NAMES, Thresholds, build_detector
+from tools.model_repository.repository import (
     PYTHON_MODEL_SOURCE,
     RepositoryError,
     VersionConflictError,

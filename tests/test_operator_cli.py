@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from services.processor.manifest import manifest_for
-from tests.harness.coordinator import CoordinatorHarness
-from workshop.models.detector import CLASSES, build_detector, weights_sha256
-from workshop.models.layout import served_weights_sha256
+from testbed.harness.coordinator import CoordinatorHarness
+from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
+from workshop.kit.model_repository import served_weights_sha256
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import resources_pb2
 
@@ -48,7 +48,7 @@ async def test_publish_writes_the_version_and_registers_it_once(
     coordinator: CoordinatorHarness, tmp_path: Path
 ) -> None:
     c = coordinator
-    publish = ("workshop.models", "publish", "--repository", str(tmp_path), "--name", "det")
+    publish = ("tools.model_repository", "publish", "--repository", str(tmp_path), "--name", "det")
     code, out, err = await _cli(c, *publish, "--version", "1", "--demo-detector")
     assert code == 0, err
     printed = json.loads(out)
@@ -82,7 +82,7 @@ async def test_publish_refuses_bad_arguments_before_writing(
     coordinator: CoordinatorHarness, tmp_path: Path
 ) -> None:
     repo = tmp_path / "repo"
-    base = ("workshop.models", "publish", "--repository", str(repo), "--name", "det")
+    base = ("tools.model_repository", "publish", "--repository", str(repo), "--name", "det")
     code, _, err = await _cli(coordinator, *base, "--version", "1", "--onnx", "x.onnx")
     assert code == 2
     assert "--onnx needs --classes" in err
@@ -97,7 +97,7 @@ async def test_publish_without_a_coordinator_only_writes_files(tmp_path: Path) -
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "workshop.models",
+        "tools.model_repository",
         "publish",
         *("--repository", str(tmp_path), "--name", "det", "--version", "2"),
         *("--demo-detector", "--backend", "onnxruntime"),

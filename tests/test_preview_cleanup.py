@@ -16,10 +16,10 @@ from datetime import timedelta
 
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
-from tests.coordinator_leases import create_run, setup
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import CountingStore, PreviewHarness, running_preview
-from tests.harness.s3 import S3Bucket
+from testbed.coordinator_leases import create_run, setup
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import CountingStore, PreviewHarness, running_preview
+from testbed.harness.s3 import S3Bucket
 from workshop.kit.periodic import Periodic
 from workshop.v1 import preview_pb2 as pb
 

@@ -15,16 +15,16 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from tests.coordinator_leases import Setup, claim, create_run, setup
-from tests.coordinator_world import error_reason
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import (
+from testbed.coordinator_leases import Setup, claim, create_run, setup
+from testbed.coordinator_world import error_reason
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import (
     S3_TIMEOUT_SECONDS,
     PreviewHarness,
     publish_request,
     upload_request,
 )
-from tests.harness.s3 import S3Server
+from testbed.harness.s3 import S3Server
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import jobs_pb2
 from workshop.v1 import preview_pb2 as pb

@@ -24,11 +24,11 @@ from services.coordinator.db import Record
 from services.coordinator.maintenance import Maintenance
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
-from tests.coordinator_leases import Setup, claim, complete_request, empty_result, setup
-from tests.coordinator_world import DAY, error_reason, put_recording, run_request
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness, publish_request, running_preview
-from tests.harness.s3 import S3Bucket
+from testbed.coordinator_leases import Setup, claim, complete_request, empty_result, setup
+from testbed.coordinator_world import DAY, error_reason, put_recording, run_request
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness, publish_request, running_preview
+from testbed.harness.s3 import S3Bucket
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from services.preview.images import JPEG, PNG, ImageError, ImageInfo, inspect_image
-from tests.harness.preview import jpeg_bytes, png_bytes
+from testbed.harness.preview import jpeg_bytes, png_bytes
 
 GIF = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00!\xf9\x04\x00\x00\x00\x00\x00,"
 

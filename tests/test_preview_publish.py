@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Setup,
     claimed,
     complete_request,
@@ -21,9 +21,9 @@ from tests.coordinator_leases import (
     empty_result,
     setup,
 )
-from tests.coordinator_world import error_reason
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import (
+from testbed.coordinator_world import error_reason
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import (
     PreviewHarness,
     box,
     jpeg_bytes,

@@ -28,7 +28,7 @@ import pytest
 from services.coordinator.db import Record
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
-from tests.coordinator_leases import (
+from testbed.coordinator_leases import (
     Setup,
     claim,
     claimed,
@@ -38,9 +38,9 @@ from tests.coordinator_leases import (
     leased,
     setup,
 )
-from tests.coordinator_world import CODE, error_reason, run_request, save_workflow, workflow_spec
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import (
+from testbed.coordinator_world import CODE, error_reason, run_request, save_workflow, workflow_spec
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import (
     CountingStore,
     PreviewHarness,
     box,
@@ -48,7 +48,7 @@ from tests.harness.preview import (
     publish_request,
     running_preview,
 )
-from tests.harness.s3 import S3Bucket
+from testbed.harness.s3 import S3Bucket
 from workshop.kit.errors import FailedPrecondition, WorkshopError
 from workshop.kit.hashing import sha256_hex
 from workshop.kit.object_keys import object_key

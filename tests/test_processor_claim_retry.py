@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness
-from tests.harness.triton import TritonServer
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness
+from testbed.harness.triton import TritonServer
 from tests.processor_gates import rows, until
 from tests.processor_world import finished, one_camera_run, running_processor
 from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc

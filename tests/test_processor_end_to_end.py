@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.coordinator_world import run_request, save_workflow
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness
-from tests.harness.triton import TritonServer
+from testbed.coordinator_world import run_request, save_workflow
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness
+from testbed.harness.triton import TritonServer
 from tests.processor_world import (
     CAMERAS,
     START,
@@ -21,7 +21,7 @@ from tests.processor_world import (
     running_processor,
     yard_spec,
 )
-from workshop.demo.scenes import ground_truth, write_recording
+from tools.demo.scenes import ground_truth, write_recording
 from workshop.v1 import common_pb2
 
 pytestmark = pytest.mark.triton

@@ -24,12 +24,12 @@ from services.coordinator.maintenance import Maintenance
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from services.processor.manifest import code_sha256
-from tests.coordinator_world import error_reason, run_request, save_workflow
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness, running_preview
-from tests.harness.processes import ServiceProcess
-from tests.harness.s3 import S3Bucket
-from tests.harness.triton import TritonServer
+from testbed.coordinator_world import error_reason, run_request, save_workflow
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness, running_preview
+from testbed.harness.processes import ServiceProcess
+from testbed.harness.s3 import S3Bucket
+from testbed.harness.triton import TritonServer
 from tests.processor_gates import WAIT, Call, Spy, rows, until, within
 from tests.processor_world import (
     DEVICE,

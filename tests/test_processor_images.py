@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from services.processor.images import encode_jpeg
-from workshop.demo.scenes import random_scene, render_frame
+from tools.demo.scenes import random_scene, render_frame
 
 
 def _decoded(data: bytes) -> NDArray[np.uint8]:

@@ -23,11 +23,11 @@ from services.processor.inference import (
     batch_spans,
     is_loopback,
 )
-from tests.harness.triton import TritonServer
-from workshop.demo.scenes import Scene, ground_truth, random_scene, render_frame
-from workshop.local.host import free_ports
-from workshop.models.detector import CLASSES, build_detector, weights_sha256
-from workshop.models.repository import publish_version
+from testbed.harness.triton import TritonServer
+from tools.demo.scenes import Scene, ground_truth, random_scene, render_frame
+from tools.localstack.host import free_ports
+from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
+from tools.model_repository.repository import publish_version
 
 pytestmark = pytest.mark.triton
 HEIGHT, WIDTH = 360, 640

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.harness.coordinator import CoordinatorHarness, running_coordinator
-from tests.harness.preview import PreviewHarness, running_preview
-from tests.harness.s3 import S3Bucket
-from tests.harness.triton import TritonServer
+from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.harness.preview import PreviewHarness, running_preview
+from testbed.harness.s3 import S3Bucket
+from testbed.harness.triton import TritonServer
 from tests.processor_gates import Call, Spy, rows, until, within
 from tests.processor_world import (
     SECONDS,

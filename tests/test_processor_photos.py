@@ -12,12 +12,12 @@ import av
 import numpy as np
 import pytest
 
-from tests.coordinator_world import stamp
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.preview import PreviewHarness
-from tests.harness.triton import TritonServer
+from testbed.coordinator_world import stamp
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness
+from testbed.harness.triton import TritonServer
 from tests.processor_world import START, build_world, running_processor
-from workshop.demo.scenes import render_frame
+from tools.demo.scenes import render_frame
 from workshop.v1 import common_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import preview_pb2 as pb

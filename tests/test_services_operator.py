@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.postgres import PostgresCluster
-from tests.harness.processes import ServiceProcess
-from tests.harness.s3 import S3Server
+from testbed.harness.postgres import PostgresCluster
+from testbed.harness.processes import ServiceProcess
+from testbed.harness.s3 import S3Server
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
 DRAIN_SECONDS = 2.0

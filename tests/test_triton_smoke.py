@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc.aio as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.harness.triton import (
+from testbed.harness.triton import (
     PythonModelConfig,
     TensorSpec,
     TritonServer,

@@ -38,7 +38,7 @@ import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
 from services.processor.shared_memory import Region
-from workshop.models.layout import RepositoryError, served_classes, served_weights_sha256
+from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The demo's scenario on a running stack: publish the demo detector, import two cameras'
 recordings, save a workflow, run a test run of 20 images and follow it live.
 
-Every step goes through the public surfaces an operator uses: the `workshop.models publish`
+Every step goes through the public surfaces an operator uses: the `tools.model_repository publish`
 command, S3 for the footage, and the coordinator's OperatorService and WorkshopService.
 """
 
@@ -13,11 +13,11 @@ from datetime import UTC, datetime, time, timedelta
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from workshop.demo.footage import FPS, SECONDS, Footage
-from workshop.demo.stack import CALL_TIMEOUT_S, RECORDINGS_BUCKET, Stack
-from workshop.demo.terminal import Console
-from workshop.local.host import tail
-from workshop.local.processes import run_module
+from tools.demo.footage import FPS, SECONDS, Footage
+from tools.demo.stack import CALL_TIMEOUT_S, RECORDINGS_BUCKET, Stack
+from tools.demo.terminal import Console
+from tools.localstack.host import tail
+from tools.localstack.processes import run_module
 from workshop.v1 import common_pb2, operator_pb2_grpc, workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws
@@ -43,10 +43,12 @@ FINAL = (
 
 
 def publish_detector(stack: Stack, console: Console) -> list[str]:
-    """`python -m workshop.models publish --demo-detector`; returns the model's classes."""
-    with console.stage(f"publishing the demo detector {MODEL} v{MODEL_VERSION} (workshop.models)"):
+    """`python -m tools.model_repository publish --demo-detector`; returns the model's classes."""
+    with console.stage(
+        f"publishing the demo detector {MODEL} v{MODEL_VERSION} (tools.model_repository)"
+    ):
         printed = run_module(
-            "workshop.models",
+            "tools.model_repository",
             [
                 "publish",
                 "--repository",

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from workshop.demo.terminal import Console
-from workshop.local.processes import ServiceProcess, run_module
+from tools.demo.terminal import Console
+from tools.localstack.processes import ServiceProcess, run_module
 
 T = TypeVar("T")
 READY_TIMEOUT_S = 120.0

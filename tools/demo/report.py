@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from workshop.demo.stack import CALL_TIMEOUT_S, PREVIEW_BUCKET, Stack
-from workshop.demo.terminal import table
+from tools.demo.stack import CALL_TIMEOUT_S, PREVIEW_BUCKET, Stack
+from tools.demo.terminal import table
 from workshop.v1 import common_pb2, preview_pb2_grpc, run_pb2
 from workshop.v1 import preview_pb2 as pv
 

@@ -32,11 +32,11 @@ from typing import Literal, TypeVar, cast
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
-from workshop.local.host import free_ports, tail
+from services.coordinator.migrate import apply_migrations
+from tools.localstack.host import free_ports, tail
 
 DEBIAN_BIN_DIR = Path("/usr/lib/postgresql/15/bin")
 SUPERUSER = "postgres"
-MIGRATIONS_MODULE = "services.coordinator.migrate"
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60
 PORT_ATTEMPTS = 3
@@ -220,13 +220,8 @@ def create_migrated_database(cluster: PostgresCluster, name: str) -> str:
 
 
 def migrate_database(cluster: PostgresCluster, database: str) -> tuple[str, ...]:
-    """Applies the coordinator's migrations in this process; returns what they reported
-    (nothing before the coordinator's migrations module exists)."""
-    if not migrations_available():
-        return ()
-    module = importlib.import_module(MIGRATIONS_MODULE)
-    apply = cast(Callable[[str], Awaitable[list[str]]], module.apply_migrations)
-    return tuple(run_async(lambda: apply(cluster.dsn(database))))
+    """Applies the coordinator's migrations in this process; returns what they reported."""
+    return tuple(run_async(lambda: apply_migrations(cluster.dsn(database))))
 
 
 def run_async(make: Callable[[], Awaitable[T]]) -> T:
@@ -244,13 +239,6 @@ def run_async(make: Callable[[], Awaitable[T]]) -> T:
 
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def migrations_available() -> bool:
-    try:
-        return importlib.util.find_spec(MIGRATIONS_MODULE) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def _find_bin_dir() -> Path:

@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from services.coordinator.operator_api import RECORDING_RETENTION
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.v1 import common_pb2, workflow_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws

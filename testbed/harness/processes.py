@@ -1,5 +1,5 @@
 """Start Workshop services as real processes (from the repository root) and stop exactly the
-ones started; the launcher is `workshop.local.processes`."""
+ones started; the launcher is `tools.localstack.processes`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from workshop.local import processes
+from tools.localstack import processes
 
 REPO = Path(__file__).resolve().parents[2]
 

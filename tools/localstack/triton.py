@@ -9,7 +9,7 @@ interpreter's own one comes first) and finds the venv through `python3` on `PATH
 
 `running_triton(work_dir)` starts one and stops it (SIGTERM, then SIGKILL to its process
 group, which holds its python stubs) on exit. Models are published into its repository with
-`workshop.models.repository.publish_version` and loaded by name.
+`tools.model_repository.repository.publish_version` and loaded by name.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from workshop.local.host import free_ports
+from tools.localstack.host import free_ports
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 5.0

@@ -33,7 +33,7 @@ from typing import Literal
 import onnx
 from onnx import TensorProto
 
-from workshop.models.layout import (
+from workshop.kit.model_repository import (
     LABELS_FILE,
     MODEL_FILE,
     WEIGHTS_SHA256_FILE,
@@ -297,7 +297,7 @@ def _write_if_changed(path: Path, text: str) -> None:
 PYTHON_MODEL_SOURCE = '''\
 """Triton python-backend model: serves the model.onnx next to it with onnxruntime.
 
-Written by workshop.models.repository; do not edit, publish a new version instead.
+Written by tools.model_repository.repository; do not edit, publish a new version instead.
 """
 
 import json

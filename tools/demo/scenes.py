@@ -1,7 +1,7 @@
 """Deterministic synthetic scenes: solid-coloured rectangles moving linearly, one colour per class.
 
 Colours are far apart in every channel from each other and from the dark gray background, so
-that the operator-built detector (`workshop.models.detector`) can find them by per-channel
+that the operator-built detector (`tools.model_repository.detector`) can find them by per-channel
 thresholds even after lossy yuv420p encoding.
 
 Geometry is in pixels. An object's top-left corner at time `t` is `start + velocity * t`,

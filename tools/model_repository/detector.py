@@ -1,6 +1,6 @@
 """A small deterministic ONNX detector for the synthetic scenes, built from ONNX operators.
 
-No training and no downloads: each class is one solid colour (`workshop.demo.scenes`), so a
+No training and no downloads: each class is one solid colour (`tools.demo.scenes`), so a
 pixel belongs to a class when its class channel is bright and the other two are dark. Per
 frame and class the model reports at most one object, the bounding box of that class's mask.
 
@@ -85,7 +85,7 @@ def build_detector(
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="workshop.models.detector",
+        producer_name="tools.model_repository.detector",
         doc_string=f"classes={','.join(classes)} high={thresholds.high} low={thresholds.low}",
     )
     model.ir_version = IR_VERSION

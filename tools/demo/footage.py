@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workshop.demo.scenes import Codec, RecordingInfo, Scene, random_scene, write_recording
+from tools.demo.scenes import Codec, RecordingInfo, Scene, random_scene, write_recording
 
 SECONDS = 30
 FPS = 10

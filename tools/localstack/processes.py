@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from workshop.local.host import tail
+from tools.localstack.host import tail
 
 
 class ServiceProcess:

@@ -1,7 +1,7 @@
 """Session-wide Triton: the real `tritonserver` that nvidia-pytriton bundles, started on demand.
 
-The launcher lives in `workshop.local.triton`; models are published with
-`workshop.models.repository.publish_version`, the same code the processor's repository uses.
+The launcher lives in `tools.localstack.triton`; models are published with
+`tools.model_repository.repository.publish_version`, the same code the processor's repository uses.
 `write_onnx_python_model` is the shorthand for test models that declare their tensors.
 """
 
@@ -14,8 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from workshop.local.triton import TritonServer, TritonStartError, TritonUnavailable, running_triton
-from workshop.models.repository import CONFIG_FILE, publish_version
+from tools.localstack.triton import (
+    TritonServer,
+    TritonStartError,
+    TritonUnavailable,
+    running_triton,
+)
+from tools.model_repository.repository import CONFIG_FILE, publish_version
 
 __all__ = [
     "PythonModelConfig",

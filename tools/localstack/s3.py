@@ -30,7 +30,7 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
-from workshop.local.host import free_ports, tail
+from tools.localstack.host import free_ports, tail
 
 HOST = "127.0.0.1"
 REGION = "us-east-1"

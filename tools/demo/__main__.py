@@ -1,4 +1,4 @@
-"""`python -m workshop.demo [--keep] [--workdir DIR]`: the whole system on this machine.
+"""`python -m tools.demo [--keep] [--workdir DIR]`: the whole system on this machine.
 
 Starts Postgres, SeaweedFS, the bundled Triton, the coordinator, the preview service and one
 processor; publishes the demo detector, imports synthetic recordings of two cameras, saves a
@@ -22,12 +22,12 @@ from types import FrameType
 
 import grpc
 
-from workshop.demo import script
-from workshop.demo.footage import Footage, make_footage
-from workshop.demo.report import collect_frames, frame_table, previews_prefix
-from workshop.demo.stack import PREVIEW_BUCKET, RECORDINGS_BUCKET, Stack, running_stack
-from workshop.demo.terminal import Console
-from workshop.demo.workdir import WorkdirError, forget_pids, prepare_workdir, record_pids
+from tools.demo import script
+from tools.demo.footage import Footage, make_footage
+from tools.demo.report import collect_frames, frame_table, previews_prefix
+from tools.demo.stack import PREVIEW_BUCKET, RECORDINGS_BUCKET, Stack, running_stack
+from tools.demo.terminal import Console
+from tools.demo.workdir import WorkdirError, forget_pids, prepare_workdir, record_pids
 from workshop.v1 import common_pb2
 
 
@@ -36,7 +36,7 @@ class RunFailed(RuntimeError):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workshop.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.demo", description=__doc__)
     parser.add_argument(
         "--keep", action="store_true", help="keep the stack running after the run (Ctrl-C stops)"
     )

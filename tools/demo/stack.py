@@ -19,14 +19,14 @@ from pathlib import Path
 
 import grpc
 
-from workshop.demo.launcher import Launcher, Service
-from workshop.demo.terminal import Console
+from tools.demo.launcher import Launcher, Service
+from tools.demo.terminal import Console
+from tools.localstack.postgres import PostgresCluster, create_database, postgres_cluster
+from tools.localstack.processes import announcements
+from tools.localstack.s3 import S3Server, running_s3_server
+from tools.localstack.triton import TritonServer, running_triton
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
-from workshop.local.postgres import PostgresCluster, create_database, postgres_cluster
-from workshop.local.processes import announcements
-from workshop.local.s3 import S3Server, running_s3_server
-from workshop.local.triton import TritonServer, running_triton
 from workshop.v1 import common_pb2, operator_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 

@@ -1,4 +1,4 @@
-"""`python -m workshop.models publish ...`: publish a model version and register it.
+"""`python -m tools.model_repository publish ...`: publish a model version and register it.
 
 Writes `<repository>/<name>/<version>/` (weights, class list, weight pin, the python-backend
 wrapper unless `--backend onnxruntime`) and the model's `config.pbtxt`, then, given a
@@ -17,19 +17,19 @@ from pathlib import Path
 
 import grpc
 
+from tools.model_repository.detector import CLASSES, build_detector
+from tools.model_repository.repository import ModelFiles, RepositoryError, publish_version
 from workshop.kit.cli import (
     Metadata,
     add_coordinator_arguments,
     call_coordinator,
     check_coordinator_arguments,
 )
-from workshop.models.detector import CLASSES, build_detector
-from workshop.models.repository import ModelFiles, RepositoryError, publish_version
 from workshop.v1 import operator_pb2, operator_pb2_grpc
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m workshop.models")
+    parser = argparse.ArgumentParser(prog="python -m tools.model_repository")
     commands = parser.add_subparsers(dest="command", required=True)
     publish = commands.add_parser("publish", help="publish a model version")
     publish.add_argument("--repository", type=Path, required=True, help="Triton model repository")

@@ -2,7 +2,7 @@
 
 Fixtures:
 
-- ``pg_cluster`` (session): a private cluster from ``workshop.local.postgres`` (free
+- ``pg_cluster`` (session): a private cluster from ``tools.localstack.postgres`` (free
   loopback port, trust auth, durability off); skips where this machine cannot run one.
 - ``pg_template`` (session): database ``workshop_template``, migrated with
   ``services.coordinator.migrate.apply_migrations`` once that module exists.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from workshop.local.postgres import (
+from tools.localstack.postgres import (
     TIMINGS,
     PostgresCluster,
     PostgresTimings,
@@ -39,12 +39,11 @@ from workshop.local.postgres import (
     create_database,
     create_migrated_database,
     migrate_database,
-    migrations_available,
     postgres_cluster,
     quote_ident,
     run_async,
 )
-from workshop.local.postgres import PostgresLaunchError as PostgresHarnessError
+from tools.localstack.postgres import PostgresLaunchError as PostgresHarnessError
 
 __all__ = [
     "TEMPLATE_DB",
@@ -57,7 +56,6 @@ __all__ = [
     "PostgresUnavailable",
     "StopMode",
     "create_migrated_database",
-    "migrations_available",
     "postgres_cluster",
     "quote_ident",
     "run_async",

@@ -11,7 +11,7 @@ import pytest
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
-from tests.coordinator_world import (
+from testbed.coordinator_world import (
     CODE,
     World,
     build_world,
@@ -20,7 +20,7 @@ from tests.coordinator_world import (
     save_workflow,
     workflow_spec,
 )
-from tests.harness.coordinator import CoordinatorHarness
+from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import publication_pb2 as pub

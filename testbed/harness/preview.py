@@ -31,9 +31,9 @@ from services.coordinator.auth import Grant, ScopeName
 from services.preview.app import PreviewApp, build
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore, RemovalFailure
-from tests.coordinator_world import CODE
-from tests.harness.coordinator import CoordinatorHarness
-from tests.harness.s3 import S3Bucket
+from testbed.coordinator_world import CODE
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.s3 import S3Bucket
 from workshop.kit.channels import open_channel
 from workshop.kit.server import Server
 from workshop.v1 import common_pb2, jobs_pb2, preview_pb2, preview_pb2_grpc

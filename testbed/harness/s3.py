@@ -2,7 +2,7 @@
 
 Fixtures:
 
-- ``s3_server`` (session): ``weed mini`` from ``workshop.local.s3`` on free loopback ports
+- ``s3_server`` (session): ``weed mini`` from ``tools.localstack.s3`` on free loopback ports
   with one random admin key pair, so request signatures are really checked; skips when no
   ``weed`` binary is installed. ``restart()`` kills it and starts it again on the same
   data and ports.
@@ -23,7 +23,7 @@ import pytest
 from minio import Minio
 from minio.deleteobjects import DeleteObject
 
-from workshop.local.s3 import (
+from tools.localstack.s3 import (
     REGION,
     TIMINGS,
     S3Server,
@@ -33,7 +33,7 @@ from workshop.local.s3 import (
     find_weed,
     running_s3_server,
 )
-from workshop.local.s3 import S3LaunchError as S3HarnessError
+from tools.localstack.s3 import S3LaunchError as S3HarnessError
 
 __all__ = [
     "REGION",

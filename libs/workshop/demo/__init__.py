@@ -1,2 +1,0 @@
-"""The demo: `python -m workshop.demo` runs the whole system on this machine (`make demo`);
-`scenes` makes the synthetic footage it and the tests use."""
