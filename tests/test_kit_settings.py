@@ -12,6 +12,7 @@ import pytest
 from workshop.kit.settings import (
     EXIT_BAD_SETTINGS,
     SettingsError,
+    at_least,
     describe_settings,
     load_settings,
     setting,
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Example:
     url: str = setting(help="required url")
-    workers: int = setting(4, help="worker count")
+    workers: int = setting(4, help="worker count", check=at_least(1))
     ratio: float = setting(0.5, help="a ratio")
     enabled: bool = setting(False, help="a flag")
     note: str | None = setting(None, help="optional note")
@@ -52,6 +53,16 @@ def test_bad_values_name_the_variable(environ: dict[str, str], variable: str, pr
         load_settings(Example, "EX", environ)
     assert caught.value.variable == variable
     assert problem in str(caught.value)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(Example, "EX", {"EX_WORKERS": "0", "EX_RATIO": "half"})
+    assert caught.value.problems == [
+        ("EX_URL", "required but not set"),
+        ("EX_WORKERS", "must be at least 1"),
+        ("EX_RATIO", "expected a number, got 'half'"),
+    ]
 
 
 def test_describe_lists_every_field() -> None:
@@ -89,3 +100,24 @@ def test_service_exits_2_naming_the_variable(
     )
     assert result.returncode == EXIT_BAD_SETTINGS, result.stderr
     assert variable in result.stderr
+
+
+def test_a_service_names_every_missing_setting_in_one_start() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "services.preview"],
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PREVIEW_S3_THREADS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == EXIT_BAD_SETTINGS, result.stderr
+    named = [line.split(":")[0].strip() for line in result.stderr.splitlines()[1:]]
+    assert named == [
+        "PREVIEW_S3_ENDPOINT",
+        "PREVIEW_S3_ACCESS_KEY",
+        "PREVIEW_S3_SECRET_KEY",
+        "PREVIEW_S3_THREADS",
+        "PREVIEW_SERVICE_KEY",
+    ]

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from workshop.kit.server import ServerSettings
-from workshop.kit.settings import SettingsError, setting
+from workshop.kit.settings import at_least, between, one_of, setting
 
 MAX_CLAIM_WAIT_SECONDS = 50  # the coordinator takes up to 60; the call's deadline is 10 s more
 PREFIX = "PROCESSOR"
@@ -34,36 +34,29 @@ class ProcessorSettings(ServerSettings):
     s3_secret_key: str = setting(help="S3 secret key for reading recordings (required).")
     s3_secure: bool = setting(False, help="1 = HTTPS to the S3 endpoint.")
     recordings_bucket: str = setting("recordings", help="Bucket the recordings' object keys name.")
-    in_flight: int = setting(3, help="Recordings processed at once (download/decode overlap).")
+    in_flight: int = setting(
+        3, help="Recordings processed at once (download/decode overlap).", check=between(1, 16)
+    )
     claim_wait_seconds: int = setting(
         20,
         help="Seconds a Claim waits at the coordinator for a job when none is queued (a long "
         "poll, 0..50; 0 polls every 2 s instead).",
+        check=between(0, MAX_CLAIM_WAIT_SECONDS),
     )
     heartbeat_seconds: float = setting(
-        0.0, help="Seconds between lease heartbeats; 0 = the coordinator's interval (45 s)."
+        0.0,
+        help="Seconds between lease heartbeats; 0 = the coordinator's interval (45 s).",
+        check=at_least(0),
     )
     rpc_retry_seconds: float = setting(
         60.0,
         help="How long a call about a job that gets no answer (UNAVAILABLE, deadline) is "
         "asked again before the job is handed back to the queue.",
+        check=at_least(0),
     )
     triton_shared_memory: str = setting(
         "auto",
         help="Frames to Triton through system shared memory: auto (when TRITON_TARGET is "
         "loopback; falls back to gRPC if Triton cannot map it), on (required), off.",
+        check=one_of("auto", "on", "off"),
     )
-
-    def validate(self) -> None:
-        if not 1 <= self.in_flight <= 16:
-            raise SettingsError(f"{PREFIX}_IN_FLIGHT", "must be 1..16")
-        if not 0 <= self.claim_wait_seconds <= MAX_CLAIM_WAIT_SECONDS:
-            raise SettingsError(
-                f"{PREFIX}_CLAIM_WAIT_SECONDS", f"must be 0..{MAX_CLAIM_WAIT_SECONDS}"
-            )
-        if self.heartbeat_seconds < 0:
-            raise SettingsError(f"{PREFIX}_HEARTBEAT_SECONDS", "must be 0 or more")
-        if self.rpc_retry_seconds < 0:
-            raise SettingsError(f"{PREFIX}_RPC_RETRY_SECONDS", "must be 0 or more")
-        if self.triton_shared_memory not in ("auto", "on", "off"):
-            raise SettingsError(f"{PREFIX}_TRITON_SHARED_MEMORY", "must be auto, on or off")

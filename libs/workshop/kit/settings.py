@@ -2,9 +2,11 @@
 
 Each service declares one frozen dataclass; every field becomes the variable
 `<PREFIX>_<FIELD NAME IN UPPER CASE>`. A field without a default is required.
-Each field carries a `help` text in its metadata, used by the README table.
-A missing or malformed value stops the process at start with exit code 2 and a
-message naming the variable, instead of failing later in the middle of work.
+Each field carries a `help` text in its metadata, used by the README table, and
+optionally a `check` of its parsed value (`at_least`, `between`, `one_of`, or any
+function returning a problem or None). Every missing, malformed or out-of-range
+value is reported at once, one line per variable, and stops the process at start
+with exit code 2, instead of failing later in the middle of work.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,17 +26,44 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
+Check = Callable[[Any], str | None]
+
+
 class SettingsError(ValueError):
-    """A setting is missing or has a value that cannot be used."""
+    """Settings are missing or have values that cannot be used: one problem per variable.
+
+    `variable` names the first; `problems` holds (variable, problem) for each.
+    """
 
     def __init__(self, variable: str, problem: str) -> None:
         super().__init__(f"{variable}: {problem}")
         self.variable = variable
+        self.problems: list[tuple[str, str]] = [(variable, problem)]
+
+    @classmethod
+    def of(cls, problems: list[tuple[str, str]]) -> SettingsError:
+        error = cls(*problems[0])
+        error.problems = list(problems)
+        error.args = ("; ".join(f"{variable}: {problem}" for variable, problem in problems),)
+        return error
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str) -> Any:
-    """Declare a settings field with its help text (and a default if it is optional)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def setting(default: Any = dataclasses.MISSING, *, help: str, check: Check | None = None) -> Any:
+    """Declare a settings field with its help text, a default if it is optional, and a check."""
+    return dataclasses.field(default=default, metadata={"help": help, "check": check})
+
+
+def at_least(low: float, unit: str = "") -> Check:
+    return lambda value: None if value >= low else f"must be at least {low:g}{unit}"
+
+
+def between(low: float, high: float, unit: str = "") -> Check:
+    return lambda value: None if low <= value <= high else f"must be {low:g}..{high:g}{unit}"
+
+
+def one_of(*choices: str) -> Check:
+    named = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+    return lambda value: None if value in choices else f"must be {named}, got {value!r}"
 
 
 def variable_name(prefix: str, field_name: str) -> str:
@@ -73,32 +102,41 @@ def _parse(variable: str, raw: str, kind: Any) -> Any:
 
 
 def load_settings(cls: type[T], prefix: str, environ: Mapping[str, str]) -> T:
-    """Build `cls` from `environ`; raises SettingsError naming the first bad variable."""
+    """Build `cls` from `environ`; raises SettingsError naming every bad variable."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
+    problems: list[tuple[str, str]] = []
     for field in dataclasses.fields(cls):
         variable = variable_name(prefix, field.name)
         raw = environ.get(variable)
         if raw is None:
             if field.default is dataclasses.MISSING:
-                raise SettingsError(variable, "required but not set")
+                problems.append((variable, "required but not set"))
             continue
-        values[field.name] = _parse(variable, raw, hints[field.name])
-    instance = cls(**values)
-    validate = getattr(instance, "validate", None)
-    if callable(validate):
-        validate()
-    return instance
+        try:
+            value = _parse(variable, raw, hints[field.name])
+        except SettingsError as error:
+            problems.extend(error.problems)
+            continue
+        check: Check | None = field.metadata.get("check")
+        problem = check(value) if check is not None and value is not None else None
+        if problem is not None:
+            problems.append((variable, problem))
+        values[field.name] = value
+    if problems:
+        raise SettingsError.of(problems)
+    return cls(**values)
 
 
 def settings_or_exit(cls: type[T], prefix: str, environ: Mapping[str, str]) -> T:
-    """Like load_settings, but prints the problem and exits with code 2."""
+    """Like load_settings, but prints every problem and exits with code 2."""
     try:
         return load_settings(cls, prefix, environ)
     except SettingsError as error:
-        print(f"invalid settings: {error}", file=sys.stderr)
+        lines = "".join(f"\n  {variable}: {problem}" for variable, problem in error.problems)
+        print(f"invalid settings:{lines}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_SETTINGS) from None
 
 
