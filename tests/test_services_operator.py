@@ -95,6 +95,7 @@ CASES = [
         "services.coordinator",
         "coordinator_env",
         [
+            "workshop.v1.IdentityService",
             "workshop.v1.OperatorService",
             "workshop.v1.WorkshopService",
             "workshop.v1.JobService",

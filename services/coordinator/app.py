@@ -19,6 +19,7 @@ from services.coordinator.photos import PhotosApi
 from services.coordinator.publication_api import PublicationApi
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.servicers.common import Authenticator
+from services.coordinator.servicers.identity import IdentityServicer
 from services.coordinator.servicers.jobs import JobServicer
 from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
@@ -26,7 +27,13 @@ from services.coordinator.servicers.workshop import WorkshopServicer
 from services.coordinator.snapshots import SnapshotCache
 from services.coordinator.workshop_api import WorkshopApi
 from workshop.kit.server import GrpcService, Worker
-from workshop.v1 import jobs_pb2_grpc, operator_pb2_grpc, publication_pb2_grpc, workshop_pb2_grpc
+from workshop.v1 import (
+    identity_pb2_grpc,
+    jobs_pb2_grpc,
+    operator_pb2_grpc,
+    publication_pb2_grpc,
+    workshop_pb2_grpc,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +77,14 @@ def grpc_services(
     workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), authenticate, events)
     jobs = JobServicer(JobsApi(db, clock, snapshots), authenticate, events)
     publication = PublicationServicer(PublicationApi(db, clock, snapshots), authenticate)
+    identity = IdentityServicer(authenticate)
     return [
+        GrpcService(
+            "workshop.v1.IdentityService",
+            lambda server: identity_pb2_grpc.add_IdentityServiceServicer_to_server(
+                identity, server
+            ),
+        ),
         GrpcService(
             "workshop.v1.OperatorService",
             lambda server: operator_pb2_grpc.add_OperatorServiceServicer_to_server(

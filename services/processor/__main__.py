@@ -25,10 +25,11 @@ from workshop.kit.cli import (
     call_coordinator,
     check_coordinator_arguments,
 )
+from workshop.kit.identity import KeyRefused, check_own_key, has_scope
 from workshop.kit.server import serve
-from workshop.kit.settings import settings_or_exit
+from workshop.kit.settings import EXIT_BAD_SETTINGS, settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
-from workshop.v1 import jobs_pb2_grpc, operator_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import common_pb2, jobs_pb2_grpc, operator_pb2_grpc, preview_pb2_grpc
 
 LABEL = "processor"
 
@@ -52,6 +53,13 @@ async def run_server(settings: ProcessorSettings) -> None:
         open_channel(settings.coordinator_target) as coordinator,
         open_channel(settings.preview_target) as preview,
     ):
+        await check_own_key(
+            coordinator,
+            settings.key,
+            variable=f"{PREFIX}_KEY",
+            target=settings.coordinator_target,
+            requirement=has_scope(common_pb2.SCOPE_WORKSHOP_RUN, device_id=settings.device_id),
+        )
         processor = Processor(
             jobs=jobs_pb2_grpc.JobServiceStub(coordinator),
             previews=preview_pb2_grpc.PreviewServiceStub(preview),
@@ -117,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     configure_tracing(LABEL)
     try:
         asyncio.run(run_server(settings))
+    except KeyRefused as error:
+        print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_SETTINGS) from None
     except OSError as error:
         print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None

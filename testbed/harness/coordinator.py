@@ -22,7 +22,13 @@ from services.coordinator.operator_api import insert_key
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.server import Server, ServerSettings
-from workshop.v1 import jobs_pb2_grpc, operator_pb2_grpc, publication_pb2_grpc, workshop_pb2_grpc
+from workshop.v1 import (
+    identity_pb2_grpc,
+    jobs_pb2_grpc,
+    operator_pb2_grpc,
+    publication_pb2_grpc,
+    workshop_pb2_grpc,
+)
 
 EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -37,6 +43,7 @@ class CoordinatorHarness:
     workshop: workshop_pb2_grpc.WorkshopServiceAsyncStub
     jobs: jobs_pb2_grpc.JobServiceAsyncStub
     publication: publication_pb2_grpc.PublicationServiceAsyncStub
+    identity: identity_pb2_grpc.IdentityServiceAsyncStub
     admin: tuple[tuple[str, str], ...]
 
     async def key(self, *grants: Grant, name: str = "test", user_id: str = "") -> str:
@@ -106,6 +113,7 @@ async def _harness(
             workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
             jobs=jobs_pb2_grpc.JobServiceStub(channel),
             publication=publication_pb2_grpc.PublicationServiceStub(channel),
+            identity=identity_pb2_grpc.IdentityServiceStub(channel),
             admin=(),
         )
         harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
