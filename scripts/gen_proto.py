@@ -24,7 +24,10 @@ from grpc_tools import protoc
 REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "proto"
 PACKAGE_DIR = Path("workshop") / "v1"
-GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+# descriptors.binpb: the contracts with their comments (source info), which server
+# reflection serves so that `grpcurl describe` shows them (workshop.kit.reflection).
+DESCRIPTOR_SET = "descriptors.binpb"
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi", DESCRIPTOR_SET)
 LOCK = REPO / "requirements" / "dev.txt"
 GENERATORS = ("grpcio-tools", "mypy-protobuf")
 
@@ -68,6 +71,8 @@ def generate(out_root: Path) -> list[Path]:
         f"--grpc_python_out={out_root}",
         f"--mypy_out={out_root}",
         f"--mypy_grpc_out={out_root}",
+        f"--descriptor_set_out={target / DESCRIPTOR_SET}",
+        "--include_source_info",
         *sources,
     ]
     if protoc.main(args) != 0:

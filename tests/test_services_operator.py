@@ -1,6 +1,7 @@
 """Operator proof: each service runs as its own process and answers the real grpcurl.
 
-For every service: `list` shows its services, `describe` works, health Check
+For every service: `list` shows its services, `describe` works and shows the
+contracts' comments, health Check
 says SERVING, an RPC whose issue has not landed answers UNIMPLEMENTED, and
 after SIGTERM it reports NOT_SERVING and exits within its grace period.
 """
@@ -133,6 +134,9 @@ def test_operator_can_list_describe_check_and_stop(
             described = grpcurl(port, "describe", name)
             assert described.returncode == 0, described.stderr
             assert f"{name} is a service" in described.stdout
+            if name.startswith("workshop."):
+                # reflection serves the contracts with their comments
+                assert "\n// " in described.stdout, described.stdout
 
         health = grpcurl(port, "grpc.health.v1.Health/Check", data="{}")
         assert health.returncode == 0, health.stderr

@@ -22,11 +22,12 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_prefix
 
 from workshop.kit.interceptors import ErrorMappingInterceptor
+from workshop.kit.reflection import DocumentedReflectionServicer
 from workshop.kit.settings import setting
 from workshop.kit.telemetry import tracing_enabled
 
@@ -100,9 +101,11 @@ class Server:
         for service in self.services:
             service.register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            [service.name for service in self.services]
-            + [HEALTH_SERVICE_NAME, reflection.SERVICE_NAME],
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            DocumentedReflectionServicer(
+                [service.name for service in self.services]
+                + [HEALTH_SERVICE_NAME, reflection.SERVICE_NAME]
+            ),
             server,
         )
         self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
