@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Arguments of `make demo`, e.g. `make demo ARGS=--keep`.
 ARGS ?=
 
-.PHONY: setup system-deps lock proto test demo lint fmt clean
+.PHONY: setup system-deps lock proto test demo demo-stop lint fmt clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,11 @@ test: $(STAMP)
 # processor) runs a 20-image test run and stops; ARGS=--keep keeps it running.
 demo: $(STAMP)
 	$(BIN)/python -m tools.demo $(ARGS)
+
+# Stops a demo kept running (`make demo ARGS=--keep`) and its stack; ARGS='--workdir DIR'
+# picks one, without it every demo of this user stops.
+demo-stop: $(STAMP)
+	$(BIN)/python -m tools.demo stop $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

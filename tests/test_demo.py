@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +125,41 @@ def test_the_demo_runs_twice_and_leaves_nothing_running(tmp_path: Path) -> None:
         assert not [pid for pid in started_pids(output) if running(pid)], output
     check_previews(Path(workdir))
     assert processes_mentioning(Path(workdir)) == []
+
+
+@pytest.mark.timeout(600)
+def test_a_kept_demo_stops_its_stack_when_its_terminal_closes(tmp_path: Path) -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "tools.demo", "--keep"],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert demo.stdout is not None
+    output = []
+    try:
+        for line in demo.stdout:
+            output.append(line)
+            if line.startswith("the stack keeps running"):
+                break
+        printed = "".join(output)
+        assert "the stack keeps running" in printed, printed
+        pids = started_pids(printed)
+        assert all(running(pid) for pid in pids)
+        demo.send_signal(signal.SIGHUP)  # what closing its terminal sends
+        rest, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        demo.wait()
+    # 0 once it waits as a kept stack does, 130 if the signal comes a moment before
+    assert demo.returncode in (0, 130), printed + rest
+    assert "everything the demo started is stopped" in rest, rest
+    deadline = time.monotonic() + 30  # the watchdog's grace, were anything left
+    while [pid for pid in pids if running(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if running(pid)], printed + rest

@@ -4,13 +4,19 @@ Starts Postgres, SeaweedFS, the bundled Triton, the coordinator, the preview ser
 processor; publishes the demo detector, imports synthetic recordings of two cameras, saves a
 workflow, runs a test run of 20 images with a progress bar, prints each frame's detections
 and preview, and stops everything it started. `--keep` leaves the stack running until
-Ctrl-C or SIGTERM. Exit status: 0 when the run completed, 1 on a failure, 2 on bad usage,
-130 when interrupted.
+Ctrl-C, SIGTERM, SIGHUP (its terminal closed) or `python -m tools.demo stop`; a watchdog
+stops the stack even when the demo is killed. Exit status: 0 when the run completed, 1 on
+a failure, 2 on bad usage, 130 when interrupted.
+
+`python -m tools.demo stop [--workdir DIR]` stops the demo running from DIR (without
+--workdir: every demo of this user) and everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import signal
 import sys
@@ -22,7 +28,7 @@ from types import FrameType
 
 import grpc
 
-from tools.demo import script
+from tools.demo import reaper, script
 from tools.demo.footage import Footage, make_footage
 from tools.demo.report import collect_frames, frame_table, previews_prefix
 from tools.demo.stack import PREVIEW_BUCKET, RECORDINGS_BUCKET, Stack, running_stack
@@ -36,7 +42,18 @@ class RunFailed(RuntimeError):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "stop"),
+        default="run",
+        help="run the demo (default), or stop a running one and its stack",
+    )
     parser.add_argument(
         "--keep", action="store_true", help="keep the stack running after the run (Ctrl-C stops)"
     )
@@ -44,14 +61,19 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, help="work directory (default: a new temporary directory)"
     )
     args = parser.parse_args(argv)
+    if args.action == "stop":
+        return stop(args.workdir)
     console = Console()
-    # SIGTERM stops the demo the way Ctrl-C does: everything started is stopped first.
+    # SIGTERM, and SIGHUP when the terminal closes, stop the demo the way Ctrl-C does:
+    # everything started is stopped first.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     try:
         workdir = prepare_workdir(args.workdir)
     except WorkdirError as error:
         print(f"workshop demo: {error}", file=sys.stderr)
         return 2
+    reaper.start_watchdog(reaper.mark_stack(workdir))
     console.line(f"workshop demo: work directory {workdir}")
     began = time.perf_counter()
     try:
@@ -129,7 +151,8 @@ def _keep_running(stack: Stack, console: Console) -> None:
     s3 = stack.s3
     lines = [
         "",
-        "the stack keeps running; Ctrl-C (or SIGTERM) stops it",
+        "the stack keeps running; Ctrl-C, SIGTERM, closing this terminal or "
+        f"`make demo-stop ARGS='--workdir {stack.workdir}'` stops it",
         f"  coordinator  {stack.coordinator}  (OperatorService, WorkshopService, JobService)",
         f"  preview      {stack.preview}  (PreviewService)",
         f"  processor    {stack.processor}  (health; runtime {stack.runtime_id})",
@@ -163,6 +186,34 @@ def _keep_running(stack: Stack, console: Console) -> None:
             signal.pause()
     except KeyboardInterrupt:
         console.line("stopping on request")
+
+
+def stop(workdir: Path | None) -> int:
+    """Stops the demos run from `workdir` (None: all of this user's) and their stacks."""
+    stacks = reaper.stacks_of(workdir)
+    if not stacks:
+        print("no demo stack runs" + (f" from {workdir.resolve()}" if workdir else ""))
+        return 0
+    for mark, pids in stacks.items():
+        demo = reaper.demo_pid_of(mark)
+        print(f"stopping the demo from {mark.rsplit('|', 1)[0]} ({len(pids)} processes)")
+        if _is_demo(demo):
+            # The demo stops its stack in order itself; whatever is left goes below.
+            os.kill(demo, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while _is_demo(demo) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        reaper.stop_stack(mark)
+    return 0
+
+
+def _is_demo(pid: int) -> bool:
+    """True while `pid` is a live demo process (a pid may be reused once it is gone)."""
+    with contextlib.suppress(OSError):
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and b"tools.demo" in command
+    return False
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -21,6 +21,7 @@ import grpc
 
 from tools.demo.launcher import Launcher, Service
 from tools.demo.terminal import Console
+from tools.demo.workdir import record_pids
 from tools.localstack.postgres import PostgresCluster, create_database, postgres_cluster
 from tools.localstack.processes import announcements
 from tools.localstack.s3 import S3Server, running_s3_server
@@ -85,6 +86,8 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
             "Triton", lambda: running_triton(_empty_dir(workdir / "triton")), _describe_triton
         )
         cluster = postgres.result()
+        # Postgres carries no stack mark (tools.demo.reaper): record it at once.
+        record_pids(workdir, {"postgres": cluster.pid or 0})
         database_url = create_database(cluster, DATABASE)
         coordinator, admin_key = _start_coordinator(launch, console, database_url)
         service_key, run_key = _device_and_keys(coordinator.target, admin_key)

@@ -2,11 +2,14 @@
 
 Without `--workdir` every run gets a new temporary directory, so runs never share state.
 A chosen directory is reused only when it is empty or was a demo's before and no stack of
-that demo still runs (its PIDs are recorded while it runs); its old contents are removed.
+that demo still runs; its old contents are removed. A demo holds an exclusive lock on
+`.workshop-demo.lock` in its directory for as long as it runs, so two demos started on
+one directory at once cannot both claim it: the second is told who holds it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -15,7 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 MARKER = ".workshop-demo"
+LOCK_FILE = ".workshop-demo.lock"
 PIDS_FILE = "stack-pids.json"
+STOP_HINT = "python -m tools.demo stop --workdir {workdir} (or Ctrl-C in its terminal)"
+# The open lock file of this process's work directory: the claim lasts as long as it.
+_claims: list[int] = []
 
 
 class WorkdirError(RuntimeError):
@@ -27,15 +34,36 @@ def prepare_workdir(chosen: Path | None) -> Path:
         workdir = Path(tempfile.mkdtemp(prefix="workshop-demo-"))
     else:
         workdir = chosen.resolve()
-        if workdir.is_dir() and any(workdir.iterdir()):
-            _clear_previous(workdir)
+        if workdir.is_dir() and any(workdir.iterdir()) and not (workdir / MARKER).exists():
+            raise WorkdirError(f"{workdir} is not empty and is not a demo's work directory")
         workdir.mkdir(parents=True, exist_ok=True)
     (workdir / MARKER).touch()
+    _claim(workdir)
+    _clear_previous(workdir)
     return workdir
 
 
+def _claim(workdir: Path) -> None:
+    descriptor = os.open(workdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(descriptor, 32).decode(errors="replace").strip() or "another process"
+        os.close(descriptor)
+        raise WorkdirError(
+            f"a demo (pid {holder}) runs from {workdir}: stop it first: "
+            + STOP_HINT.format(workdir=workdir)
+        ) from None
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, f"{os.getpid()}\n".encode())
+    _claims.append(descriptor)
+
+
 def record_pids(workdir: Path, pids: Mapping[str, int]) -> None:
-    (workdir / PIDS_FILE).write_text(json.dumps(dict(pids), indent=2) + "\n")
+    """Records the stack's processes, each with its start time, so a pid that was reused
+    by another process since is never taken for the demo's."""
+    recorded = {name: [pid, _start_time(pid)] for name, pid in pids.items()}
+    (workdir / PIDS_FILE).write_text(json.dumps(recorded, indent=2) + "\n")
 
 
 def forget_pids(workdir: Path) -> None:
@@ -43,34 +71,39 @@ def forget_pids(workdir: Path) -> None:
 
 
 def _clear_previous(workdir: Path) -> None:
-    if not (workdir / MARKER).exists():
-        raise WorkdirError(f"{workdir} is not empty and is not a demo's work directory")
-    alive = _live_pids(workdir)
+    alive = live_recorded_pids(workdir)
     if alive:
         raise WorkdirError(
             f"a demo stack still runs from {workdir} (pids {', '.join(map(str, alive))}): "
-            f"stop it first (Ctrl-C in its terminal), or delete {workdir / PIDS_FILE} "
-            "if those processes are not the demo's"
+            f"stop it first: {STOP_HINT.format(workdir=workdir)}, or delete "
+            f"{workdir / PIDS_FILE} if those processes are not the demo's"
         )
     for entry in workdir.iterdir():
+        if entry.name in (MARKER, LOCK_FILE):
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
 
 
-def _live_pids(workdir: Path) -> list[int]:
+def live_recorded_pids(workdir: Path) -> list[int]:
+    """The recorded processes of `workdir`'s stack that still run."""
     try:
         recorded = json.loads((workdir / PIDS_FILE).read_text())
     except (FileNotFoundError, ValueError):
         return []
-    alive = []
-    for pid in recorded.values():
-        try:
-            os.kill(int(pid), 0)
-        except (ProcessLookupError, ValueError):
-            continue
-        except PermissionError:
-            pass  # exists, owned by someone else
-        alive.append(int(pid))
-    return alive
+    return [
+        pid
+        for pid, started in recorded.values()
+        if started is not None and _start_time(pid) == started
+    ]
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot; None once it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
