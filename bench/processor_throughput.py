@@ -27,7 +27,7 @@ then the baseline once more:
   runs the same ONNX file with onnxruntime (default session options, warmed up), in
   batches of 8;
 - **processor**: a full run over all recordings, one frame every `--interval` seconds
-  (default 0.5: 2 fps, as issue 6 asks; any whole number of milliseconds from 0.1), from
+  (default 0.5: 2 fps, the rate it targets; any whole number of milliseconds from 0.1), from
   CreateRun until every job finished: claim, download, checksum, decode, Triton,
   routing, then a preview of every frame (every frame shows objects of the rule's
   classes; in a full run the preview's object is also the frame's upload), complete. A

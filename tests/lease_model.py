@@ -1,4 +1,4 @@
-"""A reference model of one run's jobs, leases and fences (SPEC §6-§8), without I/O.
+"""A reference model of one run's jobs, leases and fences (docs/runs-and-jobs.md), without I/O.
 
 `tests/test_coordinator_lease_model.py` drives the coordinator and this model with
 the same steps and asserts they agree. The model is written from the spec and the
@@ -306,7 +306,7 @@ class RunModel:
         return sum(job.state == state for job in self.jobs)
 
     def status(self, now: datetime) -> str:
-        """The run status of SPEC §8 (a test run past its hour is expired)."""
+        """The run status of docs/runs-and-jobs.md (a test run past its hour is expired)."""
         if self.run_expires_at is not None and self.run_expires_at <= now:
             return "expired"
         for state, status in (

@@ -1,6 +1,6 @@
-"""Leases under concurrency (SPEC §6-§7): 16 claimers against 2,000 jobs over real gRPC
-and real Postgres, with random crashes (leases left to lapse), deliberately stale writes
-and a frozen clock moved forward while maintenance rescues lapsed leases.
+"""Leases under concurrency (docs/leases-and-fences.md): 16 claimers against 2,000 jobs
+over real gRPC and real Postgres, with random crashes (leases left to lapse), deliberately
+stale writes and a frozen clock moved forward while maintenance rescues lapsed leases.
 
 Afterwards every job is completed or failed exactly once, no job was ever held by two
 live leases, and no stale write was accepted.

@@ -1,4 +1,4 @@
-"""Leases, fences, progress, completion and receipts (SPEC §5-§7) on real Postgres.
+"""Leases, fences, progress, completion and receipts (docs/leases-and-fences.md) on real Postgres.
 
 Every fence is tested both ways: the write is accepted while the fence holds,
 and refused with FAILED_PRECONDITION and its reason once it does not.

@@ -1,4 +1,4 @@
-"""The coordinator's jobs, leases and fences agree with a reference model (SPEC §6-§8).
+"""The coordinator's jobs, leases and fences agree with a reference model (docs/runs-and-jobs.md).
 
 A Hypothesis state machine drives one small run per example (2-4 jobs of 1-3
 slots of 60 s in a 3-minute window, test or full mode; a test run sometimes
@@ -786,9 +786,9 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @invariant()
     def run_detail_agrees(self) -> None:
-        """GetRun (SPEC §8 and the contract's field comments): the run's status, counts and
-        finished_at; each job's state, generation, progress, failure reason, phase (leased
-        jobs only) and updated_at (when it last changed state). One assertion per field,
+        """GetRun (docs/runs-and-jobs.md and the contract's field comments): the run's status,
+        counts and finished_at; each job's state, generation, progress, failure reason, phase
+        (leased jobs only) and updated_at (when it last changed state). One assertion per field,
         so that Hypothesis reports each disagreement as a bug of its own."""
         if self._model is None:
             return

@@ -1,4 +1,5 @@
-"""OperatorService over real gRPC and real Postgres (SPEC §2, §12; operator.proto).
+"""OperatorService over real gRPC and real Postgres (docs/concepts.md, docs/operations.md,
+operator.proto).
 
 Every refusal is checked three ways: the gRPC status code, the ErrorInfo reason
 in the rich status details (domain "workshop"), and that the database is exactly
@@ -183,7 +184,8 @@ async def test_list_devices_pages_by_id(coordinator: CoordinatorHarness) -> None
 
 
 def expected_manifest(engine: str, device_id: str, code_sha256: str) -> str:
-    # Written out by hand: sorted keys, no spaces (SPEC §2), independent of workshop.kit.hashing.
+    # Written out by hand: sorted keys, no spaces (docs/concepts.md), independent of
+    # workshop.kit.hashing.
     return f'{{"code_sha256":"{code_sha256}","device_id":"{device_id}","engine":"{engine}"}}'
 
 

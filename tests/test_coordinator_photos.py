@@ -1,4 +1,4 @@
-"""Photos (SPEC §10): a one-frame test with no model that skips the run queue."""
+"""Photos (docs/photos.md): a one-frame test with no model that skips the run queue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Run planning (SPEC §3-§4): days, windows across DST, the slot grid, job order and limits."""
+"""Run planning (docs/runs-and-jobs.md): days, windows across DST, the slot grid, job order
+and limits."""
 
 from __future__ import annotations
 

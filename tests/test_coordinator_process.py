@@ -2,7 +2,7 @@
 
 `python -m services.coordinator migrate` and `create-admin-key` bootstrap a
 database; the admin secret they print then drives OperatorService by hand, as
-SPEC §12 promises. The manual clock is off unless COORDINATOR_MANUAL_CLOCK=1.
+docs/operations.md describes. The manual clock is off unless COORDINATOR_MANUAL_CLOCK=1.
 """
 
 from __future__ import annotations

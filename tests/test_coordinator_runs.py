@@ -1,4 +1,4 @@
-"""CreateRun, GetRun and ListRuns (SPEC §3, §4, §8) on real Postgres through real gRPC."""
+"""CreateRun, GetRun and ListRuns (docs/runs-and-jobs.md) on real Postgres through real gRPC."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Daily schedules (SPEC §3): one full run per workflow and local day, never doubled."""
+"""Daily schedules (docs/workflows.md): one full run per workflow and local day, never doubled."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """Jobs that can never commit end at once instead of waiting out three lapsed leases.
 
-Fences 2 and 3 of SPEC §7 (the source recording at its admitted generation; the
+Fences 2 and 3 of docs/leases-and-fences.md (the source recording at its admitted generation; the
 run creator's authority and the policy revision) are checked by Claim for the job
 it picks: a job that fails one is failed with FAILURE_REASON_SOURCE_CHANGED or
 FAILURE_REASON_AUTHORITY_LOST, never leased, and the same Claim goes on to the next
 job. A Complete or Fail refused by those fences fails the job the same way. Each
 test also shows the other side: the jobs whose fences hold are leased as usual.
-Run status follows SPEC §8 (failed once nothing is queued or leased).
+Run status follows docs/runs-and-jobs.md (failed once nothing is queued or leased).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workflow validation (SPEC §3): every problem kind, its path and step, all at once."""
+"""Workflow validation (docs/workflows.md): every problem kind, its path and step, all at once."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Live run events (SPEC §8): WatchRun streams the run detail on subscribe and after each
-change, across coordinator replicas, and survives a database restart."""
+"""Live run events (docs/runs-and-jobs.md): WatchRun streams the run detail on subscribe and
+after each change, across coordinator replicas, and survives a database restart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Canonical JSON, SHA-256 and the runtime id of SPEC §2."""
+"""Canonical JSON, SHA-256 and the runtime id of docs/concepts.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Previews under the fences of SPEC §7, through the preview service.
+"""Previews under the fences of docs/leases-and-fences.md, through the preview service.
 
 Each fence is tested both ways: a preview is published while it holds, and the next
 one is refused with FAILED_PRECONDITION and the fence's reason once it does not.

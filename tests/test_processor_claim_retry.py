@@ -1,5 +1,5 @@
-"""A processor whose Claim answer is lost asks again with the same request id (SPEC §6), on
-the real coordinator, preview service, object storage and Triton.
+"""A processor whose Claim answer is lost asks again with the same request id
+(docs/leases-and-fences.md), on the real coordinator, preview service, object storage and Triton.
 
 The coordinator commits the lease and the answer never reaches the processor (it stopped
 mid-reply, the connection reset): here the processor's stub throws the real answer away

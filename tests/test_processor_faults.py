@@ -1,4 +1,4 @@
-"""Processor faults on the real components (SPEC §6-§8, §14): a processor killed mid-job,
+"""Processor faults on the real components (docs/limits-and-errors.md): a processor killed mid-job,
 a recording replaced mid-job, a run cancelled mid-job.
 
 Timing is the test's: a write is held at a gate (in the preview service's store, or in a

@@ -1,6 +1,6 @@
-"""Outages a processor rides out on the real components (SPEC §6-§7): the preview service
-and the coordinator restarting mid-job, an outage longer than the processor waits, and
-object storage down when a recording is fetched.
+"""Outages a processor rides out on the real components (docs/limits-and-errors.md): the
+preview service and the coordinator restarting mid-job, an outage longer than the processor
+waits, and object storage down when a recording is fetched.
 
 None of these is the job's fault, so none may fail it: a call that gets no answer is asked
 again under the same lease (every write is idempotent under its lease), and when the outage

@@ -1,4 +1,4 @@
-"""A photo (SPEC §10) through the whole path: RequestPhoto, a processor claims the one-frame
+"""A photo (docs/photos.md) through the whole path: RequestPhoto, a processor claims the one-frame
 job, the frame is published, and its image reads back as the scene at that instant."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Operator proof: each service runs as its own process and answers the real grpcurl.
 
 For every service: `list` shows its services, `describe` works and shows the
-contracts' comments, health Check
-says SERVING, an RPC whose issue has not landed answers UNIMPLEMENTED, and
+contracts' comments, health Check says SERVING, an RPC that is not implemented yet
+answers UNIMPLEMENTED, and
 after SIGTERM it reports NOT_SERVING and exits within its grace period.
 """
 

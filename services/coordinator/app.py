@@ -1,7 +1,9 @@
 """Assembles the coordinator: its servicers over one database pool and one clock.
 
-Services whose issue has not landed are hosted by `unimplemented_service`: the
-full contract is listed and described, and every RPC answers UNIMPLEMENTED.
+A service that is not implemented yet can be hosted by `unimplemented_service`: the
+full contract is listed and described, and every RPC answers UNIMPLEMENTED. Today every
+coordinator service is implemented; single RPCs that are not (review, sightings, summary)
+answer UNIMPLEMENTED from their servicer.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who is calling, and may they? (SPEC §2 principals, scopes and revocation.)
+"""Who is calling, and may they? (Principals, scopes and revocation: docs/concepts.md.)
 
 Secrets are random 256-bit tokens shown once; only their SHA-256 is stored, so
 a lookup is one indexed query (a slow password hash would tax every call, and

@@ -72,7 +72,7 @@ class NoRuntime(errors.FailedPrecondition):
     reason = "NO_RUNTIME"
 
 
-# The exact words of SPEC §4.
+# The exact words users read (docs/runs-and-jobs.md).
 NO_MEDIA_MESSAGE = "The selected input has no available media."
 NEEDS_TRACKING_MESSAGE = (
     "Update the Workshop processor: this workflow keeps frames by change or routes on motion."
@@ -90,7 +90,7 @@ class ResultConflict(errors.Conflict):
 
 
 class Fenced(errors.FailedPrecondition):
-    """A lease or fence of SPEC §7 no longer holds; the processor stops the job."""
+    """A lease or fence no longer holds (docs/leases-and-fences.md); the processor stops the job."""
 
 
 # What each fence reason means to the processor that hears it.

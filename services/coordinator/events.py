@@ -1,4 +1,4 @@
-"""Run events and claimable jobs across coordinator replicas (SPEC §8 live).
+"""Run events and claimable jobs across coordinator replicas (docs/runs-and-jobs.md).
 
 Every committing function calls `pg_notify('workshop_run', run_id)` inside its
 transaction, so an event exists exactly when the change it announces is

@@ -1,4 +1,4 @@
-"""The processor's side of jobs (SPEC §5-§7): claim, heartbeat, progress, complete,
+"""The processor's side of jobs (docs/leases-and-fences.md): claim, heartbeat, progress, complete,
 fail and release, every write under its lease and the four fences.
 
 The database functions of migrations 0002 and 0003 do each step in one round trip

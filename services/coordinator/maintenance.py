@@ -1,4 +1,4 @@
-"""Maintenance (SPEC §6): rescue lapsed leases and expire jobs with their source.
+"""Maintenance (docs/runs-and-jobs.md): rescue lapsed leases and expire jobs with their source.
 
 Runs on one replica at a time (a session advisory lock, on a connection from
 `Database.session()` so the lock never goes back to the pool); every pass follows the

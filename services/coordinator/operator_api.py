@@ -1,5 +1,5 @@
-"""Operator tasks (SPEC §2, §12): devices, runtimes, cameras, recordings, models,
-buckets, users, sessions, keys, the policy revision and the manual clock.
+"""Operator tasks (docs/concepts.md, docs/operations.md): devices, runtimes, cameras,
+recordings, models, buckets, users, sessions, keys, the policy revision and the manual clock.
 
 Every function takes the caller's principal and checks it holds `admin`.
 Results are database records; the servicer renders them.

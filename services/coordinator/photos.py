@@ -1,4 +1,4 @@
-"""Photos (SPEC §10): a still frame of a camera at an instant.
+"""Photos (docs/photos.md): a still frame of a camera at an instant.
 
 A photo is a one-frame test run with no model on the newest recording covering
 the instant. Its job is a photo job, which claims take before any run and

@@ -1,4 +1,4 @@
-"""Planning a run's input (SPEC §3-§4): the day, the window, and one job per recording.
+"""Planning a run's input (docs/runs-and-jobs.md): the day, the window, and one job per recording.
 
 Pure functions; every instant is an aware datetime, and results are in UTC.
 

@@ -1,4 +1,4 @@
-"""The coordinator's side of previews and staged uploads (SPEC §7, §9).
+"""The coordinator's side of previews and staged uploads (docs/previews-and-uploads.md).
 
 The preview service calls these with its own `service` key; the processor's
 key rides along as the on-behalf-of principal, and fence 4 checks it. Every

@@ -1,4 +1,4 @@
-"""Checks a job's result against its expected slots (SPEC §6), without the database.
+"""Checks a job's result against its expected slots (docs/runs-and-jobs.md), without the database.
 
 Every expected slot is accounted for exactly once, in slot order: FRAME (a frame
 inside its slot and the window, with its upload in a full run), EMPTY (no frame)

@@ -1,4 +1,4 @@
-"""Daily schedules (SPEC §3): one full run per scheduled workflow and day.
+"""Daily schedules (docs/workflows.md): one full run per scheduled workflow and day.
 
 Each pass looks at every scheduled workflow whose local time of day has come
 and creates the run `<workflow>-<date>` on the newest runtime that ever checked

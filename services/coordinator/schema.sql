@@ -93,7 +93,7 @@ CREATE TABLE keys (
     last_used_at timestamptz
 );
 
--- The policy revision (SPEC §2): one row; raising it retires in-flight authority.
+-- The policy revision (docs/concepts.md): one row; raising it retires in-flight authority.
 CREATE TABLE policy (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     revision  bigint NOT NULL CHECK (revision >= 1)
@@ -136,7 +136,7 @@ CREATE TABLE runs (
 CREATE INDEX runs_by_workflow ON runs (workflow_id, seq DESC);
 CREATE INDEX runs_by_runtime ON runs (runtime_id, seq);
 
--- The frozen snapshot of SPEC §4. Immutable: see the triggers below.
+-- The frozen run snapshot (docs/runs-and-jobs.md). Immutable: see the triggers below.
 CREATE TABLE run_snapshots (
     run_id   text PRIMARY KEY REFERENCES runs (run_id),
     snapshot jsonb NOT NULL
@@ -227,7 +227,7 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_claimable ON jobs (runtime_id, run_seq, job_index) WHERE state = 'queued';
 CREATE INDEX jobs_unfinished ON jobs (run_id) WHERE state IN ('queued', 'leased');
 
--- Execution (SPEC §5-§8): leases, fences, receipts, items, staged objects,
+-- Execution (docs/runs-and-jobs.md, docs/leases-and-fences.md): leases, fences, receipts, items, staged objects,
 -- previews and run events.
 
 -- The head run of a runtime: its oldest run with queued or leased jobs.
@@ -260,7 +260,7 @@ CREATE TRIGGER jobs_claimable_announced
     FOR EACH ROW WHEN (NEW.state <> 'leased')
     EXECUTE FUNCTION jobs_announce_claimable();
 
--- One receipt per committed completion (SPEC §7).
+-- One receipt per committed completion (docs/leases-and-fences.md).
 CREATE TABLE receipts (
     run_id        text NOT NULL,
     job_index     integer NOT NULL,
@@ -348,7 +348,7 @@ BEGIN
 END;
 $$;
 
--- The four fences of SPEC §7, checked under row locks; '' when all hold, else
+-- The four fences (docs/leases-and-fences.md), checked under row locks; '' when all hold, else
 -- the ErrorReason that failed. Locks: the job FOR UPDATE; the recording, the
 -- policy, the creator's key/session/user and the reporting key (and its user)
 -- FOR SHARE, so a concurrent replacement, revocation or policy raise waits for our
@@ -463,7 +463,7 @@ $$;
 
 -- Ends a job that can never commit as failed, as Fail would, so that it does not wait
 -- leased or queued for its lease to lapse three times; returns whether it did. The
--- caller holds the job's row lock. It checks fences 2 and 3 of SPEC §7 as
+-- caller holds the job's row lock. It checks fences 2 and 3 (docs/leases-and-fences.md) as
 -- workshop_fence does, in one read without locks (the committing calls still check
 -- them under locks): the recording at the admitted generation, else failure_reason
 -- 'source_changed'; the policy revision and the run creator's authority, else
@@ -528,7 +528,7 @@ BEGIN
 END;
 $$;
 
--- Leases the next claimable job of a runtime (SPEC §5-§6): photos first, then
+-- Leases the next claimable job of a runtime (docs/runs-and-jobs.md): photos first, then
 -- the head run (the oldest with queued or leased jobs), in job order; only jobs
 -- of the cameras in p_cameras (NULL: every camera). One statement, one round trip:
 -- the leased job comes back with its recording's facts, read here, after the lease,
@@ -729,7 +729,7 @@ BEGIN
 END;
 $$;
 
--- Commits a job's result in one transaction (SPEC §6-§7): fences, staged
+-- Commits a job's result in one transaction (docs/leases-and-fences.md): fences, staged
 -- uploads, bucket items, receipt, job state and the run event together. Slot
 -- accounting is checked by the caller before, against the slot facts it passes
 -- (p_slot_count, p_first_slot_at, p_interval_ms), which must be the job's
@@ -1025,7 +1025,7 @@ BEGIN
 END;
 $$;
 
--- Cancels a run (SPEC §8): queued and leased jobs become cancelled, so writes
+-- Cancels a run (docs/runs-and-jobs.md): queued and leased jobs become cancelled, so writes
 -- under their leases are refused from now on; completed jobs keep their results.
 CREATE FUNCTION run_cancel(p_run text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -1117,7 +1117,7 @@ END;
 $$;
 
 -- Bucket items with `output_current`: false once the source recording was
--- replaced (a newer generation) or deleted since the item was made (SPEC §7).
+-- replaced (a newer generation) or deleted since the item was made (docs/leases-and-fences.md).
 CREATE VIEW bucket_items_current AS
 SELECT bi.*,
        (rec.generation = bi.recording_generation AND rec.deleted_at IS NULL) AS output_current
@@ -1146,7 +1146,7 @@ BEGIN
 END;
 $$;
 
--- A run with the counts its status and detail are worked out from (SPEC §8).
+-- A run with the counts its status and detail are worked out from (docs/runs-and-jobs.md).
 CREATE VIEW run_status AS
 SELECT r.*, c.*, rs.*, pv.*
 FROM runs r

@@ -1,4 +1,7 @@
-"""Run snapshots, read once per process: they never change (SPEC §4), so caching is safe."""
+"""Run snapshots, read once per process: they never change, so caching is safe.
+
+A snapshot is immutable from its run's creation on (docs/runs-and-jobs.md).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A run's status, worked out from its jobs in the order of SPEC §8."""
+"""A run's status, worked out from its jobs in the order of docs/runs-and-jobs.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Validation of workflow documents (SPEC §3): every problem at once, in document order.
+"""Validation of workflow documents (docs/workflows.md): every problem at once, in document order.
 
 `validate_workflow` never stops at the first problem: a person fixing a workflow
 should see the whole list. Problems are sorted by where they sit in the document
@@ -217,7 +217,7 @@ def required_capabilities(spec: workflow_pb2.WorkflowSpec) -> tuple[str, ...]:
 
 
 def dropped_allowed(spec: workflow_pb2.WorkflowSpec) -> bool:
-    """True when DROPPED is an allowed outcome (SPEC §6): a do-nothing step or keep-by-change."""
+    """True when DROPPED is an allowed outcome: a do-nothing step or keep-by-change."""
     return any(
         step.HasField("do_nothing")
         or (step.HasField("sample") and step.sample.HasField("keep_by_change"))

@@ -1,4 +1,4 @@
-"""Workflows and runs for the website and agents (SPEC §3, §4, §8 read side).
+"""Workflows and runs for the website and agents (docs/workflows.md, docs/runs-and-jobs.md).
 
 CreateRun is the heart of admission: it validates the workflow at the asked
 revision, resolves the day and the models, lists the input recordings into jobs
@@ -283,7 +283,10 @@ class WorkshopApi:
             }
 
     async def choose_runtime(self, who: Principal, workflow_id: str, recent: bool) -> Record:
-        """The website's rule (recent=True) or the schedules' and agents' rule (SPEC §4)."""
+        """The website's rule (recent=True) or the schedules' and agents' rule.
+
+        Both rules are in docs/runs-and-jobs.md (choosing a runtime).
+        """
         auth.require(who, ScopeName.WORKSHOP)
         workflow = await self.get_workflow(who, workflow_id)
         needed = validation.required_capabilities(spec_from_json(workflow["spec"]))

@@ -1,8 +1,8 @@
 """The gateway's HTTP application and the worker that serves it with uvicorn.
 
-Routes for the website (`/api/workshop/...`) and for Agent keys
-(`/v1/workshop/...`) arrive with the gateway issue; until then they answer 501
-with a JSON error instead of pretending to work.
+`GET /healthz` answers `{"status": "ok"}`. The routes for the website
+(`/api/workshop/...`) and for Agent keys (`/v1/workshop/...`) are not implemented
+yet: they answer 501 with a JSON error instead of pretending to work.
 """
 
 from __future__ import annotations

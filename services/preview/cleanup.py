@@ -1,4 +1,6 @@
-"""The cleanup loop (SPEC §9): deletes the bytes the coordinator calls collectable.
+"""The cleanup loop: deletes the bytes the coordinator calls collectable.
+
+See docs/previews-and-uploads.md for what becomes collectable when.
 
 One pass deletes every expired preview (batch after batch until the
 coordinator says none remain) and at most one batch of 500 expired or

@@ -1,4 +1,4 @@
-"""Publishing previews, staging uploads and reading images (SPEC §7, §9).
+"""Publishing previews, staging uploads and reading images (docs/previews-and-uploads.md).
 
 Writes follow publication.proto. A preview: the lease is checked (kept a few
 seconds, see leases.py), the bytes are written under the lease's key for the

@@ -1,4 +1,4 @@
-"""The processor's runtime identity (SPEC §2).
+"""The processor's runtime identity (docs/concepts.md).
 
 `code_sha256` covers every source file of this package (sorted relative paths
 and contents), so any change to processor code changes the runtime id and needs
@@ -14,7 +14,7 @@ from workshop.v1 import operator_pb2
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 ENGINE = "workshop-processor"
-# Capabilities of this code (SPEC §2): it tracks objects across frames.
+# Capabilities of this code: it tracks objects across frames.
 CAPABILITIES = ("workshop-v3",)
 _SKIPPED_DIRS = frozenset({"__pycache__"})
 _SKIPPED_SUFFIXES = frozenset({".pyc", ".pyo"})

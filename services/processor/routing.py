@@ -1,4 +1,4 @@
-"""Routing one sampled frame through a run's workflow graph (SPEC §3, §6).
+"""Routing one sampled frame through a run's workflow graph (docs/workflows.md).
 
 Pure and deterministic: no I/O. `Router` compiles the snapshot's graph once per
 run; `JobRouter` adds the per-job state (tracker, keep-by-change reference) and

@@ -1,4 +1,4 @@
-"""The claim loop (SPEC §5-§6, §9-§10): claim, decode, infer, route, publish, commit.
+"""The claim loop (docs/runs-and-jobs.md): claim, decode, infer, route, publish, commit.
 
 Up to `in_flight` jobs (three recordings) run at once, so downloads and decoding
 overlap; model passes take turns behind one lock. Each job has its own

@@ -96,6 +96,6 @@ class Unavailable(WorkshopError):
 
 
 class NotImplementedYet(WorkshopError):
-    """A contract whose implementation has not landed yet (UNIMPLEMENTED, HTTP 501)."""
+    """An RPC of the contract that is not implemented yet (UNIMPLEMENTED, HTTP 501)."""
 
     reason = "NOT_IMPLEMENTED"

@@ -1,4 +1,4 @@
-"""Canonical JSON and SHA-256 helpers, and the runtime id of SPEC §2.
+"""Canonical JSON and SHA-256 helpers, and the runtime id (docs/concepts.md).
 
 The runtime id must be reproducible by anyone holding the manifest, so the JSON
 form is fixed: sorted keys, no insignificant whitespace, UTF-8, no ASCII escaping.
@@ -29,7 +29,7 @@ def sha256_hex(data: bytes) -> str:
 
 
 def runtime_manifest(*, engine: str, device_id: str, code_sha256: str) -> dict[str, str]:
-    """The manifest a runtime id is computed from (SPEC §2)."""
+    """The manifest a runtime id is computed from (docs/concepts.md)."""
     return {"engine": engine, "device_id": device_id, "code_sha256": code_sha256}
 
 

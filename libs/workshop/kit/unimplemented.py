@@ -1,4 +1,4 @@
-"""Host a contract whose implementation has not landed yet.
+"""Host a contract that is not implemented yet.
 
 Every method of the service answers UNIMPLEMENTED with the method's name, while
 health, reflection and `grpcurl describe` already show the full contract. This

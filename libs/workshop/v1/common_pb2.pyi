@@ -59,8 +59,9 @@ class _JobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobState.Val
     """Its source expired (recording past its 40 days, or a test's hour) before it finished; its input is cleared."""
 
 class JobState(_JobState, metaclass=_JobStateEnumTypeWrapper):
-    """Lifecycle of a job (SPEC §6): queued -> leased -> completed, or it ends
-    failed, cancelled or expired. A lapsed lease returns a job to queued.
+    """Lifecycle of a job: queued -> leased -> completed, or it ends failed,
+    cancelled or expired. A lapsed lease returns a job to queued
+    (docs/runs-and-jobs.md).
     """
 
 JOB_STATE_UNSPECIFIED: JobState.ValueType  # 0
@@ -101,7 +102,7 @@ class _RunStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunStatus.V
     """No job is queued, leased, failed or cancelled and at least one expired; also every test or photo run past its hour."""
 
 class RunStatus(_RunStatus, metaclass=_RunStatusEnumTypeWrapper):
-    """Status of a run, worked out from its jobs in this order (SPEC §8): any leased
+    """Status of a run, worked out from its jobs in this order: any leased
     -> RUNNING; then any queued -> QUEUED; then any failed -> FAILED; then any
     cancelled -> CANCELLED; then any expired -> EXPIRED; else COMPLETED. A test
     or photo run whose hour has passed is EXPIRED and shows no images.
@@ -137,7 +138,9 @@ class _RunModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunMode.Value
     """Every slot; results saved into the workflow's output buckets."""
 
 class RunMode(_RunMode, metaclass=_RunModeEnumTypeWrapper):
-    """What a run does with its results (SPEC §4)."""
+    """What a run does with its results: a test run keeps at most image_limit frames for one hour, a full run
+    saves every frame into the workflow's output buckets.
+    """
 
 RUN_MODE_UNSPECIFIED: RunMode.ValueType  # 0
 """Never sent; a request that leaves it unset is INVALID_ARGUMENT."""
@@ -161,7 +164,7 @@ class _RunKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunKind.Value
     """A photo: a one-frame test run with no model, created by RequestPhoto; it skips the run queue."""
 
 class RunKind(_RunKind, metaclass=_RunKindEnumTypeWrapper):
-    """Why a run exists. Photos are kept out of run lists and summaries (SPEC §10)."""
+    """Why a run exists. Photos are kept out of run lists and summaries."""
 
 RUN_KIND_UNSPECIFIED: RunKind.ValueType  # 0
 """Never sent."""
@@ -189,8 +192,8 @@ class _SlotOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SlotOutco
     """
 
 class SlotOutcome(_SlotOutcome, metaclass=_SlotOutcomeEnumTypeWrapper):
-    """How one expected slot of a job was accounted for in its result (SPEC §6).
-    Every expected slot is reported exactly once.
+    """How one expected slot of a job was accounted for in its result. Every
+    expected slot is reported exactly once, in slot order.
     """
 
 SLOT_OUTCOME_UNSPECIFIED: SlotOutcome.ValueType  # 0
@@ -221,7 +224,7 @@ class _ReviewStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReviewSta
     """Decided "None": the object is not there."""
 
 class ReviewState(_ReviewState, metaclass=_ReviewStateEnumTypeWrapper):
-    """Review state of a saved bucket item (SPEC §2, §11)."""
+    """Review state of a saved bucket item; a decision on a sighting sets it for every item of the sighting."""
 
 REVIEW_STATE_UNSPECIFIED: ReviewState.ValueType  # 0
 """Never sent."""
@@ -248,19 +251,20 @@ class _FailureReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Failure
     FAILURE_REASON_ATTEMPTS_EXHAUSTED: _FailureReason.ValueType  # 2
     """Its third lease lapsed without a result; set by the coordinator only."""
     FAILURE_REASON_SOURCE_CHANGED: _FailureReason.ValueType  # 3
-    """Its source recording was replaced or deleted after the run was admitted (fence 2 of SPEC §7); the
-    snapshot pins the admitted generation, so it can never complete. Set by the coordinator only: at Claim
+    """Its source recording was replaced or deleted after the run was admitted (fence 2: the recording must
+    still be at the generation the run admitted); the snapshot pins that generation, so it can never complete. Set by the coordinator only: at Claim
     (the job is not leased) or when Complete or Fail is refused with SOURCE_CHANGED.
     """
     FAILURE_REASON_AUTHORITY_LOST: _FailureReason.ValueType  # 4
     """The run's creator lost authority (key or session revoked or expired, user disabled) or the policy
-    revision was raised after the run was admitted (fence 3 of SPEC §7), so it can never complete. Set by the
+    revision was raised after the run was admitted (fence 3: the run's creator and policy revision must still
+    hold), so it can never complete. Set by the
     coordinator only: at Claim (the job is not leased) or when Complete or Fail is refused with
     AUTHORITY_REVOKED or POLICY_CHANGED.
     """
 
 class FailureReason(_FailureReason, metaclass=_FailureReasonEnumTypeWrapper):
-    """Why a job failed (SPEC §6)."""
+    """Why a job failed."""
 
 FAILURE_REASON_UNSPECIFIED: FailureReason.ValueType  # 0
 """Never sent."""
@@ -271,13 +275,14 @@ scheduled slot, or a snapshot naming other code); the job fails without retry.
 FAILURE_REASON_ATTEMPTS_EXHAUSTED: FailureReason.ValueType  # 2
 """Its third lease lapsed without a result; set by the coordinator only."""
 FAILURE_REASON_SOURCE_CHANGED: FailureReason.ValueType  # 3
-"""Its source recording was replaced or deleted after the run was admitted (fence 2 of SPEC §7); the
-snapshot pins the admitted generation, so it can never complete. Set by the coordinator only: at Claim
+"""Its source recording was replaced or deleted after the run was admitted (fence 2: the recording must
+still be at the generation the run admitted); the snapshot pins that generation, so it can never complete. Set by the coordinator only: at Claim
 (the job is not leased) or when Complete or Fail is refused with SOURCE_CHANGED.
 """
 FAILURE_REASON_AUTHORITY_LOST: FailureReason.ValueType  # 4
 """The run's creator lost authority (key or session revoked or expired, user disabled) or the policy
-revision was raised after the run was admitted (fence 3 of SPEC §7), so it can never complete. Set by the
+revision was raised after the run was admitted (fence 3: the run's creator and policy revision must still
+hold), so it can never complete. Set by the
 coordinator only: at Claim (the job is not leased) or when Complete or Fail is refused with
 AUTHORITY_REVOKED or POLICY_CHANGED.
 """
@@ -361,8 +366,9 @@ class _PrincipalKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Princip
     """The coordinator's daily scheduler; its authority lasts while the policy revision is unchanged."""
 
 class PrincipalKind(_PrincipalKind, metaclass=_PrincipalKindEnumTypeWrapper):
-    """Who acted: recorded as a run's creating principal and checked by fence 3 of
-    SPEC §7.
+    """Who acted: recorded as a run's creating principal. Fence 3 requires that
+    principal to keep its authority (key or session not revoked or expired, user
+    not disabled) for the run to publish anything.
     """
 
 PRINCIPAL_KIND_UNSPECIFIED: PrincipalKind.ValueType  # 0
@@ -395,7 +401,7 @@ class _ScopeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Scope.ValueType
     """"service": internal key of the preview service for PublicationService."""
 
 class Scope(_Scope, metaclass=_ScopeEnumTypeWrapper):
-    """What an API key may do (SPEC §2). A key holds one or more scopes."""
+    """What an API key may do. A key holds one or more scopes."""
 
 SCOPE_UNSPECIFIED: Scope.ValueType  # 0
 """Never sent; a request that names it is INVALID_ARGUMENT."""
@@ -434,8 +440,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     4 MiB for images); metadata "limit_bytes".
     """
     ERROR_REASON_VALIDATION_FAILED: _ErrorReason.ValueType  # 7
-    """INVALID_ARGUMENT (422): the workflow breaks the rules of SPEC §3; the message lists every problem, and
-    metadata "problems" holds the JSON array of ValidationProblem (proto JSON form).
+    """INVALID_ARGUMENT (422): the workflow breaks a validation rule (see ValidationProblemKind); the message
+    names the first problems and their number, and metadata "problems" holds the JSON array of
+    ValidationProblem (proto JSON form).
     """
     ERROR_REASON_NO_MEDIA: _ErrorReason.ValueType  # 8
     """INVALID_ARGUMENT (422): "The selected input has no available media." """
@@ -517,8 +524,9 @@ ERROR_REASON_PAYLOAD_TOO_LARGE: ErrorReason.ValueType  # 6
 4 MiB for images); metadata "limit_bytes".
 """
 ERROR_REASON_VALIDATION_FAILED: ErrorReason.ValueType  # 7
-"""INVALID_ARGUMENT (422): the workflow breaks the rules of SPEC §3; the message lists every problem, and
-metadata "problems" holds the JSON array of ValidationProblem (proto JSON form).
+"""INVALID_ARGUMENT (422): the workflow breaks a validation rule (see ValidationProblemKind); the message
+names the first problems and their number, and metadata "problems" holds the JSON array of
+ValidationProblem (proto JSON form).
 """
 ERROR_REASON_NO_MEDIA: ErrorReason.ValueType  # 8
 """INVALID_ARGUMENT (422): "The selected input has no available media." """

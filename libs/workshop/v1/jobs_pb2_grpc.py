@@ -35,12 +35,20 @@ class JobServiceStub:
     workshop:run key for the runtime's device), INVALID_ARGUMENT (malformed
     fields), NOT_FOUND (unknown runtime, run or job).
 
-    Fenced RPCs (Heartbeat, ReportProgress, Complete, Fail, Release) check the
-    lease and the fences of SPEC §7 under row locks and answer
-    FAILED_PRECONDITION with an ErrorInfo reason (LEASE_MISMATCH, JOB_CANCELLED,
-    JOB_FINISHED, SOURCE_CHANGED, AUTHORITY_REVOKED, POLICY_CHANGED,
-    REPORTER_NOT_AUTHORIZED, CODE_MISMATCH) when one no longer holds; a
-    processor that gets one stops working on the job.
+    Fenced RPCs (Heartbeat, ReportProgress, Complete, Fail, Release) check four
+    fences under row locks, in the transaction that writes, and answer
+    FAILED_PRECONDITION with the ErrorInfo reason of the first that no longer
+    holds; a processor that gets one stops working on the job:
+    1. the lease: this generation and token, not lapsed, the job neither cancelled
+    nor ended (LEASE_MISMATCH, JOB_CANCELLED, JOB_FINISHED);
+    2. the source: the job's recording still at the generation the run admitted
+    (SOURCE_CHANGED);
+    3. the authority: the policy revision unchanged since the run's snapshot, and
+    the run's creator still valid: key or session not revoked or expired, user
+    not disabled (POLICY_CHANGED, AUTHORITY_REVOKED);
+    4. the reporter: the calling key still a workshop:run key for the runtime's
+    device, and code_sha256 (where sent) the snapshot's
+    (REPORTER_NOT_AUTHORIZED, CODE_MISMATCH).
     """
 
     def __init__(self, channel):
@@ -91,12 +99,20 @@ class JobServiceServicer:
     workshop:run key for the runtime's device), INVALID_ARGUMENT (malformed
     fields), NOT_FOUND (unknown runtime, run or job).
 
-    Fenced RPCs (Heartbeat, ReportProgress, Complete, Fail, Release) check the
-    lease and the fences of SPEC §7 under row locks and answer
-    FAILED_PRECONDITION with an ErrorInfo reason (LEASE_MISMATCH, JOB_CANCELLED,
-    JOB_FINISHED, SOURCE_CHANGED, AUTHORITY_REVOKED, POLICY_CHANGED,
-    REPORTER_NOT_AUTHORIZED, CODE_MISMATCH) when one no longer holds; a
-    processor that gets one stops working on the job.
+    Fenced RPCs (Heartbeat, ReportProgress, Complete, Fail, Release) check four
+    fences under row locks, in the transaction that writes, and answer
+    FAILED_PRECONDITION with the ErrorInfo reason of the first that no longer
+    holds; a processor that gets one stops working on the job:
+    1. the lease: this generation and token, not lapsed, the job neither cancelled
+    nor ended (LEASE_MISMATCH, JOB_CANCELLED, JOB_FINISHED);
+    2. the source: the job's recording still at the generation the run admitted
+    (SOURCE_CHANGED);
+    3. the authority: the policy revision unchanged since the run's snapshot, and
+    the run's creator still valid: key or session not revoked or expired, user
+    not disabled (POLICY_CHANGED, AUTHORITY_REVOKED);
+    4. the reporter: the calling key still a workshop:run key for the runtime's
+    device, and code_sha256 (where sent) the snapshot's
+    (REPORTER_NOT_AUTHORIZED, CODE_MISMATCH).
     """
 
     def Claim(self, request, context):
@@ -104,14 +120,13 @@ class JobServiceServicer:
         first, then the oldest run, then job order; a run's jobs are claimable only when every older run on the
         same runtime has no queued or leased job left; only jobs of cameras the key covers. Answers without a job
         when none is claimable. A job that can never commit (its recording replaced or deleted, its run's creator
-        without authority or the policy revision raised: fences 2 and 3 of SPEC §7) is not leased: it fails with
+        without authority or the policy revision raised: fences 2 and 3) is not leased: it fails with
         FAILURE_REASON_SOURCE_CHANGED or FAILURE_REASON_AUTHORITY_LOST and the claim goes on to the next job. A
         Complete or Fail refused for those reasons fails the job the same way.
         Claim is idempotent with a request_id: asking again after an answer that was lost (a coordinator
         stopped mid-call, a reset connection, a deadline) with the same request_id answers the lease the first
         call took while it is still held, instead of leasing another job and leaving that one leased to nobody
         until its lease lapses (and spends one of its attempts).
-        Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
         With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
         runtime may have become claimable (a run created, a job released or requeued, a job of the run ahead
         ended), so an idle processor starts new work at once instead of after its next poll.
@@ -221,12 +236,20 @@ class JobService:
     workshop:run key for the runtime's device), INVALID_ARGUMENT (malformed
     fields), NOT_FOUND (unknown runtime, run or job).
 
-    Fenced RPCs (Heartbeat, ReportProgress, Complete, Fail, Release) check the
-    lease and the fences of SPEC §7 under row locks and answer
-    FAILED_PRECONDITION with an ErrorInfo reason (LEASE_MISMATCH, JOB_CANCELLED,
-    JOB_FINISHED, SOURCE_CHANGED, AUTHORITY_REVOKED, POLICY_CHANGED,
-    REPORTER_NOT_AUTHORIZED, CODE_MISMATCH) when one no longer holds; a
-    processor that gets one stops working on the job.
+    Fenced RPCs (Heartbeat, ReportProgress, Complete, Fail, Release) check four
+    fences under row locks, in the transaction that writes, and answer
+    FAILED_PRECONDITION with the ErrorInfo reason of the first that no longer
+    holds; a processor that gets one stops working on the job:
+    1. the lease: this generation and token, not lapsed, the job neither cancelled
+    nor ended (LEASE_MISMATCH, JOB_CANCELLED, JOB_FINISHED);
+    2. the source: the job's recording still at the generation the run admitted
+    (SOURCE_CHANGED);
+    3. the authority: the policy revision unchanged since the run's snapshot, and
+    the run's creator still valid: key or session not revoked or expired, user
+    not disabled (POLICY_CHANGED, AUTHORITY_REVOKED);
+    4. the reporter: the calling key still a workshop:run key for the runtime's
+    device, and code_sha256 (where sent) the snapshot's
+    (REPORTER_NOT_AUTHORIZED, CODE_MISMATCH).
     """
 
     @staticmethod

@@ -104,7 +104,8 @@ class PublicationServiceServicer:
     """
 
     def CheckLease(self, request, context):
-        """Checks all four fences of SPEC §7 for a lease without writing anything, and returns what the preview
+        """Checks all four fences of JobService (lease, source, authority, reporter) for a lease without writing
+        anything, and returns what the preview
         service needs to name and expire objects. Errors: NOT_FOUND (run or job), FAILED_PRECONDITION (a fence).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -210,7 +210,7 @@ class WorkshopServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ChooseRuntime(self, request, context):
-        """Picks the runtime for a new run of a workflow by one of the rules of SPEC §4.
+        """Picks the runtime for a new run of a workflow by one of the rules of RuntimeChoice.
         Errors: NOT_FOUND (workflow), FAILED_PRECONDITION reason NO_RUNTIME (no runtime fits the rule).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

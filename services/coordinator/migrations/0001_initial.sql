@@ -1,4 +1,4 @@
--- Workshop coordinator: the first schema (SPEC §2-§4, §8).
+-- Workshop coordinator: the first schema (docs/concepts.md, docs/workflows.md, docs/runs-and-jobs.md).
 -- Times are timestamptz written from the coordinator's injected clock, never now().
 
 CREATE TABLE devices (
@@ -93,7 +93,7 @@ CREATE TABLE keys (
     last_used_at timestamptz
 );
 
--- The policy revision (SPEC §2): one row; raising it retires in-flight authority.
+-- The policy revision (docs/concepts.md): one row; raising it retires in-flight authority.
 CREATE TABLE policy (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     revision  bigint NOT NULL CHECK (revision >= 1)
@@ -135,7 +135,7 @@ CREATE TABLE runs (
 CREATE INDEX runs_by_workflow ON runs (workflow_id, seq DESC);
 CREATE INDEX runs_by_runtime ON runs (runtime_id, seq);
 
--- The frozen snapshot of SPEC §4. Immutable: see the triggers below.
+-- The frozen run snapshot (docs/runs-and-jobs.md). Immutable: see the triggers below.
 CREATE TABLE run_snapshots (
     run_id   text PRIMARY KEY REFERENCES runs (run_id),
     snapshot jsonb NOT NULL

@@ -1,4 +1,4 @@
--- Workshop coordinator: execution (SPEC §5-§8): leases, fences, receipts, items,
+-- Workshop coordinator: execution (docs/runs-and-jobs.md, docs/leases-and-fences.md): leases, fences, receipts, items,
 -- staged objects, previews and run events.
 
 ALTER TABLE runs ADD COLUMN code_sha256 text NOT NULL DEFAULT '';
@@ -18,7 +18,7 @@ CREATE INDEX jobs_photos_claimable ON jobs (runtime_id, run_seq, job_index)
 CREATE INDEX jobs_lease_lapse ON jobs (lease_expires_at) WHERE state = 'leased';
 CREATE INDEX jobs_source_expiry ON jobs (expires_at) WHERE state IN ('queued', 'leased');
 
--- One receipt per committed completion (SPEC §7).
+-- One receipt per committed completion (docs/leases-and-fences.md).
 CREATE TABLE receipts (
     run_id        text NOT NULL,
     job_index     integer NOT NULL,
@@ -92,7 +92,7 @@ CREATE TABLE bucket_items (
 CREATE INDEX bucket_items_by_bucket ON bucket_items (bucket_id, saved_at);
 CREATE INDEX bucket_items_by_recording ON bucket_items (recording_id);
 
--- The four fences of SPEC §7, checked under row locks; '' when all hold, else
+-- The four fences (docs/leases-and-fences.md), checked under row locks; '' when all hold, else
 -- the ErrorReason that failed. Locks: the job FOR UPDATE; the recording, the
 -- policy, the creator's key/session/user and the reporting key FOR SHARE, so a
 -- concurrent replacement, revocation or policy raise waits for our commit.
@@ -192,7 +192,7 @@ LANGUAGE sql AS $$
       AND (last_seen_at IS NULL OR last_seen_at < p_now - interval '1 second');
 $$;
 
--- Leases the next claimable job of a runtime (SPEC §5-§6): photos first, then
+-- Leases the next claimable job of a runtime (docs/runs-and-jobs.md): photos first, then
 -- the head run (the oldest with queued or leased jobs), in job order; only jobs
 -- of the cameras in p_cameras (NULL: every camera). One statement, one round trip.
 -- ROWS 1 tells the planner so: the join to snapshot_recordings then probes its
@@ -330,7 +330,7 @@ BEGIN
 END;
 $$;
 
--- Commits a job's result in one transaction (SPEC §6-§7): fences, staged
+-- Commits a job's result in one transaction (docs/leases-and-fences.md): fences, staged
 -- uploads, bucket items, receipt, job state and the run event together. Slot
 -- accounting is checked by the caller before; uploads are checked here, under
 -- the job's lock. Returns '' or the reason it refused.
@@ -467,7 +467,7 @@ BEGIN
 END;
 $$;
 
--- Cancels a run (SPEC §8): queued and leased jobs become cancelled, so writes
+-- Cancels a run (docs/runs-and-jobs.md): queued and leased jobs become cancelled, so writes
 -- under their leases are refused from now on; completed jobs keep their results.
 CREATE FUNCTION run_cancel(p_run text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -559,7 +559,7 @@ END;
 $$;
 
 -- Bucket items with `output_current`: false once the source recording was
--- replaced (a newer generation) or deleted since the item was made (SPEC §7).
+-- replaced (a newer generation) or deleted since the item was made (docs/leases-and-fences.md).
 CREATE VIEW bucket_items_current AS
 SELECT bi.*,
        (rec.generation = bi.recording_generation AND rec.deleted_at IS NULL) AS output_current
@@ -588,7 +588,7 @@ BEGIN
 END;
 $$;
 
--- A run with the counts its status and detail are worked out from (SPEC §8).
+-- A run with the counts its status and detail are worked out from (docs/runs-and-jobs.md).
 CREATE VIEW run_status AS
 SELECT r.*, c.*, rs.*, pv.*
 FROM runs r

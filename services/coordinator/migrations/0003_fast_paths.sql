@@ -66,7 +66,7 @@ BEGIN
 END;
 $$;
 
--- The four fences of SPEC §7, as in 0002, and fence 4 also refuses a reporting key
+-- The four fences (docs/leases-and-fences.md), as in 0002, and fence 4 also refuses a reporting key
 -- whose user was disabled (authentication refuses such a key; a cached principal
 -- must not outlive it).
 CREATE OR REPLACE FUNCTION workshop_fence(

@@ -1,4 +1,4 @@
--- Workshop coordinator: jobs that can never commit end promptly (SPEC §6-§7).
+-- Workshop coordinator: jobs that can never commit end promptly (docs/leases-and-fences.md).
 --
 -- A job whose recording was replaced or deleted after admission (fence 2), or whose
 -- run's creator lost authority or whose policy revision was raised (fence 3), can
@@ -13,7 +13,7 @@
 
 -- Ends a job that can never commit as failed, as Fail would, so that it does not wait
 -- leased or queued for its lease to lapse three times; returns whether it did. The
--- caller holds the job's row lock. It checks fences 2 and 3 of SPEC §7 as
+-- caller holds the job's row lock. It checks fences 2 and 3 (docs/leases-and-fences.md) as
 -- workshop_fence does, in one read without locks (the committing calls still check
 -- them under locks): the recording at the admitted generation, else failure_reason
 -- 'source_changed'; the policy revision and the run creator's authority, else

@@ -1,4 +1,4 @@
--- Workshop coordinator: sub-second sampling intervals (SPEC §3, "interval in seconds").
+-- Workshop coordinator: sub-second sampling intervals (docs/workflows.md, "interval in seconds").
 --
 -- A sample step's interval is a double of seconds now (0.5 is two frames a second),
 -- checked to be a whole number of milliseconds. Jobs keep it as exact integer

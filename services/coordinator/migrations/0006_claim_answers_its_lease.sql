@@ -1,4 +1,4 @@
--- Workshop coordinator: a claim answers the lease it took (SPEC §6).
+-- Workshop coordinator: a claim answers the lease it took (docs/leases-and-fences.md).
 --
 -- job_claim leased a job in its own (fresh) snapshot, and the statement calling it
 -- joined the job to its snapshot recording in the statement's (older) snapshot. A

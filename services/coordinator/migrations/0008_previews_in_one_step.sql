@@ -183,7 +183,7 @@ BEGIN
 END;
 $$;
 
--- Commits a job's result in one transaction (SPEC §6-§7): fences, staged
+-- Commits a job's result in one transaction (docs/leases-and-fences.md): fences, staged
 -- uploads, bucket items, receipt, job state and the run event together. Slot
 -- accounting is checked by the caller before, against the slot facts it passes
 -- (p_slot_count, p_first_slot_at, p_interval_ms), which must be the job's
@@ -275,7 +275,7 @@ $$;
 -- A preview that became an upload still counts as published.
 CREATE INDEX staged_objects_recorded_previews ON staged_objects (run_id)
     WHERE item_id IS NOT NULL;
--- A run with the counts its status and detail are worked out from (SPEC §8).
+-- A run with the counts its status and detail are worked out from (docs/runs-and-jobs.md).
 CREATE OR REPLACE VIEW run_status AS
 SELECT r.*, c.*, rs.*, pv.*
 FROM runs r

@@ -291,7 +291,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         view = await self.api.get_run(who, request.run_id, 0)
         return pb.CancelRunResponse(run=run(view), jobs_cancelled=cancelled)
 
-    # Arrive with the live-events, preview and review work.
+    # Live following; review and summary are not implemented yet.
 
     async def WatchRun(
         self, request: pb.WatchRunRequest, context: Context
@@ -315,17 +315,17 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def GetReview(
         self, request: pb.GetReviewRequest, context: Context
     ) -> pb.GetReviewResponse:
-        raise NotImplementedYet("GetReview arrives with the review issue.")
+        raise NotImplementedYet("GetReview is not implemented yet.")
 
     async def DecideSighting(
         self, request: pb.DecideSightingRequest, context: Context
     ) -> pb.DecideSightingResponse:
-        raise NotImplementedYet("DecideSighting arrives with the review issue.")
+        raise NotImplementedYet("DecideSighting is not implemented yet.")
 
     async def GetSummary(
         self, request: pb.GetSummaryRequest, context: Context
     ) -> pb.GetSummaryResponse:
-        raise NotImplementedYet("GetSummary arrives with the review issue.")
+        raise NotImplementedYet("GetSummary is not implemented yet.")
 
     async def RequestPhoto(
         self, request: pb.RequestPhotoRequest, context: Context

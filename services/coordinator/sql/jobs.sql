@@ -1,4 +1,4 @@
--- Leases, progress and results (SPEC §5-§7). The work is done by the functions
+-- Leases, progress and results (docs/leases-and-fences.md). The work is done by the functions
 -- of migrations 0002-0004, so each call is one round trip with its fences
 -- folded in.
 

@@ -1,4 +1,4 @@
--- Devices, runtimes, cameras, recordings, model versions and buckets (SPEC §2).
+-- Devices, runtimes, cameras, recordings, model versions and buckets (docs/concepts.md).
 
 -- name: device_register
 INSERT INTO devices (device_id, description, registered_at) VALUES ($1, $2, $3)
@@ -32,12 +32,12 @@ ORDER BY registered_at DESC, runtime_id DESC
 LIMIT $4;
 
 -- name: runtime_newest_seen
--- The newest runtime that ever checked in (schedules and agents, SPEC §4).
+-- The newest runtime that ever checked in (schedules and agents, docs/runs-and-jobs.md).
 SELECT * FROM runtimes WHERE last_seen_at IS NOT NULL
 ORDER BY last_seen_at DESC, registered_at DESC, runtime_id LIMIT 1;
 
 -- name: runtime_newest_capable
--- The newest runtime seen since $1 holding every capability in $2 (the website, SPEC §4).
+-- The newest runtime seen since $1 holding every capability in $2 (the website, docs/runs-and-jobs.md).
 SELECT * FROM runtimes WHERE last_seen_at >= $1 AND capabilities @> $2::text[]
 ORDER BY last_seen_at DESC, registered_at DESC, runtime_id LIMIT 1;
 

@@ -1,4 +1,4 @@
--- Runs, snapshots and their jobs (SPEC §4, §8).
+-- Runs, snapshots and their jobs (docs/runs-and-jobs.md).
 
 -- name: run_fingerprint
 SELECT run_id, fingerprint FROM runs WHERE run_id = $1;

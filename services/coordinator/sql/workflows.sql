@@ -1,4 +1,4 @@
--- Workflow documents (SPEC §3). Revisions only grow; deleted ids stay reserved.
+-- Workflow documents (docs/workflows.md). Revisions only grow; deleted ids stay reserved.
 
 -- name: workflow_get
 SELECT * FROM workflows WHERE workflow_id = $1;
