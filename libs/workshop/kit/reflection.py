@@ -11,6 +11,7 @@ well-known types).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -27,7 +28,19 @@ def documented_files() -> dict[str, bytes]:
     """File name -> serialized FileDescriptorProto with comments, for workshop/v1/*.proto."""
     data = resources.files("workshop.v1").joinpath(DESCRIPTOR_SET).read_bytes()
     files = descriptor_pb2.FileDescriptorSet.FromString(data).file
+    for file in files:
+        _drop_json_names(file.message_type)
     return {file.name: file.SerializeToString() for file in files}
+
+
+def _drop_json_names(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+    # protoc writes each field's json_name (lowerCamelCase) into the set; the registered
+    # descriptors carry none, so grpcurl has always printed the fields' own names
+    # (run_id). Serving json_name would change every reply operators script against.
+    for message in messages:
+        for field in message.field:
+            field.ClearField("json_name")
+        _drop_json_names(message.nested_type)
 
 
 class DocumentedReflectionServicer(ReflectionServicer):  # type: ignore[misc]
