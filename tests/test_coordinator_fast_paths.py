@@ -291,15 +291,13 @@ async def test_complete_reads_the_facts_again_when_the_kept_ones_are_refused(
     processor = await Authenticator(c.db, c.clock).principal(s.processor_secret)
     claimed_job = await api.claim(processor, s.world.tracking_runtime, CODE)
     assert claimed_job is not None
-    row = claimed_job.job
-    key = (row["run_id"], row["job_index"])
+    job = claimed_job.job
+    key = (job.run_id, job.job_index)
     kept = api._facts[key]
     api._facts[key] = SlotFacts(
         kept.slot_count, kept.first_slot_at - LEASE, kept.interval_ms
     )  # all slots EMPTY: the result checks out against these too
-    lease = lease_from(
-        row["run_id"], f"j{row['job_index']}", row["generation"], str(row["lease_token"])
-    )
+    lease = lease_from(job.run_id, f"j{job.job_index}", job.generation, str(job.lease_token))
     result = jobs_pb2.JobResult(
         slots=[
             jobs_pb2.SlotResult(slot_index=index, outcome=common_pb2.SLOT_OUTCOME_EMPTY)
@@ -315,7 +313,7 @@ async def test_complete_reads_the_facts_again_when_the_kept_ones_are_refused(
         decoder="pyav",
     )
     assert not already
-    assert receipt.generation == row["generation"]
+    assert receipt.generation == job.generation
     assert await c.count("receipts") == 1
 
 

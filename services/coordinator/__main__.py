@@ -60,7 +60,7 @@ async def run_create_admin_key(settings: CoordinatorSettings, name: str) -> None
         row, secret = await insert_key(
             connection, name, [Grant(ScopeName.ADMIN)], "", None, make_clock(settings).now()
         )
-    announce(LABEL, event="admin-key", key_id=row["key_id"], secret=secret)
+    announce(LABEL, event="admin-key", key_id=row.key_id, secret=secret)
 
 
 def main(argv: list[str] | None = None) -> None:

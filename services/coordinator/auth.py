@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from services.coordinator.db import Connection, sql
+from services.coordinator.db import Connection, Row, fetch_one, sql
 from services.coordinator.errors import CredentialRejected, InvalidField, ScopeMissing
 from workshop.kit.hashing import sha256_hex
 
@@ -102,6 +102,31 @@ SCHEDULER = Principal(
 )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionCredential(Row):
+    """A session found by its secret, with its user's standing."""
+
+    session_id: str
+    user_id: str
+    expires_at: datetime
+    revoked_at: datetime | None
+    user_disabled_at: datetime | None
+    display_name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyCredential(Row):
+    """A key found by its secret, with its user's standing (a key may have no user)."""
+
+    key_id: str
+    user_id: str | None
+    scopes: list[dict[str, object]]  # Grant.to_json of each grant (jsonb)
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    user_disabled_at: datetime | None
+    display_name: str
+
+
 def new_credential(prefix: str) -> tuple[str, str, str]:
     """A fresh (id, secret, hash to store). The id leads the secret, so logs and people can
     name a credential without holding it: `wk_3fa9c2e17b04d6a8.<256 random bits>`."""
@@ -118,40 +143,42 @@ async def authenticate(connection: Connection, secret: str, now: datetime) -> Pr
     """The principal behind `secret`, or CredentialRejected."""
     digest = sha256_hex(secret.encode())
     if secret.startswith(SESSION_PREFIX):
-        row = await connection.fetchrow(sql("auth", "session_by_secret_hash"), digest)
-        if row is None:
+        session = await fetch_one(
+            connection, SessionCredential, sql("auth", "session_by_secret_hash"), digest
+        )
+        if session is None:
             raise rejected("session is unknown")
-        if row["revoked_at"] is not None:
+        if session.revoked_at is not None:
             raise rejected("session was revoked")
-        if row["expires_at"] <= now:
+        if session.expires_at <= now:
             raise rejected("session has expired")
-        if row["user_disabled_at"] is not None:
+        if session.user_disabled_at is not None:
             raise rejected("user is disabled")
         # A website session acts for its user: runs, reviews and all footage.
         return Principal(
             kind="session",
-            user_id=row["user_id"],
-            session_id=row["session_id"],
-            display_name=row["display_name"],
+            user_id=session.user_id,
+            session_id=session.session_id,
+            display_name=session.display_name,
             grants=(Grant(ScopeName.WORKSHOP), Grant(ScopeName.FOOTAGE_READ)),
-            expires_at=row["expires_at"],
+            expires_at=session.expires_at,
         )
-    row = await connection.fetchrow(sql("auth", "key_by_secret_hash"), digest, now)
-    if row is None or not secret.startswith(KEY_PREFIX):
+    key = await fetch_one(connection, KeyCredential, sql("auth", "key_by_secret_hash"), digest, now)
+    if key is None or not secret.startswith(KEY_PREFIX):
         raise rejected("key is unknown")
-    if row["revoked_at"] is not None:
+    if key.revoked_at is not None:
         raise rejected("key was revoked")
-    if row["expires_at"] is not None and row["expires_at"] <= now:
+    if key.expires_at is not None and key.expires_at <= now:
         raise rejected("key has expired")
-    if row["user_disabled_at"] is not None:
+    if key.user_disabled_at is not None:
         raise rejected("key's user is disabled")
     return Principal(
         kind="key",
-        user_id=row["user_id"] or "",
-        key_id=row["key_id"],
-        display_name=row["display_name"],
-        grants=tuple(Grant.from_json(value) for value in row["scopes"]),
-        expires_at=row["expires_at"],
+        user_id=key.user_id or "",
+        key_id=key.key_id,
+        display_name=key.display_name,
+        grants=tuple(Grant.from_json(value) for value in key.scopes),
+        expires_at=key.expires_at,
     )
 
 

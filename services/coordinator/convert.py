@@ -1,16 +1,27 @@
-"""Database records and domain values rendered as contract messages, and back."""
+"""Typed rows and domain values rendered as contract messages, and back."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.errors import InvalidField
+from services.coordinator.operator_api import (
+    BucketRow,
+    CameraRow,
+    DeviceRow,
+    KeyRow,
+    ModelVersionRow,
+    RecordingRow,
+    RuntimeRow,
+    SessionRow,
+    UserRow,
+)
 from workshop.v1 import common_pb2, operator_pb2, resources_pb2
 
 SCOPE_TO_PROTO = {
@@ -73,89 +84,89 @@ def from_duration(value: Duration) -> timedelta | None:
     return value.ToTimedelta()
 
 
-def device(row: Mapping[str, Any]) -> resources_pb2.Device:
+def device(row: DeviceRow) -> resources_pb2.Device:
     return resources_pb2.Device(
-        device_id=row["device_id"],
-        description=row["description"],
-        registered_at=ts(row["registered_at"]),
+        device_id=row.device_id,
+        description=row.description,
+        registered_at=ts(row.registered_at),
     )
 
 
-def runtime(row: Mapping[str, Any]) -> resources_pb2.Runtime:
+def runtime(row: RuntimeRow) -> resources_pb2.Runtime:
     return resources_pb2.Runtime(
-        runtime_id=row["runtime_id"],
-        device_id=row["device_id"],
-        engine=row["engine"],
-        code_sha256=row["code_sha256"],
-        capabilities=list(row["capabilities"]),
-        registered_at=ts(row["registered_at"]),
-        last_seen_at=opt_ts(row["last_seen_at"]),
+        runtime_id=row.runtime_id,
+        device_id=row.device_id,
+        engine=row.engine,
+        code_sha256=row.code_sha256,
+        capabilities=list(row.capabilities),
+        registered_at=ts(row.registered_at),
+        last_seen_at=opt_ts(row.last_seen_at),
     )
 
 
-def camera(row: Mapping[str, Any]) -> resources_pb2.Camera:
+def camera(row: CameraRow) -> resources_pb2.Camera:
     return resources_pb2.Camera(
-        camera_id=row["camera_id"],
-        name=row["name"],
-        created_at=ts(row["created_at"]),
-        updated_at=ts(row["updated_at"]),
+        camera_id=row.camera_id,
+        name=row.name,
+        created_at=ts(row.created_at),
+        updated_at=ts(row.updated_at),
     )
 
 
-def recording(row: Mapping[str, Any]) -> resources_pb2.Recording:
+def recording(row: RecordingRow) -> resources_pb2.Recording:
     return resources_pb2.Recording(
-        recording_id=row["recording_id"],
-        camera_id=row["camera_id"],
-        generation=row["generation"],
-        start=ts(row["start_at"]),
-        end=ts(row["end_at"]),
-        fps=row["fps"],
-        object_key=row["object_key"],
-        sha256=row["sha256"],
-        byte_size=row["byte_size"],
-        put_at=ts(row["put_at"]),
-        expires_at=ts(row["expires_at"]),
-        deleted_at=opt_ts(row["deleted_at"]),
+        recording_id=row.recording_id,
+        camera_id=row.camera_id,
+        generation=row.generation,
+        start=ts(row.start_at),
+        end=ts(row.end_at),
+        fps=row.fps,
+        object_key=row.object_key,
+        sha256=row.sha256,
+        byte_size=row.byte_size,
+        put_at=ts(row.put_at),
+        expires_at=ts(row.expires_at),
+        deleted_at=opt_ts(row.deleted_at),
     )
 
 
-def model_version(row: Mapping[str, Any]) -> resources_pb2.ModelVersion:
+def model_version(row: ModelVersionRow) -> resources_pb2.ModelVersion:
     return resources_pb2.ModelVersion(
-        name=row["name"],
-        version=row["version"],
-        weights_sha256=row["weights_sha256"],
-        classes=list(row["classes"]),
-        input_shape=list(row["input_shape"]),
-        published_at=ts(row["published_at"]),
+        name=row.name,
+        version=row.version,
+        weights_sha256=row.weights_sha256,
+        classes=list(row.classes),
+        input_shape=list(row.input_shape),
+        published_at=ts(row.published_at),
     )
 
 
-def bucket(row: Mapping[str, Any], item_count: int = 0) -> resources_pb2.Bucket:
+def bucket(row: BucketRow, item_count: int = 0) -> resources_pb2.Bucket:
     return resources_pb2.Bucket(
-        bucket_id=row["bucket_id"],
-        name=row["name"],
-        created_at=ts(row["created_at"]),
+        bucket_id=row.bucket_id,
+        name=row.name,
+        created_at=ts(row.created_at),
         item_count=item_count,
     )
 
 
-def user(row: Mapping[str, Any]) -> operator_pb2.User:
+def user(row: UserRow) -> operator_pb2.User:
     return operator_pb2.User(
-        user_id=row["user_id"],
-        display_name=row["display_name"],
-        disabled=row["disabled_at"] is not None,
-        created_at=ts(row["created_at"]),
-        disabled_at=opt_ts(row["disabled_at"]),
+        user_id=row.user_id,
+        display_name=row.display_name,
+        disabled=row.disabled_at is not None,
+        created_at=ts(row.created_at),
+        disabled_at=opt_ts(row.disabled_at),
     )
 
 
-def session(row: Mapping[str, Any]) -> operator_pb2.Session:
+def session(row: SessionRow) -> operator_pb2.Session:
     return operator_pb2.Session(
-        session_id=row["session_id"],
-        user_id=row["user_id"],
-        created_at=ts(row["created_at"]),
-        expires_at=ts(row["expires_at"]),
-        revoked_at=opt_ts(row["revoked_at"]),
+        session_id=row.session_id,
+        user_id=row.user_id,
+        created_at=ts(row.created_at),
+        expires_at=ts(row.expires_at),
+        revoked_at=opt_ts(row.revoked_at),
     )
 
 
@@ -174,17 +185,22 @@ def grant_from_proto(value: common_pb2.KeyScope) -> Grant:
     return Grant(scope, value.device_id, tuple(value.camera_ids))
 
 
-def key(row: Mapping[str, Any]) -> operator_pb2.Key:
+def key(row: KeyRow) -> operator_pb2.Key:
     return operator_pb2.Key(
-        key_id=row["key_id"],
-        name=row["name"],
-        scopes=[grant(Grant.from_json(value)) for value in row["scopes"]],
-        user_id=row["user_id"] or "",
-        created_at=ts(row["created_at"]),
-        expires_at=opt_ts(row["expires_at"]),
-        revoked_at=opt_ts(row["revoked_at"]),
-        last_used_at=opt_ts(row["last_used_at"]),
+        key_id=row.key_id,
+        name=row.name,
+        scopes=[grant(value) for value in row.grants],
+        user_id=row.user_id or "",
+        created_at=ts(row.created_at),
+        expires_at=opt_ts(row.expires_at),
+        revoked_at=opt_ts(row.revoked_at),
+        last_used_at=opt_ts(row.last_used_at),
     )
+
+
+def boxes(values: list[dict[str, object]] | None) -> list[common_pb2.Box]:
+    """An image's boxes as stored (jsonb, None: none)."""
+    return [json_format.ParseDict(box, common_pb2.Box()) for box in values or []]
 
 
 def principal(value: Mapping[str, str]) -> common_pb2.Principal:

@@ -10,14 +10,23 @@ asyncpg always does (roll back an open transaction, drop listener callbacks). Wo
 that leaves session state behind (the session advisory locks of the maintenance and
 scheduler loops) runs on `Database.session()`, which resets fully before release;
 RunEvents LISTENs on a connection of its own.
+
+Rows leave this layer typed: each statement's result is read into a small frozen
+dataclass derived from `Row`, named after the domain (`RunRow`, `JobRow`, ...) and
+defined beside the module that runs the statement. Its fields name the columns it reads,
+so the column list is written once; `fetch_one`, `fetch_all` and `Row.from_record`
+build it right at the fetch, and nothing above the store layer indexes a record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import AsyncIterator
+import typing
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.exceptions import (
@@ -28,9 +37,11 @@ from asyncpg.exceptions import (
 
 from services.coordinator import queries
 
-Connection = asyncpg.Connection
-Pool = asyncpg.Pool
-Record = asyncpg.Record
+# asyncpg ships no type information: these are Any to the checker, which is why rows
+# leave this module typed.
+Connection: TypeAlias = asyncpg.Connection
+Pool: TypeAlias = asyncpg.Pool
+Record: TypeAlias = asyncpg.Record
 
 __all__ = [
     "Connection",
@@ -39,14 +50,92 @@ __all__ = [
     "InvalidAuthorizationSpecificationError",
     "Pool",
     "Record",
+    "Row",
     "UniqueViolationError",
+    "fetch_all",
+    "fetch_column",
+    "fetch_one",
     "sql",
 ]
+
+R = TypeVar("R", bound="Row")
+T = TypeVar("T")
 
 
 def sql(file_stem: str, name: str) -> str:
     """The statement `name` of `sql/<file_stem>.sql`."""
     return queries.load(file_stem)[name]
+
+
+class Row:
+    """The base of a typed row: a frozen, slotted dataclass whose fields are columns.
+
+    Frozen dataclasses rather than NamedTuples: a row is a record, not a sequence. A
+    NamedTuple also unpacks, indexes by position and compares equal to any tuple of the
+    same values, which is how two swapped columns would go unnoticed; a dataclass offers
+    attribute access only. `slots=True` keeps one as small as a tuple.
+
+    `from_record` reads each field from the column of the same name (columns the row
+    does not declare are ignored, so a `SELECT *` feeds it). A field whose type is itself
+    a `Row` is read from the same record: `RunRow.counts` is a `RunCounts` built from the
+    run's count columns. A missing column is a KeyError naming it, in the one place that
+    reads it; tests/test_coordinator_rows.py checks every statement against its row
+    type without running it.
+    """
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        # What each dataclass subclass generates; declared so `cls(*values)` checks.
+        def __init__(self, *values: object) -> None: ...
+
+    @classmethod
+    def from_record(cls, record: Record) -> Self:
+        read = _READERS.get(cls) or _reader(cls)
+        return cls(*read(record))
+
+
+Reader = Callable[[Record], Sequence[object]]
+_READERS: dict[type[Row], Reader] = {}
+
+
+def _reader(row: type[Row]) -> Reader:
+    """Reads a row type's field values, in field order, from a record (built once per type:
+    an itemgetter reads the columns in C, half the cost of a loop in Python)."""
+    hints = typing.get_type_hints(row)
+    names = [field.name for field in dataclasses.fields(row)]  # type: ignore[arg-type]
+    nested = {
+        name: kind
+        for name in names
+        if isinstance(kind := hints[name], type) and issubclass(kind, Row)
+    }
+    parts: list[Callable[[Record], object]] = [
+        nested[name].from_record if name in nested else itemgetter(name) for name in names
+    ]
+
+    def read_parts(record: Record) -> list[object]:
+        return [part(record) for part in parts]
+
+    # itemgetter of several names answers a tuple of their values
+    read: Reader = itemgetter(*names) if len(names) > 1 and not nested else read_parts
+    _READERS[row] = read
+    return read
+
+
+async def fetch_one(connection: Connection, row: type[R], query: str, *args: object) -> R | None:
+    """The first row of `query` as `row`, or None when it returns none."""
+    record = await connection.fetchrow(query, *args)
+    return None if record is None else row.from_record(record)
+
+
+async def fetch_all(connection: Connection, row: type[R], query: str, *args: object) -> list[R]:
+    """Every row of `query` as `row`."""
+    return [row.from_record(record) for record in await connection.fetch(query, *args)]
+
+
+async def fetch_column(connection: Connection, kind: type[T], query: str, *args: object) -> list[T]:
+    """The first column of every row of `query` (a list of ids); `kind` is its type."""
+    return [record[0] for record in await connection.fetch(query, *args)]
 
 
 async def _init_connection(connection: Any) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypeVar
 
 from services.coordinator import auth, results
 from services.coordinator.auth import Principal, ScopeName
@@ -22,7 +22,8 @@ from services.coordinator.clock import Clock
 from services.coordinator.db import (
     Database,
     InvalidAuthorizationSpecificationError,
-    Record,
+    Row,
+    fetch_one,
     sql,
 )
 from services.coordinator.errors import (
@@ -36,6 +37,7 @@ from services.coordinator.errors import (
 )
 from services.coordinator.fields import check_request_id
 from services.coordinator.snapshots import Frozen, SnapshotCache
+from services.coordinator.workshop_api import SnapshotRecordingRow
 from workshop.v1 import jobs_pb2
 
 LEASE = timedelta(minutes=5)
@@ -44,6 +46,8 @@ MAX_FAILURE_MESSAGE = 2000
 PHASES = ("downloading", "decoding", "labeling", "publishing", "committing")
 # Slot facts kept from claims: a few per processor are in flight at a time.
 FACTS_CACHE_SIZE = 20_000
+
+A = TypeVar("A", bound=Row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,23 +86,108 @@ def lease_from(run_id: str, job: str, generation: int, token: str) -> Lease:
     return Lease(run_id, parse_job_id(job), generation, parsed)
 
 
-@dataclasses.dataclass(frozen=True)
-class Claimed:
-    job: Record
-    frozen: Frozen
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotFacts:
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotFacts(Row):
     """A job's slots as admitted; they never change."""
 
     slot_count: int
     first_slot_at: datetime
     interval_ms: int  # slot length, exact milliseconds
 
-    @classmethod
-    def of(cls, row: Record) -> SlotFacts:
-        return cls(row["slot_count"], row["first_slot_at"], row["interval_ms"])
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeIdentity(Row):
+    """What a Claim checks of its runtime; it never changes."""
+
+    runtime_id: str
+    device_id: str
+    code_sha256: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimedJob(Row):
+    """A job as job_claim leased it, with its recording as the snapshot froze it."""
+
+    run_id: str
+    job_index: int
+    generation: int  # the lease's
+    lease_token: uuid.UUID
+    lease_expires_at: datetime
+    expires_at: datetime
+    camera_id: str
+    recording_id: str
+    recording_generation: int
+    facts: SlotFacts
+    sha256: str  # the recording's, as are the columns below
+    byte_size: int
+    object_key: str
+    start_at: datetime
+    end_at: datetime
+    fps: float
+
+    def recording(self) -> SnapshotRecordingRow:
+        return SnapshotRecordingRow(
+            job_index=self.job_index,
+            recording_id=self.recording_id,
+            camera_id=self.camera_id,
+            generation=self.recording_generation,
+            sha256=self.sha256,
+            byte_size=self.byte_size,
+            object_key=self.object_key,
+            start_at=self.start_at,
+            end_at=self.end_at,
+            fps=self.fps,
+            slot_count=self.facts.slot_count,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredReceipt(Row):
+    """The receipt columns of job_facts and job_complete (all None: not committed)."""
+
+    receipt_generation: int | None
+    receipt_sha256: str | None
+    receipt_committed_at: datetime | None
+    receipt_items_saved: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobFactsRow(Row):
+    """What Complete checks a result against, and the job's receipt if committed."""
+
+    facts: SlotFacts
+    receipt: StoredReceipt
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renewal(Row):
+    """job_heartbeat's answer: a refusal, or the renewed lease's expiry."""
+
+    reason: str
+    lease_expires_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgressAnswer(Row):
+    """job_progress's answer: a refusal, or the job's progress and whether it was stored."""
+
+    reason: str
+    progress: int | None
+    persisted: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitAnswer(Row):
+    """job_complete's answer: a refusal or '', and the receipt it settled on."""
+
+    reason: str
+    receipt: StoredReceipt
+
+
+@dataclasses.dataclass(frozen=True)
+class Claimed:
+    job: ClaimedJob
+    frozen: Frozen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,15 +228,17 @@ class JobsApi:
         self.db = db
         self.clock = clock
         self.snapshots = snapshots
-        self._runtimes: dict[str, Record] = {}
+        self._runtimes: dict[str, RuntimeIdentity] = {}
         self._facts: dict[tuple[str, int], SlotFacts] = {}
 
-    async def _runtime(self, runtime_id: str) -> Record:
+    async def _runtime(self, runtime_id: str) -> RuntimeIdentity:
         # Identity fields of a runtime never change: cache them.
         found = self._runtimes.get(runtime_id)
         if found is None:
             async with self.db.connection() as connection:
-                found = await connection.fetchrow(sql("jobs", "runtime_identity"), runtime_id)
+                found = await fetch_one(
+                    connection, RuntimeIdentity, sql("jobs", "runtime_identity"), runtime_id
+                )
             if found is None:
                 raise NotFound("runtime", runtime_id, f"Runtime {runtime_id!r} is not registered.")
             self._runtimes[runtime_id] = found
@@ -161,12 +252,14 @@ class JobsApi:
         lease that claim took, unchanged, while it is held, not another job."""
         remembered_as = check_request_id("request_id", request_id)
         runtime = await self._runtime(runtime_id)
-        cameras = _claimable_cameras(who, runtime["device_id"])
-        if code_sha256 != runtime["code_sha256"]:
+        cameras = _claimable_cameras(who, runtime.device_id)
+        if code_sha256 != runtime.code_sha256:
             raise fenced("CODE_MISMATCH")
         try:
             async with self.db.connection() as connection:
-                row = await connection.fetchrow(
+                job = await fetch_one(
+                    connection,
+                    ClaimedJob,
                     sql("jobs", "job_claim"),
                     runtime_id,
                     who.key_id,
@@ -179,10 +272,10 @@ class JobsApi:
             # The key was revoked (or expired, or its user disabled) after this
             # process authenticated it: what a fresh authentication would answer.
             raise auth.rejected("key is no longer valid") from None
-        if row is None:
+        if job is None:
             return None
-        self._remember(row["run_id"], row["job_index"], SlotFacts.of(row))
-        return Claimed(row, await self.snapshots.get(row["run_id"]))
+        self._remember(job.run_id, job.job_index, job.facts)
+        return Claimed(job, await self.snapshots.get(job.run_id))
 
     def _remember(self, run_id: str, job_index: int, facts: SlotFacts) -> None:
         if len(self._facts) >= FACTS_CACHE_SIZE:
@@ -190,32 +283,33 @@ class JobsApi:
         self._facts[(run_id, job_index)] = facts
 
     async def heartbeat(self, who: Principal, lease: Lease) -> datetime:
-        row = await self._call(
-            "job_heartbeat", lease, reporter(who), self.clock.now(), LEASE, fetch="row"
+        renewal = await self._answer(
+            "job_heartbeat", Renewal, lease, reporter(who), self.clock.now(), LEASE
         )
-        raise_for(row["reason"], lease)
-        renewed: datetime = row["lease_expires_at"]
-        return renewed
+        raise_for(renewal.reason, lease)
+        assert renewal.lease_expires_at is not None  # set whenever nothing refused
+        return renewal.lease_expires_at
 
     async def progress(
         self, who: Principal, lease: Lease, percent: int, phase: str | None
     ) -> tuple[int, bool]:
         if not 0 <= percent <= 100:
             raise InvalidField(f"percent must be 0..100 (got {percent}).")
-        row = await self._call(
-            "job_progress", lease, reporter(who), percent, phase, self.clock.now(), fetch="row"
+        answer = await self._answer(
+            "job_progress", ProgressAnswer, lease, reporter(who), percent, phase, self.clock.now()
         )
-        raise_for(row["reason"], lease)
-        return row["progress"], row["persisted"]
+        raise_for(answer.reason, lease)
+        assert answer.progress is not None  # set whenever nothing refused
+        return answer.progress, answer.persisted
 
     async def fail(self, who: Principal, lease: Lease, message: str) -> None:
-        reason = await self._call(
+        reason = await self._reason(
             "job_fail", lease, reporter(who), message[:MAX_FAILURE_MESSAGE], self.clock.now()
         )
         raise_for(reason, lease)
 
     async def release(self, who: Principal, lease: Lease) -> None:
-        reason = await self._call("job_release", lease, reporter(who), self.clock.now())
+        reason = await self._reason("job_release", lease, reporter(who), self.clock.now())
         raise_for(reason, lease)
 
     async def complete(
@@ -250,19 +344,19 @@ class JobsApi:
                 # before this process knew the facts: the receipt decides first.
                 await self._facts_or_receipt(lease, digest)
                 raise
-            row = await self._commit(lease, key, code_sha256, digest, decoder, facts, checked)
-            if row["reason"] != "FACTS_MISMATCH":
+            answer = await self._commit(lease, key, code_sha256, digest, decoder, facts, checked)
+            if answer.reason != "FACTS_MISMATCH":
                 break
             # Never expected (slot facts are immutable): forget them and read them again.
             self._facts.pop((lease.run_id, lease.job_index), None)
             facts = None
-        reason = row["reason"]
+        reason = answer.reason
         if reason == "":
             self._facts.pop((lease.run_id, lease.job_index), None)
-            return _receipt(lease, digest, row), False
-        if row["receipt_sha256"] is not None:
+            return _receipt(lease, digest, answer.receipt), False
+        if answer.receipt.receipt_sha256 is not None:
             # A retry of this lease's own commit (the first answer was lost).
-            return _receipt(lease, digest, row), True
+            return _receipt(lease, digest, answer.receipt), True
         raise_for(reason, lease)
         raise AssertionError(f"job_complete answered {reason!r}")  # pragma: no cover
 
@@ -271,10 +365,13 @@ class JobsApi:
     ) -> tuple[SlotFacts, Receipt | None]:
         """The job's slot facts, and this lease's receipt when it already committed."""
         async with self.db.connection() as connection:
-            row = await connection.fetchrow(sql("jobs", "job_facts"), lease.run_id, lease.job_index)
+            row = await fetch_one(
+                connection, JobFactsRow, sql("jobs", "job_facts"), lease.run_id, lease.job_index
+            )
         if row is None:
             raise_for("NOT_FOUND", lease)
-        return SlotFacts.of(row), _settled(row, lease, digest)
+            raise AssertionError("raise_for refuses NOT_FOUND")  # pragma: no cover
+        return row.facts, _settled(row.receipt, lease, digest)
 
     async def _checked(
         self, lease: Lease, result: jobs_pb2.JobResult, facts: SlotFacts
@@ -304,10 +401,11 @@ class JobsApi:
         decoder: str,
         facts: SlotFacts,
         checked: results.CheckedResult,
-    ) -> Record:
+    ) -> CommitAnswer:
         items = checked.items
-        row: Record = await self._call(
+        return await self._answer(
             "job_complete",
+            CommitAnswer,
             lease,
             key,
             code_sha256,
@@ -332,17 +430,25 @@ class JobsApi:
             [i.object_key for i in items],
             [i.sha256 for i in items],
             self.clock.now(),
-            fetch="row",
         )
+
+    async def _answer(self, name: str, answer: type[A], lease: Lease, *args: object) -> A:
+        """The one-row answer of the lease function `name`."""
+        async with self.db.connection() as connection:
+            row = await fetch_one(connection, answer, sql("jobs", name), *lease_args(lease), *args)
+        assert row is not None, f"{name} answers one row"
         return row
 
-    async def _call(self, name: str, lease: Lease, *args: Any, fetch: str = "val") -> Any:
-        query = sql("jobs", name)
-        params = (lease.run_id, lease.job_index, lease.generation, lease.token, *args)
+    async def _reason(self, name: str, lease: Lease, *args: object) -> str:
+        """The refusal ('' for none) that the lease function `name` answers."""
         async with self.db.connection() as connection:
-            if fetch == "row":
-                return await connection.fetchrow(query, *params)
-            return await connection.fetchval(query, *params)
+            reason: str = await connection.fetchval(sql("jobs", name), *lease_args(lease), *args)
+            return reason
+
+
+def lease_args(lease: Lease) -> tuple[str, int, int, uuid.UUID]:
+    """A lease as the leading arguments of every lease function."""
+    return (lease.run_id, lease.job_index, lease.generation, lease.token)
 
 
 def _claimable_cameras(who: Principal, device_id: str) -> list[str] | None:
@@ -357,28 +463,32 @@ def _claimable_cameras(who: Principal, device_id: str) -> list[str] | None:
     )
 
 
-def _settled(facts: Record, lease: Lease, digest: str) -> Receipt | None:
+def _settled(stored: StoredReceipt, lease: Lease, digest: str) -> Receipt | None:
     """The receipt when this lease already committed this result (a retry after a lost
     answer); a conflict when it committed another. A receipt of another generation
     settles nothing: that call is stale and the fences refuse it."""
-    if facts["receipt_sha256"] is None or facts["receipt_generation"] != lease.generation:
+    if stored.receipt_sha256 is None or stored.receipt_generation != lease.generation:
         return None
-    return _receipt(lease, digest, facts)
+    return _receipt(lease, digest, stored)
 
 
-def _receipt(lease: Lease, digest: str, row: Record) -> Receipt:
-    """The receipt in `row` (job_complete's answer or the job's facts); a conflict when it
+def _receipt(lease: Lease, digest: str, stored: StoredReceipt) -> Receipt:
+    """The receipt `stored` (job_complete's answer or the job's facts); a conflict when it
     holds another result."""
-    if row["receipt_sha256"] != digest:
+    if stored.receipt_sha256 != digest:
         raise ResultConflict(
             "This job was already completed with a different result.",
-            metadata={"result_sha256": row["receipt_sha256"]},
+            metadata={"result_sha256": stored.receipt_sha256 or ""},
         )
+    # a receipt's columns are all set or all NULL
+    assert stored.receipt_generation is not None
+    assert stored.receipt_committed_at is not None
+    assert stored.receipt_items_saved is not None
     return Receipt(
         lease.run_id,
         lease.job_index,
-        row["receipt_generation"],
+        stored.receipt_generation,
         digest,
-        row["receipt_committed_at"],
-        row["receipt_items_saved"],
+        stored.receipt_committed_at,
+        stored.receipt_items_saved,
     )

@@ -11,13 +11,22 @@ import dataclasses
 import logging
 
 from services.coordinator.clock import Clock
-from services.coordinator.db import Database, sql
+from services.coordinator.db import Database, Row, fetch_all, sql
 from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
 MAX_LAPSES = 3
 BATCH = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RescuedJob(Row):
+    """A lapsed job the rescue handled: queued again, or failed once out of attempts."""
+
+    run_id: str
+    job_index: int
+    state: str  # "queued" | "failed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +65,17 @@ class Maintenance(Periodic):
                         break
                 requeued = exhausted = 0
                 while True:
-                    rows = await connection.fetch(
-                        sql("jobs", "jobs_rescue_lapsed"), now, MAX_LAPSES, BATCH
+                    rescued = await fetch_all(
+                        connection,
+                        RescuedJob,
+                        sql("jobs", "jobs_rescue_lapsed"),
+                        now,
+                        MAX_LAPSES,
+                        BATCH,
                     )
-                    exhausted += sum(row["state"] == "failed" for row in rows)
-                    requeued += sum(row["state"] == "queued" for row in rows)
-                    if len(rows) < BATCH:
+                    exhausted += sum(job.state == "failed" for job in rescued)
+                    requeued += sum(job.state == "queued" for job in rescued)
+                    if len(rescued) < BATCH:
                         break
             finally:
                 await connection.execute(sql("jobs", "maintenance_unlock"))

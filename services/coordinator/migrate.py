@@ -15,6 +15,7 @@ from pathlib import Path
 import asyncpg
 
 from services.coordinator import queries
+from services.coordinator.db import fetch_column
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -49,9 +50,7 @@ async def apply_migrations(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[s
         await connection.execute(sql["migration_lock"])
         try:
             await connection.execute(sql["migration_table_create"])
-            applied = {
-                row["version"] for row in await connection.fetch(sql["migration_list_applied"])
-            }
+            applied = set(await fetch_column(connection, int, sql["migration_list_applied"]))
             done: list[str] = []
             for migration in list_migrations(directory):
                 if migration.version in applied:

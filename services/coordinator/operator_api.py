@@ -2,19 +2,31 @@
 recordings, models, buckets, users, sessions, keys, the policy revision and the manual clock.
 
 Every function takes the caller's principal and checks it holds `admin`.
-Results are database records; the servicer renders them.
+Results are the typed rows below (devices, runtimes, cameras, recordings, model
+versions, buckets, users, sessions, keys); the servicer renders them. Workshop, photo
+and scheduler code read the same resources through these rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypeVar
 
 from services.coordinator import auth
 from services.coordinator.auth import Grant, Principal, ScopeName
 from services.coordinator.clock import Clock
-from services.coordinator.db import Database, ForeignKeyViolationError, Record, sql
+from services.coordinator.db import (
+    Connection,
+    Database,
+    ForeignKeyViolationError,
+    Row,
+    fetch_all,
+    fetch_column,
+    fetch_one,
+    sql,
+)
 from services.coordinator.errors import (
     IdConflict,
     InvalidField,
@@ -31,6 +43,108 @@ DEFAULT_SESSION_TTL = timedelta(hours=12)
 MAX_SESSION_TTL = timedelta(days=30)
 TRACKING_CAPABILITY = "workshop-v3"
 
+R = TypeVar("R", bound="Row")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceRow(Row):
+    device_id: str
+    description: str
+    registered_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeRow(Row):
+    runtime_id: str
+    device_id: str
+    engine: str
+    code_sha256: str
+    capabilities: list[str]
+    registered_at: datetime
+    last_seen_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegisteredRuntime(RuntimeRow):
+    """A runtime as RegisterRuntime left it, and whether that call created it."""
+
+    created: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CameraRow(Row):
+    camera_id: str
+    name: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordingRow(Row):
+    recording_id: str
+    camera_id: str
+    generation: int
+    start_at: datetime
+    end_at: datetime
+    fps: float
+    object_key: str
+    sha256: str
+    byte_size: int
+    put_at: datetime
+    expires_at: datetime
+    deleted_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelVersionRow(Row):
+    name: str
+    version: int
+    weights_sha256: str
+    classes: list[str]
+    input_shape: list[int]
+    published_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BucketRow(Row):
+    bucket_id: str
+    name: str
+    created_at: datetime
+    deleted_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UserRow(Row):
+    user_id: str
+    display_name: str
+    created_at: datetime
+    disabled_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionRow(Row):
+    session_id: str
+    user_id: str
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyRow(Row):
+    key_id: str
+    name: str
+    user_id: str | None
+    scopes: list[dict[str, object]]  # Grant.to_json of each grant (jsonb)
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    @property
+    def grants(self) -> tuple[Grant, ...]:
+        return tuple(Grant.from_json(value) for value in self.scopes)
+
 
 def _require_admin(principal: Principal) -> None:
     auth.require(principal, ScopeName.ADMIN)
@@ -43,17 +157,25 @@ class OperatorApi:
 
     # devices and runtimes ---------------------------------------------------------
 
-    async def register_device(self, who: Principal, device_id: str, description: str) -> Record:
+    async def register_device(self, who: Principal, device_id: str, description: str) -> DeviceRow:
         _require_admin(who)
         check_id("device_id", device_id)
         async with self.db.connection() as connection:
-            row = await connection.fetchrow(
-                sql("resources", "device_register"), device_id, description, self.clock.now()
+            row = await fetch_one(
+                connection,
+                DeviceRow,
+                sql("resources", "device_register"),
+                device_id,
+                description,
+                self.clock.now(),
             )
             if row is not None:
                 return row
-            existing = await connection.fetchrow(sql("resources", "device_get"), device_id)
-        if existing["description"] != description:
+            existing = await fetch_one(
+                connection, DeviceRow, sql("resources", "device_get"), device_id
+            )
+        assert existing is not None  # the insert found it
+        if existing.description != description:
             raise IdConflict(
                 f"Device {device_id!r} is registered with another description.",
                 metadata={"device_id": device_id},
@@ -68,7 +190,7 @@ class OperatorApi:
         engine: str,
         code_sha256: str,
         capabilities: Sequence[str],
-    ) -> tuple[Record, str]:
+    ) -> tuple[RegisteredRuntime, str]:
         """Registers the runtime of a manifest; returns it and the manifest JSON."""
         _require_admin(who)
         check_id("device_id", device_id)
@@ -86,7 +208,9 @@ class OperatorApi:
                     f"Device {device_id!r} is not registered; register it first "
                     "(OperatorService/RegisterDevice).",
                 )
-            row = await connection.fetchrow(
+            row = await fetch_one(
+                connection,
+                RegisteredRuntime,
                 sql("resources", "runtime_register"),
                 runtime,
                 device_id,
@@ -95,33 +219,41 @@ class OperatorApi:
                 sorted(set(capabilities)),
                 self.clock.now(),
             )
+        assert row is not None  # an upsert always returns its row
         return row, canonical_json(manifest).decode()
 
-    async def list_devices(self, who: Principal, after: str | None, limit: int) -> list[Record]:
+    async def list_devices(self, who: Principal, after: str | None, limit: int) -> list[DeviceRow]:
         _require_admin(who)
-        return await self._fetch(sql("resources", "device_list"), after, limit)
+        return await self._all(DeviceRow, sql("resources", "device_list"), after, limit)
 
     async def list_runtimes(
         self, who: Principal, device_id: str, after: tuple[datetime, str] | None, limit: int
-    ) -> list[Record]:
+    ) -> list[RuntimeRow]:
         _require_admin(who)
         after_at, after_id = after if after else (None, None)
-        return await self._fetch(
-            sql("resources", "runtime_list"), device_id or None, after_at, after_id, limit
+        return await self._all(
+            RuntimeRow,
+            sql("resources", "runtime_list"),
+            device_id or None,
+            after_at,
+            after_id,
+            limit,
         )
 
     # cameras and recordings ------------------------------------------------------------
 
-    async def put_camera(self, who: Principal, camera_id: str, name: str) -> Record:
+    async def put_camera(self, who: Principal, camera_id: str, name: str) -> CameraRow:
         _require_admin(who)
         check_id("camera_id", camera_id)
-        return await self._fetchrow(
-            sql("resources", "camera_put"), camera_id, name, self.clock.now()
+        row = await self._one(
+            CameraRow, sql("resources", "camera_put"), camera_id, name, self.clock.now()
         )
+        assert row is not None  # an upsert always returns its row
+        return row
 
-    async def list_cameras(self, who: Principal, after: str | None, limit: int) -> list[Record]:
+    async def list_cameras(self, who: Principal, after: str | None, limit: int) -> list[CameraRow]:
         _require_admin(who)
-        return await self._fetch(sql("resources", "camera_list"), after, limit)
+        return await self._all(CameraRow, sql("resources", "camera_list"), after, limit)
 
     async def put_recording(
         self,
@@ -135,7 +267,7 @@ class OperatorApi:
         object_key: str,
         sha256: str,
         byte_size: int,
-    ) -> Record:
+    ) -> RecordingRow:
         _require_admin(who)
         check_id("recording_id", recording_id)
         check_id("camera_id", camera_id)
@@ -150,7 +282,8 @@ class OperatorApi:
             raise InvalidField("object_key must name the recording's object in storage.")
         now = self.clock.now()
         try:
-            row = await self._fetchrow(
+            row = await self._one(
+                RecordingRow,
                 sql("resources", "recording_put"),
                 recording_id,
                 camera_id,
@@ -174,10 +307,10 @@ class OperatorApi:
             )
         return row
 
-    async def delete_recording(self, who: Principal, recording_id: str) -> Record:
+    async def delete_recording(self, who: Principal, recording_id: str) -> RecordingRow:
         _require_admin(who)
-        row = await self._fetchrow(
-            sql("resources", "recording_delete"), recording_id, self.clock.now()
+        row = await self._one(
+            RecordingRow, sql("resources", "recording_delete"), recording_id, self.clock.now()
         )
         if row is None:
             raise NotFound(
@@ -196,10 +329,11 @@ class OperatorApi:
         overlaps_until: datetime | None,
         after: tuple[datetime, str] | None,
         limit: int,
-    ) -> list[Record]:
+    ) -> list[RecordingRow]:
         _require_admin(who)
         after_start, after_id = after if after else (None, None)
-        return await self._fetch(
+        return await self._all(
+            RecordingRow,
             sql("resources", "recording_list"),
             self.clock.now(),
             camera_id or None,
@@ -221,7 +355,7 @@ class OperatorApi:
         weights_sha256: str,
         classes: Sequence[str],
         input_shape: Sequence[int],
-    ) -> tuple[Record, bool]:
+    ) -> tuple[ModelVersionRow, bool]:
         _require_admin(who)
         check_id("name", name)
         check_sha256("weights_sha256", weights_sha256)
@@ -233,7 +367,8 @@ class OperatorApi:
             raise InvalidField(
                 "input_shape must list the positive sizes of one input frame (no batch dimension)."
             )
-        row = await self._fetchrow(
+        row = await self._one(
+            ModelVersionRow,
             sql("resources", "model_version_publish"),
             name,
             version,
@@ -244,11 +379,14 @@ class OperatorApi:
         )
         if row is not None:
             return row, True
-        existing = await self._fetchrow(sql("resources", "model_version_get"), name, version)
+        existing = await self._one(
+            ModelVersionRow, sql("resources", "model_version_get"), name, version
+        )
+        assert existing is not None  # the insert found it
         same = (
-            existing["weights_sha256"] == weights_sha256
-            and list(existing["classes"]) == list(classes)
-            and list(existing["input_shape"]) == list(input_shape)
+            existing.weights_sha256 == weights_sha256
+            and list(existing.classes) == list(classes)
+            and list(existing.input_shape) == list(input_shape)
         )
         if not same:
             raise IdConflict(
@@ -260,23 +398,29 @@ class OperatorApi:
 
     async def list_model_versions(
         self, who: Principal, name: str, after: tuple[str, int] | None, limit: int
-    ) -> list[Record]:
+    ) -> list[ModelVersionRow]:
         _require_admin(who)
         after_name, after_version = after if after else (None, None)
-        return await self._fetch(
-            sql("resources", "model_version_list"), name or None, after_name, after_version, limit
+        return await self._all(
+            ModelVersionRow,
+            sql("resources", "model_version_list"),
+            name or None,
+            after_name,
+            after_version,
+            limit,
         )
 
-    async def create_bucket(self, who: Principal, bucket_id: str, name: str) -> Record:
+    async def create_bucket(self, who: Principal, bucket_id: str, name: str) -> BucketRow:
         _require_admin(who)
         check_id("bucket_id", bucket_id)
-        row = await self._fetchrow(
-            sql("resources", "bucket_create"), bucket_id, name, self.clock.now()
+        row = await self._one(
+            BucketRow, sql("resources", "bucket_create"), bucket_id, name, self.clock.now()
         )
         if row is not None:
             return row
-        existing = await self._fetchrow(sql("resources", "bucket_get"), bucket_id)
-        if existing["deleted_at"] is not None or existing["name"] != name:
+        existing = await self._one(BucketRow, sql("resources", "bucket_get"), bucket_id)
+        assert existing is not None  # the insert found it
+        if existing.deleted_at is not None or existing.name != name:
             raise IdConflict(
                 f"Bucket id {bucket_id!r} is taken (by another bucket or a deleted one); "
                 "choose another id.",
@@ -293,55 +437,57 @@ class OperatorApi:
             row = await connection.fetchrow(sql("resources", "bucket_delete"), bucket_id, now)
             if row is None:
                 raise NotFound("bucket", bucket_id, f"Bucket {bucket_id!r} does not exist.")
-            cancelled = await connection.fetch(
-                sql("runs", "runs_cancel_for_bucket"), bucket_id, now
+            cancelled = await fetch_column(
+                connection, str, sql("runs", "runs_cancel_for_bucket"), bucket_id, now
             )
             items: int = await connection.fetchval(
                 sql("resources", "bucket_items_delete"), bucket_id, now
             )
-        return [r["run_id"] for r in cancelled], items
+        return cancelled, items
 
-    async def list_buckets(self, who: Principal, after: str | None, limit: int) -> list[Record]:
+    async def list_buckets(self, who: Principal, after: str | None, limit: int) -> list[BucketRow]:
         _require_admin(who)
-        return await self._fetch(sql("resources", "bucket_list"), after, limit)
+        return await self._all(BucketRow, sql("resources", "bucket_list"), after, limit)
 
     # principals ---------------------------------------------------------------------------
 
-    async def create_user(self, who: Principal, user_id: str, display_name: str) -> Record:
+    async def create_user(self, who: Principal, user_id: str, display_name: str) -> UserRow:
         _require_admin(who)
         check_id("user_id", user_id)
-        row = await self._fetchrow(
-            sql("auth", "user_create"), user_id, display_name, self.clock.now()
+        row = await self._one(
+            UserRow, sql("auth", "user_create"), user_id, display_name, self.clock.now()
         )
         if row is not None:
             return row
-        existing = await self._fetchrow(sql("auth", "user_get"), user_id)
-        if existing["display_name"] != display_name:
+        existing = await self._one(UserRow, sql("auth", "user_get"), user_id)
+        assert existing is not None  # the insert found it
+        if existing.display_name != display_name:
             raise IdConflict(f"User {user_id!r} exists with another display name.")
         return existing
 
-    async def disable_user(self, who: Principal, user_id: str) -> Record:
+    async def disable_user(self, who: Principal, user_id: str) -> UserRow:
         _require_admin(who)
-        row = await self._fetchrow(sql("auth", "user_disable"), user_id, self.clock.now())
+        row = await self._one(UserRow, sql("auth", "user_disable"), user_id, self.clock.now())
         if row is None:
             raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
         return row
 
     async def create_session(
         self, who: Principal, user_id: str, ttl: timedelta | None
-    ) -> tuple[Record, str]:
+    ) -> tuple[SessionRow, str]:
         _require_admin(who)
         lifetime = ttl if ttl else DEFAULT_SESSION_TTL
         if not timedelta(0) < lifetime <= MAX_SESSION_TTL:
             raise InvalidField("A session's ttl must be positive and at most 30 days.")
-        user = await self._fetchrow(sql("auth", "user_get"), user_id)
+        user = await self._one(UserRow, sql("auth", "user_get"), user_id)
         if user is None:
             raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
-        if user["disabled_at"] is not None:
+        if user.disabled_at is not None:
             raise FailedPrecondition(f"User {user_id!r} is disabled.", reason="AUTHORITY_REVOKED")
         session_id, secret, digest = auth.new_credential(auth.SESSION_PREFIX)
         now = self.clock.now()
-        row = await self._fetchrow(
+        row = await self._one(
+            SessionRow,
             sql("auth", "session_create"),
             session_id,
             user_id,
@@ -349,11 +495,14 @@ class OperatorApi:
             now,
             now + lifetime,
         )
+        assert row is not None  # an insert returns its row
         return row, secret
 
-    async def revoke_session(self, who: Principal, session_id: str) -> Record:
+    async def revoke_session(self, who: Principal, session_id: str) -> SessionRow:
         _require_admin(who)
-        row = await self._fetchrow(sql("auth", "session_revoke"), session_id, self.clock.now())
+        row = await self._one(
+            SessionRow, sql("auth", "session_revoke"), session_id, self.clock.now()
+        )
         if row is None:
             raise NotFound("session", session_id, f"Session {session_id!r} does not exist.")
         return row
@@ -366,7 +515,7 @@ class OperatorApi:
         grants: Sequence[Grant],
         user_id: str,
         ttl: timedelta | None,
-    ) -> tuple[Record, str]:
+    ) -> tuple[KeyRow, str]:
         _require_admin(who)
         checked = auth.validate_grants(grants)
         if ttl is not None and ttl <= timedelta(0):
@@ -376,13 +525,11 @@ class OperatorApi:
             return await insert_key(connection, name, checked, user_id, ttl, self.clock.now())
 
     async def _check_grant_targets(
-        self, connection: Any, grants: Sequence[Grant], user_id: str
+        self, connection: Connection, grants: Sequence[Grant], user_id: str
     ) -> None:
         if user_id and await connection.fetchrow(sql("auth", "user_get"), user_id) is None:
             raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
-        cameras = {
-            row["camera_id"] for row in await connection.fetch(sql("resources", "camera_ids_all"))
-        }
+        cameras = set(await fetch_column(connection, str, sql("resources", "camera_ids_all")))
         for grant in grants:
             if grant.device_id and (
                 await connection.fetchrow(sql("resources", "device_get"), grant.device_id) is None
@@ -396,9 +543,9 @@ class OperatorApi:
                     "camera", missing[0], f"Unknown cameras in scope: {', '.join(missing)}."
                 )
 
-    async def revoke_key(self, who: Principal, key_id: str) -> Record:
+    async def revoke_key(self, who: Principal, key_id: str) -> KeyRow:
         _require_admin(who)
-        row = await self._fetchrow(sql("auth", "key_revoke"), key_id, self.clock.now())
+        row = await self._one(KeyRow, sql("auth", "key_revoke"), key_id, self.clock.now())
         if row is None:
             raise NotFound("key", key_id, f"Key {key_id!r} does not exist.")
         return row
@@ -409,23 +556,24 @@ class OperatorApi:
         include_revoked: bool,
         after: tuple[datetime, str] | None,
         limit: int,
-    ) -> list[Record]:
+    ) -> list[KeyRow]:
         _require_admin(who)
         after_at, after_id = after if after else (None, None)
-        return await self._fetch(
-            sql("auth", "key_list"), include_revoked, after_at, after_id, limit
+        return await self._all(
+            KeyRow, sql("auth", "key_list"), include_revoked, after_at, after_id, limit
         )
 
     async def policy_revision(self, who: Principal) -> int:
         _require_admin(who)
-        revision: int = await self._fetchval(sql("auth", "policy_get"))
+        revision = await self._revision(sql("auth", "policy_get"))
+        assert revision is not None  # the policy table holds its one row
         return revision
 
     async def raise_policy_revision(self, who: Principal, expected: int | None) -> int:
         _require_admin(who)
-        revision = await self._fetchval(sql("auth", "policy_raise"), expected)
+        revision = await self._revision(sql("auth", "policy_raise"), expected)
         if revision is None:
-            current = await self._fetchval(sql("auth", "policy_get"))
+            current = await self._revision(sql("auth", "policy_get"))
             raise StaleRevision(
                 f"The policy revision is {current}, not {expected}.",
                 metadata={"current_revision": str(current)},
@@ -448,31 +596,34 @@ class OperatorApi:
 
     # helpers ----------------------------------------------------------------------------------
 
-    async def _fetch(self, query: str, *args: Any) -> list[Record]:
+    async def _all(self, row: type[R], query: str, *args: object) -> list[R]:
         async with self.db.connection() as connection:
-            rows: list[Record] = await connection.fetch(query, *args)
-            return rows
+            return await fetch_all(connection, row, query, *args)
 
-    async def _fetchrow(self, query: str, *args: Any) -> Any:
+    async def _one(self, row: type[R], query: str, *args: object) -> R | None:
         async with self.db.connection() as connection:
-            return await connection.fetchrow(query, *args)
+            return await fetch_one(connection, row, query, *args)
 
-    async def _fetchval(self, query: str, *args: Any) -> Any:
+    async def _revision(self, query: str, *args: object) -> int | None:
+        """The policy revision `query` answers (None: a raise that found another)."""
         async with self.db.connection() as connection:
-            return await connection.fetchval(query, *args)
+            revision: int | None = await connection.fetchval(query, *args)
+            return revision
 
 
 async def insert_key(
-    connection: Any,
+    connection: Connection,
     name: str,
     grants: Sequence[Grant],
     user_id: str,
     ttl: timedelta | None,
     now: datetime,
-) -> tuple[Record, str]:
+) -> tuple[KeyRow, str]:
     """Stores a new key; returns its row and its secret (shown once)."""
     key_id, secret, digest = auth.new_credential(auth.KEY_PREFIX)
-    row = await connection.fetchrow(
+    row = await fetch_one(
+        connection,
+        KeyRow,
         sql("auth", "key_create"),
         key_id,
         name,
@@ -482,4 +633,5 @@ async def insert_key(
         now,
         now + ttl if ttl else None,
     )
+    assert row is not None  # an insert returns its row
     return row, secret

@@ -19,10 +19,14 @@ from google.protobuf import json_format
 from services.coordinator import auth, convert
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
-from services.coordinator.db import Connection, Database, Record, sql
+from services.coordinator.db import Connection, Database, Row, fetch_one, sql
 from services.coordinator.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
 from services.coordinator.publication_api import may_read_camera
-from services.coordinator.workshop_api import TEST_RESULT_LIFETIME, choose_runtime
+from services.coordinator.workshop_api import (
+    TEST_RESULT_LIFETIME,
+    CurrentRecording,
+    choose_runtime,
+)
 from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2
@@ -41,9 +45,24 @@ def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PhotoRow(Row):
+    """A photo with its job, and its frame once published."""
+
+    run_id: str
+    created_at: datetime
+    expires_at: datetime
+    camera_id: str
+    recording_id: str
+    first_slot_at: datetime  # the instant asked for
+    state: str  # the job's
+    item_id: str | None
+    frame_time: datetime | None
+
+
 @dataclasses.dataclass(frozen=True)
 class PhotoView:
-    row: Record
+    row: PhotoRow
     status: str
 
 
@@ -79,7 +98,9 @@ class PhotosApi:
     ) -> None:
         if await db.fetchrow(sql("resources", "camera_get"), camera_id) is None:
             raise NotFound("camera", camera_id, f"Camera {camera_id!r} does not exist.")
-        recording = await db.fetchrow(sql("runs", "recording_covering"), camera_id, moment, now)
+        recording = await fetch_one(
+            db, CurrentRecording, sql("runs", "recording_covering"), camera_id, moment, now
+        )
         if recording is None:
             raise NoMedia(NO_MEDIA_MESSAGE)
         runtime = await choose_runtime(db, now, [], recent=False)
@@ -93,22 +114,22 @@ class PhotosApi:
             "test",
             "",
             0,
-            runtime["runtime_id"],
+            runtime.runtime_id,
             1,
             fingerprint,
             who.to_json(),
             policy,
             now,
             expires,
-            runtime["code_sha256"],
+            runtime.code_sha256,
         )
         snapshot = snapshot_pb2.RunSnapshot(
             run_id=run_id,
             kind=common_pb2.RUN_KIND_PHOTO,
             mode=common_pb2.RUN_MODE_TEST,
             image_limit=1,
-            runtime_id=runtime["runtime_id"],
-            code_sha256=runtime["code_sha256"],
+            runtime_id=runtime.runtime_id,
+            code_sha256=runtime.code_sha256,
             created_by=convert.principal(who.to_json()),
             policy_revision=policy,
             recording_count=1,
@@ -128,41 +149,41 @@ class PhotosApi:
             sql("runs", "snapshot_recordings_insert"),
             run_id,
             [0],
-            [recording["recording_id"]],
+            [recording.recording_id],
             [camera_id],
-            [recording["generation"]],
-            [recording["sha256"]],
-            [recording["byte_size"]],
-            [recording["object_key"]],
-            [recording["start_at"]],
-            [recording["end_at"]],
-            [recording["fps"]],
+            [recording.generation],
+            [recording.sha256],
+            [recording.byte_size],
+            [recording.object_key],
+            [recording.start_at],
+            [recording.end_at],
+            [recording.fps],
             [1],
         )
         await db.execute(
             sql("runs", "photo_job_insert"),
             run_id,
             seq,
-            runtime["runtime_id"],
+            runtime.runtime_id,
             camera_id,
-            recording["recording_id"],
-            recording["generation"],
+            recording.recording_id,
+            recording.generation,
             moment,
             SLOT_MS,
-            min(expires, recording["expires_at"]),
+            min(expires, recording.expires_at),
             now,
         )
 
     async def get(self, who: Principal, run_id: str) -> PhotoView:
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
-            row = await connection.fetchrow(sql("runs", "photo_get"), run_id)
+            row = await fetch_one(connection, PhotoRow, sql("runs", "photo_get"), run_id)
         if row is None:
             raise NotFound("photo", run_id, f"Photo {run_id!r} does not exist.")
-        if row["expires_at"] <= self.clock.now():
+        if row.expires_at <= self.clock.now():
             raise Expired(
                 f"Photo {run_id!r} has expired (photos last an hour).",
                 metadata={"kind": "photo", "id": run_id},
             )
-        status = {"leased": "running"}.get(row["state"], row["state"])
+        status = {"leased": "running"}.get(row.state, row.state)
         return PhotoView(row, status)

@@ -18,10 +18,10 @@ from typing import Any
 from services.coordinator import auth
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
-from services.coordinator.db import Database, Record, sql
+from services.coordinator.db import Database, Row, fetch_all, fetch_one, sql
 from services.coordinator.errors import Expired, InvalidField, NotFound
 from services.coordinator.fields import check_sha256
-from services.coordinator.jobs_api import Lease, job_id, raise_for, reporter
+from services.coordinator.jobs_api import Lease, job_id, lease_args, raise_for, reporter
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from workshop.kit import object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError
@@ -55,8 +55,10 @@ def preview_item_id(key: str) -> str:
     return "pv_" + sha256_hex(key.encode())[:24]
 
 
-@dataclasses.dataclass(frozen=True)
-class LeaseFacts:
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseFacts(Row):
+    """What CheckLease tells the preview service about a held lease (job_lease_facts)."""
+
     lease_expires_at: datetime
     mode: str
     kind: str
@@ -96,6 +98,55 @@ class Sweep:
 class Staged:
     object_key: str
     collectable_after: datetime  # if nothing commits it: when the lease lapses, unless renewed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StageAnswer(Row):
+    """object_stage's answer: a refusal, or when the staged object becomes collectable."""
+
+    reason: str
+    collectable_after: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreviewAnswer(Row):
+    """previews_record's answer for one preview: a refusal, or when the preview expires."""
+
+    reason: str
+    expires_at: datetime | None  # None: when its job ends
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectableObject(Row):
+    """An object whose bytes a cleanup pass may delete, held for that pass."""
+
+    object_key: str
+    byte_size: int
+    collectable_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepTarget(Row):
+    """A job whose preview prefix a cleanup pass sweeps, held for that pass."""
+
+    run_id: str
+    job_index: int
+    mode: str  # the run's: "test" | "full"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageLocation(Row):
+    """Where an image's bytes are, with what reading them needs (image_for_read)."""
+
+    source: str  # "preview" | "item"
+    object_key: str
+    content_type: str
+    boxes: list[dict[str, object]] | None
+    frame_time: datetime
+    camera_id: str
+    sha256: str
+    expires_at: datetime | None
+    run_expires_at: datetime | None
 
 
 def _require_service(who: Principal) -> str:
@@ -139,18 +190,21 @@ class PublicationApi:
         async with self.db.transaction() as connection:
             reason = await connection.fetchval(
                 sql("jobs", "job_check_lease"),
-                *_lease_args(lease),
+                *lease_args(lease),
                 reporter(processor),
                 code_sha256,
                 self.clock.now(),
             )
             raise_for(reason, lease)
-            row = await connection.fetchrow(
-                sql("jobs", "job_lease_facts"), lease.run_id, lease.job_index
+            facts = await fetch_one(
+                connection,
+                LeaseFacts,
+                sql("jobs", "job_lease_facts"),
+                lease.run_id,
+                lease.job_index,
             )
-        return LeaseFacts(
-            row["lease_expires_at"], row["mode"], row["kind"], row["camera_id"], row["slot_count"]
-        )
+        assert facts is not None  # the fences found the job
+        return facts
 
     async def stage(
         self,
@@ -173,9 +227,11 @@ class PublicationApi:
         frozen = await self._frozen(lease)
         key = object_key(kind, lease, slot, test=not frozen.full_run, content_type=content_type)
         async with self.db.connection() as connection:
-            row = await connection.fetchrow(
+            answer = await fetch_one(
+                connection,
+                StageAnswer,
                 sql("jobs", "object_stage"),
-                *_lease_args(lease),
+                *lease_args(lease),
                 reporter(processor),
                 service,
                 code_sha256,
@@ -187,8 +243,10 @@ class PublicationApi:
                 key,
                 self.clock.now(),
             )
-        _raise_refusal(row["reason"], lease, slot)
-        return Staged(key, row["collectable_after"])
+        assert answer is not None  # object_stage answers one row
+        _raise_refusal(answer.reason, lease, slot)
+        assert answer.collectable_after is not None  # set whenever nothing refused
+        return Staged(key, answer.collectable_after)
 
     async def _frozen(self, lease: Lease) -> Frozen:
         """The run's snapshot (its mode names the key's prefix); NOT_FOUND as the fences say."""
@@ -223,7 +281,9 @@ class PublicationApi:
             return [outcome for outcome in outcomes if outcome is not None]
         columns = list(zip(*(_preview_row(preview) for preview in checked), strict=True))
         async with self.db.connection() as connection:
-            rows: list[Record] = await connection.fetch(
+            answers = await fetch_all(
+                connection,
+                PreviewAnswer,
                 sql("jobs", "previews_record"),
                 *columns[:4],
                 reporting,
@@ -231,9 +291,9 @@ class PublicationApi:
                 *columns[4:],
                 self.clock.now(),
             )
-        answers = iter(zip(checked, rows, strict=True))
+        recorded = iter(zip(checked, answers, strict=True))
         return [
-            outcome if outcome is not None else _recorded(*next(answers)) for outcome in outcomes
+            outcome if outcome is not None else _recorded(*next(recorded)) for outcome in outcomes
         ]
 
     async def _check_preview(self, preview: PreviewRecord) -> PreviewRecord:
@@ -262,7 +322,7 @@ class PublicationApi:
 
     async def claim_collectable(
         self, who: Principal, kind: str, limit: int
-    ) -> tuple[list[Record], bool, list[Sweep]]:
+    ) -> tuple[list[CollectableObject], bool, list[Sweep]]:
         """Up to `limit` collectable objects, held for this caller's pass; whether more wait;
         for previews, up to `limit` job prefixes to sweep, held the same way."""
         _require_service(who)
@@ -272,28 +332,40 @@ class PublicationApi:
             raise InvalidField(f"limit must be 1..{MAX_COLLECT}.")
         now = self.clock.now()
         async with self.db.connection() as connection:
-            rows: list[Record] = await connection.fetch(
-                sql("jobs", "objects_claim_collectable"), kind, limit, now, COLLECT_HOLD
+            rows = await fetch_all(
+                connection,
+                CollectableObject,
+                sql("jobs", "objects_claim_collectable"),
+                kind,
+                limit,
+                now,
+                COLLECT_HOLD,
             )
             more: bool = await connection.fetchval(
                 sql("jobs", "objects_collectable_remaining"), kind, now
             )
-            swept: list[Record] = (
-                await connection.fetch(
-                    sql("jobs", "preview_sweeps_claim"), limit, now, SWEEP_GRACE, COLLECT_HOLD
+            swept = (
+                await fetch_all(
+                    connection,
+                    SweepTarget,
+                    sql("jobs", "preview_sweeps_claim"),
+                    limit,
+                    now,
+                    SWEEP_GRACE,
+                    COLLECT_HOLD,
                 )
                 if kind == "preview"
                 else []
             )
         sweeps = [
             Sweep(
-                row["run_id"],
-                row["job_index"],
+                target.run_id,
+                target.job_index,
                 object_keys.job_prefix(
-                    "preview", row["run_id"], job_id(row["job_index"]), test=row["mode"] != "full"
+                    "preview", target.run_id, job_id(target.job_index), test=target.mode != "full"
                 ),
             )
-            for row in swept
+            for target in swept
         ]
         return rows, more, sweeps
 
@@ -351,19 +423,21 @@ class PublicationApi:
 
     async def authorize_read(
         self, who: Principal, reader: Principal, run_id: str, item_id: str
-    ) -> Record:
+    ) -> ImageLocation:
         """Where an image's bytes are, if `reader` may see that camera and it has not expired."""
         _require_service(who)
         async with self.db.connection() as connection:
-            row = await connection.fetchrow(sql("jobs", "image_for_read"), run_id, item_id)
+            row = await fetch_one(
+                connection, ImageLocation, sql("jobs", "image_for_read"), run_id, item_id
+            )
         if row is None:
             raise NotFound("image", f"{run_id}/{item_id}", "No such image in this run.")
-        if not may_read_camera(reader, row["camera_id"]):
+        if not may_read_camera(reader, row.camera_id):
             raise PermissionDenied(
-                f"This credential may not read images of camera {row['camera_id']!r}."
+                f"This credential may not read images of camera {row.camera_id!r}."
             )
         now = self.clock.now()
-        for moment in (row["expires_at"], row["run_expires_at"]):
+        for moment in (row.expires_at, row.run_expires_at):
             if moment is not None and moment <= now:
                 raise Expired(
                     "This image has expired; its labels and bytes are no longer readable.",
@@ -386,14 +460,10 @@ def may_read_camera(reader: Principal, camera_id: str) -> bool:
     return False
 
 
-def _lease_args(lease: Lease) -> tuple[str, int, int, Any]:
-    return (lease.run_id, lease.job_index, lease.generation, lease.token)
-
-
 def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:
     """One preview's values in the column order of previews_record's arrays."""
     return (
-        *_lease_args(preview.lease),
+        *lease_args(preview.lease),
         preview.code_sha256,
         preview.key,
         preview.slot,
@@ -406,10 +476,10 @@ def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:
     )
 
 
-def _recorded(preview: PreviewRecord, row: Record) -> Recorded | WorkshopError:
+def _recorded(preview: PreviewRecord, answer: PreviewAnswer) -> Recorded | WorkshopError:
     """preview_record's answer for one preview: recorded, or the error its refusal means."""
     try:
-        _raise_refusal(row["reason"], preview.lease, preview.slot)
+        _raise_refusal(answer.reason, preview.lease, preview.slot)
     except WorkshopError as error:
         return error
-    return Recorded(preview_item_id(preview.key), row["expires_at"])
+    return Recorded(preview_item_id(preview.key), answer.expires_at)

@@ -11,18 +11,27 @@ created for the current local day only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import zoneinfo
-from datetime import datetime
+from datetime import datetime, time
 
 from services.coordinator.auth import SCHEDULER
 from services.coordinator.clock import Clock
-from services.coordinator.db import Connection, Database, sql
+from services.coordinator.db import Connection, Database, Row, fetch_all, sql
 from services.coordinator.workshop_api import RunRequest, WorkshopApi, choose_runtime
 from workshop.kit.errors import WorkshopError
 from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduledWorkflow(Row):
+    workflow_id: str
+    revision: int
+    schedule_time: time  # local time of day
+    time_zone: str
 
 
 def run_id_for(workflow_id: str, day: str) -> str:
@@ -64,11 +73,14 @@ class Scheduler(Periodic):
         """The runs that are due now and do not exist yet."""
         requests = []
         runtime = None
-        for row in await connection.fetch(sql("workflows", "workflow_scheduled_list")):
-            local = now.astimezone(zoneinfo.ZoneInfo(row["time_zone"] or "UTC"))
-            if local.time() < row["schedule_time"]:
+        scheduled = await fetch_all(
+            connection, ScheduledWorkflow, sql("workflows", "workflow_scheduled_list")
+        )
+        for row in scheduled:
+            local = now.astimezone(zoneinfo.ZoneInfo(row.time_zone or "UTC"))
+            if local.time() < row.schedule_time:
                 continue
-            run_id = run_id_for(row["workflow_id"], local.date().isoformat())
+            run_id = run_id_for(row.workflow_id, local.date().isoformat())
             if await connection.fetchrow(sql("runs", "run_fingerprint"), run_id) is not None:
                 continue
             if runtime is None:
@@ -80,9 +92,9 @@ class Scheduler(Periodic):
             requests.append(
                 RunRequest(
                     run_id=run_id,
-                    workflow_id=row["workflow_id"],
-                    runtime_id=runtime["runtime_id"],
-                    revision=row["revision"],
+                    workflow_id=row.workflow_id,
+                    runtime_id=runtime.runtime_id,
+                    revision=row.revision,
                     mode="full",
                     image_limit=0,
                 )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+
+from services.coordinator.db import Row
 
 
-@dataclasses.dataclass(frozen=True)
-class RunCounts:
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunCounts(Row):
+    """A run's job and slot counts: the count columns of the run_status view."""
+
     jobs_total: int = 0
     jobs_queued: int = 0
     jobs_leased: int = 0
@@ -22,10 +24,6 @@ class RunCounts:
     slots_dropped: int = 0
     items_saved: int = 0
     previews_published: int = 0
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> RunCounts:
-        return cls(**{field.name: int(row[field.name]) for field in dataclasses.fields(cls)})
 
     def status(self, *, expired_by_time: bool = False) -> str:
         """any leased → running; any queued → queued; any failed → failed; any cancelled →

@@ -19,7 +19,15 @@ from google.protobuf import json_format
 from services.coordinator import auth, convert, planning, validation
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
-from services.coordinator.db import Connection, Database, Record, sql
+from services.coordinator.db import (
+    Connection,
+    Database,
+    Row,
+    fetch_all,
+    fetch_column,
+    fetch_one,
+    sql,
+)
 from services.coordinator.errors import (
     NEEDS_TRACKING_MESSAGE,
     AtCapacity,
@@ -32,6 +40,7 @@ from services.coordinator.errors import (
     WorkflowInvalid,
 )
 from services.coordinator.fields import check_id
+from services.coordinator.operator_api import BucketRow, CameraRow, ModelVersionRow, RuntimeRow
 from services.coordinator.status import RunCounts
 from workshop.kit.errors import PayloadTooLarge
 from workshop.kit.hashing import canonical_json, sha256_hex
@@ -43,6 +52,143 @@ MAX_IMAGE_LIMIT = 100
 TEST_RESULT_LIFETIME = timedelta(hours=1)
 RECENT_CHECK_IN = timedelta(minutes=2)
 PHOTO_PREFIX = "photo-"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowRow(Row):
+    workflow_id: str
+    revision: int
+    spec: dict[str, object]  # the WorkflowSpec as JSON (spec_from_json reads it)
+    schedule_time: time | None
+    time_zone: str
+    created_at: datetime
+    updated_at: datetime
+    updated_by: dict[str, str]  # the saving Principal.to_json
+    deleted_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowRevision(Row):
+    """A workflow's revision as CreateRun locks it."""
+
+    revision: int
+    deleted_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunFingerprint(Row):
+    run_id: str
+    fingerprint: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunRow(Row):
+    """A run with the counts its status and detail are worked out from (run_status)."""
+
+    run_id: str
+    seq: int
+    kind: str  # "workflow" | "photo"
+    mode: str  # "test" | "full"
+    workflow_id: str
+    workflow_revision: int
+    runtime_id: str
+    image_limit: int
+    created_by: dict[str, str]  # the creating Principal.to_json
+    created_at: datetime
+    expires_at: datetime | None
+    last_job_update: datetime | None
+    counts: RunCounts
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRow(Row):
+    """A job as a run's detail shows it."""
+
+    job_index: int
+    camera_id: str
+    recording_id: str
+    recording_generation: int
+    state: str
+    phase: str | None
+    progress: int
+    slot_count: int
+    generation: int
+    failure_reason: str | None
+    failure_message: str | None
+    decoder: str | None
+    updated_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunImageRow(Row):
+    """One of a run's recent images: a published preview or a bucket item."""
+
+    item_id: str
+    source: str  # "preview" | "item"
+    job_index: int
+    slot_index: int
+    camera_id: str
+    frame_time: datetime
+    boxes: list[dict[str, object]] | None
+    bucket_id: str
+    published_at: datetime
+    expires_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotRecordingRow(Row):
+    """A recording as a run's snapshot froze it, with its job's slot count."""
+
+    job_index: int
+    recording_id: str
+    camera_id: str
+    generation: int
+    sha256: str
+    byte_size: int
+    object_key: str
+    start_at: datetime
+    end_at: datetime
+    fps: float
+    slot_count: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CurrentRecording(Row):
+    """A current recording as admission lists it (runs and photos)."""
+
+    recording_id: str
+    camera_id: str
+    generation: int
+    start_at: datetime
+    end_at: datetime
+    fps: float
+    object_key: str
+    sha256: str
+    byte_size: int
+    expires_at: datetime
+
+    def ref(self) -> planning.RecordingRef:
+        return planning.RecordingRef(
+            recording_id=self.recording_id,
+            camera_id=self.camera_id,
+            generation=self.generation,
+            start=self.start_at,
+            end=self.end_at,
+            fps=self.fps,
+            object_key=self.object_key,
+            sha256=self.sha256,
+            byte_size=self.byte_size,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogRows:
+    """What GetCatalog lists."""
+
+    cameras: list[CameraRow]
+    buckets: list[BucketRow]
+    models: list[ModelVersionRow]
+    runtimes: list[RuntimeRow]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,15 +289,11 @@ def _invalid(result: validation.Validation) -> WorkflowInvalid:
 
 
 async def load_catalog(connection: Connection) -> validation.Catalog:
-    cameras = frozenset(
-        r["camera_id"] for r in await connection.fetch(sql("resources", "camera_ids_all"))
-    )
-    buckets = frozenset(
-        r["bucket_id"] for r in await connection.fetch(sql("resources", "bucket_ids_live"))
-    )
+    cameras = frozenset(await fetch_column(connection, str, sql("resources", "camera_ids_all")))
+    buckets = frozenset(await fetch_column(connection, str, sql("resources", "bucket_ids_live")))
     models: dict[str, dict[int, tuple[str, ...]]] = {}
-    for row in await connection.fetch(sql("resources", "model_version_all")):
-        models.setdefault(row["name"], {})[row["version"]] = tuple(row["classes"])
+    for row in await fetch_all(connection, ModelVersionRow, sql("resources", "model_version_all")):
+        models.setdefault(row.name, {})[row.version] = tuple(row.classes)
     return validation.Catalog(camera_ids=cameras, bucket_ids=buckets, models=models)
 
 
@@ -169,7 +311,7 @@ class WorkshopApi:
         workflow_id: str,
         expected_revision: int,
         spec: workflow_pb2.WorkflowSpec,
-    ) -> Record:
+    ) -> WorkflowRow:
         auth.require(who, ScopeName.WORKSHOP)
         check_id("workflow_id", workflow_id)
         if spec.ByteSize() > MAX_DOCUMENT_BYTES:
@@ -185,7 +327,9 @@ class WorkshopApi:
             document = spec_to_json(spec)
             schedule = _schedule_time(spec)
             if expected_revision == 0:
-                row = await connection.fetchrow(
+                row = await fetch_one(
+                    connection,
+                    WorkflowRow,
                     sql("workflows", "workflow_insert"),
                     workflow_id,
                     document,
@@ -195,7 +339,9 @@ class WorkshopApi:
                     who.to_json(),
                 )
             else:
-                row = await connection.fetchrow(
+                row = await fetch_one(
+                    connection,
+                    WorkflowRow,
                     sql("workflows", "workflow_update"),
                     workflow_id,
                     expected_revision,
@@ -207,37 +353,45 @@ class WorkshopApi:
                 )
             if row is not None:
                 return row
-            current = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
+            current = await fetch_one(
+                connection, WorkflowRow, sql("workflows", "workflow_get"), workflow_id
+            )
         if current is None:
             raise NotFound(
                 "workflow",
                 workflow_id,
                 f"Workflow {workflow_id!r} does not exist; save it with revision 0.",
             )
-        if current["deleted_at"] is not None:
+        if current.deleted_at is not None:
             raise IdConflict(
                 f"Workflow id {workflow_id!r} belonged to a deleted workflow; choose another id."
             )
-        raise _stale(workflow_id, expected_revision, current["revision"])
+        raise _stale(workflow_id, expected_revision, current.revision)
 
-    async def get_workflow(self, who: Principal, workflow_id: str) -> Record:
+    async def get_workflow(self, who: Principal, workflow_id: str) -> WorkflowRow:
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
-            row = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
-        if row is None or row["deleted_at"] is not None:
+            row = await fetch_one(
+                connection, WorkflowRow, sql("workflows", "workflow_get"), workflow_id
+            )
+        if row is None or row.deleted_at is not None:
             raise NotFound("workflow", workflow_id, f"Workflow {workflow_id!r} does not exist.")
         return row
 
     async def list_workflows(
         self, who: Principal, after: tuple[datetime, str] | None, limit: int
-    ) -> list[Record]:
+    ) -> list[WorkflowRow]:
         auth.require(who, ScopeName.WORKSHOP)
         after_at, after_id = after if after else (None, None)
         async with self.db.connection() as connection:
-            rows: list[Record] = await connection.fetch(
-                sql("workflows", "workflow_list"), after_at, after_id, limit
+            return await fetch_all(
+                connection,
+                WorkflowRow,
+                sql("workflows", "workflow_list"),
+                after_at,
+                after_id,
+                limit,
             )
-        return rows
 
     async def delete_workflow(
         self, who: Principal, workflow_id: str, expected_revision: int | None
@@ -250,16 +404,17 @@ class WorkshopApi:
                 sql("workflows", "workflow_delete"), workflow_id, expected_revision, now
             )
             if row is None:
-                current = await connection.fetchrow(sql("workflows", "workflow_get"), workflow_id)
-                if current is None or current["deleted_at"] is not None:
+                current = await fetch_one(
+                    connection, WorkflowRow, sql("workflows", "workflow_get"), workflow_id
+                )
+                if current is None or current.deleted_at is not None:
                     raise NotFound(
                         "workflow", workflow_id, f"Workflow {workflow_id!r} does not exist."
                     )
-                raise _stale(workflow_id, expected_revision or 0, current["revision"])
-            cancelled = await connection.fetch(
-                sql("runs", "runs_cancel_for_workflow"), workflow_id, now
+                raise _stale(workflow_id, expected_revision or 0, current.revision)
+            return await fetch_column(
+                connection, str, sql("runs", "runs_cancel_for_workflow"), workflow_id, now
             )
-        return [r["run_id"] for r in cancelled]
 
     async def validate(
         self, who: Principal, spec: workflow_pb2.WorkflowSpec
@@ -268,28 +423,44 @@ class WorkshopApi:
         async with self.db.connection() as connection:
             return validation.validate_workflow(spec, await load_catalog(connection))
 
-    async def catalog(self, who: Principal) -> dict[str, list[Record]]:
+    async def catalog(self, who: Principal) -> CatalogRows:
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
-            return {
-                "cameras": await connection.fetch(sql("resources", "camera_list"), None, 10_000),
-                "buckets": await connection.fetch(sql("resources", "bucket_list"), None, 10_000),
-                "models": await connection.fetch(
-                    sql("resources", "model_version_list"), None, None, None, 10_000
+            return CatalogRows(
+                cameras=await fetch_all(
+                    connection, CameraRow, sql("resources", "camera_list"), None, 10_000
                 ),
-                "runtimes": await connection.fetch(
-                    sql("resources", "runtime_list"), None, None, None, 10_000
+                buckets=await fetch_all(
+                    connection, BucketRow, sql("resources", "bucket_list"), None, 10_000
                 ),
-            }
+                models=await fetch_all(
+                    connection,
+                    ModelVersionRow,
+                    sql("resources", "model_version_list"),
+                    None,
+                    None,
+                    None,
+                    10_000,
+                ),
+                runtimes=await fetch_all(
+                    connection,
+                    RuntimeRow,
+                    sql("resources", "runtime_list"),
+                    None,
+                    None,
+                    None,
+                    10_000,
+                ),
+            )
 
-    async def choose_runtime(self, who: Principal, workflow_id: str, recent: bool) -> Record:
+    async def choose_runtime(self, who: Principal, workflow_id: str, recent: bool) -> RuntimeRow:
         """The website's rule (recent=True) or the schedules' and agents' rule.
 
         Both rules are in docs/runs-and-jobs.md (choosing a runtime).
         """
         auth.require(who, ScopeName.WORKSHOP)
         workflow = await self.get_workflow(who, workflow_id)
-        needed = validation.required_capabilities(spec_from_json(workflow["spec"]))
+        needed = validation.required_capabilities(spec_from_json(workflow.spec))
         async with self.db.connection() as connection:
             return await choose_runtime(connection, self.clock.now(), list(needed), recent)
 
@@ -300,24 +471,26 @@ class WorkshopApi:
         auth.require(who, ScopeName.WORKSHOP)
         fingerprint = request.fingerprint()
         async with self.db.connection() as connection:
-            existing = await connection.fetchrow(sql("runs", "run_fingerprint"), request.run_id)
+            existing = await fetch_one(
+                connection, RunFingerprint, sql("runs", "run_fingerprint"), request.run_id
+            )
         if existing is not None:
-            return _settle_existing(request.run_id, existing["fingerprint"], fingerprint)
+            return _settle_existing(request.run_id, existing.fingerprint, fingerprint)
         now = self.clock.now()
         async with self.db.transaction() as connection:
             admission = await self._admit(connection, who, request, now)
             # The revision again, under a row lock, in the transaction that inserts.
-            locked = await connection.fetchrow(
-                sql("workflows", "workflow_lock"), request.workflow_id
+            locked = await fetch_one(
+                connection, WorkflowRevision, sql("workflows", "workflow_lock"), request.workflow_id
             )
-            if locked is None or locked["deleted_at"] is not None:
+            if locked is None or locked.deleted_at is not None:
                 raise NotFound(
                     "workflow",
                     request.workflow_id,
                     f"Workflow {request.workflow_id!r} does not exist.",
                 )
-            if locked["revision"] != request.revision:
-                raise _stale(request.workflow_id, request.revision, locked["revision"])
+            if locked.revision != request.revision:
+                raise _stale(request.workflow_id, request.revision, locked.revision)
             unfinished = await connection.fetchval(sql("runs", "unfinished_job_count"))
             if unfinished + len(admission.jobs) > self.capacity:
                 raise AtCapacity(
@@ -331,35 +504,40 @@ class WorkshopApi:
             )
         if not inserted:  # a concurrent call with the same id won the insert
             async with self.db.connection() as connection:
-                existing = await connection.fetchrow(sql("runs", "run_fingerprint"), request.run_id)
-            return _settle_existing(request.run_id, existing["fingerprint"], fingerprint)
+                existing = await fetch_one(
+                    connection, RunFingerprint, sql("runs", "run_fingerprint"), request.run_id
+                )
+            assert existing is not None  # the run that won the insert
+            return _settle_existing(request.run_id, existing.fingerprint, fingerprint)
         return request.run_id, True
 
     async def _admit(
         self, connection: Connection, who: Principal, request: RunRequest, now: datetime
     ) -> Admission:
-        workflow = await connection.fetchrow(sql("workflows", "workflow_get"), request.workflow_id)
-        if workflow is None or workflow["deleted_at"] is not None:
+        workflow = await fetch_one(
+            connection, WorkflowRow, sql("workflows", "workflow_get"), request.workflow_id
+        )
+        if workflow is None or workflow.deleted_at is not None:
             raise NotFound(
                 "workflow", request.workflow_id, f"Workflow {request.workflow_id!r} does not exist."
             )
-        if workflow["revision"] != request.revision:
-            raise _stale(request.workflow_id, request.revision, workflow["revision"])
-        runtime = await connection.fetchrow(sql("resources", "runtime_get"), request.runtime_id)
+        if workflow.revision != request.revision:
+            raise _stale(request.workflow_id, request.revision, workflow.revision)
+        runtime = await fetch_one(
+            connection, RuntimeRow, sql("resources", "runtime_get"), request.runtime_id
+        )
         if runtime is None:
             raise NotFound(
                 "runtime", request.runtime_id, f"Runtime {request.runtime_id!r} is not registered."
             )
-        spec = spec_from_json(workflow["spec"])
+        spec = spec_from_json(workflow.spec)
         catalog = await load_catalog(connection)
         result = validation.validate_workflow(spec, catalog)
         if not result.valid:
             raise _invalid(result)
-        missing = set(result.required_capabilities) - set(runtime["capabilities"])
+        missing = set(result.required_capabilities) - set(runtime.capabilities)
         if missing:
-            raise NeedsTracking(
-                NEEDS_TRACKING_MESSAGE, metadata={"runtime_id": runtime["runtime_id"]}
-            )
+            raise NeedsTracking(NEEDS_TRACKING_MESSAGE, metadata={"runtime_id": runtime.runtime_id})
         return await admit(connection, spec, catalog, request, runtime, now)
 
     async def _insert(
@@ -446,15 +624,20 @@ class WorkshopApi:
         """A run with up to `job_limit` jobs and `images` recent images (none once expired)."""
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
-            row = await connection.fetchrow(sql("runs", "run_get"), run_id)
+            row = await fetch_one(connection, RunRow, sql("runs", "run_get"), run_id)
             if row is None:
                 raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
-            jobs = await connection.fetch(sql("runs", "run_jobs"), run_id, job_limit)
+            jobs = await fetch_all(connection, JobRow, sql("runs", "run_jobs"), run_id, job_limit)
             view = await self._view(connection, row, jobs)
             if images and view.status != "expired":
                 view.images.extend(
-                    await connection.fetch(
-                        sql("runs", "run_recent_images"), run_id, self.clock.now(), images
+                    await fetch_all(
+                        connection,
+                        RunImageRow,
+                        sql("runs", "run_recent_images"),
+                        run_id,
+                        self.clock.now(),
+                        images,
                     )
                 )
             return view
@@ -464,25 +647,19 @@ class WorkshopApi:
     ) -> list[RunView]:
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
-            rows = await connection.fetch(
-                sql("runs", "run_list"), workflow_id or None, before_seq, limit
+            rows = await fetch_all(
+                connection, RunRow, sql("runs", "run_list"), workflow_id or None, before_seq, limit
             )
             return [await self._view(connection, row, []) for row in rows]
 
-    async def _view(self, connection: Connection, row: Record, jobs: Sequence[Record]) -> RunView:
-        counts = RunCounts.from_row(row)
-        status = counts.status(expired_by_time=_past(row["expires_at"], self.clock.now()))
+    async def _view(self, connection: Connection, row: RunRow, jobs: Sequence[JobRow]) -> RunView:
+        status = row.counts.status(expired_by_time=_past(row.expires_at, self.clock.now()))
         waiting: list[str] = []
         if status == "queued":
-            waiting = [
-                r["run_id"]
-                for r in await connection.fetch(
-                    sql("runs", "run_waiting_behind"), row["runtime_id"], row["seq"]
-                )
-            ]
-        return RunView(
-            row=row, counts=counts, status=status, waiting_behind=waiting, jobs=list(jobs)
-        )
+            waiting = await fetch_column(
+                connection, str, sql("runs", "run_waiting_behind"), row.runtime_id, row.seq
+            )
+        return RunView(row=row, status=status, waiting_behind=waiting, jobs=list(jobs))
 
     async def cancel_run(self, who: Principal, run_id: str) -> int:
         """Cancels the run's queued and leased jobs; returns how many (0 when finished)."""
@@ -497,26 +674,34 @@ class WorkshopApi:
 
     async def run_snapshot(
         self, who: Principal, run_id: str, after_index: int, limit: int
-    ) -> tuple[dict[str, Any], list[Record]]:
+    ) -> tuple[dict[str, object], list[SnapshotRecordingRow]]:
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
-            snapshot = await connection.fetchval(sql("runs", "run_snapshot_get"), run_id)
+            snapshot: dict[str, object] | None = await connection.fetchval(
+                sql("runs", "run_snapshot_get"), run_id
+            )
             if snapshot is None:
                 raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
-            rows = await connection.fetch(
-                sql("runs", "snapshot_recordings_page"), run_id, after_index, limit
+            rows = await fetch_all(
+                connection,
+                SnapshotRecordingRow,
+                sql("runs", "snapshot_recordings_page"),
+                run_id,
+                after_index,
+                limit,
             )
         return snapshot, rows
 
 
 @dataclasses.dataclass(frozen=True)
 class RunView:
-    row: Record
-    counts: RunCounts
+    """A run as its detail shows it: the row, its status and what GetRun adds."""
+
+    row: RunRow
     status: str
     waiting_behind: list[str]
-    jobs: list[Record]
-    images: list[Record] = dataclasses.field(default_factory=list)
+    jobs: list[JobRow]
+    images: list[RunImageRow] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -534,7 +719,7 @@ async def admit(
     spec: workflow_pb2.WorkflowSpec,
     catalog: validation.Catalog,
     request: RunRequest,
-    runtime: Record,
+    runtime: RuntimeRow,
     now: datetime,
 ) -> Admission:
     """Resolves day, window, models and input; plans the jobs; builds the snapshot."""
@@ -545,27 +730,16 @@ async def admit(
     window = planning.window_instants(
         day, input_step.input.window_start, input_step.input.window_end, spec.time_zone
     )
-    rows = await connection.fetch(
+    rows = await fetch_all(
+        connection,
+        CurrentRecording,
         sql("resources", "recording_list_for_input"),
         now,
         list(input_step.input.camera_ids),
         window[0],
         window[1],
     )
-    refs = [
-        planning.RecordingRef(
-            recording_id=r["recording_id"],
-            camera_id=r["camera_id"],
-            generation=r["generation"],
-            start=r["start_at"],
-            end=r["end_at"],
-            fps=r["fps"],
-            object_key=r["object_key"],
-            sha256=r["sha256"],
-            byte_size=r["byte_size"],
-        )
-        for r in rows
-    ]
+    refs = [row.ref() for row in rows]
     interval_ms = planning.interval_ms(sample.sample.interval_seconds)
     jobs = planning.plan_jobs(
         refs, window, interval_ms, request.image_limit if request.mode == "test" else None
@@ -599,8 +773,8 @@ async def admit(
         ],
         mode=common_pb2.RUN_MODE_TEST if request.mode == "test" else common_pb2.RUN_MODE_FULL,
         image_limit=request.image_limit,
-        runtime_id=runtime["runtime_id"],
-        code_sha256=runtime["code_sha256"],
+        runtime_id=runtime.runtime_id,
+        code_sha256=runtime.code_sha256,
         recording_count=len(jobs),
         recordings_sha256=_recordings_digest(jobs),
     )
@@ -610,19 +784,19 @@ async def admit(
         snapshot=snapshot,
         jobs=jobs,
         interval_ms=interval_ms,
-        recording_expiry={r["recording_id"]: r["expires_at"] for r in rows},
+        recording_expiry={r.recording_id: r.expires_at for r in rows},
     )
 
 
-async def _model_rows(connection: Connection) -> dict[tuple[str, int], Record]:
-    rows = await connection.fetch(sql("resources", "model_version_all"))
-    return {(r["name"], r["version"]): r for r in rows}
+async def _model_rows(connection: Connection) -> dict[tuple[str, int], ModelVersionRow]:
+    rows = await fetch_all(connection, ModelVersionRow, sql("resources", "model_version_all"))
+    return {(r.name, r.version): r for r in rows}
 
 
 def _pinned_models(
     spec: workflow_pb2.WorkflowSpec,
     catalog: validation.Catalog,
-    rows: Mapping[tuple[str, int], Record],
+    rows: Mapping[tuple[str, int], ModelVersionRow],
 ) -> list[snapshot_pb2.PinnedModel]:
     pinned = []
     for step in spec.graph.steps:
@@ -638,9 +812,9 @@ def _pinned_models(
                 name=name,
                 version=version,
                 resolved_from_latest=latest,
-                weights_sha256=row["weights_sha256"],
-                classes=list(row["classes"]),
-                input_shape=list(row["input_shape"]),
+                weights_sha256=row.weights_sha256,
+                classes=list(row.classes),
+                input_shape=list(row.input_shape),
             )
         )
     return pinned
@@ -696,16 +870,20 @@ def principal_proto(who: Principal) -> common_pb2.Principal:
 
 async def choose_runtime(
     connection: Connection, now: datetime, needed: list[str], recent: bool
-) -> Record:
+) -> RuntimeRow:
     if recent:
-        row = await connection.fetchrow(
-            sql("resources", "runtime_newest_capable"), now - RECENT_CHECK_IN, needed
+        row = await fetch_one(
+            connection,
+            RuntimeRow,
+            sql("resources", "runtime_newest_capable"),
+            now - RECENT_CHECK_IN,
+            needed,
         )
         rule = "checked in within the last 2 minutes" + (
             f" with capabilities {', '.join(needed)}" if needed else ""
         )
     else:
-        row = await connection.fetchrow(sql("resources", "runtime_newest_seen"))
+        row = await fetch_one(connection, RuntimeRow, sql("resources", "runtime_newest_seen"))
         rule = "ever checked in"
     if row is None:
         raise NoRuntime(f"No runtime {rule}; start a processor for this device first.")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -24,6 +24,8 @@ from workshop.kit.hashing import sha256_hex
 Context = grpc.aio.ServicerContext[Any, Any]
 
 PRINCIPAL_CACHE_SIZE = 10_000
+
+T = TypeVar("T")
 
 
 class Authenticator:
@@ -116,12 +118,11 @@ def time_and_id_token(token: str) -> tuple[datetime, str] | None:
         raise InvalidField("page_token is malformed.") from None
 
 
-def next_token(rows: list[Any], limit: int, *columns: str) -> str:
-    """The token after the last row when the page is full, else ''."""
+def next_token(rows: Sequence[T], limit: int, key: Callable[[T], tuple[object, ...]]) -> str:
+    """The token after the last row when the page is full, else ''; `key` gives the values
+    the page is ordered by (a timestamp is written as ISO 8601)."""
     if len(rows) < limit:
         return ""
-    last = rows[-1]
     return "|".join(
-        value.isoformat() if hasattr(value, "isoformat") else str(value)
-        for value in (last[column] for column in columns)
+        value.isoformat() if isinstance(value, datetime) else str(value) for value in key(rows[-1])
     )

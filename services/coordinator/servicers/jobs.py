@@ -57,26 +57,26 @@ def _slots(first_us: int, count: int, interval_us: int, window_end_us: int) -> t
 def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
     job, frozen = claimed.job, claimed.frozen
     slots = _slots(
-        convert.micros(job["first_slot_at"]),
-        job["slot_count"],
-        job["interval_ms"] * 1_000,
+        convert.micros(job.facts.first_slot_at),
+        job.facts.slot_count,
+        job.facts.interval_ms * 1_000,
         convert.micros(frozen.window_end),
     )
     return pb.ClaimedJob(
         lease=common_pb2.LeaseRef(
-            run_id=job["run_id"],
-            job_id=job_id(job["job_index"]),
-            generation=job["generation"],
-            token=str(job["lease_token"]),
+            run_id=job.run_id,
+            job_id=job_id(job.job_index),
+            generation=job.generation,
+            token=str(job.lease_token),
         ),
-        lease_expires_at=convert.ts(job["lease_expires_at"]),
+        lease_expires_at=convert.ts(job.lease_expires_at),
         heartbeat_interval=duration(HEARTBEAT_INTERVAL),
         input=pb.JobInput(
-            job_id=job_id(job["job_index"]),
-            job_index=job["job_index"],
-            recording=snapshot_recording({**job, "generation": job["recording_generation"]}),
+            job_id=job_id(job.job_index),
+            job_index=job.job_index,
+            recording=snapshot_recording(job.recording()),
             slots=slots,
-            expires_at=convert.ts(job["expires_at"]),
+            expires_at=convert.ts(job.expires_at),
         ),
         snapshot=frozen.snapshot,
     )

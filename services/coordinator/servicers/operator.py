@@ -41,7 +41,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         )
         return pb.ListDevicesResponse(
             devices=[convert.device(row) for row in rows],
-            next_page_token=next_token(rows, limit, "device_id"),
+            next_page_token=next_token(rows, limit, lambda row: (row.device_id,)),
         )
 
     async def RegisterRuntime(
@@ -55,7 +55,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             capabilities=list(request.capabilities),
         )
         return pb.RegisterRuntimeResponse(
-            runtime=convert.runtime(row), manifest_json=manifest, created=row["created"]
+            runtime=convert.runtime(row), manifest_json=manifest, created=row.created
         )
 
     async def ListRuntimes(
@@ -70,7 +70,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         )
         return pb.ListRuntimesResponse(
             runtimes=[convert.runtime(row) for row in rows],
-            next_page_token=next_token(rows, limit, "registered_at", "runtime_id"),
+            next_page_token=next_token(
+                rows, limit, lambda row: (row.registered_at, row.runtime_id)
+            ),
         )
 
     async def PutCamera(
@@ -88,7 +90,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         )
         return pb.ListCamerasResponse(
             cameras=[convert.camera(row) for row in rows],
-            next_page_token=next_token(rows, limit, "camera_id"),
+            next_page_token=next_token(rows, limit, lambda row: (row.camera_id,)),
         )
 
     async def PutRecording(
@@ -133,7 +135,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         )
         return pb.ListRecordingsResponse(
             recordings=[convert.recording(row) for row in rows],
-            next_page_token=next_token(rows, limit, "start_at", "recording_id"),
+            next_page_token=next_token(rows, limit, lambda row: (row.start_at, row.recording_id)),
         )
 
     async def PublishModelVersion(
@@ -166,7 +168,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         )
         return pb.ListModelVersionsResponse(
             model_versions=[convert.model_version(row) for row in rows],
-            next_page_token=next_token(rows, limit, "name", "version"),
+            next_page_token=next_token(rows, limit, lambda row: (row.name, row.version)),
         )
 
     async def CreateBucket(
@@ -190,7 +192,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         )
         return pb.ListBucketsResponse(
             buckets=[convert.bucket(row) for row in rows],
-            next_page_token=next_token(rows, limit, "bucket_id"),
+            next_page_token=next_token(rows, limit, lambda row: (row.bucket_id,)),
         )
 
     async def CreateUser(
@@ -252,7 +254,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         )
         return pb.ListKeysResponse(
             keys=[convert.key(row) for row in rows],
-            next_page_token=next_token(rows, limit, "created_at", "key_id"),
+            next_page_token=next_token(rows, limit, lambda row: (row.created_at, row.key_id)),
         )
 
     async def GetPolicyRevision(

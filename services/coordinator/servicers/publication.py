@@ -136,10 +136,10 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         return pb.ListCollectableObjectsResponse(
             objects=[
                 pb.CollectableObject(
-                    object_key=row["object_key"],
+                    object_key=row.object_key,
                     kind=request.kind,
-                    byte_size=row["byte_size"],
-                    collectable_since=convert.ts(row["collectable_at"]),
+                    byte_size=row.byte_size,
+                    collectable_since=convert.ts(row.collectable_at),
                 )
                 for row in rows
             ],
@@ -172,15 +172,15 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         self, request: pb.AuthorizeImageReadRequest, context: Context
     ) -> pb.AuthorizeImageReadResponse:
         service, reader = await self._callers(context)
-        row = await self.api.authorize_read(service, reader, request.run_id, request.item_id)
+        image = await self.api.authorize_read(service, reader, request.run_id, request.item_id)
         return pb.AuthorizeImageReadResponse(
-            object_key=row["object_key"],
-            content_type=row["content_type"],
-            boxes=[json_format.ParseDict(box, common_pb2.Box()) for box in row["boxes"] or []],
-            frame_time=convert.ts(row["frame_time"]),
-            camera_id=row["camera_id"],
-            sha256=row["sha256"],
-            expires_at=convert.opt_ts(row["expires_at"] or row["run_expires_at"]),
+            object_key=image.object_key,
+            content_type=image.content_type,
+            boxes=convert.boxes(image.boxes),
+            frame_time=convert.ts(image.frame_time),
+            camera_id=image.camera_id,
+            sha256=image.sha256,
+            expires_at=convert.opt_ts(image.expires_at or image.run_expires_at),
         )
 
 

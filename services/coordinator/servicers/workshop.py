@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 from google.protobuf import json_format
 
@@ -20,7 +19,16 @@ from services.coordinator.servicers.common import (
     split_token,
     time_and_id_token,
 )
-from services.coordinator.workshop_api import RunView, WorkshopApi, run_request, spec_from_json
+from services.coordinator.workshop_api import (
+    JobRow,
+    RunImageRow,
+    RunView,
+    SnapshotRecordingRow,
+    WorkflowRow,
+    WorkshopApi,
+    run_request,
+    spec_from_json,
+)
 from workshop.kit.errors import NotImplementedYet
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2, workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as pb
@@ -53,30 +61,30 @@ RECENT_IMAGES = 100
 MAX_JOB_LIMIT = 10_000
 
 
-def workflow(row: Any) -> workflow_pb2.Workflow:
+def workflow(row: WorkflowRow) -> workflow_pb2.Workflow:
     return workflow_pb2.Workflow(
-        workflow_id=row["workflow_id"],
-        revision=row["revision"],
-        spec=spec_from_json(row["spec"]),
-        created_at=convert.ts(row["created_at"]),
-        updated_at=convert.ts(row["updated_at"]),
-        updated_by=convert.principal(row["updated_by"]),
+        workflow_id=row.workflow_id,
+        revision=row.revision,
+        spec=spec_from_json(row.spec),
+        created_at=convert.ts(row.created_at),
+        updated_at=convert.ts(row.updated_at),
+        updated_by=convert.principal(row.updated_by),
     )
 
 
 def run(view: RunView) -> run_pb2.Run:
-    row, counts = view.row, view.counts
-    kind = common_pb2.RUN_KIND_PHOTO if row["kind"] == "photo" else common_pb2.RUN_KIND_WORKFLOW
+    row, counts = view.row, view.row.counts
+    kind = common_pb2.RUN_KIND_PHOTO if row.kind == "photo" else common_pb2.RUN_KIND_WORKFLOW
     # finished once no job is queued or leased (an expired test run may still have some)
     finished = counts.jobs_queued == 0 and counts.jobs_leased == 0
     return run_pb2.Run(
-        run_id=row["run_id"],
+        run_id=row.run_id,
         kind=kind,
-        mode=common_pb2.RUN_MODE_TEST if row["mode"] == "test" else common_pb2.RUN_MODE_FULL,
-        workflow_id=row["workflow_id"],
-        workflow_revision=row["workflow_revision"],
-        runtime_id=row["runtime_id"],
-        image_limit=row["image_limit"],
+        mode=common_pb2.RUN_MODE_TEST if row.mode == "test" else common_pb2.RUN_MODE_FULL,
+        workflow_id=row.workflow_id,
+        workflow_revision=row.workflow_revision,
+        runtime_id=row.runtime_id,
+        image_limit=row.image_limit,
         status=STATUSES[view.status],
         counts=run_pb2.RunCounts(
             jobs_total=counts.jobs_total,
@@ -94,52 +102,50 @@ def run(view: RunView) -> run_pb2.Run:
             items_saved=counts.items_saved,
         ),
         waiting_behind=view.waiting_behind,
-        created_by=convert.principal(row["created_by"]),
-        created_at=convert.ts(row["created_at"]),
-        finished_at=convert.opt_ts(row["last_job_update"]) if finished else None,
-        expires_at=convert.opt_ts(row["expires_at"]),
+        created_by=convert.principal(row.created_by),
+        created_at=convert.ts(row.created_at),
+        finished_at=convert.opt_ts(row.last_job_update) if finished else None,
+        expires_at=convert.opt_ts(row.expires_at),
     )
 
 
-def job(row: Any) -> run_pb2.JobSummary:
+def job(row: JobRow) -> run_pb2.JobSummary:
     return run_pb2.JobSummary(
-        job_id=job_id(row["job_index"]),
-        job_index=row["job_index"],
-        camera_id=row["camera_id"],
-        recording_id=row["recording_id"],
-        recording_generation=row["recording_generation"],
-        state=JOB_STATES[row["state"]],
+        job_id=job_id(row.job_index),
+        job_index=row.job_index,
+        camera_id=row.camera_id,
+        recording_id=row.recording_id,
+        recording_generation=row.recording_generation,
+        state=JOB_STATES[row.state],
         # a phase means something only while the job is leased
-        phase=common_pb2.JobPhase.Value(f"JOB_PHASE_{row['phase'].upper()}")
-        if row["phase"] and row["state"] == "leased"
+        phase=common_pb2.JobPhase.Value(f"JOB_PHASE_{row.phase.upper()}")
+        if row.phase and row.state == "leased"
         else common_pb2.JOB_PHASE_UNSPECIFIED,
-        progress_percent=row["progress"],
-        slot_count=row["slot_count"],
-        generation=row["generation"],
+        progress_percent=row.progress,
+        slot_count=row.slot_count,
+        generation=row.generation,
         failure_reason=FAILURE_REASONS.get(
-            row["failure_reason"] or "", common_pb2.FAILURE_REASON_UNSPECIFIED
+            row.failure_reason or "", common_pb2.FAILURE_REASON_UNSPECIFIED
         ),
-        failure_message=row["failure_message"] or "",
-        decoder=row["decoder"] or "",
-        updated_at=convert.ts(row["updated_at"]),
+        failure_message=row.failure_message or "",
+        decoder=row.decoder or "",
+        updated_at=convert.ts(row.updated_at),
     )
 
 
-def image(row: Any) -> run_pb2.RunImage:
-    source = (
-        run_pb2.IMAGE_SOURCE_PREVIEW if row["source"] == "preview" else run_pb2.IMAGE_SOURCE_ITEM
-    )
+def image(row: RunImageRow) -> run_pb2.RunImage:
+    source = run_pb2.IMAGE_SOURCE_PREVIEW if row.source == "preview" else run_pb2.IMAGE_SOURCE_ITEM
     return run_pb2.RunImage(
-        item_id=row["item_id"],
+        item_id=row.item_id,
         source=source,
-        job_id=job_id(row["job_index"]),
-        slot_index=row["slot_index"],
-        camera_id=row["camera_id"],
-        frame_time=convert.ts(row["frame_time"]),
-        boxes=[json_format.ParseDict(box, common_pb2.Box()) for box in row["boxes"] or []],
-        bucket_id=row["bucket_id"],
-        published_at=convert.ts(row["published_at"]),
-        expires_at=convert.opt_ts(row["expires_at"]),
+        job_id=job_id(row.job_index),
+        slot_index=row.slot_index,
+        camera_id=row.camera_id,
+        frame_time=convert.ts(row.frame_time),
+        boxes=convert.boxes(row.boxes),
+        bucket_id=row.bucket_id,
+        published_at=convert.ts(row.published_at),
+        expires_at=convert.opt_ts(row.expires_at),
     )
 
 
@@ -147,7 +153,7 @@ def detail(view: RunView, job_limit: int) -> run_pb2.RunDetail:
     return run_pb2.RunDetail(
         run=run(view),
         jobs=[job(row) for row in view.jobs],
-        jobs_truncated=view.counts.jobs_total > job_limit,
+        jobs_truncated=view.row.counts.jobs_total > job_limit,
         recent_images=[image(row) for row in view.images],
     )
 
@@ -183,7 +189,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         rows = await self.api.list_workflows(await self.who(context), after, limit)
         return pb.ListWorkflowsResponse(
             workflows=[workflow(row) for row in rows],
-            next_page_token=next_token(rows, limit, "updated_at", "workflow_id"),
+            next_page_token=next_token(rows, limit, lambda row: (row.updated_at, row.workflow_id)),
         )
 
     async def DeleteWorkflow(
@@ -210,10 +216,10 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     ) -> pb.GetCatalogResponse:
         found = await self.api.catalog(await self.who(context))
         return pb.GetCatalogResponse(
-            cameras=[convert.camera(row) for row in found["cameras"]],
-            buckets=[convert.bucket(row) for row in found["buckets"]],
-            model_versions=[convert.model_version(row) for row in found["models"]],
-            runtimes=[convert.runtime(row) for row in found["runtimes"]],
+            cameras=[convert.camera(row) for row in found.cameras],
+            buckets=[convert.bucket(row) for row in found.buckets],
+            model_versions=[convert.model_version(row) for row in found.models],
+            runtimes=[convert.runtime(row) for row in found.runtimes],
         )
 
     async def ChooseRuntime(
@@ -264,7 +270,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         )
         return pb.ListRunsResponse(
             runs=[pb.RunListEntry(run=run(view)) for view in views],
-            next_page_token=str(views[-1].row["seq"]) if len(views) == limit else "",
+            next_page_token=str(views[-1].row.seq) if len(views) == limit else "",
         )
 
     async def GetRunSnapshot(
@@ -280,7 +286,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         return pb.GetRunSnapshotResponse(
             snapshot=json_format.ParseDict(snapshot, snapshot_pb2.RunSnapshot()),
             recordings=[snapshot_recording(row) for row in rows],
-            next_page_token=next_token(rows, limit, "job_index"),
+            next_page_token=next_token(rows, limit, lambda row: (row.job_index,)),
         )
 
     async def CancelRun(
@@ -344,30 +350,30 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
 def photo(view: PhotoView) -> run_pb2.Photo:
     row = view.row
     return run_pb2.Photo(
-        photo_id=row["run_id"],
-        camera_id=row["camera_id"],
-        requested_time=convert.ts(row["first_slot_at"]),
-        recording_id=row["recording_id"],
+        photo_id=row.run_id,
+        camera_id=row.camera_id,
+        requested_time=convert.ts(row.first_slot_at),
+        recording_id=row.recording_id,
         status=STATUSES[view.status],
-        item_id=row["item_id"] or "",
-        frame_time=convert.opt_ts(row["frame_time"]),
-        created_at=convert.ts(row["created_at"]),
-        expires_at=convert.ts(row["expires_at"]),
+        item_id=row.item_id or "",
+        frame_time=convert.opt_ts(row.frame_time),
+        created_at=convert.ts(row.created_at),
+        expires_at=convert.ts(row.expires_at),
     )
 
 
-def snapshot_recording(row: Any) -> snapshot_pb2.SnapshotRecording:
+def snapshot_recording(row: SnapshotRecordingRow) -> snapshot_pb2.SnapshotRecording:
     return snapshot_pb2.SnapshotRecording(
-        job_id=job_id(row["job_index"]),
-        job_index=row["job_index"],
-        recording_id=row["recording_id"],
-        camera_id=row["camera_id"],
-        generation=row["generation"],
-        sha256=row["sha256"],
-        byte_size=row["byte_size"],
-        object_key=row["object_key"],
-        start=convert.ts(row["start_at"]),
-        end=convert.ts(row["end_at"]),
-        fps=row["fps"],
-        slot_count=row["slot_count"],
+        job_id=job_id(row.job_index),
+        job_index=row.job_index,
+        recording_id=row.recording_id,
+        camera_id=row.camera_id,
+        generation=row.generation,
+        sha256=row.sha256,
+        byte_size=row.byte_size,
+        object_key=row.object_key,
+        start=convert.ts(row.start_at),
+        end=convert.ts(row.end_at),
+        fps=row.fps,
+        slot_count=row.slot_count,
     )
