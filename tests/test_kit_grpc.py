@@ -13,12 +13,15 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from workshop.kit import errors
+from workshop.kit import bounds, errors
 from workshop.kit.channels import open_channel
+from workshop.kit.requests import enum_problem
 from workshop.kit.server import GrpcService, Server, ServerSettings
 from workshop.kit.status import STATUS_TABLE
+from workshop.v1 import common_pb2, jobs_pb2
 
 SERVICE = "test.v1.Probe"
+PROBE_MAX_REQUEST_BYTES = 1024
 
 
 def _identity(data: bytes) -> bytes:
@@ -50,6 +53,23 @@ class Probe:
         if self.raise_next is not None:
             raise self.raise_next
 
+    async def typed(
+        self, request: jobs_pb2.ReportProgressRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> jobs_pb2.ReportProgressRequest:
+        self.calls += 1
+        return request
+
+    async def collect(
+        self,
+        requests: AsyncIterator[jobs_pb2.ReportProgressRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> jobs_pb2.ReportProgressRequest:
+        last = jobs_pb2.ReportProgressRequest()
+        async for request in requests:
+            self.calls += 1
+            last = request
+        return last
+
     def register(self, server: grpc.aio.Server) -> None:
         handler = grpc.method_handlers_generic_handler(
             SERVICE,
@@ -58,6 +78,16 @@ class Probe:
                 "Stream": grpc.unary_stream_rpc_method_handler(self.stream, _identity, _identity),
                 "Missing": grpc.unary_unary_rpc_method_handler(
                     _not_implemented, _identity, _identity
+                ),
+                "Typed": grpc.unary_unary_rpc_method_handler(
+                    self.typed,
+                    jobs_pb2.ReportProgressRequest.FromString,
+                    jobs_pb2.ReportProgressRequest.SerializeToString,
+                ),
+                "Collect": grpc.stream_unary_rpc_method_handler(
+                    self.collect,
+                    jobs_pb2.ReportProgressRequest.FromString,
+                    jobs_pb2.ReportProgressRequest.SerializeToString,
                 ),
             },
         )
@@ -76,7 +106,9 @@ async def probe_server() -> AsyncIterator[tuple[Probe, Server]]:
     server = Server(
         label="probe",
         settings=ServerSettings(port=0, drain_seconds=0.2, grace_seconds=1.0),
-        services=[GrpcService(SERVICE, probe.register)],
+        services=[
+            GrpcService(SERVICE, probe.register, max_request_bytes=PROBE_MAX_REQUEST_BYTES)
+        ],
     )
     await server.start()
     try:
@@ -196,3 +228,126 @@ async def test_health_goes_not_serving_on_stop(probe_server: tuple[Probe, Server
         second = await watch.read()
         assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
         await stopping
+
+
+def _reason(error: grpc.aio.AioRpcError) -> str:
+    status = rpc_status.from_call(error)
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    return info.reason
+
+
+# A ReportProgressRequest whose lease.run_id (field 1 of field 1) is not UTF-8.
+INVALID_UTF8 = b"\x0a\x04\x0a\x02\xff\xfe"
+VALID = jobs_pb2.ReportProgressRequest(
+    lease=common_pb2.LeaseRef(run_id="r1", job_id="j0", generation=1, token="t"), percent=5
+).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [VALID[:-3], b"\xff\xff\xff\xff", INVALID_UTF8, b"\x0a\x7f" + b"x" * 10],
+    ids=["truncated", "random", "invalid-utf8", "length-past-end"],
+)
+async def test_undecodable_request_is_invalid_argument(
+    probe_server: tuple[Probe, Server], data: bytes
+) -> None:
+    probe, server = probe_server
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _method(channel, "Typed")(data)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _reason(caught.value) == "MALFORMED_REQUEST"
+    assert "not a valid request of test.v1.Probe/Typed" in (caught.value.details() or "")
+    assert probe.calls == 0
+
+
+async def test_enum_number_outside_its_enum_is_invalid_field(
+    probe_server: tuple[Probe, Server],
+) -> None:
+    probe, server = probe_server
+    data = VALID + b"\x18\x63"  # phase (field 3) = 99
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _method(channel, "Typed")(data)
+        # a known phase passes through
+        echoed = await _method(channel, "Typed")(VALID + b"\x18\x02")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _reason(caught.value) == "INVALID_FIELD"
+    assert caught.value.details() == (
+        "phase is 99, which is not a JobPhase; send one of JOB_PHASE_DOWNLOADING, "
+        "JOB_PHASE_DECODING, JOB_PHASE_LABELING, JOB_PHASE_PUBLISHING, JOB_PHASE_COMMITTING."
+    )
+    assert jobs_pb2.ReportProgressRequest.FromString(echoed).phase == 2
+    assert probe.calls == 1
+
+
+def test_enum_check_finds_nested_repeated_and_map_values() -> None:
+    request = jobs_pb2.CompleteRequest()
+    request.result.slots.add(slot_index=0, outcome=common_pb2.SLOT_OUTCOME_FRAME)
+    request.result.slots.add(slot_index=1, outcome=41)  # type: ignore[arg-type]
+    problem = enum_problem(request)
+    assert problem is not None
+    assert problem.metadata == {"field": "result.slots[1].outcome"}
+    request.result.slots[1].outcome = common_pb2.SLOT_OUTCOME_EMPTY
+    assert enum_problem(request) is None
+
+
+async def test_request_limit_counts_unknown_fields(probe_server: tuple[Probe, Server]) -> None:
+    probe, server = probe_server
+    unknown = b"\xfa\x3f" + bytes([0x80 | 0x7F, 0x07]) + b"u" * 1023  # field 1023, 1023 bytes
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _method(channel, "Typed")(VALID + unknown)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _reason(caught.value) == "PAYLOAD_TOO_LARGE"
+    assert f"at most {PROBE_MAX_REQUEST_BYTES} are accepted" in (caught.value.details() or "")
+    assert probe.calls == 0
+
+
+async def test_a_refused_message_in_a_client_stream_ends_the_call(
+    probe_server: tuple[Probe, Server],
+) -> None:
+    probe, server = probe_server
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await channel.stream_unary(f"/{SERVICE}/Collect")(iter([VALID, INVALID_UTF8, VALID]))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _reason(caught.value) == "MALFORMED_REQUEST"
+    assert probe.calls == 1
+
+
+async def test_errors_quoting_huge_values_stay_bounded(probe_server: tuple[Probe, Server]) -> None:
+    probe, server = probe_server
+    huge = "x" * 8000
+    probe.raise_next = errors.NotFound(
+        f"Run {huge!r} does not exist; its workflow {'é' * 3000} neither.",
+        metadata={"id": huge, **{f"k{index}": huge for index in range(40)}},
+    )
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _unary(channel)(b"x")
+    details = caught.value.details() or ""
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert details.startswith(f"Run '{'x' * bounds.QUOTED_VALUE_MAX_CHARS}…' does not exist")
+    assert len(details.encode()) <= bounds.MESSAGE_MAX_BYTES
+    trailers = caught.value.trailing_metadata() or ()
+    size = sum(len(key) + len(value) for key, value in trailers)
+    assert size <= bounds.TRAILERS_MAX_BYTES
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    assert info.metadata["id"] == "x" * bounds.QUOTED_VALUE_MAX_CHARS + "…"
+    assert len(info.metadata) <= bounds.METADATA_MAX_ENTRIES
+
+
+def test_bounded_text_keeps_json_valid_and_apostrophes_alone() -> None:
+    import json
+
+    problems = json.dumps([{"step_id": "s" * 500, "message": "Step 's' doesn't exist."}])
+    assert json.loads(bounds.bounded_text(problems, 4096))[0]["step_id"] == "s" * 200 + "…"
+    text = "The user doesn't exist " + "and " * 100 + "so on."
+    assert bounds.bounded_text(text, 4096) == text
+    assert bounds.bounded_message("\ud800 lone") == "? lone"

@@ -37,6 +37,10 @@ from workshop.v1 import (
     workshop_pb2_grpc,
 )
 
+# The Workshop API's requests (a workflow document, a run) are at most 64 KiB, counted on
+# the whole request as it arrives, unknown fields included (docs/limits-and-errors.md).
+WORKSHOP_REQUEST_MAX_BYTES = 64 * 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class Coordinator:
@@ -98,6 +102,7 @@ def grpc_services(
             lambda server: workshop_pb2_grpc.add_WorkshopServiceServicer_to_server(
                 workshop, server
             ),
+            max_request_bytes=WORKSHOP_REQUEST_MAX_BYTES,
         ),
         GrpcService(
             "workshop.v1.JobService",

@@ -135,8 +135,14 @@ def new_credential(prefix: str) -> tuple[str, str, str]:
     return identifier, secret, sha256_hex(secret.encode())
 
 
-def rejected(what: str) -> CredentialRejected:
-    return CredentialRejected(f"The {what}; sign in again or ask an admin for a new key.")
+# What the holder of a rejected credential can do: a key is not signed into again.
+KEY_ADVICE = "use a valid key (an admin, or the key's owner, can create one)"
+SESSION_ADVICE = "sign in again"
+DISABLED_ADVICE = "only an admin can help"
+
+
+def rejected(what: str, advice: str = KEY_ADVICE) -> CredentialRejected:
+    return CredentialRejected(f"The {what}; {advice}.")
 
 
 async def authenticate(connection: Connection, secret: str, now: datetime) -> Principal:
@@ -147,13 +153,13 @@ async def authenticate(connection: Connection, secret: str, now: datetime) -> Pr
             connection, SessionCredential, sql("auth", "session_by_secret_hash"), digest
         )
         if session is None:
-            raise rejected("session is unknown")
+            raise rejected("session is unknown", SESSION_ADVICE)
         if session.revoked_at is not None:
-            raise rejected("session was revoked")
+            raise rejected("session was revoked", SESSION_ADVICE)
         if session.expires_at <= now:
-            raise rejected("session has expired")
+            raise rejected("session has expired", SESSION_ADVICE)
         if session.user_disabled_at is not None:
-            raise rejected("user is disabled")
+            raise rejected("user is disabled", DISABLED_ADVICE)
         # A website session acts for its user: runs, reviews and all footage.
         return Principal(
             kind="session",
@@ -171,7 +177,7 @@ async def authenticate(connection: Connection, secret: str, now: datetime) -> Pr
     if key.expires_at is not None and key.expires_at <= now:
         raise rejected("key has expired")
     if key.user_disabled_at is not None:
-        raise rejected("key's user is disabled")
+        raise rejected("key's user is disabled", DISABLED_ADVICE)
     return Principal(
         kind="key",
         user_id=key.user_id or "",

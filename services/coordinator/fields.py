@@ -6,8 +6,9 @@ import re
 
 from services.coordinator.errors import InvalidField
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Always fullmatch: `$` (and `match` without it) would let a final newline in.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -15,7 +16,7 @@ MAX_PAGE_SIZE = 1000
 
 def check_id(field: str, value: str) -> str:
     """A client-chosen id: 1-128 characters of [A-Za-z0-9._-] starting with a letter or digit."""
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         shown = repr(value) if value else "empty"
         raise InvalidField(
             f"{field} must be 1-128 characters of letters, digits, '.', '_' or '-', "
@@ -29,7 +30,7 @@ def check_request_id(field: str, value: str) -> str | None:
     [A-Za-z0-9._:-], room for a UUID with a prefix."""
     if not value:
         return None
-    if not _REQUEST_ID.fullmatch(value):  # fullmatch: `$` would let a final newline in
+    if not _REQUEST_ID.fullmatch(value):
         raise InvalidField(
             f"{field} must be at most 64 characters of letters, digits, '.', '_', ':' or '-' "
             f"(got {value[:80]!r})."
@@ -38,7 +39,7 @@ def check_request_id(field: str, value: str) -> str | None:
 
 
 def check_sha256(field: str, value: str) -> str:
-    if not _SHA256.match(value):
+    if not _SHA256.fullmatch(value):
         raise InvalidField(f"{field} must be 64 lower-case hex characters (a SHA-256 digest).")
     return value
 

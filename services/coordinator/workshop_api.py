@@ -42,6 +42,7 @@ from services.coordinator.errors import (
 from services.coordinator.fields import check_id
 from services.coordinator.operator_api import BucketRow, CameraRow, ModelVersionRow, RuntimeRow
 from services.coordinator.status import RunCounts
+from workshop.kit.bounds import METADATA_MAX_BYTES
 from workshop.kit.errors import PayloadTooLarge
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2, workflow_pb2
@@ -237,7 +238,7 @@ def run_request(
             )
         limit = 0
     else:
-        raise InvalidField("mode must be 'test' or 'full'.")
+        raise InvalidField("mode must be RUN_MODE_TEST or RUN_MODE_FULL.")
     return RunRequest(run_id, workflow_id, runtime_id, revision, mode, limit)
 
 
@@ -257,8 +258,9 @@ def _schedule_time(spec: workflow_pb2.WorkflowSpec) -> time | None:
 
 
 # Errors travel in gRPC trailers, which peers cap at 8-16 KiB: the error names
-# the first problems and their total, and ValidateWorkflow returns every one.
-ERROR_PROBLEMS_BUDGET_BYTES = 6 * 1024
+# the first problems and their total, and ValidateWorkflow returns every one. The
+# problems take the kit's metadata budget but for 1 KiB left to the other entries.
+ERROR_PROBLEMS_BUDGET_BYTES = METADATA_MAX_BYTES - 1024
 ERROR_MESSAGE_PROBLEMS = 5
 
 
@@ -366,7 +368,7 @@ class WorkshopApi:
             raise IdConflict(
                 f"Workflow id {workflow_id!r} belonged to a deleted workflow; choose another id."
             )
-        raise _stale(workflow_id, expected_revision, current.revision)
+        raise _stale(workflow_id, expected_revision, current.revision, STALE_SAVE)
 
     async def get_workflow(self, who: Principal, workflow_id: str) -> WorkflowRow:
         auth.require(who, ScopeName.WORKSHOP)
@@ -411,7 +413,7 @@ class WorkshopApi:
                     raise NotFound(
                         "workflow", workflow_id, f"Workflow {workflow_id!r} does not exist."
                     )
-                raise _stale(workflow_id, expected_revision or 0, current.revision)
+                raise _stale(workflow_id, expected_revision or 0, current.revision, STALE_DELETE)
             return await fetch_column(
                 connection, str, sql("runs", "runs_cancel_for_workflow"), workflow_id, now
             )
@@ -490,7 +492,7 @@ class WorkshopApi:
                     f"Workflow {request.workflow_id!r} does not exist.",
                 )
             if locked.revision != request.revision:
-                raise _stale(request.workflow_id, request.revision, locked.revision)
+                raise _stale(request.workflow_id, request.revision, locked.revision, STALE_RUN)
             unfinished = await connection.fetchval(sql("runs", "unfinished_job_count"))
             if unfinished + len(admission.jobs) > self.capacity:
                 raise AtCapacity(
@@ -522,7 +524,7 @@ class WorkshopApi:
                 "workflow", request.workflow_id, f"Workflow {request.workflow_id!r} does not exist."
             )
         if workflow.revision != request.revision:
-            raise _stale(request.workflow_id, request.revision, workflow.revision)
+            raise _stale(request.workflow_id, request.revision, workflow.revision, STALE_RUN)
         runtime = await fetch_one(
             connection, RuntimeRow, sql("resources", "runtime_get"), request.runtime_id
         )
@@ -846,10 +848,15 @@ def _past(moment: datetime | None, now: datetime) -> bool:
     return moment is not None and moment <= now
 
 
-def _stale(workflow_id: str, expected: int, current: int) -> StaleRevision:
+# What the caller of each kind of stale call can do about it.
+STALE_SAVE = "reload it and apply your change again"
+STALE_DELETE = "reload it and delete it again if you still mean to"
+STALE_RUN = "look at what changed, then create the run against the current revision"
+
+
+def _stale(workflow_id: str, expected: int, current: int, advice: str) -> StaleRevision:
     return StaleRevision(
-        f"Workflow {workflow_id!r} is at revision {current}, not {expected}; reload it and "
-        "apply your change again.",
+        f"Workflow {workflow_id!r} is at revision {current}, not {expected}; {advice}.",
         metadata={"current_revision": str(current), "workflow_id": workflow_id},
     )
 

@@ -28,6 +28,12 @@ class StorageUnavailable(errors.Unavailable):
     """Object storage did not answer in time or refused the connection; safe to retry."""
 
 
+class StorageMisconfigured(StorageUnavailable):
+    """Object storage refuses the service's keys or bucket: a configuration error. Still
+    UNAVAILABLE, so a processor hands its job back instead of failing it, and the job
+    succeeds once an operator has fixed the settings."""
+
+
 class ImageMissing(errors.NotFound):
     """The coordinator knows the image but its bytes are gone from object storage."""
 

@@ -22,7 +22,7 @@ from minio import Minio
 from minio.deleteobjects import DeleteObject
 from minio.error import MinioException, S3Error
 
-from services.preview.errors import ImageMissing, StorageUnavailable
+from services.preview.errors import ImageMissing, StorageMisconfigured, StorageUnavailable
 from services.preview.settings import PreviewSettings
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,17 @@ REQUEST_RETRIES = 1
 RETRY_BACKOFF_SECONDS = 0.2
 RETRY_STATUSES = (500, 502, 503, 504)
 MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject"})
+# Refusals that waiting does not cure: the service's keys, region or bucket are wrong.
+CONFIGURATION_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "AuthorizationHeaderMalformed",
+        "NoSuchBucket",
+        "InvalidBucketName",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +88,12 @@ class ObjectStore:
                 raise
             # Wrong keys or a missing bucket are operator problems: say so in the log.
             log.warning("object storage refused a request: %s", error)
+            if error.code in CONFIGURATION_CODES:
+                raise StorageMisconfigured(
+                    f"Object storage refused the preview service ({error.code}): its "
+                    "PREVIEW_S3_* settings or PREVIEW_BUCKET are wrong, a configuration error "
+                    "an operator must fix."
+                ) from error
             raise StorageUnavailable(
                 f"Object storage refused the request ({error.code}); retry later."
             ) from error

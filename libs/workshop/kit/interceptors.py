@@ -2,15 +2,22 @@
 
 A WorkshopError becomes the status of `workshop.kit.status`, with its message
 and a `google.rpc.ErrorInfo` (reason + metadata) in the rich status details, so
-clients can read e.g. the current revision of a stale save. Anything else is a
-bug: it is logged with its traceback and answered INTERNAL without internals.
+clients can read e.g. the current revision of a stale save; both are bounded in
+size first (`workshop.kit.bounds`). Anything else is a bug: it is logged with its
+traceback and answered INTERNAL without internals.
+
+It also owns request decoding: each handler's deserializer is wrapped by
+`workshop.kit.requests.request_decoder`, so bytes that are no request of the
+method's type, a request over its service's size limit or an enum number outside
+its enum are answered INVALID_ARGUMENT before the handler runs (grpc would answer
+a deserializer's exception as UNKNOWN).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -18,7 +25,9 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from workshop.kit.bounds import bounded_message, bounded_metadata
 from workshop.kit.errors import WorkshopError
+from workshop.kit.requests import Refusal, request_decoder
 from workshop.kit.status import status_for
 
 log = logging.getLogger(__name__)
@@ -30,9 +39,9 @@ async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: Excepti
     """Abort the RPC in `context` with the status that `error` maps to."""
     if isinstance(error, WorkshopError):
         code = status_for(error).grpc_code
-        message = error.message
+        message = bounded_message(error.message)
         info = error_details_pb2.ErrorInfo(
-            reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
+            reason=error.reason, domain=ERROR_DOMAIN, metadata=bounded_metadata(error.metadata)
         )
     else:
         log.exception("unhandled error in %s", _method_name(context), exc_info=error)
@@ -68,6 +77,10 @@ def _wrap_unary(
 ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
+            if isinstance(request, Refusal):
+                raise request.error
+            if isinstance(request, AsyncIterable):
+                request = _refusing(request)
             result = behaviour(request, context)
             return await result if inspect.isawaitable(result) else result
         except NotImplementedError:
@@ -93,6 +106,10 @@ def _wrap_stream(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             try:
+                if isinstance(request, Refusal):
+                    raise request.error
+                if isinstance(request, AsyncIterable):
+                    request = _refusing(request)
                 async for item in behaviour(request, context):
                     yield item
             except NotImplementedError:
@@ -106,6 +123,14 @@ def _wrap_stream(
     return _wrap_unary(behaviour)
 
 
+async def _refusing(requests: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """A client stream's requests, raising the error of the first one that was refused."""
+    async for request in requests:
+        if isinstance(request, Refusal):
+            raise request.error
+        yield request
+
+
 _HANDLER_KINDS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler, _wrap_unary),
     ("unary_stream", grpc.unary_stream_rpc_method_handler, _wrap_stream),
@@ -117,11 +142,14 @@ _HANDLER_KINDS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions raised by servicers to statuses (see module docstring).
 
-    A method's handler is wrapped once and reused for every later call that gets
-    the same handler (registered handlers are long-lived objects), not rebuilt per call.
+    `request_limits` maps a service's full name to the most bytes one request of its
+    methods may have. A method's handler is wrapped once and reused for every later
+    call that gets the same handler (registered handlers are long-lived objects), not
+    rebuilt per call.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, request_limits: Mapping[str, int] | None = None) -> None:
+        self._limits = dict(request_limits or {})
         # method -> (the handler found, its wrapped version)
         self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
@@ -139,14 +167,21 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         found = self._wrapped.get(method)
         if found is not None and found[0] is handler:
             return found[1]
-        wrapped = _wrap_handler(handler)
+        service = method.lstrip("/").partition("/")[0]
+        wrapped = _wrap_handler(handler, method, self._limits.get(service))
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+def _wrap_handler(
+    handler: grpc.RpcMethodHandler[Any, Any], method: str, max_request_bytes: int | None
+) -> grpc.RpcMethodHandler[Any, Any]:
     serializers = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": request_decoder(
+            handler.request_deserializer,
+            max_bytes=max_request_bytes,
+            type_name=f"request of {method.lstrip('/')}",
+        ),
         "response_serializer": handler.response_serializer,
     }
     # The stubs type behaviours as sync callables with the sync context;

@@ -55,10 +55,12 @@ class ServerSettings:
 
 @dataclasses.dataclass(frozen=True)
 class GrpcService:
-    """One gRPC service to host: its full name and how to add it to a server."""
+    """One gRPC service to host: its full name, how to add it to a server, and the most
+    bytes one request of its methods may have (None: the server's 16 MiB)."""
 
     name: str
     register: Callable[[grpc.aio.Server], None]
+    max_request_bytes: int | None = None
 
 
 class Worker(Protocol):
@@ -91,8 +93,13 @@ class Server:
 
     async def start(self) -> int:
         """Bind, start, mark every service SERVING and start the workers; returns the port."""
+        limits = {
+            service.name: service.max_request_bytes
+            for service in self.services
+            if service.max_request_bytes is not None
+        }
         server = grpc.aio.server(
-            interceptors=_interceptors(),
+            interceptors=_interceptors(limits),
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
@@ -132,11 +139,11 @@ class Server:
             await self._started_workers.pop().stop()
 
 
-def _interceptors() -> list[grpc.aio.ServerInterceptor]:
+def _interceptors(request_limits: dict[str, int]) -> list[grpc.aio.ServerInterceptor]:
     """The error mapper, outermost so it sees what tracing re-raises; then tracing, when a
     tracer provider is configured. Tracing skips health and reflection: probes are noise,
     and their write-style streams are not what the OTel aio wrapper expects."""
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(request_limits)]
     if tracing_enabled():
         interceptors.append(
             aio_server_interceptor(filter_=negate(_infrastructure_call))  # type: ignore[no-untyped-call]

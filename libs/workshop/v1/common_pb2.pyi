@@ -500,6 +500,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION (409): AdvanceClock while the coordinator runs on the real clock."""
     ERROR_REASON_NO_RUNTIME: _ErrorReason.ValueType  # 28
     """FAILED_PRECONDITION (409): no runtime satisfies the rule of ChooseRuntime."""
+    ERROR_REASON_MALFORMED_REQUEST: _ErrorReason.ValueType  # 29
+    """INVALID_ARGUMENT (400): the request's bytes are not a message of the RPC's request type (truncated,
+    not protobuf, or a string field that is not UTF-8).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Stable reasons carried in google.rpc.ErrorInfo.reason (without the
@@ -584,6 +588,10 @@ ERROR_REASON_CLOCK_NOT_MANUAL: ErrorReason.ValueType  # 27
 """FAILED_PRECONDITION (409): AdvanceClock while the coordinator runs on the real clock."""
 ERROR_REASON_NO_RUNTIME: ErrorReason.ValueType  # 28
 """FAILED_PRECONDITION (409): no runtime satisfies the rule of ChooseRuntime."""
+ERROR_REASON_MALFORMED_REQUEST: ErrorReason.ValueType  # 29
+"""INVALID_ARGUMENT (400): the request's bytes are not a message of the RPC's request type (truncated,
+not protobuf, or a string field that is not UTF-8).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

@@ -10,7 +10,9 @@ from typing import Any, TypeVar
 import grpc
 
 from services.coordinator.auth import (
+    KEY_ADVICE,
     PRINCIPAL_CACHE_SECONDS,
+    SESSION_ADVICE,
     Principal,
     authenticate,
     rejected,
@@ -77,7 +79,8 @@ class Authenticator:
             principal = found[1]
             if principal.expires_at is not None and principal.expires_at <= self._clock.now():
                 del self._cache[digest]
-                raise rejected("credential has expired")
+                advice = SESSION_ADVICE if principal.kind == "session" else KEY_ADVICE
+                raise rejected(f"{principal.kind} has expired", advice)
             return principal
         principal = await self.principal(secret)
         if len(self._cache) >= PRINCIPAL_CACHE_SIZE:
