@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
@@ -106,9 +107,7 @@ async def probe_server() -> AsyncIterator[tuple[Probe, Server]]:
     server = Server(
         label="probe",
         settings=ServerSettings(port=0, drain_seconds=0.2, grace_seconds=1.0),
-        services=[
-            GrpcService(SERVICE, probe.register, max_request_bytes=PROBE_MAX_REQUEST_BYTES)
-        ],
+        services=[GrpcService(SERVICE, probe.register, max_request_bytes=PROBE_MAX_REQUEST_BYTES)],
     )
     await server.start()
     try:
@@ -235,7 +234,7 @@ def _reason(error: grpc.aio.AioRpcError) -> str:
     assert status is not None
     info = error_details_pb2.ErrorInfo()
     assert status.details[0].Unpack(info)
-    return info.reason
+    return str(info.reason)
 
 
 # A ReportProgressRequest whose lease.run_id (field 1 of field 1) is not UTF-8.
@@ -286,12 +285,18 @@ async def test_enum_number_outside_its_enum_is_invalid_field(
 def test_enum_check_finds_nested_repeated_and_map_values() -> None:
     request = jobs_pb2.CompleteRequest()
     request.result.slots.add(slot_index=0, outcome=common_pb2.SLOT_OUTCOME_FRAME)
-    request.result.slots.add(slot_index=1, outcome=41)  # type: ignore[arg-type]
+    request.result.slots.add(slot_index=1, outcome=41)
     problem = enum_problem(request)
     assert problem is not None
     assert problem.metadata == {"field": "result.slots[1].outcome"}
     request.result.slots[1].outcome = common_pb2.SLOT_OUTCOME_EMPTY
     assert enum_problem(request) is None
+    # a map of messages (google.protobuf.Struct: map<string, Value>, Value.null_value an enum)
+    document = struct_pb2.Struct()
+    document.fields["a"].null_value = 3  # type: ignore[assignment]
+    problem = enum_problem(document)
+    assert problem is not None
+    assert problem.metadata == {"field": "fields['a'].null_value"}
 
 
 async def test_request_limit_counts_unknown_fields(probe_server: tuple[Probe, Server]) -> None:
@@ -311,8 +316,9 @@ async def test_a_refused_message_in_a_client_stream_ends_the_call(
 ) -> None:
     probe, server = probe_server
     async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        collect: Any = channel.stream_unary(f"/{SERVICE}/Collect")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await channel.stream_unary(f"/{SERVICE}/Collect")(iter([VALID, INVALID_UTF8, VALID]))
+            await collect(iter([VALID, INVALID_UTF8, VALID]))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _reason(caught.value) == "MALFORMED_REQUEST"
     assert probe.calls == 1
