@@ -16,10 +16,10 @@ from grpc_status import rpc_status
 
 from workshop.kit import bounds, errors
 from workshop.kit.channels import open_channel
-from workshop.kit.requests import enum_problem
+from workshop.kit.requests import field_problem
 from workshop.kit.server import GrpcService, Server, ServerSettings
 from workshop.kit.status import STATUS_TABLE
-from workshop.v1 import common_pb2, jobs_pb2
+from workshop.v1 import common_pb2, jobs_pb2, operator_pb2
 
 SERVICE = "test.v1.Probe"
 PROBE_MAX_REQUEST_BYTES = 1024
@@ -286,17 +286,36 @@ def test_enum_check_finds_nested_repeated_and_map_values() -> None:
     request = jobs_pb2.CompleteRequest()
     request.result.slots.add(slot_index=0, outcome=common_pb2.SLOT_OUTCOME_FRAME)
     request.result.slots.add(slot_index=1, outcome=41)
-    problem = enum_problem(request)
+    problem = field_problem(request)
     assert problem is not None
     assert problem.metadata == {"field": "result.slots[1].outcome"}
     request.result.slots[1].outcome = common_pb2.SLOT_OUTCOME_EMPTY
-    assert enum_problem(request) is None
+    assert field_problem(request) is None
     # a map of messages (google.protobuf.Struct: map<string, Value>, Value.null_value an enum)
     document = struct_pb2.Struct()
     document.fields["a"].null_value = 3  # type: ignore[assignment]
-    problem = enum_problem(document)
+    problem = field_problem(document)
     assert problem is not None
     assert problem.metadata == {"field": "fields['a'].null_value"}
+
+
+def test_timestamps_and_durations_out_of_their_range_are_invalid_fields() -> None:
+    request = jobs_pb2.CompleteRequest()
+    request.result.slots.add(slot_index=0).frame_time.seconds = 2**40
+    problem = field_problem(request)
+    assert problem is not None
+    assert problem.metadata == {"field": "result.slots[0].frame_time"}
+    assert "0001-01-01 to 9999-12-31" in problem.message
+    request.result.slots[0].frame_time.seconds = 0
+    request.result.slots[0].frame_time.nanos = -1
+    assert field_problem(request) is not None
+    request.result.slots[0].frame_time.nanos = 999_999_999
+    assert field_problem(request) is None
+    clock = operator_pb2.AdvanceClockRequest()
+    clock.by.seconds, clock.by.nanos = 5, -1
+    problem = field_problem(clock)
+    assert problem is not None
+    assert problem.metadata == {"field": "by"}
 
 
 async def test_request_limit_counts_unknown_fields(probe_server: tuple[Probe, Server]) -> None:

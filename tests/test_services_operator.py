@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from testbed.harness.postgres import PostgresCluster
-from testbed.harness.processes import ServiceProcess
+from testbed.harness.processes import GATEWAY_ALONE, PROCESSOR_ALONE, ServiceProcess, prefixed
 from testbed.harness.s3 import S3Server
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
@@ -38,10 +38,6 @@ def grpcurl(port: int, *args: str, data: str | None = None) -> subprocess.Comple
         command += ["-d", data]
     command += [f"127.0.0.1:{port}", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
-
-
-def prefixed(prefix: str, values: dict[str, str]) -> dict[str, str]:
-    return {f"{prefix}_{key}": value for key, value in values.items()}
 
 
 @pytest.fixture
@@ -67,27 +63,12 @@ def preview_env(s3_server: S3Server) -> dict[str, str]:
 
 @pytest.fixture
 def gateway_env() -> dict[str, str]:
-    return prefixed("GATEWAY", {**COMMON, "HTTP_HOST": "127.0.0.1", "HTTP_PORT": "0"})
+    return prefixed("GATEWAY", {**GATEWAY_ALONE, **COMMON})
 
 
 @pytest.fixture
 def processor_env() -> dict[str, str]:
-    # Nothing to claim from (no coordinator at the default address): it serves health and
-    # keeps retrying its claims, which is what a processor waiting for its coordinator does.
-    return prefixed(
-        "PROCESSOR",
-        {
-            **COMMON,
-            "DEVICE_ID": "gpu-box",
-            "KEY": "wk_unused.unused",
-            "RUNTIME_ID": "workshop-" + "0" * 32,
-            "COORDINATOR_TARGET": "127.0.0.1:1",
-            "PREVIEW_TARGET": "127.0.0.1:1",
-            "S3_ENDPOINT": "127.0.0.1:1",
-            "S3_ACCESS_KEY": "unused",
-            "S3_SECRET_KEY": "unused",
-        },
-    )
+    return prefixed("PROCESSOR", {**PROCESSOR_ALONE, **COMMON})
 
 
 CASES = [

@@ -98,21 +98,30 @@ def pg_template(pg_cluster: PostgresCluster) -> PostgresTemplate:
     return PostgresTemplate(cluster=pg_cluster, name=TEMPLATE_DB, migrations=migrations)
 
 
-@pytest.fixture
-def pg_database(pg_template: PostgresTemplate) -> Iterator[PostgresDatabase]:
-    cluster = pg_template.cluster
+@contextlib.contextmanager
+def cloned_database(template: PostgresTemplate) -> Iterator[PostgresDatabase]:
+    """A new database cloned from `template`, dropped on exit (fixtures of any scope)."""
+    cluster = template.cluster
     name = f"test_{uuid.uuid4().hex[:16]}"
     began = time.perf_counter()
     run_async(
         lambda: admin_execute(
             cluster.admin_dsn,
-            f"CREATE DATABASE {quote_ident(name)} TEMPLATE {quote_ident(pg_template.name)}",
+            f"CREATE DATABASE {quote_ident(name)} TEMPLATE {quote_ident(template.name)}",
         )
     )
     clone_s = time.perf_counter() - began
     TIMINGS.clones_s.append(clone_s)
-    yield PostgresDatabase(cluster=cluster, name=name, dsn=cluster.dsn(name), clone_s=clone_s)
-    _drop_database(cluster, name)
+    try:
+        yield PostgresDatabase(cluster=cluster, name=name, dsn=cluster.dsn(name), clone_s=clone_s)
+    finally:
+        _drop_database(cluster, name)
+
+
+@pytest.fixture
+def pg_database(pg_template: PostgresTemplate) -> Iterator[PostgresDatabase]:
+    with cloned_database(pg_template) as database:
+        yield database
 
 
 @pytest.fixture

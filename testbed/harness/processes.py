@@ -12,6 +12,29 @@ from tools.localstack import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
+# A gateway on free loopback ports.
+GATEWAY_ALONE = {"HOST": "127.0.0.1", "PORT": "0", "HTTP_HOST": "127.0.0.1", "HTTP_PORT": "0"}
+# A processor with nothing to claim from (no coordinator at its address): it serves health
+# and keeps retrying its claims, which is what a processor waiting for its coordinator does.
+PROCESSOR_ALONE = {
+    "HOST": "127.0.0.1",
+    "PORT": "0",
+    "DEVICE_ID": "gpu-box",
+    "KEY": "wk_unused.unused",
+    "RUNTIME_ID": "workshop-" + "0" * 32,
+    "COORDINATOR_TARGET": "127.0.0.1:1",
+    "PREVIEW_TARGET": "127.0.0.1:1",
+    "S3_ENDPOINT": "127.0.0.1:1",
+    "S3_ACCESS_KEY": "unused",
+    "S3_SECRET_KEY": "unused",
+}
+
+
+def prefixed(prefix: str, values: Mapping[str, str]) -> dict[str, str]:
+    """`values` as one service's variables: prefixed("GATEWAY", {"PORT": "0"}) sets
+    GATEWAY_PORT."""
+    return {f"{prefix}_{key}": value for key, value in values.items()}
+
 
 class ServiceProcess(processes.ServiceProcess):
     """One running service: `python -m services.<name>` with the given environment."""

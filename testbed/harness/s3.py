@@ -14,6 +14,7 @@ Outside pytest (benchmarks) the same server comes from the context manager
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import uuid
 from collections.abc import Iterator
@@ -64,16 +65,24 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
+@contextlib.contextmanager
+def fresh_bucket(server: S3Server) -> Iterator[S3Bucket]:
+    """A new, uniquely named bucket, emptied and removed on exit (fixtures of any scope)."""
+    name = f"workshop-test-{uuid.uuid4().hex[:16]}"
+    server.client().make_bucket(name)
+    try:
+        yield S3Bucket(server=server, name=name)
+    finally:
+        if server.pid is None:  # the test killed the server and left it down
+            server.start()
+        _remove_bucket(server.client(), name)
+
+
 @pytest.fixture
 def s3_bucket(s3_server: S3Server) -> Iterator[S3Bucket]:
     """A fresh bucket for this test alone, emptied and removed afterwards."""
-    name = f"workshop-test-{uuid.uuid4().hex[:16]}"
-    client = s3_server.client()
-    client.make_bucket(name)
-    yield S3Bucket(server=s3_server, name=name)
-    if s3_server.pid is None:  # the test killed the server and left it down
-        s3_server.start()
-    _remove_bucket(s3_server.client(), name)
+    with fresh_bucket(s3_server) as bucket:
+        yield bucket
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
