@@ -6,4 +6,5 @@ pytest_plugins = [
     "testbed.harness.triton",
     "testbed.harness.coordinator",
     "testbed.harness.preview",
+    "tests.sweep.report",
 ]

@@ -37,6 +37,7 @@ import dataclasses
 import importlib
 import os
 import pkgutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from services.coordinator.errors import FENCE_MESSAGES
 from testbed.harness.postgres import PostgresTemplate, cloned_database
 from testbed.harness.processes import GATEWAY_ALONE, PROCESSOR_ALONE, ServiceProcess, prefixed
 from testbed.harness.s3 import S3Server, fresh_bucket
+from tests.sweep.report import SUMMARY
 from tests.sweep.stack import (
     Answer,
     BackgroundLoop,
@@ -185,18 +187,18 @@ TALLY = Tally()
 
 
 @pytest.fixture(scope="module")
-def sweep_loop(request: pytest.FixtureRequest) -> Iterator[BackgroundLoop]:
+def sweep_loop() -> Iterator[BackgroundLoop]:
     loop = BackgroundLoop()
+    began = time.monotonic()
     yield loop
     loop.close()
     if TALLY.calls:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            codes = ", ".join(f"{code} {count}" for code, count in TALLY.codes.most_common())
-            reporter.write_line(
-                f"sweep: {len(TALLY.rpcs)} RPCs, {TALLY.calls} calls in {TALLY.seconds:.1f} s "
-                f"({SWEEP.max_examples} examples each, with and without a credential): {codes}"
-            )
+        codes = ", ".join(f"{code} {count}" for code, count in TALLY.codes.most_common())
+        SUMMARY.append(
+            f"sweep: {len(TALLY.rpcs)} RPCs x {SWEEP.max_examples} cases x 2 credentials = "
+            f"{TALLY.calls} calls, {time.monotonic() - began:.1f} s in all "
+            f"({TALLY.seconds:.1f} s waiting for answers): {codes}"
+        )
 
 
 @pytest.fixture(scope="module")

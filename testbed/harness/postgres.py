@@ -7,7 +7,8 @@ Fixtures:
 - ``pg_template`` (session): database ``workshop_template``, migrated with
   ``services.coordinator.migrate.apply_migrations`` once that module exists.
 - ``pg_database`` / ``pg_dsn`` (function): a database cloned from the template
-  (``CREATE DATABASE ... TEMPLATE``), dropped with ``WITH (FORCE)`` afterwards.
+  (``CREATE DATABASE ... TEMPLATE``), dropped with ``WITH (FORCE)`` afterwards;
+  ``cloned_database(pg_template)`` makes one for a fixture of a wider scope.
 
 The fixtures are synchronous, so sync and async tests can both use them; the few admin
 statements they run go through asyncpg on a private event loop in a worker thread,

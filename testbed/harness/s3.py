@@ -6,7 +6,8 @@ Fixtures:
   with one random admin key pair, so request signatures are really checked; skips when no
   ``weed`` binary is installed. ``restart()`` kills it and starts it again on the same
   data and ports.
-- ``s3_bucket`` (function): a new, uniquely named bucket; emptied and removed afterwards.
+- ``s3_bucket`` (function): a new, uniquely named bucket; emptied and removed afterwards;
+  ``fresh_bucket(s3_server)`` makes one for a fixture of a wider scope.
 
 Outside pytest (benchmarks) the same server comes from the context manager
 ``running_s3_server(root)``, which the session fixture uses too.
