@@ -204,7 +204,7 @@ async def build_world(c: CoordinatorHarness) -> World:
     return World(s, job, bearer_metadata(reader), jpeg_bytes())
 
 
-def pools(c: CoordinatorHarness, world: World) -> Pools:
+def pools(world: World) -> Pools:
     job, lease = world.job, world.job.lease
     recording = job.input.recording
     strings: dict[str, list[object]] = {
@@ -243,7 +243,7 @@ def pools(c: CoordinatorHarness, world: World) -> Pools:
     return Pools(by_field={**strings, **numbers, "image": [world.image]}, strings=everything)
 
 
-def examples(c: CoordinatorHarness, world: World) -> dict[str, list[Message]]:
+def examples(world: World) -> dict[str, list[Message]]:
     """Valid requests of the world for some RPCs, which the sweep overrides field by field."""
     job, s = world.job, world.setup
     lease = job.lease
@@ -276,7 +276,9 @@ def examples(c: CoordinatorHarness, world: World) -> dict[str, list[Message]]:
         "/workshop.v1.PreviewService/PublishPreview": [publish_request(job, 0, world.image)],
         "/workshop.v1.PreviewService/StageUpload": [upload_request(job, 1, world.image)],
         "/workshop.v1.PreviewService/ReadImage": [preview_pb2.ReadImageRequest(run_id="r1")],
-        "/workshop.v1.OperatorService/PutCamera": [operator_pb2.PutCameraRequest()],
+        "/workshop.v1.OperatorService/PutCamera": [
+            operator_pb2.PutCameraRequest(camera_id="cam-c", name="gate")
+        ],
         "/grpc.health.v1.Health/Check": [health_pb2.HealthCheckRequest()],
     }
 
@@ -318,10 +320,10 @@ async def in_process_targets(
         c = await stack.enter_async_context(running_coordinator(dsn))
         world = await build_world(c)
         preview = await stack.enter_async_context(running_preview(c, bucket))
-        strategies = RequestStrategies(pools(c, world))
+        strategies = RequestStrategies(pools(world))
         valid = {
             method: [message.SerializeToString() for message in messages]
-            for method, messages in examples(c, world).items()
+            for method, messages in examples(world).items()
         }
         credential = coordinator_credentials(c, world)
         to_coordinator = await stack.enter_async_context(raw_channel(c.port))
