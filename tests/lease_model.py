@@ -24,9 +24,10 @@ JobService contract, not from the implementation:
 - Claim leases the first queued job in job order whose source has not expired.
   A queued job it meets on the way that can never commit (its recording moved on:
   fence 2; the policy revision was raised: fence 3) is not leased: it ends failed
-  with source_changed or authority_lost (source first), and Claim goes on. A
-  Complete or Fail refused with SOURCE_CHANGED or POLICY_CHANGED ends the job the
-  same way (and is still answered with the refusal).
+  with source_changed or authority_lost (source first), and Claim goes on. Any
+  fenced call (heartbeat, progress, complete, fail, release) refused with
+  SOURCE_CHANGED or POLICY_CHANGED ends the job the same way (and is still
+  answered with the refusal); later calls under its lease hear JOB_FINISHED.
 - Progress is the maximum reported; an update is persisted (at most 100 per job)
   when it raises the percent or changes the phase. The stored phase outlives the
   lease in the job row; GetRun shows it for leased jobs only.
@@ -151,6 +152,13 @@ class RunModel:
             return "POLICY_CHANGED"
         return ""
 
+    def met(self, lease: Lease, now: datetime) -> str:
+        """`fence` as a fenced call meets it: a refusal that can never pass ends the job."""
+        reason = self.fence(lease, now)
+        if reason in DOOMING:
+            self.end_if_doomed(self.jobs[lease.job_index], now)
+        return reason
+
     def doomed(self, job: Job) -> str | None:
         """The failure reason when fence 2 or 3 fails for `job` (it can never commit)."""
         if job.source != job.admitted_source:
@@ -192,7 +200,7 @@ class RunModel:
         job.lease_expires_at = self.lease_until(job, now)
 
     def heartbeat(self, lease: Lease, now: datetime) -> tuple[Outcome, datetime | None]:
-        reason = self.fence(lease, now)
+        reason = self.met(lease, now)
         if reason:
             return refused(reason), None
         job = self.jobs[lease.job_index]
@@ -203,7 +211,7 @@ class RunModel:
         self, lease: Lease, percent: int, phase: str | None, now: datetime
     ) -> tuple[Outcome, int | None, bool]:
         """Outcome, the stored progress and whether this update was persisted."""
-        reason = self.fence(lease, now)
+        reason = self.met(lease, now)
         if reason:
             return refused(reason), None, False
         job = self.jobs[lease.job_index]
@@ -223,10 +231,8 @@ class RunModel:
             if job.result_sha256 != digest:
                 return Settled(RESULT_CONFLICT)
             return Settled(OK, job.receipt_generation, job.committed_at, already_committed=True)
-        reason = self.fence(lease, now)
+        reason = self.met(lease, now)
         if reason:
-            if reason in DOOMING:
-                self.end_if_doomed(job, now)
             return Settled(refused(reason))
         job.move("completed", now)
         job.progress = 100
@@ -237,18 +243,16 @@ class RunModel:
         return Settled(OK, lease.generation, now)
 
     def fail(self, lease: Lease, now: datetime) -> Outcome:
-        reason = self.fence(lease, now)
+        reason = self.met(lease, now)
         job = self.jobs[lease.job_index]
         if reason:
-            if reason in DOOMING:
-                self.end_if_doomed(job, now)
             return refused(reason)
         job.move("failed", now)
         job.failure_reason = "processor_failed"
         return OK
 
     def release(self, lease: Lease, now: datetime) -> Outcome:
-        reason = self.fence(lease, now)
+        reason = self.met(lease, now)
         if reason:
             return refused(reason)
         job = self.jobs[lease.job_index]

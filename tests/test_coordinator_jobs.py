@@ -186,6 +186,7 @@ async def test_third_lapse_fails_with_attempts_exhausted(
     for attempt in range(1, 4):
         job = await claimed(c, s)
         assert (job.lease.job_id, job.lease.generation) == ("j0", attempt)
+        last_lapse = c.clock.now() + timedelta(minutes=5)
         await claimed(c, s)  # j1 lapses too; keeps the head run busy
         c.clock.advance(timedelta(minutes=5, seconds=1))
         done = await maintenance.run_once()
@@ -200,6 +201,11 @@ async def test_third_lapse_fails_with_attempts_exhausted(
     detail = (await run_detail(c)).detail
     assert detail.run.status == common_pb2.RUN_STATUS_FAILED
     assert detail.jobs[0].failure_reason == common_pb2.FAILURE_REASON_ATTEMPTS_EXHAUSTED
+    # the coordinator's note for the reason it set: how many lapsed, and when the last did
+    assert detail.jobs[0].failure_message == (
+        "3 leases lapsed without a result (no processor reported on the job before its "
+        f"lease ran out); the last lapsed at {last_lapse:%Y-%m-%d %H:%M:%S} UTC."
+    )
 
 
 async def test_release_hands_back_without_spending_an_attempt(
@@ -276,10 +282,12 @@ async def test_a_changed_source_fences_the_job(
             op.DeleteRecordingRequest(recording_id="cam-a-0"), metadata=c.admin
         )
     assert await refused(heartbeat(c, s, job)) == (FAILED_PRECONDITION, "SOURCE_CHANGED")
+    # the refusal can never pass again: it ended the job (test_coordinator_unclaimable.py)
+    assert (await job_row(c, "r1", 0))["failure_reason"] == "source_changed"
     stale = complete_request(job, empty_result(job))
     assert await refused(c.jobs.Complete(stale, metadata=s.processor)) == (
         FAILED_PRECONDITION,
-        "SOURCE_CHANGED",
+        "JOB_FINISHED",
     )
     await heartbeat(c, s, other)  # the other recording is untouched
 

@@ -379,7 +379,7 @@ class LeaseMachine(RuleBasedStateMachine):
         accepted: dict[int, list[Lease]] = {}
         for lease in self.leases:
             reply, outcome = self.call(self._check(lease))
-            reason = self.model.fence(lease, now)
+            reason = self.model.met(lease, now)
             want = refused(reason) if reason else OK
             assert outcome == want, self.differs(f"CheckLease {lease}", outcome, want)
             if reply is not None:
@@ -610,9 +610,10 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.leases))
     @rule(data=st.data())
     def check_lease(self, data: st.DataObject) -> None:
-        """PublicationService.CheckLease answers the same fences without writing anything."""
+        """PublicationService.CheckLease answers the same fences and writes nothing, except
+        that a refusal that can never pass ends the job, as with every fenced call."""
         lease, now = self.pick_lease(data), self.now()
-        reason = self.model.fence(lease, now)
+        reason = self.model.met(lease, now)
         want = refused(reason) if reason else OK
         reply, outcome = self.call(self._check(lease))
         assert outcome == want, self.differs(f"CheckLease {lease}", outcome, want)

@@ -313,8 +313,11 @@ async def test_a_fence_refuses_the_record_and_leaves_its_bytes_collectable(
         reason,
     )
     await assert_garbage_now(c, late.object_key)
-    ended = [preview_key(job, 0, test=False)] if fence in ("cancel", "finish") else []
-    assert await listed(c, s) == [*ended, late.object_key]  # a full run's ended job's too
+    # a full run's ended job's previews too: a cancel or a finish ended it before, and a
+    # refusal that can never pass (source, policy, creator) ended it in the refusing call
+    ending = ("cancel", "finish", "source", "policy", "creator")
+    ended = [preview_key(job, 0, test=False)] if fence in ending else []
+    assert await listed(c, s) == [*ended, late.object_key]
     stored = await row(c, late.object_key)
     assert stored is not None
     assert (stored["generation"], stored["slot_index"], stored["sha256"]) == (

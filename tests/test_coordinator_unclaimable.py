@@ -4,13 +4,16 @@ Fences 2 and 3 of docs/leases-and-fences.md (the source recording at its admitte
 run creator's authority and the policy revision) are checked by Claim for the job
 it picks: a job that fails one is failed with FAILURE_REASON_SOURCE_CHANGED or
 FAILURE_REASON_AUTHORITY_LOST, never leased, and the same Claim goes on to the next
-job. A Complete or Fail refused by those fences fails the job the same way. Each
-test also shows the other side: the jobs whose fences hold are leased as usual.
-Run status follows docs/runs-and-jobs.md (failed once nothing is queued or leased).
+job. Any fenced call refused by those fences (heartbeat, progress, lease check, staged
+upload, preview record, complete, fail, release) fails the job the same way, in the
+refusing transaction, with no lapse. Each test also shows the other side: the jobs
+whose fences hold are leased as usual. Run status follows docs/runs-and-jobs.md (failed
+once nothing is queued or leased).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import timedelta
 
 import grpc
@@ -25,14 +28,18 @@ from testbed.coordinator_leases import (
     complete_request,
     create_run,
     empty_result,
+    on_behalf,
+    record_request,
     refused,
     setup,
+    stage_upload,
 )
-from testbed.coordinator_world import DAY, put_recording
+from testbed.coordinator_world import CODE, DAY, put_recording
 from testbed.harness.coordinator import CoordinatorHarness
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op
+from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -217,47 +224,95 @@ async def test_claim_fails_the_jobs_of_runs_admitted_before_a_policy_raise(
     assert (await claimed(c, s)).lease.job_id == "j1"  # r2's fences hold: leased as usual
 
 
-# refused Complete and Fail ------------------------------------------------------------------
+# refused fenced calls ------------------------------------------------------------------------
 
 
-async def test_a_completion_refused_for_a_replaced_recording_fails_the_job(
-    coordinator: CoordinatorHarness, s: Setup
+def fenced_call(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, call: str
+) -> Awaitable[object]:
+    """One fenced call about `job`, as the processor or the preview service for it makes it."""
+    lease, md = job.lease, s.processor
+    if call == "Heartbeat":
+        return c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=lease), metadata=md)
+    if call == "ReportProgress":
+        request = jobs_pb2.ReportProgressRequest(lease=lease, percent=50)
+        return c.jobs.ReportProgress(request, metadata=md)
+    if call == "Complete":
+        return c.jobs.Complete(complete_request(job, empty_result(job)), metadata=md)
+    if call == "Fail":
+        reason = common_pb2.FAILURE_REASON_PROCESSOR_FAILED
+        return c.jobs.Fail(jobs_pb2.FailRequest(lease=lease, reason=reason), metadata=md)
+    if call == "Release":
+        return c.jobs.Release(jobs_pb2.ReleaseRequest(lease=lease), metadata=md)
+    if call == "CheckLease":
+        request = pub.CheckLeaseRequest(lease=lease, code_sha256=CODE)
+        return c.publication.CheckLease(request, metadata=on_behalf(s))
+    if call == "StageObject":
+        return stage_upload(c, s, job, 0, b"jpeg")
+    assert call == "RecordPreview"
+    record = record_request(job, 0, test=False)
+    return c.publication.RecordPreview(record, metadata=on_behalf(s))
+
+
+FENCED_CALLS = [
+    "Heartbeat",
+    "ReportProgress",
+    "CheckLease",
+    "StageObject",
+    "RecordPreview",
+    "Complete",
+    "Fail",
+    "Release",
+]
+
+
+@pytest.mark.parametrize("call", FENCED_CALLS)
+async def test_any_call_refused_for_a_replaced_recording_fails_the_job_at_once(
+    coordinator: CoordinatorHarness, s: Setup, call: str
 ) -> None:
+    """The first fenced call after the replacement, whichever it is, is refused with
+    SOURCE_CHANGED and ends the job in the same transaction: failed source_changed under
+    its first lease, no lapse, and the run no longer waits for it. Anything sent under
+    the lease afterwards hears JOB_FINISHED."""
     c = coordinator
     job, other = await claimed(c, s), await claimed(c, s)
     await put_recording(c, "cam-a-0", "cam-a", DAY + timedelta(hours=8))
-    heartbeat = c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=job.lease), metadata=s.processor)
-    assert await refused(heartbeat) == (FAILED_PRECONDITION, "SOURCE_CHANGED")
-    assert (await jobs_of(c))[0][1] == LEASED  # a refused heartbeat ends nothing
 
-    stale = complete_request(job, empty_result(job))
-    assert await refused(c.jobs.Complete(stale, metadata=s.processor)) == (
-        FAILED_PRECONDITION,
-        "SOURCE_CHANGED",
-    )
+    assert await refused(fenced_call(c, s, job, call)) == (FAILED_PRECONDITION, "SOURCE_CHANGED")
     message = "Recording cam-a-0 was replaced after the run was admitted (generation 1 → 2)."
     assert (await jobs_of(c))[0] == ("j0", FAILED, SOURCE_CHANGED, message, 1)
-    assert await refused(c.jobs.Complete(stale, metadata=s.processor)) == (
-        FAILED_PRECONDITION,
-        "JOB_FINISHED",
-    )
+    async with c.db.connection() as connection:
+        assert await connection.fetchval("SELECT lapses FROM jobs WHERE job_index = 0") == 0
+    heartbeat = c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=job.lease), metadata=s.processor)
+    assert await refused(heartbeat) == (FAILED_PRECONDITION, "JOB_FINISHED")
+
     await complete(c, s, other)  # its recording is untouched
     assert [j[1] for j in await jobs_of(c)] == [FAILED, COMPLETED]
     assert (await detail(c)).detail.run.status == common_pb2.RUN_STATUS_FAILED
 
 
-async def test_a_failure_refused_after_a_policy_raise_fails_the_job_as_authority_lost(
-    coordinator: CoordinatorHarness, s: Setup
+@pytest.mark.parametrize("call", ["Heartbeat", "CheckLease", "Fail"])
+async def test_a_call_refused_after_a_policy_raise_fails_the_job_as_authority_lost(
+    coordinator: CoordinatorHarness, s: Setup, call: str
 ) -> None:
     c = coordinator
     job = await claimed(c, s)
     await c.operator.RaisePolicyRevision(op.RaisePolicyRevisionRequest(), metadata=c.admin)
-    fail = c.jobs.Fail(
-        jobs_pb2.FailRequest(
-            lease=job.lease, reason=common_pb2.FAILURE_REASON_PROCESSOR_FAILED, message="x"
-        ),
-        metadata=s.processor,
-    )
-    assert await refused(fail) == (FAILED_PRECONDITION, "POLICY_CHANGED")
+    assert await refused(fenced_call(c, s, job, call)) == (FAILED_PRECONDITION, "POLICY_CHANGED")
     raised = "The policy revision was raised after the run was admitted (revision 1 → 2)."
     assert (await jobs_of(c))[0] == ("j0", FAILED, AUTHORITY_LOST, raised, 1)
+
+
+async def test_a_refusal_that_may_pass_ends_nothing(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    """A refusal that is about the caller, not the job (another code, a key of another
+    device), leaves the job leased: another processor may still commit it."""
+    c = coordinator
+    job = await claimed(c, s)
+    stale = complete_request(job, empty_result(job), code="0" * 64)
+    assert await refused(c.jobs.Complete(stale, metadata=s.processor)) == (
+        FAILED_PRECONDITION,
+        "CODE_MISMATCH",
+    )
+    assert (await jobs_of(c))[0][1] == LEASED

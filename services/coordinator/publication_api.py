@@ -195,14 +195,19 @@ class PublicationApi:
                 code_sha256,
                 self.clock.now(),
             )
-            raise_for(reason, lease)
-            facts = await fetch_one(
-                connection,
-                LeaseFacts,
-                sql("jobs", "job_lease_facts"),
-                lease.run_id,
-                lease.job_index,
+            facts = (
+                None
+                if reason
+                else await fetch_one(
+                    connection,
+                    LeaseFacts,
+                    sql("jobs", "job_lease_facts"),
+                    lease.run_id,
+                    lease.job_index,
+                )
             )
+        # Refused only after the commit: a permanent refusal ended the job (workshop_fence).
+        raise_for(reason, lease)
         assert facts is not None  # the fences found the job
         return facts
 

@@ -348,13 +348,14 @@ BEGIN
 END;
 $$;
 
--- The four fences (docs/leases-and-fences.md), checked under row locks; '' when all hold, else
--- the ErrorReason that failed. Locks: the job FOR UPDATE; the recording, the
+-- The four fences (docs/leases-and-fences.md), checked under row locks; '' when all hold,
+-- else the ErrorReason that failed (fenced calls go through workshop_fence, which also
+-- ends the job when the refusal is permanent). Locks: the job FOR UPDATE; the recording, the
 -- policy, the creator's key/session/user and the reporting key (and its user)
 -- FOR SHARE, so a concurrent replacement, revocation or policy raise waits for our
 -- commit. Fence 4 also refuses a reporting key whose user was disabled: a principal
 -- the coordinator holds in cache must not outlive it.
-CREATE FUNCTION workshop_fence(
+CREATE FUNCTION workshop_fence_reason(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
@@ -445,6 +446,30 @@ BEGIN
         RETURN 'CODE_MISMATCH';
     END IF;
     RETURN '';
+END;
+$$;
+
+-- The four fences (docs/leases-and-fences.md) as every fenced call meets them
+-- (workshop_fence_reason says which failed). A refusal by fence 2 or 3 is permanent for the job: its recording was replaced
+-- or deleted, or its run lost its authority or policy revision, so it can never commit.
+-- Such a job is ended here, in the refusing transaction, whichever call met the fence
+-- (heartbeat, progress, preview, staging, lease check, complete, fail, release): failed
+-- with source_changed or authority_lost (job_end_unfenced), so its run does not wait for
+-- the lease to lapse. The caller holds the job's row lock (workshop_fence_reason took it).
+CREATE FUNCTION workshop_fence(
+    p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
+    p_code text, p_now timestamptz
+) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    refused text := workshop_fence_reason(p_run, p_job, p_generation, p_token, p_reporter,
+                                          p_code, p_now);
+    j jobs%ROWTYPE;
+BEGIN
+    IF refused IN ('SOURCE_CHANGED', 'POLICY_CHANGED', 'AUTHORITY_REVOKED') THEN
+        SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+        PERFORM job_end_unfenced(j, p_now);
+    END IF;
+    RETURN refused;
 END;
 $$;
 
@@ -683,21 +708,15 @@ END;
 $$;
 
 -- Ends a job as failed (processor_failed), without retry. A refusal by fence 2 or 3
--- fails the job with that reason instead (job_end_unfenced); so does Complete's.
+-- fails the job with that reason instead (workshop_fence).
 CREATE FUNCTION job_fail(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_message text, p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
-    j jobs%ROWTYPE;
 BEGIN
     IF fenced <> '' THEN
-        IF fenced IN ('SOURCE_CHANGED', 'POLICY_CHANGED', 'AUTHORITY_REVOKED') THEN
-            -- the job can never commit: it fails with that reason instead
-            SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
-            PERFORM job_end_unfenced(j, p_now);
-        END IF;
         RETURN fenced;
     END IF;
     UPDATE jobs
@@ -757,11 +776,6 @@ DECLARE
     rc receipts%ROWTYPE;
 BEGIN
     IF fenced <> '' THEN
-        IF fenced IN ('SOURCE_CHANGED', 'POLICY_CHANGED', 'AUTHORITY_REVOKED') THEN
-            -- the job can never commit: end it now rather than when its lease lapses
-            SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
-            PERFORM job_end_unfenced(j, p_now);
-        END IF;
         SELECT * INTO rc FROM receipts
         WHERE run_id = p_run AND job_index = p_job AND generation = p_generation;
         RETURN QUERY SELECT fenced, rc.generation, rc.result_sha256, rc.committed_at,
@@ -1064,6 +1078,14 @@ BEGIN
             state = CASE WHEN j.lapses + 1 >= p_max_lapses THEN 'failed' ELSE 'queued' END,
             failure_reason = CASE WHEN j.lapses + 1 >= p_max_lapses
                                   THEN 'attempts_exhausted' ELSE j.failure_reason END,
+            failure_message = CASE WHEN j.lapses + 1 >= p_max_lapses
+                                   THEN format('%s leases lapsed without a result (no processor '
+                                               'reported on the job before its lease ran out); '
+                                               'the last lapsed at %s.',
+                                               j.lapses + 1,
+                                               to_char(j.lease_expires_at AT TIME ZONE 'UTC',
+                                                       'YYYY-MM-DD HH24:MI:SS "UTC"'))
+                                   ELSE j.failure_message END,
             lease_token = NULL, lease_expires_at = NULL, updated_at = p_now
         WHERE (j.run_id, j.job_index) IN (
             SELECT l.run_id, l.job_index FROM jobs l
