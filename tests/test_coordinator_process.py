@@ -175,3 +175,63 @@ def test_the_manual_clock_moves_by_rpc(pg_dsn: str, admin_secret: str, tmp_path:
         refused(backwards, "InvalidArgument", "INVALID_FIELD")
     finally:
         assert service.stop() == 0, service.log_tail()
+
+
+def test_the_manual_clock_never_moves_back_when_the_coordinator_restarts(
+    pg_dsn: str, admin_secret: str, tmp_path: Path
+) -> None:
+    """Advanced 55 minutes, stopped and started again, the coordinator reads on from where
+    it was (the offset is the database's), not from real time."""
+    env = coordinator_env(pg_dsn, MANUAL_CLOCK="1")
+    service, port = start(env, tmp_path / "first.log")
+    try:
+        advanced = parse_time(call(port, "AdvanceClock", {"by": "3300s"}, admin_secret)["now"])
+    finally:
+        assert service.stop() == 0, service.log_tail()
+
+    service, port = start(env, tmp_path / "second.log")
+    try:
+        after_restart = parse_time(call(port, "GetClock", {}, admin_secret)["now"])
+        assert after_restart >= advanced
+        assert after_restart - datetime.now(UTC) > timedelta(minutes=54)
+        # and what it decides by follows the same clock: a device registered now
+        registered = call(port, "RegisterDevice", {"device_id": "gpu-box"}, admin_secret)
+        assert parse_time(registered["device"]["registered_at"]) >= advanced
+    finally:
+        assert service.stop() == 0, service.log_tail()
+
+
+def test_two_replicas_follow_one_manual_clock(
+    pg_dsn: str, admin_secret: str, tmp_path: Path
+) -> None:
+    """A moves the clock; B reads the same time, and B's own decisions (a device's
+    registration time) follow the move too, without a restart or a GetClock first."""
+    env = coordinator_env(pg_dsn, MANUAL_CLOCK="1")
+    a, a_port = start(env, tmp_path / "a.log")
+    try:
+        b, b_port = start(env, tmp_path / "b.log")
+        try:
+            moved = parse_time(call(a_port, "AdvanceClock", {"by": "7200s"}, admin_secret)["now"])
+
+            def registered_on_b(device: str) -> datetime:
+                reply = call(b_port, "RegisterDevice", {"device_id": device}, admin_secret)
+                return parse_time(reply["device"]["registered_at"])
+
+            # B hears the move on its LISTEN connection within moments
+            deadline = datetime.now(UTC) + timedelta(seconds=10)
+            attempt = 0
+            while (seen := registered_on_b(f"d{attempt}")) < moved:
+                assert datetime.now(UTC) < deadline, f"B's clock stayed at {seen}"
+                attempt += 1
+            on_b = parse_time(call(b_port, "GetClock", {}, admin_secret)["now"])
+            on_a = parse_time(call(a_port, "GetClock", {}, admin_secret)["now"])
+            assert moved <= on_b <= on_a + timedelta(seconds=5)
+            assert on_a <= on_b + timedelta(seconds=5)
+
+            # a move through B is A's too
+            again = parse_time(call(b_port, "AdvanceClock", {"by": "60s"}, admin_secret)["now"])
+            assert parse_time(call(a_port, "GetClock", {}, admin_secret)["now"]) >= again
+        finally:
+            assert b.stop() == 0, b.log_tail()
+    finally:
+        assert a.stop() == 0, a.log_tail()

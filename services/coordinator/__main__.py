@@ -10,7 +10,7 @@ import asyncpg
 
 from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import Clock, ManualClock, SystemClock
+from services.coordinator.clock import Clock, StoredClock, SystemClock
 from services.coordinator.db import Database
 from services.coordinator.migrate import apply_migrations
 from services.coordinator.operator_api import insert_key
@@ -22,8 +22,10 @@ from workshop.kit.telemetry import configure_logging, configure_tracing
 LABEL = "coordinator"
 
 
-def make_clock(settings: CoordinatorSettings) -> Clock:
-    return ManualClock() if settings.manual_clock else SystemClock()
+async def make_clock(settings: CoordinatorSettings, db: Database) -> Clock:
+    """The manual clock where enabled, as the database holds it (so a restart never moves
+    it back), else real time."""
+    return await StoredClock.load(db) if settings.manual_clock else SystemClock()
 
 
 async def run_server(settings: CoordinatorSettings) -> None:
@@ -32,7 +34,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
     async with Database.open(settings.database_url, size=settings.database_pool_size) as db:
         coordinator = build(
             db,
-            make_clock(settings),
+            await make_clock(settings, db),
             job_capacity=settings.job_capacity,
             scheduler_interval_seconds=settings.scheduler_interval_seconds,
             maintenance_interval_seconds=settings.maintenance_interval_seconds,
@@ -53,13 +55,12 @@ async def run_migrate(settings: CoordinatorSettings) -> None:
 
 async def run_create_admin_key(settings: CoordinatorSettings, name: str) -> None:
     """Bootstrap: the first admin key, written straight to the database."""
-    async with (
-        Database.open(settings.database_url, size=1) as db,
-        db.transaction() as connection,
-    ):
-        row, secret = await insert_key(
-            connection, name, [Grant(ScopeName.ADMIN)], "", None, make_clock(settings).now()
-        )
+    async with Database.open(settings.database_url, size=1) as db:
+        now = (await make_clock(settings, db)).now()
+        async with db.transaction() as connection:
+            row, secret = await insert_key(
+                connection, name, [Grant(ScopeName.ADMIN)], "", None, now
+            )
     announce(LABEL, event="admin-key", key_id=row.key_id, secret=secret)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from services.coordinator.auth import PRINCIPAL_CACHE_SECONDS
-from services.coordinator.clock import Clock
+from services.coordinator.clock import Clock, StoredClock
 from services.coordinator.db import Database
 from services.coordinator.events import RunEvents
 from services.coordinator.jobs_api import JobsApi
@@ -59,7 +59,7 @@ def build(
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)."""
     workshop_api = WorkshopApi(db, clock, capacity=job_capacity)
-    events = RunEvents(db.dsn)
+    events = RunEvents(db.dsn, followers=[clock] if isinstance(clock, StoredClock) else [])
     workers: list[Worker] = [events]
     if scheduler_interval_seconds > 0:
         workers.append(

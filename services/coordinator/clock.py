@@ -1,27 +1,44 @@
 """The coordinator's clock, injected everywhere time matters.
 
 Every time-dependent statement takes `now` from a Clock rather than calling
-now() in SQL, so tests move time instead of sleeping. `ManualClock` (enabled by
+now() in SQL, so tests move time instead of sleeping. `StoredClock` (enabled by
 COORDINATOR_MANUAL_CLOCK=1) follows real time plus an offset that an admin
 moves forward with AdvanceClock; it never moves backwards, so leases, expiries
-and check-ins stay monotonic.
+and check-ins stay monotonic. The offset is kept in the database, so every
+replica and every restart of the coordinator follow the same clock.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
+from services.coordinator.db import Database, sql
 from services.coordinator.errors import ClockNotManual, InvalidField
+
+CLOCK_CHANNEL = "workshop_clock"
 
 
 class Clock(Protocol):
     @property
     def manual(self) -> bool: ...
 
-    def now(self) -> datetime: ...
+    def now(self) -> datetime:
+        """The time, from memory: what every time-dependent statement is given."""
+        ...
 
-    def advance(self, by: timedelta) -> datetime: ...
+    async def current(self) -> datetime:
+        """The time as every replica agrees on it (GetClock)."""
+        ...
+
+    async def forward(self, by: timedelta) -> datetime:
+        """Moves the clock forward (AdvanceClock); the time after the move."""
+        ...
+
+
+def _forward_only(by: timedelta) -> None:
+    if by < timedelta(0):
+        raise InvalidField(f"The clock only moves forward; got {by}.")
 
 
 class SystemClock:
@@ -30,29 +47,66 @@ class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
-    def advance(self, by: timedelta) -> datetime:
+    async def current(self) -> datetime:
+        return self.now()
+
+    async def forward(self, by: timedelta) -> datetime:
         raise ClockNotManual(
             "The clock is real time; start the coordinator with COORDINATOR_MANUAL_CLOCK=1 "
             "to move it (tests only)."
         )
 
 
-class ManualClock:
-    """Real time plus an offset that only grows."""
+class StoredClock:
+    """Real time plus an offset that only grows, kept in the `manual_clock` row.
+
+    Reading it is free: `now()` adds the offset this process last saw. The offset is
+    read at start (`load`), taken from the answer of every move this process makes, and
+    heard from the moves other replicas make: a move announces the new offset on
+    CLOCK_CHANNEL, which RunEvents' LISTEN connection delivers to `heard` and after every
+    (re)connect reads again through `resync`. A late or repeated announcement never
+    moves the clock back, and GetClock (`current`) reads the row itself.
+    """
 
     manual = True
+    channel = CLOCK_CHANNEL
 
-    def __init__(self, start_offset: timedelta = timedelta(0)) -> None:
-        self._offset = start_offset
+    def __init__(self, db: Database, ahead: timedelta) -> None:
+        self._db = db
+        self._ahead = ahead
+
+    @classmethod
+    async def load(cls, db: Database) -> StoredClock:
+        clock = cls(db, timedelta(0))
+        await clock.current()
+        return clock
 
     def now(self) -> datetime:
-        return datetime.now(UTC) + self._offset
+        return datetime.now(UTC) + self._ahead
 
-    def advance(self, by: timedelta) -> datetime:
-        if by < timedelta(0):
-            raise InvalidField(f"The clock only moves forward; got {by}.")
-        self._offset += by
+    async def current(self) -> datetime:
+        async with self._db.connection() as connection:
+            await self.resync(connection)
         return self.now()
+
+    async def forward(self, by: timedelta) -> datetime:
+        _forward_only(by)
+        step = by // timedelta(microseconds=1)
+        async with self._db.connection() as connection:
+            ahead: int = await connection.fetchval(sql("clock", "manual_clock_advance"), step)
+        self._saw(ahead)
+        return self.now()
+
+    def heard(self, payload: str) -> None:
+        """An announcement of the offset (microseconds) by the replica that moved it."""
+        self._saw(int(payload))
+
+    async def resync(self, connection: Any) -> None:
+        """Reads the offset on `connection` (RunEvents calls it once it listens again)."""
+        self._saw(await connection.fetchval(sql("clock", "manual_clock_get")))
+
+    def _saw(self, ahead_us: int) -> None:
+        self._ahead = max(self._ahead, timedelta(microseconds=ahead_us))
 
 
 class FrozenClock:
@@ -68,8 +122,13 @@ class FrozenClock:
     def now(self) -> datetime:
         return self._now
 
+    async def current(self) -> datetime:
+        return self._now
+
+    async def forward(self, by: timedelta) -> datetime:
+        return self.advance(by)
+
     def advance(self, by: timedelta) -> datetime:
-        if by < timedelta(0):
-            raise InvalidField(f"The clock only moves forward; got {by}.")
+        _forward_only(by)
         self._now += by
         return self._now

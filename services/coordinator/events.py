@@ -8,7 +8,9 @@ Each coordinator process holds one LISTEN connection and wakes the WatchRun
 streams of that run, or the Claims waiting for that runtime. A wake carries no
 data: the woken re-read the database, so coalesced or duplicate wakes lose
 nothing. If the LISTEN connection drops (database restart), the hub reconnects
-and wakes everyone, since notifications sent meanwhile are lost.
+and wakes everyone, since notifications sent meanwhile are lost. Followers (the
+stored manual clock) hear their own channel's payloads on the same connection and
+read their state again after each (re)connect.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -27,6 +29,19 @@ JOBS_CHANNEL = "workshop_jobs"
 RECONNECT_SECONDS = 1.0
 
 log = logging.getLogger(__name__)
+
+
+class Follower(Protocol):
+    """State announced on a channel of its own, kept current over the LISTEN connection."""
+
+    @property
+    def channel(self) -> str: ...
+
+    def heard(self, payload: str) -> None:
+        """A notification on `channel`, in order of commit."""
+
+    async def resync(self, connection: Any) -> None:
+        """Reads the state again (on the LISTEN connection, once it listens)."""
 
 
 class Subscription:
@@ -44,8 +59,9 @@ class Subscription:
 
 
 class RunEvents:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, followers: Sequence[Follower] = ()) -> None:
         self._dsn = dsn
+        self._followers = tuple(followers)
         self._subscriptions: dict[tuple[str, str], set[Subscription]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -98,8 +114,11 @@ class RunEvents:
             try:
                 await self._listen_once()
                 log.warning("run events: LISTEN connection lost; reconnecting")
-            except (OSError, asyncpg.PostgresError) as error:
-                log.warning("run events: cannot listen (%s); retrying", error)
+            except Exception as error:  # asyncpg raises more than OSError and PostgresError
+                # for a server going away mid-handshake (InterfaceError, InternalClientError)
+                log.warning(
+                    "run events: cannot listen (%s: %s); retrying", type(error).__name__, error
+                )
                 self._ready.set()  # start() must not hang on a database that is down
             await asyncio.sleep(RECONNECT_SECONDS)
 
@@ -111,9 +130,19 @@ class RunEvents:
             connection.add_termination_listener(lambda _connection: lost.set())
             await connection.add_listener(CHANNEL, self._notified)
             await connection.add_listener(JOBS_CHANNEL, self._notified)
+            for follower in self._followers:
+                await connection.add_listener(follower.channel, _to(follower))
+                await follower.resync(connection)  # after LISTEN: no move falls between
             self._wake_all()  # anything may have changed while we were not listening
             self._ready.set()
             await lost.wait()
         finally:
             if not connection.is_closed():
                 await connection.close()
+
+
+def _to(follower: Follower) -> Any:
+    def heard(_connection: Any, _pid: int, _channel: str, payload: str) -> None:
+        follower.heard(payload)
+
+    return heard

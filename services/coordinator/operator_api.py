@@ -582,17 +582,19 @@ class OperatorApi:
 
     # clock ------------------------------------------------------------------------------------
 
-    def get_clock(self, who: Principal) -> tuple[datetime, bool]:
+    async def get_clock(self, who: Principal) -> tuple[datetime, bool]:
         _require_admin(who)
-        return self.clock.now(), self.clock.manual
+        return await self.clock.current(), self.clock.manual
 
-    def advance_clock(self, who: Principal, by: timedelta | None, to: datetime | None) -> datetime:
+    async def advance_clock(
+        self, who: Principal, by: timedelta | None, to: datetime | None
+    ) -> datetime:
         _require_admin(who)
         if to is not None:
-            by = to - self.clock.now()
+            by = to - await self.clock.current()
         if by is None:
             raise InvalidField("Give either 'by' (a duration) or 'to' (a time).")
-        return self.clock.advance(by)
+        return await self.clock.forward(by)
 
     # helpers ----------------------------------------------------------------------------------
 

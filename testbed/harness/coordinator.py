@@ -16,7 +16,7 @@ import pytest
 
 from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import Clock, FrozenClock, SystemClock
+from services.coordinator.clock import FrozenClock
 from services.coordinator.db import Database
 from services.coordinator.operator_api import insert_key
 from workshop.kit.auth import bearer_metadata
@@ -36,7 +36,7 @@ EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 @dataclasses.dataclass
 class CoordinatorHarness:
     db: Database
-    clock: Clock
+    clock: FrozenClock  # the coordinator's, which tests move by hand
     port: int
     channel: Any
     operator: operator_pb2_grpc.OperatorServiceAsyncStub
@@ -65,7 +65,7 @@ StartCoordinator = Callable[..., Awaitable[CoordinatorHarness]]
 async def running_coordinator(
     dsn: str,
     *,
-    clock: Clock | None = None,
+    clock: FrozenClock | None = None,
     job_capacity: int = 1_000_000,
     pool_size: int = 4,
     port: int = 0,
@@ -92,14 +92,16 @@ async def running_coordinator(
 @asynccontextmanager
 async def coordinator_client(dsn: str, port: int) -> AsyncIterator[CoordinatorHarness]:
     """A CoordinatorHarness on a coordinator running in another process (benchmarks), so
-    the test builders work against it."""
-    async with Database.open(dsn, size=2) as db, _harness(db, SystemClock(), port) as harness:
+    the test builders work against it. That coordinator follows real time; the harness's
+    clock stands at the moment it connected (it dates the keys the builders write)."""
+    clock = FrozenClock(datetime.now(UTC))
+    async with Database.open(dsn, size=2) as db, _harness(db, clock, port) as harness:
         yield harness
 
 
 @asynccontextmanager
 async def _harness(
-    db: Database, clock: Clock, port: int, *, max_attempts: int = 5
+    db: Database, clock: FrozenClock, port: int, *, max_attempts: int = 5
 ) -> AsyncIterator[CoordinatorHarness]:
     """Stubs on a channel to `port` and a fresh admin key; closes the channel."""
     channel = open_channel(f"127.0.0.1:{port}", max_attempts=max_attempts)

@@ -271,7 +271,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         return pb.RaisePolicyRevisionResponse(revision=revision)
 
     async def GetClock(self, request: pb.GetClockRequest, context: Context) -> pb.GetClockResponse:
-        now, manual = self.api.get_clock(await self.who(context))
+        now, manual = await self.api.get_clock(await self.who(context))
         return pb.GetClockResponse(now=convert.ts(now), manual=manual)
 
     async def AdvanceClock(
@@ -281,5 +281,5 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         target = request.WhichOneof("target")
         by = request.by.ToTimedelta() if target == "by" else None
         to = request.to.ToDatetime(tzinfo=UTC) if target == "to" else None
-        now = self.api.advance_clock(who, by, to)
+        now = await self.api.advance_clock(who, by, to)
         return pb.AdvanceClockResponse(now=convert.ts(now))
