@@ -66,13 +66,14 @@ async def raise_policy(c: CoordinatorHarness) -> None:
 
 
 # Each breach, its reason, and whether it ends the job (a full run's published previews
-# then expire with it, so the same pass collects them too).
+# then expire with it, so the same pass collects them too). A cancel ends it at once; a
+# fence that can never pass again ends it in the call it refuses.
 BREACHES = [
     pytest.param(lapse, "LEASE_MISMATCH", False, id="stale-lease"),
     pytest.param(cancel, "JOB_CANCELLED", True, id="cancelled-job"),
-    pytest.param(replace_recording, "SOURCE_CHANGED", False, id="replaced-recording"),
-    pytest.param(revoke_creator, "AUTHORITY_REVOKED", False, id="revoked-key"),
-    pytest.param(raise_policy, "POLICY_CHANGED", False, id="policy-raised"),
+    pytest.param(replace_recording, "SOURCE_CHANGED", True, id="replaced-recording"),
+    pytest.param(revoke_creator, "AUTHORITY_REVOKED", True, id="revoked-key"),
+    pytest.param(raise_policy, "POLICY_CHANGED", True, id="policy-raised"),
 ]
 
 
