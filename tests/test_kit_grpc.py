@@ -125,7 +125,12 @@ def _unary(channel: grpc.aio.Channel) -> Callable[..., Any]:
     return _method(channel, "Unary")  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("error_class", sorted(STATUS_TABLE, key=str))
+DOMAIN_ERRORS = sorted(
+    (cls for cls in STATUS_TABLE if issubclass(cls, errors.WorkshopError)), key=str
+)
+
+
+@pytest.mark.parametrize("error_class", DOMAIN_ERRORS)
 async def test_every_domain_error_maps_to_its_status(
     probe_server: tuple[Probe, Server], error_class: type[errors.WorkshopError]
 ) -> None:
@@ -143,6 +148,28 @@ async def test_every_domain_error_maps_to_its_status(
     assert status.details[0].Unpack(info)
     assert info.reason == error_class.reason
     assert info.metadata["current_revision"] == "4"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionRefusedError(111, "refused"), ConnectionResetError(104, "reset"), TimeoutError()],
+)
+async def test_a_dependency_that_cannot_be_reached_is_unavailable_not_internal(
+    probe_server: tuple[Probe, Server], error: BaseException
+) -> None:
+    """The standard library's own connection errors and timeouts, should one reach a
+    servicer without a kit class, are UNAVAILABLE (safe to ask again), not a bug."""
+    probe, server = probe_server
+    probe.raise_next = error
+    async with open_channel(f"127.0.0.1:{server.port}", max_attempts=1) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _unary(channel)(b"x")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    assert info.reason == "UNAVAILABLE"
 
 
 async def test_subclass_inherits_mapping(probe_server: tuple[Probe, Server]) -> None:

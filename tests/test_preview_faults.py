@@ -1,6 +1,7 @@
 """Object storage faults: a store that is down or stalled makes a publish UNAVAILABLE within
 a few seconds and records nothing (the coordinator has no row for the preview's key); a
-restart of the store loses no committed image."""
+restart of the store loses no committed image. A coordinator that cannot reach its
+database, or fails to answer, is UNAVAILABLE to the processor too."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
+from services.preview.coordinator import refused
 from testbed.coordinator_leases import Setup, claim, create_run, setup
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.postgres import PostgresDatabase, stopped
 from testbed.harness.preview import (
     S3_TIMEOUT_SECONDS,
     PreviewHarness,
@@ -25,9 +28,12 @@ from testbed.harness.preview import (
     upload_request,
 )
 from testbed.harness.s3 import S3Server
+from workshop.kit import errors
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.status import status_for
 from workshop.v1 import jobs_pb2
 from workshop.v1 import preview_pb2 as pb
+from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
 # One request and its retry, each bounded by the timeout, plus the backoff and slack.
@@ -133,3 +139,35 @@ async def test_with_the_store_stalled_a_publish_is_unavailable_within_its_timeou
     assert await recorded_kinds(coordinator, slot=0) == []
     published = await preview.stub.PublishPreview(publish_request(job, 0), metadata=s.processor)
     assert await preview.object_bytes(published.object_key) == publish_request(job, 0).image
+
+
+async def test_with_the_coordinators_database_down_a_publish_is_unavailable(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    started: tuple[Setup, jobs_pb2.ClaimedJob],
+    pg_database: PostgresDatabase,
+) -> None:
+    """The coordinator answers UNAVAILABLE for its stopped database and the preview service
+    passes that on (it passed INTERNAL on as COORDINATOR_FAILED, INTERNAL); the same publish
+    goes through once the database is back."""
+    s, job = started
+    async with stopped(pg_database.cluster):
+        await unavailable_within(
+            preview.stub.PublishPreview(publish_request(job, 0), metadata=s.processor), 10.0
+        )
+    published = await preview.stub.PublishPreview(publish_request(job, 0), metadata=s.processor)
+    assert await published_slots(coordinator) == [0]
+    assert await preview.object_bytes(published.object_key) == publish_request(job, 0).image
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+def test_a_coordinator_that_failed_to_answer_is_unavailable_to_the_caller(
+    code: grpc.StatusCode,
+) -> None:
+    """INTERNAL or UNKNOWN is the coordinator's own trouble, not a verdict on the request:
+    to the processor it is no answer (UNAVAILABLE, asked again), never INTERNAL."""
+    error = refused(pub.Refusal(code=code.value[0], message="boom", reason="INTERNAL"))
+    assert isinstance(error, errors.Unavailable)
+    assert status_for(error).grpc_code == grpc.StatusCode.UNAVAILABLE
+    assert error.reason == "UNAVAILABLE"
+    assert "boom" in error.message

@@ -16,12 +16,18 @@ dataclass derived from `Row`, named after the domain (`RunRow`, `JobRow`, ...) a
 defined beside the module that runs the statement. Its fields name the columns it reads,
 so the column list is written once; `fetch_one`, `fetch_all` and `Row.from_record`
 build it right at the fetch, and nothing above the store layer indexes a record.
+
+A database that cannot be reached (down, restarting, refusing connections, or a
+connection dropped under a statement, e.g. by `pg_terminate_backend`) is not a bug: every
+helper here turns that into `DatabaseUnavailable` (UNAVAILABLE, safe to ask again), so
+no caller answers INTERNAL for it and the kit needs no asyncpg.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -30,12 +36,21 @@ from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.exceptions import (
+    AdminShutdownError,
+    CannotConnectNowError,
+    CrashShutdownError,
     ForeignKeyViolationError,
+    IdleSessionTimeoutError,
     InvalidAuthorizationSpecificationError,
+    PostgresConnectionError,
+    TooManyConnectionsError,
     UniqueViolationError,
 )
 
 from services.coordinator import queries
+from services.coordinator.errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
 
 # asyncpg ships no type information: these are Any to the checker, which is why rows
 # leave this module typed.
@@ -60,6 +75,34 @@ __all__ = [
 
 R = TypeVar("R", bound="Row")
 T = TypeVar("T")
+
+
+# What says the database cannot be reached now, whichever connection it came from: a
+# refused, reset or timed-out socket (OSError, TimeoutError included: a connect or pool
+# acquire that timed out), SQLSTATE class 08, and a server shutting down, starting up,
+# crashed or out of connection slots. (Any error on a connection that is closed
+# afterwards means the same: see `unreachable`.)
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    PostgresConnectionError,
+    AdminShutdownError,
+    CrashShutdownError,
+    CannotConnectNowError,
+    IdleSessionTimeoutError,
+    TooManyConnectionsError,
+)
+
+
+def unreachable(error: BaseException, connection: Any = None) -> bool:
+    """Whether `error` says the database could not be reached, rather than refusing a statement.
+
+    The connection's own state decides too: a connection the server dropped fails its next
+    use with whatever asyncpg makes of the half-read goodbye (ConnectionDoesNotExistError,
+    InterfaceError "connection is closed", or InternalClientError "cannot switch to state
+    12; another operation (2) is in progress" when the server's FATAL arrived while it sat
+    idle in the pool and was read before the end of the stream), and is closed after it.
+    """
+    return isinstance(error, UNREACHABLE) or (connection is not None and connection.is_closed())
 
 
 def sql(file_stem: str, name: str) -> str:
@@ -169,12 +212,12 @@ class Database:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
-        async with self.pool.acquire() as connection:
+        async with self._acquired() as connection:
             yield connection
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
-        async with self.pool.acquire() as connection, connection.transaction():
+        async with self._acquired() as connection, connection.transaction():
             yield connection
 
     @asynccontextmanager
@@ -184,7 +227,7 @@ class Database:
         It goes back to the pool only after asyncpg's full reset; if that reset fails
         or is cancelled, the connection is closed instead, so no lock outlives its user.
         """
-        async with self.pool.acquire() as connection:
+        async with self._acquired() as connection:
             try:
                 yield connection
             finally:
@@ -193,3 +236,26 @@ class Database:
                 except BaseException:
                     connection.terminate()
                     raise
+
+    @asynccontextmanager
+    async def _acquired(self) -> AsyncIterator[Any]:
+        """A pooled connection; what says the database cannot be reached, from acquiring
+        it or from the work done on it, becomes DatabaseUnavailable."""
+        try:
+            async with self.pool.acquire() as connection:
+                try:
+                    yield connection
+                except Exception as error:  # judged while the connection is still ours
+                    _raise_if_unreachable(error, connection)
+                    raise
+        except Exception as error:
+            _raise_if_unreachable(error, None)
+            raise
+
+
+def _raise_if_unreachable(error: Exception, connection: Any) -> None:
+    """DatabaseUnavailable in place of `error` when it says the database cannot be reached."""
+    if isinstance(error, DatabaseUnavailable) or not unreachable(error, connection):
+        return
+    log.warning("database unreachable: %s: %s", type(error).__name__, error)
+    raise DatabaseUnavailable("The database cannot be reached now; ask again shortly.") from error

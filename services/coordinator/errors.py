@@ -64,6 +64,10 @@ class AtCapacity(errors.ResourceExhausted):
     reason = "CAPACITY"
 
 
+class DatabaseUnavailable(errors.Unavailable):
+    """The database cannot be reached now (down, restarting, a dropped connection)."""
+
+
 class ClockNotManual(errors.FailedPrecondition):
     reason = "CLOCK_NOT_MANUAL"
 

@@ -5,7 +5,9 @@ processor or a reader carries that caller's credential unchanged as
 `workshop-on-behalf-of: Bearer <secret>` (see publication.proto). A refusal
 by the coordinator reaches our caller with the same status code, message and
 ErrorInfo (reason and metadata): `passed_through` turns it into the kit error
-that the error-mapping interceptor answers with that code.
+that the error-mapping interceptor answers with that code. A coordinator that did not
+answer, or failed to (INTERNAL, UNKNOWN: its own trouble, never a verdict on the
+request), is UNAVAILABLE to our caller, who asks again (preview.proto).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ T = TypeVar("T")
 STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 # Kit classes whose status code is the coordinator's. A deadline or a cancelled call
-# means the coordinator did not answer: UNAVAILABLE, safe to retry (preview.proto).
+# means the coordinator did not answer: UNAVAILABLE, safe to retry (preview.proto); so
+# does any code not named here (CoordinatorUnavailable).
 KIT_ERRORS: dict[grpc.StatusCode, type[errors.WorkshopError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
     grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
@@ -45,10 +48,9 @@ KIT_ERRORS: dict[grpc.StatusCode, type[errors.WorkshopError]] = {
 }
 
 
-class CoordinatorFailed(errors.WorkshopError):
-    """The coordinator failed in a way no kit class names (INTERNAL)."""
-
-    reason = "COORDINATOR_FAILED"
+class CoordinatorUnavailable(errors.Unavailable):
+    """The coordinator failed to answer (INTERNAL, UNKNOWN, a malformed answer): to our
+    caller that is no answer, so UNAVAILABLE, and the call may be asked again."""
 
 
 def passed_through(error: grpc.aio.AioRpcError) -> errors.WorkshopError:
@@ -69,7 +71,11 @@ def refused(refusal: pub.Refusal) -> errors.WorkshopError:
 def _kit_error(
     code: grpc.StatusCode, message: str | None, reason: str, metadata: Mapping[str, str]
 ) -> errors.WorkshopError:
-    kind = KIT_ERRORS.get(code, CoordinatorFailed)
+    kind = KIT_ERRORS.get(code)
+    if kind is None:  # its own trouble: its reason (INTERNAL) would misname ours
+        return CoordinatorUnavailable(
+            f"The coordinator failed to answer ({code.name}: {message}); ask again shortly."
+        )
     message = message or f"The coordinator answered {code.name}."
     return kind(message, reason=reason or None, metadata=dict(metadata))
 

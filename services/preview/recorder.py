@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from services.preview.coordinator import CoordinatorClient, CoordinatorFailed
+from services.preview.coordinator import CoordinatorClient, CoordinatorUnavailable
 from workshop.kit.errors import WorkshopError
 from workshop.v1 import publication_pb2 as pub
 
@@ -69,7 +69,7 @@ class PreviewRecorder:
                 [request for request, _ in batch], processor
             )
             if len(outcomes) != len(batch):
-                raise CoordinatorFailed(
+                raise CoordinatorUnavailable(
                     f"The coordinator answered {len(outcomes)} outcomes for {len(batch)} previews."
                 )
         except WorkshopError as error:

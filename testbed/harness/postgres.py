@@ -17,17 +17,24 @@ never on the test's loop.
 Outside pytest (benchmarks, scripts) the same cluster comes from the context manager
 ``postgres_cluster()``, and ``create_migrated_database(cluster, name)`` returns the DSN
 of a new, migrated database; both raise ``PostgresUnavailable`` where the fixtures skip.
+
+Faults for tests of what rides out a database outage: ``terminate_connections`` drops
+every connection to a database (``pg_terminate_backend``), ``stopped`` stops the whole
+cluster for the body of an ``async with`` and starts it again on the same port (also
+when the body fails; the session's later tests need it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
+import asyncpg
 import pytest
 
 from tools.localstack.postgres import (
@@ -60,6 +67,8 @@ __all__ = [
     "postgres_cluster",
     "quote_ident",
     "run_async",
+    "stopped",
+    "terminate_connections",
 ]
 
 TEMPLATE_DB = "workshop_template"
@@ -175,3 +184,32 @@ def _drop_database(cluster: PostgresCluster, name: str) -> None:
             raise
         cluster.start()
         run_async(lambda: admin_execute(cluster.admin_dsn, statement))
+
+
+async def terminate_connections(
+    cluster: PostgresCluster, database: str, *, sparing: Iterable[int] = ()
+) -> int:
+    """Terminates every backend connected to `database` but the PIDs in `sparing` (the
+    server sends each client FATAL 57P01 and closes it); returns how many it terminated."""
+    connection = await asyncpg.connect(cluster.admin_dsn)
+    try:
+        terminated: int = await connection.fetchval(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = $1 AND pid <> pg_backend_pid() AND NOT pid = ANY ($2::int[])",
+            database,
+            list(sparing),
+        )
+    finally:
+        await connection.close()
+    return terminated
+
+
+@contextlib.asynccontextmanager
+async def stopped(cluster: PostgresCluster, mode: StopMode = "fast") -> AsyncIterator[None]:
+    """The cluster stopped (clients lose their connections, new ones are refused) for the
+    body, then started again on the same port and data."""
+    await asyncio.to_thread(cluster.stop, mode)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(cluster.start)

@@ -3,8 +3,9 @@
 A WorkshopError becomes the status of `workshop.kit.status`, with its message
 and a `google.rpc.ErrorInfo` (reason + metadata) in the rich status details, so
 clients can read e.g. the current revision of a stale save; both are bounded in
-size first (`workshop.kit.bounds`). Anything else is a bug: it is logged with its
-traceback and answered INTERNAL without internals.
+size first (`workshop.kit.bounds`). A standard library connection error or timeout
+that the table names is answered with its status (UNAVAILABLE). Anything else is a
+bug: it is logged with its traceback and answered INTERNAL without internals.
 
 It also owns request decoding: each handler's deserializer is wrapped by
 `workshop.kit.requests.request_decoder`, so bytes that are no request of the
@@ -28,7 +29,7 @@ from grpc_status import rpc_status
 from workshop.kit.bounds import bounded_message, bounded_metadata
 from workshop.kit.errors import WorkshopError
 from workshop.kit.requests import Refusal, request_decoder
-from workshop.kit.status import status_for
+from workshop.kit.status import INTERNAL, status_for
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,11 @@ async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: Excepti
         info = error_details_pb2.ErrorInfo(
             reason=error.reason, domain=ERROR_DOMAIN, metadata=bounded_metadata(error.metadata)
         )
+    elif (status := status_for(error)) is not INTERNAL:
+        log.warning("%s in %s: %s", type(error).__name__, _method_name(context), error)
+        code = status.grpc_code
+        message = "A dependency of this service cannot be reached now; ask again shortly."
+        info = error_details_pb2.ErrorInfo(reason=code.name, domain=ERROR_DOMAIN)
     else:
         log.exception("unhandled error in %s", _method_name(context), exc_info=error)
         code = grpc.StatusCode.INTERNAL

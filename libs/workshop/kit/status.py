@@ -2,6 +2,12 @@
 
 Lookup walks the exception's MRO, so a service's own subclass inherits the
 mapping of the kit class it derives from unless the table names it.
+
+Every error that means "a dependency cannot be reached now" is UNAVAILABLE (503, safe
+to ask again), never INTERNAL: the kit's `Unavailable` (what each service raises for
+its database, object store or peer service; the coordinator's database layer turns
+asyncpg's connection errors into it), and the standard library's own connection errors
+and timeouts, should one reach a servicer without a kit class.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ STATUS_TABLE: dict[type[BaseException], Status] = {
     errors.FailedPrecondition: Status(grpc.StatusCode.FAILED_PRECONDITION, 409),
     errors.ResourceExhausted: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     errors.Unavailable: Status(grpc.StatusCode.UNAVAILABLE, 503),
+    ConnectionError: Status(grpc.StatusCode.UNAVAILABLE, 503),
+    TimeoutError: Status(grpc.StatusCode.UNAVAILABLE, 503),
     errors.NotImplementedYet: Status(grpc.StatusCode.UNIMPLEMENTED, 501),
 }
 
