@@ -37,6 +37,7 @@ class Spy:
         self.hold = hold or (lambda _method, _request: False)
         self.held = asyncio.Event()
         self.gate = asyncio.Event()
+        self.waiting = 0  # calls held at the gate now
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         send = getattr(self._stub, method)
@@ -53,11 +54,14 @@ class Spy:
 
             if self.hold(method, request):
                 self.held.set()
+                self.waiting += 1
                 try:
                     await self.gate.wait()
                 except asyncio.CancelledError:
                     logged("cancelled")
                     raise
+                finally:
+                    self.waiting -= 1
             try:
                 reply = await send(request, **kwargs)
             except grpc.aio.AioRpcError as error:

@@ -39,6 +39,8 @@ CAMERAS: dict[str, tuple[Literal["vp9", "h264"], int]] = {
     "cam-a": ("vp9", 11),
     "cam-b": ("h264", 12),
 }
+# Cameras a world may also have (codec and scene seed), for runs of more than two jobs.
+MORE_CAMERAS: dict[str, tuple[Literal["vp9", "h264"], int]] = {"cam-c": ("vp9", 13)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +65,7 @@ async def build_world(
     runtime = await c.operator.RegisterRuntime(registration(DEVICE), metadata=md)
     scenes, files = {}, {}
     for camera in cameras:
-        codec, seed = CAMERAS[camera]
+        codec, seed = {**CAMERAS, **MORE_CAMERAS}[camera]
         scenes[camera] = random_scene(seed, seconds=SECONDS)
         path = files[camera] = tmp / f"{camera}.{codec}"
         write_recording(path, scenes[camera], seconds=SECONDS, fps=10, codec=codec)

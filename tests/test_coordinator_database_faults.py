@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 import pytest
@@ -30,16 +30,18 @@ from workshop.v1 import workshop_pb2 as ws
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 
-async def unavailable(call: object) -> str:
+async def unavailable(call: Awaitable[object]) -> str:
     """The call fails UNAVAILABLE (reason UNAVAILABLE); its message."""
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call  # type: ignore[misc]
+        await call
     code, reason, _ = error_reason(caught.value)
     assert (code, reason) == (UNAVAILABLE, "UNAVAILABLE"), caught.value.details()
     return caught.value.details() or ""
 
 
-def record_previews(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, slot: int) -> object:
+def record_previews(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, slot: int
+) -> Awaitable[pub.RecordPreviewsResponse]:
     request = pub.RecordPreviewsRequest(previews=[record_request(job, slot, test=False)])
     return c.publication.RecordPreviews(request, metadata=on_behalf(s))
 

@@ -235,8 +235,8 @@ def fenced_call(
     if call == "Heartbeat":
         return c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=lease), metadata=md)
     if call == "ReportProgress":
-        request = jobs_pb2.ReportProgressRequest(lease=lease, percent=50)
-        return c.jobs.ReportProgress(request, metadata=md)
+        progress = jobs_pb2.ReportProgressRequest(lease=lease, percent=50)
+        return c.jobs.ReportProgress(progress, metadata=md)
     if call == "Complete":
         return c.jobs.Complete(complete_request(job, empty_result(job)), metadata=md)
     if call == "Fail":
@@ -245,8 +245,8 @@ def fenced_call(
     if call == "Release":
         return c.jobs.Release(jobs_pb2.ReleaseRequest(lease=lease), metadata=md)
     if call == "CheckLease":
-        request = pub.CheckLeaseRequest(lease=lease, code_sha256=CODE)
-        return c.publication.CheckLease(request, metadata=on_behalf(s))
+        check = pub.CheckLeaseRequest(lease=lease, code_sha256=CODE)
+        return c.publication.CheckLease(check, metadata=on_behalf(s))
     if call == "StageObject":
         return stage_upload(c, s, job, 0, b"jpeg")
     assert call == "RecordPreview"

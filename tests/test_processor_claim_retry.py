@@ -2,11 +2,13 @@
 (docs/leases-and-fences.md), on the real coordinator, preview service, object storage and Triton.
 
 The coordinator commits the lease and the answer never reaches the processor (it stopped
-mid-reply, the connection reset): here the processor's stub throws the real answer away
-and reports UNAVAILABLE, so the loss happens after the commit by construction. The next
-claim carries the same request id and is answered the same lease; before, it leased
-nothing (the run's only job was leased to nobody) until the lease lapsed, five minutes and
-one of the job's three attempts later.
+mid-reply, the connection reset, or it failed after the commit and answered INTERNAL):
+here the processor's stub throws the real answer away and reports UNAVAILABLE, INTERNAL or
+UNKNOWN, so the loss happens after the commit by construction. Only a clean answer or a
+definite refusal is an answer: the next claim carries the same request id and is answered
+the same lease; before, it leased nothing (the run's only job was leased to nobody) until
+the lease lapsed, five minutes and one of the job's three attempts later. (An INTERNAL got
+a fresh id, and so stranded the lease.)
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ pytestmark = pytest.mark.triton
 
 class LosesFirstLease:
     """The processor's real JobService stub, except that the answer to the first Claim that
-    leased a job is dropped after the coordinator committed it: the processor hears
-    UNAVAILABLE. Every Claim is logged as (request id, job id or "", answer dropped)."""
+    leased a job is dropped after the coordinator committed it: the processor hears `code`.
+    Every Claim is logged as (request id, job id or "", answer dropped)."""
 
-    def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub) -> None:
+    def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub, code: grpc.StatusCode) -> None:
         self._stub = stub
+        self._code = code
         self.claims: list[tuple[str, str, bool]] = []
 
     def __getattr__(self, method: str) -> Any:
@@ -46,21 +49,23 @@ class LosesFirstLease:
         self.claims.append((request.request_id, job, dropped))
         if dropped:
             empty = grpc.aio.Metadata()
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.UNAVAILABLE, empty, empty, details="answer lost (test)"
-            )
+            raise grpc.aio.AioRpcError(self._code, empty, empty, details="answer lost (test)")
         return reply
 
 
+@pytest.mark.parametrize(
+    "code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN]
+)
 async def test_a_lost_claim_answer_is_claimed_again_under_the_same_lease(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
     triton_server: TritonServer,
     tmp_path: Path,
+    code: grpc.StatusCode,
 ) -> None:
     c = coordinator
     world = await one_camera_run(c, preview, triton_server, tmp_path)
-    jobs = LosesFirstLease(jobs_pb2_grpc.JobServiceStub(c.channel))
+    jobs = LosesFirstLease(jobs_pb2_grpc.JobServiceStub(c.channel), code)
     async with running_processor(c, preview, triton_server, world.runtime_id, jobs=jobs) as worker:
         detail = await finished(c, "r1")
         await until(lambda: worker.completed == 1, "the processor to count it")

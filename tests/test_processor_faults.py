@@ -303,6 +303,64 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
     assert await preview.keys("uploads/") == []
 
 
+async def test_a_recording_replaced_mid_job_ends_the_job_at_the_next_heartbeat(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """cam-a's recording is replaced while its job holds slot 1's preview. The next
+    heartbeat is refused (SOURCE_CHANGED) and that refusal ends the job at once: failed
+    source_changed under its first lease, no lapse, the run failed; the processor stops
+    the job (the held preview is dropped). Before, the heartbeat ended nothing: the run
+    showed running until the lease lapsed five minutes later, and the lapse spent an
+    attempt."""
+    c = coordinator
+    world = await one_camera_run(c, preview, triton_server, tmp_path)
+    log: list[Call] = []
+    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+    previews = Spy(
+        preview_pb2_grpc.PreviewServiceStub(preview.channel),
+        log,
+        hold=lambda method, request: method == "PublishPreview" and request.slot_index == 1,
+    )
+    beat = 0.2
+    loop = asyncio.get_running_loop()
+    async with running_processor(
+        c,
+        preview,
+        triton_server,
+        world.runtime_id,
+        jobs=jobs,
+        previews=previews,
+        heartbeat_seconds=beat,
+    ) as processor:
+        await within(previews.held.wait(), "slot 1's preview")
+        put = await put_recording(c, preview, "cam-a-0", "cam-a", world.files["cam-a"])
+        assert put.recording.generation == 2
+        replaced = loop.time()
+        refused = Call("Heartbeat", "r1/j0", None, "SOURCE_CHANGED")
+        await until(lambda: refused in log, "the refused heartbeat")
+        detail = await run_detail(c, "r1")  # no clock moved, no maintenance pass
+        ended = loop.time()
+        await until(lambda: Call("PublishPreview", "r1/j0", 1, "cancelled") in log, "a stop")
+        assert (processor.completed, processor.failed) == (0, 0)
+
+    assert detail.run.status == common_pb2.RUN_STATUS_FAILED
+    (job,) = detail.jobs
+    assert (job.state, job.failure_reason, job.generation) == (
+        common_pb2.JOB_STATE_FAILED,
+        common_pb2.FAILURE_REASON_SOURCE_CHANGED,
+        1,
+    )
+    assert "was replaced after the run was admitted" in job.failure_message
+    assert await rows(c, "SELECT lapses FROM jobs WHERE run_id = 'r1'") == [{"lapses": 0}]
+    # a correctness bound (a lapse would take five minutes), not a speed claim
+    assert ended - replaced < 30.0, f"ended {ended - replaced:.1f} s after the replacement"
+    after = log[log.index(refused) + 1 :]
+    assert all(call.outcome == "cancelled" for call in after), after  # nothing more sent
+
+
 # 3. cancelled mid-job --------------------------------------------------------------------------
 
 

@@ -17,8 +17,10 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from testbed.coordinator_world import run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
 from testbed.harness.preview import PreviewHarness, running_preview
 from testbed.harness.s3 import S3Bucket
@@ -26,10 +28,13 @@ from testbed.harness.triton import TritonServer
 from tests.processor_gates import Call, Spy, rows, until, within
 from tests.processor_world import (
     SECONDS,
+    build_world,
     finished,
     one_camera_run,
+    put_recording,
     run_detail,
     running_processor,
+    yard_spec,
 )
 from workshop.kit.channels import open_channel
 from workshop.v1 import common_pb2, jobs_pb2_grpc, preview_pb2_grpc
@@ -316,3 +321,120 @@ async def test_a_hand_back_whose_release_gets_no_answer_is_asked_again(
     assert releases[-1] == "ok"
     assert set(releases[:-1]) == {"UNAVAILABLE"}
     await assert_completed_once(c, generation=2)
+
+
+class Unanswered:
+    """The processor's real JobService stub, except that `method` gets no answer the first
+    `times` calls: the call is sent and its answer replaced by `code` (`sent`), or it is not
+    sent at all. Every call of `method` and of Release is logged as (method, outcome)."""
+
+    def __init__(
+        self,
+        stub: jobs_pb2_grpc.JobServiceAsyncStub,
+        method: str,
+        code: grpc.StatusCode,
+        *,
+        times: int,
+        sent: bool,
+    ) -> None:
+        self._stub = stub
+        self._method = method
+        self._code = code
+        self._left = times
+        self._sent = sent
+        self.log: list[tuple[str, str]] = []
+
+    def answer(self) -> None:
+        """From now on every call gets its real answer."""
+        self._left = 0
+
+    def __getattr__(self, method: str) -> Any:
+        send = getattr(self._stub, method)
+        if method not in (self._method, "Release"):
+            return send
+
+        async def call(request: Any, **kwargs: Any) -> Any:
+            if method == self._method and self._left > 0:
+                self._left -= 1
+                if self._sent:
+                    await send(request, **kwargs)
+                self.log.append((method, self._code.name))
+                empty = grpc.aio.Metadata()
+                raise grpc.aio.AioRpcError(self._code, empty, empty, details="no answer (test)")
+            try:
+                reply = await send(request, **kwargs)
+            except grpc.aio.AioRpcError as error:
+                self.log.append((method, error.code().name))
+                raise
+            self.log.append((method, "ok"))
+            return reply
+
+        return call
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+async def test_a_completion_answered_internal_is_asked_again_not_failed(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    code: grpc.StatusCode,
+) -> None:
+    """The Complete commits and its answer is INTERNAL (a coordinator that failed after the
+    commit): that is no answer, so the processor asks again under the same lease and the
+    receipt settles it. Before, INTERNAL reached the processor's catch-all, which sent Fail
+    (refused: the job had completed) and counted the job as failed."""
+    c = coordinator
+    runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
+    jobs = Unanswered(jobs_pb2_grpc.JobServiceStub(c.channel), "Complete", code, times=1, sent=True)
+    async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
+        await until(lambda: processor.completed == 1, "the completion")
+        assert (processor.failed, processor.handed_back) == (0, 0)
+    assert jobs.log == [("Complete", code.name), ("Complete", "ok")]
+    await assert_completed_once(c, generation=1)
+
+
+async def test_a_fail_that_gets_no_answer_hands_the_job_back(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """cam-a's recording cannot be decoded (the job's own problem: it must fail), and its
+    Fail gets no answer for longer than the processor asks (retry_seconds=1). The job is
+    handed back with Release instead of being left leased until its lease lapses (five
+    minutes, an attempt spent); claimed again, it fails under generation 2, no lapse."""
+    c = coordinator
+    world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
+    corrupt = tmp_path / "corrupt.vp9"
+    corrupt.write_bytes(world.files["cam-a"].read_bytes()[:64] + bytes(range(256)) * 400)
+    await put_recording(c, preview, "cam-a-0", "cam-a", corrupt)
+    await save_workflow(c, "yard", yard_spec(world.model, ["cam-a"]))
+    await c.workshop.CreateRun(
+        run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+    )
+    jobs = Unanswered(
+        jobs_pb2_grpc.JobServiceStub(c.channel),
+        "Fail",
+        grpc.StatusCode.UNAVAILABLE,
+        times=1_000,
+        sent=False,
+    )
+    async with running_processor(
+        c, preview, triton_server, world.runtime_id, jobs=jobs, retry_seconds=1.0
+    ) as processor:
+        await until(lambda: ("Release", "ok") in jobs.log, "the hand-back")
+        jobs.answer()  # the coordinator answers again
+        detail = await finished(c, "r1")
+    assert processor.handed_back == 1
+    first_release = jobs.log.index(("Release", "ok"))
+    assert {outcome for _, outcome in jobs.log[:first_release]} == {"UNAVAILABLE"}
+    assert jobs.log[-1] == ("Fail", "ok")
+    (job,) = detail.jobs
+    assert (job.state, job.failure_reason, job.generation) == (
+        common_pb2.JOB_STATE_FAILED,
+        common_pb2.FAILURE_REASON_PROCESSOR_FAILED,
+        2,
+    )
+    assert job.failure_message.startswith("Cannot read recording cam-a-0: ")
+    assert await rows(c, "SELECT lapses FROM jobs WHERE run_id = 'r1'") == [{"lapses": 0}]

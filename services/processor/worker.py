@@ -4,18 +4,24 @@ Up to `in_flight` jobs (three recordings) run at once, so downloads and decoding
 overlap; model passes take turns behind one lock. Each job has its own
 heartbeat task; when a heartbeat, preview or upload says the lease no longer
 holds (cancelled, lapsed, fenced), the job stops at once and the loop claims
-the next. Processor errors (a missing or altered recording, decode, model) fail
-the job with processor_failed and the decoder's or model's own message.
+the next (a fence that can never hold again, such as a replaced recording, has
+ended the job in the coordinator already). Only the job's own problems (a missing
+or altered recording, a file the decoder cannot read, the model) and this
+processor's own (a request the services call invalid, a bug) fail the job with
+processor_failed and the decoder's or model's own message.
 
-A service that does not answer (the coordinator or preview service restarting,
-object storage or Triton down) is not the job's fault: each RPC about a job is
-asked again with backoff for up to `retry_seconds`, which is safe because every
-write is idempotent under its lease (the same preview slot, staged upload,
-progress or result again is accepted; a Claim asked again carries the same request
-id, so it answers the lease the lost call took). When the outage outlasts that, or the
-recording or Triton cannot be reached, the job is handed back with Release (no
-attempt spent) and the loop waits before it claims again, longer after each
-such hand-back in a row.
+A service that gives no answer (the coordinator or preview service restarting,
+its database or object storage down, Triton down) is not the job's fault. Every
+answer but a success or a definite refusal counts as none: UNAVAILABLE, a deadline,
+and also INTERNAL or UNKNOWN, the words of a service that failed rather than refused.
+Each RPC about a job is asked again with backoff for up to `retry_seconds`, which is
+safe because every write is idempotent under its lease (the same preview slot, staged
+upload, progress or result again is accepted; a Claim asked again carries the same
+request id, so it answers the lease the lost call took). When the outage outlasts
+that, or the recording or Triton cannot be reached, or a service refuses for reasons
+of its own (a revoked key, an old version), the job is handed back with Release (no
+attempt spent; also when even a Fail got no answer) and the loop waits before it
+claims again, longer after each such hand-back in a row.
 """
 
 from __future__ import annotations
@@ -58,9 +64,28 @@ Metadata = tuple[tuple[str, str], ...]
 PROGRESS_STEP = 10  # percent between progress reports
 # A photo's frame: no model and no output step; it is published as the job's preview.
 PHOTO_FRAME = Routed("frame", (), ())
-# Codes that mean "no answer": the call may not have reached the service, or its
-# answer was lost. Anything else is the service's answer.
-TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Definite refusals: the service heard the call and said no. Every other code means no
+# answer that can be trusted (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, and INTERNAL,
+# UNKNOWN, DATA_LOSS of a service that failed): the call may not have reached it, or did
+# its work and the answer was lost, so it is asked again.
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+# Refusals that say the lease no longer holds (a fence; the run or job is gone).
+FENCED = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND})
+# Refusals of the request itself: what this processor sent about the job is wrong.
+INVALID = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 RETRY_FIRST_PAUSE_SECONDS = 0.5
 RETRY_MAX_PAUSE_SECONDS = 5.0
 CLAIM_PAUSE_MAX_SECONDS = 60.0  # the longest wait before claiming after hand-backs in a row
@@ -77,6 +102,14 @@ class JobFailed(Exception):
 
 class ServiceUnavailable(Exception):
     """A service the job needs did not answer in time: the job is handed back."""
+
+
+class Refused(Exception):
+    """A service refused a call about the job for a reason other than its fences."""
+
+    def __init__(self, what: str, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"{what} refused: {error.code().name} {error.details()}")
+        self.code = error.code()
 
 
 @dataclasses.dataclass
@@ -148,9 +181,9 @@ class Processor:
                 )
             except grpc.aio.AioRpcError as error:
                 slots.release()
-                log.warning("claim failed: %s", error.details())
-                if error.code() not in TRANSIENT_CODES:
-                    request_id = uuid.uuid4().hex  # a refusal is an answer
+                log.warning("claim failed: %s %s", error.code().name, error.details())
+                if error.code() in REFUSALS:
+                    request_id = uuid.uuid4().hex  # a refusal is an answer: it leased nothing
                 await self._idle(self.idle_seconds)
                 continue
             request_id = uuid.uuid4().hex
@@ -194,12 +227,17 @@ class Processor:
             await self._fail(lease, str(error))
         except ServiceUnavailable as error:
             await self._hand_back(lease, str(error))
+        except Refused as error:
+            if error.code in INVALID:  # what this processor made of the job is wrong
+                await self._fail(lease, str(error))
+            else:  # the service's own reasons (a revoked key, an old version): not the job's
+                await self._hand_back(lease, str(error))
         except Exception as error:  # a bug must not strand the lease until it lapses
             log.exception("job %s/%s failed unexpectedly", lease.run_id, lease.job_id)
             await self._fail(lease, f"processor error: {error!r}")
         except asyncio.CancelledError:
             if self._stopping.is_set():  # graceful shutdown: hand the job back
-                with contextlib.suppress(LeaseLost, grpc.aio.AioRpcError):
+                with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
                     await self._call(
                         self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease), retry=False
                     )
@@ -210,10 +248,11 @@ class Processor:
                 await beating
 
     async def _fail(self, lease: common_pb2.LeaseRef, message: str) -> None:
-        """Fails the job with processor_failed; when even that call is refused or lost, the
-        lease lapses and maintenance takes the job back."""
+        """Fails the job with processor_failed. A Fail that gets no answer is not left to
+        the lease's lapse (five minutes, one attempt): the job is handed back instead, and
+        whoever claims it next meets its problem again. A refused one ends the matter."""
         self.failed += 1
-        with contextlib.suppress(LeaseLost, ServiceUnavailable, grpc.aio.AioRpcError):
+        try:
             await self._call(
                 self.jobs.Fail,
                 jobs_pb2.FailRequest(
@@ -222,6 +261,10 @@ class Processor:
                     message=message,
                 ),
             )
+        except ServiceUnavailable as error:
+            await self._hand_back(lease, f"{error} (failing it: {message})")
+        except (LeaseLost, Refused) as error:
+            log.warning("job %s/%s: %s", lease.run_id, lease.job_id, error)
 
     async def _hand_back(self, lease: common_pb2.LeaseRef, why: str) -> None:
         """Releases the job (no attempt spent: the outage is not its fault) and makes the
@@ -239,7 +282,7 @@ class Processor:
             self._claim_pause,
             why,
         )
-        with contextlib.suppress(LeaseLost, ServiceUnavailable, grpc.aio.AioRpcError):
+        with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
             await self._call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease))
 
     async def _heartbeats(self, job: jobs_pb2.ClaimedJob, work: asyncio.Task[None]) -> None:
@@ -254,27 +297,27 @@ class Processor:
                 log.info("lease of %s/%s lost: %s", job.lease.run_id, job.lease.job_id, lost)
                 work.cancel()
                 return
-            except (grpc.aio.AioRpcError, ServiceUnavailable) as error:  # try again next beat
+            except (Refused, ServiceUnavailable) as error:  # try again next beat
                 log.warning("heartbeat failed: %s", error)
 
     async def _call(self, method: Any, request: Any, *, retry: bool = True) -> Any:
-        """One RPC about a job. A fence refusal becomes LeaseLost; no answer is asked again
-        with backoff for up to `retry_seconds` (unless `retry` is False), then becomes
-        ServiceUnavailable. Any other refusal is raised as it came."""
+        """One RPC about a job. A fence refusal becomes LeaseLost, any other refusal
+        Refused; no answer (see REFUSALS) is asked again with backoff for up to
+        `retry_seconds` (unless `retry` is False), then becomes ServiceUnavailable."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + (self.retry_seconds if retry else 0.0)
         pause = RETRY_FIRST_PAUSE_SECONDS
+        what = type(request).__name__.removesuffix("Request")
         while True:
             try:
                 return await method(request, metadata=self.credentials)
             except grpc.aio.AioRpcError as error:
                 code = error.code()
-                if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                if code in FENCED:
                     raise LeaseLost(error.details()) from None
-                if code not in TRANSIENT_CODES or not retry:
-                    raise
-                what = type(request).__name__.removesuffix("Request")
-                if loop.time() + pause > give_up or self._stopping.is_set():
+                if code in REFUSALS:
+                    raise Refused(what, error) from None
+                if not retry or loop.time() + pause > give_up or self._stopping.is_set():
                     raise ServiceUnavailable(
                         f"{what} got no answer for {self.retry_seconds:g} s: "
                         f"{code.name} {error.details()}"
