@@ -50,8 +50,8 @@ class ProcessorSettings(ServerSettings):
     )
     rpc_retry_seconds: float = setting(
         60.0,
-        help="How long a call about a job that gets no answer (UNAVAILABLE, deadline) is "
-        "asked again before the job is handed back to the queue.",
+        help="How long a call about a job that gets no answer (UNAVAILABLE, deadline, "
+        "INTERNAL) is asked again before the job is handed back to the queue.",
         check=at_least(0),
     )
     triton_shared_memory: str = setting(

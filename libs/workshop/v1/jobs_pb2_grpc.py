@@ -122,11 +122,12 @@ class JobServiceServicer:
         when none is claimable. A job that can never commit (its recording replaced or deleted, its run's creator
         without authority or the policy revision raised: fences 2 and 3) is not leased: it fails with
         FAILURE_REASON_SOURCE_CHANGED or FAILURE_REASON_AUTHORITY_LOST and the claim goes on to the next job. A
-        Complete or Fail refused for those reasons fails the job the same way.
+        fenced call refused for those reasons (Heartbeat, ReportProgress, Complete, Fail, Release, and the
+        preview service's calls for the job) fails the job the same way, in the refusing transaction.
         Claim is idempotent with a request_id: asking again after an answer that was lost (a coordinator
-        stopped mid-call, a reset connection, a deadline) with the same request_id answers the lease the first
-        call took while it is still held, instead of leasing another job and leaving that one leased to nobody
-        until its lease lapses (and spends one of its attempts).
+        stopped mid-call or failed after the commit, INTERNAL; a reset connection, a deadline) with the same
+        request_id answers the lease the first call took while it is still held, instead of leasing another job
+        and leaving that one leased to nobody until its lease lapses (and spends one of its attempts).
         With wait_seconds, a Claim that finds no job waits for one (a long poll): it is woken when a job of its
         runtime may have become claimable (a run created, a job released or requeued, a job of the run ahead
         ended), so an idle processor starts new work at once instead of after its next poll.
