@@ -15,6 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+import grpc
+
 from services.coordinator.auth import Grant, ScopeName
 from services.processor.inference import ModelServer
 from services.processor.manifest import code_sha256, registration
@@ -189,10 +191,20 @@ async def run_detail(c: CoordinatorHarness, run_id: str) -> run_pb2.RunDetail:
 
 
 async def finished(c: CoordinatorHarness, run_id: str) -> run_pb2.RunDetail:
-    """The run's detail once it is neither queued nor running (polls for up to 60 s)."""
+    """The run's detail once it is neither queued nor running (polls for up to 60 s; a
+    poll answered UNAVAILABLE, as during a database outage a test makes, is a poll)."""
+    detail = run_pb2.RunDetail()
     for _ in range(600):
-        detail = await run_detail(c, run_id)
-        if detail.run.status not in (common_pb2.RUN_STATUS_QUEUED, common_pb2.RUN_STATUS_RUNNING):
-            return detail
+        try:
+            detail = await run_detail(c, run_id)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+        else:
+            if detail.run.status not in (
+                common_pb2.RUN_STATUS_QUEUED,
+                common_pb2.RUN_STATUS_RUNNING,
+            ):
+                return detail
         await asyncio.sleep(0.1)
     raise AssertionError(f"run {run_id} did not finish: {detail.run}")
