@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make setup`: the virtualenv holds exactly requirements/dev.txt (hashes
-# required, no dependency resolution) plus this project, editable.
+# required, no dependency resolution) plus this project, editable; a package an
+# earlier lock installed and this one does not name is uninstalled.
 #
 # Two `make` at once (two demos in a fresh clone) take turns on a lock file, and
 # the second finds the work done; a venv older than its lock is built again.
@@ -17,4 +18,10 @@ scripts/system-deps.sh
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$lock"
 "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+unlocked=$("$venv/bin/python" scripts/unlocked_packages.py "$lock")
+if [[ -n $unlocked ]]; then
+    echo "setup: removing packages the lock does not name: $unlocked"
+    # shellcheck disable=SC2086  # one name per word
+    "$venv/bin/python" -m pip uninstall --quiet --yes $unlocked
+fi
 touch "$stamp"

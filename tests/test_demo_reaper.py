@@ -50,6 +50,18 @@ def wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
     return left
 
 
+def demo_stop(workdir: Path) -> str:
+    """What `python -m tools.demo stop --workdir WORKDIR` prints (it must exit 0)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.demo", "stop", "--workdir", str(workdir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+
 @pytest.fixture
 def stand_in(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[int], Path]]:
     workdir = tmp_path / "demo"
@@ -89,26 +101,10 @@ def test_stop_ends_a_demos_marked_processes_and_nothing_else(
     _, children, workdir = stand_in
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        stopped = subprocess.run(
-            [sys.executable, "-m", "tools.demo", "stop", "--workdir", str(workdir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        assert f"stopping the demo from {workdir}" in stopped.stdout
+        assert f"stopping the demo from {workdir}" in demo_stop(workdir)
         assert wait_gone(children) == []
         assert alive(bystander.pid)
-        again = subprocess.run(
-            [sys.executable, "-m", "tools.demo", "stop", "--workdir", str(workdir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        assert again.stdout.strip() == f"no demo stack runs from {workdir}"
+        assert demo_stop(workdir).strip() == f"no demo stack runs from {workdir}"
     finally:
         bystander.kill()
         bystander.wait()

@@ -13,20 +13,11 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from scripts.unlocked_packages import canonical, installed, pins
+
 REPO = Path(__file__).resolve().parent.parent
 LOCKS = REPO / "requirements"
 SERVICE_EXTRAS = ("coordinator", "preview", "gateway", "processor", "triton")
-# Installed by `python -m venv` itself, or the project: not in any lock.
-NOT_LOCKED = {"pip", "workshop"}
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pins(lock: Path) -> dict[str, str]:
-    found = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", lock.read_text(), re.MULTILINE)
-    return {canonical(name): version for name, version in found}
 
 
 def test_every_pin_carries_hashes() -> None:
@@ -37,12 +28,9 @@ def test_every_pin_carries_hashes() -> None:
 
 
 def test_the_venv_holds_exactly_the_lock() -> None:
-    locked = pins(LOCKS / "dev.txt")
-    installed = {
-        canonical(dist.metadata["Name"]): dist.version for dist in metadata.distributions()
-    }
-    installed = {name: v for name, v in installed.items() if name not in NOT_LOCKED}
-    assert installed == locked, "run `make setup` (or `make lock` after editing pyproject.toml)"
+    assert installed() == pins(LOCKS / "dev.txt"), (
+        "run `make setup` (or `make lock` after editing pyproject.toml)"
+    )
 
 
 @pytest.mark.parametrize("extra", SERVICE_EXTRAS)
