@@ -66,7 +66,10 @@ async def test_a_lost_claim_answer_is_claimed_again_under_the_same_lease(
     c = coordinator
     world = await one_camera_run(c, preview, triton_server, tmp_path)
     jobs = LosesFirstLease(jobs_pb2_grpc.JobServiceStub(c.channel), code)
-    async with running_processor(c, preview, triton_server, world.runtime_id, jobs=jobs) as worker:
+    # No long poll: the claim after the job answers at once instead of after 20 s.
+    async with running_processor(
+        c, preview, triton_server, world.runtime_id, jobs=jobs, claim_wait_seconds=0
+    ) as worker:
         detail = await finished(c, "r1")
         await until(lambda: worker.completed == 1, "the processor to count it")
         await until(lambda: len(jobs.claims) >= 3, "a claim after the job")
