@@ -37,7 +37,7 @@ ROW_CALL = re.compile(
     r"\b(?:fetch_one|fetch_all|_one|_all)\(\s*(?:\w+,\s*)?([A-Z]\w+),\s*"
     r'sql\(\s*"(\w+)",\s*"(\w+)"\s*\)'
 )
-ANSWER_CALL = re.compile(r'\b_answer\(\s*"(\w+)",\s*([A-Z]\w+),')
+ANSWER_CALL = re.compile(r'\b_answer(?:_on)?\(\s*(?:\w+,\s*)?"(\w+)",\s*([A-Z]\w+),')
 COLUMN_CALL = re.compile(r'\bfetch_column\(\s*\w+,\s*(\w+),\s*sql\(\s*"(\w+)",\s*"(\w+)"\s*\)')
 
 # Postgres result types -> the Python types asyncpg decodes them to (jsonb: our codec).
@@ -47,6 +47,7 @@ PG_TYPES: dict[str, tuple[type, ...]] = {
     "int8": (int,),
     "text": (str,),
     "bool": (bool,),
+    "float4": (float,),
     "float8": (float,),
     "uuid": (uuid.UUID,),
     "timestamptz": (datetime,),

@@ -19,6 +19,7 @@ from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
 from services.coordinator.photos import PhotosApi
 from services.coordinator.publication_api import PublicationApi
+from services.coordinator.review import ReviewApi
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.identity import IdentityServicer
@@ -80,9 +81,10 @@ def grpc_services(
 ) -> list[GrpcService]:
     snapshots = SnapshotCache(db)
     operator = OperatorServicer(OperatorApi(db, clock), authenticate)
-    workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), authenticate, events)
+    reviews = ReviewApi(db, clock)
+    workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), reviews, authenticate, events)
     jobs = JobServicer(JobsApi(db, clock, snapshots), authenticate, events)
-    publication = PublicationServicer(PublicationApi(db, clock, snapshots), authenticate)
+    publication = PublicationServicer(PublicationApi(db, clock, snapshots), reviews, authenticate)
     identity = IdentityServicer(authenticate)
     return [
         GrpcService(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -198,9 +198,27 @@ def key(row: KeyRow) -> operator_pb2.Key:
     )
 
 
-def boxes(values: list[dict[str, object]] | None) -> list[common_pb2.Box]:
-    """An image's boxes as stored (jsonb, None: none)."""
-    return [json_format.ParseDict(box, common_pb2.Box()) for box in values or []]
+def boxes(values: list[dict[str, Any]] | None) -> list[common_pb2.Box]:
+    """An image's boxes as stored (jsonb as MessageToDict wrote it, None: none).
+
+    Built field by field: json_format.ParseDict costs about 20 us a box, which a review
+    page of 1,000 items with a few boxes each cannot afford."""
+    return [_box(value) for value in values or []]
+
+
+def _box(value: dict[str, Any]) -> common_pb2.Box:
+    box = common_pb2.Box(
+        class_name=value.get("class_name", ""),
+        score=value.get("score", 0.0),
+        x=value.get("x", 0.0),
+        y=value.get("y", 0.0),
+        w=value.get("w", 0.0),
+        h=value.get("h", 0.0),
+    )
+    track = value.get("track_id")
+    if track is not None:
+        box.track_id = int(track)  # int64 is a JSON string
+    return box
 
 
 def principal(value: Mapping[str, str]) -> common_pb2.Principal:

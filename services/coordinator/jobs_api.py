@@ -16,10 +16,11 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from services.coordinator import auth, results
+from services.coordinator import auth, results, review
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
 from services.coordinator.db import (
+    Connection,
     Database,
     InvalidAuthorizationSpecificationError,
     Row,
@@ -403,10 +404,32 @@ class JobsApi:
         checked: results.CheckedResult,
     ) -> CommitAnswer:
         items = checked.items
-        return await self._answer(
-            "job_complete",
-            CommitAnswer,
-            lease,
+        # One transaction with the sightings and counters of the items it saves
+        # (review.group_committed), so no read ever sees items without them.
+        async with self.db.transaction() as connection:
+            answer = await self._answer_on(
+                connection,
+                "job_complete",
+                CommitAnswer,
+                lease,
+                *self._commit_args(key, code_sha256, digest, decoder, facts, checked),
+            )
+            if answer.reason == "" and items:
+                await review.group_committed(connection, [i.item_id for i in items])
+        return answer
+
+    def _commit_args(
+        self,
+        key: str,
+        code_sha256: str,
+        digest: str,
+        decoder: str,
+        facts: SlotFacts,
+        checked: results.CheckedResult,
+    ) -> tuple[object, ...]:
+        """job_complete's arguments after the lease's."""
+        items = checked.items
+        return (
             key,
             code_sha256,
             digest,
@@ -435,7 +458,13 @@ class JobsApi:
     async def _answer(self, name: str, answer: type[A], lease: Lease, *args: object) -> A:
         """The one-row answer of the lease function `name`."""
         async with self.db.connection() as connection:
-            row = await fetch_one(connection, answer, sql("jobs", name), *lease_args(lease), *args)
+            return await self._answer_on(connection, name, answer, lease, *args)
+
+    @staticmethod
+    async def _answer_on(
+        connection: Connection, name: str, answer: type[A], lease: Lease, *args: object
+    ) -> A:
+        row = await fetch_one(connection, answer, sql("jobs", name), *lease_args(lease), *args)
         assert row is not None, f"{name} answers one row"
         return row
 

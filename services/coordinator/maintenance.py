@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from services.coordinator import review
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database, Row, fetch_all, sql
 from workshop.kit.periodic import Periodic
@@ -36,6 +37,7 @@ class Pass:
     requeued: int = 0
     exhausted: int = 0
     expired: int = 0
+    grouped: int = 0  # timelines of items saved before sightings existed, grouped now
     skipped: bool = False  # another replica held the lock
 
 
@@ -47,7 +49,7 @@ class Maintenance(Periodic):
 
     async def _pass(self) -> None:
         done = await self.run_once()
-        if done.requeued or done.exhausted or done.expired:
+        if done.requeued or done.exhausted or done.expired or done.grouped:
             log.info("maintenance: %s", done)
 
     async def run_once(self) -> Pass:
@@ -77,6 +79,7 @@ class Maintenance(Periodic):
                     requeued += sum(job.state == "queued" for job in rescued)
                     if len(rescued) < BATCH:
                         break
+                grouped = await review.group_backlog(self.db)
             finally:
                 await connection.execute(sql("jobs", "maintenance_unlock"))
-        return Pass(requeued=requeued, exhausted=exhausted, expired=expired)
+        return Pass(requeued=requeued, exhausted=exhausted, expired=expired, grouped=grouped)

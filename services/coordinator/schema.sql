@@ -1154,28 +1154,6 @@ SELECT bi.*,
 FROM bucket_items bi
 JOIN recordings rec ON rec.recording_id = bi.recording_id;
 
--- Deletes a bucket's items and releases their uploads to garbage collection.
-CREATE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz) RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    deleted integer;
-BEGIN
-    WITH gone AS (
-        DELETE FROM bucket_items WHERE bucket_id = p_bucket RETURNING object_key
-    ), released AS (
-        -- an upload another bucket still shows stays
-        UPDATE staged_objects s SET collectable_at = p_now
-        FROM gone
-        WHERE s.object_key = gone.object_key AND s.collectable_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM bucket_items other
-                          WHERE other.object_key = s.object_key AND other.bucket_id <> p_bucket)
-        RETURNING 1
-    )
-    SELECT count(*) INTO deleted FROM gone;
-    RETURN deleted;
-END;
-$$;
-
 -- A run with the counts its status and detail are worked out from (docs/runs-and-jobs.md).
 CREATE VIEW run_status AS
 SELECT r.*, c.*, rs.*, pv.*
@@ -1219,4 +1197,304 @@ LANGUAGE sql AS $$
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED)
     RETURNING s.object_key, s.byte_size, s.collectable_at;
+$$;
+
+-- Review, sightings and the summary's counters (docs/review.md).
+
+CREATE TABLE sighting_timelines (
+    run_id    text NOT NULL,
+    bucket_id text NOT NULL,
+    camera_id text NOT NULL,
+    PRIMARY KEY (run_id, bucket_id, camera_id)
+);
+
+CREATE TABLE sighting_boxes (
+    item_id       text NOT NULL REFERENCES bucket_items (item_id) ON DELETE CASCADE,
+    box_index     integer NOT NULL CHECK (box_index >= -1),
+    run_id        text NOT NULL,
+    bucket_id     text NOT NULL,
+    camera_id     text NOT NULL,
+    frame_time    timestamptz NOT NULL,
+    class_name    text NOT NULL,  -- as detected; '' for an item without boxes
+    x             real NOT NULL,
+    y             real NOT NULL,
+    w             real NOT NULL,
+    h             real NOT NULL,
+    sighting_id   text NOT NULL,  -- '' until grouped
+    review_state  text NOT NULL DEFAULT 'pending'
+        CHECK (review_state IN ('pending', 'accepted', 'rejected')),
+    relabel_class text,
+    decided_by    jsonb,
+    decided_at    timestamptz,
+    PRIMARY KEY (item_id, box_index)
+);
+CREATE INDEX sighting_boxes_by_sighting ON sighting_boxes (sighting_id, frame_time, item_id);
+CREATE INDEX sighting_boxes_by_timeline
+    ON sighting_boxes (run_id, bucket_id, camera_id, frame_time, item_id);
+CREATE INDEX sighting_boxes_ungrouped ON sighting_boxes (run_id, bucket_id, camera_id)
+    WHERE sighting_id = '';
+
+-- Every decision as it was asked, also one that changed nothing.
+CREATE TABLE sighting_decisions (
+    decision_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id        text NOT NULL,
+    sighting_id   text NOT NULL,
+    review_state  text NOT NULL,
+    relabel_class text,
+    decided_by    jsonb NOT NULL,
+    decided_at    timestamptz NOT NULL,
+    items_updated integer NOT NULL
+);
+CREATE INDEX sighting_decisions_by_sighting ON sighting_decisions (run_id, sighting_id);
+
+CREATE TABLE bucket_counts (
+    bucket_id            text NOT NULL,
+    recording_id         text NOT NULL,
+    recording_generation bigint NOT NULL,
+    images               bigint NOT NULL,
+    pending              bigint NOT NULL,
+    accepted             bigint NOT NULL,
+    rejected             bigint NOT NULL,
+    last_added_at        timestamptz NOT NULL,
+    PRIMARY KEY (bucket_id, recording_id, recording_generation)
+);
+
+CREATE TABLE workflow_class_counts (
+    workflow_id   text NOT NULL,
+    bucket_id     text NOT NULL,
+    class_name    text NOT NULL,  -- after relabels
+    detections    bigint NOT NULL,
+    confirmations bigint NOT NULL,
+    PRIMARY KEY (workflow_id, bucket_id, class_name)
+);
+
+-- Items saved per quarter hour (UTC): every time zone in use is a whole number of
+-- quarter hours from UTC, so any zone's days are sums of whole quarters.
+CREATE TABLE workflow_day_counts (
+    workflow_id   text NOT NULL,
+    bucket_id     text NOT NULL,
+    quarter_start timestamptz NOT NULL,
+    images        bigint NOT NULL,
+    PRIMARY KEY (workflow_id, bucket_id, quarter_start)
+);
+
+CREATE INDEX bucket_items_by_run_frame ON bucket_items (run_id, frame_time, item_id);
+CREATE INDEX bucket_items_by_bucket_frame ON bucket_items (bucket_id, frame_time, item_id);
+
+-- Adds the boxes of the items `p_items` to their timelines, ungrouped, and
+-- counts the items: what committing them into buckets changes for review and the summary.
+-- Locks the timelines first, in key order (the lock order every writer of sightings
+-- keeps: timelines, then items and boxes, then counters, each in key order).
+-- Returns the timelines to group.
+CREATE FUNCTION review_items_added(p_items text[])
+RETURNS TABLE (run_id text, bucket_id text, camera_id text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO sighting_timelines AS t (run_id, bucket_id, camera_id)
+    SELECT DISTINCT bi.run_id, bi.bucket_id, bi.camera_id
+    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    ORDER BY 1, 2, 3
+    ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
+
+    INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id, frame_time,
+                                class_name, x, y, w, h, sighting_id)
+    SELECT bi.item_id, coalesce(b.ordinal - 1, -1)::integer, bi.run_id, bi.bucket_id, bi.camera_id,
+           bi.frame_time, coalesce(b.box ->> 'class_name', ''),
+           coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
+           coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0), ''
+    FROM bucket_items bi
+    LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal) ON true
+    WHERE bi.item_id = ANY (p_items);
+
+    INSERT INTO bucket_counts AS c (bucket_id, recording_id, recording_generation, images, pending,
+                                    accepted, rejected, last_added_at)
+    SELECT bi.bucket_id, bi.recording_id, bi.recording_generation, count(*),
+           count(*) FILTER (WHERE bi.review_state = 'pending'),
+           count(*) FILTER (WHERE bi.review_state = 'accepted'),
+           count(*) FILTER (WHERE bi.review_state = 'rejected'), max(bi.saved_at)
+    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT ON CONSTRAINT bucket_counts_pkey DO UPDATE
+    SET images = c.images + EXCLUDED.images, pending = c.pending + EXCLUDED.pending,
+        accepted = c.accepted + EXCLUDED.accepted, rejected = c.rejected + EXCLUDED.rejected,
+        last_added_at = greatest(c.last_added_at, EXCLUDED.last_added_at);
+
+    INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
+                                            confirmations)
+    SELECT r.workflow_id, sb.bucket_id, coalesce(sb.relabel_class, sb.class_name), count(*),
+           count(*) FILTER (WHERE sb.review_state = 'accepted')
+    FROM sighting_boxes sb JOIN runs r ON r.run_id = sb.run_id
+    WHERE sb.item_id = ANY (p_items) AND sb.box_index >= 0
+    GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
+    SET detections = c.detections + EXCLUDED.detections,
+        confirmations = c.confirmations + EXCLUDED.confirmations;
+
+    INSERT INTO workflow_day_counts AS c (workflow_id, bucket_id, quarter_start, images)
+    SELECT r.workflow_id, bi.bucket_id,
+           date_bin('15 minutes', bi.saved_at, timestamptz '2000-01-01 00:00:00+00'), count(*)
+    FROM bucket_items bi JOIN runs r ON r.run_id = bi.run_id
+    WHERE bi.item_id = ANY (p_items)
+    GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT ON CONSTRAINT workflow_day_counts_pkey DO UPDATE SET images = c.images + EXCLUDED.images;
+
+    RETURN QUERY
+    SELECT DISTINCT bi.run_id, bi.bucket_id, bi.camera_id
+    FROM bucket_items bi WHERE bi.item_id = ANY (p_items) ORDER BY 1, 2, 3;
+END;
+$$;
+
+-- Locks the timeline of the box (p_item, p_box) of run p_run and answers, read after the
+-- lock, the sighting the box belongs to now and whether the timeline has boxes to group.
+-- No row: the run has no such box.
+CREATE FUNCTION sighting_lock(p_run text, p_item text, p_box integer)
+RETURNS TABLE (bucket_id text, camera_id text, sighting_id text, ungrouped boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    b sighting_boxes%ROWTYPE;
+BEGIN
+    SELECT * INTO b FROM sighting_boxes sb
+    WHERE sb.item_id = p_item AND sb.box_index = p_box AND sb.run_id = p_run;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM sighting_timelines t
+    WHERE t.run_id = p_run AND t.bucket_id = b.bucket_id AND t.camera_id = b.camera_id
+    FOR UPDATE;
+    RETURN QUERY
+    SELECT b.bucket_id, b.camera_id,
+           (SELECT sb.sighting_id FROM sighting_boxes sb
+            WHERE sb.item_id = p_item AND sb.box_index = p_box),
+           EXISTS (SELECT 1 FROM sighting_boxes sb
+                   WHERE sb.run_id = p_run AND sb.bucket_id = b.bucket_id
+                     AND sb.camera_id = b.camera_id AND sb.sighting_id = '');
+END;
+$$;
+
+-- Sets the review of every box of a sighting, the review state of its items that it
+-- changes, and the counters, under the timeline lock sighting_lock took. An item's state
+-- follows its boxes: pending while any box is pending, else accepted when any box is
+-- accepted, else rejected. Returns the number of items whose review changed.
+CREATE FUNCTION sighting_decide(
+    p_run text, p_sighting text, p_state text, p_relabel text, p_by jsonb, p_now timestamptz
+) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    workflow text;
+    changed integer;
+BEGIN
+    SELECT r.workflow_id INTO workflow FROM runs r WHERE r.run_id = p_run;
+    SELECT count(DISTINCT sb.item_id) INTO changed FROM sighting_boxes sb
+    WHERE sb.sighting_id = p_sighting
+      AND (sb.review_state, sb.relabel_class) IS DISTINCT FROM (p_state, p_relabel);
+    INSERT INTO sighting_decisions (run_id, sighting_id, review_state, relabel_class, decided_by,
+                                    decided_at, items_updated)
+    VALUES (p_run, p_sighting, p_state, p_relabel, p_by, p_now, changed);
+    IF changed = 0 THEN
+        RETURN 0;
+    END IF;
+
+    WITH old AS (
+        SELECT sb.item_id, sb.box_index, sb.bucket_id, sb.class_name, sb.review_state,
+               sb.relabel_class
+        FROM sighting_boxes sb
+        WHERE sb.sighting_id = p_sighting
+          AND (sb.review_state, sb.relabel_class) IS DISTINCT FROM (p_state, p_relabel)
+    ), updated AS (
+        UPDATE sighting_boxes sb
+        SET review_state = p_state, relabel_class = p_relabel, decided_by = p_by, decided_at = p_now
+        FROM old WHERE sb.item_id = old.item_id AND sb.box_index = old.box_index
+        RETURNING 1
+    ), deltas AS (
+        SELECT d.bucket_id, d.class_name, sum(d.detections) AS detections,
+               sum(d.confirmations) AS confirmations
+        FROM (
+            SELECT o.bucket_id, coalesce(o.relabel_class, o.class_name) AS class_name,
+                   -1 AS detections, -(o.review_state = 'accepted')::integer AS confirmations
+            FROM old o WHERE o.box_index >= 0
+            UNION ALL
+            SELECT o.bucket_id, coalesce(p_relabel, o.class_name), 1,
+                   (p_state = 'accepted')::integer
+            FROM old o WHERE o.box_index >= 0
+        ) d
+        GROUP BY 1, 2
+        HAVING sum(d.detections) <> 0 OR sum(d.confirmations) <> 0
+    )
+    INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
+                                            confirmations)
+    SELECT workflow, d.bucket_id, d.class_name, d.detections, d.confirmations
+    FROM deltas d ORDER BY 1, 2, 3
+    ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
+    SET detections = c.detections + EXCLUDED.detections,
+        confirmations = c.confirmations + EXCLUDED.confirmations;
+
+    WITH review AS (
+        SELECT sb.item_id,
+               CASE WHEN bool_or(sb.review_state = 'pending') THEN 'pending'
+                    WHEN bool_or(sb.review_state = 'accepted') THEN 'accepted'
+                    ELSE 'rejected' END AS review_state,
+               (array_agg(sb.relabel_class ORDER BY sb.box_index)
+                   FILTER (WHERE sb.relabel_class IS NOT NULL))[1] AS relabel_class,
+               max(sb.decided_at) AS reviewed_at
+        FROM sighting_boxes sb
+        WHERE sb.item_id IN (SELECT s.item_id FROM sighting_boxes s WHERE s.sighting_id = p_sighting)
+        GROUP BY sb.item_id
+    ), old AS (
+        SELECT bi.item_id, bi.bucket_id, bi.recording_id, bi.recording_generation,
+               bi.review_state AS was, review.review_state AS now
+        FROM bucket_items bi JOIN review ON review.item_id = bi.item_id
+        WHERE bi.review_state <> review.review_state
+    ), updated AS (
+        UPDATE bucket_items bi
+        SET review_state = review.review_state, relabel_class = review.relabel_class,
+            reviewed_at = review.reviewed_at
+        FROM review WHERE bi.item_id = review.item_id
+        RETURNING 1
+    ), deltas AS (
+        SELECT o.bucket_id, o.recording_id, o.recording_generation,
+               sum((o.now = 'pending')::integer - (o.was = 'pending')::integer) AS pending,
+               sum((o.now = 'accepted')::integer - (o.was = 'accepted')::integer) AS accepted,
+               sum((o.now = 'rejected')::integer - (o.was = 'rejected')::integer) AS rejected
+        FROM old o GROUP BY 1, 2, 3
+    )
+    INSERT INTO bucket_counts AS c (bucket_id, recording_id, recording_generation, images, pending,
+                                    accepted, rejected, last_added_at)
+    SELECT d.bucket_id, d.recording_id, d.recording_generation, 0, d.pending, d.accepted,
+           d.rejected, p_now
+    FROM deltas d ORDER BY 1, 2, 3
+    ON CONFLICT ON CONSTRAINT bucket_counts_pkey DO UPDATE
+    SET pending = c.pending + EXCLUDED.pending, accepted = c.accepted + EXCLUDED.accepted,
+        rejected = c.rejected + EXCLUDED.rejected;
+    RETURN changed;
+END;
+$$;
+
+-- Deletes a bucket's items and releases their uploads to garbage collection; its
+-- sightings and its share of the counters go with them. Takes the bucket's timelines
+-- first, like every other writer of sightings.
+CREATE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    deleted integer;
+BEGIN
+    PERFORM 1 FROM sighting_timelines t WHERE t.bucket_id = p_bucket
+    ORDER BY t.run_id, t.bucket_id, t.camera_id FOR UPDATE;
+    WITH gone AS (
+        DELETE FROM bucket_items WHERE bucket_id = p_bucket RETURNING object_key
+    ), released AS (
+        -- an upload another bucket still shows stays
+        UPDATE staged_objects s SET collectable_at = p_now
+        FROM gone
+        WHERE s.object_key = gone.object_key AND s.collectable_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM bucket_items other
+                          WHERE other.object_key = s.object_key AND other.bucket_id <> p_bucket)
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
+    DELETE FROM sighting_timelines WHERE bucket_id = p_bucket;
+    DELETE FROM bucket_counts WHERE bucket_id = p_bucket;
+    DELETE FROM workflow_class_counts WHERE bucket_id = p_bucket;
+    DELETE FROM workflow_day_counts WHERE bucket_id = p_bucket;
+    RETURN deleted;
+END;
 $$;

@@ -654,6 +654,11 @@ class WorkshopApi:
             )
             return [await self._view(connection, row, []) for row in rows]
 
+    async def view(self, row: RunRow) -> RunView:
+        """A run row with its status and the runs it waits behind."""
+        async with self.db.connection() as connection:
+            return await self._view(connection, row, [])
+
     async def _view(self, connection: Connection, row: RunRow, jobs: Sequence[JobRow]) -> RunView:
         status = row.counts.status(expired_by_time=_past(row.expires_at, self.clock.now()))
         waiting: list[str] = []

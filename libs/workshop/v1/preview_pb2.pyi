@@ -12,6 +12,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from workshop.v1 import common_pb2 as _common_pb2
+from workshop.v1 import run_pb2 as _run_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -262,6 +263,72 @@ class ReadImageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expires_at) -> _WhichOneofReturnType__expires_at | None: ...
 
 Global___ReadImageResponse: _TypeAlias = ReadImageResponse  # noqa: Y015
+
+@_typing.final
+class ExportBucketRequest(_message.Message):
+    """Export a bucket."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUCKET_ID_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    bucket_id: _builtins.str
+    """Bucket id."""
+    format: _run_pb2.DatasetFormat.ValueType
+    """COCO or YOLO."""
+    @_builtins.property
+    def filter(self) -> _run_pb2.BucketItemFilter:
+        """Which items; review_states empty means ACCEPTED only."""
+
+    def __init__(
+        self,
+        *,
+        bucket_id: _builtins.str = ...,
+        format: _run_pb2.DatasetFormat.ValueType = ...,
+        filter: _run_pb2.BucketItemFilter | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "filter", b"filter", "format", b"format"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportBucketRequest: _TypeAlias = ExportBucketRequest  # noqa: Y015
+
+@_typing.final
+class ExportBucketResponse(_message.Message):
+    """A piece of the export archive; concatenating every chunk's data gives the tar file."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    FILE_NAME_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """Next bytes of the archive (up to 1 MiB)."""
+    file_name: _builtins.str
+    """First chunk only: a file name for the archive, e.g. "<bucket>-coco.tar"."""
+    last: _builtins.bool
+    """Last chunk only: true, with the number of items exported."""
+    items: _builtins.int
+    """Last chunk only: items exported."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        file_name: _builtins.str = ...,
+        last: _builtins.bool = ...,
+        items: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file_name", b"file_name", "items", b"items", "last", b"last"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportBucketResponse: _TypeAlias = ExportBucketResponse  # noqa: Y015
 
 @_typing.final
 class RunCleanupRequest(_message.Message):

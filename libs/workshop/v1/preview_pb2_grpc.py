@@ -68,6 +68,11 @@ class PreviewServiceStub:
                 request_serializer=workshop_dot_v1_dot_preview__pb2.RunCleanupRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_preview__pb2.RunCleanupResponse.FromString,
                 _registered_method=True)
+        self.ExportBucket = channel.unary_stream(
+                '/workshop.v1.PreviewService/ExportBucket',
+                request_serializer=workshop_dot_v1_dot_preview__pb2.ExportBucketRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_preview__pb2.ExportBucketResponse.FromString,
+                _registered_method=True)
 
 
 class PreviewServiceServicer:
@@ -126,6 +131,17 @@ class PreviewServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportBucket(self, request, context):
+        """Exports a bucket as a dataset: an uncompressed tar archive streamed in chunks, with the images and
+        the labels in the requested format (relabels applied, rejected boxes left out). Accepted items only
+        unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
+        exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
+        filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PreviewServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +164,11 @@ def add_PreviewServiceServicer_to_server(servicer, server):
                     servicer.RunCleanup,
                     request_deserializer=workshop_dot_v1_dot_preview__pb2.RunCleanupRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_preview__pb2.RunCleanupResponse.SerializeToString,
+            ),
+            'ExportBucket': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportBucket,
+                    request_deserializer=workshop_dot_v1_dot_preview__pb2.ExportBucketRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_preview__pb2.ExportBucketResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -272,6 +293,33 @@ class PreviewService:
             '/workshop.v1.PreviewService/RunCleanup',
             workshop_dot_v1_dot_preview__pb2.RunCleanupRequest.SerializeToString,
             workshop_dot_v1_dot_preview__pb2.RunCleanupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportBucket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/workshop.v1.PreviewService/ExportBucket',
+            workshop_dot_v1_dot_preview__pb2.ExportBucketRequest.SerializeToString,
+            workshop_dot_v1_dot_preview__pb2.ExportBucketResponse.FromString,
             options,
             channel_credentials,
             insecure,

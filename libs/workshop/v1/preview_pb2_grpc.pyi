@@ -73,6 +73,13 @@ class PreviewServiceStub:
     """Runs one cleanup pass now (the loop runs one every 15 minutes): deletes the bytes of every expired
     preview and of up to 500 expired or abandoned uploads, and marks them deleted.
     """
+    ExportBucket: _grpc.UnaryStreamMultiCallable[_preview_pb2.ExportBucketRequest, _preview_pb2.ExportBucketResponse]
+    """Exports a bucket as a dataset: an uncompressed tar archive streamed in chunks, with the images and
+    the labels in the requested format (relabels applied, rejected boxes left out). Accepted items only
+    unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
+    exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
+    filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
+    """
 
 @_typing.type_check_only
 class PreviewServiceAsyncStub(PreviewServiceStub):
@@ -115,6 +122,13 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     RunCleanup: _aio.UnaryUnaryMultiCallable[_preview_pb2.RunCleanupRequest, _preview_pb2.RunCleanupResponse]  # type: ignore[assignment]
     """Runs one cleanup pass now (the loop runs one every 15 minutes): deletes the bytes of every expired
     preview and of up to 500 expired or abandoned uploads, and marks them deleted.
+    """
+    ExportBucket: _aio.UnaryStreamMultiCallable[_preview_pb2.ExportBucketRequest, _preview_pb2.ExportBucketResponse]  # type: ignore[assignment]
+    """Exports a bucket as a dataset: an uncompressed tar archive streamed in chunks, with the images and
+    the labels in the requested format (relabels applied, rejected boxes left out). Accepted items only
+    unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
+    exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
+    filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
     """
 
 class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -179,6 +193,19 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_preview_pb2.RunCleanupResponse, _abc.Awaitable[_preview_pb2.RunCleanupResponse]]:
         """Runs one cleanup pass now (the loop runs one every 15 minutes): deletes the bytes of every expired
         preview and of up to 500 expired or abandoned uploads, and marks them deleted.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportBucket(
+        self,
+        request: _preview_pb2.ExportBucketRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_preview_pb2.ExportBucketResponse], _abc.AsyncIterator[_preview_pb2.ExportBucketResponse]]:
+        """Exports a bucket as a dataset: an uncompressed tar archive streamed in chunks, with the images and
+        the labels in the requested format (relabels applied, rejected boxes left out). Accepted items only
+        unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
+        exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
+        filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
         """
 
 def add_PreviewServiceServicer_to_server(servicer: PreviewServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -28,6 +28,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from workshop.v1 import common_pb2 as _common_pb2
+from workshop.v1 import run_pb2 as _run_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -746,3 +747,125 @@ class AuthorizeImageReadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expires_at) -> _WhichOneofReturnType__expires_at | None: ...
 
 Global___AuthorizeImageReadResponse: _TypeAlias = AuthorizeImageReadResponse  # noqa: Y015
+
+@_typing.final
+class ListExportItemsRequest(_message.Message):
+    """Ask for a page of items to export."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUCKET_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    bucket_id: _builtins.str
+    """Bucket id."""
+    page_size: _builtins.int
+    """Items per page; 0 means 500, at most 1000."""
+    page_token: _builtins.str
+    """Token from a previous response with the same bucket and filter; empty for the first page."""
+    @_builtins.property
+    def filter(self) -> _run_pb2.BucketItemFilter:
+        """Which items (review_states empty: every state; the preview service passes its default)."""
+
+    def __init__(
+        self,
+        *,
+        bucket_id: _builtins.str = ...,
+        filter: _run_pb2.BucketItemFilter | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "filter", b"filter", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExportItemsRequest: _TypeAlias = ListExportItemsRequest  # noqa: Y015
+
+@_typing.final
+class ExportItem(_message.Message):
+    """One item of an export."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    OBJECT_KEY_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    CAMERA_ID_FIELD_NUMBER: _builtins.int
+    FRAME_TIME_FIELD_NUMBER: _builtins.int
+    REVIEW_STATE_FIELD_NUMBER: _builtins.int
+    BOXES_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """Item id."""
+    object_key: _builtins.str
+    """Object key of the image bytes."""
+    sha256: _builtins.str
+    """SHA-256 (hex) of the bytes, for the exporter to verify."""
+    camera_id: _builtins.str
+    """Camera of the frame."""
+    review_state: _common_pb2.ReviewState.ValueType
+    """Review state of the item."""
+    @_builtins.property
+    def frame_time(self) -> _timestamp_pb2.Timestamp:
+        """Presentation time of the frame (UTC)."""
+
+    @_builtins.property
+    def boxes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Box]:
+        """Its boxes after review: rejected boxes left out, class_name after relabels."""
+
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        object_key: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        camera_id: _builtins.str = ...,
+        frame_time: _timestamp_pb2.Timestamp | None = ...,
+        review_state: _common_pb2.ReviewState.ValueType = ...,
+        boxes: _abc.Iterable[_common_pb2.Box] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["frame_time", b"frame_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "camera_id", b"camera_id", "frame_time", b"frame_time", "item_id", b"item_id", "object_key", b"object_key", "review_state", b"review_state", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportItem: _TypeAlias = ExportItem  # noqa: Y015
+
+@_typing.final
+class ListExportItemsResponse(_message.Message):
+    """A page of items to export."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    CLASSES_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExportItem]:
+        """Items, oldest frame first."""
+
+    @_builtins.property
+    def classes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """On the first page: every class name the bucket's boxes carry after relabels, sorted (classes met
+        later that are not in it are added after it).
+        """
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___ExportItem] | None = ...,
+        next_page_token: _builtins.str = ...,
+        classes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "items", b"items", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExportItemsResponse: _TypeAlias = ListExportItemsResponse  # noqa: Y015

@@ -86,6 +86,11 @@ class PublicationServiceStub:
                 request_serializer=workshop_dot_v1_dot_publication__pb2.AuthorizeImageReadRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_publication__pb2.AuthorizeImageReadResponse.FromString,
                 _registered_method=True)
+        self.ListExportItems = channel.unary_unary(
+                '/workshop.v1.PublicationService/ListExportItems',
+                request_serializer=workshop_dot_v1_dot_publication__pb2.ListExportItemsRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_publication__pb2.ListExportItemsResponse.FromString,
+                _registered_method=True)
 
 
 class PublicationServiceServicer:
@@ -182,6 +187,15 @@ class PublicationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListExportItems(self, request, context):
+        """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
+        WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
+        rejected boxes left out, relabels applied. Errors: as ListBucketItems.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PublicationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +238,11 @@ def add_PublicationServiceServicer_to_server(servicer, server):
                     servicer.AuthorizeImageRead,
                     request_deserializer=workshop_dot_v1_dot_publication__pb2.AuthorizeImageReadRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_publication__pb2.AuthorizeImageReadResponse.SerializeToString,
+            ),
+            'ListExportItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExportItems,
+                    request_deserializer=workshop_dot_v1_dot_publication__pb2.ListExportItemsRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_publication__pb2.ListExportItemsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -454,6 +473,33 @@ class PublicationService:
             '/workshop.v1.PublicationService/AuthorizeImageRead',
             workshop_dot_v1_dot_publication__pb2.AuthorizeImageReadRequest.SerializeToString,
             workshop_dot_v1_dot_publication__pb2.AuthorizeImageReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExportItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.PublicationService/ListExportItems',
+            workshop_dot_v1_dot_publication__pb2.ListExportItemsRequest.SerializeToString,
+            workshop_dot_v1_dot_publication__pb2.ListExportItemsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -110,6 +110,11 @@ class PublicationServiceStub:
     the camera. Errors: PERMISSION_DENIED (credential lacks the camera), NOT_FOUND reason NOT_FOUND (no such
     run or item) or EXPIRED (the preview or test result expired; labels are unreadable too).
     """
+    ListExportItems: _grpc.UnaryUnaryMultiCallable[_publication_pb2.ListExportItemsRequest, _publication_pb2.ListExportItemsResponse]
+    """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
+    WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
+    rejected boxes left out, relabels applied. Errors: as ListBucketItems.
+    """
 
 @_typing.type_check_only
 class PublicationServiceAsyncStub(PublicationServiceStub):
@@ -173,6 +178,11 @@ class PublicationServiceAsyncStub(PublicationServiceStub):
     where its bytes are: a session or Agent key (scope workshop) covering the camera, or a footage:read key for
     the camera. Errors: PERMISSION_DENIED (credential lacks the camera), NOT_FOUND reason NOT_FOUND (no such
     run or item) or EXPIRED (the preview or test result expired; labels are unreadable too).
+    """
+    ListExportItems: _aio.UnaryUnaryMultiCallable[_publication_pb2.ListExportItemsRequest, _publication_pb2.ListExportItemsResponse]  # type: ignore[assignment]
+    """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
+    WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
+    rejected boxes left out, relabels applied. Errors: as ListBucketItems.
     """
 
 class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -282,6 +292,17 @@ class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
         where its bytes are: a session or Agent key (scope workshop) covering the camera, or a footage:read key for
         the camera. Errors: PERMISSION_DENIED (credential lacks the camera), NOT_FOUND reason NOT_FOUND (no such
         run or item) or EXPIRED (the preview or test result expired; labels are unreadable too).
+        """
+
+    @_abc_1.abstractmethod
+    def ListExportItems(
+        self,
+        request: _publication_pb2.ListExportItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_publication_pb2.ListExportItemsResponse, _abc.Awaitable[_publication_pb2.ListExportItemsResponse]]:
+        """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
+        WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
+        rejected boxes left out, relabels applied. Errors: as ListBucketItems.
         """
 
 def add_PublicationServiceServicer_to_server(servicer: PublicationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -48,6 +48,38 @@ IMAGE_SOURCE_ITEM: ImageSource.ValueType  # 2
 """A committed result item: a bucket item of a full run, or a test or photo result kept for the hour."""
 Global___ImageSource: _TypeAlias = ImageSource  # noqa: Y015
 
+class _DatasetFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DatasetFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DatasetFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DATASET_FORMAT_UNSPECIFIED: _DatasetFormat.ValueType  # 0
+    """Never valid; INVALID_ARGUMENT."""
+    DATASET_FORMAT_COCO: _DatasetFormat.ValueType  # 1
+    """COCO object detection: annotations.json (images, annotations with pixel bboxes, categories) and
+    images/<item id>.jpg.
+    """
+    DATASET_FORMAT_YOLO: _DatasetFormat.ValueType  # 2
+    """YOLO: images/<item id>.jpg, labels/<item id>.txt (one "class cx cy w h" line per box, normalized)
+    and classes.txt (one class name per line; the line number is the class index).
+    """
+
+class DatasetFormat(_DatasetFormat, metaclass=_DatasetFormatEnumTypeWrapper):
+    """Format of a dataset export."""
+
+DATASET_FORMAT_UNSPECIFIED: DatasetFormat.ValueType  # 0
+"""Never valid; INVALID_ARGUMENT."""
+DATASET_FORMAT_COCO: DatasetFormat.ValueType  # 1
+"""COCO object detection: annotations.json (images, annotations with pixel bboxes, categories) and
+images/<item id>.jpg.
+"""
+DATASET_FORMAT_YOLO: DatasetFormat.ValueType  # 2
+"""YOLO: images/<item id>.jpg, labels/<item id>.txt (one "class cx cy w h" line per box, normalized)
+and classes.txt (one class name per line; the line number is the class index).
+"""
+Global___DatasetFormat: _TypeAlias = DatasetFormat  # noqa: Y015
+
 @_typing.final
 class Run(_message.Message):
     """A run as listed and followed."""
@@ -446,6 +478,7 @@ class BucketItem(_message.Message):
     RELABEL_CLASS_FIELD_NUMBER: _builtins.int
     SAVED_AT_FIELD_NUMBER: _builtins.int
     REVIEWED_AT_FIELD_NUMBER: _builtins.int
+    BOX_REVIEWS_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     """Item id (unique across the system)."""
     bucket_id: _builtins.str
@@ -484,6 +517,10 @@ class BucketItem(_message.Message):
     def reviewed_at(self) -> _timestamp_pb2.Timestamp:
         """When last reviewed (UTC); absent while pending."""
 
+    @_builtins.property
+    def box_reviews(self) -> _containers.RepeatedCompositeFieldContainer[Global___BoxReview]:
+        """The review of each box, in box order (one entry with box_index -1 for an item without boxes)."""
+
     def __init__(
         self,
         *,
@@ -502,10 +539,11 @@ class BucketItem(_message.Message):
         relabel_class: _builtins.str | None = ...,
         saved_at: _timestamp_pb2.Timestamp | None = ...,
         reviewed_at: _timestamp_pb2.Timestamp | None = ...,
+        box_reviews: _abc.Iterable[Global___BoxReview] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "_reviewed_at", b"_reviewed_at", "frame_time", b"frame_time", "relabel_class", b"relabel_class", "reviewed_at", b"reviewed_at", "saved_at", b"saved_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "_reviewed_at", b"_reviewed_at", "boxes", b"boxes", "bucket_id", b"bucket_id", "camera_id", b"camera_id", "frame_time", b"frame_time", "item_id", b"item_id", "job_id", b"job_id", "output_current", b"output_current", "recording_generation", b"recording_generation", "recording_id", b"recording_id", "relabel_class", b"relabel_class", "review_state", b"review_state", "reviewed_at", b"reviewed_at", "run_id", b"run_id", "saved_at", b"saved_at", "slot_index", b"slot_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "_reviewed_at", b"_reviewed_at", "box_reviews", b"box_reviews", "boxes", b"boxes", "bucket_id", b"bucket_id", "camera_id", b"camera_id", "frame_time", b"frame_time", "item_id", b"item_id", "job_id", b"job_id", "output_current", b"output_current", "recording_generation", b"recording_generation", "recording_id", b"recording_id", "relabel_class", b"relabel_class", "review_state", b"review_state", "reviewed_at", b"reviewed_at", "run_id", b"run_id", "saved_at", b"saved_at", "slot_index", b"slot_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
     _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
@@ -519,10 +557,69 @@ class BucketItem(_message.Message):
 Global___BucketItem: _TypeAlias = BucketItem  # noqa: Y015
 
 @_typing.final
+class BoxReview(_message.Message):
+    """The review of one box of a bucket item: the decision on the sighting it belongs to."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BOX_INDEX_FIELD_NUMBER: _builtins.int
+    SIGHTING_ID_FIELD_NUMBER: _builtins.int
+    REVIEW_STATE_FIELD_NUMBER: _builtins.int
+    RELABEL_CLASS_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    box_index: _builtins.int
+    """Index of the box in the item's boxes; -1 stands for an item without boxes."""
+    sighting_id: _builtins.str
+    """Sighting the box belongs to."""
+    review_state: _common_pb2.ReviewState.ValueType
+    """Review state of the box."""
+    relabel_class: _builtins.str
+    """Class the reviewer relabelled the box's sighting to; absent unless relabelled."""
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When last decided (UTC); absent while pending."""
+
+    @_builtins.property
+    def decided_by(self) -> _common_pb2.Principal:
+        """Who decided last; absent while pending."""
+
+    def __init__(
+        self,
+        *,
+        box_index: _builtins.int = ...,
+        sighting_id: _builtins.str = ...,
+        review_state: _common_pb2.ReviewState.ValueType = ...,
+        relabel_class: _builtins.str | None = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+        decided_by: _common_pb2.Principal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at", "_decided_by", b"_decided_by", "_relabel_class", b"_relabel_class", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at", "_decided_by", b"_decided_by", "_relabel_class", b"_relabel_class", "box_index", b"box_index", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class", "review_state", b"review_state", "sighting_id", b"sighting_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__decided_at: _TypeAlias = _typing.Literal["decided_at"]  # noqa: Y015
+    _WhichOneofArgType__decided_at: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at"]  # noqa: Y015
+    _WhichOneofReturnType__decided_by: _TypeAlias = _typing.Literal["decided_by"]  # noqa: Y015
+    _WhichOneofArgType__decided_by: _TypeAlias = _typing.Literal["_decided_by", b"_decided_by"]  # noqa: Y015
+    _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
+    _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__decided_at) -> _WhichOneofReturnType__decided_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__decided_by) -> _WhichOneofReturnType__decided_by | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__relabel_class) -> _WhichOneofReturnType__relabel_class | None: ...
+
+Global___BoxReview: _TypeAlias = BoxReview  # noqa: Y015
+
+@_typing.final
 class Sighting(_message.Message):
     """A sighting: consecutive items of one object within a run's saved items: same
     bucket, camera and class, at most 5 s apart, and the box within 3 of its own
-    widths of where it was last. A decision applies to every item of it.
+    widths of where it was last (docs/review.md has the exact rule). Consecutive
+    items without boxes of one bucket and camera form sightings too (class_name
+    empty), so every item can be decided. A decision applies to every item of it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -536,8 +633,14 @@ class Sighting(_message.Message):
     LAST_FRAME_TIME_FIELD_NUMBER: _builtins.int
     REVIEW_STATE_FIELD_NUMBER: _builtins.int
     RELABEL_CLASS_FIELD_NUMBER: _builtins.int
+    PENDING_ITEMS_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
     sighting_id: _builtins.str
-    """Deterministic id: "<first item id>~<box index in that item>" (URL-safe)."""
+    """Deterministic id: "<first item id>~<box index in that item>" (URL-safe); box index -1 for a
+    sighting of items without boxes. A later commit that adds items after its first keeps the id; one
+    that adds an earlier first item gives it that item's id (the old id still names it in DecideSighting).
+    """
     bucket_id: _builtins.str
     """Bucket of its items."""
     camera_id: _builtins.str
@@ -545,9 +648,13 @@ class Sighting(_message.Message):
     class_name: _builtins.str
     """Class detected (before any relabel)."""
     review_state: _common_pb2.ReviewState.ValueType
-    """Review state shared by its items (PENDING until decided)."""
+    """Review state shared by its items (PENDING until decided, and while items that joined after the last
+    decision are undecided).
+    """
     relabel_class: _builtins.str
     """Class it was relabelled to; absent unless relabelled."""
+    pending_items: _builtins.int
+    """Items not decided yet (0 once decided, until more items join)."""
     @_builtins.property
     def item_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Items it spans, oldest first."""
@@ -559,6 +666,14 @@ class Sighting(_message.Message):
     @_builtins.property
     def last_frame_time(self) -> _timestamp_pb2.Timestamp:
         """Frame time of the last item (UTC)."""
+
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When last decided (UTC); absent until decided."""
+
+    @_builtins.property
+    def decided_by(self) -> _common_pb2.Principal:
+        """Who decided last; absent until decided."""
 
     def __init__(
         self,
@@ -572,13 +687,25 @@ class Sighting(_message.Message):
         last_frame_time: _timestamp_pb2.Timestamp | None = ...,
         review_state: _common_pb2.ReviewState.ValueType = ...,
         relabel_class: _builtins.str | None = ...,
+        pending_items: _builtins.int = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+        decided_by: _common_pb2.Principal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "first_frame_time", b"first_frame_time", "last_frame_time", b"last_frame_time", "relabel_class", b"relabel_class"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at", "_decided_by", b"_decided_by", "_relabel_class", b"_relabel_class", "decided_at", b"decided_at", "decided_by", b"decided_by", "first_frame_time", b"first_frame_time", "last_frame_time", b"last_frame_time", "relabel_class", b"relabel_class"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "bucket_id", b"bucket_id", "camera_id", b"camera_id", "class_name", b"class_name", "first_frame_time", b"first_frame_time", "item_ids", b"item_ids", "last_frame_time", b"last_frame_time", "relabel_class", b"relabel_class", "review_state", b"review_state", "sighting_id", b"sighting_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at", "_decided_by", b"_decided_by", "_relabel_class", b"_relabel_class", "bucket_id", b"bucket_id", "camera_id", b"camera_id", "class_name", b"class_name", "decided_at", b"decided_at", "decided_by", b"decided_by", "first_frame_time", b"first_frame_time", "item_ids", b"item_ids", "last_frame_time", b"last_frame_time", "pending_items", b"pending_items", "relabel_class", b"relabel_class", "review_state", b"review_state", "sighting_id", b"sighting_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__decided_at: _TypeAlias = _typing.Literal["decided_at"]  # noqa: Y015
+    _WhichOneofArgType__decided_at: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at"]  # noqa: Y015
+    _WhichOneofReturnType__decided_by: _TypeAlias = _typing.Literal["decided_by"]  # noqa: Y015
+    _WhichOneofArgType__decided_by: _TypeAlias = _typing.Literal["_decided_by", b"_decided_by"]  # noqa: Y015
     _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
     _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__decided_at) -> _WhichOneofReturnType__decided_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__decided_by) -> _WhichOneofReturnType__decided_by | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__relabel_class) -> _WhichOneofReturnType__relabel_class | None: ...
 
 Global___Sighting: _TypeAlias = Sighting  # noqa: Y015
@@ -843,3 +970,54 @@ class DailyCount(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DailyCount: _TypeAlias = DailyCount  # noqa: Y015
+
+@_typing.final
+class BucketItemFilter(_message.Message):
+    """Which of a bucket's items to list or export; every set field must match."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVIEW_STATES_FIELD_NUMBER: _builtins.int
+    CLASS_NAME_FIELD_NUMBER: _builtins.int
+    CAMERA_ID_FIELD_NUMBER: _builtins.int
+    FRAME_TIME_FROM_FIELD_NUMBER: _builtins.int
+    FRAME_TIME_TO_FIELD_NUMBER: _builtins.int
+    class_name: _builtins.str
+    """Only items with a box of this class (after relabels); empty means any."""
+    camera_id: _builtins.str
+    """Only items of this camera; empty means any."""
+    @_builtins.property
+    def review_states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.ReviewState.ValueType]:
+        """Review states to include; empty means every state."""
+
+    @_builtins.property
+    def frame_time_from(self) -> _timestamp_pb2.Timestamp:
+        """Only items whose frame time is at or after this instant (UTC)."""
+
+    @_builtins.property
+    def frame_time_to(self) -> _timestamp_pb2.Timestamp:
+        """Only items whose frame time is before this instant (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        review_states: _abc.Iterable[_common_pb2.ReviewState.ValueType] | None = ...,
+        class_name: _builtins.str = ...,
+        camera_id: _builtins.str = ...,
+        frame_time_from: _timestamp_pb2.Timestamp | None = ...,
+        frame_time_to: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "camera_id", b"camera_id", "class_name", b"class_name", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to", "review_states", b"review_states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__frame_time_from: _TypeAlias = _typing.Literal["frame_time_from"]  # noqa: Y015
+    _WhichOneofArgType__frame_time_from: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from"]  # noqa: Y015
+    _WhichOneofReturnType__frame_time_to: _TypeAlias = _typing.Literal["frame_time_to"]  # noqa: Y015
+    _WhichOneofArgType__frame_time_to: _TypeAlias = _typing.Literal["_frame_time_to", b"_frame_time_to"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_time_from) -> _WhichOneofReturnType__frame_time_from | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_time_to) -> _WhichOneofReturnType__frame_time_to | None: ...
+
+Global___BucketItemFilter: _TypeAlias = BucketItemFilter  # noqa: Y015

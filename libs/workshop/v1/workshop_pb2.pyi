@@ -941,6 +941,7 @@ class DecideSightingRequest(_message.Message):
     SIGHTING_ID_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
     CLASS_NAME_FIELD_NUMBER: _builtins.int
+    SEEN_ITEM_COUNT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run whose review it is."""
     sighting_id: _builtins.str
@@ -949,6 +950,8 @@ class DecideSightingRequest(_message.Message):
     """The decision."""
     class_name: _builtins.str
     """RELABEL only: the new class name (non-empty, at most 200 characters)."""
+    seen_item_count: _builtins.int
+    """Items the caller saw in the sighting; when given, the answer says how many joined since."""
     def __init__(
         self,
         *,
@@ -956,12 +959,15 @@ class DecideSightingRequest(_message.Message):
         sighting_id: _builtins.str = ...,
         decision: Global___ReviewDecision.ValueType = ...,
         class_name: _builtins.str = ...,
+        seen_item_count: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seen_item_count", b"_seen_item_count", "seen_item_count", b"seen_item_count"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["class_name", b"class_name", "decision", b"decision", "run_id", b"run_id", "sighting_id", b"sighting_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seen_item_count", b"_seen_item_count", "class_name", b"class_name", "decision", b"decision", "run_id", b"run_id", "seen_item_count", b"seen_item_count", "sighting_id", b"sighting_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__seen_item_count: _TypeAlias = _typing.Literal["seen_item_count"]  # noqa: Y015
+    _WhichOneofArgType__seen_item_count: _TypeAlias = _typing.Literal["_seen_item_count", b"_seen_item_count"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seen_item_count) -> _WhichOneofReturnType__seen_item_count | None: ...
 
 Global___DecideSightingRequest: _TypeAlias = DecideSightingRequest  # noqa: Y015
 
@@ -973,8 +979,13 @@ class DecideSightingResponse(_message.Message):
 
     SIGHTING_FIELD_NUMBER: _builtins.int
     ITEMS_UPDATED_FIELD_NUMBER: _builtins.int
+    ITEMS_JOINED_FIELD_NUMBER: _builtins.int
     items_updated: _builtins.int
-    """Items updated."""
+    """Items whose review changed (0 when the decision repeats the last one)."""
+    items_joined: _builtins.int
+    """Items the sighting holds beyond seen_item_count (items that joined it since the caller looked);
+    0 when seen_item_count is absent.
+    """
     @_builtins.property
     def sighting(self) -> _run_pb2.Sighting:
         """The sighting with its new state."""
@@ -984,10 +995,11 @@ class DecideSightingResponse(_message.Message):
         *,
         sighting: _run_pb2.Sighting | None = ...,
         items_updated: _builtins.int = ...,
+        items_joined: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sighting", b"sighting"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items_updated", b"items_updated", "sighting", b"sighting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items_joined", b"items_joined", "items_updated", b"items_updated", "sighting", b"sighting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1048,6 +1060,70 @@ class GetSummaryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetSummaryResponse: _TypeAlias = GetSummaryResponse  # noqa: Y015
+
+@_typing.final
+class ListBucketItemsRequest(_message.Message):
+    """List a bucket's items."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUCKET_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    bucket_id: _builtins.str
+    """Bucket id."""
+    page_size: _builtins.int
+    """Items per page; 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """Token from a previous response with the same bucket and filter; empty for the first page."""
+    @_builtins.property
+    def filter(self) -> _run_pb2.BucketItemFilter:
+        """Which items."""
+
+    def __init__(
+        self,
+        *,
+        bucket_id: _builtins.str = ...,
+        filter: _run_pb2.BucketItemFilter | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "filter", b"filter", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBucketItemsRequest: _TypeAlias = ListBucketItemsRequest  # noqa: Y015
+
+@_typing.final
+class ListBucketItemsResponse(_message.Message):
+    """A page of a bucket's items."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.BucketItem]:
+        """Items, oldest frame first."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[_run_pb2.BucketItem] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBucketItemsResponse: _TypeAlias = ListBucketItemsResponse  # noqa: Y015
 
 @_typing.final
 class RequestPhotoRequest(_message.Message):

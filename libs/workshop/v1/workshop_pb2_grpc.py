@@ -130,6 +130,11 @@ class WorkshopServiceStub:
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.GetSummaryRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_workshop__pb2.GetSummaryResponse.FromString,
                 _registered_method=True)
+        self.ListBucketItems = channel.unary_unary(
+                '/workshop.v1.WorkshopService/ListBucketItems',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsResponse.FromString,
+                _registered_method=True)
         self.RequestPhoto = channel.unary_unary(
                 '/workshop.v1.WorkshopService/RequestPhoto',
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.RequestPhotoRequest.SerializeToString,
@@ -274,17 +279,21 @@ class WorkshopServiceServicer:
 
     def GetReview(self, request, context):
         """Returns what the review page needs: the run's recordings (for the player), its models' class lists, and
-        up to 1,000 saved items oldest first with has_more, plus the sightings those items belong to.
-        Errors: NOT_FOUND (run; expired test runs have no items).
+        up to 1,000 saved items oldest frame first with has_more, plus the sightings those items belong to.
+        A full run shows its bucket items; a test run its previews while its hour lasts, and no items after.
+        A footage:read key sees only its cameras' items and recordings.
+        Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000, page_token malformed or of another run).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DecideSighting(self, request, context):
-        """Applies a decision to every item of a sighting: Confirm or None sets their review state; Relabel sets a
-        class on them all. The last decision wins. Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT
-        (decision unset, class missing for RELABEL, or set for another decision).
+        """Applies a decision to every item of a sighting in one transaction: Confirm or None sets their review
+        state; Relabel accepts them with a class. The last decision wins; repeating one changes nothing.
+        Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT (decision unset, class missing, over 200
+        characters or with control characters for RELABEL, or set for another decision; RELABEL of a sighting
+        without boxes), FAILED_PRECONDITION reason TEST_RUN (a test run saves nothing to decide).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -293,6 +302,16 @@ class WorkshopServiceServicer:
     def GetSummary(self, request, context):
         """Returns per-bucket and per-workflow figures; photos are excluded.
         Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBucketItems(self, request, context):
+        """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
+        and frame time. A footage:read key sees only its cameras' items.
+        Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
+        or of another listing).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -398,6 +417,11 @@ def add_WorkshopServiceServicer_to_server(servicer, server):
                     servicer.GetSummary,
                     request_deserializer=workshop_dot_v1_dot_workshop__pb2.GetSummaryRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_workshop__pb2.GetSummaryResponse.SerializeToString,
+            ),
+            'ListBucketItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBucketItems,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsResponse.SerializeToString,
             ),
             'RequestPhoto': grpc.unary_unary_rpc_method_handler(
                     servicer.RequestPhoto,
@@ -858,6 +882,33 @@ class WorkshopService:
             '/workshop.v1.WorkshopService/GetSummary',
             workshop_dot_v1_dot_workshop__pb2.GetSummaryRequest.SerializeToString,
             workshop_dot_v1_dot_workshop__pb2.GetSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBucketItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/ListBucketItems',
+            workshop_dot_v1_dot_workshop__pb2.ListBucketItemsRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.ListBucketItemsResponse.FromString,
             options,
             channel_credentials,
             insecure,

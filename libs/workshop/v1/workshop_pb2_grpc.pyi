@@ -108,17 +108,27 @@ class WorkshopServiceStub:
     """Returns a run's snapshot and pages through its input recordings in job order. Errors: NOT_FOUND."""
     GetReview: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetReviewRequest, _workshop_pb2.GetReviewResponse]
     """Returns what the review page needs: the run's recordings (for the player), its models' class lists, and
-    up to 1,000 saved items oldest first with has_more, plus the sightings those items belong to.
-    Errors: NOT_FOUND (run; expired test runs have no items).
+    up to 1,000 saved items oldest frame first with has_more, plus the sightings those items belong to.
+    A full run shows its bucket items; a test run its previews while its hour lasts, and no items after.
+    A footage:read key sees only its cameras' items and recordings.
+    Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000, page_token malformed or of another run).
     """
     DecideSighting: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.DecideSightingRequest, _workshop_pb2.DecideSightingResponse]
-    """Applies a decision to every item of a sighting: Confirm or None sets their review state; Relabel sets a
-    class on them all. The last decision wins. Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT
-    (decision unset, class missing for RELABEL, or set for another decision).
+    """Applies a decision to every item of a sighting in one transaction: Confirm or None sets their review
+    state; Relabel accepts them with a class. The last decision wins; repeating one changes nothing.
+    Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT (decision unset, class missing, over 200
+    characters or with control characters for RELABEL, or set for another decision; RELABEL of a sighting
+    without boxes), FAILED_PRECONDITION reason TEST_RUN (a test run saves nothing to decide).
     """
     GetSummary: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetSummaryRequest, _workshop_pb2.GetSummaryResponse]
     """Returns per-bucket and per-workflow figures; photos are excluded.
     Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
+    """
+    ListBucketItems: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.ListBucketItemsRequest, _workshop_pb2.ListBucketItemsResponse]
+    """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
+    and frame time. A footage:read key sees only its cameras' items.
+    Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
+    or of another listing).
     """
     RequestPhoto: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.RequestPhotoRequest, _workshop_pb2.RequestPhotoResponse]
     """Requests a still frame of a camera at an instant: a one-frame test with no model from the newest
@@ -208,17 +218,27 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     """Returns a run's snapshot and pages through its input recordings in job order. Errors: NOT_FOUND."""
     GetReview: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetReviewRequest, _workshop_pb2.GetReviewResponse]  # type: ignore[assignment]
     """Returns what the review page needs: the run's recordings (for the player), its models' class lists, and
-    up to 1,000 saved items oldest first with has_more, plus the sightings those items belong to.
-    Errors: NOT_FOUND (run; expired test runs have no items).
+    up to 1,000 saved items oldest frame first with has_more, plus the sightings those items belong to.
+    A full run shows its bucket items; a test run its previews while its hour lasts, and no items after.
+    A footage:read key sees only its cameras' items and recordings.
+    Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000, page_token malformed or of another run).
     """
     DecideSighting: _aio.UnaryUnaryMultiCallable[_workshop_pb2.DecideSightingRequest, _workshop_pb2.DecideSightingResponse]  # type: ignore[assignment]
-    """Applies a decision to every item of a sighting: Confirm or None sets their review state; Relabel sets a
-    class on them all. The last decision wins. Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT
-    (decision unset, class missing for RELABEL, or set for another decision).
+    """Applies a decision to every item of a sighting in one transaction: Confirm or None sets their review
+    state; Relabel accepts them with a class. The last decision wins; repeating one changes nothing.
+    Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT (decision unset, class missing, over 200
+    characters or with control characters for RELABEL, or set for another decision; RELABEL of a sighting
+    without boxes), FAILED_PRECONDITION reason TEST_RUN (a test run saves nothing to decide).
     """
     GetSummary: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetSummaryRequest, _workshop_pb2.GetSummaryResponse]  # type: ignore[assignment]
     """Returns per-bucket and per-workflow figures; photos are excluded.
     Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
+    """
+    ListBucketItems: _aio.UnaryUnaryMultiCallable[_workshop_pb2.ListBucketItemsRequest, _workshop_pb2.ListBucketItemsResponse]  # type: ignore[assignment]
+    """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
+    and frame time. A footage:read key sees only its cameras' items.
+    Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
+    or of another listing).
     """
     RequestPhoto: _aio.UnaryUnaryMultiCallable[_workshop_pb2.RequestPhotoRequest, _workshop_pb2.RequestPhotoResponse]  # type: ignore[assignment]
     """Requests a still frame of a camera at an instant: a one-frame test with no model from the newest
@@ -389,8 +409,10 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_workshop_pb2.GetReviewResponse, _abc.Awaitable[_workshop_pb2.GetReviewResponse]]:
         """Returns what the review page needs: the run's recordings (for the player), its models' class lists, and
-        up to 1,000 saved items oldest first with has_more, plus the sightings those items belong to.
-        Errors: NOT_FOUND (run; expired test runs have no items).
+        up to 1,000 saved items oldest frame first with has_more, plus the sightings those items belong to.
+        A full run shows its bucket items; a test run its previews while its hour lasts, and no items after.
+        A footage:read key sees only its cameras' items and recordings.
+        Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000, page_token malformed or of another run).
         """
 
     @_abc_1.abstractmethod
@@ -399,9 +421,11 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _workshop_pb2.DecideSightingRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workshop_pb2.DecideSightingResponse, _abc.Awaitable[_workshop_pb2.DecideSightingResponse]]:
-        """Applies a decision to every item of a sighting: Confirm or None sets their review state; Relabel sets a
-        class on them all. The last decision wins. Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT
-        (decision unset, class missing for RELABEL, or set for another decision).
+        """Applies a decision to every item of a sighting in one transaction: Confirm or None sets their review
+        state; Relabel accepts them with a class. The last decision wins; repeating one changes nothing.
+        Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT (decision unset, class missing, over 200
+        characters or with control characters for RELABEL, or set for another decision; RELABEL of a sighting
+        without boxes), FAILED_PRECONDITION reason TEST_RUN (a test run saves nothing to decide).
         """
 
     @_abc_1.abstractmethod
@@ -412,6 +436,18 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_workshop_pb2.GetSummaryResponse, _abc.Awaitable[_workshop_pb2.GetSummaryResponse]]:
         """Returns per-bucket and per-workflow figures; photos are excluded.
         Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
+        """
+
+    @_abc_1.abstractmethod
+    def ListBucketItems(
+        self,
+        request: _workshop_pb2.ListBucketItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.ListBucketItemsResponse, _abc.Awaitable[_workshop_pb2.ListBucketItemsResponse]]:
+        """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
+        and frame time. A footage:read key sees only its cameras' items.
+        Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
+        or of another listing).
         """
 
     @_abc_1.abstractmethod

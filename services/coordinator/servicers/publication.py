@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
-from services.coordinator import convert
+from services.coordinator import convert, review
 from services.coordinator.auth import Principal, ScopeName, require
 from services.coordinator.errors import InvalidField
+from services.coordinator.fields import MAX_PAGE_SIZE
 from services.coordinator.publication_api import (
     MAX_RECORD_BATCH,
     PreviewRecord,
@@ -14,6 +15,8 @@ from services.coordinator.publication_api import (
     Recorded,
     Sweep,
 )
+from services.coordinator.review import ReviewApi
+from services.coordinator.servicers import review as views
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.jobs import lease
 from workshop.kit.auth import bearer_secret
@@ -30,8 +33,11 @@ OBJECT_KINDS = {common_pb2.OBJECT_KIND_PREVIEW: "preview", common_pb2.OBJECT_KIN
 
 
 class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
-    def __init__(self, api: PublicationApi, authenticate: Authenticator) -> None:
+    def __init__(
+        self, api: PublicationApi, reviews: ReviewApi, authenticate: Authenticator
+    ) -> None:
         self.api = api
+        self.review = reviews
         self.who = authenticate
 
     async def _callers(
@@ -181,6 +187,40 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             camera_id=image.camera_id,
             sha256=image.sha256,
             expires_at=convert.opt_ts(image.expires_at or image.run_expires_at),
+        )
+
+    async def ListExportItems(
+        self, request: pb.ListExportItemsRequest, context: Context
+    ) -> pb.ListExportItemsResponse:
+        _, reader = await self._callers(context)
+        wanted = views.item_filter(request.filter)
+        scope = wanted.fingerprint(request.bucket_id)
+        after = views.page_key(request.page_token, scope)
+        page = await self.review.bucket_items(
+            reader,
+            request.bucket_id,
+            wanted,
+            after,
+            min(request.page_size or review.DEFAULT_EXPORT_PAGE, MAX_PAGE_SIZE),
+            with_classes=after is None,
+        )
+        return pb.ListExportItemsResponse(
+            items=[
+                pb.ExportItem(
+                    item_id=row.item.item_id,
+                    object_key=row.object_key,
+                    sha256=row.sha256,
+                    camera_id=row.item.camera_id,
+                    frame_time=convert.ts(row.item.frame_time),
+                    review_state=views.STATES[row.item.review_state],
+                    boxes=convert.boxes(
+                        review.reviewed_boxes(row.item, page.box_reviews.get(row.item.item_id, []))
+                    ),
+                )
+                for row in page.items
+            ],
+            next_page_token=views.page_token(scope, page.next_key),
+            classes=page.classes,
         )
 
 

@@ -6,12 +6,14 @@ from collections.abc import AsyncIterator
 
 from google.protobuf import json_format
 
-from services.coordinator import convert
+from services.coordinator import convert, review
 from services.coordinator.errors import InvalidField
 from services.coordinator.events import RunEvents
 from services.coordinator.fields import page_size
 from services.coordinator.jobs_api import job_id
 from services.coordinator.photos import PhotosApi, PhotoView
+from services.coordinator.review import ReviewApi
+from services.coordinator.servicers import review as views
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,
@@ -29,7 +31,6 @@ from services.coordinator.workshop_api import (
     run_request,
     spec_from_json,
 )
-from workshop.kit.errors import NotImplementedYet
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2, workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as pb
 
@@ -160,10 +161,16 @@ def detail(view: RunView, job_limit: int) -> run_pb2.RunDetail:
 
 class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     def __init__(
-        self, api: WorkshopApi, photos: PhotosApi, authenticate: Authenticator, events: RunEvents
+        self,
+        api: WorkshopApi,
+        photos: PhotosApi,
+        reviews: ReviewApi,
+        authenticate: Authenticator,
+        events: RunEvents,
     ) -> None:
         self.api = api
         self.photos = photos
+        self.review = reviews
         self.who = authenticate
         self.events = events
 
@@ -297,7 +304,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         view = await self.api.get_run(who, request.run_id, 0)
         return pb.CancelRunResponse(run=run(view), jobs_cancelled=cancelled)
 
-    # Live following; review and summary are not implemented yet.
+    # Live following, review and the summary.
 
     async def WatchRun(
         self, request: pb.WatchRunRequest, context: Context
@@ -321,17 +328,117 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def GetReview(
         self, request: pb.GetReviewRequest, context: Context
     ) -> pb.GetReviewResponse:
-        raise NotImplementedYet("GetReview is not implemented yet.")
+        if request.page_size > review.MAX_REVIEW_PAGE:
+            raise InvalidField(
+                f"page_size is at most {review.MAX_REVIEW_PAGE}.", metadata={"field": "page_size"}
+            )
+        scope = views.scope_of_run(request.run_id)
+        page = await self.review.review(
+            await self.who(context),
+            request.run_id,
+            views.page_key(request.page_token, scope),
+            request.page_size or review.MAX_REVIEW_PAGE,
+        )
+        return pb.GetReviewResponse(
+            recordings=[snapshot_recording(row) for row in page.recordings],
+            models=views.pinned_models(page.run.snapshot),
+            items=[
+                run_pb2.ReviewItem(
+                    item=views.bucket_item(item, page.box_reviews.get(item.item_id, [])),
+                    sighting_ids=[
+                        box.sighting_id for box in page.box_reviews.get(item.item_id, [])
+                    ],
+                )
+                for item in page.items
+            ],
+            sightings=[views.sighting(row) for row in page.sightings],
+            has_more=page.next_key is not None,
+            next_page_token=views.page_token(scope, page.next_key),
+        )
 
     async def DecideSighting(
         self, request: pb.DecideSightingRequest, context: Context
     ) -> pb.DecideSightingResponse:
-        raise NotImplementedYet("DecideSighting is not implemented yet.")
+        state, relabel = decision(request)
+        decided = await self.review.decide(
+            await self.who(context),
+            request.run_id,
+            request.sighting_id,
+            state,
+            relabel,
+            request.seen_item_count if request.HasField("seen_item_count") else None,
+        )
+        return pb.DecideSightingResponse(
+            sighting=views.sighting(decided.sighting),
+            items_updated=decided.items_updated,
+            items_joined=decided.items_joined,
+        )
 
     async def GetSummary(
         self, request: pb.GetSummaryRequest, context: Context
     ) -> pb.GetSummaryResponse:
-        raise NotImplementedYet("GetSummary is not implemented yet.")
+        found = await self.review.summary(await self.who(context), request.time_zone, request.days)
+        return pb.GetSummaryResponse(
+            buckets=[
+                run_pb2.BucketSummary(
+                    bucket_id=row.bucket_id,
+                    name=row.name,
+                    images=row.images,
+                    accepted=row.accepted,
+                    rejected=row.rejected,
+                    pending=row.pending,
+                    saved=row.saved,
+                    last_added_at=convert.opt_ts(row.last_added_at),
+                )
+                for row in found.buckets
+            ],
+            workflows=[
+                run_pb2.WorkflowSummary(
+                    workflow_id=entry.row.workflow_id,
+                    name=entry.row.name,
+                    runs=entry.row.runs,
+                    last_run=run(await self.api.view(entry.last_run)) if entry.last_run else None,
+                    classes=[
+                        run_pb2.ClassCount(
+                            class_name=count.class_name,
+                            detections=count.detections,
+                            confirmations=count.confirmations,
+                        )
+                        for count in entry.classes
+                    ],
+                    images_per_day=[
+                        run_pb2.DailyCount(
+                            date=common_pb2.CalendarDate(
+                                year=day.day.year, month=day.day.month, day=day.day.day
+                            ),
+                            images=day.images,
+                        )
+                        for day in entry.days
+                    ],
+                )
+                for entry in found.workflows
+            ],
+        )
+
+    async def ListBucketItems(
+        self, request: pb.ListBucketItemsRequest, context: Context
+    ) -> pb.ListBucketItemsResponse:
+        wanted = views.item_filter(request.filter)
+        scope = wanted.fingerprint(request.bucket_id)
+        page = await self.review.bucket_items(
+            await self.who(context),
+            request.bucket_id,
+            wanted,
+            views.page_key(request.page_token, scope),
+            page_size(request.page_size),
+        )
+        return pb.ListBucketItemsResponse(
+            items=[
+                views.bucket_item(row.item, page.box_reviews.get(row.item.item_id, []))
+                for row in page.items
+            ],
+            next_page_token=views.page_token(scope, page.next_key),
+        )
 
     async def RequestPhoto(
         self, request: pb.RequestPhotoRequest, context: Context
@@ -345,6 +452,22 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def GetPhoto(self, request: pb.GetPhotoRequest, context: Context) -> pb.GetPhotoResponse:
         view = await self.photos.get(await self.who(context), request.photo_id)
         return pb.GetPhotoResponse(photo=photo(view))
+
+
+def decision(request: pb.DecideSightingRequest) -> tuple[str, str | None]:
+    """The review state and relabel class a decision sets."""
+    if request.decision == pb.REVIEW_DECISION_RELABEL:
+        return "accepted", review.check_class(request.class_name)
+    if request.class_name:
+        raise InvalidField(
+            "class_name is only for RELABEL; leave it empty for CONFIRM and NONE.",
+            metadata={"field": "class_name"},
+        )
+    if request.decision == pb.REVIEW_DECISION_CONFIRM:
+        return "accepted", None
+    if request.decision == pb.REVIEW_DECISION_NONE:
+        return "rejected", None
+    raise InvalidField("decision must be CONFIRM, NONE or RELABEL.", metadata={"field": "decision"})
 
 
 def photo(view: PhotoView) -> run_pb2.Photo:

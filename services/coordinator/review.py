@@ -1,0 +1,673 @@
+"""Review, sightings, the summary and bucket datasets (docs/review.md).
+
+Sightings are grouped when items are committed (`group_committed`, in the committing
+transaction), so reads only look them up. Every writer of a timeline's sightings takes
+its lock row first (sighting_timelines), then items and boxes, then the counters, each
+in key order, so decisions, commits and bucket deletions never deadlock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import unicodedata
+from collections.abc import Sequence
+from datetime import date, datetime, time, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from services.coordinator import auth, sightings
+from services.coordinator.auth import Principal, ScopeName
+from services.coordinator.clock import Clock
+from services.coordinator.db import Connection, Database, Row, fetch_all, fetch_one, sql
+from services.coordinator.errors import InvalidField, NotFound, ScopeMissing
+from services.coordinator.workshop_api import RunRow, SnapshotRecordingRow
+from workshop.kit import errors
+
+log = logging.getLogger(__name__)
+
+MAX_REVIEW_PAGE = 1000
+DEFAULT_LIST_PAGE = 100
+DEFAULT_EXPORT_PAGE = 500
+MAX_CLASS_LENGTH = 200
+DEFAULT_SUMMARY_DAYS = 30
+MAX_SUMMARY_DAYS = 366
+REVIEW_STATES = ("pending", "accepted", "rejected")
+
+
+class TestRunReview(errors.FailedPrecondition):
+    reason = "TEST_RUN"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timeline(Row):
+    run_id: str
+    bucket_id: str
+    camera_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimelineBox(Row):
+    item_id: str
+    box_index: int
+    frame_time: datetime
+    class_name: str
+    x: float
+    y: float
+    w: float
+    h: float
+    sighting_id: str
+    fixed: bool
+
+    def detection(self) -> sightings.Detection:
+        return sightings.Detection(
+            self.item_id,
+            self.box_index,
+            self.frame_time,
+            self.class_name,
+            self.x,
+            self.y,
+            self.w,
+            self.h,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReviewRun(Row):
+    run_id: str
+    mode: str
+    kind: str
+    expires_at: datetime | None
+    snapshot: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ItemRow(Row):
+    """A bucket item (or a test run's preview) as review and listings show it."""
+
+    item_id: str
+    bucket_id: str
+    run_id: str
+    job_index: int
+    slot_index: int
+    camera_id: str
+    recording_id: str
+    recording_generation: int
+    output_current: bool
+    frame_time: datetime
+    boxes: list[dict[str, Any]]
+    review_state: str
+    relabel_class: str | None
+    saved_at: datetime
+    reviewed_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredItemRow(Row):
+    """A bucket item with where its bytes are (exports)."""
+
+    item: ItemRow
+    object_key: str
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BoxReviewRow(Row):
+    item_id: str
+    box_index: int
+    sighting_id: str
+    review_state: str
+    relabel_class: str | None
+    decided_at: datetime | None
+    decided_by: dict[str, str] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SightingRow(Row):
+    sighting_id: str
+    bucket_id: str
+    camera_id: str
+    class_name: str
+    item_ids: list[str]
+    first_frame_time: datetime
+    last_frame_time: datetime
+    pending: int
+    accepted: int
+    rejected: int
+    relabel_variants: int
+    relabel_class: str | None
+    decided_at: datetime | None
+    decided_by: dict[str, str] | None
+
+    @property
+    def review_state(self) -> str:
+        """The state its items share; 'pending' while any is undecided, or when two decided
+        sightings were merged with different decisions (it needs a decision again)."""
+        total = len(self.item_ids)
+        if self.accepted == total and self.relabel_variants == 1:
+            return "accepted"
+        if self.rejected == total:
+            return "rejected"
+        return "pending"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockedBox(Row):
+    bucket_id: str
+    camera_id: str
+    sighting_id: str
+    ungrouped: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BucketSummaryRow(Row):
+    bucket_id: str
+    name: str
+    images: int
+    accepted: int
+    rejected: int
+    pending: int
+    saved: int
+    last_added_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowSummaryRow(Row):
+    workflow_id: str
+    name: str
+    runs: int
+    last_run_id: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClassCountRow(Row):
+    workflow_id: str
+    class_name: str
+    detections: int
+    confirmations: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DayCountRow(Row):
+    workflow_id: str
+    day: int  # 1-based position of the day in the range
+    images: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemFilter:
+    """Which of a bucket's items: every set field must match."""
+
+    review_states: tuple[str, ...] = ()
+    class_name: str = ""
+    camera_id: str = ""
+    frame_time_from: datetime | None = None
+    frame_time_to: datetime | None = None
+
+    def fingerprint(self, bucket_id: str) -> str:
+        """What a page token is bound to, so a token of another listing is refused."""
+        text = "|".join(
+            (
+                bucket_id,
+                ",".join(self.review_states),
+                self.class_name,
+                self.camera_id,
+                self.frame_time_from.isoformat() if self.frame_time_from else "",
+                self.frame_time_to.isoformat() if self.frame_time_to else "",
+            )
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class PageKey:
+    """Where a page starts: after this item in (frame time, item id) order."""
+
+    frame_time: datetime
+    item_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReviewPage:
+    run: ReviewRun
+    recordings: list[SnapshotRecordingRow]
+    items: list[ItemRow]
+    box_reviews: dict[str, list[BoxReviewRow]]
+    sightings: list[SightingRow]
+    next_key: PageKey | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    sighting: SightingRow
+    items_updated: int
+    items_joined: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DailyCount:
+    day: date
+    images: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowSummary:
+    row: WorkflowSummaryRow
+    last_run: RunRow | None
+    classes: list[ClassCountRow]
+    days: list[DailyCount]
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    buckets: list[BucketSummaryRow]
+    workflows: list[WorkflowSummary]
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemsPage:
+    items: list[StoredItemRow]
+    box_reviews: dict[str, list[BoxReviewRow]]
+    next_key: PageKey | None
+    classes: list[str]
+
+
+def readable_cameras(who: Principal) -> frozenset[str] | None:
+    """The cameras whose items `who` may read (None: every camera): sessions, admins and
+    workshop keys without cameras read all; camera-bound workshop and footage:read keys
+    their cameras. ScopeMissing when it reaches none."""
+    if who.kind == "session" or who.is_admin:
+        return None
+    cameras: set[str] = set()
+    reaches = False
+    for grant in who.grants:
+        if grant.scope is ScopeName.WORKSHOP:
+            if not grant.camera_ids:
+                return None
+            cameras.update(grant.camera_ids)
+            reaches = True
+        elif grant.scope is ScopeName.FOOTAGE_READ:
+            cameras.update(grant.camera_ids)
+            reaches = True
+    if not reaches:
+        raise ScopeMissing("This call needs a key with scope 'workshop' or 'footage:read'.")
+    return frozenset(cameras)
+
+
+def decidable_cameras(who: Principal) -> frozenset[str] | None:
+    """The cameras whose sightings `who` may decide: workshop scope only (footage:read keys
+    only read)."""
+    auth.require(who, ScopeName.WORKSHOP)
+    if who.kind == "session" or who.is_admin:
+        return None
+    cameras: set[str] = set()
+    for grant in who.grants:
+        if grant.scope is ScopeName.WORKSHOP:
+            if not grant.camera_ids:
+                return None
+            cameras.update(grant.camera_ids)
+    return frozenset(cameras)
+
+
+def check_class(value: str) -> str:
+    """A relabel class: 1-200 characters, no control characters."""
+    if not value:
+        raise InvalidField("class_name is required for RELABEL.", metadata={"field": "class_name"})
+    if len(value) > MAX_CLASS_LENGTH:
+        raise InvalidField(
+            f"class_name is {len(value)} characters; at most {MAX_CLASS_LENGTH} are allowed.",
+            metadata={"field": "class_name", "limit": str(MAX_CLASS_LENGTH)},
+        )
+    if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value) or value.strip() != value:
+        raise InvalidField(
+            "class_name may not hold control characters or start or end with spaces.",
+            metadata={"field": "class_name"},
+        )
+    return value
+
+
+def summary_days(time_zone: str, days: int, now: datetime) -> tuple[str, list[datetime]]:
+    """The zone and the instants the local days of the range start at, plus the instant
+    the range ends (the start of tomorrow in that zone)."""
+    name = time_zone or "UTC"
+    try:
+        zone = ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidField(
+            f"time_zone {name[:80]!r} is not an IANA time zone (e.g. 'Europe/Berlin').",
+            metadata={"field": "time_zone"},
+        ) from None
+    count = days or DEFAULT_SUMMARY_DAYS
+    if not 1 <= count <= MAX_SUMMARY_DAYS:
+        raise InvalidField(
+            f"days must be 1..{MAX_SUMMARY_DAYS} (got {days}).", metadata={"field": "days"}
+        )
+    today = now.astimezone(zone).date()
+    first = today - timedelta(days=count - 1)
+    starts = [
+        datetime.combine(first + timedelta(days=n), time(0), tzinfo=zone) for n in range(count + 1)
+    ]
+    return name, starts
+
+
+async def group_timeline(connection: Connection, timeline: Timeline) -> int:
+    """Groups a timeline's ungrouped boxes (the caller holds its lock); returns how many
+    boxes changed sighting."""
+    rows = await fetch_all(
+        connection,
+        TimelineBox,
+        sql("review", "timeline_regroup_rows"),
+        timeline.run_id,
+        timeline.bucket_id,
+        timeline.camera_id,
+    )
+    if not rows:
+        return 0
+    last_fixed: dict[str, sightings.Detection] = {}
+    replay: list[sightings.Detection] = []
+    for row in rows:
+        detection = row.detection()
+        if not row.fixed:
+            replay.append(detection)
+            continue
+        seen = last_fixed.get(row.sighting_id)
+        if seen is None or (seen.frame_time, seen.item_id) < (row.frame_time, row.item_id):
+            last_fixed[row.sighting_id] = detection
+    assigned = sightings.group(replay, sorted(last_fixed.items()))
+    before = {(row.item_id, row.box_index): row.sighting_id for row in rows if not row.fixed}
+    changed = [(key, sid) for key, sid in assigned.items() if before[key] != sid]
+    if changed:
+        await connection.execute(
+            sql("review", "timeline_assign"),
+            [key[0] for key, _ in changed],
+            [key[1] for key, _ in changed],
+            [sid for _, sid in changed],
+        )
+    return len(changed)
+
+
+async def group_committed(connection: Connection, item_ids: Sequence[str]) -> None:
+    """In the transaction that committed `item_ids`: adds their boxes to their timelines,
+    counts them, and groups what they changed."""
+    if not item_ids:
+        return
+    timelines = await fetch_all(
+        connection, Timeline, sql("review", "review_items_added"), list(item_ids)
+    )
+    for timeline in timelines:
+        await group_timeline(connection, timeline)
+
+
+async def group_backlog(db: Database, limit: int = 100) -> int:
+    """Groups timelines left ungrouped (items saved before sightings existed); returns how
+    many it grouped. Each timeline in its own transaction, under its lock."""
+    async with db.connection() as connection:
+        timelines = await fetch_all(
+            connection, Timeline, sql("review", "timelines_ungrouped"), limit
+        )
+    for timeline in timelines:
+        async with db.transaction() as connection:
+            await connection.execute(
+                sql("review", "timeline_lock"),
+                timeline.run_id,
+                timeline.bucket_id,
+                timeline.camera_id,
+            )
+            await group_timeline(connection, timeline)
+    return len(timelines)
+
+
+class ReviewApi:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
+        self.clock = clock
+
+    async def review(
+        self, who: Principal, run_id: str, after: PageKey | None, limit: int
+    ) -> ReviewPage:
+        cameras = readable_cameras(who)
+        camera_list = sorted(cameras) if cameras is not None else None
+        async with self.db.connection() as connection:
+            run = await fetch_one(connection, ReviewRun, sql("review", "review_run"), run_id)
+            if run is None:
+                raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
+            recordings: list[SnapshotRecordingRow] = []
+            if after is None:
+                recordings = await fetch_all(
+                    connection,
+                    SnapshotRecordingRow,
+                    sql("review", "review_recordings"),
+                    run_id,
+                    camera_list,
+                )
+            key = (after.frame_time, after.item_id) if after else (None, None)
+            if run.mode == "full":
+                items = await fetch_all(
+                    connection,
+                    ItemRow,
+                    sql("review", "review_items_page"),
+                    run_id,
+                    camera_list,
+                    *key,
+                    limit + 1,
+                )
+            else:
+                items = await fetch_all(
+                    connection,
+                    ItemRow,
+                    sql("review", "review_previews_page"),
+                    run_id,
+                    camera_list,
+                    *key,
+                    self.clock.now(),
+                    limit + 1,
+                )
+            more = len(items) > limit
+            items = items[:limit]
+            reviews = await _box_reviews(connection, [item.item_id for item in items])
+            sighting_ids = sorted(
+                {box.sighting_id for boxes in reviews.values() for box in boxes} - {""}
+            )
+            found = (
+                await fetch_all(
+                    connection, SightingRow, sql("review", "sightings_get"), sighting_ids
+                )
+                if sighting_ids
+                else []
+            )
+        last = items[-1] if more else None
+        return ReviewPage(
+            run=run,
+            recordings=recordings,
+            items=items,
+            box_reviews=reviews,
+            sightings=found,
+            next_key=PageKey(last.frame_time, last.item_id) if last else None,
+        )
+
+    async def decide(
+        self,
+        who: Principal,
+        run_id: str,
+        sighting_id: str,
+        state: str,
+        relabel: str | None,
+        seen_item_count: int | None,
+    ) -> Decision:
+        """Applies a decision to every box of a sighting, in one transaction under its
+        timeline's lock; the sighting named may since have been extended backwards, in
+        which case its first box now names the sighting decided."""
+        cameras = decidable_cameras(who)
+        box = sightings.parse_sighting_id(sighting_id)
+        if box is None:
+            raise InvalidField(
+                "sighting_id is malformed; pass a sighting_id from GetReview.",
+                metadata={"field": "sighting_id"},
+            )
+        async with self.db.transaction() as connection:
+            run = await fetch_one(connection, ReviewRun, sql("review", "review_run"), run_id)
+            if run is None:
+                raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
+            if run.mode != "full":
+                raise TestRunReview(
+                    "A test run saves nothing to decide; run the workflow in full mode."
+                )
+            locked = await fetch_one(
+                connection, LockedBox, sql("review", "sighting_lock"), run_id, *box
+            )
+            if locked is None:
+                raise NotFound(
+                    "sighting", sighting_id, f"Run {run_id!r} has no sighting {sighting_id!r}."
+                )
+            if cameras is not None and locked.camera_id not in cameras:
+                raise errors.PermissionDenied(
+                    f"This credential may not decide on camera {locked.camera_id!r}."
+                )
+            if locked.ungrouped:
+                await group_timeline(
+                    connection, Timeline(run_id, locked.bucket_id, locked.camera_id)
+                )
+                locked = await fetch_one(
+                    connection, LockedBox, sql("review", "sighting_lock"), run_id, *box
+                )
+                assert locked is not None
+            if relabel is not None and box[1] == sightings.NO_BOX:
+                raise InvalidField(
+                    "A sighting of frames without boxes has no class to relabel; "
+                    "confirm it or decide None.",
+                    metadata={"field": "decision"},
+                )
+            updated: int = await connection.fetchval(
+                sql("review", "sighting_decide"),
+                run_id,
+                locked.sighting_id,
+                state,
+                relabel,
+                who.to_json(),
+                self.clock.now(),
+            )
+            found = await fetch_one(
+                connection, SightingRow, sql("review", "sightings_get"), [locked.sighting_id]
+            )
+        assert found is not None
+        joined = 0
+        if seen_item_count is not None:
+            joined = max(0, len(found.item_ids) - seen_item_count)
+        return Decision(found, updated, joined)
+
+    async def summary(self, who: Principal, time_zone: str, days: int) -> Summary:
+        auth.require(who, ScopeName.WORKSHOP)
+        _, starts = summary_days(time_zone, days, self.clock.now())
+        async with self.db.connection() as connection:
+            buckets = await fetch_all(
+                connection, BucketSummaryRow, sql("review", "summary_buckets")
+            )
+            workflows = await fetch_all(
+                connection, WorkflowSummaryRow, sql("review", "summary_workflows")
+            )
+            classes = await fetch_all(connection, ClassCountRow, sql("review", "summary_classes"))
+            counted = await fetch_all(
+                connection, DayCountRow, sql("review", "summary_days"), starts
+            )
+            last_ids = [row.last_run_id for row in workflows if row.last_run_id]
+            runs = (
+                await fetch_all(connection, RunRow, sql("review", "runs_by_ids"), last_ids)
+                if last_ids
+                else []
+            )
+        by_run = {run.run_id: run for run in runs}
+        per_class: dict[str, list[ClassCountRow]] = {}
+        for row in classes:
+            per_class.setdefault(row.workflow_id, []).append(row)
+        per_day: dict[str, dict[int, int]] = {}
+        for count in counted:
+            per_day.setdefault(count.workflow_id, {})[count.day] = count.images
+        local_days = [start.date() for start in starts[:-1]]
+        return Summary(
+            buckets=buckets,
+            workflows=[
+                WorkflowSummary(
+                    row=row,
+                    last_run=by_run.get(row.last_run_id or ""),
+                    classes=per_class.get(row.workflow_id, []),
+                    days=[
+                        DailyCount(day, per_day.get(row.workflow_id, {}).get(n + 1, 0))
+                        for n, day in enumerate(local_days)
+                    ],
+                )
+                for row in workflows
+            ],
+        )
+
+    async def bucket_items(
+        self,
+        reader: Principal,
+        bucket_id: str,
+        wanted: ItemFilter,
+        after: PageKey | None,
+        limit: int,
+        *,
+        with_classes: bool = False,
+    ) -> ItemsPage:
+        """A page of a bucket's items that `reader` may see."""
+        cameras = readable_cameras(reader)
+        async with self.db.connection() as connection:
+            if await connection.fetchval(sql("review", "bucket_exists"), bucket_id) is None:
+                raise NotFound("bucket", bucket_id, f"Bucket {bucket_id!r} does not exist.")
+            rows = await fetch_all(
+                connection,
+                StoredItemRow,
+                sql("review", "bucket_items_page"),
+                bucket_id,
+                list(wanted.review_states) or None,
+                wanted.class_name or None,
+                wanted.camera_id or None,
+                sorted(cameras) if cameras is not None else None,
+                wanted.frame_time_from,
+                wanted.frame_time_to,
+                after.frame_time if after else None,
+                after.item_id if after else None,
+                limit + 1,
+            )
+            more = len(rows) > limit
+            rows = rows[:limit]
+            reviews = await _box_reviews(connection, [row.item.item_id for row in rows])
+            classes: list[str] = []
+            if with_classes:
+                classes = [
+                    record["class_name"]
+                    for record in await connection.fetch(sql("review", "bucket_classes"), bucket_id)
+                ]
+        last = rows[-1].item if more else None
+        return ItemsPage(
+            items=rows,
+            box_reviews=reviews,
+            next_key=PageKey(last.frame_time, last.item_id) if last else None,
+            classes=classes,
+        )
+
+
+async def _box_reviews(
+    connection: Connection, item_ids: list[str]
+) -> dict[str, list[BoxReviewRow]]:
+    if not item_ids:
+        return {}
+    found: dict[str, list[BoxReviewRow]] = {}
+    for row in await fetch_all(connection, BoxReviewRow, sql("review", "box_reviews"), item_ids):
+        found.setdefault(row.item_id, []).append(row)
+    return found
+
+
+def reviewed_boxes(item: ItemRow, reviews: Sequence[BoxReviewRow]) -> list[dict[str, Any]]:
+    """The item's boxes after review: rejected boxes left out, relabels applied."""
+    by_index = {review.box_index: review for review in reviews}
+    kept: list[dict[str, Any]] = []
+    for index, box in enumerate(item.boxes):
+        review = by_index.get(index)
+        if review is not None and review.review_state == "rejected":
+            continue
+        if review is not None and review.relabel_class is not None:
+            box = {**box, "class_name": review.relabel_class}
+        kept.append(box)
+    return kept

@@ -1,0 +1,149 @@
+"""Review, summary and bucket listings as contract messages, and their page tokens."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+from google.protobuf import json_format
+
+from services.coordinator import convert, review
+from services.coordinator.errors import InvalidField
+from services.coordinator.jobs_api import job_id
+from services.coordinator.review import BoxReviewRow, ItemFilter, ItemRow, PageKey, SightingRow
+from services.coordinator.servicers.common import split_token
+from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
+
+STATES = {
+    "pending": common_pb2.REVIEW_STATE_PENDING,
+    "accepted": common_pb2.REVIEW_STATE_ACCEPTED,
+    "rejected": common_pb2.REVIEW_STATE_REJECTED,
+}
+STATE_NAMES = {value: name for name, value in STATES.items()}
+
+
+def scope_of_run(run_id: str) -> str:
+    return hashlib.sha256(f"review|{run_id}".encode()).hexdigest()[:16]
+
+
+def page_token(scope: str, key: PageKey | None) -> str:
+    """The next page's token, bound to what it pages (`scope`); '' on the last page."""
+    if key is None:
+        return ""
+    return f"{scope}|{key.frame_time.isoformat()}|{key.item_id}"
+
+
+def page_key(token: str, scope: str) -> PageKey | None:
+    """Where the page of `token` starts; INVALID_ARGUMENT for a malformed token or one
+    written for another run or listing."""
+    parts = split_token(token, 3)
+    if parts is None:
+        return None
+    if parts[0] != scope:
+        raise InvalidField(
+            "page_token belongs to another run or listing; pass the next_page_token of a "
+            "previous page of this one.",
+            metadata={"field": "page_token"},
+        )
+    try:
+        moment = datetime.fromisoformat(parts[1])
+    except ValueError:
+        raise InvalidField("page_token is malformed.", metadata={"field": "page_token"}) from None
+    if moment.tzinfo is None:
+        raise InvalidField("page_token is malformed.", metadata={"field": "page_token"})
+    return PageKey(moment, parts[2])
+
+
+def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
+    states: list[str] = []
+    for state in value.review_states:
+        name = STATE_NAMES.get(state)
+        if name is None:
+            raise InvalidField(
+                "filter.review_states may hold PENDING, ACCEPTED or REJECTED only.",
+                metadata={"field": "filter.review_states"},
+            )
+        if name not in states:
+            states.append(name)
+    start = (
+        convert.from_ts("filter.frame_time_from", value.frame_time_from)
+        if value.HasField("frame_time_from")
+        else None
+    )
+    end = (
+        convert.from_ts("filter.frame_time_to", value.frame_time_to)
+        if value.HasField("frame_time_to")
+        else None
+    )
+    if start is not None and end is not None and end <= start:
+        raise InvalidField(
+            "filter.frame_time_to must be after filter.frame_time_from.",
+            metadata={"field": "filter.frame_time_to"},
+        )
+    if len(value.class_name) > review.MAX_CLASS_LENGTH:
+        raise InvalidField(
+            f"filter.class_name is at most {review.MAX_CLASS_LENGTH} characters.",
+            metadata={"field": "filter.class_name"},
+        )
+    return ItemFilter(
+        review_states=tuple(sorted(states)),
+        class_name=value.class_name,
+        camera_id=value.camera_id,
+        frame_time_from=start,
+        frame_time_to=end,
+    )
+
+
+def box_review(row: BoxReviewRow) -> run_pb2.BoxReview:
+    return run_pb2.BoxReview(
+        box_index=row.box_index,
+        sighting_id=row.sighting_id,
+        review_state=STATES[row.review_state],
+        relabel_class=row.relabel_class,
+        decided_at=convert.opt_ts(row.decided_at),
+        decided_by=convert.principal(row.decided_by) if row.decided_by else None,
+    )
+
+
+def bucket_item(row: ItemRow, reviews: list[BoxReviewRow]) -> run_pb2.BucketItem:
+    return run_pb2.BucketItem(
+        item_id=row.item_id,
+        bucket_id=row.bucket_id,
+        run_id=row.run_id,
+        job_id=job_id(row.job_index),
+        slot_index=row.slot_index,
+        camera_id=row.camera_id,
+        recording_id=row.recording_id,
+        recording_generation=row.recording_generation,
+        output_current=row.output_current,
+        frame_time=convert.ts(row.frame_time),
+        boxes=convert.boxes(row.boxes),
+        review_state=STATES[row.review_state],
+        relabel_class=row.relabel_class,
+        saved_at=convert.ts(row.saved_at),
+        reviewed_at=convert.opt_ts(row.reviewed_at),
+        box_reviews=[box_review(found) for found in reviews],
+    )
+
+
+def sighting(row: SightingRow) -> run_pb2.Sighting:
+    state = row.review_state
+    return run_pb2.Sighting(
+        sighting_id=row.sighting_id,
+        bucket_id=row.bucket_id,
+        camera_id=row.camera_id,
+        class_name=row.class_name,
+        item_ids=row.item_ids,
+        first_frame_time=convert.ts(row.first_frame_time),
+        last_frame_time=convert.ts(row.last_frame_time),
+        review_state=STATES[state],
+        relabel_class=row.relabel_class if state == "accepted" else None,
+        pending_items=row.pending,
+        decided_at=convert.opt_ts(row.decided_at),
+        decided_by=convert.principal(row.decided_by) if row.decided_by else None,
+    )
+
+
+def pinned_models(snapshot: dict[str, object]) -> list[snapshot_pb2.PinnedModel]:
+    frozen = json_format.ParseDict(snapshot, snapshot_pb2.RunSnapshot(), ignore_unknown_fields=True)
+    return list(frozen.models)

@@ -1,0 +1,135 @@
+"""Sightings: which boxes of a timeline's items show the same object (docs/review.md).
+
+A timeline is one run's items of one bucket and camera, in frame order (frame time,
+then item id). Walking it, each item's boxes either extend a sighting that is still
+open or start one:
+
+- a sighting is open for a box when its class is the box's class, its last item is
+  earlier than the box's item by more than 0 and at most 5 s, and the centre of the
+  box is within 3 of the box's own widths of the centre of the sighting's last box
+  (Euclidean distance in normalised frame coordinates, x in frame widths, y in frame
+  heights; compared with 3 times the new box's w);
+- of the (box, open sighting) pairs, the nearest pair is joined first (ties: lower box
+  index, then lower sighting id), and each box and each sighting is used once per item;
+- a box that joins nothing starts a sighting whose id is "<item id>~<box index>".
+
+An item without boxes is one pseudo-box (index -1, class '') with no geometry: such
+items group with the previous box-less item at most 5 s earlier.
+
+Grouping is incremental: items committed later only regroup the timeline from their
+first frame time on, starting from the sightings open just before it; the result is the
+same as grouping the whole timeline at once, which is what the tests check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+MAX_GAP = timedelta(seconds=5)
+REACH_IN_WIDTHS = 3.0
+NO_BOX = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Detection:
+    """One box of an item (box_index -1: an item without boxes), as the timeline holds it."""
+
+    item_id: str
+    box_index: int
+    frame_time: datetime
+    class_name: str
+    x: float
+    y: float
+    w: float
+    h: float
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.item_id, self.box_index
+
+    @property
+    def centre(self) -> tuple[float, float]:
+        return self.x + self.w / 2, self.y + self.h / 2
+
+
+@dataclasses.dataclass(slots=True)
+class _Open:
+    """A sighting with its last detection: where the object was last seen."""
+
+    sighting_id: str
+    last: Detection
+
+
+def sighting_id(first: Detection) -> str:
+    return f"{first.item_id}~{first.box_index}"
+
+
+def parse_sighting_id(value: str) -> tuple[str, int] | None:
+    """(item id, box index) of a sighting id, or None when it is not one."""
+    item, separator, index = value.rpartition("~")
+    if not separator or not item or not index.lstrip("-").isdigit() or len(index) > 6:
+        return None
+    box = int(index)
+    return (item, box) if box >= NO_BOX else None
+
+
+def distance(last: Detection, box: Detection) -> float | None:
+    """How far `box` is from where the sighting was `last`, or None when it cannot join."""
+    if box.class_name != last.class_name:
+        return None
+    gap = box.frame_time - last.frame_time
+    if gap <= timedelta(0) or gap > MAX_GAP:
+        return None
+    if box.box_index == NO_BOX:
+        return 0.0 if last.box_index == NO_BOX else None
+    (lx, ly), (bx, by) = last.centre, box.centre
+    moved = math.hypot(bx - lx, by - ly)
+    return moved if moved <= REACH_IN_WIDTHS * box.w else None
+
+
+def group(
+    detections: Iterable[Detection], open_before: Sequence[tuple[str, Detection]] = ()
+) -> dict[tuple[str, int], str]:
+    """The sighting of every detection, walking them in frame order.
+
+    `open_before` are the sightings as they stood just before the first detection: each
+    sighting's id with its last detection before that point (only those at most 5 s
+    earlier can matter)."""
+    open_sightings = [_Open(sid, last) for sid, last in open_before]
+    assigned: dict[tuple[str, int], str] = {}
+    by_item: dict[str, list[Detection]] = {}
+    order: list[tuple[datetime, str]] = []
+    for detection in detections:
+        boxes = by_item.get(detection.item_id)
+        if boxes is None:
+            boxes = by_item[detection.item_id] = []
+            order.append((detection.frame_time, detection.item_id))
+        boxes.append(detection)
+    for frame_time, item_id in sorted(order):
+        # sightings whose last box is over 5 s old can never be joined again
+        open_sightings = [s for s in open_sightings if frame_time - s.last.frame_time <= MAX_GAP]
+        boxes = sorted(by_item[item_id], key=lambda d: d.box_index)
+        pairs = sorted(
+            (found, box.box_index, sighting.sighting_id, index, position)
+            for index, box in enumerate(boxes)
+            for position, sighting in enumerate(open_sightings)
+            if (found := distance(sighting.last, box)) is not None
+        )
+        taken_boxes: set[int] = set()
+        taken_sightings: set[int] = set()
+        for _, _, sid, index, position in pairs:
+            if index in taken_boxes or position in taken_sightings:
+                continue
+            taken_boxes.add(index)
+            taken_sightings.add(position)
+            assigned[boxes[index].key] = sid
+            open_sightings[position].last = boxes[index]
+        for index, box in enumerate(boxes):
+            if index not in taken_boxes:
+                sid = sighting_id(box)
+                assigned[box.key] = sid
+                open_sightings.append(_Open(sid, box))
+    return assigned

@@ -1,0 +1,185 @@
+-- Review, sightings, the summary and bucket datasets (docs/review.md).
+
+-- name: review_items_added
+SELECT run_id, bucket_id, camera_id FROM review_items_added($1::text[]);
+
+-- name: timeline_lock
+SELECT 1 FROM sighting_timelines
+WHERE run_id = $1 AND bucket_id = $2 AND camera_id = $3
+FOR UPDATE;
+
+-- name: timeline_regroup_rows
+-- The boxes a regroup of a timeline reads: from 5 s before its first ungrouped box on;
+-- those before that box are fixed (they say which sightings are open), the rest are
+-- grouped again. No rows: nothing to group.
+WITH start AS (
+    SELECT min(frame_time) AS first_ungrouped FROM sighting_boxes
+    WHERE run_id = $1 AND bucket_id = $2 AND camera_id = $3 AND sighting_id = ''
+)
+SELECT sb.item_id, sb.box_index, sb.frame_time, sb.class_name, sb.x, sb.y, sb.w, sb.h,
+       sb.sighting_id, sb.frame_time < start.first_ungrouped AS fixed
+FROM sighting_boxes sb, start
+WHERE sb.run_id = $1 AND sb.bucket_id = $2 AND sb.camera_id = $3
+  AND sb.frame_time >= start.first_ungrouped - interval '5 seconds';
+
+-- name: timeline_assign
+UPDATE sighting_boxes sb SET sighting_id = u.sighting_id
+FROM unnest($1::text[], $2::integer[], $3::text[]) AS u (item_id, box_index, sighting_id)
+WHERE sb.item_id = u.item_id AND sb.box_index = u.box_index;
+
+-- name: timelines_ungrouped
+SELECT DISTINCT run_id, bucket_id, camera_id FROM sighting_boxes
+WHERE sighting_id = '' LIMIT $1;
+
+-- name: sighting_lock
+SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock($1, $2, $3);
+
+-- name: sighting_decide
+SELECT sighting_decide($1, $2, $3, $4, $5, $6);
+
+-- name: review_run
+SELECT r.run_id, r.mode, r.kind, r.expires_at, s.snapshot
+FROM runs r JOIN run_snapshots s ON s.run_id = r.run_id
+WHERE r.run_id = $1;
+
+-- name: review_items_page
+-- A page of a full run's bucket items, oldest frame first, after the key ($3, $4).
+SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
+       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time, bi.boxes,
+       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at
+FROM bucket_items_current bi
+WHERE bi.run_id = $1
+  AND ($2::text[] IS NULL OR bi.camera_id = ANY ($2))
+  AND ($3::timestamptz IS NULL OR (bi.frame_time, bi.item_id) > ($3, $4))
+ORDER BY bi.frame_time, bi.item_id
+LIMIT $5;
+
+-- name: review_previews_page
+-- A page of a test run's published previews still readable at $5, oldest frame first.
+SELECT so.item_id, '' AS bucket_id, so.run_id, so.job_index, so.slot_index, j.camera_id,
+       j.recording_id, j.recording_generation,
+       (rec.generation = j.recording_generation AND rec.deleted_at IS NULL) AS output_current,
+       so.frame_time, so.boxes, 'pending' AS review_state, NULL::text AS relabel_class,
+       so.published_at AS saved_at, NULL::timestamptz AS reviewed_at
+FROM staged_objects so
+JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
+JOIN recordings rec ON rec.recording_id = j.recording_id
+WHERE so.run_id = $1 AND so.item_id IS NOT NULL AND so.published_at IS NOT NULL
+  AND so.deleted_at IS NULL AND (so.collectable_at IS NULL OR so.collectable_at > $5)
+  AND ($2::text[] IS NULL OR j.camera_id = ANY ($2))
+  AND ($3::timestamptz IS NULL OR (so.frame_time, so.item_id) > ($3, $4))
+ORDER BY so.frame_time, so.item_id
+LIMIT $6;
+
+-- name: review_recordings
+SELECT job_index, recording_id, camera_id, generation, sha256, byte_size, object_key,
+       start_at, end_at, fps, slot_count
+FROM snapshot_recordings
+WHERE run_id = $1 AND ($2::text[] IS NULL OR camera_id = ANY ($2))
+ORDER BY job_index;
+
+-- name: box_reviews
+SELECT item_id, box_index, sighting_id, review_state, relabel_class, decided_at, decided_by
+FROM sighting_boxes
+WHERE item_id = ANY ($1::text[])
+ORDER BY item_id, box_index;
+
+-- name: sightings_get
+-- Sightings with their items in frame order and the counts their shared state is read
+-- from.
+SELECT sb.sighting_id, min(sb.bucket_id) AS bucket_id, min(sb.camera_id) AS camera_id,
+       min(sb.class_name) AS class_name,
+       array_agg(sb.item_id ORDER BY sb.frame_time, sb.item_id) AS item_ids,
+       min(sb.frame_time) AS first_frame_time, max(sb.frame_time) AS last_frame_time,
+       count(*) FILTER (WHERE sb.review_state = 'pending') AS pending,
+       count(*) FILTER (WHERE sb.review_state = 'accepted') AS accepted,
+       count(*) FILTER (WHERE sb.review_state = 'rejected') AS rejected,
+       count(DISTINCT coalesce(sb.relabel_class, '')) AS relabel_variants,
+       max(sb.relabel_class) AS relabel_class,
+       max(sb.decided_at) AS decided_at,
+       (array_agg(sb.decided_by ORDER BY sb.decided_at DESC NULLS LAST))[1] AS decided_by
+FROM sighting_boxes sb
+WHERE sb.sighting_id = ANY ($1::text[])
+GROUP BY sb.sighting_id
+ORDER BY min(sb.frame_time), sb.sighting_id;
+
+-- name: bucket_exists
+SELECT bucket_id FROM buckets WHERE bucket_id = $1 AND deleted_at IS NULL;
+
+-- name: bucket_items_page
+-- A page of a bucket's items, oldest frame first, after the key ($8, $9), filtered by
+-- review states ($2), class after relabels ($3), camera ($4, or the cameras $5 the
+-- reader may see) and frame time [$6, $7).
+SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
+       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time, bi.boxes,
+       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at, bi.object_key, bi.sha256
+FROM bucket_items_current bi
+WHERE bi.bucket_id = $1
+  AND ($2::text[] IS NULL OR bi.review_state = ANY ($2))
+  AND ($3::text IS NULL OR EXISTS (
+          SELECT 1 FROM sighting_boxes sb
+          WHERE sb.item_id = bi.item_id AND coalesce(sb.relabel_class, sb.class_name) = $3))
+  AND ($4::text IS NULL OR bi.camera_id = $4)
+  AND ($5::text[] IS NULL OR bi.camera_id = ANY ($5))
+  AND ($6::timestamptz IS NULL OR bi.frame_time >= $6)
+  AND ($7::timestamptz IS NULL OR bi.frame_time < $7)
+  AND ($8::timestamptz IS NULL OR (bi.frame_time, bi.item_id) > ($8, $9))
+ORDER BY bi.frame_time, bi.item_id
+LIMIT $10;
+
+-- name: bucket_classes
+-- Every class the bucket's boxes carry after relabels.
+SELECT class_name FROM workflow_class_counts
+WHERE bucket_id = $1 AND detections > 0
+GROUP BY class_name ORDER BY class_name;
+
+-- name: summary_buckets
+SELECT b.bucket_id, b.name,
+       coalesce(sum(c.images), 0)::bigint AS images,
+       coalesce(sum(c.accepted), 0)::bigint AS accepted,
+       coalesce(sum(c.rejected), 0)::bigint AS rejected,
+       coalesce(sum(c.pending), 0)::bigint AS pending,
+       coalesce(sum(c.images) FILTER (
+           WHERE rec.generation = c.recording_generation AND rec.deleted_at IS NULL), 0)::bigint
+           AS saved,
+       max(c.last_added_at) AS last_added_at
+FROM buckets b
+LEFT JOIN bucket_counts c ON c.bucket_id = b.bucket_id AND c.images > 0
+LEFT JOIN recordings rec ON rec.recording_id = c.recording_id
+WHERE b.deleted_at IS NULL
+GROUP BY b.bucket_id, b.name
+ORDER BY b.bucket_id;
+
+-- name: summary_workflows
+-- Workflows with their run count and newest run (photos are not workflow runs).
+SELECT w.workflow_id, w.spec ->> 'name' AS name,
+       (SELECT count(*) FROM runs r WHERE r.workflow_id = w.workflow_id AND r.kind = 'workflow')
+           AS runs,
+       (SELECT r.run_id FROM runs r WHERE r.workflow_id = w.workflow_id AND r.kind = 'workflow'
+        ORDER BY r.seq DESC LIMIT 1) AS last_run_id
+FROM workflows w
+WHERE w.deleted_at IS NULL
+ORDER BY w.workflow_id;
+
+-- name: summary_classes
+SELECT c.workflow_id, c.class_name, sum(c.detections)::bigint AS detections,
+       sum(c.confirmations)::bigint AS confirmations
+FROM workflow_class_counts c
+JOIN buckets b ON b.bucket_id = c.bucket_id AND b.deleted_at IS NULL
+GROUP BY c.workflow_id, c.class_name
+HAVING sum(c.detections) > 0
+ORDER BY c.workflow_id, c.class_name;
+
+-- name: summary_days
+-- Items saved per local day: $1 are the instants the local days start at (the last one
+-- ends the range), so bucket n counts the day starting at $1[n].
+SELECT c.workflow_id, width_bucket(c.quarter_start, $1::timestamptz[]) AS day,
+       sum(c.images)::bigint AS images
+FROM workflow_day_counts c
+JOIN buckets b ON b.bucket_id = c.bucket_id AND b.deleted_at IS NULL
+WHERE c.quarter_start >= $1[1] AND c.quarter_start < $1[cardinality($1)]
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: runs_by_ids
+SELECT * FROM run_status WHERE run_id = ANY ($1::text[]);

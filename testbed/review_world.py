@@ -1,0 +1,168 @@
+"""Builders for review tests: full runs whose jobs commit chosen frames and boxes.
+
+The world: cameras cam-a and cam-b, each with three one-minute recordings from 08:00 on
+DAY (one job each), model `detector` (person, vehicle), buckets `yard` and `lot`, and
+workflow `watch` sampling every second from 08:00 to 08:03, saving frames whose boxes
+match the rule into `yard` (step `save`) and the others into `lot` (step `keep`). A test
+says which frames each job saved and with which boxes; the coordinator checks the result
+like any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from datetime import timedelta
+
+from services.coordinator.auth import Grant, ScopeName
+from testbed.coordinator_leases import Setup, complete_request, empty_result, stage_upload
+from testbed.coordinator_world import (
+    CODE,
+    DAY,
+    World,
+    put_recording,
+    run_request,
+    save_workflow,
+)
+from testbed.harness.coordinator import CoordinatorHarness
+from workshop.kit.auth import bearer_metadata
+from workshop.v1 import common_pb2, jobs_pb2, workflow_pb2
+from workshop.v1 import operator_pb2 as op
+
+CAMERAS = ("cam-a", "cam-b")
+RECORDINGS_PER_CAMERA = 3
+SLOTS_PER_JOB = 60
+OUTPUTS = {"save": "yard", "keep": "lot"}
+CLASSES = ("person", "vehicle")
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """What one output step saved for one slot."""
+
+    slot: int
+    step: str  # "save" (bucket yard) or "keep" (bucket lot)
+    boxes: tuple[common_pb2.Box, ...]
+
+
+def box(class_name: str, x: float, y: float, w: float, h: float = 0.1) -> common_pb2.Box:
+    return common_pb2.Box(class_name=class_name, score=0.9, x=x, y=y, w=w, h=h)
+
+
+def watch_spec(cameras: Sequence[str] = CAMERAS) -> workflow_pb2.WorkflowSpec:
+    next_ = workflow_pb2.EDGE_BRANCH_NEXT
+    steps = [
+        workflow_pb2.Step(
+            step_id="in",
+            input=workflow_pb2.InputStep(
+                camera_ids=list(cameras),
+                day=workflow_pb2.INPUT_DAY_DATE,
+                date=common_pb2.CalendarDate(year=DAY.year, month=DAY.month, day=DAY.day),
+                window_start=common_pb2.TimeOfDay(hours=8),
+                window_end=common_pb2.TimeOfDay(hours=8, minutes=RECORDINGS_PER_CAMERA),
+            ),
+        ),
+        workflow_pb2.Step(step_id="sample", sample=workflow_pb2.SampleStep(interval_seconds=1)),
+        workflow_pb2.Step(step_id="detect", model=workflow_pb2.ModelStep(model_name="detector")),
+        workflow_pb2.Step(
+            step_id="rule", rule=workflow_pb2.RuleStep(class_names=["person"], min_score=0.5)
+        ),
+        workflow_pb2.Step(step_id="save", output=workflow_pb2.OutputStep(bucket_id="yard")),
+        workflow_pb2.Step(step_id="keep", output=workflow_pb2.OutputStep(bucket_id="lot")),
+    ]
+    edges = [
+        workflow_pb2.Edge(from_step_id="in", to_step_id="sample", branch=next_),
+        workflow_pb2.Edge(from_step_id="sample", to_step_id="detect", branch=next_),
+        workflow_pb2.Edge(from_step_id="detect", to_step_id="rule", branch=next_),
+        workflow_pb2.Edge(
+            from_step_id="rule", to_step_id="save", branch=workflow_pb2.EDGE_BRANCH_MATCH
+        ),
+        workflow_pb2.Edge(
+            from_step_id="rule", to_step_id="keep", branch=workflow_pb2.EDGE_BRANCH_NO_MATCH
+        ),
+    ]
+    return workflow_pb2.WorkflowSpec(
+        name="watch", graph=workflow_pb2.WorkflowGraph(steps=steps, edges=edges)
+    )
+
+
+async def review_world(c: CoordinatorHarness) -> Setup:
+    md = c.admin
+    await c.operator.RegisterDevice(op.RegisterDeviceRequest(device_id="gpu-box"), metadata=md)
+    runtime = await c.operator.RegisterRuntime(
+        op.RegisterRuntimeRequest(
+            device_id="gpu-box",
+            engine="workshop-processor",
+            code_sha256=CODE,
+            capabilities=["workshop-v3"],
+        ),
+        metadata=md,
+    )
+    for camera in CAMERAS:
+        await c.operator.PutCamera(op.PutCameraRequest(camera_id=camera), metadata=md)
+        for index in range(RECORDINGS_PER_CAMERA):
+            await put_recording(
+                c,
+                f"{camera}-{index}",
+                camera,
+                DAY + timedelta(hours=8, minutes=index),
+                timedelta(minutes=1),
+            )
+    await c.operator.PublishModelVersion(
+        op.PublishModelVersionRequest(
+            name="detector",
+            version=1,
+            weights_sha256="ab" * 32,
+            classes=list(CLASSES),
+            input_shape=[3, 360, 640],
+        ),
+        metadata=md,
+    )
+    for bucket in OUTPUTS.values():
+        await c.operator.CreateBucket(op.CreateBucketRequest(bucket_id=bucket), metadata=md)
+    await save_workflow(c, "watch", watch_spec())
+    secret = await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="processor")
+    service = await c.key(Grant(ScopeName.SERVICE), name="preview-service")
+    world = World(runtime.runtime.runtime_id, runtime.runtime.runtime_id)
+    return Setup(world, bearer_metadata(secret), bearer_metadata(service), secret)
+
+
+async def start_run(c: CoordinatorHarness, s: Setup, run_id: str) -> list[jobs_pb2.ClaimedJob]:
+    """A full run of `watch` with every job leased, in job order."""
+    await c.workshop.CreateRun(
+        run_request(run_id, "watch", s.world.tracking_runtime, mode=common_pb2.RUN_MODE_FULL),
+        metadata=c.admin,
+    )
+    jobs: list[jobs_pb2.ClaimedJob] = []
+    while len(jobs) < len(CAMERAS) * RECORDINGS_PER_CAMERA:
+        reply = await c.jobs.Claim(
+            jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),
+            metadata=s.processor,
+        )
+        assert reply.HasField("job"), "every job of the run is claimable"
+        jobs.append(reply.job)
+    return sorted(jobs, key=lambda job: job.lease.job_id)
+
+
+async def commit(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, frames: Sequence[Frame]
+) -> jobs_pb2.CompleteResponse:
+    """Completes `job` with `frames` saved (one upload per slot with a frame)."""
+    result = empty_result(job)
+    for slot in sorted({frame.slot for frame in frames}):
+        data = hashlib.sha256(f"{job.lease.run_id}/{job.lease.job_id}/{slot}".encode()).digest()
+        key, digest = await stage_upload(c, s, job, slot, data)
+        entry = result.slots[slot]
+        entry.outcome = common_pb2.SLOT_OUTCOME_FRAME
+        entry.frame_time.CopyFrom(job.input.slots[slot].start)
+        for frame in frames:
+            if frame.slot == slot:
+                entry.boxes.extend(frame.boxes)
+                entry.outputs.add(step_id=frame.step, boxes=list(frame.boxes))
+        entry.upload_key = key
+        entry.upload_sha256 = digest
+    response: jobs_pb2.CompleteResponse = await c.jobs.Complete(
+        complete_request(job, result), metadata=s.processor
+    )
+    return response
