@@ -129,7 +129,8 @@ async def review_world(c: CoordinatorHarness) -> Setup:
 
 
 async def start_run(c: CoordinatorHarness, s: Setup, run_id: str) -> list[jobs_pb2.ClaimedJob]:
-    """A full run of `watch` with every job leased, in job order."""
+    """A full run of `watch` with every job leased, by camera and start: cam-a's three
+    recordings, then cam-b's."""
     await c.workshop.CreateRun(
         run_request(run_id, "watch", s.world.tracking_runtime, mode=common_pb2.RUN_MODE_FULL),
         metadata=c.admin,
@@ -142,7 +143,9 @@ async def start_run(c: CoordinatorHarness, s: Setup, run_id: str) -> list[jobs_p
         )
         assert reply.HasField("job"), "every job of the run is claimable"
         jobs.append(reply.job)
-    return sorted(jobs, key=lambda job: job.lease.job_id)
+    return sorted(
+        jobs, key=lambda job: (job.input.recording.camera_id, job.input.recording.start.seconds)
+    )
 
 
 async def commit(

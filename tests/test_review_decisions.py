@@ -1,0 +1,515 @@
+"""Decisions on sightings, the summary's counters, who may see what, and bad input.
+
+Real coordinator and Postgres (testbed/review_world.py builds the runs). The counters
+are reconciled with raw counts taken by SQL from the items and boxes themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter, defaultdict
+from datetime import timedelta
+from zoneinfo import ZoneInfo
+
+import grpc
+import pytest
+
+from services.coordinator import review
+from services.coordinator.auth import Grant, ScopeName
+from testbed.coordinator_leases import Setup, on_behalf, record_request, refused
+from testbed.coordinator_world import CODE, DAY, put_recording, run_request
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.review_world import Frame, box, commit, review_world, start_run
+from workshop.kit.auth import bearer_metadata
+from workshop.v1 import common_pb2, jobs_pb2, run_pb2
+from workshop.v1 import operator_pb2 as op
+from workshop.v1 import workshop_pb2 as ws
+
+CONFIRM, NONE, RELABEL = (
+    ws.REVIEW_DECISION_CONFIRM,
+    ws.REVIEW_DECISION_NONE,
+    ws.REVIEW_DECISION_RELABEL,
+)
+
+
+def two_objects(slots: range) -> list[Frame]:
+    """Frames with two people far apart (two sightings over the same items), and every
+    third frame a vehicle too."""
+    frames = []
+    for slot in slots:
+        boxes = [box("person", 0.1, 0.1, 0.05), box("person", 0.7, 0.5, 0.05)]
+        if slot % 3 == 0:
+            boxes.append(box("vehicle", 0.4, 0.4, 0.1))
+        frames.append(Frame(slot, "save", tuple(boxes)))
+    return frames
+
+
+async def all_sightings(c: CoordinatorHarness, run_id: str) -> dict[str, run_pb2.Sighting]:
+    found: dict[str, run_pb2.Sighting] = {}
+    token = ""
+    while True:
+        page = await c.workshop.GetReview(
+            ws.GetReviewRequest(run_id=run_id, page_token=token), metadata=c.admin
+        )
+        found.update({sighting.sighting_id: sighting for sighting in page.sightings})
+        if not page.has_more:
+            return found
+        token = page.next_page_token
+
+
+async def decide(
+    c: CoordinatorHarness,
+    run_id: str,
+    sighting_id: str,
+    decision: ws.ReviewDecision.ValueType,
+    class_name: str = "",
+    metadata: tuple[tuple[str, str], ...] | None = None,
+) -> ws.DecideSightingResponse:
+    response: ws.DecideSightingResponse = await c.workshop.DecideSighting(
+        ws.DecideSightingRequest(
+            run_id=run_id, sighting_id=sighting_id, decision=decision, class_name=class_name
+        ),
+        metadata=metadata or c.admin,
+    )
+    return response
+
+
+async def check_uniform_and_derived(c: CoordinatorHarness) -> None:
+    """Every sighting's boxes share one review; every item's state follows its boxes."""
+    async with c.db.connection() as connection:
+        mixed = await connection.fetch(
+            """SELECT sighting_id FROM sighting_boxes GROUP BY sighting_id
+               HAVING count(DISTINCT (review_state, coalesce(relabel_class, ''))) > 1"""
+        )
+        wrong = await connection.fetch(
+            """SELECT bi.item_id FROM bucket_items bi
+               JOIN (SELECT item_id,
+                            CASE WHEN bool_or(review_state = 'pending') THEN 'pending'
+                                 WHEN bool_or(review_state = 'accepted') THEN 'accepted'
+                                 ELSE 'rejected' END AS state
+                     FROM sighting_boxes GROUP BY item_id) b USING (item_id)
+               WHERE bi.review_state <> b.state"""
+        )
+    assert mixed == []
+    assert wrong == []
+
+
+async def raw_summary(
+    c: CoordinatorHarness, zone: str, days: int
+) -> tuple[
+    dict[str, tuple[int, ...]], dict[str, dict[str, tuple[int, int]]], dict[str, Counter[str]]
+]:
+    """What GetSummary must say, counted from the items and boxes themselves."""
+    async with c.db.connection() as connection:
+        buckets = await connection.fetch(
+            """SELECT b.bucket_id, count(bi.item_id) AS images,
+                      count(*) FILTER (WHERE bi.review_state = 'accepted') AS accepted,
+                      count(*) FILTER (WHERE bi.review_state = 'rejected') AS rejected,
+                      count(*) FILTER (WHERE bi.review_state = 'pending') AS pending,
+                      count(*) FILTER (WHERE bi.output_current) AS saved
+               FROM buckets b LEFT JOIN bucket_items_current bi ON bi.bucket_id = b.bucket_id
+               WHERE b.deleted_at IS NULL GROUP BY b.bucket_id"""
+        )
+        boxes = await connection.fetch(
+            """SELECT r.workflow_id, coalesce(sb.relabel_class, sb.class_name) AS class_name,
+                      sb.review_state
+               FROM sighting_boxes sb JOIN runs r ON r.run_id = sb.run_id
+               WHERE sb.box_index >= 0"""
+        )
+        items = await connection.fetch(
+            """SELECT r.workflow_id, bi.saved_at FROM bucket_items bi
+               JOIN runs r ON r.run_id = bi.run_id"""
+        )
+    per_bucket = {
+        row["bucket_id"]: (
+            row["images"],
+            row["accepted"],
+            row["rejected"] if row["images"] else 0,
+            row["pending"] if row["images"] else 0,
+            row["saved"],
+        )
+        for row in buckets
+    }
+    classes: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for row in boxes:
+        detections, confirmations = classes[row["workflow_id"]].get(row["class_name"], (0, 0))
+        classes[row["workflow_id"]][row["class_name"]] = (
+            detections + 1,
+            confirmations + (row["review_state"] == "accepted"),
+        )
+    per_day: dict[str, Counter[str]] = defaultdict(Counter)
+    local_today = c.clock.now().astimezone(ZoneInfo(zone)).date()
+    for row in items:
+        day = row["saved_at"].astimezone(ZoneInfo(zone)).date()
+        if local_today - timedelta(days=days - 1) <= day <= local_today:
+            per_day[row["workflow_id"]][day.isoformat()] += 1
+    return per_bucket, classes, per_day
+
+
+async def check_summary(c: CoordinatorHarness, zone: str = "Asia/Kathmandu", days: int = 3) -> None:
+    summary = await c.workshop.GetSummary(
+        ws.GetSummaryRequest(time_zone=zone, days=days), metadata=c.admin
+    )
+    per_bucket, classes, per_day = await raw_summary(c, zone, days)
+    assert {
+        b.bucket_id: (b.images, b.accepted, b.rejected, b.pending, b.saved) for b in summary.buckets
+    } == per_bucket
+    for workflow in summary.workflows:
+        assert {
+            count.class_name: (count.detections, count.confirmations) for count in workflow.classes
+        } == classes.get(workflow.workflow_id, {})
+        assert len(workflow.images_per_day) == days
+        assert {
+            f"{d.date.year:04d}-{d.date.month:02d}-{d.date.day:02d}": d.images
+            for d in workflow.images_per_day
+            if d.images
+        } == dict(per_day.get(workflow.workflow_id, {}))
+
+
+async def test_concurrent_decisions_leave_every_sighting_uniform(
+    coordinator: CoordinatorHarness,
+) -> None:
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 30)))
+    await commit(c, s, jobs[3], two_objects(range(10, 20)))
+    sightings = await all_sightings(c, "r1")
+    assert len(sightings) >= 6  # two people and a vehicle on each camera
+    ids = sorted(sightings)
+    choices = [(CONFIRM, ""), (NONE, ""), (RELABEL, "worker"), (RELABEL, "visitor")]
+
+    async def reviewer(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(12):
+            decision, label = rng.choice(choices)
+            await decide(c, "r1", rng.choice(ids), decision, label)
+
+    await asyncio.gather(*(reviewer(seed) for seed in range(8)))
+    await check_uniform_and_derived(c)
+    await check_summary(c)
+    for sighting in (await all_sightings(c, "r1")).values():
+        assert sighting.pending_items == 0
+        assert sighting.review_state != common_pb2.REVIEW_STATE_PENDING
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_counters_reconcile_after_random_changes(
+    coordinator: CoordinatorHarness, seed: int
+) -> None:
+    """Completions, decisions and a recording replacement in a random order, then a day
+    later a second run, more decisions and the deletion of a bucket; after each step,
+    GetSummary equals the raw counts."""
+    c = coordinator
+    rng = random.Random(seed)
+    s = await review_world(c)
+
+    async def some_decision(run_id: str) -> None:
+        sightings = await all_sightings(c, run_id)
+        if not sightings:
+            return
+        sid = rng.choice(sorted(sightings))
+        choices = [(CONFIRM, ""), (NONE, "")] + ([] if sid.endswith("~-1") else [(RELABEL, "dog")])
+        await decide(c, run_id, sid, *rng.choice(choices))
+
+    async def some_frames(job: jobs_pb2.ClaimedJob) -> None:
+        start = rng.randrange(0, 40)
+        frames = two_objects(range(start, start + rng.randrange(1, 15)))
+        frames += [Frame(slot, "keep", ()) for slot in range(50, 50 + rng.randrange(0, 4))]
+        await commit(c, s, job, frames)
+
+    jobs = await start_run(c, s, "r1")
+    steps = [
+        *(("complete", n) for n in range(6)),
+        *(("decide", 0) for _ in range(6)),
+        ("replace", 0),
+    ]
+    rng.shuffle(steps)
+    replaced = False
+    for step, index in steps:
+        if step == "complete" and replaced and index == 0:
+            # the replaced recording's job can no longer commit (SOURCE_CHANGED)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await some_frames(jobs[index])
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        elif step == "complete":
+            await some_frames(jobs[index])
+        elif step == "decide":
+            await some_decision("r1")
+        else:
+            # cam-a's first recording again: items made from it are no longer current
+            await put_recording(
+                c, "cam-a-0", "cam-a", DAY + timedelta(hours=8), timedelta(minutes=1)
+            )
+            replaced = True
+        await check_summary(c)
+
+    c.clock.advance(timedelta(hours=20))  # another local day in Kathmandu
+    later = await start_run(c, s, "r2")
+    for job in rng.sample(later, 3):
+        await some_frames(job)
+        await some_decision(rng.choice(("r1", "r2")))
+        await check_summary(c)
+    await c.operator.DeleteBucket(op.DeleteBucketRequest(bucket_id="lot"), metadata=c.admin)
+    await check_summary(c)
+    for _ in range(3):
+        await some_decision(rng.choice(("r1", "r2")))
+        await check_summary(c)
+    await check_uniform_and_derived(c)
+
+
+async def test_decisions_are_idempotent_and_recorded(coordinator: CoordinatorHarness) -> None:
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(
+        c, s, jobs[0], [Frame(n, "save", (box("person", 0.2, 0.2, 0.1),)) for n in range(4)]
+    )
+    (sid,) = await all_sightings(c, "r1")
+    first = await decide(c, "r1", sid, RELABEL, "worker")
+    again = await decide(c, "r1", sid, RELABEL, "worker")
+    assert (first.items_updated, again.items_updated) == (4, 0)
+    assert again.sighting.review_state == common_pb2.REVIEW_STATE_ACCEPTED
+    assert again.sighting.relabel_class == "worker"
+    assert again.sighting.decided_by.display_name == "admin"
+    confirmed = await decide(c, "r1", sid, CONFIRM)
+    assert confirmed.items_updated == 4
+    assert not confirmed.sighting.HasField("relabel_class")
+    async with c.db.connection() as connection:
+        logged = await connection.fetchval("SELECT count(*) FROM sighting_decisions")
+    assert logged == 3
+
+
+async def test_items_saved_before_sightings_are_grouped_by_maintenance(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """Boxes left ungrouped (as migration 0012 leaves older items) are grouped by the
+    maintenance pass exactly as a commit groups them."""
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 12)))
+    before = await all_sightings(c, "r1")
+    async with c.db.connection() as connection:
+        await connection.execute("UPDATE sighting_boxes SET sighting_id = ''")
+    assert await review.group_backlog(c.db) == 1
+    assert await all_sightings(c, "r1") == before
+
+
+async def test_a_test_run_reviews_its_previews_within_its_hour(
+    coordinator: CoordinatorHarness,
+) -> None:
+    c = coordinator
+    s = await review_world(c)
+    await c.workshop.CreateRun(
+        run_request("t1", "watch", s.world.tracking_runtime, mode=common_pb2.RUN_MODE_TEST),
+        metadata=c.admin,
+    )
+    job = (
+        await c.jobs.Claim(
+            jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),
+            metadata=s.processor,
+        )
+    ).job
+    await c.publication.RecordPreview(record_request(job, 0, test=True), metadata=on_behalf(s))
+    page = await c.workshop.GetReview(ws.GetReviewRequest(run_id="t1"), metadata=c.admin)
+    assert [item.item.bucket_id for item in page.items] == [""]
+    assert page.sightings == []
+    assert page.recordings
+    code, reason = await refused(decide(c, "t1", f"{page.items[0].item.item_id}~0", CONFIRM))
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "TEST_RUN")
+    c.clock.advance(timedelta(hours=1, seconds=1))
+    page = await c.workshop.GetReview(ws.GetReviewRequest(run_id="t1"), metadata=c.admin)
+    assert list(page.items) == []
+    assert not page.has_more
+
+
+async def test_a_footage_key_sees_only_its_camera_and_cannot_decide(
+    coordinator: CoordinatorHarness,
+) -> None:
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 4)))  # cam-a
+    await commit(c, s, jobs[3], two_objects(range(0, 4)))  # cam-b
+    footage = bearer_metadata(await c.key(Grant(ScopeName.FOOTAGE_READ, camera_ids=("cam-b",))))
+    page = await c.workshop.GetReview(ws.GetReviewRequest(run_id="r1"), metadata=footage)
+    assert {item.item.camera_id for item in page.items} == {"cam-b"}
+    assert {sighting.camera_id for sighting in page.sightings} == {"cam-b"}
+    assert {recording.camera_id for recording in page.recordings} == {"cam-b"}
+    listed = await c.workshop.ListBucketItems(
+        ws.ListBucketItemsRequest(bucket_id="yard"), metadata=footage
+    )
+    assert {item.camera_id for item in listed.items} == {"cam-b"}
+    sid = page.sightings[0].sighting_id
+    code, _ = await refused(decide(c, "r1", sid, CONFIRM, metadata=footage))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    code, _ = await refused(c.workshop.GetSummary(ws.GetSummaryRequest(), metadata=footage))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    # a workshop key bound to cam-a decides there only
+    bound = bearer_metadata(await c.key(Grant(ScopeName.WORKSHOP, camera_ids=("cam-a",))))
+    code, _ = await refused(decide(c, "r1", sid, CONFIRM, metadata=bound))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    sightings = await all_sightings(c, "r1")
+    assert all(s.review_state == common_pb2.REVIEW_STATE_PENDING for s in sightings.values())
+
+
+async def test_bad_input_is_a_precise_error_and_changes_nothing(
+    coordinator: CoordinatorHarness,
+) -> None:
+    c = coordinator
+    s: Setup = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 3)))
+    other = await start_run_after(c, s, jobs)
+    sid = sorted(await all_sightings(c, "r1"))[0]
+    page = await c.workshop.GetReview(
+        ws.GetReviewRequest(run_id="r1", page_size=1), metadata=c.admin
+    )
+    invalid, not_found = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+    cases = [
+        (decide(c, "nope", sid, CONFIRM), not_found, "NOT_FOUND"),
+        (decide(c, "r1", "it_unknown~0", CONFIRM), not_found, "NOT_FOUND"),
+        (decide(c, "r1", "not-a-sighting", CONFIRM), invalid, "INVALID_FIELD"),
+        (decide(c, other, sid, CONFIRM), not_found, "NOT_FOUND"),
+        (decide(c, "r1", sid, ws.REVIEW_DECISION_UNSPECIFIED), invalid, "INVALID_FIELD"),
+        (decide(c, "r1", sid, RELABEL), invalid, "INVALID_FIELD"),
+        (decide(c, "r1", sid, RELABEL, "x" * 201), invalid, "INVALID_FIELD"),
+        (decide(c, "r1", sid, RELABEL, "bad\nname"), invalid, "INVALID_FIELD"),
+        (decide(c, "r1", sid, CONFIRM, "person"), invalid, "INVALID_FIELD"),
+        (
+            c.workshop.GetReview(
+                ws.GetReviewRequest(run_id=other, page_token=page.next_page_token),
+                metadata=c.admin,
+            ),
+            invalid,
+            "INVALID_FIELD",
+        ),
+        (
+            c.workshop.GetReview(
+                ws.GetReviewRequest(run_id="r1", page_token="x|y"), metadata=c.admin
+            ),
+            invalid,
+            "INVALID_FIELD",
+        ),
+        (
+            c.workshop.GetReview(
+                ws.GetReviewRequest(run_id="r1", page_size=1001), metadata=c.admin
+            ),
+            invalid,
+            "INVALID_FIELD",
+        ),
+        (
+            c.workshop.GetReview(ws.GetReviewRequest(run_id="nope"), metadata=c.admin),
+            not_found,
+            "NOT_FOUND",
+        ),
+        (
+            c.workshop.GetSummary(ws.GetSummaryRequest(time_zone="Mars/Olympus"), metadata=c.admin),
+            invalid,
+            "INVALID_FIELD",
+        ),
+        (
+            c.workshop.GetSummary(ws.GetSummaryRequest(days=367), metadata=c.admin),
+            invalid,
+            "INVALID_FIELD",
+        ),
+        (
+            c.workshop.ListBucketItems(
+                ws.ListBucketItemsRequest(bucket_id="nope"), metadata=c.admin
+            ),
+            not_found,
+            "NOT_FOUND",
+        ),
+        (
+            c.workshop.ListBucketItems(
+                ws.ListBucketItemsRequest(
+                    bucket_id="lot",
+                    page_token=(
+                        await c.workshop.ListBucketItems(
+                            ws.ListBucketItemsRequest(bucket_id="yard", page_size=1),
+                            metadata=c.admin,
+                        )
+                    ).next_page_token,
+                ),
+                metadata=c.admin,
+            ),
+            invalid,
+            "INVALID_FIELD",
+        ),
+        (
+            c.workshop.ListBucketItems(
+                ws.ListBucketItemsRequest(
+                    bucket_id="yard", filter=run_pb2.BucketItemFilter(review_states=[7])
+                ),
+                metadata=c.admin,
+            ),
+            invalid,
+            "INVALID_FIELD",
+        ),
+    ]
+    before = await snapshot_of_review(c)
+    for call, code, reason in cases:
+        assert await refused(call) == (code, reason)
+    assert await snapshot_of_review(c) == before
+
+
+async def start_run_after(c: CoordinatorHarness, s: Setup, jobs: list[object]) -> str:
+    """Finishes r1 (its other jobs commit nothing) and starts r2."""
+    for job in jobs[1:]:
+        await commit(c, s, job, [])  # type: ignore[arg-type]
+    await start_run(c, s, "r2")
+    return "r2"
+
+
+async def snapshot_of_review(c: CoordinatorHarness) -> list[object]:
+    async with c.db.connection() as connection:
+        return [
+            await connection.fetch(f"SELECT * FROM {table} ORDER BY 1, 2")
+            for table in ("sighting_boxes", "bucket_counts", "workflow_class_counts")
+        ] + [await connection.fetchval("SELECT count(*) FROM sighting_decisions")]
+
+
+async def test_bucket_items_filter_and_page(coordinator: CoordinatorHarness) -> None:
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 9)))
+    await commit(c, s, jobs[3], two_objects(range(0, 3)))
+    vehicle = next(
+        sid
+        for sid, sighting in (await all_sightings(c, "r1")).items()
+        if sighting.class_name == "vehicle" and sighting.camera_id == "cam-a"
+    )
+    await decide(c, "r1", vehicle, RELABEL, "truck")
+
+    async def listed(**filters: object) -> list[run_pb2.BucketItem]:
+        wanted = run_pb2.BucketItemFilter(**filters)  # type: ignore[arg-type]
+        items: list[run_pb2.BucketItem] = []
+        token = ""
+        while True:
+            page = await c.workshop.ListBucketItems(
+                ws.ListBucketItemsRequest(
+                    bucket_id="yard", filter=wanted, page_size=2, page_token=token
+                ),
+                metadata=c.admin,
+            )
+            items.extend(page.items)
+            if not page.next_page_token:
+                return items
+            token = page.next_page_token
+
+    everything = await listed()
+    assert len(everything) == 12
+    times = [(item.frame_time.ToDatetime(), item.item_id) for item in everything]
+    assert times == sorted(times)
+    assert len(await listed(class_name="truck")) == 3  # cam-a slots 0, 3, 6
+    assert len(await listed(class_name="vehicle")) == 1  # cam-b slot 0
+    assert len(await listed(camera_id="cam-b")) == 3
+    assert await listed(review_states=[common_pb2.REVIEW_STATE_ACCEPTED]) == []
+    start = everything[2].frame_time
+    end = everything[5].frame_time
+    window = await listed(frame_time_from=start, frame_time_to=end)
+    assert all(start.ToDatetime() <= i.frame_time.ToDatetime() < end.ToDatetime() for i in window)
+    assert window
