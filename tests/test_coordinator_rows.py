@@ -56,6 +56,7 @@ PG_TYPES: dict[str, tuple[type, ...]] = {
     "json": (dict, list),
     "text[]": (list,),
     "int8[]": (list,),
+    "int4[]": (list,),
 }
 
 

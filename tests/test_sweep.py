@@ -94,12 +94,8 @@ HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 REFLECTION = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
 # Where each Workshop service is served; the rest are the coordinator's.
 SERVER_OF = {"workshop.v1.PreviewService": "preview"}
-# docs/review.md: review and summary are not implemented yet.
-NOT_IMPLEMENTED_YET = {
-    "/workshop.v1.WorkshopService/GetReview",
-    "/workshop.v1.WorkshopService/DecideSighting",
-    "/workshop.v1.WorkshopService/GetSummary",
-}
+# RPCs documented as not implemented yet (none once the dataset export lands).
+NOT_IMPLEMENTED_YET = {"/workshop.v1.PreviewService/ExportBucket"}
 REQUEST_LIMITS = {"workshop.v1.WorkshopService": WORKSHOP_REQUEST_MAX_BYTES}
 LONG_POLLS = {"/workshop.v1.JobService/Claim": 1.5}
 DEADLINE_SLACK_SECONDS = 2.0

@@ -101,6 +101,33 @@ class ItemRow(Row):
     relabel_class: str | None
     saved_at: datetime
     reviewed_at: datetime | None
+    # the review of each box, in box order (None: not in a bucket, or boxes not added yet)
+    box_indexes: list[int] | None
+    box_sightings: list[str] | None
+    box_states: list[str] | None
+    box_relabels: list[str | None] | None
+
+    def box_reviews(self) -> list[BoxReview]:
+        return [
+            BoxReview(*values)
+            for values in zip(
+                self.box_indexes or (),
+                self.box_sightings or (),
+                self.box_states or (),
+                self.box_relabels or (),
+                strict=True,
+            )
+        ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BoxReview:
+    """The review of one box: the sighting it belongs to and that sighting's decision."""
+
+    box_index: int
+    sighting_id: str
+    review_state: str
+    relabel_class: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,17 +137,6 @@ class StoredItemRow(Row):
     item: ItemRow
     object_key: str
     sha256: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BoxReviewRow(Row):
-    item_id: str
-    box_index: int
-    sighting_id: str
-    review_state: str
-    relabel_class: str | None
-    decided_at: datetime | None
-    decided_by: dict[str, str] | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,7 +249,6 @@ class ReviewPage:
     run: ReviewRun
     recordings: list[SnapshotRecordingRow]
     items: list[ItemRow]
-    box_reviews: dict[str, list[BoxReviewRow]]
     sightings: list[SightingRow]
     next_key: PageKey | None
 
@@ -268,7 +283,6 @@ class Summary:
 @dataclasses.dataclass(frozen=True)
 class ItemsPage:
     items: list[StoredItemRow]
-    box_reviews: dict[str, list[BoxReviewRow]]
     next_key: PageKey | None
     classes: list[str]
 
@@ -388,12 +402,13 @@ async def group_timeline(connection: Connection, timeline: Timeline) -> int:
 
 
 async def group_committed(connection: Connection, item_ids: Sequence[str]) -> None:
-    """In the transaction that committed `item_ids`: adds their boxes to their timelines,
-    counts them, and groups what they changed."""
+    """In the transaction that committed `item_ids` (whose insert added their boxes to
+    their timelines, locked them and counted the items: bucket_items_added): groups
+    what they changed."""
     if not item_ids:
         return
     timelines = await fetch_all(
-        connection, Timeline, sql("review", "review_items_added"), list(item_ids)
+        connection, Timeline, sql("review", "timelines_of_items"), list(item_ids)
     )
     for timeline in timelines:
         await group_timeline(connection, timeline)
@@ -465,9 +480,8 @@ class ReviewApi:
                 )
             more = len(items) > limit
             items = items[:limit]
-            reviews = await _box_reviews(connection, [item.item_id for item in items])
             sighting_ids = sorted(
-                {box.sighting_id for boxes in reviews.values() for box in boxes} - {""}
+                {sid for item in items for sid in item.box_sightings or ()} - {""}
             )
             found = (
                 await fetch_all(
@@ -481,7 +495,6 @@ class ReviewApi:
             run=run,
             recordings=recordings,
             items=items,
-            box_reviews=reviews,
             sightings=found,
             next_key=PageKey(last.frame_time, last.item_id) if last else None,
         )
@@ -632,7 +645,6 @@ class ReviewApi:
             )
             more = len(rows) > limit
             rows = rows[:limit]
-            reviews = await _box_reviews(connection, [row.item.item_id for row in rows])
             classes: list[str] = []
             if with_classes:
                 classes = [
@@ -642,26 +654,14 @@ class ReviewApi:
         last = rows[-1].item if more else None
         return ItemsPage(
             items=rows,
-            box_reviews=reviews,
             next_key=PageKey(last.frame_time, last.item_id) if last else None,
             classes=classes,
         )
 
 
-async def _box_reviews(
-    connection: Connection, item_ids: list[str]
-) -> dict[str, list[BoxReviewRow]]:
-    if not item_ids:
-        return {}
-    found: dict[str, list[BoxReviewRow]] = {}
-    for row in await fetch_all(connection, BoxReviewRow, sql("review", "box_reviews"), item_ids):
-        found.setdefault(row.item_id, []).append(row)
-    return found
-
-
-def reviewed_boxes(item: ItemRow, reviews: Sequence[BoxReviewRow]) -> list[dict[str, Any]]:
+def reviewed_boxes(item: ItemRow) -> list[dict[str, Any]]:
     """The item's boxes after review: rejected boxes left out, relabels applied."""
-    by_index = {review.box_index: review for review in reviews}
+    by_index = {review.box_index: review for review in item.box_reviews()}
     kept: list[dict[str, Any]] = []
     for index, box in enumerate(item.boxes):
         review = by_index.get(index)

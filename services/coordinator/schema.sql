@@ -1227,7 +1227,7 @@ CREATE TABLE sighting_boxes (
     decided_by    jsonb,
     decided_at    timestamptz,
     PRIMARY KEY (item_id, box_index)
-);
+) WITH (fillfactor = 70);
 CREATE INDEX sighting_boxes_by_sighting ON sighting_boxes (sighting_id, frame_time, item_id);
 CREATE INDEX sighting_boxes_by_timeline
     ON sighting_boxes (run_id, bucket_id, camera_id, frame_time, item_id);
@@ -1278,6 +1278,9 @@ CREATE TABLE workflow_day_counts (
     PRIMARY KEY (workflow_id, bucket_id, quarter_start)
 );
 
+-- Room in every page for a decision's new row versions: review columns are not indexed,
+-- so with free space an update stays on its page and touches no index (a HOT update).
+ALTER TABLE bucket_items SET (fillfactor = 80);
 CREATE INDEX bucket_items_by_run_frame ON bucket_items (run_id, frame_time, item_id);
 CREATE INDEX bucket_items_by_bucket_frame ON bucket_items (bucket_id, frame_time, item_id);
 
@@ -1343,6 +1346,20 @@ BEGIN
     FROM bucket_items bi WHERE bi.item_id = ANY (p_items) ORDER BY 1, 2, 3;
 END;
 $$;
+
+-- Every insert of bucket items adds their boxes and counts them, whichever code inserts
+-- them (also a coordinator of an older version during a rolling upgrade); the
+-- committing coordinator then groups them, or the maintenance pass does.
+CREATE FUNCTION bucket_items_added() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM review_items_added(ARRAY(SELECT item_id FROM added));
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER bucket_items_review
+    AFTER INSERT ON bucket_items REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION bucket_items_added();
 
 -- Locks the timeline of the box (p_item, p_box) of run p_run and answers, read after the
 -- lock, the sighting the box belongs to now and whether the timeline has boxes to group.

@@ -566,8 +566,6 @@ class BoxReview(_message.Message):
     SIGHTING_ID_FIELD_NUMBER: _builtins.int
     REVIEW_STATE_FIELD_NUMBER: _builtins.int
     RELABEL_CLASS_FIELD_NUMBER: _builtins.int
-    DECIDED_AT_FIELD_NUMBER: _builtins.int
-    DECIDED_BY_FIELD_NUMBER: _builtins.int
     box_index: _builtins.int
     """Index of the box in the item's boxes; -1 stands for an item without boxes."""
     sighting_id: _builtins.str
@@ -576,14 +574,6 @@ class BoxReview(_message.Message):
     """Review state of the box."""
     relabel_class: _builtins.str
     """Class the reviewer relabelled the box's sighting to; absent unless relabelled."""
-    @_builtins.property
-    def decided_at(self) -> _timestamp_pb2.Timestamp:
-        """When last decided (UTC); absent while pending."""
-
-    @_builtins.property
-    def decided_by(self) -> _common_pb2.Principal:
-        """Who decided last; absent while pending."""
-
     def __init__(
         self,
         *,
@@ -591,24 +581,13 @@ class BoxReview(_message.Message):
         sighting_id: _builtins.str = ...,
         review_state: _common_pb2.ReviewState.ValueType = ...,
         relabel_class: _builtins.str | None = ...,
-        decided_at: _timestamp_pb2.Timestamp | None = ...,
-        decided_by: _common_pb2.Principal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at", "_decided_by", b"_decided_by", "_relabel_class", b"_relabel_class", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "relabel_class", b"relabel_class"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at", "_decided_by", b"_decided_by", "_relabel_class", b"_relabel_class", "box_index", b"box_index", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class", "review_state", b"review_state", "sighting_id", b"sighting_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "box_index", b"box_index", "relabel_class", b"relabel_class", "review_state", b"review_state", "sighting_id", b"sighting_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__decided_at: _TypeAlias = _typing.Literal["decided_at"]  # noqa: Y015
-    _WhichOneofArgType__decided_at: _TypeAlias = _typing.Literal["_decided_at", b"_decided_at"]  # noqa: Y015
-    _WhichOneofReturnType__decided_by: _TypeAlias = _typing.Literal["decided_by"]  # noqa: Y015
-    _WhichOneofArgType__decided_by: _TypeAlias = _typing.Literal["_decided_by", b"_decided_by"]  # noqa: Y015
     _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
     _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__decided_at) -> _WhichOneofReturnType__decided_at | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__decided_by) -> _WhichOneofReturnType__decided_by | None: ...
-    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__relabel_class) -> _WhichOneofReturnType__relabel_class | None: ...
 
 Global___BoxReview: _TypeAlias = BoxReview  # noqa: Y015

@@ -213,9 +213,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
                     camera_id=row.item.camera_id,
                     frame_time=convert.ts(row.item.frame_time),
                     review_state=views.STATES[row.item.review_state],
-                    boxes=convert.boxes(
-                        review.reviewed_boxes(row.item, page.box_reviews.get(row.item.item_id, []))
-                    ),
+                    boxes=convert.boxes(review.reviewed_boxes(row.item)),
                 )
                 for row in page.items
             ],

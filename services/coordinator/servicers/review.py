@@ -10,7 +10,7 @@ from google.protobuf import json_format
 from services.coordinator import convert, review
 from services.coordinator.errors import InvalidField
 from services.coordinator.jobs_api import job_id
-from services.coordinator.review import BoxReviewRow, ItemFilter, ItemRow, PageKey, SightingRow
+from services.coordinator.review import BoxReview, ItemFilter, ItemRow, PageKey, SightingRow
 from services.coordinator.servicers.common import split_token
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
 
@@ -94,18 +94,16 @@ def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
     )
 
 
-def box_review(row: BoxReviewRow) -> run_pb2.BoxReview:
+def box_review(row: BoxReview) -> run_pb2.BoxReview:
     return run_pb2.BoxReview(
         box_index=row.box_index,
         sighting_id=row.sighting_id,
         review_state=STATES[row.review_state],
         relabel_class=row.relabel_class,
-        decided_at=convert.opt_ts(row.decided_at),
-        decided_by=convert.principal(row.decided_by) if row.decided_by else None,
     )
 
 
-def bucket_item(row: ItemRow, reviews: list[BoxReviewRow]) -> run_pb2.BucketItem:
+def bucket_item(row: ItemRow) -> run_pb2.BucketItem:
     return run_pb2.BucketItem(
         item_id=row.item_id,
         bucket_id=row.bucket_id,
@@ -122,7 +120,7 @@ def bucket_item(row: ItemRow, reviews: list[BoxReviewRow]) -> run_pb2.BucketItem
         relabel_class=row.relabel_class,
         saved_at=convert.ts(row.saved_at),
         reviewed_at=convert.opt_ts(row.reviewed_at),
-        box_reviews=[box_review(found) for found in reviews],
+        box_reviews=[box_review(found) for found in row.box_reviews()],
     )
 
 

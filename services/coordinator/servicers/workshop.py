@@ -344,10 +344,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             models=views.pinned_models(page.run.snapshot),
             items=[
                 run_pb2.ReviewItem(
-                    item=views.bucket_item(item, page.box_reviews.get(item.item_id, [])),
-                    sighting_ids=[
-                        box.sighting_id for box in page.box_reviews.get(item.item_id, [])
-                    ],
+                    item=views.bucket_item(item), sighting_ids=item.box_sightings or ()
                 )
                 for item in page.items
             ],
@@ -433,10 +430,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             page_size(request.page_size),
         )
         return pb.ListBucketItemsResponse(
-            items=[
-                views.bucket_item(row.item, page.box_reviews.get(row.item.item_id, []))
-                for row in page.items
-            ],
+            items=[views.bucket_item(row.item) for row in page.items],
             next_page_token=views.page_token(scope, page.next_key),
         )
 

@@ -1,7 +1,9 @@
 -- Review, sightings, the summary and bucket datasets (docs/review.md).
 
--- name: review_items_added
-SELECT run_id, bucket_id, camera_id FROM review_items_added($1::text[]);
+-- name: timelines_of_items
+SELECT DISTINCT run_id, bucket_id, camera_id FROM bucket_items
+WHERE item_id = ANY ($1::text[])
+ORDER BY 1, 2, 3;
 
 -- name: timeline_lock
 SELECT 1 FROM sighting_timelines
@@ -12,7 +14,8 @@ FOR UPDATE;
 -- The boxes a regroup of a timeline reads: from 5 s before its first ungrouped box on;
 -- those before that box are fixed (they say which sightings are open), the rest are
 -- grouped again. No rows: nothing to group.
-WITH start AS (
+-- (MATERIALIZED: the first time is found once, not once per row.)
+WITH start AS MATERIALIZED (
     SELECT min(frame_time) AS first_ungrouped FROM sighting_boxes
     WHERE run_id = $1 AND bucket_id = $2 AND camera_id = $3 AND sighting_id = ''
 )
@@ -43,11 +46,19 @@ FROM runs r JOIN run_snapshots s ON s.run_id = r.run_id
 WHERE r.run_id = $1;
 
 -- name: review_items_page
--- A page of a full run's bucket items, oldest frame first, after the key ($3, $4).
+-- A page of a full run's bucket items, oldest frame first, after the key ($3, $4), each
+-- with the review of its boxes in box order.
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time, bi.boxes,
-       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at
+       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at, boxes.*
 FROM bucket_items_current bi
+LEFT JOIN LATERAL (
+    SELECT array_agg(sb.box_index ORDER BY sb.box_index) AS box_indexes,
+           array_agg(sb.sighting_id ORDER BY sb.box_index) AS box_sightings,
+           array_agg(sb.review_state ORDER BY sb.box_index) AS box_states,
+           array_agg(sb.relabel_class ORDER BY sb.box_index) AS box_relabels
+    FROM sighting_boxes sb WHERE sb.item_id = bi.item_id
+) boxes ON true
 WHERE bi.run_id = $1
   AND ($2::text[] IS NULL OR bi.camera_id = ANY ($2))
   AND ($3::timestamptz IS NULL OR (bi.frame_time, bi.item_id) > ($3, $4))
@@ -60,7 +71,9 @@ SELECT so.item_id, '' AS bucket_id, so.run_id, so.job_index, so.slot_index, j.ca
        j.recording_id, j.recording_generation,
        (rec.generation = j.recording_generation AND rec.deleted_at IS NULL) AS output_current,
        so.frame_time, so.boxes, 'pending' AS review_state, NULL::text AS relabel_class,
-       so.published_at AS saved_at, NULL::timestamptz AS reviewed_at
+       so.published_at AS saved_at, NULL::timestamptz AS reviewed_at,
+       NULL::integer[] AS box_indexes, NULL::text[] AS box_sightings, NULL::text[] AS box_states,
+       NULL::text[] AS box_relabels
 FROM staged_objects so
 JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
 JOIN recordings rec ON rec.recording_id = j.recording_id
@@ -77,12 +90,6 @@ SELECT job_index, recording_id, camera_id, generation, sha256, byte_size, object
 FROM snapshot_recordings
 WHERE run_id = $1 AND ($2::text[] IS NULL OR camera_id = ANY ($2))
 ORDER BY job_index;
-
--- name: box_reviews
-SELECT item_id, box_index, sighting_id, review_state, relabel_class, decided_at, decided_by
-FROM sighting_boxes
-WHERE item_id = ANY ($1::text[])
-ORDER BY item_id, box_index;
 
 -- name: sightings_get
 -- Sightings with their items in frame order and the counts their shared state is read
@@ -112,8 +119,16 @@ SELECT bucket_id FROM buckets WHERE bucket_id = $1 AND deleted_at IS NULL;
 -- reader may see) and frame time [$6, $7).
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time, bi.boxes,
-       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at, bi.object_key, bi.sha256
+       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at, boxes.*,
+       bi.object_key, bi.sha256
 FROM bucket_items_current bi
+LEFT JOIN LATERAL (
+    SELECT array_agg(sb.box_index ORDER BY sb.box_index) AS box_indexes,
+           array_agg(sb.sighting_id ORDER BY sb.box_index) AS box_sightings,
+           array_agg(sb.review_state ORDER BY sb.box_index) AS box_states,
+           array_agg(sb.relabel_class ORDER BY sb.box_index) AS box_relabels
+    FROM sighting_boxes sb WHERE sb.item_id = bi.item_id
+) boxes ON true
 WHERE bi.bucket_id = $1
   AND ($2::text[] IS NULL OR bi.review_state = ANY ($2))
   AND ($3::text IS NULL OR EXISTS (
