@@ -152,6 +152,22 @@ async def check_summary(c: CoordinatorHarness, zone: str = "Asia/Kathmandu", day
         ws.GetSummaryRequest(time_zone=zone, days=days), metadata=c.admin
     )
     per_bucket, classes, per_day = await raw_summary(c, zone, days)
+    listed = await c.workshop.ListRuns(ws.ListRunsRequest(workflow_id="watch"), metadata=c.admin)
+    async with c.db.connection() as connection:
+        by_run = {
+            row["run_id"]: (row["pending"], row["accepted"], row["rejected"])
+            for row in await connection.fetch(
+                """SELECT run_id, count(*) FILTER (WHERE review_state = 'pending') AS pending,
+                          count(*) FILTER (WHERE review_state = 'accepted') AS accepted,
+                          count(*) FILTER (WHERE review_state = 'rejected') AS rejected
+                   FROM bucket_items GROUP BY run_id"""
+            )
+        }
+    for entry in listed.runs:
+        counts = entry.review_counts
+        assert (counts.pending, counts.accepted, counts.rejected) == by_run.get(
+            entry.run.run_id, (0, 0, 0)
+        )
     assert {
         b.bucket_id: (b.images, b.accepted, b.rejected, b.pending, b.saved) for b in summary.buckets
     } == per_bucket

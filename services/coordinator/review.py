@@ -211,6 +211,14 @@ class DayCountRow(Row):
     images: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunReviewCounts(Row):
+    run_id: str
+    pending: int
+    accepted: int
+    rejected: int
+
+
 @dataclasses.dataclass(frozen=True)
 class ItemFilter:
     """Which of a bucket's items: every set field must match."""
@@ -612,6 +620,14 @@ class ReviewApi:
                 for row in workflows
             ],
         )
+
+    async def run_counts(self, run_ids: Sequence[str]) -> dict[str, RunReviewCounts]:
+        """The runs' items by review state (runs without items are absent)."""
+        async with self.db.connection() as connection:
+            rows = await fetch_all(
+                connection, RunReviewCounts, sql("review", "run_review_counts"), list(run_ids)
+            )
+        return {row.run_id: row for row in rows}
 
     async def bucket_items(
         self,

@@ -71,6 +71,14 @@ CREATE TABLE bucket_counts (
     PRIMARY KEY (bucket_id, recording_id, recording_generation)
 );
 
+-- A run's items by review state (ListRuns' review_counts).
+CREATE TABLE run_review_counts (
+    run_id   text PRIMARY KEY,
+    pending  bigint NOT NULL,
+    accepted bigint NOT NULL,
+    rejected bigint NOT NULL
+);
+
 CREATE TABLE workflow_class_counts (
     workflow_id   text NOT NULL,
     bucket_id     text NOT NULL,
@@ -99,7 +107,8 @@ CREATE INDEX bucket_items_by_bucket_frame ON bucket_items (bucket_id, frame_time
 -- Adds the boxes of the items `p_items` to their timelines, ungrouped, and
 -- counts the items: what committing them into buckets changes for review and the summary.
 -- Locks the timelines first, in key order (the lock order every writer of sightings
--- keeps: timelines, then items and boxes, then counters, each in key order).
+-- keeps: timelines, then items and boxes, then the counters (class, bucket, run, day),
+-- each in key order).
 -- Returns the timelines to group.
 CREATE FUNCTION review_items_added(p_items text[])
 RETURNS TABLE (run_id text, bucket_id text, camera_id text)
@@ -121,6 +130,17 @@ BEGIN
     LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal) ON true
     WHERE bi.item_id = ANY (p_items);
 
+    INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
+                                            confirmations)
+    SELECT r.workflow_id, sb.bucket_id, coalesce(sb.relabel_class, sb.class_name), count(*),
+           count(*) FILTER (WHERE sb.review_state = 'accepted')
+    FROM sighting_boxes sb JOIN runs r ON r.run_id = sb.run_id
+    WHERE sb.item_id = ANY (p_items) AND sb.box_index >= 0
+    GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
+    SET detections = c.detections + EXCLUDED.detections,
+        confirmations = c.confirmations + EXCLUDED.confirmations;
+
     INSERT INTO bucket_counts AS c (bucket_id, recording_id, recording_generation, images, pending,
                                     accepted, rejected, last_added_at)
     SELECT bi.bucket_id, bi.recording_id, bi.recording_generation, count(*),
@@ -134,16 +154,15 @@ BEGIN
         accepted = c.accepted + EXCLUDED.accepted, rejected = c.rejected + EXCLUDED.rejected,
         last_added_at = greatest(c.last_added_at, EXCLUDED.last_added_at);
 
-    INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
-                                            confirmations)
-    SELECT r.workflow_id, sb.bucket_id, coalesce(sb.relabel_class, sb.class_name), count(*),
-           count(*) FILTER (WHERE sb.review_state = 'accepted')
-    FROM sighting_boxes sb JOIN runs r ON r.run_id = sb.run_id
-    WHERE sb.item_id = ANY (p_items) AND sb.box_index >= 0
-    GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-    ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
-    SET detections = c.detections + EXCLUDED.detections,
-        confirmations = c.confirmations + EXCLUDED.confirmations;
+    INSERT INTO run_review_counts AS c (run_id, pending, accepted, rejected)
+    SELECT bi.run_id, count(*) FILTER (WHERE bi.review_state = 'pending'),
+           count(*) FILTER (WHERE bi.review_state = 'accepted'),
+           count(*) FILTER (WHERE bi.review_state = 'rejected')
+    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    GROUP BY 1 ORDER BY 1
+    ON CONFLICT ON CONSTRAINT run_review_counts_pkey DO UPDATE
+    SET pending = c.pending + EXCLUDED.pending, accepted = c.accepted + EXCLUDED.accepted,
+        rejected = c.rejected + EXCLUDED.rejected;
 
     INSERT INTO workflow_day_counts AS c (workflow_id, bucket_id, quarter_start, images)
     SELECT r.workflow_id, bi.bucket_id,
@@ -211,6 +230,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     workflow text;
     changed integer;
+    run_pending bigint;
+    run_accepted bigint;
+    run_rejected bigint;
 BEGIN
     SELECT r.workflow_id INTO workflow FROM runs r WHERE r.run_id = p_run;
     SELECT count(DISTINCT sb.item_id) INTO changed FROM sighting_boxes sb
@@ -285,15 +307,26 @@ BEGIN
                sum((o.now = 'accepted')::integer - (o.was = 'accepted')::integer) AS accepted,
                sum((o.now = 'rejected')::integer - (o.was = 'rejected')::integer) AS rejected
         FROM old o GROUP BY 1, 2, 3
+    ), counted AS (
+        INSERT INTO bucket_counts AS c (bucket_id, recording_id, recording_generation, images,
+                                        pending, accepted, rejected, last_added_at)
+        SELECT d.bucket_id, d.recording_id, d.recording_generation, 0, d.pending, d.accepted,
+               d.rejected, p_now
+        FROM deltas d ORDER BY 1, 2, 3
+        ON CONFLICT ON CONSTRAINT bucket_counts_pkey DO UPDATE
+        SET pending = c.pending + EXCLUDED.pending, accepted = c.accepted + EXCLUDED.accepted,
+            rejected = c.rejected + EXCLUDED.rejected
+        RETURNING 1
     )
-    INSERT INTO bucket_counts AS c (bucket_id, recording_id, recording_generation, images, pending,
-                                    accepted, rejected, last_added_at)
-    SELECT d.bucket_id, d.recording_id, d.recording_generation, 0, d.pending, d.accepted,
-           d.rejected, p_now
-    FROM deltas d ORDER BY 1, 2, 3
-    ON CONFLICT ON CONSTRAINT bucket_counts_pkey DO UPDATE
-    SET pending = c.pending + EXCLUDED.pending, accepted = c.accepted + EXCLUDED.accepted,
-        rejected = c.rejected + EXCLUDED.rejected;
+    SELECT coalesce(sum(d.pending), 0), coalesce(sum(d.accepted), 0),
+           coalesce(sum(d.rejected), 0)
+    INTO run_pending, run_accepted, run_rejected
+    FROM deltas d;
+    -- after the bucket counters (the lock order), and a sighting's items are of one run
+    UPDATE run_review_counts c
+    SET pending = c.pending + run_pending, accepted = c.accepted + run_accepted,
+        rejected = c.rejected + run_rejected
+    WHERE c.run_id = p_run;
     RETURN changed;
 END;
 $$;
@@ -309,7 +342,18 @@ BEGIN
     PERFORM 1 FROM sighting_timelines t WHERE t.bucket_id = p_bucket
     ORDER BY t.run_id, t.bucket_id, t.camera_id FOR UPDATE;
     WITH gone AS (
-        DELETE FROM bucket_items WHERE bucket_id = p_bucket RETURNING object_key
+        DELETE FROM bucket_items WHERE bucket_id = p_bucket
+        RETURNING object_key, run_id, review_state
+    ), uncounted AS (
+        UPDATE run_review_counts c
+        SET pending = c.pending - g.pending, accepted = c.accepted - g.accepted,
+            rejected = c.rejected - g.rejected
+        FROM (SELECT gone.run_id, count(*) FILTER (WHERE review_state = 'pending') AS pending,
+                     count(*) FILTER (WHERE review_state = 'accepted') AS accepted,
+                     count(*) FILTER (WHERE review_state = 'rejected') AS rejected
+              FROM gone GROUP BY gone.run_id) g
+        WHERE c.run_id = g.run_id
+        RETURNING 1
     ), released AS (
         -- an upload another bucket still shows stays
         UPDATE staged_objects s SET collectable_at = p_now

@@ -275,8 +275,14 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             int(token[0]) if token else None,
             limit,
         )
+        counts = await self.review.run_counts([view.row.run_id for view in views])
         return pb.ListRunsResponse(
-            runs=[pb.RunListEntry(run=run(view)) for view in views],
+            runs=[
+                pb.RunListEntry(
+                    run=run(view), review_counts=review_counts(counts.get(view.row.run_id))
+                )
+                for view in views
+            ],
             next_page_token=str(views[-1].row.seq) if len(views) == limit else "",
         )
 
@@ -446,6 +452,12 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def GetPhoto(self, request: pb.GetPhotoRequest, context: Context) -> pb.GetPhotoResponse:
         view = await self.photos.get(await self.who(context), request.photo_id)
         return pb.GetPhotoResponse(photo=photo(view))
+
+
+def review_counts(row: review.RunReviewCounts | None) -> run_pb2.ReviewCounts:
+    if row is None:
+        return run_pb2.ReviewCounts()
+    return run_pb2.ReviewCounts(pending=row.pending, accepted=row.accepted, rejected=row.rejected)
 
 
 def decision(request: pb.DecideSightingRequest) -> tuple[str, str | None]:

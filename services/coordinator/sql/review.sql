@@ -196,5 +196,8 @@ WHERE c.quarter_start >= $1[1] AND c.quarter_start < $1[cardinality($1)]
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
+-- name: run_review_counts
+SELECT run_id, pending, accepted, rejected FROM run_review_counts WHERE run_id = ANY ($1::text[]);
+
 -- name: runs_by_ids
 SELECT * FROM run_status WHERE run_id = ANY ($1::text[]);
