@@ -207,18 +207,22 @@ def boxes(values: list[dict[str, Any]] | None) -> list[common_pb2.Box]:
 
 
 def _box(value: dict[str, Any]) -> common_pb2.Box:
-    box = common_pb2.Box(
-        class_name=value.get("class_name", ""),
-        score=value.get("score", 0.0),
-        x=value.get("x", 0.0),
-        y=value.get("y", 0.0),
-        w=value.get("w", 0.0),
-        h=value.get("h", 0.0),
-    )
+    box = common_pb2.Box()
+    fill_box(box, value)
+    return box
+
+
+def fill_box(box: common_pb2.Box, value: dict[str, Any]) -> None:
+    """Writes a stored box into `box` in place (`boxes.add()`: no copy into the list)."""
+    box.class_name = value.get("class_name", "")
+    box.score = value.get("score", 0.0)
+    box.x = value.get("x", 0.0)
+    box.y = value.get("y", 0.0)
+    box.w = value.get("w", 0.0)
+    box.h = value.get("h", 0.0)
     track = value.get("track_id")
     if track is not None:
         box.track_id = int(track)  # int64 is a JSON string
-    return box
 
 
 def principal(value: Mapping[str, str]) -> common_pb2.Principal:

@@ -13,7 +13,7 @@ import hashlib
 import logging
 import unicodedata
 from collections.abc import Sequence
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -252,6 +252,10 @@ class PageKey:
     item_id: str
 
 
+# Before every item: where a first page starts.
+FIRST_KEY = PageKey(datetime(1, 1, 1, tzinfo=UTC), "")
+
+
 @dataclasses.dataclass(frozen=True)
 class ReviewPage:
     run: ReviewRun
@@ -464,7 +468,7 @@ class ReviewApi:
                     run_id,
                     camera_list,
                 )
-            key = (after.frame_time, after.item_id) if after else (None, None)
+            key = (after or FIRST_KEY).frame_time, (after or FIRST_KEY).item_id
             if run.mode == "full":
                 items = await fetch_all(
                     connection,
@@ -655,8 +659,8 @@ class ReviewApi:
                 sorted(cameras) if cameras is not None else None,
                 wanted.frame_time_from,
                 wanted.frame_time_to,
-                after.frame_time if after else None,
-                after.item_id if after else None,
+                (after or FIRST_KEY).frame_time,
+                (after or FIRST_KEY).item_id,
                 limit + 1,
             )
             more = len(rows) > limit

@@ -10,7 +10,7 @@ from google.protobuf import json_format
 from services.coordinator import convert, review
 from services.coordinator.errors import InvalidField
 from services.coordinator.jobs_api import job_id
-from services.coordinator.review import BoxReview, ItemFilter, ItemRow, PageKey, SightingRow
+from services.coordinator.review import ItemFilter, ItemRow, PageKey, SightingRow
 from services.coordinator.servicers.common import split_token
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
 
@@ -94,34 +94,39 @@ def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
     )
 
 
-def box_review(row: BoxReview) -> run_pb2.BoxReview:
-    return run_pb2.BoxReview(
-        box_index=row.box_index,
-        sighting_id=row.sighting_id,
-        review_state=STATES[row.review_state],
-        relabel_class=row.relabel_class,
-    )
-
-
-def bucket_item(row: ItemRow) -> run_pb2.BucketItem:
-    return run_pb2.BucketItem(
-        item_id=row.item_id,
-        bucket_id=row.bucket_id,
-        run_id=row.run_id,
-        job_id=job_id(row.job_index),
-        slot_index=row.slot_index,
-        camera_id=row.camera_id,
-        recording_id=row.recording_id,
-        recording_generation=row.recording_generation,
-        output_current=row.output_current,
-        frame_time=convert.ts(row.frame_time),
-        boxes=convert.boxes(row.boxes),
-        review_state=STATES[row.review_state],
-        relabel_class=row.relabel_class,
-        saved_at=convert.ts(row.saved_at),
-        reviewed_at=convert.opt_ts(row.reviewed_at),
-        box_reviews=[box_review(found) for found in row.box_reviews()],
-    )
+def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow) -> None:
+    """Writes `row` into `target` in place: a review page holds 1,000 of them, and building
+    each as its own message to copy into the page costs a third more."""
+    target.item_id = row.item_id
+    target.bucket_id = row.bucket_id
+    target.run_id = row.run_id
+    target.job_id = job_id(row.job_index)
+    target.slot_index = row.slot_index
+    target.camera_id = row.camera_id
+    target.recording_id = row.recording_id
+    target.recording_generation = row.recording_generation
+    target.output_current = row.output_current
+    target.frame_time.FromMicroseconds(convert.micros(row.frame_time))
+    for box in row.boxes:
+        convert.fill_box(target.boxes.add(), box)
+    target.review_state = STATES[row.review_state]
+    if row.relabel_class is not None:
+        target.relabel_class = row.relabel_class
+    target.saved_at.FromMicroseconds(convert.micros(row.saved_at))
+    if row.reviewed_at is not None:
+        target.reviewed_at.FromMicroseconds(convert.micros(row.reviewed_at))
+    for index, sighting_id, state, relabel in zip(
+        row.box_indexes or (),
+        row.box_sightings or (),
+        row.box_states or (),
+        row.box_relabels or (),
+        strict=True,
+    ):
+        review = target.box_reviews.add(
+            box_index=index, sighting_id=sighting_id, review_state=STATES[state]
+        )
+        if relabel is not None:
+            review.relabel_class = relabel
 
 
 def sighting(row: SightingRow) -> run_pb2.Sighting:

@@ -345,19 +345,17 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             views.page_key(request.page_token, scope),
             request.page_size or review.MAX_REVIEW_PAGE,
         )
-        return pb.GetReviewResponse(
+        response = pb.GetReviewResponse(
             recordings=[snapshot_recording(row) for row in page.recordings],
             models=views.pinned_models(page.run.snapshot),
-            items=[
-                run_pb2.ReviewItem(
-                    item=views.bucket_item(item), sighting_ids=item.box_sightings or ()
-                )
-                for item in page.items
-            ],
             sightings=[views.sighting(row) for row in page.sightings],
             has_more=page.next_key is not None,
             next_page_token=views.page_token(scope, page.next_key),
         )
+        for item in page.items:
+            entry = response.items.add(sighting_ids=item.box_sightings or ())
+            views.fill_bucket_item(entry.item, item)
+        return response
 
     async def DecideSighting(
         self, request: pb.DecideSightingRequest, context: Context
@@ -435,10 +433,12 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             views.page_key(request.page_token, scope),
             page_size(request.page_size),
         )
-        return pb.ListBucketItemsResponse(
-            items=[views.bucket_item(row.item) for row in page.items],
-            next_page_token=views.page_token(scope, page.next_key),
+        response = pb.ListBucketItemsResponse(
+            next_page_token=views.page_token(scope, page.next_key)
         )
+        for row in page.items:
+            views.fill_bucket_item(response.items.add(), row.item)
+        return response
 
     async def RequestPhoto(
         self, request: pb.RequestPhotoRequest, context: Context

@@ -46,8 +46,9 @@ FROM runs r JOIN run_snapshots s ON s.run_id = r.run_id
 WHERE r.run_id = $1;
 
 -- name: review_items_page
--- A page of a full run's bucket items, oldest frame first, after the key ($3, $4), each
--- with the review of its boxes in box order.
+-- A page of a full run's bucket items, oldest frame first, after the key ($3, $4) (the
+-- first page passes review.FIRST_KEY: a plain comparison lets the index start there),
+-- each with the review of its boxes in box order.
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time, bi.boxes,
        bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at, boxes.*
@@ -61,7 +62,7 @@ LEFT JOIN LATERAL (
 ) boxes ON true
 WHERE bi.run_id = $1
   AND ($2::text[] IS NULL OR bi.camera_id = ANY ($2))
-  AND ($3::timestamptz IS NULL OR (bi.frame_time, bi.item_id) > ($3, $4))
+  AND (bi.frame_time, bi.item_id) > ($3::timestamptz, $4::text)
 ORDER BY bi.frame_time, bi.item_id
 LIMIT $5;
 
@@ -80,7 +81,7 @@ JOIN recordings rec ON rec.recording_id = j.recording_id
 WHERE so.run_id = $1 AND so.item_id IS NOT NULL AND so.published_at IS NOT NULL
   AND so.deleted_at IS NULL AND (so.collectable_at IS NULL OR so.collectable_at > $5)
   AND ($2::text[] IS NULL OR j.camera_id = ANY ($2))
-  AND ($3::timestamptz IS NULL OR (so.frame_time, so.item_id) > ($3, $4))
+  AND (so.frame_time, so.item_id) > ($3::timestamptz, $4::text)
 ORDER BY so.frame_time, so.item_id
 LIMIT $6;
 
@@ -138,7 +139,7 @@ WHERE bi.bucket_id = $1
   AND ($5::text[] IS NULL OR bi.camera_id = ANY ($5))
   AND ($6::timestamptz IS NULL OR bi.frame_time >= $6)
   AND ($7::timestamptz IS NULL OR bi.frame_time < $7)
-  AND ($8::timestamptz IS NULL OR (bi.frame_time, bi.item_id) > ($8, $9))
+  AND (bi.frame_time, bi.item_id) > ($8::timestamptz, $9::text)
 ORDER BY bi.frame_time, bi.item_id
 LIMIT $10;
 
