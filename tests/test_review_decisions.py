@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from zoneinfo import ZoneInfo
 
@@ -121,13 +122,9 @@ async def raw_summary(
             """SELECT r.workflow_id, bi.saved_at FROM bucket_items bi
                JOIN runs r ON r.run_id = bi.run_id"""
         )
-    per_bucket = {
-        row["bucket_id"]: (
-            row["images"],
-            row["accepted"],
-            row["rejected"] if row["images"] else 0,
-            row["pending"] if row["images"] else 0,
-            row["saved"],
+    per_bucket: dict[str, tuple[int, ...]] = {
+        row["bucket_id"]: tuple(
+            row[name] for name in ("images", "accepted", "rejected", "pending", "saved")
         )
         for row in buckets
     }
@@ -384,7 +381,7 @@ async def test_bad_input_is_a_precise_error_and_changes_nothing(
         ws.GetReviewRequest(run_id="r1", page_size=1), metadata=c.admin
     )
     invalid, not_found = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
-    cases = [
+    cases: list[tuple[Awaitable[object], grpc.StatusCode, str]] = [
         (decide(c, "nope", sid, CONFIRM), not_found, "NOT_FOUND"),
         (decide(c, "r1", "it_unknown~0", CONFIRM), not_found, "NOT_FOUND"),
         (decide(c, "r1", "not-a-sighting", CONFIRM), invalid, "INVALID_FIELD"),
@@ -457,7 +454,10 @@ async def test_bad_input_is_a_precise_error_and_changes_nothing(
         (
             c.workshop.ListBucketItems(
                 ws.ListBucketItemsRequest(
-                    bucket_id="yard", filter=run_pb2.BucketItemFilter(review_states=[7])
+                    bucket_id="yard",
+                    filter=run_pb2.BucketItemFilter(
+                        review_states=[common_pb2.ReviewState.ValueType(7)]
+                    ),
                 ),
                 metadata=c.admin,
             ),
@@ -471,10 +471,12 @@ async def test_bad_input_is_a_precise_error_and_changes_nothing(
     assert await snapshot_of_review(c) == before
 
 
-async def start_run_after(c: CoordinatorHarness, s: Setup, jobs: list[object]) -> str:
+async def start_run_after(
+    c: CoordinatorHarness, s: Setup, jobs: Sequence[jobs_pb2.ClaimedJob]
+) -> str:
     """Finishes r1 (its other jobs commit nothing) and starts r2."""
     for job in jobs[1:]:
-        await commit(c, s, job, [])  # type: ignore[arg-type]
+        await commit(c, s, job, [])
     await start_run(c, s, "r2")
     return "r2"
 

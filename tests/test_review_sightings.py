@@ -96,10 +96,9 @@ def reference_grouping(items: list[Seen]) -> dict[tuple[str, int], str]:
                 used_sightings.add(sid)
                 grouped[(item.item_id, index)] = sid
             for index, class_name, geometry in boxes:
-                sid = grouped.get((item.item_id, index)) if index in used_boxes else None
-                if sid is None:
-                    sid = f"{item.item_id}~{index}"
-                    grouped[(item.item_id, index)] = sid
+                if index not in used_boxes:
+                    grouped[(item.item_id, index)] = f"{item.item_id}~{index}"
+                sid = grouped[(item.item_id, index)]
                 last[sid] = (class_name, item.frame_time, index, geometry)
     return grouped
 
