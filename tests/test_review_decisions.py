@@ -25,6 +25,7 @@ from testbed.review_world import Frame, box, commit, review_world, start_run
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
+from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
 CONFIRM, NONE, RELABEL = (
@@ -531,3 +532,21 @@ async def test_bucket_items_filter_and_page(coordinator: CoordinatorHarness) -> 
     window = await listed(frame_time_from=start, frame_time_to=end)
     assert all(start.ToDatetime() <= i.frame_time.ToDatetime() < end.ToDatetime() for i in window)
     assert window
+
+
+async def test_an_image_read_shows_its_boxes_after_relabels(
+    coordinator: CoordinatorHarness,
+) -> None:
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 3)))
+    sightings = await all_sightings(c, "r1")
+    vehicle = next(sid for sid, found in sightings.items() if found.class_name == "vehicle")
+    await decide(c, "r1", vehicle, RELABEL, "truck")
+    item_id = sightings[vehicle].item_ids[0]
+    reader = (*s.service, ("workshop-on-behalf-of", c.admin[0][1]))
+    image = await c.publication.AuthorizeImageRead(
+        pub.AuthorizeImageReadRequest(run_id="r1", item_id=item_id), metadata=reader
+    )
+    assert [box.class_name for box in image.boxes] == ["person", "person", "truck"]

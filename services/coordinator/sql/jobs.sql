@@ -102,8 +102,15 @@ JOIN runs r ON r.run_id = so.run_id
 WHERE so.run_id = $1 AND so.item_id = $2
   AND so.published_at IS NOT NULL AND so.deleted_at IS NULL
 UNION ALL
-SELECT 'item', bi.object_key, upload.content_type, bi.boxes, bi.frame_time, bi.camera_id,
-       bi.sha256, NULL, r.expires_at
+SELECT 'item', bi.object_key, upload.content_type,
+       -- the boxes after review relabels (docs/review.md)
+       (SELECT coalesce(jsonb_agg(
+                   CASE WHEN sb.relabel_class IS NULL THEN b.box
+                        ELSE jsonb_set(b.box, '{class_name}', to_jsonb(sb.relabel_class)) END
+                   ORDER BY b.ordinal), '[]'::jsonb)
+        FROM jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal)
+        LEFT JOIN sighting_boxes sb ON sb.item_id = bi.item_id AND sb.box_index = b.ordinal - 1),
+       bi.frame_time, bi.camera_id, bi.sha256, NULL, r.expires_at
 FROM bucket_items bi
 JOIN runs r ON r.run_id = bi.run_id
 JOIN staged_objects upload ON upload.object_key = bi.object_key
