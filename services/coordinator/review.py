@@ -96,35 +96,27 @@ class ItemRow(Row):
     recording_generation: int
     output_current: bool
     frame_time: datetime
-    boxes: list[dict[str, Any]]
+    boxes: list[dict[str, Any]] | None  # a test run's preview's; bucket items': BoxRow
     review_state: str
     relabel_class: str | None
     saved_at: datetime
     reviewed_at: datetime | None
-    # the review of each box, in box order (None: not in a bucket, or boxes not added yet)
-    box_indexes: list[int] | None
-    box_sightings: list[str] | None
-    box_states: list[str] | None
-    box_relabels: list[str | None] | None
-
-    def box_reviews(self) -> list[BoxReview]:
-        return [
-            BoxReview(*values)
-            for values in zip(
-                self.box_indexes or (),
-                self.box_sightings or (),
-                self.box_states or (),
-                self.box_relabels or (),
-                strict=True,
-            )
-        ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class BoxReview:
-    """The review of one box: the sighting it belongs to and that sighting's decision."""
+class BoxRow(Row):
+    """A box of a bucket item as detected, with its review (box_index -1: the item has no
+    boxes; it only carries the review)."""
 
+    item_id: str
     box_index: int
+    class_name: str
+    score: float
+    x: float
+    y: float
+    w: float
+    h: float
+    track_id: int | None
     sighting_id: str
     review_state: str
     relabel_class: str | None
@@ -261,6 +253,7 @@ class ReviewPage:
     run: ReviewRun
     recordings: list[SnapshotRecordingRow]
     items: list[ItemRow]
+    boxes: dict[str, list[BoxRow]]  # by item id, in box order
     sightings: list[SightingRow]
     next_key: PageKey | None
 
@@ -295,6 +288,7 @@ class Summary:
 @dataclasses.dataclass(frozen=True)
 class ItemsPage:
     items: list[StoredItemRow]
+    boxes: dict[str, list[BoxRow]]  # by item id, in box order
     next_key: PageKey | None
     classes: list[str]
 
@@ -492,8 +486,9 @@ class ReviewApi:
                 )
             more = len(items) > limit
             items = items[:limit]
+            boxes = await items_boxes(connection, [item.item_id for item in items])
             sighting_ids = sorted(
-                {sid for item in items for sid in item.box_sightings or ()} - {""}
+                {box.sighting_id for found in boxes.values() for box in found} - {""}
             )
             found = (
                 await fetch_all(
@@ -507,6 +502,7 @@ class ReviewApi:
             run=run,
             recordings=recordings,
             items=items,
+            boxes=boxes,
             sightings=found,
             next_key=PageKey(last.frame_time, last.item_id) if last else None,
         )
@@ -665,6 +661,7 @@ class ReviewApi:
             )
             more = len(rows) > limit
             rows = rows[:limit]
+            boxes = await items_boxes(connection, [row.item.item_id for row in rows])
             classes: list[str] = []
             if with_classes:
                 classes = [
@@ -674,20 +671,25 @@ class ReviewApi:
         last = rows[-1].item if more else None
         return ItemsPage(
             items=rows,
+            boxes=boxes,
             next_key=PageKey(last.frame_time, last.item_id) if last else None,
             classes=classes,
         )
 
 
-def reviewed_boxes(item: ItemRow) -> list[dict[str, Any]]:
-    """The item's boxes after review: rejected boxes left out, relabels applied."""
-    by_index = {review.box_index: review for review in item.box_reviews()}
-    kept: list[dict[str, Any]] = []
-    for index, box in enumerate(item.boxes):
-        review = by_index.get(index)
-        if review is not None and review.review_state == "rejected":
-            continue
-        if review is not None and review.relabel_class is not None:
-            box = {**box, "class_name": review.relabel_class}
-        kept.append(box)
-    return kept
+async def items_boxes(connection: Connection, item_ids: list[str]) -> dict[str, list[BoxRow]]:
+    """The boxes of bucket items with their reviews, by item id in box order."""
+    found: dict[str, list[BoxRow]] = {}
+    if item_ids:
+        for box in await fetch_all(connection, BoxRow, sql("review", "items_boxes"), item_ids):
+            found.setdefault(box.item_id, []).append(box)
+    return found
+
+
+def reviewed_boxes(boxes: Sequence[BoxRow]) -> list[BoxRow]:
+    """An item's boxes after review: rejected boxes left out, relabels applied."""
+    return [
+        dataclasses.replace(box, class_name=box.relabel_class or box.class_name)
+        for box in boxes
+        if box.box_index >= 0 and box.review_state != "rejected"
+    ]

@@ -1215,11 +1215,15 @@ CREATE TABLE sighting_boxes (
     bucket_id     text NOT NULL,
     camera_id     text NOT NULL,
     frame_time    timestamptz NOT NULL,
-    class_name    text NOT NULL,  -- as detected; '' for an item without boxes
+    -- the box as detected (a copy of bucket_items.boxes[box_index], which review pages
+    -- read from here); class '' and zeros for an item without boxes
+    class_name    text NOT NULL,
+    score         real NOT NULL,
     x             real NOT NULL,
     y             real NOT NULL,
     w             real NOT NULL,
     h             real NOT NULL,
+    track_id      bigint,
     sighting_id   text NOT NULL,  -- '' until grouped
     review_state  text NOT NULL DEFAULT 'pending'
         CHECK (review_state IN ('pending', 'accepted', 'rejected')),
@@ -1309,11 +1313,13 @@ BEGIN
     ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
 
     INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id, frame_time,
-                                class_name, x, y, w, h, sighting_id)
+                                class_name, score, x, y, w, h, track_id, sighting_id)
     SELECT bi.item_id, coalesce(b.ordinal - 1, -1)::integer, bi.run_id, bi.bucket_id, bi.camera_id,
            bi.frame_time, coalesce(b.box ->> 'class_name', ''),
+           coalesce((b.box ->> 'score')::real, 0),
            coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
-           coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0), ''
+           coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0),
+           (b.box ->> 'track_id')::bigint, ''
     FROM bucket_items bi
     LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal) ON true
     WHERE bi.item_id = ANY (p_items);

@@ -204,22 +204,21 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             min(request.page_size or review.DEFAULT_EXPORT_PAGE, MAX_PAGE_SIZE),
             with_classes=after is None,
         )
-        return pb.ListExportItemsResponse(
-            items=[
-                pb.ExportItem(
-                    item_id=row.item.item_id,
-                    object_key=row.object_key,
-                    sha256=row.sha256,
-                    camera_id=row.item.camera_id,
-                    frame_time=convert.ts(row.item.frame_time),
-                    review_state=views.STATES[row.item.review_state],
-                    boxes=convert.boxes(review.reviewed_boxes(row.item)),
-                )
-                for row in page.items
-            ],
-            next_page_token=views.page_token(scope, page.next_key),
-            classes=page.classes,
+        response = pb.ListExportItemsResponse(
+            next_page_token=views.page_token(scope, page.next_key), classes=page.classes
         )
+        for row in page.items:
+            item = response.items.add(
+                item_id=row.item.item_id,
+                object_key=row.object_key,
+                sha256=row.sha256,
+                camera_id=row.item.camera_id,
+                frame_time=convert.ts(row.item.frame_time),
+                review_state=views.STATES[row.item.review_state],
+            )
+            for box in review.reviewed_boxes(page.boxes.get(row.item.item_id, ())):
+                views.fill_box(item.boxes.add(), box)
+        return response
 
 
 def _preview(request: pb.RecordPreviewRequest) -> PreviewRecord:

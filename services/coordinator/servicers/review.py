@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import datetime
 
 from google.protobuf import json_format
@@ -10,7 +11,7 @@ from google.protobuf import json_format
 from services.coordinator import convert, review
 from services.coordinator.errors import InvalidField
 from services.coordinator.jobs_api import job_id
-from services.coordinator.review import ItemFilter, ItemRow, PageKey, SightingRow
+from services.coordinator.review import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow
 from services.coordinator.servicers.common import split_token
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
 
@@ -94,9 +95,9 @@ def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
     )
 
 
-def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow) -> None:
-    """Writes `row` into `target` in place: a review page holds 1,000 of them, and building
-    each as its own message to copy into the page costs a third more."""
+def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow, boxes: Sequence[BoxRow]) -> None:
+    """Writes `row` and its `boxes` into `target` in place: a review page holds 1,000 of
+    them, and building each as its own message to copy into the page costs a third more."""
     target.item_id = row.item_id
     target.bucket_id = row.bucket_id
     target.run_id = row.run_id
@@ -107,26 +108,35 @@ def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow) -> None:
     target.recording_generation = row.recording_generation
     target.output_current = row.output_current
     target.frame_time.FromMicroseconds(convert.micros(row.frame_time))
-    for box in row.boxes:
-        convert.fill_box(target.boxes.add(), box)
     target.review_state = STATES[row.review_state]
     if row.relabel_class is not None:
         target.relabel_class = row.relabel_class
     target.saved_at.FromMicroseconds(convert.micros(row.saved_at))
     if row.reviewed_at is not None:
         target.reviewed_at.FromMicroseconds(convert.micros(row.reviewed_at))
-    for index, sighting_id, state, relabel in zip(
-        row.box_indexes or (),
-        row.box_sightings or (),
-        row.box_states or (),
-        row.box_relabels or (),
-        strict=True,
-    ):
+    for value in row.boxes or ():  # a test run's preview
+        convert.fill_box(target.boxes.add(), value)
+    for box in boxes:
+        if box.box_index >= 0:
+            fill_box(target.boxes.add(), box)
         review = target.box_reviews.add(
-            box_index=index, sighting_id=sighting_id, review_state=STATES[state]
+            box_index=box.box_index,
+            sighting_id=box.sighting_id,
+            review_state=STATES[box.review_state],
         )
-        if relabel is not None:
-            review.relabel_class = relabel
+        if box.relabel_class is not None:
+            review.relabel_class = box.relabel_class
+
+
+def fill_box(target: common_pb2.Box, box: BoxRow) -> None:
+    target.class_name = box.class_name
+    target.score = box.score
+    target.x = box.x
+    target.y = box.y
+    target.w = box.w
+    target.h = box.h
+    if box.track_id is not None:
+        target.track_id = box.track_id
 
 
 def sighting(row: SightingRow) -> run_pb2.Sighting:

@@ -353,8 +353,9 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             next_page_token=views.page_token(scope, page.next_key),
         )
         for item in page.items:
-            entry = response.items.add(sighting_ids=item.box_sightings or ())
-            views.fill_bucket_item(entry.item, item)
+            boxes = page.boxes.get(item.item_id, ())
+            entry = response.items.add(sighting_ids=[box.sighting_id for box in boxes])
+            views.fill_bucket_item(entry.item, item, boxes)
         return response
 
     async def DecideSighting(
@@ -437,7 +438,9 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             next_page_token=views.page_token(scope, page.next_key)
         )
         for row in page.items:
-            views.fill_bucket_item(response.items.add(), row.item)
+            views.fill_bucket_item(
+                response.items.add(), row.item, page.boxes.get(row.item.item_id, ())
+            )
         return response
 
     async def RequestPhoto(

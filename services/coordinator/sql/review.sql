@@ -41,25 +41,20 @@ SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock($1, $2, $
 SELECT sighting_decide($1, $2, $3, $4, $5, $6);
 
 -- name: review_run
-SELECT r.run_id, r.mode, r.kind, r.expires_at, s.snapshot
+-- (only the snapshot's models: the page needs their class lists)
+SELECT r.run_id, r.mode, r.kind, r.expires_at,
+       jsonb_build_object('models', coalesce(s.snapshot -> 'models', '[]'::jsonb)) AS snapshot
 FROM runs r JOIN run_snapshots s ON s.run_id = r.run_id
 WHERE r.run_id = $1;
 
 -- name: review_items_page
 -- A page of a full run's bucket items, oldest frame first, after the key ($3, $4) (the
--- first page passes review.FIRST_KEY: a plain comparison lets the index start there),
--- each with the review of its boxes in box order.
+-- first page passes review.FIRST_KEY: a plain comparison lets the index start there).
+-- Their boxes come from items_boxes (boxes NULL here).
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
-       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time, bi.boxes,
-       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at, boxes.*
+       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
+       NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at
 FROM bucket_items_current bi
-LEFT JOIN LATERAL (
-    SELECT array_agg(sb.box_index ORDER BY sb.box_index) AS box_indexes,
-           array_agg(sb.sighting_id ORDER BY sb.box_index) AS box_sightings,
-           array_agg(sb.review_state ORDER BY sb.box_index) AS box_states,
-           array_agg(sb.relabel_class ORDER BY sb.box_index) AS box_relabels
-    FROM sighting_boxes sb WHERE sb.item_id = bi.item_id
-) boxes ON true
 WHERE bi.run_id = $1
   AND ($2::text[] IS NULL OR bi.camera_id = ANY ($2))
   AND (bi.frame_time, bi.item_id) > ($3::timestamptz, $4::text)
@@ -72,9 +67,7 @@ SELECT so.item_id, '' AS bucket_id, so.run_id, so.job_index, so.slot_index, j.ca
        j.recording_id, j.recording_generation,
        (rec.generation = j.recording_generation AND rec.deleted_at IS NULL) AS output_current,
        so.frame_time, so.boxes, 'pending' AS review_state, NULL::text AS relabel_class,
-       so.published_at AS saved_at, NULL::timestamptz AS reviewed_at,
-       NULL::integer[] AS box_indexes, NULL::text[] AS box_sightings, NULL::text[] AS box_states,
-       NULL::text[] AS box_relabels
+       so.published_at AS saved_at, NULL::timestamptz AS reviewed_at
 FROM staged_objects so
 JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
 JOIN recordings rec ON rec.recording_id = j.recording_id
@@ -91,6 +84,15 @@ SELECT job_index, recording_id, camera_id, generation, sha256, byte_size, object
 FROM snapshot_recordings
 WHERE run_id = $1 AND ($2::text[] IS NULL OR camera_id = ANY ($2))
 ORDER BY job_index;
+
+-- name: items_boxes
+-- The boxes of bucket items with their reviews, in item and box order (box_index -1: an
+-- item without boxes, no box to show).
+SELECT item_id, box_index, class_name, score, x, y, w, h, track_id, sighting_id, review_state,
+       relabel_class
+FROM sighting_boxes
+WHERE item_id = ANY ($1::text[])
+ORDER BY item_id, box_index;
 
 -- name: sightings_get
 -- Sightings with their items in frame order and the counts their shared state is read
@@ -119,17 +121,10 @@ SELECT bucket_id FROM buckets WHERE bucket_id = $1 AND deleted_at IS NULL;
 -- review states ($2), class after relabels ($3), camera ($4, or the cameras $5 the
 -- reader may see) and frame time [$6, $7).
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
-       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time, bi.boxes,
-       bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at, boxes.*,
+       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
+       NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
        bi.object_key, bi.sha256
 FROM bucket_items_current bi
-LEFT JOIN LATERAL (
-    SELECT array_agg(sb.box_index ORDER BY sb.box_index) AS box_indexes,
-           array_agg(sb.sighting_id ORDER BY sb.box_index) AS box_sightings,
-           array_agg(sb.review_state ORDER BY sb.box_index) AS box_states,
-           array_agg(sb.relabel_class ORDER BY sb.box_index) AS box_relabels
-    FROM sighting_boxes sb WHERE sb.item_id = bi.item_id
-) boxes ON true
 WHERE bi.bucket_id = $1
   AND ($2::text[] IS NULL OR bi.review_state = ANY ($2))
   AND ($3::text IS NULL OR EXISTS (
