@@ -60,6 +60,12 @@ def ts(value: datetime) -> Timestamp:
     return stamp(micros(value))
 
 
+def set_ts(target: Timestamp, value: datetime) -> None:
+    """Writes `value` into a message's Timestamp field in place."""
+    target.seconds, rest = divmod(micros(value), 1_000_000)
+    target.nanos = rest * 1000
+
+
 def opt_ts(value: datetime | None) -> Timestamp | None:
     return None if value is None else ts(value)
 

@@ -107,13 +107,13 @@ def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow, boxes: Sequence[B
     target.recording_id = row.recording_id
     target.recording_generation = row.recording_generation
     target.output_current = row.output_current
-    target.frame_time.FromMicroseconds(convert.micros(row.frame_time))
+    convert.set_ts(target.frame_time, row.frame_time)
     target.review_state = STATES[row.review_state]
     if row.relabel_class is not None:
         target.relabel_class = row.relabel_class
-    target.saved_at.FromMicroseconds(convert.micros(row.saved_at))
+    convert.set_ts(target.saved_at, row.saved_at)
     if row.reviewed_at is not None:
-        target.reviewed_at.FromMicroseconds(convert.micros(row.reviewed_at))
+        convert.set_ts(target.reviewed_at, row.reviewed_at)
     for value in row.boxes or ():  # a test run's preview
         convert.fill_box(target.boxes.add(), value)
     for box in boxes:
