@@ -39,7 +39,9 @@ from workshop.v1 import run_pb2
 
 MIB = 1024 * 1024
 CHUNK_BYTES = MIB  # ExportBucketResponse.data: up to 1 MiB
-SPOOL_BYTES = 8 * MIB  # in memory per temporary file before it spills to disk
+# In memory per temporary file before it spills to disk: three of them (the spool and
+# COCO's two arrays) bound what an export holds besides the images read ahead.
+SPOOL_BYTES = 2 * MIB
 FILE_MODE = 0o644
 # Item ids become file names: the coordinator's are "it_<hex>"; nothing else may reach a
 # path in the archive (no "/", no "..").
@@ -242,12 +244,17 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def _spooled() -> IO[bytes]:
+    # Closed by its owner's close(): the archive closes every one however the export ends
+    # (DatasetArchive is a context manager).
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+
+
 class JsonArray:
     """Entries of a JSON array (without its brackets) in a spooled temporary file."""
 
     def __init__(self) -> None:
-        # closed by close(), which the archive's owner calls however the export ends
-        self._file: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
+        self._file = _spooled()
         self.count = 0
         self.size = 0
 
@@ -332,8 +339,7 @@ class Spool:
     from its front. In memory up to SPOOL_BYTES, in a temporary file beyond."""
 
     def __init__(self) -> None:
-        # closed by close(), like JsonArray's
-        self._file: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
+        self._file = _spooled()
         self._start = 0  # first byte not taken yet
         self._end = 0
 
@@ -350,15 +356,17 @@ class Spool:
             chunk = self._file.read(min(CHUNK_BYTES, self._end - self._start))
             self._start += len(chunk)
             yield chunk
-        self._compact()
+        if self._start:
+            self._compact()
 
     def _compact(self) -> None:
-        # Move what is left (under a chunk) to the front, so the store never grows past
-        # one member and one chunk.
+        # Once chunks were taken, what is left (under a chunk) moves to a fresh file, so
+        # the store never grows past one member and one chunk, and is back in memory
+        # after a member that spilled it to disk.
         self._file.seek(self._start)
         rest = self._file.read(self._end - self._start)
-        self._file.seek(0)
-        self._file.truncate(0)
+        self._file.close()
+        self._file = _spooled()
         self._file.write(rest)
         self._start, self._end = 0, len(rest)
 
