@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from services.coordinator.auth import Grant, ScopeName
@@ -26,8 +26,9 @@ from testbed.coordinator_world import (
     save_workflow,
 )
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import upload_request
 from workshop.kit.auth import bearer_metadata
-from workshop.v1 import common_pb2, jobs_pb2, workflow_pb2
+from workshop.v1 import common_pb2, jobs_pb2, preview_pb2_grpc, workflow_pb2
 from workshop.v1 import operator_pb2 as op
 
 CAMERAS = ("cam-a", "cam-b")
@@ -165,6 +166,37 @@ async def commit(
                 entry.outputs.add(step_id=frame.step, boxes=list(frame.boxes))
         entry.upload_key = key
         entry.upload_sha256 = digest
+    response: jobs_pb2.CompleteResponse = await c.jobs.Complete(
+        complete_request(job, result), metadata=s.processor
+    )
+    return response
+
+
+async def commit_images(
+    c: CoordinatorHarness,
+    s: Setup,
+    preview: preview_pb2_grpc.PreviewServiceAsyncStub,
+    job: jobs_pb2.ClaimedJob,
+    frames: Sequence[Frame],
+    images: Mapping[int, bytes],
+) -> jobs_pb2.CompleteResponse:
+    """Completes `job` like `commit`, but each slot's upload is a real image (`images[slot]`,
+    JPEG or PNG) staged through the preview service's StageUpload, so its bytes are in
+    object storage."""
+    result = empty_result(job)
+    for slot in sorted({frame.slot for frame in frames}):
+        request = upload_request(job, slot, images[slot])
+        request.content_type = ""  # the service tells a JPEG from a PNG
+        staged = await preview.StageUpload(request, metadata=s.processor)
+        entry = result.slots[slot]
+        entry.outcome = common_pb2.SLOT_OUTCOME_FRAME
+        entry.frame_time.CopyFrom(job.input.slots[slot].start)
+        for frame in frames:
+            if frame.slot == slot:
+                entry.boxes.extend(frame.boxes)
+                entry.outputs.add(step_id=frame.step, boxes=list(frame.boxes))
+        entry.upload_key = staged.object_key
+        entry.upload_sha256 = staged.sha256
     response: jobs_pb2.CompleteResponse = await c.jobs.Complete(
         complete_request(job, result), metadata=s.processor
     )

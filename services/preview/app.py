@@ -8,6 +8,7 @@ import grpc
 
 from services.preview.cleanup import Cleanup, cleanup_worker
 from services.preview.coordinator import CoordinatorClient
+from services.preview.exporting import BucketExports
 from services.preview.publishing import PreviewApi
 from services.preview.servicer import PreviewServicer
 from services.preview.settings import PreviewSettings
@@ -42,7 +43,7 @@ def build(
         lease_check_seconds=settings.lease_check_seconds,
     )
     cleanup = Cleanup(coordinator, store)
-    servicer = PreviewServicer(api, cleanup, coordinator)
+    servicer = PreviewServicer(api, cleanup, coordinator, BucketExports(coordinator, store))
     services = [
         GrpcService(
             SERVICE_NAME,

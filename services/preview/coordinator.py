@@ -132,6 +132,13 @@ class CoordinatorClient:
         call = self._publication.AuthorizeImageRead(request, metadata=self._for(reader))
         return await _call(call)
 
+    async def list_export_items(
+        self, request: pub.ListExportItemsRequest, reader: str
+    ) -> pub.ListExportItemsResponse:
+        """A page of a bucket's items to export, as `reader` may list them."""
+        call = self._publication.ListExportItems(request, metadata=self._for(reader))
+        return await _call(call)
+
     async def collectable(
         self, kind: common_pb2.ObjectKind.ValueType, limit: int
     ) -> pub.ListCollectableObjectsResponse:

@@ -44,3 +44,23 @@ class ImageCorrupted(errors.WorkshopError):
     """Stored bytes whose digest differs from the one recorded (INTERNAL: never served)."""
 
     reason = "IMAGE_CORRUPTED"
+
+
+class ImageChanged(errors.DataLoss):
+    """An exported item's bytes are gone from object storage or differ from their digest:
+    the archive would not hold the image that was reviewed, so the export stops."""
+
+    reason = "IMAGE_CHANGED"
+
+    def __init__(self, item_id: str, message: str) -> None:
+        super().__init__(message, metadata={"item_id": item_id})
+
+
+class ImageNotExportable(errors.FailedPrecondition):
+    """An exported item's bytes are intact but no complete JPEG (a PNG preview named as the
+    upload, say): the archive's images/<item id>.jpg could not hold them."""
+
+    reason = "IMAGE_NOT_JPEG"
+
+    def __init__(self, item_id: str, message: str) -> None:
+        super().__init__(message, metadata={"item_id": item_id})

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from services.preview.cleanup import Cleanup
 from services.preview.coordinator import CoordinatorClient
+from services.preview.exporting import BucketExports
 from services.preview.publishing import PreviewApi
 from workshop.kit.auth import bearer_secret
 from workshop.v1 import preview_pb2 as pb
@@ -22,10 +24,17 @@ def credential(context: Context) -> str:
 
 
 class PreviewServicer(preview_pb2_grpc.PreviewServiceServicer):
-    def __init__(self, api: PreviewApi, cleanup: Cleanup, coordinator: CoordinatorClient) -> None:
+    def __init__(
+        self,
+        api: PreviewApi,
+        cleanup: Cleanup,
+        coordinator: CoordinatorClient,
+        exports: BucketExports,
+    ) -> None:
         self.api = api
         self.cleanup = cleanup
         self.coordinator = coordinator
+        self.exports = exports
 
     async def PublishPreview(
         self, request: pb.PublishPreviewRequest, context: Context
@@ -54,3 +63,9 @@ class PreviewServicer(preview_pb2_grpc.PreviewServiceServicer):
             uploads_remaining=report.uploads_remaining,
             unrecorded_previews_found=report.unrecorded_previews_found,
         )
+
+    async def ExportBucket(
+        self, request: pb.ExportBucketRequest, context: Context
+    ) -> AsyncIterator[pb.ExportBucketResponse]:
+        async for response in self.exports.export(credential(context), request):
+            yield response

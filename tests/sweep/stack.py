@@ -45,7 +45,7 @@ from testbed.harness.preview import jpeg_bytes, publish_request, running_preview
 from testbed.harness.s3 import S3Bucket
 from tests.sweep.strategies import Pools, RequestStrategies
 from workshop.kit.auth import bearer_metadata
-from workshop.v1 import common_pb2, jobs_pb2, operator_pb2, preview_pb2
+from workshop.v1 import common_pb2, jobs_pb2, operator_pb2, preview_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
@@ -276,6 +276,9 @@ def examples(world: World) -> dict[str, list[Message]]:
         "/workshop.v1.PreviewService/PublishPreview": [publish_request(job, 0, world.image)],
         "/workshop.v1.PreviewService/StageUpload": [upload_request(job, 1, world.image)],
         "/workshop.v1.PreviewService/ReadImage": [preview_pb2.ReadImageRequest(run_id="r1")],
+        "/workshop.v1.PreviewService/ExportBucket": [
+            preview_pb2.ExportBucketRequest(bucket_id="yard", format=run_pb2.DATASET_FORMAT_COCO)
+        ],
         "/workshop.v1.OperatorService/PutCamera": [
             operator_pb2.PutCameraRequest(camera_id="cam-c", name="gate")
         ],
@@ -294,6 +297,7 @@ def coordinator_credentials(c: CoordinatorHarness, world: World) -> Callable[[st
     }
     by_method = {
         "/workshop.v1.PreviewService/ReadImage": world.reader,
+        "/workshop.v1.PreviewService/ExportBucket": world.reader,
         "/workshop.v1.PreviewService/RunCleanup": c.admin,
     }
 

@@ -95,6 +95,13 @@ class Unavailable(WorkshopError):
     reason = "UNAVAILABLE"
 
 
+class DataLoss(WorkshopError):
+    """Stored data is gone or no longer what was recorded, e.g. an image whose bytes differ
+    from their digest (DATA_LOSS, HTTP 500): asking again does not help."""
+
+    reason = "DATA_LOSS"
+
+
 class NotImplementedYet(WorkshopError):
     """An RPC of the contract that is not implemented yet (UNIMPLEMENTED, HTTP 501)."""
 

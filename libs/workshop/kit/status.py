@@ -39,6 +39,7 @@ STATUS_TABLE: dict[type[BaseException], Status] = {
     ConnectionError: Status(grpc.StatusCode.UNAVAILABLE, 503),
     TimeoutError: Status(grpc.StatusCode.UNAVAILABLE, 503),
     errors.NotImplementedYet: Status(grpc.StatusCode.UNIMPLEMENTED, 501),
+    errors.DataLoss: Status(grpc.StatusCode.DATA_LOSS, 500),
 }
 
 INTERNAL = Status(grpc.StatusCode.INTERNAL, 500)
