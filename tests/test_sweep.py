@@ -12,7 +12,7 @@ sends each one twice through a raw channel: with a valid credential of the kind
 the RPC wants, and with none. Every answer must hold:
 
 - never UNKNOWN or INTERNAL; UNIMPLEMENTED only for the RPCs documented as not
-  implemented yet (`NOT_IMPLEMENTED_YET`, see docs/review.md);
+  implemented yet (`NOT_IMPLEMENTED_YET`; none today);
 - an answer before the deadline (10 s; 3 s for server streams, which are read until
   they end or stay quiet for 50 ms; 1.5 s for Claim, a long poll);
 - an error's message at most `bounds.MESSAGE_MAX_BYTES` (1 KiB) of UTF-8 and its
@@ -94,8 +94,8 @@ HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 REFLECTION = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
 # Where each Workshop service is served; the rest are the coordinator's.
 SERVER_OF = {"workshop.v1.PreviewService": "preview"}
-# RPCs documented as not implemented yet (none once the dataset export lands).
-NOT_IMPLEMENTED_YET = {"/workshop.v1.PreviewService/ExportBucket"}
+# RPCs documented as not implemented yet (none today).
+NOT_IMPLEMENTED_YET: set[str] = set()
 REQUEST_LIMITS = {"workshop.v1.WorkshopService": WORKSHOP_REQUEST_MAX_BYTES}
 LONG_POLLS = {"/workshop.v1.JobService/Claim": 1.5}
 DEADLINE_SLACK_SECONDS = 2.0
