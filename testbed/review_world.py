@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 
 from services.coordinator.auth import Grant, ScopeName
@@ -20,7 +20,7 @@ from testbed.coordinator_leases import Setup, complete_request, empty_result, st
 from testbed.coordinator_world import (
     CODE,
     DAY,
-    World,
+    build_world,
     put_recording,
     run_request,
     save_workflow,
@@ -34,7 +34,6 @@ from workshop.v1 import operator_pb2 as op
 CAMERAS = ("cam-a", "cam-b")
 RECORDINGS_PER_CAMERA = 3
 SLOTS_PER_JOB = 60
-OUTPUTS = {"save": "yard", "keep": "lot"}
 CLASSES = ("person", "vehicle")
 
 
@@ -89,43 +88,17 @@ def watch_spec(cameras: Sequence[str] = CAMERAS) -> workflow_pb2.WorkflowSpec:
 
 
 async def review_world(c: CoordinatorHarness) -> Setup:
-    md = c.admin
-    await c.operator.RegisterDevice(op.RegisterDeviceRequest(device_id="gpu-box"), metadata=md)
-    runtime = await c.operator.RegisterRuntime(
-        op.RegisterRuntimeRequest(
-            device_id="gpu-box",
-            engine="workshop-processor",
-            code_sha256=CODE,
-            capabilities=["workshop-v3"],
-        ),
-        metadata=md,
-    )
+    """The world of testbed/coordinator_world.py (device, runtimes, cameras, model, bucket
+    yard) with one-minute recordings, bucket lot and workflow watch."""
+    world = await build_world(c, recordings_per_camera=0)
     for camera in CAMERAS:
-        await c.operator.PutCamera(op.PutCameraRequest(camera_id=camera), metadata=md)
         for index in range(RECORDINGS_PER_CAMERA):
-            await put_recording(
-                c,
-                f"{camera}-{index}",
-                camera,
-                DAY + timedelta(hours=8, minutes=index),
-                timedelta(minutes=1),
-            )
-    await c.operator.PublishModelVersion(
-        op.PublishModelVersionRequest(
-            name="detector",
-            version=1,
-            weights_sha256="ab" * 32,
-            classes=list(CLASSES),
-            input_shape=[3, 360, 640],
-        ),
-        metadata=md,
-    )
-    for bucket in OUTPUTS.values():
-        await c.operator.CreateBucket(op.CreateBucketRequest(bucket_id=bucket), metadata=md)
+            start = DAY + timedelta(hours=8, minutes=index)
+            await put_recording(c, f"{camera}-{index}", camera, start, timedelta(minutes=1))
+    await c.operator.CreateBucket(op.CreateBucketRequest(bucket_id="lot"), metadata=c.admin)
     await save_workflow(c, "watch", watch_spec())
     secret = await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="processor")
     service = await c.key(Grant(ScopeName.SERVICE), name="preview-service")
-    world = World(runtime.runtime.runtime_id, runtime.runtime.runtime_id)
     return Setup(world, bearer_metadata(secret), bearer_metadata(service), secret)
 
 
@@ -149,14 +122,28 @@ async def start_run(c: CoordinatorHarness, s: Setup, run_id: str) -> list[jobs_p
     )
 
 
+# Stages the upload of one slot and answers its key and SHA-256.
+Stager = Callable[[jobs_pb2.ClaimedJob, int], Awaitable[tuple[str, str]]]
+
+
 async def commit(
-    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, frames: Sequence[Frame]
+    c: CoordinatorHarness,
+    s: Setup,
+    job: jobs_pb2.ClaimedJob,
+    frames: Sequence[Frame],
+    stage: Stager | None = None,
 ) -> jobs_pb2.CompleteResponse:
-    """Completes `job` with `frames` saved (one upload per slot with a frame)."""
+    """Completes `job` with `frames` saved: one upload per slot with a frame, staged by
+    `stage` (default: made-up bytes staged through the coordinator's StageObject, so
+    nothing is in object storage)."""
+
+    async def made_up(job: jobs_pb2.ClaimedJob, slot: int) -> tuple[str, str]:
+        data = hashlib.sha256(f"{job.lease.run_id}/{job.lease.job_id}/{slot}".encode()).digest()
+        return await stage_upload(c, s, job, slot, data)
+
     result = empty_result(job)
     for slot in sorted({frame.slot for frame in frames}):
-        data = hashlib.sha256(f"{job.lease.run_id}/{job.lease.job_id}/{slot}".encode()).digest()
-        key, digest = await stage_upload(c, s, job, slot, data)
+        key, digest = await (stage or made_up)(job, slot)
         entry = result.slots[slot]
         entry.outcome = common_pb2.SLOT_OUTCOME_FRAME
         entry.frame_time.CopyFrom(job.input.slots[slot].start)
@@ -183,21 +170,11 @@ async def commit_images(
     """Completes `job` like `commit`, but each slot's upload is a real image (`images[slot]`,
     JPEG or PNG) staged through the preview service's StageUpload, so its bytes are in
     object storage."""
-    result = empty_result(job)
-    for slot in sorted({frame.slot for frame in frames}):
+
+    async def real(job: jobs_pb2.ClaimedJob, slot: int) -> tuple[str, str]:
         request = upload_request(job, slot, images[slot])
         request.content_type = ""  # the service tells a JPEG from a PNG
         staged = await preview.StageUpload(request, metadata=s.processor)
-        entry = result.slots[slot]
-        entry.outcome = common_pb2.SLOT_OUTCOME_FRAME
-        entry.frame_time.CopyFrom(job.input.slots[slot].start)
-        for frame in frames:
-            if frame.slot == slot:
-                entry.boxes.extend(frame.boxes)
-                entry.outputs.add(step_id=frame.step, boxes=list(frame.boxes))
-        entry.upload_key = staged.object_key
-        entry.upload_sha256 = staged.sha256
-    response: jobs_pb2.CompleteResponse = await c.jobs.Complete(
-        complete_request(job, result), metadata=s.processor
-    )
-    return response
+        return staged.object_key, staged.sha256
+
+    return await commit(c, s, job, frames, real)

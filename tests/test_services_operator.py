@@ -72,7 +72,7 @@ def processor_env() -> dict[str, str]:
 
 
 CASES = [
-    # module, env fixture, services it hosts, an RPC that is not implemented yet
+    # module, env fixture, services it hosts, an RPC to call without a credential
     (
         "services.coordinator",
         "coordinator_env",
@@ -91,12 +91,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("module", "env_fixture", "services", "unimplemented"), CASES)
+@pytest.mark.parametrize(("module", "env_fixture", "services", "unauthenticated"), CASES)
 def test_operator_can_list_describe_check_and_stop(
     module: str,
     env_fixture: str,
     services: list[str],
-    unimplemented: str | None,
+    unauthenticated: str | None,
     request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
@@ -123,12 +123,12 @@ def test_operator_can_list_describe_check_and_stop(
         assert health.returncode == 0, health.stderr
         assert json.loads(health.stdout) == {"status": "SERVING"}
 
-        if unimplemented is not None:
-            called = grpcurl(port, unimplemented, data="{}")
+        if unauthenticated is not None:
+            called = grpcurl(port, unauthenticated, data="{}")
             assert called.returncode != 0
-            assert "Code: Unimplemented" in called.stderr, called.stderr
+            assert "Code: Unauthenticated" in called.stderr, called.stderr
             # the OpenTelemetry interceptor traced the call (console exporter on stderr)
-            assert unimplemented.split("/")[1] in service.log_tail(400)
+            assert unauthenticated.split("/")[1] in service.log_tail(400)
 
         service.terminate()
         stopped_at = time.monotonic()
