@@ -76,6 +76,12 @@ class NoRuntime(errors.FailedPrecondition):
     reason = "NO_RUNTIME"
 
 
+class TestRunNotReviewable(errors.FailedPrecondition):
+    """A test run saves no bucket items, so there is nothing to decide."""
+
+    reason = "TEST_RUN"
+
+
 # The exact words users read (docs/runs-and-jobs.md).
 NO_MEDIA_MESSAGE = "The selected input has no available media."
 NEEDS_TRACKING_MESSAGE = (

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import unicodedata
 from collections.abc import Sequence
 from datetime import UTC, date, datetime, time, timedelta
@@ -21,23 +20,20 @@ from services.coordinator import auth, sightings
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
 from services.coordinator.db import Connection, Database, Row, fetch_all, fetch_one, sql
-from services.coordinator.errors import InvalidField, NotFound, ScopeMissing
+from services.coordinator.errors import (
+    InvalidField,
+    NotFound,
+    ScopeMissing,
+    TestRunNotReviewable,
+)
 from services.coordinator.workshop_api import RunRow, SnapshotRecordingRow
 from workshop.kit import errors
 
-log = logging.getLogger(__name__)
-
 MAX_REVIEW_PAGE = 1000
-DEFAULT_LIST_PAGE = 100
 DEFAULT_EXPORT_PAGE = 500
 MAX_CLASS_LENGTH = 200
 DEFAULT_SUMMARY_DAYS = 30
 MAX_SUMMARY_DAYS = 366
-REVIEW_STATES = ("pending", "accepted", "rejected")
-
-
-class TestRunReview(errors.FailedPrecondition):
-    reason = "TEST_RUN"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -531,7 +527,7 @@ class ReviewApi:
             if run is None:
                 raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
             if run.mode != "full":
-                raise TestRunReview(
+                raise TestRunNotReviewable(
                     "A test run saves nothing to decide; run the workflow in full mode."
                 )
             locked = await fetch_one(

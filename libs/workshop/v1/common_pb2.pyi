@@ -504,6 +504,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """INVALID_ARGUMENT (400): the request's bytes are not a message of the RPC's request type (truncated,
     not protobuf, or a string field that is not UTF-8).
     """
+    ERROR_REASON_TEST_RUN: _ErrorReason.ValueType  # 30
+    """FAILED_PRECONDITION (409): DecideSighting on a test run, which saves nothing to decide."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Stable reasons carried in google.rpc.ErrorInfo.reason (without the
@@ -592,6 +594,8 @@ ERROR_REASON_MALFORMED_REQUEST: ErrorReason.ValueType  # 29
 """INVALID_ARGUMENT (400): the request's bytes are not a message of the RPC's request type (truncated,
 not protobuf, or a string field that is not UTF-8).
 """
+ERROR_REASON_TEST_RUN: ErrorReason.ValueType  # 30
+"""FAILED_PRECONDITION (409): DecideSighting on a test run, which saves nothing to decide."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
