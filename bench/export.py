@@ -15,10 +15,11 @@ would take longer than the export itself, so the bucket's rows are written strai
 into the coordinator's tables, as a committed job would leave them: gpu-box, cam-a and
 cam-b with one recording each, a full run of the workflow `bench` (its two jobs), then
 `bucket_items` (accepted, two boxes each: person and vehicle, the cameras taking turns,
-one frame a second) with their `staged_objects` rows (uploads, committed) and the
-bucket's class counters (`workflow_class_counts`, which the first page's class list is
-read from). The bytes are real and really in S3: a 64x48 JPEG (PyAV), made unique per
-item with a comment segment (about 3 KB), put with the minio SDK from 16 threads.
+one frame a second) with their `staged_objects` rows (uploads, committed); the
+table's trigger adds their boxes and counts them as a commit does (the first page's
+class list is read from those counters). The bytes are real and really in S3: a 64x48
+JPEG (PyAV), made unique per item with a comment segment (about 3 KB), put with the
+minio SDK from 16 threads.
 
 Measured: one ExportBucket call by an admin key, from the request to the last chunk,
 the client only counting the bytes (`--check` also reads the whole archive back with
@@ -251,16 +252,6 @@ async def _fill_bucket(c: CoordinatorHarness, s3: S3Server, items: int) -> list[
                 sizes,
                 ids,
                 times,
-            )
-        for box in BOXES:
-            await connection.execute(
-                "INSERT INTO workflow_class_counts "
-                "(workflow_id, bucket_id, class_name, detections, confirmations) "
-                "VALUES ($1, $2, $3, $4, $4)",
-                WORKFLOW_ID,
-                DATASET,
-                box["class_name"],
-                items,
             )
     await asyncio.to_thread(_upload, s3, keys, images)
     return images
