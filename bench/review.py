@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.review [--samples 100] [--quick] [--export-items N]
 
 Starts a throwaway Postgres cluster (the test harness's), migrates a database and
-starts the coordinator in process on real gRPC (loopback) with a frozen clock. Set-up
-(not measured, timed and printed):
+starts the coordinator as its own process (`python -m services.coordinator`, no
+background loops), as a deployment runs it, with this process as its client over
+loopback gRPC. Set-up (not measured, timed and printed):
 
 - a full run over 10 cameras with one 10,000-slot job each (CreateRun), whose jobs'
   items are then inserted straight into `bucket_items` (what a Complete inserts; the
@@ -40,15 +41,17 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from types import FrameType
 
 from services.coordinator import review
 from services.coordinator.servicers.review import scope_of_run
 from testbed.coordinator_world import DAY, build_world, copy_recordings, run_request, save_workflow
-from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
 from testbed.harness.postgres import (
     TIMINGS,
     PostgresUnavailable,
@@ -56,6 +59,7 @@ from testbed.harness.postgres import (
     postgres_cluster,
 )
 from testbed.review_world import watch_spec
+from tools.localstack.processes import running_service
 from workshop.v1 import common_pb2, workflow_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws
@@ -65,6 +69,15 @@ BUCKETS = [f"b{index:02d}" for index in range(20)]
 WORKFLOWS = [f"w{index}" for index in range(5)]
 DATABASE = "bench_review"
 RPC_TIMEOUT_S = 60.0
+COORDINATOR_ENV = {
+    "HOST": "127.0.0.1",
+    "PORT": "0",
+    "DRAIN_SECONDS": "0",
+    "GRACE_SECONDS": "1",
+    "SCHEDULER_INTERVAL_SECONDS": "0",
+    "MAINTENANCE_INTERVAL_SECONDS": "0",
+    "JOB_CAPACITY": "10000000",
+}
 TARGETS = {"page": 50.0, "deep": 50.0, "decide": 50.0, "summary": 100.0, "export": 500.0}
 
 
@@ -137,33 +150,48 @@ async def _bench(dsn: str, scale: Scale, samples: int) -> dict[str, float]:
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
-    async with running_coordinator(dsn, job_capacity=10_000_000, pool_size=4) as c:
-        began = time.perf_counter()
-        runtime = await _world(c, scale)
-        say(f"setup: world ({time.perf_counter() - began:.1f} s)")
-        began = time.perf_counter()
-        await _review_run(c, runtime, scale)
-        items = scale.slots_per_job * len(CAMERAS)
-        say(f"setup: review run, {items:,} items inserted ({time.perf_counter() - began:.1f} s)")
-        began = time.perf_counter()
-        boxes = await _group(c)
-        grouped_s = time.perf_counter() - began
-        say(
-            f"grouping: {boxes:,} boxes in {grouped_s * 1000:.0f} ms, "
-            f"{grouped_s / boxes * 1e6:.1f} us a box (what a commit's transaction adds)"
+    # The coordinator as its own process, as it runs in a deployment: this process's
+    # client, set-up and heap are not the coordinator's.
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-review-") as scratch,
+        running_service(
+            "services.coordinator",
+            {f"COORDINATOR_{key}": value for key, value in COORDINATOR_ENV.items()}
+            | {"COORDINATOR_DATABASE_URL": dsn},
+            Path(scratch) / "coordinator.log",
+        ) as (_, serving),
+    ):
+        async with coordinator_client(dsn, int(serving["port"])) as c:
+            return await _bench_with(c, scale, samples)
+
+
+async def _bench_with(c: CoordinatorHarness, scale: Scale, samples: int) -> dict[str, float]:
+    began = time.perf_counter()
+    runtime = await _world(c, scale)
+    say(f"setup: world ({time.perf_counter() - began:.1f} s)")
+    began = time.perf_counter()
+    await _review_run(c, runtime, scale)
+    items = scale.slots_per_job * len(CAMERAS)
+    say(f"setup: review run, {items:,} items inserted ({time.perf_counter() - began:.1f} s)")
+    began = time.perf_counter()
+    boxes = await _group(c)
+    grouped_s = time.perf_counter() - began
+    say(
+        f"grouping: {boxes:,} boxes in {grouped_s * 1000:.0f} ms, "
+        f"{grouped_s / boxes * 1e6:.1f} us a box (what a commit's transaction adds)"
+    )
+    began = time.perf_counter()
+    extra = await _summary_runs(c, runtime, scale)
+    took = time.perf_counter() - began
+    say(f"setup: {extra:,} more items in {scale.extra_runs} runs ({took:.1f} s)")
+    async with c.db.connection() as connection:
+        await connection.execute("VACUUM ANALYZE")
+        total = await connection.fetchval("SELECT count(*) FROM bucket_items")
+        sightings = await connection.fetchval(
+            "SELECT count(DISTINCT sighting_id) FROM sighting_boxes WHERE run_id = 'review'"
         )
-        began = time.perf_counter()
-        extra = await _summary_runs(c, runtime, scale)
-        took = time.perf_counter() - began
-        say(f"setup: {extra:,} more items in {scale.extra_runs} runs ({took:.1f} s)")
-        async with c.db.connection() as connection:
-            await connection.execute("VACUUM ANALYZE")
-            total = await connection.fetchval("SELECT count(*) FROM bucket_items")
-            sightings = await connection.fetchval(
-                "SELECT count(DISTINCT sighting_id) FROM sighting_boxes WHERE run_id = 'review'"
-            )
-        say(f"data: {total:,} items; review run: {items:,} items in {sightings:,} sightings")
-        return await _measure(c, scale, samples)
+    say(f"data: {total:,} items; review run: {items:,} items in {sightings:,} sightings")
+    return await _measure(c, scale, samples)
 
 
 async def _world(c: CoordinatorHarness, scale: Scale) -> str:
