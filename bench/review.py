@@ -48,6 +48,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
+from bench import proc_stats
 from services.coordinator import review
 from services.coordinator.servicers.review import scope_of_run
 from testbed.coordinator_world import DAY, build_world, copy_recordings, run_request, save_workflow
@@ -79,6 +80,21 @@ COORDINATOR_ENV = {
     "JOB_CAPACITY": "10000000",
 }
 TARGETS = {"page": 50.0, "deep": 50.0, "decide": 50.0, "summary": 100.0, "export": 500.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuOf:
+    """The processes whose CPU a figure is split into (per call, from /proc)."""
+
+    coordinator: int
+    postgres: int  # the postmaster: its backends are its children
+
+    def read(self) -> tuple[float, float, float]:
+        """CPU seconds so far of the coordinator, of Postgres' processes, and of this one."""
+        coordinator = proc_stats.proc_stat(self.coordinator)
+        backends = [self.postgres, *proc_stats.children(self.postgres)]
+        postgres = sum(found[0] for pid in backends if (found := proc_stats.proc_stat(pid)))
+        return (coordinator[0] if coordinator else 0.0), postgres, time.process_time()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"start {TIMINGS.start_s:.2f} s)"
             )
             dsn = create_migrated_database(cluster, DATABASE)
-            figures = asyncio.run(_bench(dsn, scale, args.samples))
+            postgres = cluster.pid
+            assert postgres is not None, "the cluster is running"
+            figures = asyncio.run(_bench(dsn, scale, args.samples, postgres))
     except PostgresUnavailable as unavailable:
         say(f"cannot start a private Postgres cluster: {unavailable}")
         return 2
@@ -146,7 +164,7 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-async def _bench(dsn: str, scale: Scale, samples: int) -> dict[str, float]:
+async def _bench(dsn: str, scale: Scale, samples: int, postgres: int) -> dict[str, float]:
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
@@ -159,13 +177,16 @@ async def _bench(dsn: str, scale: Scale, samples: int) -> dict[str, float]:
             {f"COORDINATOR_{key}": value for key, value in COORDINATOR_ENV.items()}
             | {"COORDINATOR_DATABASE_URL": dsn},
             Path(scratch) / "coordinator.log",
-        ) as (_, serving),
+        ) as (coordinator, serving),
     ):
         async with coordinator_client(dsn, int(serving["port"])) as c:
-            return await _bench_with(c, scale, samples)
+            pids = CpuOf(coordinator=coordinator.pid, postgres=postgres)
+            return await _bench_with(c, scale, samples, pids)
 
 
-async def _bench_with(c: CoordinatorHarness, scale: Scale, samples: int) -> dict[str, float]:
+async def _bench_with(
+    c: CoordinatorHarness, scale: Scale, samples: int, pids: CpuOf
+) -> dict[str, float]:
     began = time.perf_counter()
     runtime = await _world(c, scale)
     say(f"setup: world ({time.perf_counter() - began:.1f} s)")
@@ -191,7 +212,7 @@ async def _bench_with(c: CoordinatorHarness, scale: Scale, samples: int) -> dict
             "SELECT count(DISTINCT sighting_id) FROM sighting_boxes WHERE run_id = 'review'"
         )
     say(f"data: {total:,} items; review run: {items:,} items in {sightings:,} sightings")
-    return await _measure(c, scale, samples)
+    return await _measure(c, scale, samples, pids)
 
 
 async def _world(c: CoordinatorHarness, scale: Scale) -> str:
@@ -350,7 +371,9 @@ async def _summary_runs(c: CoordinatorHarness, runtime: str, scale: Scale) -> in
     return inserted
 
 
-async def _measure(c: CoordinatorHarness, scale: Scale, samples: int) -> dict[str, float]:
+async def _measure(
+    c: CoordinatorHarness, scale: Scale, samples: int, pids: CpuOf
+) -> dict[str, float]:
     async with c.db.connection() as connection:
         deep = await connection.fetchrow(
             "SELECT frame_time, item_id FROM bucket_items WHERE run_id = 'review' "
@@ -387,9 +410,13 @@ async def _measure(c: CoordinatorHarness, scale: Scale, samples: int) -> dict[st
         f"{page.ByteSize() / 1e6:.2f} MB; decision: {decided.items_updated} items"  # type: ignore[attr-defined]
     )
     figures: dict[str, float] = {}
-    say(f"{'call':<10}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+    say(
+        f"{'call':<10}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}"
+        f"{'coord CPU ms':>14}{'pg CPU ms':>11}{'bench CPU ms':>14}"
+    )
     for name, call in calls.items():
         timings: list[float] = []
+        cpu_before = pids.read()
         for n in range(samples):
             began = time.perf_counter()
             await call(n + 1)
@@ -398,7 +425,14 @@ async def _measure(c: CoordinatorHarness, scale: Scale, samples: int) -> dict[st
         p50 = timings[len(timings) // 2]
         p99 = timings[min(len(timings) - 1, int(len(timings) * 0.99))]
         figures[name] = p99
-        say(f"{name:<10}{p50:>10.1f}{p99:>10.1f}{timings[-1]:>10.1f}")
+        used = [
+            (after - before) / samples * 1000
+            for after, before in zip(pids.read(), cpu_before, strict=True)
+        ]
+        say(
+            f"{name:<10}{p50:>10.1f}{p99:>10.1f}{timings[-1]:>10.1f}"
+            f"{used[0]:>14.1f}{used[1]:>11.1f}{used[2]:>14.1f}"
+        )
     return figures
 
 
