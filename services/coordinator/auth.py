@@ -196,6 +196,22 @@ def require(principal: Principal, *scopes: ScopeName) -> None:
     raise ScopeMissing(f"This call needs a key with scope {names}.")
 
 
+def cameras_reached(who: Principal, *scopes: ScopeName) -> frozenset[str] | None:
+    """The cameras `who` reaches through its grants of `scopes`: None for every camera (a
+    session, an admin, or a `workshop` grant bound to no camera), else the union of those
+    grants' cameras (empty: none)."""
+    if who.kind == "session" or who.is_admin:
+        return None
+    cameras: set[str] = set()
+    for grant in who.grants:
+        if grant.scope not in scopes:
+            continue
+        if grant.scope is ScopeName.WORKSHOP and not grant.camera_ids:
+            return None
+        cameras.update(grant.camera_ids)
+    return frozenset(cameras)
+
+
 def validate_grants(grants: Iterable[Grant]) -> tuple[Grant, ...]:
     """The grants of a new key, checked for shape (existence is the store's job)."""
     checked = tuple(grants)

@@ -453,16 +453,8 @@ class PublicationApi:
 
 def may_read_camera(reader: Principal, camera_id: str) -> bool:
     """Sessions, admin keys, workshop keys covering the camera, footage:read for it."""
-    if reader.kind == "session" or reader.is_admin:
-        return True
-    for grant in reader.grants:
-        if grant.scope is ScopeName.WORKSHOP and (
-            not grant.camera_ids or camera_id in grant.camera_ids
-        ):
-            return True
-        if grant.scope is ScopeName.FOOTAGE_READ and camera_id in grant.camera_ids:
-            return True
-    return False
+    reach = auth.cameras_reached(reader, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
+    return reach is None or camera_id in reach
 
 
 def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:

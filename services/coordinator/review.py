@@ -11,23 +11,32 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from services.coordinator import auth, sightings
 from services.coordinator.auth import Principal, ScopeName
 from services.coordinator.clock import Clock
-from services.coordinator.db import Connection, Database, Row, fetch_all, fetch_one, sql
+from services.coordinator.db import (
+    Connection,
+    Database,
+    Row,
+    fetch_all,
+    fetch_column,
+    fetch_one,
+    sql,
+)
 from services.coordinator.errors import (
     InvalidField,
     NotFound,
-    ScopeMissing,
     TestRunNotReviewable,
 )
 from services.coordinator.workshop_api import RunRow, SnapshotRecordingRow
 from workshop.kit import errors
+
+P = TypeVar("P")
 
 MAX_REVIEW_PAGE = 1000
 DEFAULT_EXPORT_PAGE = 500
@@ -292,38 +301,16 @@ class ItemsPage:
 def readable_cameras(who: Principal) -> frozenset[str] | None:
     """The cameras whose items `who` may read (None: every camera): sessions, admins and
     workshop keys without cameras read all; camera-bound workshop and footage:read keys
-    their cameras. ScopeMissing when it reaches none."""
-    if who.kind == "session" or who.is_admin:
-        return None
-    cameras: set[str] = set()
-    reaches = False
-    for grant in who.grants:
-        if grant.scope is ScopeName.WORKSHOP:
-            if not grant.camera_ids:
-                return None
-            cameras.update(grant.camera_ids)
-            reaches = True
-        elif grant.scope is ScopeName.FOOTAGE_READ:
-            cameras.update(grant.camera_ids)
-            reaches = True
-    if not reaches:
-        raise ScopeMissing("This call needs a key with scope 'workshop' or 'footage:read'.")
-    return frozenset(cameras)
+    their cameras. ScopeMissing without either scope."""
+    auth.require(who, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
+    return auth.cameras_reached(who, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
 
 
 def decidable_cameras(who: Principal) -> frozenset[str] | None:
     """The cameras whose sightings `who` may decide: workshop scope only (footage:read keys
     only read)."""
     auth.require(who, ScopeName.WORKSHOP)
-    if who.kind == "session" or who.is_admin:
-        return None
-    cameras: set[str] = set()
-    for grant in who.grants:
-        if grant.scope is ScopeName.WORKSHOP:
-            if not grant.camera_ids:
-                return None
-            cameras.update(grant.camera_ids)
-    return frozenset(cameras)
+    return auth.cameras_reached(who, ScopeName.WORKSHOP)
 
 
 def check_class(value: str) -> str:
@@ -343,9 +330,9 @@ def check_class(value: str) -> str:
     return value
 
 
-def summary_days(time_zone: str, days: int, now: datetime) -> tuple[str, list[datetime]]:
-    """The zone and the instants the local days of the range start at, plus the instant
-    the range ends (the start of tomorrow in that zone)."""
+def summary_days(time_zone: str, days: int, now: datetime) -> list[datetime]:
+    """The instants the local days of the range start at, plus the instant the range ends
+    (the start of tomorrow in that zone)."""
     name = time_zone or "UTC"
     try:
         zone = ZoneInfo(name)
@@ -361,10 +348,9 @@ def summary_days(time_zone: str, days: int, now: datetime) -> tuple[str, list[da
         )
     today = now.astimezone(zone).date()
     first = today - timedelta(days=count - 1)
-    starts = [
+    return [
         datetime.combine(first + timedelta(days=n), time(0), tzinfo=zone) for n in range(count + 1)
     ]
-    return name, starts
 
 
 async def group_timeline(connection: Connection, timeline: Timeline) -> int:
@@ -446,9 +432,7 @@ class ReviewApi:
         cameras = readable_cameras(who)
         camera_list = sorted(cameras) if cameras is not None else None
         async with self.db.connection() as connection:
-            run = await fetch_one(connection, ReviewRun, sql("review", "review_run"), run_id)
-            if run is None:
-                raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
+            run = await _review_run(connection, run_id)
             recordings: list[SnapshotRecordingRow] = []
             if after is None:
                 recordings = await fetch_all(
@@ -480,8 +464,7 @@ class ReviewApi:
                     self.clock.now(),
                     limit + 1,
                 )
-            more = len(items) > limit
-            items = items[:limit]
+            items, next_key = _page(items, limit, lambda item: item)
             boxes = await items_boxes(connection, [item.item_id for item in items])
             sighting_ids = sorted(
                 {box.sighting_id for found in boxes.values() for box in found} - {""}
@@ -493,14 +476,13 @@ class ReviewApi:
                 if sighting_ids
                 else []
             )
-        last = items[-1] if more else None
         return ReviewPage(
             run=run,
             recordings=recordings,
             items=items,
             boxes=boxes,
             sightings=found,
-            next_key=PageKey(last.frame_time, last.item_id) if last else None,
+            next_key=next_key,
         )
 
     async def decide(
@@ -523,9 +505,7 @@ class ReviewApi:
                 metadata={"field": "sighting_id"},
             )
         async with self.db.transaction() as connection:
-            run = await fetch_one(connection, ReviewRun, sql("review", "review_run"), run_id)
-            if run is None:
-                raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
+            run = await _review_run(connection, run_id)
             if run.mode != "full":
                 raise TestRunNotReviewable(
                     "A test run saves nothing to decide; run the workflow in full mode."
@@ -575,7 +555,7 @@ class ReviewApi:
 
     async def summary(self, who: Principal, time_zone: str, days: int) -> Summary:
         auth.require(who, ScopeName.WORKSHOP)
-        _, starts = summary_days(time_zone, days, self.clock.now())
+        starts = summary_days(time_zone, days, self.clock.now())
         async with self.db.connection() as connection:
             buckets = await fetch_all(
                 connection, BucketSummaryRow, sql("review", "summary_buckets")
@@ -655,22 +635,32 @@ class ReviewApi:
                 (after or FIRST_KEY).item_id,
                 limit + 1,
             )
-            more = len(rows) > limit
-            rows = rows[:limit]
+            rows, next_key = _page(rows, limit, lambda row: row.item)
             boxes = await items_boxes(connection, [row.item.item_id for row in rows])
             classes: list[str] = []
             if with_classes:
-                classes = [
-                    record["class_name"]
-                    for record in await connection.fetch(sql("review", "bucket_classes"), bucket_id)
-                ]
-        last = rows[-1].item if more else None
-        return ItemsPage(
-            items=rows,
-            boxes=boxes,
-            next_key=PageKey(last.frame_time, last.item_id) if last else None,
-            classes=classes,
-        )
+                classes = await fetch_column(
+                    connection, str, sql("review", "bucket_classes"), bucket_id
+                )
+        return ItemsPage(items=rows, boxes=boxes, next_key=next_key, classes=classes)
+
+
+def _page(
+    rows: list[P], limit: int, item_of: Callable[[P], ItemRow]
+) -> tuple[list[P], PageKey | None]:
+    """A page of `rows` fetched with one row more than `limit`, and where the next page
+    starts (None when that row was not there: the last page)."""
+    if len(rows) <= limit:
+        return rows, None
+    last = item_of(rows[limit - 1])
+    return rows[:limit], PageKey(last.frame_time, last.item_id)
+
+
+async def _review_run(connection: Connection, run_id: str) -> ReviewRun:
+    run = await fetch_one(connection, ReviewRun, sql("review", "review_run"), run_id)
+    if run is None:
+        raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
+    return run
 
 
 async def items_boxes(connection: Connection, item_ids: list[str]) -> dict[str, list[BoxRow]]:

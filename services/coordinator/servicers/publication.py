@@ -217,7 +217,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
                 review_state=views.STATES[row.item.review_state],
             )
             for box in review.reviewed_boxes(page.boxes.get(row.item.item_id, ())):
-                views.fill_box(item.boxes.add(), box)
+                views.fill_box_row(item.boxes.add(), box)
         return response
 
 

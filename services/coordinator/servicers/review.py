@@ -118,7 +118,7 @@ def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow, boxes: Sequence[B
         convert.fill_box(target.boxes.add(), value)
     for box in boxes:
         if box.box_index >= 0:
-            fill_box(target.boxes.add(), box)
+            fill_box_row(target.boxes.add(), box)
         review = target.box_reviews.add(
             box_index=box.box_index,
             sighting_id=box.sighting_id,
@@ -128,7 +128,7 @@ def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow, boxes: Sequence[B
             review.relabel_class = box.relabel_class
 
 
-def fill_box(target: common_pb2.Box, box: BoxRow) -> None:
+def fill_box_row(target: common_pb2.Box, box: BoxRow) -> None:
     target.class_name = box.class_name
     target.score = box.score
     target.x = box.x
