@@ -1,7 +1,13 @@
-"""The one table that maps error classes to gRPC status codes and HTTP statuses.
+"""The error catalog: the one table that maps every error reason to a gRPC status code and
+an HTTP status.
 
-Lookup walks the exception's MRO, so a service's own subclass inherits the
-mapping of the kit class it derives from unless the table names it.
+A `WorkshopError` carries a stable `reason` (the ErrorInfo reason clients read); its
+class only chooses which reason it sends. The services answer gRPC with the code of
+their error's reason, and the gateway answers HTTP with the status of the reason it
+reads back from the ErrorInfo, so a reason means the same on both sides by
+construction. `tests/test_error_catalog.py` checks that every reason of
+`workshop.v1.ErrorReason` and of every error class has its row, and that each row
+agrees with the kind of error its classes are (a subclass of `errors.Conflict` is 409).
 
 Every error that means "a dependency cannot be reached now" is UNAVAILABLE (503, safe
 to ask again), never INTERNAL: the kit's `Unavailable` (what each service raises for
@@ -24,31 +30,123 @@ class Status(NamedTuple):
     http_status: int
 
 
-STATUS_TABLE: dict[type[BaseException], Status] = {
-    errors.PayloadTooLarge: Status(grpc.StatusCode.INVALID_ARGUMENT, 413),
-    errors.ValidationFailed: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
-    errors.InvalidArgument: Status(grpc.StatusCode.INVALID_ARGUMENT, 400),
-    errors.Unauthenticated: Status(grpc.StatusCode.UNAUTHENTICATED, 401),
-    errors.PermissionDenied: Status(grpc.StatusCode.PERMISSION_DENIED, 403),
-    errors.NotFound: Status(grpc.StatusCode.NOT_FOUND, 404),
-    errors.AlreadyExists: Status(grpc.StatusCode.ALREADY_EXISTS, 409),
-    errors.Conflict: Status(grpc.StatusCode.ABORTED, 409),
-    errors.FailedPrecondition: Status(grpc.StatusCode.FAILED_PRECONDITION, 409),
-    errors.ResourceExhausted: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
-    errors.Unavailable: Status(grpc.StatusCode.UNAVAILABLE, 503),
-    ConnectionError: Status(grpc.StatusCode.UNAVAILABLE, 503),
-    TimeoutError: Status(grpc.StatusCode.UNAVAILABLE, 503),
-    errors.NotImplementedYet: Status(grpc.StatusCode.UNIMPLEMENTED, 501),
-    errors.DataLoss: Status(grpc.StatusCode.DATA_LOSS, 500),
+_C = grpc.StatusCode
+INTERNAL = Status(_C.INTERNAL, 500)
+
+_BAD_REQUEST = Status(_C.INVALID_ARGUMENT, 400)
+_TOO_LARGE = Status(_C.INVALID_ARGUMENT, 413)
+_UNPROCESSABLE = Status(_C.INVALID_ARGUMENT, 422)
+_UNAUTHENTICATED = Status(_C.UNAUTHENTICATED, 401)
+_FORBIDDEN = Status(_C.PERMISSION_DENIED, 403)
+_NOT_FOUND = Status(_C.NOT_FOUND, 404)
+_CONFLICT = Status(_C.ABORTED, 409)
+_PRECONDITION = Status(_C.FAILED_PRECONDITION, 409)
+_EXHAUSTED = Status(_C.RESOURCE_EXHAUSTED, 429)
+_UNAVAILABLE = Status(_C.UNAVAILABLE, 503)
+
+# Reason -> status. The generic reasons (a kit class's own) come first, then the
+# reasons of workshop.v1.ErrorReason, then the services' and the gateway's own.
+REASONS: dict[str, Status] = {
+    # the kit's classes
+    "WORKSHOP_ERROR": INTERNAL,
+    "INVALID_ARGUMENT": _BAD_REQUEST,
+    "UNAUTHENTICATED": _UNAUTHENTICATED,
+    "PERMISSION_DENIED": _FORBIDDEN,
+    "NOT_FOUND": _NOT_FOUND,
+    "ALREADY_EXISTS": Status(_C.ALREADY_EXISTS, 409),
+    "CONFLICT": _CONFLICT,
+    "FAILED_PRECONDITION": _PRECONDITION,
+    "RESOURCE_EXHAUSTED": _EXHAUSTED,
+    "UNAVAILABLE": _UNAVAILABLE,
+    "DATA_LOSS": Status(_C.DATA_LOSS, 500),
+    "NOT_IMPLEMENTED": Status(_C.UNIMPLEMENTED, 501),
+    "INTERNAL": INTERNAL,
+    # workshop.v1.ErrorReason
+    "CREDENTIAL_MISSING": _UNAUTHENTICATED,
+    "CREDENTIAL_MALFORMED": _UNAUTHENTICATED,
+    "CREDENTIAL_REJECTED": _UNAUTHENTICATED,
+    "SCOPE_MISSING": _FORBIDDEN,
+    "INVALID_FIELD": _BAD_REQUEST,
+    "PAYLOAD_TOO_LARGE": _TOO_LARGE,
+    "VALIDATION_FAILED": _UNPROCESSABLE,
+    "NO_MEDIA": _UNPROCESSABLE,
+    "NEEDS_TRACKING": _UNPROCESSABLE,
+    "TOO_MANY_JOBS": _UNPROCESSABLE,
+    "TOO_MANY_SLOTS": _UNPROCESSABLE,
+    "RESULT_INVALID": _UNPROCESSABLE,
+    "EXPIRED": _NOT_FOUND,
+    "STALE_REVISION": _CONFLICT,
+    "ID_CONFLICT": _CONFLICT,
+    "RESULT_CONFLICT": _CONFLICT,
+    "CAPACITY": _EXHAUSTED,
+    "LEASE_MISMATCH": _PRECONDITION,
+    "JOB_CANCELLED": _PRECONDITION,
+    "JOB_FINISHED": _PRECONDITION,
+    "SOURCE_CHANGED": _PRECONDITION,
+    "AUTHORITY_REVOKED": _PRECONDITION,
+    "POLICY_CHANGED": _PRECONDITION,
+    "REPORTER_NOT_AUTHORIZED": _PRECONDITION,
+    "CODE_MISMATCH": _PRECONDITION,
+    "CLOCK_NOT_MANUAL": _PRECONDITION,
+    "NO_RUNTIME": _PRECONDITION,
+    "MALFORMED_REQUEST": _BAD_REQUEST,
+    "TEST_RUN": _PRECONDITION,
+    # the preview service's
+    "IMAGE_CORRUPTED": INTERNAL,
+    "IMAGE_CHANGED": Status(_C.DATA_LOSS, 500),
+    "IMAGE_NOT_JPEG": _PRECONDITION,
+    # the gateway's (HTTP only; docs/http-api.md)
+    "MALFORMED_JSON": _BAD_REQUEST,
+    "UNSUPPORTED_MEDIA_TYPE": _BAD_REQUEST,
+    "CROSS_SITE": _FORBIDDEN,
+    "CSRF_TOKEN": _FORBIDDEN,
+    "ROUTE_NOT_FOUND": _NOT_FOUND,
+    "METHOD_NOT_ALLOWED": Status(_C.UNIMPLEMENTED, 405),
 }
 
-INTERNAL = Status(grpc.StatusCode.INTERNAL, 500)
+# The standard library's own "cannot reach it now" errors (no reason of their own).
+_UNREACHABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+
+# The HTTP status of a gRPC code whose reason the catalog does not know (a reason
+# from a newer service, or a status without ErrorInfo such as grpc's own DEADLINE_EXCEEDED).
+HTTP_FOR_CODE: dict[grpc.StatusCode, int] = {
+    _C.INVALID_ARGUMENT: 400,
+    _C.OUT_OF_RANGE: 400,
+    _C.UNAUTHENTICATED: 401,
+    _C.PERMISSION_DENIED: 403,
+    _C.NOT_FOUND: 404,
+    _C.ALREADY_EXISTS: 409,
+    _C.ABORTED: 409,
+    _C.FAILED_PRECONDITION: 409,
+    _C.RESOURCE_EXHAUSTED: 429,
+    _C.CANCELLED: 503,
+    _C.UNAVAILABLE: 503,
+    _C.DEADLINE_EXCEEDED: 503,
+    _C.UNIMPLEMENTED: 501,
+    _C.DATA_LOSS: 500,
+}
+
+
+def status_of_reason(reason: str, code: grpc.StatusCode | None = None) -> Status:
+    """The catalog's status of `reason`; for a reason it does not name, the status that
+    `code` implies (INTERNAL when neither is known)."""
+    status = REASONS.get(reason)
+    if status is not None:
+        return status
+    if code is not None:
+        return Status(code, HTTP_FOR_CODE.get(code, 500))
+    return INTERNAL
 
 
 def status_for(error: BaseException) -> Status:
-    """The status of the nearest class in `error`'s MRO that the table names, else INTERNAL."""
-    for cls in type(error).__mro__:
-        status = STATUS_TABLE.get(cls)
-        if status is not None:
-            return status
+    """The status `error` is answered with: its reason's row (a reason the catalog lacks
+    falls back to the reason of the nearest class that has a row), else UNAVAILABLE for a
+    connection error or timeout, else INTERNAL (a bug)."""
+    if isinstance(error, errors.WorkshopError):
+        for reason in (error.reason, *(c.__dict__.get("reason") for c in type(error).__mro__)):
+            if isinstance(reason, str) and reason in REASONS:
+                return REASONS[reason]
+        return INTERNAL
+    if isinstance(error, _UNREACHABLE):
+        return _UNAVAILABLE
     return INTERNAL
