@@ -6,5 +6,6 @@ pytest_plugins = [
     "testbed.harness.triton",
     "testbed.harness.coordinator",
     "testbed.harness.preview",
+    "testbed.harness.gateway",
     "tests.sweep.report",
 ]

@@ -6,20 +6,23 @@ import asyncio
 import os
 import sys
 
+from services.gateway.app import LABEL, build
 from services.gateway.settings import PREFIX, GatewaySettings
-from services.gateway.web import HttpWorker, build_app
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
 
-LABEL = "gateway"
-
 
 async def run_server(settings: GatewaySettings) -> None:
-    http = HttpWorker(build_app(), host=settings.http_host, port=settings.http_port, label=LABEL)
+    gateway = build(settings)
     # The gateway has no gRPC API of its own: its gRPC port carries health and
     # reflection so that operators and probes treat it like every other service.
-    await serve(label=LABEL, settings=settings, services=[], workers=[http])
+    # On SIGTERM, serve() stops the HTTP worker: live sockets get 1001, requests in
+    # flight finish, then the channels close.
+    try:
+        await serve(label=LABEL, settings=settings, services=[], workers=[gateway.http])
+    finally:
+        await gateway.upstream.close()
 
 
 def main() -> None:

@@ -21,6 +21,33 @@ class GatewaySettings(ServerSettings):
     preview_target: str = setting("127.0.0.1:50052", help="Preview service gRPC address.")
     max_body_bytes: int = setting(
         64 * 1024,
-        help="Largest request body accepted, in bytes; larger gets 413.",
+        help="Largest request body accepted, in bytes; larger gets 413 before it is read.",
         check=at_least(1),
+    )
+    key: str = setting(
+        "",
+        help="The gateway's own coordinator key, of scope `gateway`: website logins and the "
+        "one WatchRun stream per run its live sockets share. Without it, login and live "
+        "answer 503.",
+    )
+    allowed_origins: str = setting(
+        "",
+        help="Comma-separated origins (scheme://host[:port]) besides the gateway's own whose "
+        "pages may change state through /api and open its WebSockets.",
+    )
+    cookie_secure: bool = setting(
+        True, help="0 drops the session cookie's Secure flag, for plain-HTTP local use only."
+    )
+    rpc_deadline_seconds: float = setting(
+        10.0, help="Deadline of each call to the coordinator and preview service.", check=at_least(0.1)
+    )
+    forwarded_allow_ips: str = setting(
+        "",
+        help="Proxies (comma-separated IPs, or *) whose X-Forwarded-For names the client "
+        "address that login throttling counts; empty trusts none.",
+    )
+    live_stall_seconds: float = setting(
+        10.0,
+        help="A WebSocket reader that has not taken a message for this long is closed (1013).",
+        check=at_least(0.1),
     )

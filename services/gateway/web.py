@@ -1,8 +1,10 @@
 """The gateway's HTTP application and the worker that serves it with uvicorn.
 
-`GET /healthz` answers `{"status": "ok"}`. The routes for the website
-(`/api/workshop/...`) and for Agent keys (`/v1/workshop/...`) are not implemented
-yet: they answer 501 with a JSON error instead of pretending to work.
+Routes: every operation of `services.gateway.routes` under `/api` (session cookie) and
+`/v1` (bearer key); the session routes under `/api/session`; the live channel
+(`.../runs/{run_id}/live`, a WebSocket); the OpenAPI documents at `/api/openapi.json`
+and `/v1/openapi.json`; `GET /healthz`. Every refusal answers through
+`services.gateway.problems`.
 """
 
 from __future__ import annotations
@@ -10,37 +12,175 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
+from services.gateway import jsonmap, media
+from services.gateway.dispatch import build_request, credential, parse_json, read_body
+from services.gateway.guard import check_csrf, check_origin
+from services.gateway.live import LiveHub
+from services.gateway.openapi import openapi_document
+from services.gateway.problems import error_body, problem_response
+from services.gateway.routes import API, IMAGE, OPERATIONS, TAR, V1, Operation
+from services.gateway.session import SessionRoutes
+from services.gateway.settings import GatewaySettings
+from services.gateway.upstream import Upstream
+from workshop.kit import errors
 from workshop.kit.server import announce
+from workshop.v1 import workshop_pb2
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+LIVE_PATH = "/workshop/runs/{run_id}/live"
+
+
+class UpgradeRequired(errors.InvalidArgument):
+    reason = "UPGRADE_REQUIRED"
+
+
+def guarded(endpoint: Endpoint) -> Endpoint:
+    """`endpoint` with every error answered by the catalog (never a bare 500 page)."""
+
+    async def answer(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception as error:  # noqa: BLE001 - one place maps every error
+            return problem_response(error)
+
+    return answer
+
+
+class Gateway:
+    """The application: its routes, its gRPC clients and its live hub."""
+
+    def __init__(self, settings: GatewaySettings, upstream: Upstream, hub: LiveHub) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.hub = hub
+        self.allowed_origins = frozenset(
+            origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()
+        )
+        self.session = SessionRoutes(
+            upstream=upstream,
+            gateway_key=settings.key,
+            allowed_origins=self.allowed_origins,
+            cookie_secure=settings.cookie_secure,
+            max_body_bytes=settings.max_body_bytes,
+        )
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=self.routes(),
+            exception_handlers={HTTPException: _http_exception},  # type: ignore[dict-item]
+        )
+
+    def routes(self) -> list[BaseRoute]:
+        routes: list[BaseRoute] = [
+            Route("/healthz", healthz),
+            Route("/api/session", guarded(self.session.login), methods=["POST"]),
+            Route("/api/session", guarded(self.session.current), methods=["GET"]),
+            Route("/api/session", guarded(self.session.logout), methods=["DELETE"]),
+        ]
+        for prefix in (API, V1):
+            routes.append(
+                Route(f"/{prefix}/openapi.json", self._document(prefix), methods=["GET"])
+            )
+            routes.append(WebSocketRoute(f"/{prefix}{LIVE_PATH}", self._live(prefix)))
+            routes.append(Route(f"/{prefix}{LIVE_PATH}", guarded(_needs_upgrade)))
+            for operation in OPERATIONS:
+                if prefix in operation.prefixes:
+                    routes.append(
+                        Route(
+                            f"/{prefix}{operation.path}",
+                            guarded(self._endpoint(operation, prefix)),
+                            methods=[operation.method],
+                            name=f"{prefix}_{operation.name}",
+                        )
+                    )
+        return routes
+
+    def _endpoint(self, operation: Operation, prefix: str) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            secret = credential(request, prefix)
+            if prefix == API and operation.writes:
+                check_origin(request.headers, self.allowed_origins)
+                if secret:
+                    check_csrf(request.headers, secret)
+            body: Any = {}
+            if operation.body:
+                raw = await read_body(request, self.settings.max_body_bytes)
+                body = parse_json(raw, request.headers.get("content-type"))
+            message = build_request(operation, request, body)
+            if operation.answer == IMAGE:
+                return await media.image(self.upstream, request, message, secret)  # type: ignore[arg-type]
+            if operation.answer == TAR:
+                return await media.export(self.upstream, message, secret)  # type: ignore[arg-type]
+            answer = await self.upstream.call(operation.service, operation.rpc, message, secret)
+            return JSONResponse(jsonmap.to_json(answer), headers={"Cache-Control": "no-store"})
+
+        return endpoint
+
+    def _document(self, prefix: str) -> Endpoint:
+        document = openapi_document(prefix)
+
+        async def serve(_: Request) -> Response:
+            return JSONResponse(document)
+
+        return serve
+
+    def _live(self, prefix: str) -> Callable[[WebSocket], Awaitable[None]]:
+        async def live(websocket: WebSocket) -> None:
+            run_id = websocket.path_params["run_id"]
+            try:
+                if prefix == API:
+                    check_origin(websocket.headers, self.allowed_origins)
+                secret = credential(websocket, prefix)  # type: ignore[arg-type]
+                first = await self.upstream.call(
+                    "workshop", "GetRun", workshop_pb2.GetRunRequest(run_id=run_id), secret
+                )
+            except Exception as error:  # noqa: BLE001 - refused before the upgrade
+                await _deny(websocket, problem_response(error))
+                return
+            await websocket.accept()
+            await self.hub.serve(websocket, run_id, first)
+
+        return live
+
+
+async def _deny(websocket: WebSocket, response: Response) -> None:
+    """Refuse a handshake with the HTTP error itself where the server allows it."""
+    try:
+        await websocket.send_denial_response(response)
+    except RuntimeError:
+        await websocket.close(code=1008)
 
 
 async def healthz(_: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-async def not_implemented(request: Request) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"code": "NOT_IMPLEMENTED", "message": f"{request.url.path} is not served yet."}},
-        status_code=501,
+async def _needs_upgrade(request: Request) -> Response:
+    raise UpgradeRequired(
+        f"{request.url.path} is a WebSocket: connect with 'Upgrade: websocket' (docs/live.md)."
     )
 
 
-def build_app() -> Starlette:
-    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-    return Starlette(
-        routes=[
-            Route("/healthz", healthz),
-            Route("/api/{rest:path}", not_implemented, methods=methods),
-            Route("/v1/{rest:path}", not_implemented, methods=methods),
-        ]
-    )
+async def _http_exception(request: Request, error: HTTPException) -> Response:
+    reason = {404: "ROUTE_NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(error.status_code, "INVALID_ARGUMENT")
+    code = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(error.status_code, "INVALID_ARGUMENT")
+    message = {
+        404: f"No route {request.url.path}; see /api/openapi.json or /v1/openapi.json.",
+        405: f"{request.method} is not allowed on {request.url.path}.",
+    }.get(error.status_code, str(error.detail))
+    body = error_body(code=code, status=error.status_code, reason=reason, message=message)
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -52,21 +192,43 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpWorker:
-    """Serves the HTTP app next to the gRPC server, on the same event loop."""
+    """Serves the HTTP app next to the gRPC server, on the same event loop. Stopping
+    runs `before_stop` first (the live hub closes its sockets with 1001), then lets
+    uvicorn finish the requests in flight and stop."""
 
-    def __init__(self, app: Starlette, *, host: str, port: int, label: str) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        *,
+        host: str,
+        port: int,
+        label: str,
+        before_stop: Callable[[], Awaitable[None]] | None = None,
+        forwarded_allow_ips: str = "",
+    ) -> None:
         self._app = app
         self._host = host
         self._port = port
         self._label = label
+        self._before_stop = before_stop
+        self._forwarded = forwarded_allow_ips
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
+        self.port = 0  # the bound port, once started
 
     async def start(self) -> None:
         if self._task is not None:
             return
         sock = socket.create_server((self._host, self._port), reuse_port=False)
-        config = uvicorn.Config(self._app, lifespan="off", log_config=None, access_log=False)
+        config = uvicorn.Config(
+            self._app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            ws="websockets",
+            proxy_headers=bool(self._forwarded),
+            forwarded_allow_ips=self._forwarded or None,
+        )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -74,11 +236,14 @@ class HttpWorker:
                 await self._task  # re-raise why it could not start
                 raise OSError("HTTP server stopped during start-up")
             await asyncio.sleep(0.01)
-        announce(self._label, event="http", host=self._host, port=sock.getsockname()[1])
+        self.port = sock.getsockname()[1]
+        announce(self._label, event="http", host=self._host, port=self.port)
 
     async def stop(self) -> None:
         if self._server is None or self._task is None:
             return
+        if self._before_stop is not None:
+            await self._before_stop()
         self._server.should_exit = True
         await self._task
         self._server, self._task = None, None

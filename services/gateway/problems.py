@@ -1,0 +1,97 @@
+"""The one place that turns a refusal into an HTTP answer, with one JSON shape:
+
+    {"code": "ABORTED", "status": 409, "reason": "STALE_REVISION",
+     "message": "Revision 3 is stale; the workflow is at revision 4.",
+     "details": {"metadata": {"current_revision": "4"}, "field_violations": [...]}}
+
+`code` is the gRPC code name, `status` the HTTP status and `reason` the ErrorInfo reason,
+all from the error catalog (`workshop.kit.status.REASONS`); `details.metadata` is the
+ErrorInfo metadata as sent, `details.field_violations` lists each bad field of a body or
+query the gateway could not read (`field`, `description`), and `details.problems` the
+validation problems of a workflow (VALIDATION_FAILED). A 429 carries `Retry-After`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from services.gateway.jsonmap import JsonInvalid
+from services.gateway.upstream import UpstreamError, problems_metadata
+from workshop.kit import errors
+from workshop.kit.status import INTERNAL, status_for
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_KEY = "retry_after_seconds"
+
+
+def error_body(
+    *,
+    code: str,
+    status: int,
+    reason: str,
+    message: str,
+    metadata: dict[str, str] | None = None,
+    violations: list[dict[str, str]] | None = None,
+    problems: list[Any] | None = None,
+) -> dict[str, Any]:
+    details: dict[str, Any] = {"metadata": dict(metadata or {}), "field_violations": []}
+    if violations:
+        details["field_violations"] = violations
+    if problems is not None:
+        details["problems"] = problems
+    return {"code": code, "status": status, "reason": reason, "message": message, "details": details}
+
+
+def problem_response(error: BaseException) -> JSONResponse:
+    """The answer to `error`: a refusal from a service, one of the gateway's own, or a bug."""
+    if isinstance(error, UpstreamError):
+        status = error.http_status
+        body = error_body(
+            code=error.code.name,
+            status=status,
+            reason=error.reason,
+            message=error.message,
+            metadata=error.metadata,
+            violations=_field_of(error),
+            problems=problems_metadata(error.metadata),
+        )
+        return _json(body, status, error.metadata)
+    if isinstance(error, errors.WorkshopError):
+        known = status_for(error)
+        violations = None
+        if isinstance(error, JsonInvalid):
+            violations = [{"field": v.field, "description": v.description} for v in error.violations]
+        body = error_body(
+            code=known.grpc_code.name,
+            status=known.http_status,
+            reason=error.reason,
+            message=error.message,
+            metadata=error.metadata,
+            violations=violations,
+        )
+        return _json(body, known.http_status, error.metadata)
+    log.exception("unhandled error in the gateway", exc_info=error)
+    body = error_body(
+        code=INTERNAL.grpc_code.name,
+        status=500,
+        reason="INTERNAL",
+        message="internal error; the gateway log has the details",
+    )
+    return _json(body, 500, {})
+
+
+def _field_of(error: UpstreamError) -> list[dict[str, str]] | None:
+    field = error.metadata.get("field")
+    return [{"field": field, "description": error.message}] if field else None
+
+
+def _json(body: dict[str, Any], status: int, metadata: dict[str, str]) -> JSONResponse:
+    headers = {"Cache-Control": "no-store"}
+    retry_after = metadata.get(RETRY_AFTER_KEY)
+    if status in (429, 503) and retry_after and retry_after.isdigit():
+        headers["Retry-After"] = retry_after
+    return JSONResponse(body, status_code=status, headers=headers)
