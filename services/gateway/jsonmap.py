@@ -696,6 +696,10 @@ class SchemaSet:
     def components(self) -> dict[str, Schema]:
         return dict(sorted(self._schemas.items()))
 
+    def value_schema(self, field: FieldDescriptor) -> Schema:
+        """The request schema of one value of `field` (what a query parameter holds)."""
+        return self._value(field, "request")
+
     def _message(self, descriptor: Descriptor, layout: Layout, direction: Direction) -> Schema:
         properties = {key: self._property(slot, direction) for key, slot in layout.items()}
         schema: Schema = {
@@ -832,6 +836,11 @@ def _exclusive(layout: Layout) -> Schema | None:
 # --- descriptions from the contracts' comments ----------------------------------------------
 
 
+def comment(full_name: str) -> str:
+    """The proto comment of a message, field, enum, value or method (its name when none)."""
+    return _description(full_name)
+
+
 def _description(full_name: str) -> str:
     return _comments().get(full_name) or f"`{full_name}`."
 
@@ -854,12 +863,16 @@ def _comments() -> Mapping[str, str]:
 def _element_paths(
     file: descriptor_pb2.FileDescriptorProto,
 ) -> Iterator[tuple[tuple[int, ...], str]]:
-    """(source_code_info path, full name) of every message, field, enum and enum value."""
+    """(source_code_info path, full name) of every message, field, enum, enum value and
+    RPC method ("Service.Method")."""
     scope = file.package
     for i, message in enumerate(file.message_type):
         yield from _message_paths(message, (_FILE_MESSAGES, i), scope)
     for i, enum in enumerate(file.enum_type):
         yield from _enum_paths(enum, (_FILE_ENUMS, i), scope)
+    for i, service in enumerate(file.service):
+        for j, method in enumerate(service.method):
+            yield (_FILE_SERVICES, i, _SERVICE_METHODS, j), f"{scope}.{service.name}.{method.name}"
 
 
 def _message_paths(
@@ -886,6 +899,8 @@ def _enum_paths(
 
 _FILE_MESSAGES = descriptor_pb2.FileDescriptorProto.MESSAGE_TYPE_FIELD_NUMBER
 _FILE_ENUMS = descriptor_pb2.FileDescriptorProto.ENUM_TYPE_FIELD_NUMBER
+_FILE_SERVICES = descriptor_pb2.FileDescriptorProto.SERVICE_FIELD_NUMBER
+_SERVICE_METHODS = descriptor_pb2.ServiceDescriptorProto.METHOD_FIELD_NUMBER
 _MESSAGE_FIELDS = descriptor_pb2.DescriptorProto.FIELD_FIELD_NUMBER
 _MESSAGE_NESTED = descriptor_pb2.DescriptorProto.NESTED_TYPE_FIELD_NUMBER
 _MESSAGE_ENUMS = descriptor_pb2.DescriptorProto.ENUM_TYPE_FIELD_NUMBER
