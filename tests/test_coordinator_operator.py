@@ -41,6 +41,7 @@ TABLES = (
     "sessions",
     "keys",
     "policy",
+    "login_failures",
 )
 
 SHA_A = hashlib.sha256(b"a").hexdigest()
@@ -918,11 +919,12 @@ async def test_operator_calls_need_the_admin_scope(coordinator: CoordinatorHarne
         (Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"),),
         (Grant(ScopeName.FOOTAGE_READ, camera_ids=("cam-1",)),),
         (Grant(ScopeName.SERVICE),),
+        (Grant(ScopeName.GATEWAY),),
     ):
         metadata = bearer_metadata(await h.key(*grants, name="not admin"))
         calls: list[tuple[Method, Message]] = [
             (h.operator.RegisterDevice, operator_pb2.RegisterDeviceRequest(device_id="gpu-two")),
-            (h.operator.ListDevices, operator_pb2.ListDevicesRequest()),
+            (h.operator.ListCameras, operator_pb2.ListCamerasRequest()),
             (h.operator.ListBuckets, operator_pb2.ListBucketsRequest()),
             (h.operator.ListModelVersions, operator_pb2.ListModelVersionsRequest()),
             (
@@ -935,6 +937,11 @@ async def test_operator_calls_need_the_admin_scope(coordinator: CoordinatorHarne
             (h.operator.GetClock, CLOCK),
             (h.operator.AdvanceClock, operator_pb2.AdvanceClockRequest(by=Duration(seconds=1))),
         ]
+        if grants[0].scope is not ScopeName.WORKSHOP:  # which may list devices and runtimes
+            calls += [
+                (h.operator.ListDevices, operator_pb2.ListDevicesRequest()),
+                (h.operator.ListRuntimes, operator_pb2.ListRuntimesRequest()),
+            ]
         for method, request in calls:
             await refused(
                 h, method, request, Code.PERMISSION_DENIED, "SCOPE_MISSING", metadata=metadata

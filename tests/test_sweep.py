@@ -101,12 +101,16 @@ LONG_POLLS = {"/workshop.v1.JobService/Claim": 1.5}
 DEADLINE_SLACK_SECONDS = 2.0
 # Refusals documented to write something (method, ErrorInfo reason) -> where it is written
 # down: a fenced preview record still records its object, as collectable, so its bytes
-# are deleted. Nothing else may change the coordinator's tables when it refuses.
+# are deleted; a failed login is counted against its user and client address (a row of
+# login_failures each). Nothing else may change the coordinator's tables when it refuses.
 FENCE_REASONS = tuple(FENCE_MESSAGES)
 REFUSALS_THAT_WRITE: dict[tuple[str, str], str] = {
-    (f"/workshop.v1.PublicationService/{method}", reason): "docs/previews-and-uploads.md"
-    for method in ("RecordPreview", "RecordPreviews")
-    for reason in FENCE_REASONS
+    **{
+        (f"/workshop.v1.PublicationService/{method}", reason): "docs/previews-and-uploads.md"
+        for method in ("RecordPreview", "RecordPreviews")
+        for reason in FENCE_REASONS
+    },
+    ("/workshop.v1.IdentityService/Login", "LOGIN_FAILED"): "docs/concepts.md#signing-in",
 }
 
 

@@ -1,12 +1,16 @@
-"""`python -m services.coordinator [serve | migrate | create-admin-key --name NAME]`."""
+"""`python -m services.coordinator [serve | migrate | create-admin-key --name NAME |
+set-password --user USER]`."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import json
 import os
 import sys
 
 import asyncpg
+import grpc
 
 from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
@@ -15,9 +19,16 @@ from services.coordinator.db import Database
 from services.coordinator.migrate import apply_migrations
 from services.coordinator.operator_api import insert_key
 from services.coordinator.settings import PREFIX, CoordinatorSettings
+from workshop.kit.cli import (
+    Metadata,
+    add_coordinator_arguments,
+    call_coordinator,
+    check_coordinator_arguments,
+)
 from workshop.kit.server import announce, run_event_loop, serve
 from workshop.kit.settings import settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
+from workshop.v1 import operator_pb2, operator_pb2_grpc
 
 LABEL = "coordinator"
 
@@ -39,6 +50,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             scheduler_interval_seconds=settings.scheduler_interval_seconds,
             maintenance_interval_seconds=settings.maintenance_interval_seconds,
             principal_cache_seconds=settings.principal_cache_seconds,
+            login_limits=settings.login_limits,
         )
         await serve(
             label=LABEL,
@@ -64,6 +76,31 @@ async def run_create_admin_key(settings: CoordinatorSettings, name: str) -> None
     announce(LABEL, event="admin-key", key_id=row.key_id, secret=secret)
 
 
+def read_password(user_id: str) -> str:
+    """The new password: from stdin when it is not a terminal (one line, its newline
+    dropped), else typed twice at a prompt that does not echo. Never from the arguments."""
+    if not sys.stdin.isatty():
+        return sys.stdin.readline().removesuffix("\n").removesuffix("\r")
+    first = getpass.getpass(f"New password for {user_id}: ")
+    if getpass.getpass("Again: ") != first:
+        print("set-password: the two passwords differ; nothing was changed", file=sys.stderr)
+        raise SystemExit(1)
+    return first
+
+
+def set_password(target: str, key: str, user_id: str, password: str) -> dict[str, object]:
+    """OperatorService.SetUserPassword; the user as it is now (never the password)."""
+
+    async def call(channel: grpc.aio.Channel, metadata: Metadata) -> dict[str, object]:
+        reply = await operator_pb2_grpc.OperatorServiceStub(channel).SetUserPassword(
+            operator_pb2.SetUserPasswordRequest(user_id=user_id, password=password),
+            metadata=metadata,
+        )
+        return {"user_id": reply.user.user_id, "has_password": reply.user.has_password}
+
+    return call_coordinator(target, key, call)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m services.coordinator")
     commands = parser.add_subparsers(dest="command")
@@ -71,7 +108,21 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("migrate", help="apply schema migrations (advisory-locked)")
     admin = commands.add_parser("create-admin-key", help="print a new admin key's secret once")
     admin.add_argument("--name", default="admin", help="a label for the key")
+    password = commands.add_parser(
+        "set-password",
+        help="set a user's password (read from stdin, or typed twice at a prompt)",
+    )
+    password.add_argument("--user", required=True, help="the user's id")
+    add_coordinator_arguments(password, required=True)
     args = parser.parse_args(argv)
+    if args.command == "set-password":
+        # Over gRPC with an admin key, like the other operator commands: no database URL.
+        if not args.coordinator:
+            password.error("needs --coordinator and --key (or their environment variables)")
+        check_coordinator_arguments(password, args)
+        secret = read_password(args.user)
+        print(json.dumps(set_password(args.coordinator, args.key, args.user, secret)))
+        return
     settings = settings_or_exit(CoordinatorSettings, PREFIX, os.environ)
     configure_logging(LABEL, settings.log_level)
     configure_tracing(LABEL)

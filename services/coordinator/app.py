@@ -14,9 +14,11 @@ from services.coordinator.auth import PRINCIPAL_CACHE_SECONDS
 from services.coordinator.clock import Clock, StoredClock
 from services.coordinator.db import Database
 from services.coordinator.events import RunEvents
+from services.coordinator.identity_api import IdentityApi, LoginLimits
 from services.coordinator.jobs_api import JobsApi
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
+from services.coordinator.passwords import Passwords
 from services.coordinator.photos import PhotosApi
 from services.coordinator.publication_api import PublicationApi
 from services.coordinator.review import ReviewApi
@@ -57,8 +59,10 @@ def build(
     scheduler_interval_seconds: float = 0.0,
     maintenance_interval_seconds: float = 0.0,
     principal_cache_seconds: float = PRINCIPAL_CACHE_SECONDS,
+    login_limits: LoginLimits | None = None,
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)."""
+    limits = login_limits or LoginLimits()
     workshop_api = WorkshopApi(db, clock, capacity=job_capacity)
     events = RunEvents(db.dsn, followers=[clock] if isinstance(clock, StoredClock) else [])
     workers: list[Worker] = [events]
@@ -67,9 +71,18 @@ def build(
             Scheduler(db, clock, workshop_api, interval_seconds=scheduler_interval_seconds)
         )
     if maintenance_interval_seconds > 0:
-        workers.append(Maintenance(db, clock, interval_seconds=maintenance_interval_seconds))
+        workers.append(
+            Maintenance(
+                db,
+                clock,
+                interval_seconds=maintenance_interval_seconds,
+                login_window=limits.window,
+            )
+        )
     authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
-    return Coordinator(grpc_services(db, clock, workshop_api, events, authenticate), workers)
+    return Coordinator(
+        grpc_services(db, clock, workshop_api, events, authenticate, limits), workers
+    )
 
 
 def grpc_services(
@@ -78,14 +91,16 @@ def grpc_services(
     workshop_api: WorkshopApi,
     events: RunEvents,
     authenticate: Authenticator,
+    login_limits: LoginLimits,
 ) -> list[GrpcService]:
     snapshots = SnapshotCache(db)
-    operator = OperatorServicer(OperatorApi(db, clock), authenticate)
+    passwords = Passwords()  # one per process: it bounds the hashes in flight
+    operator = OperatorServicer(OperatorApi(db, clock, passwords), authenticate)
     reviews = ReviewApi(db, clock)
     workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), reviews, authenticate, events)
     jobs = JobServicer(JobsApi(db, clock, snapshots), authenticate, events)
     publication = PublicationServicer(PublicationApi(db, clock, snapshots), reviews, authenticate)
-    identity = IdentityServicer(authenticate)
+    identity = IdentityServicer(authenticate, IdentityApi(db, clock, passwords, login_limits))
     return [
         GrpcService(
             "workshop.v1.IdentityService",

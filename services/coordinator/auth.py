@@ -36,6 +36,8 @@ class ScopeName(StrEnum):
     WORKSHOP_RUN = "workshop:run"
     ADMIN = "admin"
     SERVICE = "service"
+    # The gateway process: Login, and GetRun/WatchRun of any run (docs/concepts.md).
+    GATEWAY = "gateway"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,4 +226,6 @@ def validate_grants(grants: Iterable[Grant]) -> tuple[Grant, ...]:
             raise InvalidField("A 'footage:read' scope must list the cameras it may read.")
         if grant.scope not in (ScopeName.WORKSHOP_RUN,) and grant.device_id:
             raise InvalidField(f"Scope '{grant.scope.value}' takes no device.")
+        if grant.scope is ScopeName.GATEWAY and grant.camera_ids:
+            raise InvalidField("Scope 'gateway' takes no cameras.")
     return checked

@@ -30,6 +30,7 @@ SCOPE_TO_PROTO = {
     ScopeName.WORKSHOP_RUN: common_pb2.SCOPE_WORKSHOP_RUN,
     ScopeName.ADMIN: common_pb2.SCOPE_ADMIN,
     ScopeName.SERVICE: common_pb2.SCOPE_SERVICE,
+    ScopeName.GATEWAY: common_pb2.SCOPE_GATEWAY,
 }
 SCOPE_FROM_PROTO = {value: key for key, value in SCOPE_TO_PROTO.items()}
 PRINCIPAL_KINDS = {
@@ -163,6 +164,7 @@ def user(row: UserRow) -> operator_pb2.User:
         disabled=row.disabled_at is not None,
         created_at=ts(row.created_at),
         disabled_at=opt_ts(row.disabled_at),
+        has_password=row.has_password,
     )
 
 
@@ -187,7 +189,10 @@ def grant(value: Grant) -> common_pb2.KeyScope:
 def grant_from_proto(value: common_pb2.KeyScope) -> Grant:
     scope = SCOPE_FROM_PROTO.get(value.scope)
     if scope is None:
-        raise InvalidField("Each scope must be one of workshop, footage:read, workshop:run, admin.")
+        raise InvalidField(
+            "Each scope must be one of workshop, footage:read, workshop:run, admin, service, "
+            "gateway."
+        )
     return Grant(scope, value.device_id, tuple(value.camera_ids))
 
 

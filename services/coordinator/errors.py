@@ -19,6 +19,38 @@ class ScopeMissing(errors.PermissionDenied):
     reason = "SCOPE_MISSING"
 
 
+# The one answer to a wrong password, an unknown user and a user without a password, so
+# a caller cannot tell which (docs/concepts.md#signing-in).
+LOGIN_FAILED_MESSAGE = "Wrong user id or password."
+
+
+class LoginFailed(errors.Unauthenticated):
+    reason = "LOGIN_FAILED"
+
+    def __init__(self) -> None:
+        super().__init__(LOGIN_FAILED_MESSAGE)
+
+
+class LoginThrottled(errors.ResourceExhausted):
+    """The user or the client address is at its limit of failed logins in the window;
+    metadata "retry_after_seconds"."""
+
+    reason = "LOGIN_THROTTLED"
+
+    def __init__(self, retry_after_seconds: int) -> None:
+        super().__init__(
+            "Too many failed logins for this user or from this address; try again in "
+            f"{retry_after_seconds} seconds.",
+            metadata={"retry_after_seconds": str(retry_after_seconds)},
+        )
+
+
+class NotASession(errors.FailedPrecondition):
+    """Logout with a key: only a website session signs out."""
+
+    reason = "NOT_A_SESSION"
+
+
 class InvalidField(errors.InvalidArgument):
     reason = "INVALID_FIELD"
 

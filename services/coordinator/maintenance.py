@@ -1,4 +1,5 @@
-"""Maintenance (docs/runs-and-jobs.md): rescue lapsed leases and expire jobs with their source.
+"""Maintenance (docs/runs-and-jobs.md): rescue lapsed leases and expire jobs with their source;
+forget failed logins older than the login window (docs/concepts.md#signing-in).
 
 Runs on one replica at a time (a session advisory lock, on a connection from
 `Database.session()` so the lock never goes back to the pool); every pass follows the
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from datetime import timedelta
 
 from services.coordinator import review
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database, Row, fetch_all, sql
+from services.coordinator.identity_api import LOGIN_WINDOW
 from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -38,14 +41,23 @@ class Pass:
     exhausted: int = 0
     expired: int = 0
     grouped: int = 0  # timelines of items saved before sightings existed, grouped now
+    logins_forgotten: int = 0  # failed-login rows older than the login window
     skipped: bool = False  # another replica held the lock
 
 
 class Maintenance(Periodic):
-    def __init__(self, db: Database, clock: Clock, *, interval_seconds: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        *,
+        interval_seconds: float,
+        login_window: timedelta = LOGIN_WINDOW,
+    ) -> None:
         super().__init__("maintenance", self._pass, interval_seconds=interval_seconds)
         self.db = db
         self.clock = clock
+        self.login_window = login_window
 
     async def _pass(self) -> None:
         done = await self.run_once()
@@ -80,6 +92,15 @@ class Maintenance(Periodic):
                     if len(rescued) < BATCH:
                         break
                 grouped = await review.group_backlog(self.db)
+                pruned = await connection.execute(
+                    sql("auth", "login_failures_prune"), now - self.login_window
+                )
             finally:
                 await connection.execute(sql("jobs", "maintenance_unlock"))
-        return Pass(requeued=requeued, exhausted=exhausted, expired=expired, grouped=grouped)
+        return Pass(
+            requeued=requeued,
+            exhausted=exhausted,
+            expired=expired,
+            grouped=grouped,
+            logins_forgotten=int(pruned.split()[-1]),  # the status "DELETE <count>"
+        )

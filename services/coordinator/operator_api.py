@@ -1,7 +1,9 @@
 """Operator tasks (docs/concepts.md, docs/operations.md): devices, runtimes, cameras,
 recordings, models, buckets, users, sessions, keys, the policy revision and the manual clock.
 
-Every function takes the caller's principal and checks it holds `admin`.
+Every function takes the caller's principal and checks it holds `admin`, but for listing
+devices and runtimes and registering a runtime, which `workshop` (a website session, an
+Agent key) may do too.
 Results are the typed rows below (devices, runtimes, cameras, recordings, model
 versions, buckets, users, sessions, keys); the servicer renders them. Workshop, photo
 and scheduler code read the same resources through these rows.
@@ -34,6 +36,7 @@ from services.coordinator.errors import (
     StaleRevision,
 )
 from services.coordinator.fields import check_id, check_sha256
+from services.coordinator.passwords import Passwords, check_new_password
 from workshop.kit.errors import FailedPrecondition
 from workshop.kit.hashing import canonical_json, runtime_manifest
 from workshop.kit.hashing import runtime_id as compute_runtime_id
@@ -119,6 +122,7 @@ class UserRow(Row):
     display_name: str
     created_at: datetime
     disabled_at: datetime | None
+    has_password: bool  # never the hash itself
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -150,10 +154,21 @@ def _require_admin(principal: Principal) -> None:
     auth.require(principal, ScopeName.ADMIN)
 
 
+def _require_workshop(principal: Principal) -> None:
+    """What the website may see and do of devices and runtimes (admin holds it too)."""
+    auth.require(principal, ScopeName.WORKSHOP)
+
+
+def login_subject(user_id: str) -> str:
+    """The throttle's subject for a user's failed logins (table login_failures)."""
+    return f"user:{user_id}"
+
+
 class OperatorApi:
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, passwords: Passwords | None = None) -> None:
         self.db = db
         self.clock = clock
+        self.passwords = passwords or Passwords()
 
     # devices and runtimes ---------------------------------------------------------
 
@@ -192,7 +207,7 @@ class OperatorApi:
         capabilities: Sequence[str],
     ) -> tuple[RegisteredRuntime, str]:
         """Registers the runtime of a manifest; returns it and the manifest JSON."""
-        _require_admin(who)
+        _require_workshop(who)
         check_id("device_id", device_id)
         check_sha256("code_sha256", code_sha256)
         if not engine:
@@ -223,13 +238,13 @@ class OperatorApi:
         return row, canonical_json(manifest).decode()
 
     async def list_devices(self, who: Principal, after: str | None, limit: int) -> list[DeviceRow]:
-        _require_admin(who)
+        _require_workshop(who)
         return await self._all(DeviceRow, sql("resources", "device_list"), after, limit)
 
     async def list_runtimes(
         self, who: Principal, device_id: str, after: tuple[datetime, str] | None, limit: int
     ) -> list[RuntimeRow]:
-        _require_admin(who)
+        _require_workshop(who)
         after_at, after_id = after if after else (None, None)
         return await self._all(
             RuntimeRow,
@@ -472,6 +487,21 @@ class OperatorApi:
             raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
         return row
 
+    async def set_user_password(self, who: Principal, user_id: str, password: str) -> UserRow:
+        """Stores the argon2id hash of a new password and clears the user's counted login
+        failures. The password is never logged, stored or quoted."""
+        _require_admin(who)
+        check_new_password(password)
+        if await self._one(UserRow, sql("auth", "user_get"), user_id) is None:
+            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
+        digest = await self.passwords.hash(password)
+        row = await self._one(
+            UserRow, sql("auth", "user_set_password"), user_id, digest, login_subject(user_id)
+        )
+        if row is None:  # gone meanwhile (users are never deleted today)
+            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
+        return row
+
     async def create_session(
         self, who: Principal, user_id: str, ttl: timedelta | None
     ) -> tuple[SessionRow, str]:
@@ -484,19 +514,8 @@ class OperatorApi:
             raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
         if user.disabled_at is not None:
             raise FailedPrecondition(f"User {user_id!r} is disabled.", reason="AUTHORITY_REVOKED")
-        session_id, secret, digest = auth.new_credential(auth.SESSION_PREFIX)
-        now = self.clock.now()
-        row = await self._one(
-            SessionRow,
-            sql("auth", "session_create"),
-            session_id,
-            user_id,
-            digest,
-            now,
-            now + lifetime,
-        )
-        assert row is not None  # an insert returns its row
-        return row, secret
+        async with self.db.connection() as connection:
+            return await insert_session(connection, user_id, lifetime, self.clock.now())
 
     async def revoke_session(self, who: Principal, session_id: str) -> SessionRow:
         _require_admin(who)
@@ -521,27 +540,8 @@ class OperatorApi:
         if ttl is not None and ttl <= timedelta(0):
             raise InvalidField("ttl must be positive.")
         async with self.db.transaction() as connection:
-            await self._check_grant_targets(connection, checked, user_id)
+            await check_grant_targets(connection, checked, user_id)
             return await insert_key(connection, name, checked, user_id, ttl, self.clock.now())
-
-    async def _check_grant_targets(
-        self, connection: Connection, grants: Sequence[Grant], user_id: str
-    ) -> None:
-        if user_id and await connection.fetchrow(sql("auth", "user_get"), user_id) is None:
-            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
-        cameras = set(await fetch_column(connection, str, sql("resources", "camera_ids_all")))
-        for grant in grants:
-            if grant.device_id and (
-                await connection.fetchrow(sql("resources", "device_get"), grant.device_id) is None
-            ):
-                raise NotFound(
-                    "device", grant.device_id, f"Device {grant.device_id!r} is not registered."
-                )
-            missing = sorted(set(grant.camera_ids) - cameras)
-            if missing:
-                raise NotFound(
-                    "camera", missing[0], f"Unknown cameras in scope: {', '.join(missing)}."
-                )
 
     async def revoke_key(self, who: Principal, key_id: str) -> KeyRow:
         _require_admin(who)
@@ -611,6 +611,46 @@ class OperatorApi:
         async with self.db.connection() as connection:
             revision: int | None = await connection.fetchval(query, *args)
             return revision
+
+
+async def check_grant_targets(
+    connection: Connection, grants: Sequence[Grant], user_id: str
+) -> None:
+    """NotFound unless the user and every device and camera the grants name exist."""
+    if user_id and await connection.fetchrow(sql("auth", "user_get"), user_id) is None:
+        raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
+    cameras = set(await fetch_column(connection, str, sql("resources", "camera_ids_all")))
+    for grant in grants:
+        if grant.device_id and (
+            await connection.fetchrow(sql("resources", "device_get"), grant.device_id) is None
+        ):
+            raise NotFound(
+                "device", grant.device_id, f"Device {grant.device_id!r} is not registered."
+            )
+        missing = sorted(set(grant.camera_ids) - cameras)
+        if missing:
+            raise NotFound("camera", missing[0], f"Unknown cameras in scope: {', '.join(missing)}.")
+
+
+async def insert_session(
+    connection: Connection, user_id: str, lifetime: timedelta, now: datetime
+) -> tuple[SessionRow, str]:
+    """Stores a new session of `user_id` (checked to exist and be enabled by the caller);
+    returns its row and its secret (shown once). CreateSession and Login both make their
+    sessions here."""
+    session_id, secret, digest = auth.new_credential(auth.SESSION_PREFIX)
+    row = await fetch_one(
+        connection,
+        SessionRow,
+        sql("auth", "session_create"),
+        session_id,
+        user_id,
+        digest,
+        now,
+        now + lifetime,
+    )
+    assert row is not None  # an insert returns its row
+    return row, secret
 
 
 async def insert_key(

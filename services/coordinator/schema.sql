@@ -62,11 +62,14 @@ CREATE TABLE buckets (
     deleted_at timestamptz
 );
 
+-- password_hash: the argon2id hash of the user's password, argon2's encoded form (NULL:
+-- no password, no sign-in).
 CREATE TABLE users (
-    user_id      text PRIMARY KEY,
-    display_name text NOT NULL DEFAULT '',
-    created_at   timestamptz NOT NULL,
-    disabled_at  timestamptz
+    user_id       text PRIMARY KEY,
+    display_name  text NOT NULL DEFAULT '',
+    created_at    timestamptz NOT NULL,
+    disabled_at   timestamptz,
+    password_hash text
 );
 
 -- Secrets are random 256-bit values; only their SHA-256 is stored.
@@ -80,7 +83,8 @@ CREATE TABLE sessions (
 );
 
 -- scopes: [{"scope": "workshop"}, {"scope": "footage:read", "camera_ids": [..]},
---          {"scope": "workshop:run", "device_id": ".."}, {"scope": "admin"}, {"scope": "service"}]
+--          {"scope": "workshop:run", "device_id": ".."}, {"scope": "admin"}, {"scope": "service"},
+--          {"scope": "gateway"}]
 CREATE TABLE keys (
     key_id       text PRIMARY KEY,
     name         text NOT NULL DEFAULT '',
@@ -92,6 +96,20 @@ CREATE TABLE keys (
     revoked_at   timestamptz,
     last_used_at timestamptz
 );
+-- A user's own keys, newest first (IdentityService.ListOwnKeys).
+CREATE INDEX keys_by_user ON keys (user_id, created_at DESC, key_id DESC)
+    WHERE user_id IS NOT NULL;
+
+-- Failed logins (IdentityService.Login), one row per subject ('user:<user id>',
+-- 'address:<client address>') per failed attempt; counted over a sliding window, and
+-- deleted by the maintenance pass once older than it.
+CREATE TABLE login_failures (
+    subject    text NOT NULL,
+    failed_at  timestamptz NOT NULL,
+    attempt_id text NOT NULL,
+    PRIMARY KEY (subject, failed_at, attempt_id)
+);
+CREATE INDEX login_failures_by_time ON login_failures (failed_at);
 
 -- The policy revision (docs/concepts.md): one row; raising it retires in-flight authority.
 CREATE TABLE policy (

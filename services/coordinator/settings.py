@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 from services.coordinator.auth import PRINCIPAL_CACHE_MAX_SECONDS, PRINCIPAL_CACHE_SECONDS
+from services.coordinator.identity_api import (
+    LOGIN_ADDRESS_FAILURES,
+    LOGIN_USER_FAILURES,
+    LOGIN_WINDOW,
+    LoginLimits,
+)
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
 
@@ -54,3 +61,29 @@ class CoordinatorSettings(ServerSettings):
         f"{PRINCIPAL_CACHE_MAX_SECONDS:g}).",
         check=between(0, PRINCIPAL_CACHE_MAX_SECONDS, " seconds"),
     )
+    login_window_seconds: float = setting(
+        LOGIN_WINDOW.total_seconds(),
+        help="Seconds a failed login counts against its user and its client address "
+        "(IdentityService.Login's sliding window).",
+        check=at_least(1),
+    )
+    login_user_failures: int = setting(
+        LOGIN_USER_FAILURES,
+        help="Failed logins of one user within the window after which Login refuses it "
+        "(RESOURCE_EXHAUSTED LOGIN_THROTTLED) without checking the password.",
+        check=at_least(1),
+    )
+    login_address_failures: int = setting(
+        LOGIN_ADDRESS_FAILURES,
+        help="Failed logins from one client address within the window after which Login "
+        "refuses it (RESOURCE_EXHAUSTED LOGIN_THROTTLED) without checking the password.",
+        check=at_least(1),
+    )
+
+    @property
+    def login_limits(self) -> LoginLimits:
+        return LoginLimits(
+            window=timedelta(seconds=self.login_window_seconds),
+            user_failures=self.login_user_failures,
+            address_failures=self.login_address_failures,
+        )

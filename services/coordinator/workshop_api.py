@@ -623,8 +623,10 @@ class WorkshopApi:
     async def get_run(
         self, who: Principal, run_id: str, job_limit: int, *, images: int = 0
     ) -> RunView:
-        """A run with up to `job_limit` jobs and `images` recent images (none once expired)."""
-        auth.require(who, ScopeName.WORKSHOP)
+        """A run with up to `job_limit` jobs and `images` recent images (none once expired).
+        The gateway's key reads any run too: it serves one WatchRun stream per run to every
+        client it authorized with the client's own credential."""
+        auth.require(who, ScopeName.WORKSHOP, ScopeName.GATEWAY)
         async with self.db.connection() as connection:
             row = await fetch_one(connection, RunRow, sql("runs", "run_get"), run_id)
             if row is None:

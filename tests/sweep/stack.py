@@ -9,7 +9,8 @@ bytes the strategy wrote, whatever they are.
 
 The coordinator's world is `testbed.coordinator_leases.leased`: device gpu-box,
 cameras, recordings, workflow `yard`, a full run r1 whose first job a processor key
-holds. Its values (ids, the lease's token, a real JPEG) feed the strategies' pools
+holds; user `ada` with a password, her sessions and an own key, and the gateway's key. Its
+values (ids, the lease's token, a real JPEG) feed the strategies' pools
 and a few valid requests per RPC, so some requests get past the field checks.
 """
 
@@ -45,7 +46,7 @@ from testbed.harness.preview import jpeg_bytes, publish_request, running_preview
 from testbed.harness.s3 import S3Bucket
 from tests.sweep.strategies import Pools, RequestStrategies
 from workshop.kit.auth import bearer_metadata
-from workshop.v1 import common_pb2, jobs_pb2, operator_pb2, preview_pb2, run_pb2
+from workshop.v1 import common_pb2, identity_pb2, jobs_pb2, operator_pb2, preview_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
@@ -159,6 +160,11 @@ async def _read_stream(rpc: Any) -> None:
             return
 
 
+# The sweep's website user and her password (Login, SetUserPassword).
+USER = "ada"
+PASSWORD = "sweep password of ada"
+CLIENT_ADDRESS = "203.0.113.9"
+
 # Bookkeeping of the call itself rather than its effect: authenticating a key records its
 # last use (at most once a minute), whatever the answer.
 BOOKKEEPING_COLUMNS = ("last_used_at",)
@@ -192,6 +198,10 @@ class World:
     job: jobs_pb2.ClaimedJob
     reader: Metadata  # a workshop key that reads footage of both cameras
     image: bytes
+    gateway: Metadata  # the gateway's key (Login)
+    session: Metadata  # a session of USER (her own keys)
+    leaving: Metadata  # another session of USER, for Logout alone
+    own_key_id: str  # a key of USER's own
 
 
 async def build_world(c: CoordinatorHarness) -> World:
@@ -201,7 +211,33 @@ async def build_world(c: CoordinatorHarness) -> World:
         Grant(ScopeName.FOOTAGE_READ, camera_ids=("cam-a", "cam-b")),
         name="reader",
     )
-    return World(s, job, bearer_metadata(reader), jpeg_bytes())
+    await c.operator.CreateUser(operator_pb2.CreateUserRequest(user_id=USER), metadata=c.admin)
+    await c.operator.SetUserPassword(
+        operator_pb2.SetUserPasswordRequest(user_id=USER, password=PASSWORD), metadata=c.admin
+    )
+    sessions = [
+        await c.operator.CreateSession(
+            operator_pb2.CreateSessionRequest(user_id=USER), metadata=c.admin
+        )
+        for _ in range(2)
+    ]
+    session = bearer_metadata(sessions[0].secret)
+    own = await c.identity.CreateOwnKey(
+        identity_pb2.CreateOwnKeyRequest(
+            name="own", scopes=[common_pb2.KeyScope(scope=common_pb2.SCOPE_WORKSHOP)]
+        ),
+        metadata=session,
+    )
+    return World(
+        s,
+        job,
+        bearer_metadata(reader),
+        jpeg_bytes(),
+        gateway=bearer_metadata(await c.key(Grant(ScopeName.GATEWAY), name="gateway")),
+        session=session,
+        leaving=bearer_metadata(sessions[1].secret),
+        own_key_id=own.key.key_id,
+    )
 
 
 def pools(world: World) -> Pools:
@@ -230,6 +266,10 @@ def pools(world: World) -> Pools:
         "list_services": [""],
         "engine": ["workshop-processor"],
         "capabilities": ["workshop-v3"],
+        "user_id": [USER],
+        "password": [PASSWORD],
+        "client_address": [CLIENT_ADDRESS],
+        "key_id": [world.own_key_id],
     }
     numbers: dict[str, list[object]] = {
         "generation": [lease.generation],
@@ -283,6 +323,23 @@ def examples(world: World) -> dict[str, list[Message]]:
             operator_pb2.PutCameraRequest(camera_id="cam-c", name="gate")
         ],
         "/grpc.health.v1.Health/Check": [health_pb2.HealthCheckRequest()],
+        "/workshop.v1.IdentityService/Login": [
+            identity_pb2.LoginRequest(
+                user_id=USER, password=PASSWORD, client_address=CLIENT_ADDRESS
+            )
+        ],
+        "/workshop.v1.IdentityService/CreateOwnKey": [
+            identity_pb2.CreateOwnKeyRequest(
+                name="agent",
+                scopes=[common_pb2.KeyScope(scope=common_pb2.SCOPE_WORKSHOP)],
+            )
+        ],
+        "/workshop.v1.IdentityService/RevokeOwnKey": [
+            identity_pb2.RevokeOwnKeyRequest(key_id=world.own_key_id)
+        ],
+        "/workshop.v1.OperatorService/SetUserPassword": [
+            operator_pb2.SetUserPasswordRequest(user_id=USER, password=PASSWORD)
+        ],
     }
 
 
@@ -299,6 +356,12 @@ def coordinator_credentials(c: CoordinatorHarness, world: World) -> Callable[[st
         "/workshop.v1.PreviewService/ReadImage": world.reader,
         "/workshop.v1.PreviewService/ExportBucket": world.reader,
         "/workshop.v1.PreviewService/RunCleanup": c.admin,
+        # the gateway signs users in; a website session signs out and manages its own keys
+        "/workshop.v1.IdentityService/Login": world.gateway,
+        "/workshop.v1.IdentityService/Logout": world.leaving,
+        "/workshop.v1.IdentityService/CreateOwnKey": world.session,
+        "/workshop.v1.IdentityService/ListOwnKeys": world.session,
+        "/workshop.v1.IdentityService/RevokeOwnKey": world.session,
     }
 
     def credential(method: str) -> Metadata:

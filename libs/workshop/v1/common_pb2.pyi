@@ -390,15 +390,25 @@ class _ScopeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Scope.ValueType
     SCOPE_UNSPECIFIED: _Scope.ValueType  # 0
     """Never sent; a request that names it is INVALID_ARGUMENT."""
     SCOPE_WORKSHOP: _Scope.ValueType  # 1
-    """"workshop": an Agent key: workflows, runs, photos, review and summary (WorkshopService), and images of its cameras."""
+    """"workshop": an Agent key: workflows, runs, photos, review and summary (WorkshopService), images of its
+    cameras, and listing devices and runtimes and registering runtimes (OperatorService.ListDevices,
+    ListRuntimes, RegisterRuntime). Every website session holds it.
+    """
     SCOPE_FOOTAGE_READ: _Scope.ValueType  # 2
     """"footage:read": read preview and item images of the cameras it names (PreviewService.ReadImage)."""
     SCOPE_WORKSHOP_RUN: _Scope.ValueType  # 3
     """"workshop:run": a processor key bound to one device: JobService and the fenced PreviewService writes."""
     SCOPE_ADMIN: _Scope.ValueType  # 4
-    """"admin": operator key; may call every RPC of every service (OperatorService only with this scope)."""
+    """"admin": operator key; may call every RPC of every service (OperatorService only with this scope, but for
+    ListDevices, ListRuntimes and RegisterRuntime, which "workshop" may call too).
+    """
     SCOPE_SERVICE: _Scope.ValueType  # 5
     """"service": internal key of the preview service for PublicationService."""
+    SCOPE_GATEWAY: _Scope.ValueType  # 6
+    """"gateway": the key the gateway process holds: IdentityService.Login (it passes the client's address), and
+    WorkshopService.GetRun and WatchRun of any run (one shared stream per run; the gateway authorizes each
+    of its clients with that client's own credential). Nothing else; it takes no device and no cameras.
+    """
 
 class Scope(_Scope, metaclass=_ScopeEnumTypeWrapper):
     """What an API key may do. A key holds one or more scopes."""
@@ -406,15 +416,25 @@ class Scope(_Scope, metaclass=_ScopeEnumTypeWrapper):
 SCOPE_UNSPECIFIED: Scope.ValueType  # 0
 """Never sent; a request that names it is INVALID_ARGUMENT."""
 SCOPE_WORKSHOP: Scope.ValueType  # 1
-""""workshop": an Agent key: workflows, runs, photos, review and summary (WorkshopService), and images of its cameras."""
+""""workshop": an Agent key: workflows, runs, photos, review and summary (WorkshopService), images of its
+cameras, and listing devices and runtimes and registering runtimes (OperatorService.ListDevices,
+ListRuntimes, RegisterRuntime). Every website session holds it.
+"""
 SCOPE_FOOTAGE_READ: Scope.ValueType  # 2
 """"footage:read": read preview and item images of the cameras it names (PreviewService.ReadImage)."""
 SCOPE_WORKSHOP_RUN: Scope.ValueType  # 3
 """"workshop:run": a processor key bound to one device: JobService and the fenced PreviewService writes."""
 SCOPE_ADMIN: Scope.ValueType  # 4
-""""admin": operator key; may call every RPC of every service (OperatorService only with this scope)."""
+""""admin": operator key; may call every RPC of every service (OperatorService only with this scope, but for
+ListDevices, ListRuntimes and RegisterRuntime, which "workshop" may call too).
+"""
 SCOPE_SERVICE: Scope.ValueType  # 5
 """"service": internal key of the preview service for PublicationService."""
+SCOPE_GATEWAY: Scope.ValueType  # 6
+""""gateway": the key the gateway process holds: IdentityService.Login (it passes the client's address), and
+WorkshopService.GetRun and WatchRun of any run (one shared stream per run; the gateway authorizes each
+of its clients with that client's own credential). Nothing else; it takes no device and no cameras.
+"""
 Global___Scope: _TypeAlias = Scope  # noqa: Y015
 
 class _ErrorReason:
@@ -506,6 +526,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_TEST_RUN: _ErrorReason.ValueType  # 30
     """FAILED_PRECONDITION (409): DecideSighting on a test run, which saves nothing to decide."""
+    ERROR_REASON_LOGIN_FAILED: _ErrorReason.ValueType  # 31
+    """UNAUTHENTICATED (401): IdentityService.Login with a wrong password, an unknown user or a user without a
+    password, all with the one message "Wrong user id or password."; the failure counts against the user
+    and the client address.
+    """
+    ERROR_REASON_LOGIN_THROTTLED: _ErrorReason.ValueType  # 32
+    """RESOURCE_EXHAUSTED (429): IdentityService.Login while the user or the client address is at its limit of
+    failed logins in the window (the password is not checked); metadata "retry_after_seconds" (whole seconds
+    until the oldest counted failure leaves the window).
+    """
+    ERROR_REASON_NOT_A_SESSION: _ErrorReason.ValueType  # 33
+    """FAILED_PRECONDITION (409): IdentityService.Logout with a key; only a website session signs out (revoke
+    a key with IdentityService.RevokeOwnKey or OperatorService.RevokeKey).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Stable reasons carried in google.rpc.ErrorInfo.reason (without the
@@ -596,6 +630,20 @@ not protobuf, or a string field that is not UTF-8).
 """
 ERROR_REASON_TEST_RUN: ErrorReason.ValueType  # 30
 """FAILED_PRECONDITION (409): DecideSighting on a test run, which saves nothing to decide."""
+ERROR_REASON_LOGIN_FAILED: ErrorReason.ValueType  # 31
+"""UNAUTHENTICATED (401): IdentityService.Login with a wrong password, an unknown user or a user without a
+password, all with the one message "Wrong user id or password."; the failure counts against the user
+and the client address.
+"""
+ERROR_REASON_LOGIN_THROTTLED: ErrorReason.ValueType  # 32
+"""RESOURCE_EXHAUSTED (429): IdentityService.Login while the user or the client address is at its limit of
+failed logins in the window (the password is not checked); metadata "retry_after_seconds" (whole seconds
+until the oldest counted failure leaves the window).
+"""
+ERROR_REASON_NOT_A_SESSION: ErrorReason.ValueType  # 33
+"""FAILED_PRECONDITION (409): IdentityService.Logout with a key; only a website session signs out (revoke
+a key with IdentityService.RevokeOwnKey or OperatorService.RevokeKey).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

@@ -22,21 +22,43 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from workshop.v1 import common_pb2 as workshop_dot_v1_dot_common__pb2
+from workshop.v1 import operator_pb2 as workshop_dot_v1_dot_operator__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aworkshop/v1/identity.proto\x12\x0bworkshop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\"\x0f\n\rWhoAmIRequest\"\xdc\x01\n\x0eWhoAmIResponse\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.workshop.v1.PrincipalKind\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x05 \x01(\t\x12%\n\x06scopes\x18\x06 \x03(\x0b\x32\x15.workshop.v1.KeyScope\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2T\n\x0fIdentityService\x12\x41\n\x06WhoAmI\x12\x1a.workshop.v1.WhoAmIRequest\x1a\x1b.workshop.v1.WhoAmIResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aworkshop/v1/identity.proto\x12\x0bworkshop.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\x1a\x1aworkshop/v1/operator.proto\"\x0f\n\rWhoAmIRequest\"\xdc\x01\n\x0eWhoAmIResponse\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.workshop.v1.PrincipalKind\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x05 \x01(\t\x12%\n\x06scopes\x18\x06 \x03(\x0b\x32\x15.workshop.v1.KeyScope\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\x0cLoginRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x03 \x01(\t\"v\n\rLoginResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.workshop.v1.Session\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x0f\n\rLogoutRequest\"7\n\x0eLogoutResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.workshop.v1.Session\"r\n\x13\x43reateOwnKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x06scopes\x18\x02 \x03(\x0b\x32\x15.workshop.v1.KeyScope\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"E\n\x14\x43reateOwnKeyResponse\x12\x1d\n\x03key\x18\x01 \x01(\x0b\x32\x10.workshop.v1.Key\x12\x0e\n\x06secret\x18\x02 \x01(\t\"T\n\x12ListOwnKeysRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x17\n\x0finclude_revoked\x18\x03 \x01(\x08\"N\n\x13ListOwnKeysResponse\x12\x1e\n\x04keys\x18\x01 \x03(\x0b\x32\x10.workshop.v1.Key\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x13RevokeOwnKeyRequest\x12\x0e\n\x06key_id\x18\x01 \x01(\t\"5\n\x14RevokeOwnKeyResponse\x12\x1d\n\x03key\x18\x01 \x01(\x0b\x32\x10.workshop.v1.Key2\xd3\x03\n\x0fIdentityService\x12\x41\n\x06WhoAmI\x12\x1a.workshop.v1.WhoAmIRequest\x1a\x1b.workshop.v1.WhoAmIResponse\x12>\n\x05Login\x12\x19.workshop.v1.LoginRequest\x1a\x1a.workshop.v1.LoginResponse\x12\x41\n\x06Logout\x12\x1a.workshop.v1.LogoutRequest\x1a\x1b.workshop.v1.LogoutResponse\x12S\n\x0c\x43reateOwnKey\x12 .workshop.v1.CreateOwnKeyRequest\x1a!.workshop.v1.CreateOwnKeyResponse\x12P\n\x0bListOwnKeys\x12\x1f.workshop.v1.ListOwnKeysRequest\x1a .workshop.v1.ListOwnKeysResponse\x12S\n\x0cRevokeOwnKey\x12 .workshop.v1.RevokeOwnKeyRequest\x1a!.workshop.v1.RevokeOwnKeyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workshop.v1.identity_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WHOAMIREQUEST']._serialized_start=102
-  _globals['_WHOAMIREQUEST']._serialized_end=117
-  _globals['_WHOAMIRESPONSE']._serialized_start=120
-  _globals['_WHOAMIRESPONSE']._serialized_end=340
-  _globals['_IDENTITYSERVICE']._serialized_start=342
-  _globals['_IDENTITYSERVICE']._serialized_end=426
+  _globals['_WHOAMIREQUEST']._serialized_start=162
+  _globals['_WHOAMIREQUEST']._serialized_end=177
+  _globals['_WHOAMIRESPONSE']._serialized_start=180
+  _globals['_WHOAMIRESPONSE']._serialized_end=400
+  _globals['_LOGINREQUEST']._serialized_start=402
+  _globals['_LOGINREQUEST']._serialized_end=475
+  _globals['_LOGINRESPONSE']._serialized_start=477
+  _globals['_LOGINRESPONSE']._serialized_end=595
+  _globals['_LOGOUTREQUEST']._serialized_start=597
+  _globals['_LOGOUTREQUEST']._serialized_end=612
+  _globals['_LOGOUTRESPONSE']._serialized_start=614
+  _globals['_LOGOUTRESPONSE']._serialized_end=669
+  _globals['_CREATEOWNKEYREQUEST']._serialized_start=671
+  _globals['_CREATEOWNKEYREQUEST']._serialized_end=785
+  _globals['_CREATEOWNKEYRESPONSE']._serialized_start=787
+  _globals['_CREATEOWNKEYRESPONSE']._serialized_end=856
+  _globals['_LISTOWNKEYSREQUEST']._serialized_start=858
+  _globals['_LISTOWNKEYSREQUEST']._serialized_end=942
+  _globals['_LISTOWNKEYSRESPONSE']._serialized_start=944
+  _globals['_LISTOWNKEYSRESPONSE']._serialized_end=1022
+  _globals['_REVOKEOWNKEYREQUEST']._serialized_start=1024
+  _globals['_REVOKEOWNKEYREQUEST']._serialized_end=1061
+  _globals['_REVOKEOWNKEYRESPONSE']._serialized_start=1063
+  _globals['_REVOKEOWNKEYRESPONSE']._serialized_end=1116
+  _globals['_IDENTITYSERVICE']._serialized_start=1119
+  _globals['_IDENTITYSERVICE']._serialized_end=1586
 # @@protoc_insertion_point(module_scope)

@@ -5,10 +5,12 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from workshop.v1 import common_pb2 as _common_pb2
+from workshop.v1 import operator_pb2 as _operator_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -90,3 +92,278 @@ class WhoAmIResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WhoAmIResponse: _TypeAlias = WhoAmIResponse  # noqa: Y015
+
+@_typing.final
+class LoginRequest(_message.Message):
+    """Sign a user in. Sent by the gateway with its own key in `authorization`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    CLIENT_ADDRESS_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user's id, as the operator created it (1 to 128 characters of [A-Za-z0-9._-])."""
+    password: _builtins.str
+    """The password as typed: 1 to 1024 bytes of UTF-8 (SetUserPassword sets 12 or more). Never logged."""
+    client_address: _builtins.str
+    """The address of the website client the gateway serves (IPv4 or IPv6 text): 1 to 64 visible ASCII
+    characters, no whitespace. Failed logins are counted against it.
+    """
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        password: _builtins.str = ...,
+        client_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_address", b"client_address", "password", b"password", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoginRequest: _TypeAlias = LoginRequest  # noqa: Y015
+
+@_typing.final
+class LoginResponse(_message.Message):
+    """The new session and its secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """Bearer secret of the session (`ws_...`), returned only here: the gateway's cookie."""
+    @_builtins.property
+    def session(self) -> _operator_pb2.Session:
+        """The session, of the signed-in user."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the session stops authenticating (UTC); the same as session.expires_at."""
+
+    def __init__(
+        self,
+        *,
+        session: _operator_pb2.Session | None = ...,
+        secret: _builtins.str = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "secret", b"secret", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoginResponse: _TypeAlias = LoginResponse  # noqa: Y015
+
+@_typing.final
+class LogoutRequest(_message.Message):
+    """Sign out. Takes nothing: the session's secret travels as `authorization: Bearer <secret>`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogoutRequest: _TypeAlias = LogoutRequest  # noqa: Y015
+
+@_typing.final
+class LogoutResponse(_message.Message):
+    """The session, revoked."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> _operator_pb2.Session:
+        """The calling session, with revoked_at set (the first revocation's time when it was already revoked)."""
+
+    def __init__(
+        self,
+        *,
+        session: _operator_pb2.Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogoutResponse: _TypeAlias = LogoutResponse  # noqa: Y015
+
+@_typing.final
+class CreateOwnKeyRequest(_message.Message):
+    """Create a key of the calling user."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SCOPES_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Display name, 1 to 100 characters, e.g. "my laptop agent"."""
+    @_builtins.property
+    def scopes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.KeyScope]:
+        """Scopes to grant, at least one: SCOPE_WORKSHOP (camera_ids optional) or SCOPE_FOOTAGE_READ (camera_ids
+        required); no device_id.
+        """
+
+    @_builtins.property
+    def ttl(self) -> _duration_pb2.Duration:
+        """Lifetime; unset means 90 days, at most 365 days."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        scopes: _abc.Iterable[_common_pb2.KeyScope] | None = ...,
+        ttl: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ttl", b"ttl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "scopes", b"scopes", "ttl", b"ttl"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateOwnKeyRequest: _TypeAlias = CreateOwnKeyRequest  # noqa: Y015
+
+@_typing.final
+class CreateOwnKeyResponse(_message.Message):
+    """The key and its secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """Bearer secret (`wk_...`), returned only here."""
+    @_builtins.property
+    def key(self) -> _operator_pb2.Key:
+        """The key, with user_id the caller's user and expires_at set."""
+
+    def __init__(
+        self,
+        *,
+        key: _operator_pb2.Key | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateOwnKeyResponse: _TypeAlias = CreateOwnKeyResponse  # noqa: Y015
+
+@_typing.final
+class ListOwnKeysRequest(_message.Message):
+    """List the calling user's keys."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    INCLUDE_REVOKED_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Page size; 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """Token from a previous response; empty for the first page."""
+    include_revoked: _builtins.bool
+    """Include revoked and expired keys."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        include_revoked: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_revoked", b"include_revoked", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOwnKeysRequest: _TypeAlias = ListOwnKeysRequest  # noqa: Y015
+
+@_typing.final
+class ListOwnKeysResponse(_message.Message):
+    """A page of the calling user's keys."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[_operator_pb2.Key]:
+        """Keys, newest first."""
+
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[_operator_pb2.Key] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOwnKeysResponse: _TypeAlias = ListOwnKeysResponse  # noqa: Y015
+
+@_typing.final
+class RevokeOwnKeyRequest(_message.Message):
+    """Revoke one of the calling user's keys."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """Key id (`wk_...`, the part of its secret before the dot)."""
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeOwnKeyRequest: _TypeAlias = RevokeOwnKeyRequest  # noqa: Y015
+
+@_typing.final
+class RevokeOwnKeyResponse(_message.Message):
+    """The revoked key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key(self) -> _operator_pb2.Key:
+        """The key, revoked (the first revocation's time when it was already revoked)."""
+
+    def __init__(
+        self,
+        *,
+        key: _operator_pb2.Key | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeOwnKeyResponse: _TypeAlias = RevokeOwnKeyResponse  # noqa: Y015

@@ -26,11 +26,23 @@ if _version_not_supported:
 
 
 class IdentityServiceStub:
-    """Who a credential belongs to and what it may do. Any valid credential (a website
-    session, an Agent, processor, service or admin key) may ask about itself, so a
-    service can check its own key when it starts, and an operator can check a key
-    before handing it out: grpcurl -H "authorization: Bearer $KEY" HOST:PORT
-    workshop.v1.IdentityService/WhoAmI.
+    """Who a credential belongs to and what it may do; website sign-in and sign-out; a
+    user's own Agent keys (docs/concepts.md#principals-and-credentials).
+
+    WhoAmI: any valid credential (a website session, an Agent, processor, service,
+    gateway or admin key) may ask about itself, so a service can check its own key when
+    it starts, and an operator can check a key before handing it out: grpcurl -H
+    "authorization: Bearer $KEY" HOST:PORT workshop.v1.IdentityService/WhoAmI.
+
+    Login: only the gateway's key (scope "gateway") or an admin key. Logout: a website
+    session, about itself. CreateOwnKey, ListOwnKeys and RevokeOwnKey: a website
+    session only (a key cannot mint, list or revoke keys: PERMISSION_DENIED reason
+    SCOPE_MISSING).
+
+    Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown, revoked
+    or expired credential, or disabled user), PERMISSION_DENIED reason SCOPE_MISSING
+    (the credential may not make this call), INVALID_ARGUMENT reason INVALID_FIELD
+    (malformed fields).
     """
 
     def __init__(self, channel):
@@ -44,19 +56,108 @@ class IdentityServiceStub:
                 request_serializer=workshop_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
                 _registered_method=True)
+        self.Login = channel.unary_unary(
+                '/workshop.v1.IdentityService/Login',
+                request_serializer=workshop_dot_v1_dot_identity__pb2.LoginRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_identity__pb2.LoginResponse.FromString,
+                _registered_method=True)
+        self.Logout = channel.unary_unary(
+                '/workshop.v1.IdentityService/Logout',
+                request_serializer=workshop_dot_v1_dot_identity__pb2.LogoutRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_identity__pb2.LogoutResponse.FromString,
+                _registered_method=True)
+        self.CreateOwnKey = channel.unary_unary(
+                '/workshop.v1.IdentityService/CreateOwnKey',
+                request_serializer=workshop_dot_v1_dot_identity__pb2.CreateOwnKeyRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_identity__pb2.CreateOwnKeyResponse.FromString,
+                _registered_method=True)
+        self.ListOwnKeys = channel.unary_unary(
+                '/workshop.v1.IdentityService/ListOwnKeys',
+                request_serializer=workshop_dot_v1_dot_identity__pb2.ListOwnKeysRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_identity__pb2.ListOwnKeysResponse.FromString,
+                _registered_method=True)
+        self.RevokeOwnKey = channel.unary_unary(
+                '/workshop.v1.IdentityService/RevokeOwnKey',
+                request_serializer=workshop_dot_v1_dot_identity__pb2.RevokeOwnKeyRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_identity__pb2.RevokeOwnKeyResponse.FromString,
+                _registered_method=True)
 
 
 class IdentityServiceServicer:
-    """Who a credential belongs to and what it may do. Any valid credential (a website
-    session, an Agent, processor, service or admin key) may ask about itself, so a
-    service can check its own key when it starts, and an operator can check a key
-    before handing it out: grpcurl -H "authorization: Bearer $KEY" HOST:PORT
-    workshop.v1.IdentityService/WhoAmI.
+    """Who a credential belongs to and what it may do; website sign-in and sign-out; a
+    user's own Agent keys (docs/concepts.md#principals-and-credentials).
+
+    WhoAmI: any valid credential (a website session, an Agent, processor, service,
+    gateway or admin key) may ask about itself, so a service can check its own key when
+    it starts, and an operator can check a key before handing it out: grpcurl -H
+    "authorization: Bearer $KEY" HOST:PORT workshop.v1.IdentityService/WhoAmI.
+
+    Login: only the gateway's key (scope "gateway") or an admin key. Logout: a website
+    session, about itself. CreateOwnKey, ListOwnKeys and RevokeOwnKey: a website
+    session only (a key cannot mint, list or revoke keys: PERMISSION_DENIED reason
+    SCOPE_MISSING).
+
+    Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown, revoked
+    or expired credential, or disabled user), PERMISSION_DENIED reason SCOPE_MISSING
+    (the credential may not make this call), INVALID_ARGUMENT reason INVALID_FIELD
+    (malformed fields).
     """
 
     def WhoAmI(self, request, context):
         """The principal behind the call's bearer credential. UNAUTHENTICATED when the
         credential is missing, unknown, revoked or expired, or its user is disabled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Login(self, request, context):
+        """Signs a website user in with their password and creates a session (12 hours), whose secret the
+        gateway sets as the cookie. Failed logins count per user and per client address over a sliding window
+        (COORDINATOR_LOGIN_*: 5 per user and 20 per address in 15 minutes by default); a success clears the
+        user's count. Errors: UNAUTHENTICATED reason LOGIN_FAILED ("Wrong user id or password.": a wrong
+        password, an unknown user or a user without a password alike), UNAUTHENTICATED reason
+        CREDENTIAL_REJECTED (the right password of a disabled user), RESOURCE_EXHAUSTED reason LOGIN_THROTTLED
+        with metadata "retry_after_seconds" (the user or the address is at its limit; the password is not
+        checked), INVALID_ARGUMENT reason INVALID_FIELD (a field missing or malformed; not counted as a failure).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Logout(self, request, context):
+        """Signs out: revokes the calling session (the bearer secret is the session's), so it stops
+        authenticating at once and runs it created lose authority (fence 3). Idempotent: a session already
+        revoked or expired answers OK. Errors: UNAUTHENTICATED (an unknown session secret; an invalid key),
+        FAILED_PRECONDITION reason NOT_A_SESSION (a valid key: keys are revoked, not signed out).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateOwnKey(self, request, context):
+        """Creates an Agent key of the calling session's user and returns its secret once. A user may grant
+        "workshop" (optionally limited to camera_ids) and "footage:read" (camera_ids required), nothing else.
+        Errors: PERMISSION_DENIED reason SCOPE_MISSING (another scope; or the caller is a key, not a session),
+        NOT_FOUND (a camera named by a scope), INVALID_ARGUMENT reason INVALID_FIELD (no scope, name not 1 to 100
+        characters, ttl not positive or over 365 days, a footage:read scope without cameras, a device named).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListOwnKeys(self, request, context):
+        """Lists the calling session's user's keys (never their secrets), newest first; pages like
+        OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeOwnKey(self, request, context):
+        """Revokes one of the calling session's user's keys: it stops authenticating at once, and runs it created
+        lose authority (fence 3). Idempotent. Errors: NOT_FOUND (no such key of this user: another user's key
+        answers the same).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,6 +171,31 @@ def add_IdentityServiceServicer_to_server(servicer, server):
                     request_deserializer=workshop_dot_v1_dot_identity__pb2.WhoAmIRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_identity__pb2.WhoAmIResponse.SerializeToString,
             ),
+            'Login': grpc.unary_unary_rpc_method_handler(
+                    servicer.Login,
+                    request_deserializer=workshop_dot_v1_dot_identity__pb2.LoginRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_identity__pb2.LoginResponse.SerializeToString,
+            ),
+            'Logout': grpc.unary_unary_rpc_method_handler(
+                    servicer.Logout,
+                    request_deserializer=workshop_dot_v1_dot_identity__pb2.LogoutRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_identity__pb2.LogoutResponse.SerializeToString,
+            ),
+            'CreateOwnKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateOwnKey,
+                    request_deserializer=workshop_dot_v1_dot_identity__pb2.CreateOwnKeyRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_identity__pb2.CreateOwnKeyResponse.SerializeToString,
+            ),
+            'ListOwnKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOwnKeys,
+                    request_deserializer=workshop_dot_v1_dot_identity__pb2.ListOwnKeysRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_identity__pb2.ListOwnKeysResponse.SerializeToString,
+            ),
+            'RevokeOwnKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeOwnKey,
+                    request_deserializer=workshop_dot_v1_dot_identity__pb2.RevokeOwnKeyRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_identity__pb2.RevokeOwnKeyResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'workshop.v1.IdentityService', rpc_method_handlers)
@@ -79,11 +205,23 @@ def add_IdentityServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class IdentityService:
-    """Who a credential belongs to and what it may do. Any valid credential (a website
-    session, an Agent, processor, service or admin key) may ask about itself, so a
-    service can check its own key when it starts, and an operator can check a key
-    before handing it out: grpcurl -H "authorization: Bearer $KEY" HOST:PORT
-    workshop.v1.IdentityService/WhoAmI.
+    """Who a credential belongs to and what it may do; website sign-in and sign-out; a
+    user's own Agent keys (docs/concepts.md#principals-and-credentials).
+
+    WhoAmI: any valid credential (a website session, an Agent, processor, service,
+    gateway or admin key) may ask about itself, so a service can check its own key when
+    it starts, and an operator can check a key before handing it out: grpcurl -H
+    "authorization: Bearer $KEY" HOST:PORT workshop.v1.IdentityService/WhoAmI.
+
+    Login: only the gateway's key (scope "gateway") or an admin key. Logout: a website
+    session, about itself. CreateOwnKey, ListOwnKeys and RevokeOwnKey: a website
+    session only (a key cannot mint, list or revoke keys: PERMISSION_DENIED reason
+    SCOPE_MISSING).
+
+    Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown, revoked
+    or expired credential, or disabled user), PERMISSION_DENIED reason SCOPE_MISSING
+    (the credential may not make this call), INVALID_ARGUMENT reason INVALID_FIELD
+    (malformed fields).
     """
 
     @staticmethod
@@ -103,6 +241,141 @@ class IdentityService:
             '/workshop.v1.IdentityService/WhoAmI',
             workshop_dot_v1_dot_identity__pb2.WhoAmIRequest.SerializeToString,
             workshop_dot_v1_dot_identity__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Login(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.IdentityService/Login',
+            workshop_dot_v1_dot_identity__pb2.LoginRequest.SerializeToString,
+            workshop_dot_v1_dot_identity__pb2.LoginResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Logout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.IdentityService/Logout',
+            workshop_dot_v1_dot_identity__pb2.LogoutRequest.SerializeToString,
+            workshop_dot_v1_dot_identity__pb2.LogoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateOwnKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.IdentityService/CreateOwnKey',
+            workshop_dot_v1_dot_identity__pb2.CreateOwnKeyRequest.SerializeToString,
+            workshop_dot_v1_dot_identity__pb2.CreateOwnKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOwnKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.IdentityService/ListOwnKeys',
+            workshop_dot_v1_dot_identity__pb2.ListOwnKeysRequest.SerializeToString,
+            workshop_dot_v1_dot_identity__pb2.ListOwnKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeOwnKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.IdentityService/RevokeOwnKey',
+            workshop_dot_v1_dot_identity__pb2.RevokeOwnKeyRequest.SerializeToString,
+            workshop_dot_v1_dot_identity__pb2.RevokeOwnKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,11 +27,23 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class IdentityServiceStub:
-    """Who a credential belongs to and what it may do. Any valid credential (a website
-    session, an Agent, processor, service or admin key) may ask about itself, so a
-    service can check its own key when it starts, and an operator can check a key
-    before handing it out: grpcurl -H "authorization: Bearer $KEY" HOST:PORT
-    workshop.v1.IdentityService/WhoAmI.
+    """Who a credential belongs to and what it may do; website sign-in and sign-out; a
+    user's own Agent keys (docs/concepts.md#principals-and-credentials).
+
+    WhoAmI: any valid credential (a website session, an Agent, processor, service,
+    gateway or admin key) may ask about itself, so a service can check its own key when
+    it starts, and an operator can check a key before handing it out: grpcurl -H
+    "authorization: Bearer $KEY" HOST:PORT workshop.v1.IdentityService/WhoAmI.
+
+    Login: only the gateway's key (scope "gateway") or an admin key. Logout: a website
+    session, about itself. CreateOwnKey, ListOwnKeys and RevokeOwnKey: a website
+    session only (a key cannot mint, list or revoke keys: PERMISSION_DENIED reason
+    SCOPE_MISSING).
+
+    Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown, revoked
+    or expired credential, or disabled user), PERMISSION_DENIED reason SCOPE_MISSING
+    (the credential may not make this call), INVALID_ARGUMENT reason INVALID_FIELD
+    (malformed fields).
     """
 
     @_typing.overload
@@ -42,14 +54,58 @@ class IdentityServiceStub:
     """The principal behind the call's bearer credential. UNAUTHENTICATED when the
     credential is missing, unknown, revoked or expired, or its user is disabled.
     """
+    Login: _grpc.UnaryUnaryMultiCallable[_identity_pb2.LoginRequest, _identity_pb2.LoginResponse]
+    """Signs a website user in with their password and creates a session (12 hours), whose secret the
+    gateway sets as the cookie. Failed logins count per user and per client address over a sliding window
+    (COORDINATOR_LOGIN_*: 5 per user and 20 per address in 15 minutes by default); a success clears the
+    user's count. Errors: UNAUTHENTICATED reason LOGIN_FAILED ("Wrong user id or password.": a wrong
+    password, an unknown user or a user without a password alike), UNAUTHENTICATED reason
+    CREDENTIAL_REJECTED (the right password of a disabled user), RESOURCE_EXHAUSTED reason LOGIN_THROTTLED
+    with metadata "retry_after_seconds" (the user or the address is at its limit; the password is not
+    checked), INVALID_ARGUMENT reason INVALID_FIELD (a field missing or malformed; not counted as a failure).
+    """
+    Logout: _grpc.UnaryUnaryMultiCallable[_identity_pb2.LogoutRequest, _identity_pb2.LogoutResponse]
+    """Signs out: revokes the calling session (the bearer secret is the session's), so it stops
+    authenticating at once and runs it created lose authority (fence 3). Idempotent: a session already
+    revoked or expired answers OK. Errors: UNAUTHENTICATED (an unknown session secret; an invalid key),
+    FAILED_PRECONDITION reason NOT_A_SESSION (a valid key: keys are revoked, not signed out).
+    """
+    CreateOwnKey: _grpc.UnaryUnaryMultiCallable[_identity_pb2.CreateOwnKeyRequest, _identity_pb2.CreateOwnKeyResponse]
+    """Creates an Agent key of the calling session's user and returns its secret once. A user may grant
+    "workshop" (optionally limited to camera_ids) and "footage:read" (camera_ids required), nothing else.
+    Errors: PERMISSION_DENIED reason SCOPE_MISSING (another scope; or the caller is a key, not a session),
+    NOT_FOUND (a camera named by a scope), INVALID_ARGUMENT reason INVALID_FIELD (no scope, name not 1 to 100
+    characters, ttl not positive or over 365 days, a footage:read scope without cameras, a device named).
+    """
+    ListOwnKeys: _grpc.UnaryUnaryMultiCallable[_identity_pb2.ListOwnKeysRequest, _identity_pb2.ListOwnKeysResponse]
+    """Lists the calling session's user's keys (never their secrets), newest first; pages like
+    OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+    """
+    RevokeOwnKey: _grpc.UnaryUnaryMultiCallable[_identity_pb2.RevokeOwnKeyRequest, _identity_pb2.RevokeOwnKeyResponse]
+    """Revokes one of the calling session's user's keys: it stops authenticating at once, and runs it created
+    lose authority (fence 3). Idempotent. Errors: NOT_FOUND (no such key of this user: another user's key
+    answers the same).
+    """
 
 @_typing.type_check_only
 class IdentityServiceAsyncStub(IdentityServiceStub):
-    """Who a credential belongs to and what it may do. Any valid credential (a website
-    session, an Agent, processor, service or admin key) may ask about itself, so a
-    service can check its own key when it starts, and an operator can check a key
-    before handing it out: grpcurl -H "authorization: Bearer $KEY" HOST:PORT
-    workshop.v1.IdentityService/WhoAmI.
+    """Who a credential belongs to and what it may do; website sign-in and sign-out; a
+    user's own Agent keys (docs/concepts.md#principals-and-credentials).
+
+    WhoAmI: any valid credential (a website session, an Agent, processor, service,
+    gateway or admin key) may ask about itself, so a service can check its own key when
+    it starts, and an operator can check a key before handing it out: grpcurl -H
+    "authorization: Bearer $KEY" HOST:PORT workshop.v1.IdentityService/WhoAmI.
+
+    Login: only the gateway's key (scope "gateway") or an admin key. Logout: a website
+    session, about itself. CreateOwnKey, ListOwnKeys and RevokeOwnKey: a website
+    session only (a key cannot mint, list or revoke keys: PERMISSION_DENIED reason
+    SCOPE_MISSING).
+
+    Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown, revoked
+    or expired credential, or disabled user), PERMISSION_DENIED reason SCOPE_MISSING
+    (the credential may not make this call), INVALID_ARGUMENT reason INVALID_FIELD
+    (malformed fields).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -57,13 +113,57 @@ class IdentityServiceAsyncStub(IdentityServiceStub):
     """The principal behind the call's bearer credential. UNAUTHENTICATED when the
     credential is missing, unknown, revoked or expired, or its user is disabled.
     """
+    Login: _aio.UnaryUnaryMultiCallable[_identity_pb2.LoginRequest, _identity_pb2.LoginResponse]  # type: ignore[assignment]
+    """Signs a website user in with their password and creates a session (12 hours), whose secret the
+    gateway sets as the cookie. Failed logins count per user and per client address over a sliding window
+    (COORDINATOR_LOGIN_*: 5 per user and 20 per address in 15 minutes by default); a success clears the
+    user's count. Errors: UNAUTHENTICATED reason LOGIN_FAILED ("Wrong user id or password.": a wrong
+    password, an unknown user or a user without a password alike), UNAUTHENTICATED reason
+    CREDENTIAL_REJECTED (the right password of a disabled user), RESOURCE_EXHAUSTED reason LOGIN_THROTTLED
+    with metadata "retry_after_seconds" (the user or the address is at its limit; the password is not
+    checked), INVALID_ARGUMENT reason INVALID_FIELD (a field missing or malformed; not counted as a failure).
+    """
+    Logout: _aio.UnaryUnaryMultiCallable[_identity_pb2.LogoutRequest, _identity_pb2.LogoutResponse]  # type: ignore[assignment]
+    """Signs out: revokes the calling session (the bearer secret is the session's), so it stops
+    authenticating at once and runs it created lose authority (fence 3). Idempotent: a session already
+    revoked or expired answers OK. Errors: UNAUTHENTICATED (an unknown session secret; an invalid key),
+    FAILED_PRECONDITION reason NOT_A_SESSION (a valid key: keys are revoked, not signed out).
+    """
+    CreateOwnKey: _aio.UnaryUnaryMultiCallable[_identity_pb2.CreateOwnKeyRequest, _identity_pb2.CreateOwnKeyResponse]  # type: ignore[assignment]
+    """Creates an Agent key of the calling session's user and returns its secret once. A user may grant
+    "workshop" (optionally limited to camera_ids) and "footage:read" (camera_ids required), nothing else.
+    Errors: PERMISSION_DENIED reason SCOPE_MISSING (another scope; or the caller is a key, not a session),
+    NOT_FOUND (a camera named by a scope), INVALID_ARGUMENT reason INVALID_FIELD (no scope, name not 1 to 100
+    characters, ttl not positive or over 365 days, a footage:read scope without cameras, a device named).
+    """
+    ListOwnKeys: _aio.UnaryUnaryMultiCallable[_identity_pb2.ListOwnKeysRequest, _identity_pb2.ListOwnKeysResponse]  # type: ignore[assignment]
+    """Lists the calling session's user's keys (never their secrets), newest first; pages like
+    OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+    """
+    RevokeOwnKey: _aio.UnaryUnaryMultiCallable[_identity_pb2.RevokeOwnKeyRequest, _identity_pb2.RevokeOwnKeyResponse]  # type: ignore[assignment]
+    """Revokes one of the calling session's user's keys: it stops authenticating at once, and runs it created
+    lose authority (fence 3). Idempotent. Errors: NOT_FOUND (no such key of this user: another user's key
+    answers the same).
+    """
 
 class IdentityServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Who a credential belongs to and what it may do. Any valid credential (a website
-    session, an Agent, processor, service or admin key) may ask about itself, so a
-    service can check its own key when it starts, and an operator can check a key
-    before handing it out: grpcurl -H "authorization: Bearer $KEY" HOST:PORT
-    workshop.v1.IdentityService/WhoAmI.
+    """Who a credential belongs to and what it may do; website sign-in and sign-out; a
+    user's own Agent keys (docs/concepts.md#principals-and-credentials).
+
+    WhoAmI: any valid credential (a website session, an Agent, processor, service,
+    gateway or admin key) may ask about itself, so a service can check its own key when
+    it starts, and an operator can check a key before handing it out: grpcurl -H
+    "authorization: Bearer $KEY" HOST:PORT workshop.v1.IdentityService/WhoAmI.
+
+    Login: only the gateway's key (scope "gateway") or an admin key. Logout: a website
+    session, about itself. CreateOwnKey, ListOwnKeys and RevokeOwnKey: a website
+    session only (a key cannot mint, list or revoke keys: PERMISSION_DENIED reason
+    SCOPE_MISSING).
+
+    Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown, revoked
+    or expired credential, or disabled user), PERMISSION_DENIED reason SCOPE_MISSING
+    (the credential may not make this call), INVALID_ARGUMENT reason INVALID_FIELD
+    (malformed fields).
     """
 
     @_abc_1.abstractmethod
@@ -74,6 +174,68 @@ class IdentityServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_identity_pb2.WhoAmIResponse, _abc.Awaitable[_identity_pb2.WhoAmIResponse]]:
         """The principal behind the call's bearer credential. UNAUTHENTICATED when the
         credential is missing, unknown, revoked or expired, or its user is disabled.
+        """
+
+    @_abc_1.abstractmethod
+    def Login(
+        self,
+        request: _identity_pb2.LoginRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_identity_pb2.LoginResponse, _abc.Awaitable[_identity_pb2.LoginResponse]]:
+        """Signs a website user in with their password and creates a session (12 hours), whose secret the
+        gateway sets as the cookie. Failed logins count per user and per client address over a sliding window
+        (COORDINATOR_LOGIN_*: 5 per user and 20 per address in 15 minutes by default); a success clears the
+        user's count. Errors: UNAUTHENTICATED reason LOGIN_FAILED ("Wrong user id or password.": a wrong
+        password, an unknown user or a user without a password alike), UNAUTHENTICATED reason
+        CREDENTIAL_REJECTED (the right password of a disabled user), RESOURCE_EXHAUSTED reason LOGIN_THROTTLED
+        with metadata "retry_after_seconds" (the user or the address is at its limit; the password is not
+        checked), INVALID_ARGUMENT reason INVALID_FIELD (a field missing or malformed; not counted as a failure).
+        """
+
+    @_abc_1.abstractmethod
+    def Logout(
+        self,
+        request: _identity_pb2.LogoutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_identity_pb2.LogoutResponse, _abc.Awaitable[_identity_pb2.LogoutResponse]]:
+        """Signs out: revokes the calling session (the bearer secret is the session's), so it stops
+        authenticating at once and runs it created lose authority (fence 3). Idempotent: a session already
+        revoked or expired answers OK. Errors: UNAUTHENTICATED (an unknown session secret; an invalid key),
+        FAILED_PRECONDITION reason NOT_A_SESSION (a valid key: keys are revoked, not signed out).
+        """
+
+    @_abc_1.abstractmethod
+    def CreateOwnKey(
+        self,
+        request: _identity_pb2.CreateOwnKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_identity_pb2.CreateOwnKeyResponse, _abc.Awaitable[_identity_pb2.CreateOwnKeyResponse]]:
+        """Creates an Agent key of the calling session's user and returns its secret once. A user may grant
+        "workshop" (optionally limited to camera_ids) and "footage:read" (camera_ids required), nothing else.
+        Errors: PERMISSION_DENIED reason SCOPE_MISSING (another scope; or the caller is a key, not a session),
+        NOT_FOUND (a camera named by a scope), INVALID_ARGUMENT reason INVALID_FIELD (no scope, name not 1 to 100
+        characters, ttl not positive or over 365 days, a footage:read scope without cameras, a device named).
+        """
+
+    @_abc_1.abstractmethod
+    def ListOwnKeys(
+        self,
+        request: _identity_pb2.ListOwnKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_identity_pb2.ListOwnKeysResponse, _abc.Awaitable[_identity_pb2.ListOwnKeysResponse]]:
+        """Lists the calling session's user's keys (never their secrets), newest first; pages like
+        OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+        """
+
+    @_abc_1.abstractmethod
+    def RevokeOwnKey(
+        self,
+        request: _identity_pb2.RevokeOwnKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_identity_pb2.RevokeOwnKeyResponse, _abc.Awaitable[_identity_pb2.RevokeOwnKeyResponse]]:
+        """Revokes one of the calling session's user's keys: it stops authenticating at once, and runs it created
+        lose authority (fence 3). Idempotent. Errors: NOT_FOUND (no such key of this user: another user's key
+        answers the same).
         """
 
 def add_IdentityServiceServicer_to_server(servicer: IdentityServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

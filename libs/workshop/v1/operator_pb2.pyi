@@ -36,12 +36,15 @@ class User(_message.Message):
     DISABLED_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     DISABLED_AT_FIELD_NUMBER: _builtins.int
+    HAS_PASSWORD_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """Operator-chosen id, e.g. "ana"."""
     display_name: _builtins.str
     """Display name."""
     disabled: _builtins.bool
     """True once disabled; a disabled user cannot authenticate."""
+    has_password: _builtins.bool
+    """True once a password is set (SetUserPassword): the user can sign in with Login."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
         """When created (UTC)."""
@@ -58,10 +61,11 @@ class User(_message.Message):
         disabled: _builtins.bool = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         disabled_at: _timestamp_pb2.Timestamp | None = ...,
+        has_password: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_disabled_at", b"_disabled_at", "created_at", b"created_at", "disabled_at", b"disabled_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_disabled_at", b"_disabled_at", "created_at", b"created_at", "disabled", b"disabled", "disabled_at", b"disabled_at", "display_name", b"display_name", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_disabled_at", b"_disabled_at", "created_at", b"created_at", "disabled", b"disabled", "disabled_at", b"disabled_at", "display_name", b"display_name", "has_password", b"has_password", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__disabled_at: _TypeAlias = _typing.Literal["disabled_at"]  # noqa: Y015
     _WhichOneofArgType__disabled_at: _TypeAlias = _typing.Literal["_disabled_at", b"_disabled_at"]  # noqa: Y015
@@ -1098,6 +1102,56 @@ class DisableUserResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DisableUserResponse: _TypeAlias = DisableUserResponse  # noqa: Y015
+
+@_typing.final
+class SetUserPasswordRequest(_message.Message):
+    """Set a user's password."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """User id."""
+    password: _builtins.str
+    """The new password: 12 to 1024 bytes of UTF-8, no control characters."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        password: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["password", b"password", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetUserPasswordRequest: _TypeAlias = SetUserPasswordRequest  # noqa: Y015
+
+@_typing.final
+class SetUserPasswordResponse(_message.Message):
+    """The user."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def user(self) -> Global___User:
+        """The user, has_password true."""
+
+    def __init__(
+        self,
+        *,
+        user: Global___User | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetUserPasswordResponse: _TypeAlias = SetUserPasswordResponse  # noqa: Y015
 
 @_typing.final
 class CreateSessionRequest(_message.Message):

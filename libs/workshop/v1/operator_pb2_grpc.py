@@ -29,9 +29,13 @@ class OperatorServiceStub:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". Errors common to every RPC: UNAUTHENTICATED (missing,
-    malformed, unknown or revoked credential), PERMISSION_DENIED (not an admin
-    key), INVALID_ARGUMENT (malformed or out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
+    "workshop" (a website session or an Agent key), so the website can show
+    devices and runtimes and register a runtime on a registered device. Errors
+    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
+    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
+    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
+    out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -127,6 +131,11 @@ class OperatorServiceStub:
                 request_serializer=workshop_dot_v1_dot_operator__pb2.DisableUserRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_operator__pb2.DisableUserResponse.FromString,
                 _registered_method=True)
+        self.SetUserPassword = channel.unary_unary(
+                '/workshop.v1.OperatorService/SetUserPassword',
+                request_serializer=workshop_dot_v1_dot_operator__pb2.SetUserPasswordRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_operator__pb2.SetUserPasswordResponse.FromString,
+                _registered_method=True)
         self.CreateSession = channel.unary_unary(
                 '/workshop.v1.OperatorService/CreateSession',
                 request_serializer=workshop_dot_v1_dot_operator__pb2.CreateSessionRequest.SerializeToString,
@@ -178,9 +187,13 @@ class OperatorServiceServicer:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". Errors common to every RPC: UNAUTHENTICATED (missing,
-    malformed, unknown or revoked credential), PERMISSION_DENIED (not an admin
-    key), INVALID_ARGUMENT (malformed or out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
+    "workshop" (a website session or an Agent key), so the website can show
+    devices and runtimes and register a runtime on a registered device. Errors
+    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
+    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
+    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
+    out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -198,7 +211,7 @@ class OperatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListDevices(self, request, context):
-        """Lists devices, by id.
+        """Lists devices, by id. Scope "admin" or "workshop".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,14 +220,16 @@ class OperatorServiceServicer:
     def RegisterRuntime(self, request, context):
         """Registers a runtime; the coordinator computes runtime_id from the manifest. Registering the same manifest
         again returns the same runtime with the union of old and new capabilities.
-        Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not 64 hex characters).
+        Scope "admin" or "workshop". Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not
+        64 hex characters).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListRuntimes(self, request, context):
-        """Lists runtimes, newest registration first, with capabilities and last_seen_at.
+        """Lists runtimes, newest registration first, with capabilities and last_seen_at. Scope "admin" or
+        "workshop".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -306,6 +321,16 @@ class OperatorServiceServicer:
     def DisableUser(self, request, context):
         """Disables a user: their sessions stop working and runs they created lose authority (fence 3).
         Idempotent. Errors: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetUserPassword(self, request, context):
+        """Sets (or replaces) the password a user signs in with (IdentityService.Login); only its argon2id hash is
+        stored, and the user's counted login failures are cleared. Existing sessions stay valid. The password is
+        never logged or echoed. Errors: NOT_FOUND (user), INVALID_ARGUMENT reason INVALID_FIELD (password not 12
+        to 1024 bytes of UTF-8, or holding a control character).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -464,6 +489,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     request_deserializer=workshop_dot_v1_dot_operator__pb2.DisableUserRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_operator__pb2.DisableUserResponse.SerializeToString,
             ),
+            'SetUserPassword': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetUserPassword,
+                    request_deserializer=workshop_dot_v1_dot_operator__pb2.SetUserPasswordRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_operator__pb2.SetUserPasswordResponse.SerializeToString,
+            ),
             'CreateSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSession,
                     request_deserializer=workshop_dot_v1_dot_operator__pb2.CreateSessionRequest.FromString,
@@ -521,9 +551,13 @@ class OperatorService:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". Errors common to every RPC: UNAUTHENTICATED (missing,
-    malformed, unknown or revoked credential), PERMISSION_DENIED (not an admin
-    key), INVALID_ARGUMENT (malformed or out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
+    "workshop" (a website session or an Agent key), so the website can show
+    devices and runtimes and register a runtime on a registered device. Errors
+    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
+    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
+    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
+    out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -955,6 +989,33 @@ class OperatorService:
             '/workshop.v1.OperatorService/DisableUser',
             workshop_dot_v1_dot_operator__pb2.DisableUserRequest.SerializeToString,
             workshop_dot_v1_dot_operator__pb2.DisableUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetUserPassword(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.OperatorService/SetUserPassword',
+            workshop_dot_v1_dot_operator__pb2.SetUserPasswordRequest.SerializeToString,
+            workshop_dot_v1_dot_operator__pb2.SetUserPasswordResponse.FromString,
             options,
             channel_credentials,
             insecure,

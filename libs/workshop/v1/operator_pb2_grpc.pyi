@@ -33,9 +33,13 @@ class OperatorServiceStub:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". Errors common to every RPC: UNAUTHENTICATED (missing,
-    malformed, unknown or revoked credential), PERMISSION_DENIED (not an admin
-    key), INVALID_ARGUMENT (malformed or out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
+    "workshop" (a website session or an Agent key), so the website can show
+    devices and runtimes and register a runtime on a registered device. Errors
+    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
+    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
+    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
+    out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -52,14 +56,17 @@ class OperatorServiceStub:
     RegisterDevice: _grpc.UnaryUnaryMultiCallable[_operator_pb2.RegisterDeviceRequest, _operator_pb2.RegisterDeviceResponse]
     """Registers a processing host. Errors: ABORTED (same id, other description)."""
     ListDevices: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListDevicesRequest, _operator_pb2.ListDevicesResponse]
-    """Lists devices, by id."""
+    """Lists devices, by id. Scope "admin" or "workshop"."""
     RegisterRuntime: _grpc.UnaryUnaryMultiCallable[_operator_pb2.RegisterRuntimeRequest, _operator_pb2.RegisterRuntimeResponse]
     """Registers a runtime; the coordinator computes runtime_id from the manifest. Registering the same manifest
     again returns the same runtime with the union of old and new capabilities.
-    Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not 64 hex characters).
+    Scope "admin" or "workshop". Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not
+    64 hex characters).
     """
     ListRuntimes: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListRuntimesRequest, _operator_pb2.ListRuntimesResponse]
-    """Lists runtimes, newest registration first, with capabilities and last_seen_at."""
+    """Lists runtimes, newest registration first, with capabilities and last_seen_at. Scope "admin" or
+    "workshop".
+    """
     PutCamera: _grpc.UnaryUnaryMultiCallable[_operator_pb2.PutCameraRequest, _operator_pb2.PutCameraResponse]
     """Creates or replaces a camera."""
     ListCameras: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListCamerasRequest, _operator_pb2.ListCamerasResponse]
@@ -95,6 +102,12 @@ class OperatorServiceStub:
     DisableUser: _grpc.UnaryUnaryMultiCallable[_operator_pb2.DisableUserRequest, _operator_pb2.DisableUserResponse]
     """Disables a user: their sessions stop working and runs they created lose authority (fence 3).
     Idempotent. Errors: NOT_FOUND.
+    """
+    SetUserPassword: _grpc.UnaryUnaryMultiCallable[_operator_pb2.SetUserPasswordRequest, _operator_pb2.SetUserPasswordResponse]
+    """Sets (or replaces) the password a user signs in with (IdentityService.Login); only its argon2id hash is
+    stored, and the user's counted login failures are cleared. Existing sessions stay valid. The password is
+    never logged or echoed. Errors: NOT_FOUND (user), INVALID_ARGUMENT reason INVALID_FIELD (password not 12
+    to 1024 bytes of UTF-8, or holding a control character).
     """
     CreateSession: _grpc.UnaryUnaryMultiCallable[_operator_pb2.CreateSessionRequest, _operator_pb2.CreateSessionResponse]
     """Creates a session for an enabled user and returns its secret once (the gateway sets it as the cookie).
@@ -132,9 +145,13 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". Errors common to every RPC: UNAUTHENTICATED (missing,
-    malformed, unknown or revoked credential), PERMISSION_DENIED (not an admin
-    key), INVALID_ARGUMENT (malformed or out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
+    "workshop" (a website session or an Agent key), so the website can show
+    devices and runtimes and register a runtime on a registered device. Errors
+    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
+    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
+    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
+    out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -148,14 +165,17 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     RegisterDevice: _aio.UnaryUnaryMultiCallable[_operator_pb2.RegisterDeviceRequest, _operator_pb2.RegisterDeviceResponse]  # type: ignore[assignment]
     """Registers a processing host. Errors: ABORTED (same id, other description)."""
     ListDevices: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListDevicesRequest, _operator_pb2.ListDevicesResponse]  # type: ignore[assignment]
-    """Lists devices, by id."""
+    """Lists devices, by id. Scope "admin" or "workshop"."""
     RegisterRuntime: _aio.UnaryUnaryMultiCallable[_operator_pb2.RegisterRuntimeRequest, _operator_pb2.RegisterRuntimeResponse]  # type: ignore[assignment]
     """Registers a runtime; the coordinator computes runtime_id from the manifest. Registering the same manifest
     again returns the same runtime with the union of old and new capabilities.
-    Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not 64 hex characters).
+    Scope "admin" or "workshop". Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not
+    64 hex characters).
     """
     ListRuntimes: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListRuntimesRequest, _operator_pb2.ListRuntimesResponse]  # type: ignore[assignment]
-    """Lists runtimes, newest registration first, with capabilities and last_seen_at."""
+    """Lists runtimes, newest registration first, with capabilities and last_seen_at. Scope "admin" or
+    "workshop".
+    """
     PutCamera: _aio.UnaryUnaryMultiCallable[_operator_pb2.PutCameraRequest, _operator_pb2.PutCameraResponse]  # type: ignore[assignment]
     """Creates or replaces a camera."""
     ListCameras: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListCamerasRequest, _operator_pb2.ListCamerasResponse]  # type: ignore[assignment]
@@ -192,6 +212,12 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """Disables a user: their sessions stop working and runs they created lose authority (fence 3).
     Idempotent. Errors: NOT_FOUND.
     """
+    SetUserPassword: _aio.UnaryUnaryMultiCallable[_operator_pb2.SetUserPasswordRequest, _operator_pb2.SetUserPasswordResponse]  # type: ignore[assignment]
+    """Sets (or replaces) the password a user signs in with (IdentityService.Login); only its argon2id hash is
+    stored, and the user's counted login failures are cleared. Existing sessions stay valid. The password is
+    never logged or echoed. Errors: NOT_FOUND (user), INVALID_ARGUMENT reason INVALID_FIELD (password not 12
+    to 1024 bytes of UTF-8, or holding a control character).
+    """
     CreateSession: _aio.UnaryUnaryMultiCallable[_operator_pb2.CreateSessionRequest, _operator_pb2.CreateSessionResponse]  # type: ignore[assignment]
     """Creates a session for an enabled user and returns its secret once (the gateway sets it as the cookie).
     Errors: NOT_FOUND (user), FAILED_PRECONDITION reason AUTHORITY_REVOKED (user disabled).
@@ -227,9 +253,13 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". Errors common to every RPC: UNAUTHENTICATED (missing,
-    malformed, unknown or revoked credential), PERMISSION_DENIED (not an admin
-    key), INVALID_ARGUMENT (malformed or out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
+    "workshop" (a website session or an Agent key), so the website can show
+    devices and runtimes and register a runtime on a registered device. Errors
+    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
+    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
+    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
+    out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -253,7 +283,7 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.ListDevicesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ListDevicesResponse, _abc.Awaitable[_operator_pb2.ListDevicesResponse]]:
-        """Lists devices, by id."""
+        """Lists devices, by id. Scope "admin" or "workshop"."""
 
     @_abc_1.abstractmethod
     def RegisterRuntime(
@@ -263,7 +293,8 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_operator_pb2.RegisterRuntimeResponse, _abc.Awaitable[_operator_pb2.RegisterRuntimeResponse]]:
         """Registers a runtime; the coordinator computes runtime_id from the manifest. Registering the same manifest
         again returns the same runtime with the union of old and new capabilities.
-        Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not 64 hex characters).
+        Scope "admin" or "workshop". Errors: NOT_FOUND (device not registered), INVALID_ARGUMENT (code_sha256 not
+        64 hex characters).
         """
 
     @_abc_1.abstractmethod
@@ -272,7 +303,9 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.ListRuntimesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ListRuntimesResponse, _abc.Awaitable[_operator_pb2.ListRuntimesResponse]]:
-        """Lists runtimes, newest registration first, with capabilities and last_seen_at."""
+        """Lists runtimes, newest registration first, with capabilities and last_seen_at. Scope "admin" or
+        "workshop".
+        """
 
     @_abc_1.abstractmethod
     def PutCamera(
@@ -380,6 +413,18 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_operator_pb2.DisableUserResponse, _abc.Awaitable[_operator_pb2.DisableUserResponse]]:
         """Disables a user: their sessions stop working and runs they created lose authority (fence 3).
         Idempotent. Errors: NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def SetUserPassword(
+        self,
+        request: _operator_pb2.SetUserPasswordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.SetUserPasswordResponse, _abc.Awaitable[_operator_pb2.SetUserPasswordResponse]]:
+        """Sets (or replaces) the password a user signs in with (IdentityService.Login); only its argon2id hash is
+        stored, and the user's counted login failures are cleared. Existing sessions stay valid. The password is
+        never logged or echoed. Errors: NOT_FOUND (user), INVALID_ARGUMENT reason INVALID_FIELD (password not 12
+        to 1024 bytes of UTF-8, or holding a control character).
         """
 
     @_abc_1.abstractmethod

@@ -33,7 +33,8 @@ class WorkshopServiceStub:
     (the gateway forwards the website's cookie as a bearer secret), an Agent key
     with scope "workshop", or an admin key. An Agent key limited to cameras may
     only touch workflows, runs, photos and images of those cameras
-    (PERMISSION_DENIED otherwise).
+    (PERMISSION_DENIED otherwise). The gateway's own key (scope "gateway") may
+    call GetRun and WatchRun, for any run, and nothing else here.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown,
     revoked or expired credential, or disabled user), PERMISSION_DENIED (scope
@@ -155,7 +156,8 @@ class WorkshopServiceServicer:
     (the gateway forwards the website's cookie as a bearer secret), an Agent key
     with scope "workshop", or an admin key. An Agent key limited to cameras may
     only touch workflows, runs, photos and images of those cameras
-    (PERMISSION_DENIED otherwise).
+    (PERMISSION_DENIED otherwise). The gateway's own key (scope "gateway") may
+    call GetRun and WatchRun, for any run, and nothing else here.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown,
     revoked or expired credential, or disabled user), PERMISSION_DENIED (scope
@@ -238,7 +240,7 @@ class WorkshopServiceServicer:
 
     def GetRun(self, request, context):
         """Returns a run with status, counts, each job's state, phase and progress, and up to 100 recent images.
-        Errors: NOT_FOUND.
+        Scope "workshop" or "gateway". Errors: NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -263,7 +265,8 @@ class WorkshopServiceServicer:
     def WatchRun(self, request, context):
         """Streams the run detail: once on connect, then after every progress report, published frame, job
         completion or failure, and cancellation (bursts may be coalesced). After the run reaches a final status
-        it sends that detail and ends with OK. Closing the stream never affects processing.
+        it sends that detail and ends with OK. Closing the stream never affects processing. Scope "workshop" or
+        "gateway" (the gateway runs one stream per run for all its WebSocket clients).
         Errors: NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -449,7 +452,8 @@ class WorkshopService:
     (the gateway forwards the website's cookie as a bearer secret), an Agent key
     with scope "workshop", or an admin key. An Agent key limited to cameras may
     only touch workflows, runs, photos and images of those cameras
-    (PERMISSION_DENIED otherwise).
+    (PERMISSION_DENIED otherwise). The gateway's own key (scope "gateway") may
+    call GetRun and WatchRun, for any run, and nothing else here.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown,
     revoked or expired credential, or disabled user), PERMISSION_DENIED (scope

@@ -37,7 +37,8 @@ class WorkshopServiceStub:
     (the gateway forwards the website's cookie as a bearer secret), an Agent key
     with scope "workshop", or an admin key. An Agent key limited to cameras may
     only touch workflows, runs, photos and images of those cameras
-    (PERMISSION_DENIED otherwise).
+    (PERMISSION_DENIED otherwise). The gateway's own key (scope "gateway") may
+    call GetRun and WatchRun, for any run, and nothing else here.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown,
     revoked or expired credential, or disabled user), PERMISSION_DENIED (scope
@@ -89,7 +90,7 @@ class WorkshopServiceStub:
     """
     GetRun: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetRunRequest, _workshop_pb2.GetRunResponse]
     """Returns a run with status, counts, each job's state, phase and progress, and up to 100 recent images.
-    Errors: NOT_FOUND.
+    Scope "workshop" or "gateway". Errors: NOT_FOUND.
     """
     ListRuns: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.ListRunsRequest, _workshop_pb2.ListRunsResponse]
     """Lists recent runs, newest first, with job and review counts; photos are never listed."""
@@ -101,7 +102,8 @@ class WorkshopServiceStub:
     WatchRun: _grpc.UnaryStreamMultiCallable[_workshop_pb2.WatchRunRequest, _workshop_pb2.WatchRunResponse]
     """Streams the run detail: once on connect, then after every progress report, published frame, job
     completion or failure, and cancellation (bursts may be coalesced). After the run reaches a final status
-    it sends that detail and ends with OK. Closing the stream never affects processing.
+    it sends that detail and ends with OK. Closing the stream never affects processing. Scope "workshop" or
+    "gateway" (the gateway runs one stream per run for all its WebSocket clients).
     Errors: NOT_FOUND.
     """
     GetRunSnapshot: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetRunSnapshotRequest, _workshop_pb2.GetRunSnapshotResponse]
@@ -150,7 +152,8 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     (the gateway forwards the website's cookie as a bearer secret), an Agent key
     with scope "workshop", or an admin key. An Agent key limited to cameras may
     only touch workflows, runs, photos and images of those cameras
-    (PERMISSION_DENIED otherwise).
+    (PERMISSION_DENIED otherwise). The gateway's own key (scope "gateway") may
+    call GetRun and WatchRun, for any run, and nothing else here.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown,
     revoked or expired credential, or disabled user), PERMISSION_DENIED (scope
@@ -199,7 +202,7 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     """
     GetRun: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetRunRequest, _workshop_pb2.GetRunResponse]  # type: ignore[assignment]
     """Returns a run with status, counts, each job's state, phase and progress, and up to 100 recent images.
-    Errors: NOT_FOUND.
+    Scope "workshop" or "gateway". Errors: NOT_FOUND.
     """
     ListRuns: _aio.UnaryUnaryMultiCallable[_workshop_pb2.ListRunsRequest, _workshop_pb2.ListRunsResponse]  # type: ignore[assignment]
     """Lists recent runs, newest first, with job and review counts; photos are never listed."""
@@ -211,7 +214,8 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     WatchRun: _aio.UnaryStreamMultiCallable[_workshop_pb2.WatchRunRequest, _workshop_pb2.WatchRunResponse]  # type: ignore[assignment]
     """Streams the run detail: once on connect, then after every progress report, published frame, job
     completion or failure, and cancellation (bursts may be coalesced). After the run reaches a final status
-    it sends that detail and ends with OK. Closing the stream never affects processing.
+    it sends that detail and ends with OK. Closing the stream never affects processing. Scope "workshop" or
+    "gateway" (the gateway runs one stream per run for all its WebSocket clients).
     Errors: NOT_FOUND.
     """
     GetRunSnapshot: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetRunSnapshotRequest, _workshop_pb2.GetRunSnapshotResponse]  # type: ignore[assignment]
@@ -259,7 +263,8 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
     (the gateway forwards the website's cookie as a bearer secret), an Agent key
     with scope "workshop", or an admin key. An Agent key limited to cameras may
     only touch workflows, runs, photos and images of those cameras
-    (PERMISSION_DENIED otherwise).
+    (PERMISSION_DENIED otherwise). The gateway's own key (scope "gateway") may
+    call GetRun and WatchRun, for any run, and nothing else here.
 
     Errors common to every RPC: UNAUTHENTICATED (missing, malformed, unknown,
     revoked or expired credential, or disabled user), PERMISSION_DENIED (scope
@@ -360,7 +365,7 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_workshop_pb2.GetRunResponse, _abc.Awaitable[_workshop_pb2.GetRunResponse]]:
         """Returns a run with status, counts, each job's state, phase and progress, and up to 100 recent images.
-        Errors: NOT_FOUND.
+        Scope "workshop" or "gateway". Errors: NOT_FOUND.
         """
 
     @_abc_1.abstractmethod
@@ -390,7 +395,8 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_workshop_pb2.WatchRunResponse], _abc.AsyncIterator[_workshop_pb2.WatchRunResponse]]:
         """Streams the run detail: once on connect, then after every progress report, published frame, job
         completion or failure, and cancellation (bursts may be coalesced). After the run reaches a final status
-        it sends that detail and ends with OK. Closing the stream never affects processing.
+        it sends that detail and ends with OK. Closing the stream never affects processing. Scope "workshop" or
+        "gateway" (the gateway runs one stream per run for all its WebSocket clients).
         Errors: NOT_FOUND.
         """
 

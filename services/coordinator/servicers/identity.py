@@ -1,21 +1,90 @@
-"""IdentityService: a credential asks who it is (checked at every service's start)."""
+"""IdentityService: who a credential is (checked at every service's start), website sign-in
+and sign-out, and a user's own keys; translates the contract to IdentityApi and back."""
 
 from __future__ import annotations
 
 from services.coordinator import convert
-from services.coordinator.auth import Principal
-from services.coordinator.servicers.common import Authenticator, Context
+from services.coordinator.auth import SESSION_PREFIX, Principal
+from services.coordinator.errors import NotASession
+from services.coordinator.fields import page_size
+from services.coordinator.identity_api import IdentityApi
+from services.coordinator.servicers.common import (
+    Authenticator,
+    Context,
+    next_token,
+    time_and_id_token,
+)
+from workshop.kit.auth import bearer_secret
 from workshop.v1 import common_pb2, identity_pb2, identity_pb2_grpc
 
 
 class IdentityServicer(identity_pb2_grpc.IdentityServiceServicer):
-    def __init__(self, authenticate: Authenticator) -> None:
+    def __init__(self, authenticate: Authenticator, api: IdentityApi) -> None:
         self._authenticate = authenticate
+        self.api = api
 
     async def WhoAmI(
         self, request: identity_pb2.WhoAmIRequest, context: Context
     ) -> identity_pb2.WhoAmIResponse:
         return who_am_i(await self._authenticate(context))
+
+    async def Login(
+        self, request: identity_pb2.LoginRequest, context: Context
+    ) -> identity_pb2.LoginResponse:
+        row, secret = await self.api.login(
+            await self._authenticate(context),
+            request.user_id,
+            request.password,
+            request.client_address,
+        )
+        return identity_pb2.LoginResponse(
+            session=convert.session(row), secret=secret, expires_at=convert.ts(row.expires_at)
+        )
+
+    async def Logout(
+        self, request: identity_pb2.LogoutRequest, context: Context
+    ) -> identity_pb2.LogoutResponse:
+        secret = bearer_secret(context.invocation_metadata())
+        if not secret.startswith(SESSION_PREFIX):
+            await self._authenticate.principal(secret)  # an invalid key is UNAUTHENTICATED
+            raise NotASession(
+                "Logout ends a website session; a key is revoked instead "
+                "(IdentityService.RevokeOwnKey or OperatorService.RevokeKey)."
+            )
+        row = await self.api.logout(secret)
+        self._authenticate.forget()  # a cached principal of this session
+        return identity_pb2.LogoutResponse(session=convert.session(row))
+
+    async def CreateOwnKey(
+        self, request: identity_pb2.CreateOwnKeyRequest, context: Context
+    ) -> identity_pb2.CreateOwnKeyResponse:
+        row, secret = await self.api.create_own_key(
+            await self._authenticate(context),
+            name=request.name,
+            grants=[convert.grant_from_proto(scope) for scope in request.scopes],
+            ttl=convert.from_duration(request.ttl),
+        )
+        return identity_pb2.CreateOwnKeyResponse(key=convert.key(row), secret=secret)
+
+    async def ListOwnKeys(
+        self, request: identity_pb2.ListOwnKeysRequest, context: Context
+    ) -> identity_pb2.ListOwnKeysResponse:
+        who = await self._authenticate(context)
+        limit = page_size(request.page_size)
+        rows = await self.api.list_own_keys(
+            who, request.include_revoked, time_and_id_token(request.page_token), limit
+        )
+        return identity_pb2.ListOwnKeysResponse(
+            keys=[convert.key(row) for row in rows],
+            next_page_token=next_token(rows, limit, lambda row: (row.created_at, row.key_id)),
+        )
+
+    async def RevokeOwnKey(
+        self, request: identity_pb2.RevokeOwnKeyRequest, context: Context
+    ) -> identity_pb2.RevokeOwnKeyResponse:
+        row = await self.api.revoke_own_key(await self._authenticate(context), request.key_id)
+        self._authenticate.forget()
+        return identity_pb2.RevokeOwnKeyResponse(key=convert.key(row))
 
 
 def who_am_i(principal: Principal) -> identity_pb2.WhoAmIResponse:

@@ -210,6 +210,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self.who.forget()  # cached principals of the user's keys and sessions
         return pb.DisableUserResponse(user=convert.user(row))
 
+    async def SetUserPassword(
+        self, request: pb.SetUserPasswordRequest, context: Context
+    ) -> pb.SetUserPasswordResponse:
+        row = await self.api.set_user_password(
+            await self.who(context), request.user_id, request.password
+        )
+        return pb.SetUserPasswordResponse(user=convert.user(row))
+
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: Context
     ) -> pb.CreateSessionResponse:
