@@ -29,7 +29,10 @@ async def saved(gateway: GatewayHarness) -> tuple[Setup, Browser, dict[int, byte
     s = await review_world(c)
     jobs = await start_run(c, s, "full")
     images = {0: jpeg_bytes(seed=1), 1: jpeg_bytes(seed=2)}
-    frames = [Frame(0, (box("person", 0.2, 0.2, 0.1),)), Frame(1, (box("person", 0.22, 0.2, 0.1),))]
+    frames = [
+        Frame(0, "save", (box("person", 0.2, 0.2, 0.1),)),
+        Frame(1, "save", (box("person", 0.22, 0.2, 0.1),)),
+    ]
     preview = gateway.app.upstream.preview
     await commit_images(c, s, preview, jobs[0], frames, images)
     await gateway.user("ada")
@@ -45,7 +48,7 @@ async def test_review_decide_summary_and_items(
     body = review.json()
     assert len(body["items"]) == 2 and body["has_more"] is False
     sighting = body["sightings"][0]
-    assert sighting["item_count"] == 2
+    assert len(sighting["item_ids"]) == 2 and sighting["review_state"] == "pending"
 
     decided = await ada.client.post(
         f"/api/workshop/runs/full/sightings/{sighting['sighting_id']}/decision",

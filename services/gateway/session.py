@@ -47,14 +47,15 @@ class SessionRoutes:
             raise GatewayKeyMissing("Login is not configured on this gateway (GATEWAY_KEY).")
         login.client_address = request.client.host if request.client else "unknown"
         answer = await self.upstream.call("identity", "Login", login, self.gateway_key)
-        expires_at = answer.session.expires_at.ToDatetime(tzinfo=UTC)
-        response = JSONResponse(
-            self._described(answer.secret, answer.session.user_id, expires_at), status_code=200
-        )
+        session = answer.session
+        expires_at = session.expires_at.ToDatetime(tzinfo=UTC)
+        # The lifetime by the coordinator's clock (which may not be the gateway's).
+        lifetime = expires_at - session.created_at.ToDatetime(tzinfo=UTC)
+        response = JSONResponse(self._described(answer.secret, session.user_id, expires_at))
         response.set_cookie(
             SESSION_COOKIE,
             answer.secret,
-            max_age=max(0, int((expires_at - datetime.now(UTC)).total_seconds())),
+            max_age=max(0, int(lifetime.total_seconds())),
             path="/",
             secure=self.cookie_secure,
             httponly=True,

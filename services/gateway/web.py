@@ -225,7 +225,7 @@ class HttpWorker:
             lifespan="off",
             log_config=None,
             access_log=False,
-            ws="websockets",
+            ws="websockets-sansio",
             proxy_headers=bool(self._forwarded),
             forwarded_allow_ips=self._forwarded or None,
         )

@@ -33,9 +33,13 @@ class GatewayHarness:
     url: str
     app: GatewayApp
     c: CoordinatorHarness
+    clients: list[httpx.AsyncClient] = dataclasses.field(default_factory=list)
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=30.0, **kwargs)
+        """An HTTP client on the gateway, closed with the harness if the test does not."""
+        client = httpx.AsyncClient(base_url=self.url, timeout=30.0, **kwargs)
+        self.clients.append(client)
+        return client
 
     async def user(self, user_id: str, password: str = PASSWORD) -> None:
         """A user with a password (through the operator RPCs, as an admin would)."""
@@ -87,9 +91,12 @@ async def running_gateway(
     )
     app = build(settings, label="gateway-test")
     await app.http.start()
+    harness = GatewayHarness(f"http://127.0.0.1:{app.http.port}", app, c)
     try:
-        yield GatewayHarness(f"http://127.0.0.1:{app.http.port}", app, c)
+        yield harness
     finally:
+        for client in harness.clients:
+            await client.aclose()
         await app.stop()
 
 

@@ -91,6 +91,9 @@ REASONS: dict[str, Status] = {
     "NO_RUNTIME": _PRECONDITION,
     "MALFORMED_REQUEST": _BAD_REQUEST,
     "TEST_RUN": _PRECONDITION,
+    "LOGIN_FAILED": _UNAUTHENTICATED,
+    "LOGIN_THROTTLED": _EXHAUSTED,
+    "NOT_A_SESSION": _PRECONDITION,
     # the preview service's
     "IMAGE_CORRUPTED": INTERNAL,
     "IMAGE_CHANGED": Status(_C.DATA_LOSS, 500),
@@ -102,6 +105,7 @@ REASONS: dict[str, Status] = {
     "CSRF_TOKEN": _FORBIDDEN,
     "ROUTE_NOT_FOUND": _NOT_FOUND,
     "METHOD_NOT_ALLOWED": Status(_C.UNIMPLEMENTED, 405),
+    "UPGRADE_REQUIRED": Status(_C.INVALID_ARGUMENT, 426),
 }
 
 # The standard library's own "cannot reach it now" errors (no reason of their own).
