@@ -56,7 +56,7 @@ ERROR_CLASSES = list(_error_classes())
 def test_every_error_reason_of_the_contract_has_a_row() -> None:
     names = [
         name.removeprefix("ERROR_REASON_")
-        for name in common_pb2.ErrorReason.keys()
+        for name in common_pb2.ErrorReason.DESCRIPTOR.values_by_name
         if name != "ERROR_REASON_UNSPECIFIED"
     ]
     assert [name for name in names if name not in REASONS] == []

@@ -54,7 +54,7 @@ def assert_error(answer: httpx.Response, status: int, reason: str) -> dict[str, 
     assert answer.status_code == status, answer.text
     body: dict[str, Any] = answer.json()
     assert set(body) == {"code", "status", "reason", "message", "details"}
-    assert body["status"] == status and body["reason"] == reason, body
+    assert (body["status"], body["reason"]) == (status, reason), body
     assert body["message"]
     return body
 
@@ -69,11 +69,13 @@ async def test_a_run_is_created_with_the_seed_body_and_a_retry_is_safe(
     created = await ada.client.post("/api/workshop/runs", json=body)
     assert created.status_code == 200, created.text
     run = created.json()
-    assert run["created"] is True and run["run"]["run_id"] == "r-1"
+    assert run["created"] is True
+    assert run["run"]["run_id"] == "r-1"
     assert run["run"]["mode"] == "test"
 
     again = await ada.client.post("/api/workshop/runs", json=body)
-    assert again.status_code == 200 and again.json()["created"] is False
+    assert again.status_code == 200
+    assert again.json()["created"] is False
 
     other = await ada.client.post("/api/workshop/runs", json={**body, "image_limit": 5})
     assert_error(other, 409, "ID_CONFLICT")
@@ -84,7 +86,8 @@ async def test_a_run_is_created_with_the_seed_body_and_a_retry_is_safe(
     listed = await ada.client.get("/api/workshop/runs", params={"workflow": "night"})
     assert [entry["run"]["run_id"] for entry in listed.json()["runs"]] == ["r-1"]
     snapshot = await ada.client.get("/api/workshop/runs/r-1/snapshot")
-    assert snapshot.status_code == 200 and snapshot.json()["snapshot"]
+    assert snapshot.status_code == 200
+    assert snapshot.json()["snapshot"]
 
     cancelled = await ada.client.post("/api/workshop/runs/r-1/cancel")
     assert cancelled.status_code == 200, cancelled.text
@@ -106,7 +109,9 @@ async def test_a_stale_revision_is_409_with_the_current_revision(
 async def test_agent_keys_create_runs_under_v1(gateway: GatewayHarness, world: World) -> None:
     agent = await gateway.agent(Grant(ScopeName.WORKSHOP))
     async with agent:
-        answer = await agent.post("/v1/workshop/runs", json=seed_body("r-3", world.tracking_runtime))
+        answer = await agent.post(
+            "/v1/workshop/runs", json=seed_body("r-3", world.tracking_runtime)
+        )
         assert answer.status_code == 200, answer.text
         # /v1 reads no cookie: a session cookie alone does not authenticate there
         session = await gateway.login("ada")
@@ -142,7 +147,8 @@ async def test_workflows_are_saved_against_a_revision_validated_and_deleted(
     body = assert_error(invalid, 422, "VALIDATION_FAILED")
     assert body["details"]["problems"]
     validated = await ada.client.post("/api/workshop/workflows/validate", json={"spec": broken})
-    assert validated.status_code == 200 and validated.json()["problems"]
+    assert validated.status_code == 200
+    assert validated.json()["problems"]
     listed = await ada.client.get("/api/workshop/workflows")
     assert [w["workflow_id"] for w in listed.json()["workflows"]] == ["night"]
     deleted = await ada.client.delete(
@@ -157,14 +163,19 @@ async def test_runtimes_are_registered_listed_and_chosen(
 ) -> None:
     registered = await ada.client.post(
         "/api/workshop/runtimes",
-        json={"device_id": "gpu-box", "engine": "workshop-processor", "code_sha256": "cd" * 32,
-              "capabilities": ["workshop-v3"]},
+        json={
+            "device_id": "gpu-box",
+            "engine": "workshop-processor",
+            "code_sha256": "cd" * 32,
+            "capabilities": ["workshop-v3"],
+        },
     )
     assert registered.status_code == 200, registered.text
     runtime_id = registered.json()["runtime"]["runtime_id"]
     listed = await ada.client.get("/api/workshop/runtimes", params={"device_id": "gpu-box"})
     runtimes = {r["runtime_id"]: r for r in listed.json()["runtimes"]}
-    assert runtime_id in runtimes and "workshop-v3" in runtimes[runtime_id]["capabilities"]
+    assert runtime_id in runtimes
+    assert "workshop-v3" in runtimes[runtime_id]["capabilities"]
     devices = await ada.client.get("/api/workshop/devices")
     assert [d["device_id"] for d in devices.json()["devices"]] == ["gpu-box"]
     # The website's rule wants a runtime that checked in within 2 minutes: none has yet.
@@ -172,7 +183,9 @@ async def test_runtimes_are_registered_listed_and_chosen(
         "/api/workshop/workflows/night/runtime", params={"choice": "recent_capable"}
     )
     assert_error(chosen, 409, "NO_RUNTIME")
-    assert_error(await ada.client.get("/api/workshop/workflows/night/runtime"), 400, "INVALID_FIELD")
+    assert_error(
+        await ada.client.get("/api/workshop/workflows/night/runtime"), 400, "INVALID_FIELD"
+    )
     unknown_device = await ada.client.post(
         "/api/workshop/runtimes",
         json={"device_id": "nope", "engine": "workshop-processor", "code_sha256": "cd" * 32},
@@ -198,8 +211,13 @@ BAD_BODIES = [
 
 @pytest.mark.parametrize(("raw", "content_type", "status", "reason"), BAD_BODIES)
 async def test_bad_bodies_get_the_catalogs_answer_and_change_nothing(
-    gateway: GatewayHarness, world: World, ada: Browser,
-    raw: bytes, content_type: str, status: int, reason: str,
+    gateway: GatewayHarness,
+    world: World,
+    ada: Browser,
+    raw: bytes,
+    content_type: str,
+    status: int,
+    reason: str,
 ) -> None:
     before = await table_digests(gateway.c)
     answer = await ada.client.post(
@@ -274,12 +292,15 @@ async def test_login_sets_an_httponly_cookie_and_logout_revokes_the_session(
         cookie = answer.headers["set-cookie"]
         assert "workshop_session=ws_" in cookie
         lowered = cookie.lower()
-        assert "httponly" in lowered and "samesite=lax" in lowered and "path=/" in lowered
+        assert "httponly" in lowered
+        assert "samesite=lax" in lowered
+        assert "path=/" in lowered
         assert "secure" not in lowered  # GATEWAY_COOKIE_SECURE=0 in the harness
         secret = client.cookies["workshop_session"]
         assert secret not in answer.text  # the page never sees the secret
         me = await client.get("/api/session")
-        assert me.status_code == 200 and me.json()["user_id"] == "ada"
+        assert me.status_code == 200
+        assert me.json()["user_id"] == "ada"
         token = me.json()["csrf_token"]
         assert token == answer.json()["csrf_token"]
 
@@ -296,20 +317,21 @@ async def test_the_cookie_is_secure_by_default(
     gateway: GatewayHarness, world: World, preview: PreviewHarness
 ) -> None:
     async with running_gateway(gateway.c, preview.port, cookie_secure=True) as secure:
-        async with secure.client() as client:
-            answer = await client.post("/api/session", json=ADA)
-            assert answer.status_code == 200, answer.text
-            assert "secure" in answer.headers["set-cookie"].lower()
+        answer = await secure.client().post("/api/session", json=ADA)
+        assert answer.status_code == 200, answer.text
+        assert "secure" in answer.headers["set-cookie"].lower()
 
 
-async def test_wrong_passwords_are_throttled_per_user(gateway: GatewayHarness, world: World) -> None:
+async def test_wrong_passwords_are_throttled_per_user(
+    gateway: GatewayHarness, world: World
+) -> None:
     async with gateway.client() as client:
         for _ in range(5):
-            wrong = await client.post("/api/session", json={"user_id": "ada", "password": "wrong password!"})
+            wrong = await client.post(
+                "/api/session", json={"user_id": "ada", "password": "wrong password!"}
+            )
             assert_error(wrong, 401, "LOGIN_FAILED")
-        throttled = await client.post(
-            "/api/session", json=ADA
-        )
+        throttled = await client.post("/api/session", json=ADA)
         assert_error(throttled, 429, "LOGIN_THROTTLED")
         assert int(throttled.headers["retry-after"]) > 0
 
@@ -317,11 +339,11 @@ async def test_wrong_passwords_are_throttled_per_user(gateway: GatewayHarness, w
 async def test_a_disabled_user_cannot_log_in(gateway: GatewayHarness, world: World) -> None:
     from workshop.v1 import operator_pb2 as op
 
-    await gateway.c.operator.DisableUser(op.DisableUserRequest(user_id="ada"), metadata=gateway.c.admin)
+    await gateway.c.operator.DisableUser(
+        op.DisableUserRequest(user_id="ada"), metadata=gateway.c.admin
+    )
     async with gateway.client() as client:
-        answer = await client.post(
-            "/api/session", json=ADA
-        )
+        answer = await client.post("/api/session", json=ADA)
         assert_error(answer, 401, "CREDENTIAL_REJECTED")
 
 
@@ -357,18 +379,19 @@ async def test_a_websocket_handshake_from_a_foreign_origin_is_refused(
     gateway: GatewayHarness, world: World, ada: Browser
 ) -> None:
     import websockets
+    from websockets.typing import Origin
 
     await ada.client.post("/api/workshop/runs", json=seed_body("r-w", world.tracking_runtime))
     cookie = f"workshop_session={ada.client.cookies['workshop_session']}"
     url = gateway.url.replace("http", "ws") + "/api/workshop/runs/r-w/live"
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
         async with websockets.connect(
-            url, additional_headers={"cookie": cookie}, origin="https://evil.example"
+            url, additional_headers={"cookie": cookie}, origin=Origin("https://evil.example")
         ):
             pass
     assert refused.value.response.status_code == 403
     async with websockets.connect(
-        url, additional_headers={"cookie": cookie}, origin=gateway.url
+        url, additional_headers={"cookie": cookie}, origin=Origin(gateway.url)
     ) as socket:
         first = await socket.recv()
         assert '"run_id":"r-w"' in str(first).replace(" ", "")
@@ -389,7 +412,9 @@ async def test_users_manage_their_own_agent_keys(
     secret = key["secret"]
     async with gateway.client(headers={"authorization": f"Bearer {secret}"}) as agent:
         assert (await agent.get("/v1/workshop/runs")).status_code == 200
-        refused = await agent.post("/v1/workshop/keys", json={"name": "more", "scopes": [{"scope": "workshop"}]})
+        refused = await agent.post(
+            "/v1/workshop/keys", json={"name": "more", "scopes": [{"scope": "workshop"}]}
+        )
         assert refused.status_code == 403
         listed = await ada.client.get("/api/workshop/keys")
         assert [k["key_id"] for k in listed.json()["keys"]] == [key["key"]["key_id"]]
@@ -415,7 +440,9 @@ async def test_the_openapi_documents_list_every_route(gateway: GatewayHarness) -
             operation_ids = {
                 op["operationId"] for item in document["paths"].values() for op in item.values()
             }
-            assert {f"{prefix}_{o.name}" for o in OPERATIONS if prefix in o.prefixes} <= operation_ids
+            assert {
+                f"{prefix}_{o.name}" for o in OPERATIONS if prefix in o.prefixes
+            } <= operation_ids
 
 
 def _tar_names(data: bytes) -> list[str]:

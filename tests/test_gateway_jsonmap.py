@@ -15,14 +15,13 @@ import dataclasses
 import functools
 import importlib
 import json
-
-import jsonschema_rs
 import math
 import re
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from google.protobuf import (
     descriptor_pb2,
@@ -49,8 +48,6 @@ ROUND_TRIP = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-
 
 
 # --- the contracts -------------------------------------------------------------------------

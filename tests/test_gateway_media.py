@@ -46,9 +46,11 @@ async def test_review_decide_summary_and_items(
     review = await ada.client.get("/api/workshop/runs/full/review")
     assert review.status_code == 200, review.text
     body = review.json()
-    assert len(body["items"]) == 2 and body["has_more"] is False
+    assert len(body["items"]) == 2
+    assert body["has_more"] is False
     sighting = body["sightings"][0]
-    assert len(sighting["item_ids"]) == 2 and sighting["review_state"] == "pending"
+    assert len(sighting["item_ids"]) == 2
+    assert sighting["review_state"] == "pending"
 
     decided = await ada.client.post(
         f"/api/workshop/runs/full/sightings/{sighting['sighting_id']}/decision",
@@ -88,7 +90,8 @@ async def test_item_images_have_their_type_etag_and_cache_control(
     again = await ada.client.get(
         f"/api/workshop/runs/full/items/{item_id}/image", headers={"if-none-match": etag}
     )
-    assert again.status_code == 304 and again.content == b""
+    assert again.status_code == 304
+    assert again.content == b""
     missing = await ada.client.get("/api/workshop/runs/full/items/nope/image")
     assert missing.status_code == 404
     # an Agent key of another camera may not read it
@@ -113,7 +116,8 @@ async def test_a_bucket_exports_as_a_streamed_tar(
         data = b"".join([chunk async for chunk in answer.aiter_bytes()])
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         names = archive.getnames()
-    assert "annotations.json" in names and sum(n.startswith("images/") for n in names) == 2
+    assert "annotations.json" in names
+    assert sum(n.startswith("images/") for n in names) == 2
     unset = await ada.client.get("/api/workshop/buckets/yard/export")
     assert_error(unset, 400, "INVALID_FIELD")
     unknown = await ada.client.get("/api/workshop/buckets/nope/export", params={"format": "yolo"})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable
 
 from services.gateway import jsonmap
 from services.gateway.live import LiveHub
@@ -33,10 +33,10 @@ def build(settings: GatewaySettings, *, label: str = LABEL) -> GatewayApp:
         settings.coordinator_target, settings.preview_target, settings.rpc_deadline_seconds
     )
 
-    def open_watch(run_id: str) -> AsyncIterator[workshop_pb2.WatchRunResponse]:
+    def open_watch(run_id: str) -> AsyncIterable[workshop_pb2.WatchRunResponse]:
         # The one stream per run that every socket of the run shares, under the
         # gateway's own key (each socket was authorized with its own credential).
-        call: AsyncIterator[workshop_pb2.WatchRunResponse] = upstream.workshop.WatchRun(
+        call: AsyncIterable[workshop_pb2.WatchRunResponse] = upstream.workshop.WatchRun(
             workshop_pb2.WatchRunRequest(run_id=run_id),
             metadata=credential_metadata(settings.key),
         )

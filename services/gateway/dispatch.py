@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from starlette.requests import Request
 
@@ -97,9 +97,11 @@ def parse_json(raw: bytes, content_type: str | None) -> Any:
 def build_request(operation: Operation, request: Request, body: Any) -> Message:
     """The RPC request: body fields, then the path and query fields over them."""
     cls = operation.request_class()
-    message = jsonmap.from_json(
-        body, cls, rename=operation.rename, exclude=operation.body_exclude
-    ) if operation.body else cls()
+    message = (
+        jsonmap.from_json(body, cls, rename=operation.rename, exclude=operation.body_exclude)
+        if operation.body
+        else cls()
+    )
     given = _params(operation, request)
     if given:
         message.MergeFrom(jsonmap.from_json(given, cls))
@@ -115,9 +117,9 @@ def _params(operation: Operation, request: Request) -> dict[str, Any]:
         if path is None:
             violations.append(jsonmap.FieldViolation(name, "unknown query parameter"))
             continue
-        field = _field(operation.request_type, path)
+        field = operation.field(path)
         values = request.query_params.getlist(name)
-        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        repeated = field.is_repeated
         if not repeated and len(values) > 1:
             violations.append(jsonmap.FieldViolation(name, "given more than once"))
             continue
@@ -128,19 +130,12 @@ def _params(operation: Operation, request: Request) -> dict[str, Any]:
     return tree
 
 
-def _field(message: Descriptor, path: str) -> FieldDescriptor:
-    *parents, last = path.split(".")
-    for part in parents:
-        message = message.fields_by_name[part].message_type
-    return message.fields_by_name[last]
-
-
 def _query_value(field: FieldDescriptor, value: str) -> Any:
     """A query string as the JSON value the field reads (a bad one stays a string, and
     from_json names the field's expected type)."""
     if field.type in _INTEGERS:
         stripped = value.strip()
-        if stripped.lstrip("-").isdigit():
+        if stripped.isascii() and stripped.lstrip("-").isdigit():
             return int(stripped)
         return value
     if field.type == FieldDescriptor.TYPE_BOOL:

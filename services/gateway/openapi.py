@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import Descriptor
 
 from services.gateway import jsonmap
 from services.gateway.routes import API, IMAGE, OPERATIONS, SERVICES, TAR, V1, Operation
@@ -130,7 +130,7 @@ def _operation(operation: Operation, prefix: str, schemas: jsonmap.SchemaSet) ->
     request = operation.request_type
     parameters = [_path_parameter(request, name) for name in operation.path_fields]
     parameters += [
-        _query_parameter(request, name, path, schemas) for name, path in operation.query.items()
+        _query_parameter(operation, name, path, schemas) for name, path in operation.query.items()
     ]
     if prefix == API and operation.writes:
         parameters.append(CSRF_PARAMETER)
@@ -167,15 +167,21 @@ def _summary(operation: Operation) -> str:
 
 def _success(operation: Operation, schemas: jsonmap.SchemaSet) -> Schema:
     if operation.answer == IMAGE:
-        content = {"image/jpeg": {}, "image/png": {}}
+        content: dict[str, Any] = {"image/jpeg": {}, "image/png": {}}
         return {
             "description": "The image bytes, with ETag and Cache-Control.",
-            "content": {kind: {"schema": {"type": "string", "contentMediaType": kind}} for kind in content},
+            "content": {
+                kind: {"schema": {"type": "string", "contentMediaType": kind}} for kind in content
+            },
         }
     if operation.answer == TAR:
         return {
             "description": "The archive, streamed (chunked); a failure mid-stream aborts it.",
-            "content": {"application/x-tar": {"schema": {"type": "string", "contentMediaType": "application/x-tar"}}},
+            "content": {
+                "application/x-tar": {
+                    "schema": {"type": "string", "contentMediaType": "application/x-tar"}
+                }
+            },
         }
     return {
         "description": "OK",
@@ -206,13 +212,6 @@ CSRF_PARAMETER: Schema = {
 }
 
 
-def _field(message: Descriptor, path: str) -> FieldDescriptor:
-    *parents, last = path.split(".")
-    for part in parents:
-        message = message.fields_by_name[part].message_type
-    return message.fields_by_name[last]
-
-
 def _path_parameter(request: Descriptor, name: str) -> Schema:
     return {
         "name": name,
@@ -224,11 +223,11 @@ def _path_parameter(request: Descriptor, name: str) -> Schema:
 
 
 def _query_parameter(
-    request: Descriptor, name: str, path: str, schemas: jsonmap.SchemaSet
+    operation: Operation, name: str, path: str, schemas: jsonmap.SchemaSet
 ) -> Schema:
-    field = _field(request, path)
+    field = operation.field(path)
     value = schemas.value_schema(field)
-    repeated = field.label == FieldDescriptor.LABEL_REPEATED
+    repeated = field.is_repeated
     schema = {"type": "array", "items": value} if repeated else value
     parameter: Schema = {
         "name": name,
@@ -294,7 +293,10 @@ SESSION_SCHEMA: Schema = {
 
 def _session_paths(schemas: jsonmap.SchemaSet) -> dict[str, Any]:
     login = schemas.ref(identity_pb2.LoginRequest, direction="request", exclude=("client_address",))
-    session = {"description": "The session", "content": {"application/json": {"schema": SESSION_SCHEMA}}}
+    session = {
+        "description": "The session",
+        "content": {"application/json": {"schema": SESSION_SCHEMA}},
+    }
     return {
         "post": {
             "operationId": "api_login",

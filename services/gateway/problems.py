@@ -43,7 +43,13 @@ def error_body(
         details["field_violations"] = violations
     if problems is not None:
         details["problems"] = problems
-    return {"code": code, "status": status, "reason": reason, "message": message, "details": details}
+    return {
+        "code": code,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "details": details,
+    }
 
 
 def problem_response(error: BaseException) -> JSONResponse:
@@ -64,7 +70,9 @@ def problem_response(error: BaseException) -> JSONResponse:
         known = status_for(error)
         violations = None
         if isinstance(error, JsonInvalid):
-            violations = [{"field": v.field, "description": v.description} for v in error.violations]
+            violations = [
+                {"field": v.field, "description": v.description} for v in error.violations
+            ]
         body = error_body(
             code=known.grpc_code.name,
             status=known.http_status,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor, MethodDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
@@ -66,14 +66,22 @@ class Operation:
     def response_type(self) -> Descriptor:
         return self.descriptor.output_type
 
+    def field(self, path: str) -> FieldDescriptor:
+        """The request field at a dotted path ("filter.camera_id")."""
+        message = self.request_type
+        *parents, last = path.split(".")
+        for part in parents:
+            nested = message.fields_by_name[part].message_type
+            assert nested is not None, f"{path}: {part} is not a message"
+            message = nested
+        return message.fields_by_name[last]
+
     def request_class(self) -> type[Message]:
         return GetMessageClass(self.request_type)
 
     @property
     def path_fields(self) -> tuple[str, ...]:
-        return tuple(
-            part[1:-1] for part in self.path.split("/") if part.startswith("{")
-        )
+        return tuple(part[1:-1] for part in self.path.split("/") if part.startswith("{"))
 
     @property
     def body_exclude(self) -> tuple[str, ...]:
@@ -90,7 +98,9 @@ class Operation:
         return tuple(sorted({*COMMON_ERRORS, *extra, *self.errors}))
 
 
-def _op(name: str, method: str, path: str, service: str, rpc: str, tag: str, **kw: Any) -> Operation:
+def _op(
+    name: str, method: str, path: str, service: str, rpc: str, tag: str, **kw: Any
+) -> Operation:
     return Operation(name, method, path, service, rpc, tag, **kw)
 
 
@@ -105,67 +115,259 @@ ITEM_FILTER = {
 
 OPERATIONS: tuple[Operation, ...] = (
     # workflows
-    _op("listWorkflows", "GET", "/workshop/workflows", "workshop", "ListWorkflows", "workflows",
-        query=PAGE),
-    _op("getWorkflow", "GET", "/workshop/workflows/{workflow_id}", "workshop", "GetWorkflow",
-        "workflows", errors=(404,)),
-    _op("saveWorkflow", "PUT", "/workshop/workflows/{workflow_id}", "workshop", "SaveWorkflow",
-        "workflows", body=True, errors=(409, 422)),
-    _op("deleteWorkflow", "DELETE", "/workshop/workflows/{workflow_id}", "workshop",
-        "DeleteWorkflow", "workflows", query={"expected_revision": "expected_revision"},
-        errors=(404, 409)),
-    _op("validateWorkflow", "POST", "/workshop/workflows/validate", "workshop",
-        "ValidateWorkflow", "workflows", body=True),
-    _op("chooseRuntime", "GET", "/workshop/workflows/{workflow_id}/runtime", "workshop",
-        "ChooseRuntime", "runtimes", query={"choice": "choice"}, errors=(404, 409)),
+    _op(
+        "listWorkflows",
+        "GET",
+        "/workshop/workflows",
+        "workshop",
+        "ListWorkflows",
+        "workflows",
+        query=PAGE,
+    ),
+    _op(
+        "getWorkflow",
+        "GET",
+        "/workshop/workflows/{workflow_id}",
+        "workshop",
+        "GetWorkflow",
+        "workflows",
+        errors=(404,),
+    ),
+    _op(
+        "saveWorkflow",
+        "PUT",
+        "/workshop/workflows/{workflow_id}",
+        "workshop",
+        "SaveWorkflow",
+        "workflows",
+        body=True,
+        errors=(409, 422),
+    ),
+    _op(
+        "deleteWorkflow",
+        "DELETE",
+        "/workshop/workflows/{workflow_id}",
+        "workshop",
+        "DeleteWorkflow",
+        "workflows",
+        query={"expected_revision": "expected_revision"},
+        errors=(404, 409),
+    ),
+    _op(
+        "validateWorkflow",
+        "POST",
+        "/workshop/workflows/validate",
+        "workshop",
+        "ValidateWorkflow",
+        "workflows",
+        body=True,
+    ),
+    _op(
+        "chooseRuntime",
+        "GET",
+        "/workshop/workflows/{workflow_id}/runtime",
+        "workshop",
+        "ChooseRuntime",
+        "runtimes",
+        query={"choice": "choice"},
+        errors=(404, 409),
+    ),
     _op("getCatalog", "GET", "/workshop/catalog", "workshop", "GetCatalog", "workflows"),
     # devices and runtimes
-    _op("listDevices", "GET", "/workshop/devices", "operator", "ListDevices", "runtimes",
-        query=PAGE),
-    _op("listRuntimes", "GET", "/workshop/runtimes", "operator", "ListRuntimes", "runtimes",
-        query={**PAGE, "device_id": "device_id"}),
-    _op("registerRuntime", "POST", "/workshop/runtimes", "operator", "RegisterRuntime",
-        "runtimes", body=True, errors=(404, 409)),
+    _op(
+        "listDevices", "GET", "/workshop/devices", "operator", "ListDevices", "runtimes", query=PAGE
+    ),
+    _op(
+        "listRuntimes",
+        "GET",
+        "/workshop/runtimes",
+        "operator",
+        "ListRuntimes",
+        "runtimes",
+        query={**PAGE, "device_id": "device_id"},
+    ),
+    _op(
+        "registerRuntime",
+        "POST",
+        "/workshop/runtimes",
+        "operator",
+        "RegisterRuntime",
+        "runtimes",
+        body=True,
+        errors=(404, 409),
+    ),
     # runs
-    _op("createRun", "POST", "/workshop/runs", "workshop", "CreateRun", "runs", body=True,
-        rename={"id": "run_id"}, errors=(404, 409, 422, 429)),
-    _op("listRuns", "GET", "/workshop/runs", "workshop", "ListRuns", "runs",
-        query={**PAGE, "workflow": "workflow_id"}),
-    _op("getRun", "GET", "/workshop/runs/{run_id}", "workshop", "GetRun", "runs",
-        query={"job_limit": "job_limit"}, errors=(404,)),
-    _op("cancelRun", "POST", "/workshop/runs/{run_id}/cancel", "workshop", "CancelRun", "runs",
-        errors=(404,)),
-    _op("getRunSnapshot", "GET", "/workshop/runs/{run_id}/snapshot", "workshop",
-        "GetRunSnapshot", "runs", query=PAGE, errors=(404,)),
+    _op(
+        "createRun",
+        "POST",
+        "/workshop/runs",
+        "workshop",
+        "CreateRun",
+        "runs",
+        body=True,
+        rename={"id": "run_id"},
+        errors=(404, 409, 422, 429),
+    ),
+    _op(
+        "listRuns",
+        "GET",
+        "/workshop/runs",
+        "workshop",
+        "ListRuns",
+        "runs",
+        query={**PAGE, "workflow": "workflow_id"},
+    ),
+    _op(
+        "getRun",
+        "GET",
+        "/workshop/runs/{run_id}",
+        "workshop",
+        "GetRun",
+        "runs",
+        query={"job_limit": "job_limit"},
+        errors=(404,),
+    ),
+    _op(
+        "cancelRun",
+        "POST",
+        "/workshop/runs/{run_id}/cancel",
+        "workshop",
+        "CancelRun",
+        "runs",
+        errors=(404,),
+    ),
+    _op(
+        "getRunSnapshot",
+        "GET",
+        "/workshop/runs/{run_id}/snapshot",
+        "workshop",
+        "GetRunSnapshot",
+        "runs",
+        query=PAGE,
+        errors=(404,),
+    ),
     # review and summary
-    _op("getReview", "GET", "/workshop/runs/{run_id}/review", "workshop", "GetReview",
-        "review", query=PAGE, errors=(404,)),
-    _op("decideSighting", "POST", "/workshop/runs/{run_id}/sightings/{sighting_id}/decision",
-        "workshop", "DecideSighting", "review", body=True, errors=(404, 409)),
-    _op("getSummary", "GET", "/workshop/summary", "workshop", "GetSummary", "review",
-        query={"time_zone": "time_zone", "days": "days"}),
+    _op(
+        "getReview",
+        "GET",
+        "/workshop/runs/{run_id}/review",
+        "workshop",
+        "GetReview",
+        "review",
+        query=PAGE,
+        errors=(404,),
+    ),
+    _op(
+        "decideSighting",
+        "POST",
+        "/workshop/runs/{run_id}/sightings/{sighting_id}/decision",
+        "workshop",
+        "DecideSighting",
+        "review",
+        body=True,
+        errors=(404, 409),
+    ),
+    _op(
+        "getSummary",
+        "GET",
+        "/workshop/summary",
+        "workshop",
+        "GetSummary",
+        "review",
+        query={"time_zone": "time_zone", "days": "days"},
+    ),
     # buckets as datasets
-    _op("listBucketItems", "GET", "/workshop/buckets/{bucket_id}/items", "workshop",
-        "ListBucketItems", "buckets", query={**PAGE, **ITEM_FILTER}, errors=(404,)),
-    _op("exportBucket", "GET", "/workshop/buckets/{bucket_id}/export", "preview", "ExportBucket",
-        "buckets", query={"format": "format", **ITEM_FILTER}, errors=(404, 409), answer=TAR),
+    _op(
+        "listBucketItems",
+        "GET",
+        "/workshop/buckets/{bucket_id}/items",
+        "workshop",
+        "ListBucketItems",
+        "buckets",
+        query={**PAGE, **ITEM_FILTER},
+        errors=(404,),
+    ),
+    _op(
+        "exportBucket",
+        "GET",
+        "/workshop/buckets/{bucket_id}/export",
+        "preview",
+        "ExportBucket",
+        "buckets",
+        query={"format": "format", **ITEM_FILTER},
+        errors=(404, 409),
+        answer=TAR,
+    ),
     # images
-    _op("getPreviewImage", "GET", "/workshop/runs/{run_id}/previews/{item_id}/image", "preview",
-        "ReadImage", "images", errors=(404,), answer=IMAGE),
-    _op("getItemImage", "GET", "/workshop/runs/{run_id}/items/{item_id}/image", "preview",
-        "ReadImage", "images", errors=(404,), answer=IMAGE),
+    _op(
+        "getPreviewImage",
+        "GET",
+        "/workshop/runs/{run_id}/previews/{item_id}/image",
+        "preview",
+        "ReadImage",
+        "images",
+        errors=(404,),
+        answer=IMAGE,
+    ),
+    _op(
+        "getItemImage",
+        "GET",
+        "/workshop/runs/{run_id}/items/{item_id}/image",
+        "preview",
+        "ReadImage",
+        "images",
+        errors=(404,),
+        answer=IMAGE,
+    ),
     # photos
-    _op("requestPhoto", "POST", "/workshop/photos", "workshop", "RequestPhoto", "photos",
-        body=True, errors=(404, 409, 422)),
-    _op("getPhoto", "GET", "/workshop/photos/{photo_id}", "workshop", "GetPhoto", "photos",
-        errors=(404,)),
+    _op(
+        "requestPhoto",
+        "POST",
+        "/workshop/photos",
+        "workshop",
+        "RequestPhoto",
+        "photos",
+        body=True,
+        errors=(404, 409, 422),
+    ),
+    _op(
+        "getPhoto",
+        "GET",
+        "/workshop/photos/{photo_id}",
+        "workshop",
+        "GetPhoto",
+        "photos",
+        errors=(404,),
+    ),
     # the caller
     _op("whoAmI", "GET", "/workshop/me", "identity", "WhoAmI", "keys"),
     # a user's own Agent keys (a website session only: a key cannot mint keys)
-    _op("listOwnKeys", "GET", "/workshop/keys", "identity", "ListOwnKeys", "keys",
-        query={**PAGE, "include_revoked": "include_revoked"}),
-    _op("createOwnKey", "POST", "/workshop/keys", "identity", "CreateOwnKey", "keys",
-        body=True, errors=(404,)),
-    _op("revokeOwnKey", "DELETE", "/workshop/keys/{key_id}", "identity", "RevokeOwnKey", "keys",
-        errors=(404,)),
+    _op(
+        "listOwnKeys",
+        "GET",
+        "/workshop/keys",
+        "identity",
+        "ListOwnKeys",
+        "keys",
+        query={**PAGE, "include_revoked": "include_revoked"},
+    ),
+    _op(
+        "createOwnKey",
+        "POST",
+        "/workshop/keys",
+        "identity",
+        "CreateOwnKey",
+        "keys",
+        body=True,
+        errors=(404,),
+    ),
+    _op(
+        "revokeOwnKey",
+        "DELETE",
+        "/workshop/keys/{key_id}",
+        "identity",
+        "RevokeOwnKey",
+        "keys",
+        errors=(404,),
+    ),
 )

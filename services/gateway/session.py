@@ -66,9 +66,7 @@ class SessionRoutes:
 
     async def current(self, request: Request) -> Response:
         secret = session_secret(request)
-        who = await self.upstream.call(
-            "identity", "WhoAmI", identity_pb2.WhoAmIRequest(), secret
-        )
+        who = await self.upstream.call("identity", "WhoAmI", identity_pb2.WhoAmIRequest(), secret)
         if who.session_id == "":
             raise errors.Unauthenticated("Sign in first.", reason="CREDENTIAL_MISSING")
         body = self._described(secret, who.user_id, who.expires_at.ToDatetime(tzinfo=UTC))

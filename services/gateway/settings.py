@@ -39,7 +39,9 @@ class GatewaySettings(ServerSettings):
         True, help="0 drops the session cookie's Secure flag, for plain-HTTP local use only."
     )
     rpc_deadline_seconds: float = setting(
-        10.0, help="Deadline of each call to the coordinator and preview service.", check=at_least(0.1)
+        10.0,
+        help="Deadline of each call to the coordinator and preview service.",
+        check=at_least(0.1),
     )
     forwarded_allow_ips: str = setting(
         "",

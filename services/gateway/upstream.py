@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
@@ -51,7 +51,7 @@ def upstream_error(error: grpc.aio.AioRpcError) -> UpstreamError:
     grpc's own DEADLINE_EXCEEDED or UNAVAILABLE, is named by its code)."""
     code = error.code()
     reason, metadata = code.name, {}
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)
     if status is not None:
         for detail in status.details:
             info = error_details_pb2.ErrorInfo()
@@ -98,15 +98,13 @@ class Upstream:
     async def call(self, service: str, name: str, request: Message, secret: str) -> Any:
         """One unary call with the caller's credential; UpstreamError when refused."""
         try:
-            return await self.method(service, name)(
-                request, metadata=credential_metadata(secret)
-            )
+            return await self.method(service, name)(request, metadata=credential_metadata(secret))
         except grpc.aio.AioRpcError as error:
             raise upstream_error(error) from None
 
     async def stream(
         self, service: str, name: str, request: Message, secret: str
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any]:
         """A server stream's messages; UpstreamError when refused (before or during)."""
         call = self.method(service, name)(request, metadata=credential_metadata(secret))
         try:

@@ -51,7 +51,7 @@ def guarded(endpoint: Endpoint) -> Endpoint:
     async def answer(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except Exception as error:  # noqa: BLE001 - one place maps every error
+        except Exception as error:
             return problem_response(error)
 
     return answer
@@ -89,9 +89,7 @@ class Gateway:
             Route("/api/session", guarded(self.session.logout), methods=["DELETE"]),
         ]
         for prefix in (API, V1):
-            routes.append(
-                Route(f"/{prefix}/openapi.json", self._document(prefix), methods=["GET"])
-            )
+            routes.append(Route(f"/{prefix}/openapi.json", self._document(prefix), methods=["GET"]))
             routes.append(WebSocketRoute(f"/{prefix}{LIVE_PATH}", self._live(prefix)))
             routes.append(Route(f"/{prefix}{LIVE_PATH}", guarded(_needs_upgrade)))
             for operation in OPERATIONS:
@@ -145,7 +143,7 @@ class Gateway:
                 first = await self.upstream.call(
                     "workshop", "GetRun", workshop_pb2.GetRunRequest(run_id=run_id), secret
                 )
-            except Exception as error:  # noqa: BLE001 - refused before the upgrade
+            except Exception as error:
                 await _deny(websocket, problem_response(error))
                 return
             await websocket.accept()
@@ -173,7 +171,9 @@ async def _needs_upgrade(request: Request) -> Response:
 
 
 async def _http_exception(request: Request, error: HTTPException) -> Response:
-    reason = {404: "ROUTE_NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(error.status_code, "INVALID_ARGUMENT")
+    reason = {404: "ROUTE_NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(
+        error.status_code, "INVALID_ARGUMENT"
+    )
     code = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(error.status_code, "INVALID_ARGUMENT")
     message = {
         404: f"No route {request.url.path}; see /api/openapi.json or /v1/openapi.json.",
