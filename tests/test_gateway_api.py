@@ -448,3 +448,12 @@ async def test_the_openapi_documents_list_every_route(gateway: GatewayHarness) -
 def _tar_names(data: bytes) -> list[str]:
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         return archive.getnames()
+
+
+def test_the_docs_list_every_route() -> None:
+    from pathlib import Path
+
+    from services.gateway.routes import OPERATIONS
+
+    text = (Path(__file__).parents[1] / "docs" / "http-api.md").read_text()
+    assert [o.path for o in OPERATIONS if f"`{o.method} {o.path}`" not in text] == []
