@@ -7,6 +7,7 @@ error catalog with nothing changed; login, cookies and throttling; cross-site re
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 from typing import Any
@@ -457,3 +458,36 @@ def test_the_docs_list_every_route() -> None:
 
     text = (Path(__file__).parents[1] / "docs" / "http-api.md").read_text()
     assert [o.path for o in OPERATIONS if f"`{o.method} {o.path}`" not in text] == []
+
+
+async def test_the_live_page_socket_follows_a_run_to_its_end(
+    gateway: GatewayHarness, world: World, ada: Browser
+) -> None:
+    import json
+
+    import websockets
+    from websockets.typing import Origin
+
+    await ada.client.post("/api/workshop/runs", json=seed_body("r-l", world.tracking_runtime))
+    cookie = f"workshop_session={ada.client.cookies['workshop_session']}"
+    url = gateway.url.replace("http", "ws") + "/api/workshop/runs/r-l/live"
+    async with websockets.connect(
+        url, additional_headers={"cookie": cookie}, origin=Origin(gateway.url)
+    ) as socket:
+        first = json.loads(await socket.recv())
+        assert first["detail"]["run"]["status"] == "queued"
+        assert first["final"] is False
+        cancelled = await ada.client.post("/api/workshop/runs/r-l/cancel")
+        assert cancelled.status_code == 200
+        last = json.loads(await asyncio.wait_for(socket.recv(), timeout=10))
+        while not last["final"]:
+            last = json.loads(await asyncio.wait_for(socket.recv(), timeout=10))
+        assert last["detail"]["run"]["status"] == "cancelled"
+        assert last["seq"] > first["seq"]
+        with pytest.raises(websockets.exceptions.ConnectionClosedOK):
+            await asyncio.wait_for(socket.recv(), timeout=10)
+    # without a session the handshake is refused with the catalog's status
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        async with websockets.connect(url, origin=Origin(gateway.url)):
+            pass
+    assert refused.value.response.status_code == 401
