@@ -47,6 +47,7 @@ from workshop.v1 import workshop_pb2 as ws
 from workshop.v1 import workshop_pb2_grpc
 
 RUN_ID = "bench-read"
+PROCESSES = ("client", "gateway", "coordinator", "postgres")
 SERVICE_ENV = {"HOST": "127.0.0.1", "PORT": "0", "DRAIN_SECONDS": "0", "GRACE_SECONDS": "1"}
 COORDINATOR_ENV = {"SCHEDULER_INTERVAL_SECONDS": "0", "MAINTENANCE_INTERVAL_SECONDS": "0"}
 
@@ -226,14 +227,11 @@ def _table(figures: dict[str, Figure], connections: int) -> None:
     say(f"run detail, {connections} concurrent callers")
     say(
         f"{'mode':6} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        + " ".join(f"{name + ' cpu ms/call':>22}" for name in ("client", "gateway", "coordinator", "postgres"))
+        + " ".join(f"{name + ' cpu ms/call':>22}" for name in PROCESSES)
     )
     for mode in ("grpc", "http"):
         f = figures[mode]
-        cpu = " ".join(
-            f"{f.cpu[name] / f.calls * 1000:>22.3f}"
-            for name in ("client", "gateway", "coordinator", "postgres")
-        )
+        cpu = " ".join(f"{f.cpu[name] / f.calls * 1000:>22.3f}" for name in PROCESSES)
         say(f"{mode:6} {f.rate:>9.0f} {f.p50_ms:>8.1f} {f.p99_ms:>8.1f} {cpu}")
 
 
