@@ -26,6 +26,8 @@ from workshop.kit.status import INTERNAL, status_for
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_KEY = "retry_after_seconds"
+# A 64 KiB body can break thousands of rules; the first hundred say enough.
+VIOLATIONS_SHOWN = 100
 
 
 def error_body(
@@ -71,7 +73,8 @@ def problem_response(error: BaseException) -> JSONResponse:
         violations = None
         if isinstance(error, JsonInvalid):
             violations = [
-                {"field": v.field, "description": v.description} for v in error.violations
+                {"field": v.field, "description": v.description}
+                for v in error.violations[:VIOLATIONS_SHOWN]
             ]
         body = error_body(
             code=known.grpc_code.name,
