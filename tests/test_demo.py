@@ -1,5 +1,7 @@
-"""`python -m tools.demo` end to end, twice in a row: each run exits 0, prints 20 frame
-rows with the scenes' detections and their previews, and leaves no process it started.
+"""`python -m tools.demo` end to end, twice in a row: each run exits 0, creates its run
+through the gateway, prints 20 frame rows with the scenes' detections and their previews,
+and leaves no process it started. A kept demo's printed gateway, Agent key and password
+work, and closing its terminal stops its stack.
 
 The first run gets a new temporary work directory; the second reuses that one with
 `--workdir`, so a finished demo's directory and state do not break the next run.
@@ -7,6 +9,7 @@ The first run gets a new temporary work directory; the second reuses that one wi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tools.localstack.postgres import PostgresUnavailable
@@ -27,12 +31,23 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = {"person", "vehicle", "animal"}
-STACK = {"postgres", "seaweedfs", "triton", "coordinator", "preview", "processor"}
+STACK = {"postgres", "seaweedfs", "triton", "coordinator", "preview", "gateway", "processor"}
 ROW = re.compile(r"^(\d+)\s+(\d\d:\d\d:\d\d)\s+(cam-[ab])\s+(.+?)\s+(\S+/\d+\.jpg)$")
 DETECTION = re.compile(r"(\w+) (\d\.\d\d) \((\d+),(\d+) (\d+)x(\d+)\)")
 WORKDIR = re.compile(r"^workshop demo: work directory (\S+)$", re.MULTILINE)
 PIDS = re.compile(r"^stack pids: (.+)$", re.MULTILINE)
 PID = re.compile(r"\bpid (\d+)\b")
+CREATE = re.compile(r"^POST /v1/workshop/runs (\{.+\})$", re.MULTILINE)
+CREATED = re.compile(
+    r"^  -> 200: run demo-run queued, created by user demo \(key \S+\)$", re.MULTILINE
+)
+LIVE = re.compile(r"^GET ws://127\.0\.0\.1:\d+/v1/workshop/runs/demo-run/live ", re.MULTILINE)
+IMAGE = re.compile(
+    r"^GET /v1/workshop/runs/demo-run/previews/\S+/image -> image/jpeg, (\d+) bytes", re.MULTILINE
+)
+GATEWAY = re.compile(r"^  gateway      (http://127\.0\.0\.1:\d+) ", re.MULTILINE)
+USER = re.compile(r"^  demo user    demo  password (\S+) ", re.MULTILINE)
+AGENT_KEY = re.compile(r"^  agent key    (\S+) ", re.MULTILINE)
 
 
 @pytest.fixture(autouse=True)
@@ -71,6 +86,24 @@ def check_frames(output: str) -> None:
         # Every scene object stays in frame the whole recording: each frame shows all three.
         assert {d[0] for d in detections} == CLASSES, row[0]
         assert all(float(d[1]) >= 0.5 for d in detections), row[0]
+
+
+def check_gateway(output: str) -> None:
+    """The run was created with the documented body and followed through the gateway."""
+    (body,) = CREATE.findall(output)
+    assert list(json.loads(body)) == [
+        "id",
+        "workflow_id",
+        "runtime_id",
+        "revision",
+        "mode",
+        "image_limit",
+    ]
+    assert json.loads(body)["mode"] == "test"
+    assert CREATED.search(output), output
+    assert LIVE.search(output), output
+    (size,) = IMAGE.findall(output)
+    assert int(size) > 0
 
 
 def check_previews(workdir: Path) -> None:
@@ -122,9 +155,29 @@ def test_the_demo_runs_twice_and_leaves_nothing_running(tmp_path: Path) -> None:
 
     for output in (first, second):
         check_frames(output)
+        check_gateway(output)
         assert not [pid for pid in started_pids(output) if running(pid)], output
     check_previews(Path(workdir))
     assert processes_mentioning(Path(workdir)) == []
+
+
+def check_kept_gateway(printed: str) -> None:
+    """What a kept demo prints lets a person in: the Agent key lists the demo's run, the
+    password signs the demo user in, and the OpenAPI document is served."""
+    (gateway,) = GATEWAY.findall(printed)
+    (password,) = USER.findall(printed)
+    (key,) = AGENT_KEY.findall(printed)
+    assert f'curl -H "Authorization: Bearer $AGENT_KEY" {gateway}/v1/workshop/runs' in printed
+    with httpx.Client(base_url=gateway, timeout=30) as http:
+        runs = http.get("/v1/workshop/runs", headers={"Authorization": f"Bearer {key}"})
+        assert runs.status_code == 200, runs.text
+        (run,) = [entry["run"] for entry in runs.json()["runs"]]
+        assert (run["run_id"], run["status"]) == ("demo-run", "completed")
+        assert run["created_by"]["user_id"] == "demo"
+        signed_in = http.post("/api/session", json={"user_id": "demo", "password": password})
+        assert signed_in.status_code == 200, signed_in.text
+        assert signed_in.json()["user_id"] == "demo"
+        assert http.get("/v1/openapi.json").json()["openapi"].startswith("3.1")
 
 
 @pytest.mark.timeout(600)
@@ -148,8 +201,14 @@ def test_a_kept_demo_stops_its_stack_when_its_terminal_closes(tmp_path: Path) ->
                 break
         printed = "".join(output)
         assert "the stack keeps running" in printed, printed
+        for line in demo.stdout:  # the rest of what it prints while it waits
+            output.append(line)
+            if "export ADMIN_KEY=" in line:
+                break
+        printed = "".join(output)
         pids = started_pids(printed)
         assert all(running(pid) for pid in pids)
+        check_kept_gateway(printed)
         demo.send_signal(signal.SIGHUP)  # what closing its terminal sends
         rest, _ = demo.communicate(timeout=120)
     finally:

@@ -1,9 +1,9 @@
 """Nothing a demo starts outlives it: the watchdog, `tools.demo stop`, the work dir claim.
 
 A stand-in demo (a real process that claims a work directory, marks its stack and starts
-the real watchdog, then starts two `sleep` processes in sessions of their own, as the demo
-starts its services) is killed or stopped; its marked processes must go, and processes
-without its mark must stay.
+the real watchdog, then starts two `sleep` processes in sessions of their own with the
+environment the demo gives its services, `stack.clean_environment()`) is killed or
+stopped; its marked processes must go, and processes without its mark must stay.
 """
 
 from __future__ import annotations
@@ -26,10 +26,14 @@ STAND_IN = """
 import subprocess, sys, time
 from pathlib import Path
 from tools.demo import reaper
+from tools.demo.stack import clean_environment
 from tools.demo.workdir import prepare_workdir
 workdir = prepare_workdir(Path(sys.argv[1]))
 reaper.start_watchdog(reaper.mark_stack(workdir))
-children = [subprocess.Popen(["sleep", "300"], start_new_session=True) for _ in range(2)]
+children = [
+    subprocess.Popen(["sleep", "300"], env=clean_environment(), start_new_session=True)
+    for _ in range(2)
+]
 print(" ".join(str(child.pid) for child in children), flush=True)
 time.sleep(300)
 """

@@ -1,9 +1,11 @@
 """`python -m tools.demo [--keep] [--workdir DIR]`: the whole system on this machine.
 
-Starts Postgres, SeaweedFS, the bundled Triton, the coordinator, the preview service and one
-processor; publishes the demo detector, imports synthetic recordings of two cameras, saves a
-workflow, runs a test run of 20 images with a progress bar, prints each frame's detections
-and preview, and stops everything it started. `--keep` leaves the stack running until
+Starts Postgres, SeaweedFS, the bundled Triton, the coordinator, the preview service, the
+gateway and one processor; publishes the demo detector, imports synthetic recordings of two
+cameras and saves a workflow (as an operator, over gRPC), then as the demo user through the
+gateway (an Agent key) creates a test run of 20 images, follows it on its live WebSocket
+with a progress bar and reads its previews back; prints each frame's detections and preview,
+and stops everything it started. `--keep` leaves the stack running until
 Ctrl-C, SIGTERM, SIGHUP (its terminal closed) or `python -m tools.demo stop`; a watchdog
 stops the stack even when the demo is killed. Exit status: 0 when the run completed, 1 on
 a failure, 2 on bad usage, 130 when interrupted.
@@ -27,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 
 import grpc
+import httpx
 
 from tools.demo import reaper, script
 from tools.demo.footage import Footage, make_footage
@@ -34,7 +37,7 @@ from tools.demo.report import collect_frames, frame_table, previews_prefix
 from tools.demo.stack import PREVIEW_BUCKET, RECORDINGS_BUCKET, Stack, running_stack
 from tools.demo.terminal import Console
 from tools.demo.workdir import WorkdirError, forget_pids, prepare_workdir, record_pids
-from workshop.v1 import common_pb2
+from workshop.v1 import common_pb2, run_pb2
 
 
 class RunFailed(RuntimeError):
@@ -117,13 +120,25 @@ def _scenario(stack: Stack, pending: Future[list[Footage]], console: Console) ->
             script.import_footage(stack, channel, footage, yesterday)
         with console.stage(f"saving workflow {script.WORKFLOW_ID}"):
             revision = script.save_workflow(channel, stack, cameras, classes)
-        script.create_run(channel, stack, revision)
-        console.line(
-            f"test run {script.RUN_ID}: {script.IMAGE_LIMIT} images, runtime {stack.runtime_id}"
-        )
+    console.line(
+        f"test run {script.RUN_ID}: {script.IMAGE_LIMIT} images, runtime {stack.runtime_id}, "
+        f"through the gateway {stack.gateway} as user {stack.user.user_id} (Agent key)"
+    )
+    with script.agent_client(stack) as http:
+        script.create_run(http, stack, console, revision)
         began = time.perf_counter()
-        final = script.follow_run(channel, stack, console)
-    detail = final.detail
+        detail = script.follow_run(stack, console)
+        _report(stack, http, detail, footage, began, console)
+
+
+def _report(
+    stack: Stack,
+    http: httpx.Client,
+    detail: run_pb2.RunDetail,
+    footage: list[Footage],
+    began: float,
+    console: Console,
+) -> None:
     status = common_pb2.RunStatus.Name(detail.run.status).removeprefix("RUN_STATUS_").lower()
     console.line(f"run {status} in {time.perf_counter() - began:.1f} s")
     if detail.run.status != common_pb2.RUN_STATUS_COMPLETED:
@@ -131,8 +146,13 @@ def _scenario(stack: Stack, pending: Future[list[Footage]], console: Console) ->
             f"{job.camera_id}: {job.failure_message}" for job in detail.jobs if job.failure_message
         ]
         raise RunFailed(f"run {script.RUN_ID} ended {status}: {'; '.join(failures)}")
-    with grpc.insecure_channel(stack.preview) as channel:
-        frames = collect_frames(stack, channel, script.RUN_ID, list(detail.recent_images))
+    frames = collect_frames(stack, http, script.RUN_ID, list(detail.recent_images))
+    if frames:
+        first = frames[0]
+        console.line(
+            f"GET {first.path} -> {first.content_type}, {first.byte_size} bytes "
+            f"(each of the {len(frames)} previews is read this way)"
+        )
     scene = footage[0].scene
     prefix = previews_prefix(script.RUN_ID)
     console.line()
@@ -149,12 +169,19 @@ def _scenario(stack: Stack, pending: Future[list[Footage]], console: Console) ->
 def _keep_running(stack: Stack, console: Console) -> None:
     grpcurl = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
     s3 = stack.s3
+    user = stack.user
+    gateway = stack.gateway
     lines = [
         "",
         "the stack keeps running; Ctrl-C, SIGTERM, closing this terminal or "
         f"`make demo-stop ARGS='--workdir {stack.workdir}'` stops it",
         f"  coordinator  {stack.coordinator}  (OperatorService, WorkshopService, JobService)",
         f"  preview      {stack.preview}  (PreviewService)",
+        f"  gateway      {gateway}  (HTTP API: /api with a session cookie, /v1 with an "
+        "Agent key; docs/http-api.md)",
+        f"  openapi      {gateway}/v1/openapi.json",
+        f"  demo user    {user.user_id}  password {user.password}  (sign in: POST /api/session)",
+        f"  agent key    {user.agent_key}  (user {user.user_id}, scope workshop)",
         f"  processor    {stack.processor}  (health; runtime {stack.runtime_id})",
         f"  triton       {stack.triton.grpc_url}  (gRPC), {stack.triton.http_url}",
         f"  postgres     {stack.database_url}",
@@ -164,6 +191,14 @@ def _keep_running(stack: Stack, console: Console) -> None:
         f"  work dir     {stack.workdir}",
         "",
         "try:",
+        f"  export AGENT_KEY={user.agent_key}",
+        f'  curl -H "Authorization: Bearer $AGENT_KEY" {gateway}/v1/workshop/runs',
+        f'  curl -H "Authorization: Bearer $AGENT_KEY" {gateway}/v1/workshop/runs/{script.RUN_ID}',
+        f'  curl -H "Authorization: Bearer $AGENT_KEY" -H "Content-Type: application/json" '
+        f'-d \'{{"id": "demo-2", "workflow_id": "{script.WORKFLOW_ID}", '
+        f'"runtime_id": "{stack.runtime_id}", "revision": 1, "mode": "test", '
+        f'"image_limit": 10}}\' {gateway}/v1/workshop/runs',
+        f"  curl {gateway}/v1/openapi.json",
         f"  export ADMIN_KEY={stack.admin_key}",
         f"  {grpcurl} -plaintext {stack.coordinator} list",
         f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
@@ -172,11 +207,11 @@ def _keep_running(stack: Stack, console: Console) -> None:
         f'-d \'{{"run_id": "{script.RUN_ID}"}}\' {stack.coordinator} '
         "workshop.v1.WorkshopService/GetRun",
         f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
-        f'-d \'{{"run_id": "demo-2", "workflow_id": "{script.WORKFLOW_ID}", '
+        f'-d \'{{"run_id": "demo-3", "workflow_id": "{script.WORKFLOW_ID}", '
         f'"runtime_id": "{stack.runtime_id}", "revision": 1, "mode": "RUN_MODE_TEST", '
         f'"image_limit": 10}}\' {stack.coordinator} workshop.v1.WorkshopService/CreateRun',
         f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
-        f'-d \'{{"run_id": "demo-2"}}\' {stack.coordinator} '
+        f'-d \'{{"run_id": "demo-3"}}\' {stack.coordinator} '
         "workshop.v1.WorkshopService/WatchRun",
     ]
     for line in lines:

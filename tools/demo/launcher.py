@@ -96,7 +96,8 @@ class Launcher:
 
 
 class Service:
-    """A service process that was started; `wait()` returns once it serves."""
+    """A service process that was started; `wait()` returns once it serves, `wait_http()`
+    once it announces its HTTP port (the gateway does, before it serves)."""
 
     def __init__(self, label: str, process: ServiceProcess, began: float, console: Console) -> None:
         self.label = label
@@ -104,6 +105,7 @@ class Service:
         self._began = began
         self._console = console
         self.target = ""
+        self.http = ""
 
     @property
     def pid(self) -> int:
@@ -115,10 +117,19 @@ class Service:
             serving = self.process.wait_event("serving", timeout=READY_TIMEOUT_S)
             self.target = f"127.0.0.1:{serving['port']}"
             elapsed = time.perf_counter() - self._began
+            http = f", HTTP {self.http}" if self.http else ""
             self._console.line(
-                f"  {self.label} serving in {elapsed:.1f} s (pid {self.pid}, {self.target})"
+                f"  {self.label} serving in {elapsed:.1f} s (pid {self.pid}, {self.target}{http})"
             )
         return self.target
+
+    def wait_http(self) -> str:
+        """http://host:port once the service announces its HTTP server (`{"event": "http"}`).
+        Events announced meanwhile stay readable: `wait()` after this still finds `serving`."""
+        if not self.http:
+            announced = self.process.wait_event("http", timeout=READY_TIMEOUT_S)
+            self.http = f"http://{announced['host']}:{announced['port']}"
+        return self.http
 
 
 @contextmanager

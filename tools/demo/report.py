@@ -1,8 +1,9 @@
 """The demo's result table: each frame of the run, its detections, and where its preview is.
 
-Images are read back through the preview service (`PreviewService.ReadImage`, the path a
-reader takes) and copied under the work directory, so they outlive the stack; the table also
-names each preview's object key in the preview bucket, found by listing the run's prefix.
+Images are read back through the gateway as a user reads them
+(`GET /v1/workshop/runs/{run_id}/previews/{item_id}/image`, with the demo user's Agent key)
+and copied under the work directory, so they outlive the stack; the table also names each
+preview's object key in the preview bucket, found by listing the run's prefix.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import grpc
+import httpx
 
-from tools.demo.stack import CALL_TIMEOUT_S, PREVIEW_BUCKET, Stack
+from tools.demo.script import GatewayRefused, image_path, refusal
+from tools.demo.stack import PREVIEW_BUCKET, Stack
 from tools.demo.terminal import table
-from workshop.v1 import common_pb2, preview_pb2_grpc, run_pb2
-from workshop.v1 import preview_pb2 as pv
+from workshop.v1 import common_pb2, run_pb2
 
 # Test runs keep their previews under this prefix (README, "Object storage").
 TEST_PREVIEWS = "workshop-tests/previews"
@@ -30,28 +31,31 @@ class Frame:
     boxes: tuple[common_pb2.Box, ...]
     object_key: str
     copy: Path
+    path: str  # where the gateway serves it
+    content_type: str
+    byte_size: int
 
 
 def collect_frames(
-    stack: Stack, channel: grpc.Channel, run_id: str, images: list[run_pb2.RunImage]
+    stack: Stack, http: httpx.Client, run_id: str, images: list[run_pb2.RunImage]
 ) -> list[Frame]:
-    """The run's images in camera and time order, each copied to `<workdir>/previews/`."""
+    """The run's images in camera and time order, each read through the gateway with
+    `http` (the Agent key's client) and copied to `<workdir>/previews/`."""
     keys = _preview_keys(stack, run_id)
-    previews = preview_pb2_grpc.PreviewServiceStub(channel)
     directory = stack.workdir / "previews"
     directory.mkdir(exist_ok=True)
     frames = []
     ordered = sorted(images, key=lambda image: (image.camera_id, image.frame_time.ToDatetime()))
     for image in ordered:
-        read = previews.ReadImage(
-            pv.ReadImageRequest(run_id=run_id, item_id=image.item_id),
-            metadata=stack.admin,
-            timeout=CALL_TIMEOUT_S,
-        )
+        path = image_path(run_id, image.item_id)
+        read = http.get(path)
+        if not read.is_success:
+            raise GatewayRefused(refusal(read))
+        content_type = read.headers.get("content-type", "")
         frame_time = image.frame_time.ToDatetime(tzinfo=UTC)
-        extension = "png" if read.content_type == "image/png" else "jpg"
+        extension = "png" if content_type == "image/png" else "jpg"
         copy = directory / f"{image.camera_id}-{frame_time:%H%M%S}.{extension}"
-        copy.write_bytes(read.image)
+        copy.write_bytes(read.content)
         frames.append(
             Frame(
                 camera_id=image.camera_id,
@@ -59,6 +63,9 @@ def collect_frames(
                 boxes=tuple(sorted(image.boxes, key=lambda box: box.class_name)),
                 object_key=keys.get((image.job_id, image.slot_index), "(not found)"),
                 copy=copy,
+                path=path,
+                content_type=content_type,
+                byte_size=len(read.content),
             )
         )
     return frames

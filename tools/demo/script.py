@@ -1,24 +1,33 @@
 """The demo's scenario on a running stack: publish the demo detector, import two cameras'
 recordings, save a workflow, run a test run of 20 images and follow it live.
 
-Every step goes through the public surfaces an operator uses: the `tools.model_repository publish`
-command, S3 for the footage, and the coordinator's OperatorService and WorkshopService.
+Every step goes through the public surfaces people use. An operator's: the
+`tools.model_repository publish` command, S3 for the footage, and the coordinator's
+OperatorService and WorkshopService (admin key). A user's, through the gateway with the
+demo user's Agent key: the run is created with `POST /v1/workshop/runs` and followed on
+its live WebSocket, `/v1/workshop/runs/{run_id}/live` (docs/http-api.md).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, time, timedelta
+from time import monotonic
+from typing import Any
 
 import grpc
+import httpx
 from google.protobuf.timestamp_pb2 import Timestamp
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
+from services.gateway.jsonmap import from_json
 from tools.demo.footage import FPS, SECONDS, Footage
 from tools.demo.stack import CALL_TIMEOUT_S, RECORDINGS_BUCKET, Stack
 from tools.demo.terminal import Console
 from tools.localstack.host import tail
 from tools.localstack.processes import run_module
-from workshop.v1 import common_pb2, operator_pb2_grpc, workflow_pb2, workshop_pb2_grpc
+from workshop.v1 import common_pb2, operator_pb2_grpc, run_pb2, workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws
 
@@ -28,6 +37,10 @@ WORKFLOW_ID = "yard-watch"
 BUCKET_ID = "yard"
 RUN_ID = "demo-run"
 IMAGE_LIMIT = 20
+# The gateway's routes the demo uses (docs/http-api.md), under /v1 for Agent keys.
+RUNS_PATH = "/v1/workshop/runs"
+LIVE_PATH = "/v1/workshop/runs/{run_id}/live"
+IMAGE_PATH = "/v1/workshop/runs/{run_id}/previews/{item_id}/image"
 # 30 s recordings sampled every 3 s: 10 slots per camera, 20 in all.
 INTERVAL_SECONDS = 3
 RECORDING_START = time(8, 0)
@@ -160,53 +173,110 @@ def workflow_spec(cameras: list[str], classes: list[str]) -> workflow_pb2.Workfl
     )
 
 
-def create_run(channel: grpc.Channel, stack: Stack, revision: int) -> None:
-    workshop = workshop_pb2_grpc.WorkshopServiceStub(channel)
-    workshop.CreateRun(
-        ws.CreateRunRequest(
-            run_id=RUN_ID,
-            workflow_id=WORKFLOW_ID,
-            runtime_id=stack.runtime_id,
-            revision=revision,
-            mode=common_pb2.RUN_MODE_TEST,
-            image_limit=IMAGE_LIMIT,
-        ),
-        metadata=stack.admin,
+def agent_client(stack: Stack) -> httpx.Client:
+    """An HTTP client of the gateway's `/v1` API with the demo user's Agent key."""
+    return httpx.Client(
+        base_url=stack.gateway,
+        headers={"Authorization": f"Bearer {stack.user.agent_key}"},
         timeout=CALL_TIMEOUT_S,
     )
 
 
-def follow_run(channel: grpc.Channel, stack: Stack, console: Console) -> ws.WatchRunResponse:
-    """Draw a progress bar from WorkshopService.WatchRun until the run is final."""
-    workshop = workshop_pb2_grpc.WorkshopServiceStub(channel)
-    stream = workshop.WatchRun(
-        ws.WatchRunRequest(run_id=RUN_ID), metadata=stack.admin, timeout=WATCH_TIMEOUT_S
+def create_run(http: httpx.Client, stack: Stack, console: Console, revision: int) -> None:
+    """`POST /v1/workshop/runs` with the demo user's Agent key, printed as docs/http-api.md
+    shows a request."""
+    body = {
+        "id": RUN_ID,
+        "workflow_id": WORKFLOW_ID,
+        "runtime_id": stack.runtime_id,
+        "revision": revision,
+        "mode": "test",
+        "image_limit": IMAGE_LIMIT,
+    }
+    console.line(f"POST {RUNS_PATH} {json.dumps(body)}")
+    response = http.post(RUNS_PATH, json=body)
+    run = answer_json(response)["run"]
+    creator = run["created_by"]
+    console.line(
+        f"  -> {response.status_code}: run {run['run_id']} {run['status']}, created by user "
+        f"{creator['user_id']} (key {creator['key_id']})"
     )
-    last: ws.WatchRunResponse | None = None
+
+
+def follow_run(stack: Stack, console: Console) -> run_pb2.RunDetail:
+    """Draw a progress bar from the run's live WebSocket until a message is `final`; the
+    run's detail as of that message. Each message is `{"seq", "sent_at", "final",
+    "detail"}`, the detail a RunDetail as JSON (docs/http-api.md)."""
+    url = live_url(stack, RUN_ID)
+    console.line(f"GET {url} (WebSocket, Agent key)")
+    deadline = monotonic() + WATCH_TIMEOUT_S
+    headers = {"Authorization": f"Bearer {stack.user.agent_key}"}
     try:
-        for message in stream:
-            last = message
-            _draw(console, message)
-            if message.final or message.detail.run.status in FINAL:
-                break
-    except grpc.RpcError as error:
-        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise
+        with connect(url, additional_headers=headers, open_timeout=CALL_TIMEOUT_S) as live:
+            while True:
+                remaining = deadline - monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                message = json.loads(live.recv(timeout=remaining))
+                detail = from_json(message["detail"], run_pb2.RunDetail)
+                _draw(console, detail)
+                if message["final"] or detail.run.status in FINAL:
+                    return detail
+    except TimeoutError:
         log = stack.logs / "processor.log"
         raise RuntimeError(
             f"run {RUN_ID} did not finish within {WATCH_TIMEOUT_S:.0f} s; the processor's "
             f"last lines ({log}):\n{tail(log, 10)}"
         ) from None
+    except InvalidStatus as refused:
+        answer = refused.response
+        raise RuntimeError(
+            f"the gateway refused the live socket {url}: {answer.status_code} "
+            f"{bytes(answer.body).decode(errors='replace')[:200]}"
+        ) from None
+    except ConnectionClosed as closed:
+        code, reason = (closed.rcvd.code, closed.rcvd.reason) if closed.rcvd else (None, "")
+        log = stack.logs / "gateway.log"
+        raise RuntimeError(
+            f"the live socket of run {RUN_ID} closed before the run finished ({code} "
+            f"{reason!r}); the gateway's last lines ({log}):\n{tail(log, 10)}"
+        ) from None
     finally:
-        stream.cancel()
         console.end_progress()
-    if last is None:
-        raise RuntimeError(f"WatchRun ended without a message for run {RUN_ID}")
-    return last
 
 
-def _draw(console: Console, message: ws.WatchRunResponse) -> None:
-    run = message.detail.run
+def live_url(stack: Stack, run_id: str) -> str:
+    return "ws" + stack.gateway.removeprefix("http") + LIVE_PATH.format(run_id=run_id)
+
+
+def image_path(run_id: str, item_id: str) -> str:
+    return IMAGE_PATH.format(run_id=run_id, item_id=item_id)
+
+
+class GatewayRefused(RuntimeError):
+    """The gateway answered an error (its JSON shape: docs/http-api.md, Errors)."""
+
+
+def answer_json(response: httpx.Response) -> dict[str, Any]:
+    """The JSON body of a 2xx answer; GatewayRefused with the error's reason otherwise."""
+    if response.is_success:
+        body: dict[str, Any] = response.json()
+        return body
+    raise GatewayRefused(refusal(response))
+
+
+def refusal(response: httpx.Response) -> str:
+    request = response.request
+    what = f"{request.method} {request.url.path} answered {response.status_code}"
+    try:
+        error = response.json()
+        return f"{what} {error['reason']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{what}: {response.text[:200]}"
+
+
+def _draw(console: Console, detail: run_pb2.RunDetail) -> None:
+    run = detail.run
     counts = run.counts
     committed = counts.slots_frame + counts.slots_empty + counts.slots_dropped
     # Previews appear frame by frame; slots are committed per job, when the job completes.

@@ -2,16 +2,20 @@
 
 Postgres (a throwaway cluster), SeaweedFS and the bundled Triton start in parallel; then the
 coordinator (`migrate` and `create-admin-key` first), the preview service with its own
-`service` key, and one processor with a `workshop:run` key bound to the demo's device, its
-runtime registered with `python -m services.processor register-runtime`. Everything stops,
-newest first, when the `running_stack` block ends (see `launcher.Launcher`): services and
-Triton with SIGTERM then SIGKILL, SeaweedFS with SIGKILL, Postgres with `pg_ctl stop`.
+`service` key, the gateway (HTTP and WebSocket) with its `gateway` key, and one processor
+with a `workshop:run` key bound to the demo's device, its runtime registered with
+`python -m services.processor register-runtime`. The demo user `demo` gets a random
+password and an Agent key (scope `workshop`), with which the demo reaches the product
+through the gateway as users do. Everything stops, newest first, when the `running_stack`
+block ends (see `launcher.Launcher`): services and Triton with SIGTERM then SIGKILL,
+SeaweedFS with SIGKILL, Postgres with `pg_ctl stop`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from pathlib import Path
 import grpc
 
 from tools.demo.launcher import Launcher, Service
+from tools.demo.reaper import MARK_VARIABLE
 from tools.demo.terminal import Console
 from tools.demo.workdir import record_pids
 from tools.localstack.postgres import PostgresCluster, create_database, postgres_cluster
@@ -32,6 +37,7 @@ from workshop.v1 import common_pb2, operator_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 
 DEVICE_ID = "demo-gpu"
+USER_ID = "demo"
 DATABASE = "workshop"
 PREVIEW_BUCKET = "workshop"
 RECORDINGS_BUCKET = "recordings"
@@ -39,6 +45,24 @@ CALL_TIMEOUT_S = 30.0
 # What the services and operator commands read from the environment: a shell's own values
 # must not leak into the demo's stack, which runs on embedded defaults only.
 _OWN_PREFIXES = ("COORDINATOR_", "PREVIEW_", "PROCESSOR_", "GATEWAY_", "WORKSHOP_")
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Secrets of the services' own keys."""
+
+    preview: str  # scope `service`
+    processor: str  # scope `workshop:run`, bound to the demo's device
+    gateway: str  # scope `gateway`
+
+
+@dataclass(frozen=True)
+class DemoUser:
+    """The website user the demo acts as, and its Agent key (scope `workshop`)."""
+
+    user_id: str
+    password: str
+    agent_key: str
 
 
 @dataclass(frozen=True)
@@ -51,8 +75,10 @@ class Stack:
     triton: TritonServer
     coordinator: str
     preview: str
+    gateway: str  # the HTTP base URL, http://127.0.0.1:PORT
     processor: str
     admin_key: str
+    user: DemoUser
     device_id: str
     runtime_id: str
     pids: Mapping[str, int]
@@ -68,7 +94,11 @@ class Stack:
 
 
 def clean_environment() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(_OWN_PREFIXES)}
+    """This process's environment without the services' own settings; the demo's stack
+    mark (tools.demo.reaper) stays, so that the watchdog finds every service it starts."""
+    return {
+        k: v for k, v in os.environ.items() if k == MARK_VARIABLE or not k.startswith(_OWN_PREFIXES)
+    }
 
 
 @contextmanager
@@ -90,19 +120,21 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
         record_pids(workdir, {"postgres": cluster.pid or 0})
         database_url = create_database(cluster, DATABASE)
         coordinator, admin_key = _start_coordinator(launch, console, database_url)
-        service_key, run_key = _device_and_keys(coordinator.target, admin_key)
+        keys = _device_and_keys(coordinator.target, admin_key)
         server = s3.result()
-        preview = _start_preview(launch, server, coordinator.target, service_key)
+        preview = _start_preview(launch, server, coordinator.target, keys.preview)
         server.client().make_bucket(RECORDINGS_BUCKET)
         runtime_id = _register_runtime(launch, console, coordinator.target, admin_key)
+        user = _demo_user(console, coordinator.target, admin_key)
         preview.wait()
+        gateway = _start_gateway(launch, coordinator.target, preview.target, keys.gateway)
         models = triton.result()
         processor = launch.service(
             "processor",
             "services.processor",
             {
                 "PROCESSOR_DEVICE_ID": DEVICE_ID,
-                "PROCESSOR_KEY": run_key,
+                "PROCESSOR_KEY": keys.processor,
                 "PROCESSOR_COORDINATOR_TARGET": coordinator.target,
                 "PROCESSOR_PREVIEW_TARGET": preview.target,
                 "PROCESSOR_TRITON_TARGET": models.grpc_url,
@@ -114,6 +146,8 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
             },
         )
         processor.wait()
+        gateway_url = gateway.wait_http()
+        gateway.wait()
         yield Stack(
             workdir=workdir,
             logs=logs,
@@ -123,8 +157,10 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
             triton=models,
             coordinator=coordinator.target,
             preview=preview.target,
+            gateway=gateway_url,
             processor=processor.target,
             admin_key=admin_key,
+            user=user,
             device_id=DEVICE_ID,
             runtime_id=runtime_id,
             pids={
@@ -133,6 +169,7 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
                 "triton": models.pid,
                 "coordinator": coordinator.pid,
                 "preview": preview.pid,
+                "gateway": gateway.pid,
                 "processor": processor.pid,
             },
         )
@@ -171,6 +208,17 @@ def _start_preview(
     return launch.service("preview", "services.preview", env)
 
 
+def _start_gateway(launch: Launcher, coordinator: str, preview: str, gateway_key: str) -> Service:
+    env = {
+        "GATEWAY_HTTP_PORT": "0",
+        "GATEWAY_COORDINATOR_TARGET": coordinator,
+        "GATEWAY_PREVIEW_TARGET": preview,
+        "GATEWAY_KEY": gateway_key,
+        "GATEWAY_COOKIE_SECURE": "0",  # plain HTTP on loopback
+    }
+    return launch.service("gateway", "services.gateway", env)
+
+
 def _register_runtime(launch: Launcher, console: Console, coordinator: str, admin_key: str) -> str:
     with console.stage("registering the runtime (services.processor register-runtime)"):
         printed = launch.command(
@@ -182,9 +230,10 @@ def _register_runtime(launch: Launcher, console: Console, coordinator: str, admi
     return str(json.loads(printed)["runtime_id"])
 
 
-def _device_and_keys(target: str, admin_key: str) -> tuple[str, str]:
+def _device_and_keys(target: str, admin_key: str) -> Keys:
     """Registers the demo's device; returns new secrets for the preview service (scope
-    `service`) and the processor (`workshop:run`, bound to the device)."""
+    `service`), the processor (`workshop:run`, bound to the device) and the gateway
+    (`gateway`)."""
     metadata = bearer_metadata(admin_key)
     with grpc.insecure_channel(target) as channel:
         operator = operator_pb2_grpc.OperatorServiceStub(channel)
@@ -210,7 +259,44 @@ def _device_and_keys(target: str, admin_key: str) -> tuple[str, str]:
             metadata=metadata,
             timeout=CALL_TIMEOUT_S,
         )
-    return service.secret, run.secret
+        gateway = operator.CreateKey(
+            op.CreateKeyRequest(
+                name="demo-gateway", scopes=[common_pb2.KeyScope(scope=common_pb2.SCOPE_GATEWAY)]
+            ),
+            metadata=metadata,
+            timeout=CALL_TIMEOUT_S,
+        )
+    return Keys(preview=service.secret, processor=run.secret, gateway=gateway.secret)
+
+
+def _demo_user(console: Console, target: str, admin_key: str) -> DemoUser:
+    """The user `demo` with a new random password, and an Agent key of scope `workshop`
+    that acts for it (OperatorService.CreateUser, SetUserPassword, CreateKey)."""
+    metadata = bearer_metadata(admin_key)
+    password = secrets.token_urlsafe(18)
+    stage = f"creating user {USER_ID} with a password and an Agent key (OperatorService)"
+    with console.stage(stage), grpc.insecure_channel(target) as channel:
+        operator = operator_pb2_grpc.OperatorServiceStub(channel)
+        operator.CreateUser(
+            op.CreateUserRequest(user_id=USER_ID, display_name="Demo user"),
+            metadata=metadata,
+            timeout=CALL_TIMEOUT_S,
+        )
+        operator.SetUserPassword(
+            op.SetUserPasswordRequest(user_id=USER_ID, password=password),
+            metadata=metadata,
+            timeout=CALL_TIMEOUT_S,
+        )
+        agent = operator.CreateKey(
+            op.CreateKeyRequest(
+                name="demo-agent",
+                scopes=[common_pb2.KeyScope(scope=common_pb2.SCOPE_WORKSHOP)],
+                user_id=USER_ID,
+            ),
+            metadata=metadata,
+            timeout=CALL_TIMEOUT_S,
+        )
+    return DemoUser(user_id=USER_ID, password=password, agent_key=agent.secret)
 
 
 def _empty_dir(path: Path) -> Path:
