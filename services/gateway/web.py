@@ -126,10 +126,10 @@ class Gateway:
         return endpoint
 
     def _document(self, prefix: str) -> Endpoint:
-        document = openapi_document(prefix)
+        document = JSONResponse(openapi_document(prefix)).body  # encoded once
 
         async def serve(_: Request) -> Response:
-            return JSONResponse(document)
+            return Response(document, media_type="application/json")
 
         return serve
 
