@@ -220,6 +220,10 @@ class HttpWorker:
         if self._task is not None:
             return
         sock = socket.create_server((self._host, self._port), reuse_port=False)
+        # Accepted sockets inherit it. asyncio's loop sets it only on sockets made with
+        # IPPROTO_TCP (this one has proto 0): without it, Nagle holds a response's body
+        # behind its headers until the client's delayed ACK, ~40 ms per keep-alive request.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         config = uvicorn.Config(
             self._app,
             lifespan="off",

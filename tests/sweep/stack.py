@@ -181,10 +181,11 @@ async def table_digests(harness: CoordinatorHarness) -> dict[str, str]:
             )
         ]
         dropped = " - ".join(f"'{name}'" for name in BOOKKEEPING_COLUMNS)
-        row = f"(to_jsonb(x) - {dropped})::text"
+        # The alias names the whole row; a column may not share it (boxes has an `x`).
+        row = f"(to_jsonb(digested_row) - {dropped})::text"
         rows = f"md5(coalesce(string_agg({row}, E'\\n' ORDER BY {row}), ''))"
         parts = " UNION ALL ".join(
-            f"SELECT '{table}' AS t, {rows} AS d FROM {table} x" for table in tables
+            f"SELECT '{table}' AS t, {rows} AS d FROM {table} digested_row" for table in tables
         )
         return {row["t"]: row["d"] for row in await connection.fetch(parts)}
 
