@@ -141,7 +141,7 @@ def test_operator_can_list_describe_check_and_stop(
         service.stop()
 
 
-def test_gateway_http_answers_and_refuses_unbuilt_routes(
+def test_gateway_alone_answers_health_and_503_for_its_unreachable_services(
     gateway_env: dict[str, str], tmp_path: Path
 ) -> None:
     import urllib.error
@@ -155,8 +155,10 @@ def test_gateway_http_answers_and_refuses_unbuilt_routes(
             assert json.load(reply) == {"status": "ok"}
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/workshop/runs", timeout=5)
-        assert caught.value.code == 501
-        assert json.load(caught.value)["error"]["code"] == "NOT_IMPLEMENTED"
+        # Nothing listens at the coordinator's address: a clear 503, never a 500.
+        assert caught.value.code == 503
+        body = json.load(caught.value)
+        assert (body["code"], body["reason"]) == ("UNAVAILABLE", "UNAVAILABLE")
         caught.value.close()
     finally:
         assert service.stop() == 0

@@ -12,8 +12,16 @@ from tools.localstack import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A gateway on free loopback ports.
-GATEWAY_ALONE = {"HOST": "127.0.0.1", "PORT": "0", "HTTP_HOST": "127.0.0.1", "HTTP_PORT": "0"}
+# A gateway on free loopback ports, its coordinator and preview service at an address
+# where nothing listens (the discard port), so its API answers 503.
+GATEWAY_ALONE = {
+    "HOST": "127.0.0.1",
+    "PORT": "0",
+    "HTTP_HOST": "127.0.0.1",
+    "HTTP_PORT": "0",
+    "COORDINATOR_TARGET": "127.0.0.1:9",
+    "PREVIEW_TARGET": "127.0.0.1:9",
+}
 # A processor with nothing to claim from (no coordinator at its address): it serves health
 # and keeps retrying its claims, which is what a processor waiting for its coordinator does.
 PROCESSOR_ALONE = {
