@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from services.gateway import jsonmap, media
@@ -180,7 +180,22 @@ async def _http_exception(request: Request, error: HTTPException) -> Response:
         405: f"{request.method} is not allowed on {request.url.path}.",
     }.get(error.status_code, str(error.detail))
     body = error_body(code=code, status=error.status_code, reason=reason, message=message)
-    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return JSONResponse(body, status_code=error.status_code, headers=headers)
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method served at the request's path. Each operation is a route of its own, and
+    Starlette's 405 names only the methods of the first route whose path matched."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods is not None:
+            matched, _ = route.matches(request.scope)
+            if matched is not Match.NONE:
+                methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 class _EmbeddedServer(uvicorn.Server):
