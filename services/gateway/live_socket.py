@@ -117,9 +117,16 @@ class LiveSocket:
     async def _send(self, text: str) -> Outcome | None:
         """None once sent; otherwise how the socket ended."""
         try:
-            async with asyncio.timeout(self._limit()) as timeout:
-                self._send_timeout = timeout
+            if self._transport is not None and not self._transport.get_write_buffer_size():
+                # Nothing is queued, so the transport is not paused and the send completes
+                # without waiting (uvicorn waits only while it is): no timer to arm. This is
+                # the common case, and a timer per message cost about a tenth of the
+                # gateway's CPU with 1,000 sockets (bench.live_fanout).
                 await self._websocket.send_text(text)
+            else:
+                async with asyncio.timeout(self._limit()) as timeout:
+                    self._send_timeout = timeout
+                    await self._websocket.send_text(text)
         except TimeoutError:
             if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
                 self._abort()  # shutting down: the client had its chance
