@@ -334,6 +334,7 @@ class Marks:
     gateway: float
     coordinator: float
     postgres: float
+    driver: float  # this process: the ReportProgress calls
     machine: float
 
     @staticmethod
@@ -345,7 +346,7 @@ class Marks:
             found = proc_stats.proc_stat(pid)
             return found[0] if found else 0.0
 
-        return Marks(own(gateway), own(coordinator), postgres, proc_stats.busy_cores_s())
+        return Marks(own(gateway), own(coordinator), postgres, _cpu_s(), proc_stats.busy_cores_s())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -574,6 +575,7 @@ def _figures(
     delivered = 0
     unreached = 0
     first_event_time = sent[0]
+    spans: dict[int, tuple[float, float]] = {}  # seq -> first and last arrival
     for report in reports:
         for arrivals in report.arrivals:
             done = -1  # events up to this index have reached this socket
@@ -581,6 +583,8 @@ def _figures(
                 if arrived < first_event_time:
                     continue  # the message on connect
                 delivered += 1
+                first, last = spans.get(seq, (arrived, arrived))
+                spans[seq] = (min(first, arrived), max(last, arrived))
                 at = bisect.bisect_right(known, seq) - 1  # a seq no probe saw: the one before
                 upto = covered[known[at]] if at >= 0 else -1
                 for event in range(done + 1, min(upto, len(sent) - 1) + 1):
@@ -588,6 +592,18 @@ def _figures(
                 done = max(done, upto)
             unreached += len(sent) - 1 - min(done, len(sent) - 1)
     latencies.sort()
+    # where the time goes: event -> the first socket (window, coordinator, hub), and one
+    # update's spread over the sockets (the fan-out and the clients' own processing)
+    to_first: list[float] = []
+    done = -1
+    for seq in known:
+        if seq not in spans:
+            continue
+        for event in range(done + 1, min(covered[seq], len(sent) - 1) + 1):
+            to_first.append(spans[seq][0] - sent[event])
+        done = max(done, covered[seq])
+    to_first.sort()
+    spread = sorted(last - first for first, last in spans.values())
     p50 = statistics.median(latencies) * 1000 if latencies else float("nan")
     p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1000 if latencies else float("nan")
     worst = latencies[-1] * 1000 if latencies else float("nan")
@@ -595,6 +611,15 @@ def _figures(
     wall = config.seconds + TAIL_S
     gateway_cpu = after.gateway - before.gateway
     client_cpu = sum(report.cpu_s for report in reports)
+    busy = after.machine - before.machine
+    ours = (
+        gateway_cpu
+        + (after.coordinator - before.coordinator)
+        + (after.postgres - before.postgres)
+        + (after.driver - before.driver)
+        + client_cpu
+    )
+    other = max(0.0, busy - ours)  # rates measured under others' load are not ours alone
     updates = stats[1]["updates"] - stats[0]["updates"]
     arrived = stats[1]["stream_messages"] - stats[0]["stream_messages"]
     sent_by_gateway = stats[1]["messages"] - stats[0]["messages"]
@@ -608,6 +633,11 @@ def _figures(
         ("messages received by watchers", f"{delivered}"),
         ("(event, socket) pairs timed", f"{len(latencies):,} ({unreached} never reached)"),
         ("commit -> arrival p50 / p99 / max", f"{p50:.1f} / {p99:.1f} / {worst:.1f} ms"),
+        ("  commit -> first socket p50 / p99", f"{_ms(to_first, 0.5)} / {_ms(to_first, 0.99)} ms"),
+        (
+            "  an update's first -> last socket p50 / p99",
+            f"{_ms(spread, 0.5)} / {_ms(spread, 0.99)} ms",
+        ),
         ("gateway RSS now / peak", f"{rss_mb:.0f} / {peak_mb:.0f} MB"),
         ("gateway CPU", f"{gateway_cpu:.2f} s ({gateway_cpu / wall * 100:.0f} % of a core)"),
         ("gateway CPU per delivered message", f"{gateway_cpu / max(delivered, 1) * 1e6:.0f} us"),
@@ -624,8 +654,8 @@ def _figures(
             f"{max(r.lag_max_ms for r in reports):.1f} ms",
         ),
         (
-            "machine busy",
-            f"{(after.machine - before.machine) / wall:.2f} of {os.cpu_count()} cores",
+            "machine busy; other processes",
+            f"{busy / wall:.2f} of {os.cpu_count()} cores; {other / wall:.2f} cores",
         ),
         (
             "sockets closed early, slow closes",
