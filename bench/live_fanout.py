@@ -36,10 +36,12 @@ starts is stopped on exit, also on error, Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import bisect
 import contextlib
 import dataclasses
+import gc
 import json
 import multiprocessing
 import os
@@ -175,8 +177,10 @@ async def _serve_gateway(target: str, secret: str, deflate: bool) -> None:
         await websocket.accept()
         await hub.serve(websocket, run_id, first)
 
+    pauses = _GcPauses()
+
     async def stats(_: Request) -> JSONResponse:
-        return JSONResponse(hub.stats())
+        return JSONResponse({**hub.stats(), **pauses.figures()})
 
     app = Starlette(routes=[WebSocketRoute(PATH, live), Route("/stats", stats)])
     sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
@@ -197,6 +201,11 @@ async def _serve_gateway(target: str, secret: str, deflate: bool) -> None:
             await task
             return
         await asyncio.sleep(0.01)
+    # As workshop.kit.server.serve does for every service: start-up's heap out of the
+    # collector's way.
+    gc.collect()
+    gc.freeze()
+    gc.callbacks.append(pauses.callback)
     announce("live-fanout-gateway", event="serving", port=sock.getsockname()[1])
     await stop.wait()
     await hub.close()  # before uvicorn's own shutdown, which would send 1012
@@ -205,13 +214,44 @@ async def _serve_gateway(target: str, secret: str, deflate: bool) -> None:
     await channel.close()
 
 
+class _GcPauses:
+    """How long the gateway's garbage collections took, by generation."""
+
+    def __init__(self) -> None:
+        self._began = 0.0
+        self.total_us = [0, 0, 0]
+        self.max_us = [0, 0, 0]
+        self.count = [0, 0, 0]
+
+    def callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = int((time.perf_counter() - self._began) * 1e6)
+        generation = info["generation"]
+        self.total_us[generation] += took
+        self.max_us[generation] = max(self.max_us[generation], took)
+        self.count[generation] += 1
+
+    def figures(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for generation in range(3):
+            found[f"gc{generation}_count"] = self.count[generation]
+            found[f"gc{generation}_total_us"] = self.total_us[generation]
+            found[f"gc{generation}_max_us"] = self.max_us[generation]
+        return found
+
+
 # The client processes ---------------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class ClientReport:
     index: int
-    arrivals: list[list[tuple[int, float]]]  # per socket: (seq, arrival) of every message
+    # per socket: seq and arrival of every message, in arrays: a list of tuples would be
+    # walked by every full collection of the client, whose pauses would count as latency
+    seqs: list[array.array[int]]
+    arrivals: list[array.array[float]]
     covered: dict[int, int]  # seq -> last event index reflected (the probe's view)
     cpu_s: float = 0.0  # between the release and the stop
     wall_s: float = 0.0
@@ -235,7 +275,7 @@ def _client_child(
     try:
         report = asyncio.run(_client(index, url, count, deflate, ready, go, stop))
     except BaseException as error:
-        report = ClientReport(index, [], {}, error=f"{type(error).__name__}: {error}")
+        report = ClientReport(index, [], [], {}, error=f"{type(error).__name__}: {error}")
     reports.put(report)
 
 
@@ -244,19 +284,24 @@ async def _client(
 ) -> ClientReport:
     from websockets.asyncio.client import ClientConnection, connect
 
-    report = ClientReport(index, [[] for _ in range(count)], {})
+    report = ClientReport(
+        index,
+        [array.array("q") for _ in range(count)],
+        [array.array("d") for _ in range(count)],
+        {},
+    )
     clients: list[ClientConnection] = []
     tasks: list[asyncio.Task[None]] = []
     measuring = [False]
 
-    async def read(
-        client: ClientConnection, arrivals: list[tuple[int, float]], probe: bool
-    ) -> None:
+    async def read(client: ClientConnection, slot: int) -> None:
+        seqs, arrivals, probe = report.seqs[slot], report.arrivals[slot], slot == 0
         with contextlib.suppress(Exception):
             async for data in _frames(client):
                 now = time.monotonic()
                 seq = int(data[7 : data.index(b",", 7)])  # '{"seq":<n>,' comes first
-                arrivals.append((seq, now))
+                seqs.append(seq)
+                arrivals.append(now)
                 if probe:
                     jobs = json.loads(data)["detail"]["jobs"]
                     report.covered[seq] = covered_upto(
@@ -274,12 +319,14 @@ async def _client(
             max_size=None,
         )
         clients.append(client)
-        tasks.append(asyncio.create_task(read(client, report.arrivals[slot], slot == 0)))
+        tasks.append(asyncio.create_task(read(client, slot)))
 
     for start in range(0, count, CONNECT_BATCH):
         await asyncio.gather(
             *(open_one(slot) for slot in range(start, min(count, start + CONNECT_BATCH)))
         )
+    gc.collect()
+    gc.freeze()  # the connections' objects, out of the client's collections
     ready.put(index)
     await asyncio.to_thread(go.wait, READY_TIMEOUT_S)
     measuring[0] = True
@@ -577,9 +624,9 @@ def _figures(
     first_event_time = sent[0]
     spans: dict[int, tuple[float, float]] = {}  # seq -> first and last arrival
     for report in reports:
-        for arrivals in report.arrivals:
+        for seqs, arrivals in zip(report.seqs, report.arrivals, strict=True):
             done = -1  # events up to this index have reached this socket
-            for seq, arrived in arrivals:
+            for seq, arrived in zip(seqs, arrivals, strict=True):
                 if arrived < first_event_time:
                     continue  # the message on connect
                 delivered += 1
@@ -642,6 +689,7 @@ def _figures(
         ("gateway CPU", f"{gateway_cpu:.2f} s ({gateway_cpu / wall * 100:.0f} % of a core)"),
         ("gateway CPU per delivered message", f"{gateway_cpu / max(delivered, 1) * 1e6:.0f} us"),
         ("gateway CPU per update", f"{gateway_cpu / max(updates, 1) * 1000:.1f} ms"),
+        ("gateway GC pauses (gen 0 / 1 / 2)", _gc(stats)),
         ("coordinator CPU", f"{after.coordinator - before.coordinator:.2f} s"),
         ("postgres CPU", f"{after.postgres - before.postgres:.2f} s"),
         (
@@ -671,6 +719,19 @@ def _figures(
     for name, value in rows:
         say(f"  {name:<{width}}  {value}")
     return {"p99_ms": p99, "rss_mb": peak_mb, "messages": float(delivered)}
+
+
+def _gc(stats: tuple[dict[str, int], dict[str, int]]) -> str:
+    """Collections, their total and the longest, per generation, during the measurement."""
+    before, after = stats
+    parts = []
+    for generation in range(3):
+        count = after[f"gc{generation}_count"] - before[f"gc{generation}_count"]
+        total = after[f"gc{generation}_total_us"] - before[f"gc{generation}_total_us"]
+        parts.append(
+            f"{count}: {total / 1000:.0f} ms, max {after[f'gc{generation}_max_us'] / 1000:.1f}"
+        )
+    return " / ".join(parts)
 
 
 def _ms(values: list[float], share: float) -> str:
