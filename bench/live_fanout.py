@@ -1,6 +1,7 @@
 """The live channel's fan-out: 1,000 WebSocket watchers of one run on one gateway process.
 
     .venv/bin/python -m bench.live_fanout [--quick] [--watchers N] [--seconds S] [--deflate]
+        [--uvloop] [--clients N] [--profile] [--check]
 
 Starts a throwaway Postgres cluster (the test harness's), the coordinator as its own
 process (`python -m services.coordinator`, system clock, no background loops) and the
@@ -16,19 +17,23 @@ message's seq and arrival time (time.monotonic, one clock for every process on L
 one watcher per client process also parses each message's detail to learn which
 events it reflects (every socket receives the same bytes for a seq).
 
-Measured, once every watcher is connected: this process commits `--rate` progress
-events a second for `--seconds` through the coordinator's JobService (ReportProgress,
-one call after the other, event k raising job k mod 20 to percent k div 20 + 1, each
-persisted and announced). An event's latency at a socket is the arrival of the first
-message there that reflects it, minus the moment its ReportProgress call was *sent* (the
-commit comes up to that call's duration later, so the figure is an upper bound); p50
-and p99 over every (event, socket). Also: the gateway's RSS (VmRSS at the end, VmHWM the
-peak) and CPU per delivered message; the coordinator's, Postgres' and the clients' CPU
-(the machine has 2 cores: the clients must not be the bottleneck, so their CPU share and
-event-loop lag are printed).
+Measured, once every watcher is connected and after `--warmup` seconds of the same
+events (not timed: the gateway's heap settles; its first full collection after 1,000
+connections comes then): this process commits `--rate` progress events a second for
+`--seconds` through the coordinator's JobService (ReportProgress, one call after the
+other, event k raising job k mod 20 to percent k div 20 + 1, each persisted and
+announced). An event's latency at a socket is the arrival of the first message there
+that reflects it, minus the moment its ReportProgress call was *sent* (the commit comes
+up to that call's duration later, so the figure is an upper bound); p50 and p99 over
+every (event, socket), split into the time to the first socket and an update's spread
+over the sockets. Also: the gateway's RSS (VmRSS at the end, VmHWM the
+peak), CPU per delivered message and garbage-collection pauses; the coordinator's,
+Postgres' and the clients' CPU (the machine has 2 cores: the clients must not be the
+bottleneck, so their CPU share and event-loop lag are printed, and they keep what they
+record out of their collector's way), and what other processes used meanwhile.
 
-`--quick`: 100 watchers for 5 s. Targets (2-core machine): p99 <= 250 ms (the 120 ms
-window included), gateway RSS <= 300 MB. The last line is
+`--quick`: 100 watchers for 5 s (1 s warm-up). Targets (2-core machine): p99 <= 250 ms
+(the 120 ms window included), gateway RSS <= 300 MB. The last line is
 `RESULT fanout_p99_ms=<x> gateway_rss_mb=<y> messages=<n>` (RSS: the peak). Everything it
 starts is stopped on exit, also on error, Ctrl-C or SIGTERM.
 """
@@ -179,8 +184,11 @@ async def _serve_gateway(target: str, secret: str, deflate: bool) -> None:
 
     pauses = _GcPauses()
 
-    async def stats(_: Request) -> JSONResponse:
-        return JSONResponse({**hub.stats(), **pauses.figures()})
+    async def stats(request: Request) -> JSONResponse:
+        found = {**hub.stats(), **pauses.figures()}
+        if "restart" in request.query_params:  # the longest pauses from now on
+            pauses.max_us = [0, 0, 0]
+        return JSONResponse(found)
 
     app = Starlette(routes=[WebSocketRoute(PATH, live), Route("/stats", stats)])
     sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
@@ -368,6 +376,7 @@ class Config:
     watchers: int
     clients: int
     seconds: float
+    warmup: float
     rate: float
     deflate: bool
     profile: bool
@@ -406,6 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--watchers", type=int, default=0, help="default 1000 (quick: 100)")
     parser.add_argument("--seconds", type=float, default=0, help="default 30 (quick: 5)")
     parser.add_argument("--rate", type=float, default=50.0, help="progress events a second")
+    parser.add_argument(
+        "--warmup", type=float, default=-1, help="seconds of events first, not timed (5; quick 1)"
+    )
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument(
         "--deflate", action="store_true", help="clients offer permessage-deflate (browsers do)"
@@ -426,12 +438,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         watchers=args.watchers or (100 if args.quick else 1000),
         clients=args.clients,
         seconds=args.seconds or (5.0 if args.quick else 30.0),
+        warmup=args.warmup if args.warmup >= 0 else (1.0 if args.quick else 5.0),
         rate=args.rate,
         deflate=args.deflate,
         profile=args.profile,
         uvloop=args.uvloop,
     )
-    if config.rate * config.seconds > JOBS * 100:
+    if config.rate * (config.seconds + config.warmup) > JOBS * 100:
         parser.error(f"at most {JOBS * 100} events (100 persisted per job)")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -555,10 +568,15 @@ async def _measure(
             )
             assert connected["sockets"] == config.watchers, connected
             await asyncio.sleep(1.0)  # quiet: the connections' first messages are out
-            before = (await http.get("/stats")).json()
+            # Warm-up, not timed: the same events, so that the gateway's heap settles
+            # (its first full collection after 1,000 connections comes here).
+            warm = int(config.rate * config.warmup)
+            await _commit_events(c, config, processor, leases, range(warm))
+            before = (await http.get("/stats", params={"restart": "1"})).json()
             go.set()
             mark = Marks.read(*pids)
-            sent, rpc_s = await _commit_events(c, config, processor, leases)
+            events = range(warm, warm + int(config.rate * config.seconds))
+            sent, rpc_s = await _commit_events(c, config, processor, leases, events)
             await asyncio.sleep(TAIL_S)
             after_mark = Marks.read(*pids)
             after = (await http.get("/stats")).json()
@@ -577,21 +595,24 @@ async def _measure(
     if errors:
         raise RuntimeError(f"client processes failed: {errors}")
     return _figures(
-        config, sent, rpc_s, found, (mark, after_mark), (before, after), rss_mb, peak_mb
+        config, events, sent, rpc_s, found, (mark, after_mark), (before, after), rss_mb, peak_mb
     )
 
 
 async def _commit_events(
-    c: CoordinatorHarness, config: Config, processor: Any, leases: list[common_pb2.LeaseRef]
+    c: CoordinatorHarness,
+    config: Config,
+    processor: Any,
+    leases: list[common_pb2.LeaseRef],
+    events: range,
 ) -> tuple[list[float], list[float]]:
-    """Commits the events on schedule, one call after the other (so in order); returns
-    when each call was sent and how long each took."""
-    total = int(config.rate * config.seconds)
+    """Commits `events` on schedule, one call after the other (so in order); returns when
+    each call was sent and how long each took."""
     sent: list[float] = []
     rpc_s: list[float] = []
     start = time.monotonic()
-    for event in range(total):
-        delay = start + event / config.rate - time.monotonic()
+    for offset, event in enumerate(events):
+        delay = start + offset / config.rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         lease = leases[event % JOBS]
@@ -606,6 +627,7 @@ async def _commit_events(
 
 def _figures(
     config: Config,
+    events: range,
     sent: list[float],
     rpc_s: list[float],
     reports: list[ClientReport],
@@ -622,32 +644,33 @@ def _figures(
     delivered = 0
     unreached = 0
     first_event_time = sent[0]
+    last_event = events[-1]
     spans: dict[int, tuple[float, float]] = {}  # seq -> first and last arrival
     for report in reports:
         for seqs, arrivals in zip(report.seqs, report.arrivals, strict=True):
-            done = -1  # events up to this index have reached this socket
+            done = events[0] - 1  # events up to this index have reached this socket
             for seq, arrived in zip(seqs, arrivals, strict=True):
                 if arrived < first_event_time:
-                    continue  # the message on connect
+                    continue  # the message on connect, or of the warm-up
                 delivered += 1
                 first, last = spans.get(seq, (arrived, arrived))
                 spans[seq] = (min(first, arrived), max(last, arrived))
                 at = bisect.bisect_right(known, seq) - 1  # a seq no probe saw: the one before
                 upto = covered[known[at]] if at >= 0 else -1
-                for event in range(done + 1, min(upto, len(sent) - 1) + 1):
-                    latencies.append(arrived - sent[event])
+                for event in range(done + 1, min(upto, last_event) + 1):
+                    latencies.append(arrived - sent[event - events[0]])
                 done = max(done, upto)
-            unreached += len(sent) - 1 - min(done, len(sent) - 1)
+            unreached += last_event - min(done, last_event)
     latencies.sort()
     # where the time goes: event -> the first socket (window, coordinator, hub), and one
     # update's spread over the sockets (the fan-out and the clients' own processing)
     to_first: list[float] = []
-    done = -1
+    done = events[0] - 1
     for seq in known:
         if seq not in spans:
             continue
-        for event in range(done + 1, min(covered[seq], len(sent) - 1) + 1):
-            to_first.append(spans[seq][0] - sent[event])
+        for event in range(done + 1, min(covered[seq], last_event) + 1):
+            to_first.append(spans[seq][0] - sent[event - events[0]])
         done = max(done, covered[seq])
     to_first.sort()
     spread = sorted(last - first for first, last in spans.values())
