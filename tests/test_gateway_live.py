@@ -340,8 +340,8 @@ async def test_one_stream_per_run_however_many_sockets(
         assert g.opened == ["r1"]
         stats = g.hub.stats()
         assert (stats["runs"], stats["streams"], stats["sockets"]) == (1, 1, 20)
-        assert stats["updates"] >= 2  # the lease and the progress
-        assert stats["messages"] >= 20 * 3  # every socket: the first, then both updates
+        assert stats["updates"] >= 1  # the lease and the progress (one, within a window)
+        assert stats["messages"] >= 20 * 2  # every socket: the first, then the progress
     await wait_for(lambda: g.hub.stats()["sockets"] == 0)
     assert g.hub.stats()["runs"] == 1  # lingering: a page reloading keeps the stream
     await wait_for(lambda: g.hub.stats()["runs"] == 0)  # gone after linger_seconds (0.3 s)
@@ -501,3 +501,24 @@ async def test_a_stream_refused_closes_its_sockets_with_1011(
         assert (await reader.next())["seq"] == 0
         code, reason = await reader.closed()
         assert (code, reason) == (live_socket.CLOSE_UNAVAILABLE, UNAVAILABLE_REASON)
+
+
+async def test_sockets_and_streams_that_end_change_nothing(
+    coordinator: CoordinatorHarness, s: Setup, g: Gateway
+) -> None:
+    """A socket dropped mid-stream (no close frame) and the stream closed after it leave
+    processing as it was: the job completes, the hub forgets the run."""
+    c = coordinator
+    job = await claimed(c, s)
+    async with reading(g.url()) as reader:
+        await reader.next()
+        await report(c, s, job, 50)
+        await reader.until(lambda m: progress(m) == 50)
+        reader.client.transport.abort()
+        await wait_for(lambda: g.hub.stats()["sockets"] == 0)
+    await report(c, s, job, 80)
+    await c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
+    assert await c.count("receipts") == 1
+    await wait_for(lambda: g.hub.stats()["runs"] == 0)  # the stream went after the linger
+    latest = await c.workshop.GetRun(ws.GetRunRequest(run_id="r1"), metadata=c.admin)
+    assert latest.detail.run.counts.jobs_completed == 1

@@ -94,7 +94,15 @@ class LiveHub:
         self._serving: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._counts = dict.fromkeys(
-            ("streams_opened", "updates", "messages", "slow_closes", "sockets_served"), 0
+            (
+                "streams_opened",
+                "stream_messages",
+                "updates",
+                "messages",
+                "slow_closes",
+                "sockets_served",
+            ),
+            0,
         )
 
     async def serve(
@@ -163,9 +171,9 @@ class LiveHub:
 
     def stats(self) -> dict[str, int]:
         """runs (streamed or lingering), streams (open now), streams_opened (WatchRun calls),
-        sockets (open now), sockets_served, updates (emitted, each one seq), messages (sent,
-        over all sockets), slow_closes (1013), buffered_bytes (pending messages and
-        transport buffers of all sockets)."""
+        stream_messages (WatchRun messages received), sockets (open now), sockets_served,
+        updates (emitted, each one seq), messages (sent, over all sockets), slow_closes
+        (1013), buffered_bytes (pending messages and transport buffers of all sockets)."""
         feeds = self._feeds.values()
         return {
             "runs": len(self._feeds),
@@ -238,6 +246,7 @@ class LiveHub:
             try:
                 async for response in stream:
                     delay = REOPEN_FIRST_SECONDS
+                    self._counts["stream_messages"] += 1
                     self._arrived(feed, response)
                     if response.final:
                         return
