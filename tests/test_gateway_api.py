@@ -491,3 +491,30 @@ async def test_the_live_page_socket_follows_a_run_to_its_end(
         async with websockets.connect(url, origin=Origin(gateway.url)):
             pass
     assert refused.value.response.status_code == 401
+
+
+async def test_a_live_socket_closes_once_its_session_is_revoked(
+    gateway: GatewayHarness, world: World, preview: PreviewHarness
+) -> None:
+    import json
+
+    import websockets
+    from websockets.typing import Origin
+
+    async with running_gateway(gateway.c, preview.port, live_recheck_seconds=0.2) as quick:
+        browser = await quick.login("ada")
+        created = await browser.client.post(
+            "/api/workshop/runs", json=seed_body("r-v", world.tracking_runtime)
+        )
+        assert created.status_code == 200, created.text
+        cookie = f"workshop_session={browser.client.cookies['workshop_session']}"
+        url = quick.url.replace("http", "ws") + "/api/workshop/runs/r-v/live"
+        async with websockets.connect(
+            url, additional_headers={"cookie": cookie}, origin=Origin(quick.url)
+        ) as socket:
+            json.loads(await socket.recv())
+            await asyncio.sleep(0.5)  # rechecks that pass keep it open
+            assert socket.state is websockets.protocol.State.OPEN
+            assert (await browser.client.delete("/api/session")).status_code == 204
+            await asyncio.wait_for(socket.wait_closed(), timeout=5)
+            assert socket.close_code == 1008

@@ -42,7 +42,12 @@ def build(settings: GatewaySettings, *, label: str = LABEL) -> GatewayApp:
         )
         return call
 
-    hub = LiveHub(open_watch, jsonmap.to_json, stall_seconds=settings.live_stall_seconds)
+    hub = LiveHub(
+        open_watch,
+        jsonmap.to_json,
+        stall_seconds=settings.live_stall_seconds,
+        recheck_seconds=settings.live_recheck_seconds,
+    )
     gateway = Gateway(settings, upstream, hub)
     http = HttpWorker(
         gateway.app(),

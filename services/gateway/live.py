@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from starlette.websockets import WebSocket
 from services.gateway.live_socket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
+    CLOSE_POLICY,
     CLOSE_UNAVAILABLE,
     LiveSocket,
 )
@@ -35,6 +36,9 @@ from workshop.v1 import workshop_pb2 as ws
 
 OpenWatch = Callable[[str], AsyncIterable[ws.WatchRunResponse]]
 Encode = Callable[[ws.WatchRunResponse], dict[str, Any]]
+# Whether the socket's own credential still allows it to follow the run (False: revoked,
+# expired, disabled, or the scope is gone); a check that fails for other reasons keeps it.
+StillAllowed = Callable[[], Awaitable[bool]]
 
 REOPEN_FIRST_SECONDS = 0.2  # a broken stream is reopened after this, doubling per failure
 REOPEN_MAX_SECONDS = 5.0  # the longest pause between attempts: the coordinator's own
@@ -54,6 +58,7 @@ PERMANENT = frozenset(
 UNAVAILABLE_REASON = "live updates unavailable for this run; fetch it again"
 FINAL_REASON = "run finished"
 SHUTDOWN_REASON = "gateway shutting down; reconnect"
+REVOKED_REASON = "your credential no longer allows this; sign in again"
 _ACTIVE = (common_pb2.RUN_STATUS_QUEUED, common_pb2.RUN_STATUS_RUNNING)
 
 log = logging.getLogger(__name__)
@@ -84,12 +89,14 @@ class LiveHub:
         window_seconds: float = 0.12,
         stall_seconds: float = 10.0,
         linger_seconds: float = 5.0,
+        recheck_seconds: float = 30.0,
     ) -> None:
         self._open_watch = open_watch
         self._encode = encode
         self._window = window_seconds
         self._stall = stall_seconds
         self._linger = linger_seconds
+        self._recheck = recheck_seconds
         self._feeds: dict[str, _Feed] = {}
         self._serving: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -106,7 +113,11 @@ class LiveHub:
         )
 
     async def serve(
-        self, websocket: WebSocket, run_id: str, first: ws.GetRunResponse | dict[str, Any]
+        self,
+        websocket: WebSocket,
+        run_id: str,
+        first: ws.GetRunResponse | dict[str, Any],
+        still_allowed: StillAllowed | None = None,
     ) -> None:
         """The socket is accepted and authorized; sends `first` (the detail the route fetched
         with the client's own credential) as message seq=<the hub's current seq for the run>,
@@ -114,7 +125,10 @@ class LiveHub:
         stalls or the hub closes; returns when the socket is closed.
 
         `first` is a GetRunResponse, or its JSON as `encode` writes it ({"detail": {...}},
-        optionally with "final")."""
+        optionally with "final"). Every `recheck_seconds` the socket's own credential is
+        checked again with `still_allowed`: one revoked since the handshake closes the
+        socket with 1008 (the shared stream runs under the gateway's key, so this is what
+        keeps a signed-out user from following on)."""
         socket = LiveSocket(
             websocket, stall_seconds=self._stall, on_sent=self._sent, on_stall=self._stalled
         )
@@ -139,12 +153,24 @@ class LiveHub:
         if task is not None:
             self._serving.add(task)
         self._counts["sockets_served"] += 1
+        recheck = None
+        if still_allowed is not None:
+            recheck = asyncio.create_task(self._recheck_until_refused(socket, still_allowed))
         try:
             await socket.run()
         finally:
+            if recheck is not None:
+                recheck.cancel()
             if task is not None:
                 self._serving.discard(task)
             self._leave(feed, socket)
+
+    async def _recheck_until_refused(self, socket: LiveSocket, still_allowed: StillAllowed) -> None:
+        while True:
+            await asyncio.sleep(self._recheck)
+            if not await still_allowed():
+                socket.finish(CLOSE_POLICY, REVOKED_REASON)
+                return
 
     async def close(self) -> None:
         """Shutdown: every socket gets its pending message, then 1001 (each within

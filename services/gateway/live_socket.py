@@ -26,6 +26,7 @@ from starlette.websockets import WebSocket
 CLOSE_NORMAL = 1000  # the run reached a final status; its last detail was sent
 CLOSE_GOING_AWAY = 1001  # the gateway is shutting down
 CLOSE_UNAVAILABLE = 1011  # the gateway cannot follow this run (its stream was refused)
+CLOSE_POLICY = 1008  # the client's credential no longer allows following the run
 CLOSE_SLOW = 1013  # "try again later": the reader stayed behind for stall_seconds
 SLOW_REASON = "reader too slow; reconnect and fetch the run again"
 # The kernel's send buffer of a live socket (Linux doubles it): autotuned, it grows to

@@ -48,6 +48,12 @@ class GatewaySettings(ServerSettings):
         help="Proxies (comma-separated IPs, or *) whose X-Forwarded-For names the client "
         "address that login throttling counts; empty trusts none.",
     )
+    live_recheck_seconds: float = setting(
+        30.0,
+        help="How often an open WebSocket's own credential is checked again; one revoked "
+        "since the handshake closes it (1008).",
+        check=at_least(0.05),
+    )
     live_stall_seconds: float = setting(
         10.0,
         help="A WebSocket reader that has not taken a message for this long is closed (1013).",

@@ -32,7 +32,7 @@ from services.gateway.problems import error_body, problem_response
 from services.gateway.routes import API, IMAGE, OPERATIONS, TAR, V1, Operation
 from services.gateway.session import SessionRoutes
 from services.gateway.settings import GatewaySettings
-from services.gateway.upstream import Upstream
+from services.gateway.upstream import Upstream, UpstreamError
 from workshop.kit import errors
 from workshop.kit.server import announce
 from workshop.v1 import workshop_pb2
@@ -147,9 +147,23 @@ class Gateway:
                 await _deny(websocket, problem_response(error))
                 return
             await websocket.accept()
-            await self.hub.serve(websocket, run_id, first)
+            await self.hub.serve(websocket, run_id, first, self._still_allowed(run_id, secret))
 
         return live
+
+    def _still_allowed(self, run_id: str, secret: str) -> Callable[[], Awaitable[bool]]:
+        """Whether `secret` may still read the run (a refusal of the credential or its scope
+        ends the socket; a service that cannot be reached now does not)."""
+        request = workshop_pb2.GetRunRequest(run_id=run_id, job_limit=1)
+
+        async def check() -> bool:
+            try:
+                await self.upstream.call("workshop", "GetRun", request, secret)
+            except UpstreamError as refused:
+                return refused.http_status not in (401, 403, 404)
+            return True
+
+        return check
 
 
 async def _deny(websocket: WebSocket, response: Response) -> None:
