@@ -518,3 +518,16 @@ async def test_a_live_socket_closes_once_its_session_is_revoked(
             assert (await browser.client.delete("/api/session")).status_code == 204
             await asyncio.wait_for(socket.wait_closed(), timeout=5)
             assert socket.close_code == 1008
+
+
+async def test_an_unknown_caller_hears_401_before_any_field_is_judged(
+    gateway: GatewayHarness, world: World
+) -> None:
+    async with gateway.client() as anonymous:
+        for path in (
+            "/v1/workshop/workflows/night/runtime",  # no choice
+            "/v1/workshop/buckets/yard/items?from=2026-11-30T00:00:00Z&to=2026-11-29T00:00:00Z",
+        ):
+            assert_error(await anonymous.get(path), 401, "CREDENTIAL_MISSING")
+        undecided = await anonymous.post("/v1/workshop/runs/r/sightings/s/decision", json={})
+        assert_error(undecided, 401, "CREDENTIAL_MISSING")

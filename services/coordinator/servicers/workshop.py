@@ -232,10 +232,11 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def ChooseRuntime(
         self, request: pb.ChooseRuntimeRequest, context: Context
     ) -> pb.ChooseRuntimeResponse:
+        who = await self.who(context)  # an unknown caller hears 401 before any 400
         if request.choice == pb.RUNTIME_CHOICE_UNSPECIFIED:
             raise InvalidField("choice must be RECENT_CAPABLE (website) or NEWEST (agents).")
         row = await self.api.choose_runtime(
-            await self.who(context),
+            who,
             request.workflow_id,
             recent=request.choice == pb.RUNTIME_CHOICE_RECENT_CAPABLE,
         )
@@ -361,9 +362,10 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def DecideSighting(
         self, request: pb.DecideSightingRequest, context: Context
     ) -> pb.DecideSightingResponse:
+        who = await self.who(context)
         state, relabel = decision(request)
         decided = await self.review.decide(
-            await self.who(context),
+            who,
             request.run_id,
             request.sighting_id,
             state,
@@ -425,10 +427,11 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def ListBucketItems(
         self, request: pb.ListBucketItemsRequest, context: Context
     ) -> pb.ListBucketItemsResponse:
+        who = await self.who(context)
         wanted = views.item_filter(request.filter)
         scope = wanted.fingerprint(request.bucket_id)
         page = await self.review.bucket_items(
-            await self.who(context),
+            who,
             request.bucket_id,
             wanted,
             views.page_key(request.page_token, scope),
