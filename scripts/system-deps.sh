@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Workshop's tests and demo need, when they are
-# missing: PostgreSQL 15 (throwaway clusters) and a shared libpython3.11 (the
-# Triton python backend stub embeds it). Does nothing when both are present.
+# missing: PostgreSQL 15 (throwaway clusters), a shared libpython3.11 (the
+# Triton python backend stub embeds it) and Chromium (the web console's browser
+# tests, tests/test_console.py, drive it through Playwright). Does nothing when all
+# are present.
 set -euo pipefail
 
 missing=()
@@ -10,6 +12,7 @@ pylib=$(python3.11 -c 'import sysconfig, os; d = sysconfig.get_config_var("LIBDI
 if [ "$pylib" != "True" ] && ! ldconfig -p 2>/dev/null | grep -q 'libpython3.11.so.1.0'; then
     missing+=(libpython3.11)
 fi
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
