@@ -7,7 +7,8 @@ The table (`ROWS`) has one row per served route (`METHOD path`, as the running a
 lists it; a WebSocket is `WS`, a route that takes any method `ANY`); each row holds the
 expected status for every kind of credential (`KINDS`). The test fails for a served
 route without a row and for a row of a route that is not served. Exempt, as they read
-no credential: `GET /healthz`, `GET /api/openapi.json`, `GET /v1/openapi.json`; HEAD is
+no credential: `GET /healthz`, `GET /api/openapi.json`, `GET /v1/openapi.json`, the web
+console's entry page `GET /` and its files (the `/console` mount, `MOUNT`); HEAD is
 served with every GET by the same endpoint (Starlette) and is covered by its GET row.
 
 Credential kinds, presented the way the route's prefix reads them: on `/api` routes in
@@ -52,7 +53,8 @@ import httpx
 import pytest
 import websockets
 from google.protobuf.duration_pb2 import Duration
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from websockets.typing import Origin
 
 from services.coordinator.auth import Grant, ScopeName
@@ -88,7 +90,15 @@ KINDS = (
     "valid",
     "wrong_transport",
 )
-EXEMPT = {("GET", "/healthz"), ("GET", "/api/openapi.json"), ("GET", "/v1/openapi.json")}
+# The web console's files (services/gateway/pages.py) hold no data: its entry page and
+# the StaticFiles mount of its assets (listed as MOUNT); the pages read data from /api.
+EXEMPT = {
+    ("GET", "/healthz"),
+    ("GET", "/api/openapi.json"),
+    ("GET", "/v1/openapi.json"),
+    ("GET", "/"),
+    ("MOUNT", "/console"),
+}
 AUTH_REASONS = {
     401: {"CREDENTIAL_MISSING", "CREDENTIAL_REJECTED"},
     403: {"SCOPE_MISSING", "PERMISSION_DENIED"},
@@ -377,6 +387,8 @@ def served(gateway: GatewayHarness) -> set[tuple[str, str]]:
             if "GET" in route.methods:
                 assert "HEAD" in route.methods, route.path
             found.update((method, route.path) for method in route.methods - {"HEAD"})
+        elif isinstance(route, Mount) and isinstance(route.app, StaticFiles):
+            found.add(("MOUNT", route.path))
         else:
             raise AssertionError(f"a route of an unknown kind: {route!r}")
     return found

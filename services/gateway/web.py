@@ -3,7 +3,8 @@
 Routes: every operation of `services.gateway.routes` under `/api` (session cookie) and
 `/v1` (bearer key); the session routes under `/api/session`; the live channel
 (`.../runs/{run_id}/live`, a WebSocket); the OpenAPI documents at `/api/openapi.json`
-and `/v1/openapi.json`; `GET /healthz`. Every refusal answers through
+and `/v1/openapi.json`; `GET /healthz`; the web console (`services.gateway.pages`):
+its entry page at `/` and its files under `/console/`. Every refusal answers through
 `services.gateway.problems`.
 """
 
@@ -20,10 +21,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from services.gateway import jsonmap, media
+from services.gateway import jsonmap, media, pages
 from services.gateway.dispatch import build_request, credential, parse_json, read_body
 from services.gateway.guard import check_csrf, check_origin
 from services.gateway.live import LiveHub
@@ -84,6 +86,8 @@ class Gateway:
     def routes(self) -> list[BaseRoute]:
         routes: list[BaseRoute] = [
             Route("/healthz", healthz),
+            Route("/", pages.entry, methods=["GET"]),
+            Mount(pages.ASSETS_PATH, app=pages.assets(), name="console"),
             Route("/api/session", guarded(self.session.login), methods=["POST"]),
             Route("/api/session", guarded(self.session.current), methods=["GET"]),
             Route("/api/session", guarded(self.session.logout), methods=["DELETE"]),
@@ -209,6 +213,13 @@ def _allowed_methods(request: Request) -> str:
             matched, _ = route.matches(request.scope)
             if matched is not Match.NONE:
                 methods |= route.methods
+        elif (
+            isinstance(route, Mount)
+            and isinstance(route.app, StaticFiles)
+            # (not route.matches: the scope here is the mount's own, relative to it)
+            and request.url.path.startswith(f"{route.path}/")
+        ):
+            methods |= {"GET", "HEAD"}
     return ", ".join(sorted(methods))
 
 

@@ -1,0 +1,46 @@
+// The console's router. Views live in the URL's fragment (nav.js), so the gateway
+// serves one entry page (/) for all of them. A view that finds no live session (any
+// 401) sends the user to #/login with a notice, and back after signing in.
+import { ApiError, Unreachable } from "./api.js";
+import { h, show } from "./dom.js";
+import { loginView } from "./login.js";
+import { parseRoute, sessionEnded } from "./nav.js";
+import { runsView } from "./runs.js";
+
+const VIEWS = { login: loginView, runs: runsView };
+
+const account = () => document.getElementById("account");
+const main = () => document.getElementById("main");
+
+let generation = 0;
+
+async function render() {
+  const mine = ++generation;
+  // A view that is still loading when the user moves on shows nothing.
+  const alive = () => mine === generation;
+  const { name, params } = parseRoute(window.location.hash);
+  show(account());
+  try {
+    await VIEWS[name]({ main: main(), account: account(), params, alive });
+  } catch (error) {
+    if (!alive()) return;
+    if (error instanceof ApiError && error.status === 401) {
+      sessionEnded();
+      return;
+    }
+    const message = error instanceof ApiError || error instanceof Unreachable
+      ? error.message
+      : `Something went wrong: ${error}`;
+    const heading = h("h1", { tabindex: "-1", text: "This page could not be shown" });
+    show(
+      main(),
+      heading,
+      h("p", { class: "error", role: "alert", text: message }),
+      h("button", { type: "button", onclick: () => render(), text: "Try again" }),
+    );
+    heading.focus();
+  }
+}
+
+window.addEventListener("hashchange", render);
+render();

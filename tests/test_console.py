@@ -1,0 +1,228 @@
+"""The web console in a real browser: Chromium (Debian's, /usr/bin/chromium) driven by
+Playwright, on the real stack (the `gateway` fixture: a gateway on uvicorn in front of
+a coordinator on Postgres and a preview service on SeaweedFS). Nothing is mocked: the
+pages call the gateway's API as they do in production.
+
+Screenshots of the login and runs pages are written to docs/screenshots/. Without
+Chromium (scripts/system-deps.sh installs it) the tests skip, saying why; Playwright
+is in the dev lock, and is used only with that browser (it downloads none).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Page, async_playwright, expect
+
+from services.gateway.dispatch import SESSION_COOKIE
+from testbed.coordinator_world import World, build_world, save_workflow, workflow_spec
+from testbed.harness.gateway import PASSWORD, GatewayHarness
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+ENDED = "Your session has ended; sign in again."
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        shutil.which(CHROMIUM) is None,
+        reason=f"no Chromium at {CHROMIUM} (scripts/system-deps.sh installs Debian's chromium)",
+    ),
+]
+
+
+@pytest.fixture
+async def world(gateway: GatewayHarness) -> World:
+    world = await build_world(gateway.c)
+    await save_workflow(gateway.c, "night", workflow_spec())
+    await gateway.user("ada")
+    return world
+
+
+@pytest.fixture
+async def page(gateway: GatewayHarness) -> AsyncIterator[Page]:
+    """A page of a fresh browser profile on the gateway; fails the test on any script
+    error of the console."""
+    errors: list[str] = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = await browser.new_context(
+                base_url=gateway.url, viewport={"width": 1280, "height": 800}
+            )
+            page = await context.new_page()
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            await browser.close()
+    assert errors == [], errors
+
+
+async def create_run(gateway: GatewayHarness, world: World, run_id: str) -> datetime:
+    """A test run of `night`, created through the API; its created_at (by the
+    coordinator's clock, which the harness sets)."""
+    session = await gateway.login("ada")
+    body = {
+        "id": run_id,
+        "workflow_id": "night",
+        "runtime_id": world.tracking_runtime,
+        "revision": 1,
+        "mode": "test",
+        "image_limit": 20,
+    }
+    created = await session.client.post("/api/workshop/runs", json=body)
+    assert created.status_code == 200, created.text
+    return datetime.fromisoformat(created.json()["run"]["created_at"])
+
+
+async def sign_in(page: Page, user_id: str, password: str) -> None:
+    await page.get_by_label("User id").fill(user_id)
+    await page.get_by_label("Password").fill(password)
+    await page.get_by_role("button", name="Sign in").click()
+
+
+async def test_signing_in_lands_on_the_runs_page_listing_a_run(
+    gateway: GatewayHarness, world: World, page: Page
+) -> None:
+    created_at = await create_run(gateway, world, "r-console")
+    # the page's clock, 5 minutes after the run (the coordinator's clock is the harness's)
+    await page.clock.set_fixed_time(created_at + timedelta(minutes=5))
+    await page.goto("/")
+    await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
+    await expect(page.get_by_label("User id")).to_be_focused()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(SCREENSHOTS / "login.png"))
+
+    await sign_in(page, "ada", PASSWORD)
+    await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    assert page.url.endswith("#/runs")
+    row = page.locator("tr[data-run-id='r-console']")
+    await expect(row).to_be_visible()
+    cells = [text.strip() for text in await row.locator("th, td").all_inner_texts()]
+    assert cells == [
+        "r-console",
+        "night",
+        "queued",
+        "test",
+        "0 of 1 done (1 queued)",
+        "0 of 20: 0 frames, 0 empty, 0 dropped",
+        "test run: not saved",
+        "5 min ago",
+    ]
+    await expect(page.get_by_text("Signed in as Ada")).to_be_visible()
+    await page.screenshot(path=str(SCREENSHOTS / "runs.png"), full_page=True)
+
+    # the workflow filter asks the API for that workflow's runs only
+    await page.get_by_label("Workflow").fill("other")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page.get_by_text("No runs of workflow other.")).to_be_visible()
+    assert page.url.endswith("#/runs?workflow=other")
+    await page.get_by_role("button", name="Show all").click()
+    await expect(page.locator("tr[data-run-id='r-console']")).to_be_visible()
+
+
+async def test_a_wrong_password_shows_the_apis_message(
+    gateway: GatewayHarness, world: World, page: Page
+) -> None:
+    await page.goto("/#/login")
+    await sign_in(page, "ada", "not the password")
+    alert = page.get_by_role("alert")
+    await expect(alert).to_have_text("Wrong user id or password.")
+    await expect(page.get_by_label("Password")).to_have_attribute("aria-invalid", "true")
+    await expect(page.get_by_label("Password")).to_be_focused()
+    assert page.url.endswith("#/login")
+    assert await page.context.cookies() == []
+
+
+async def test_throttled_logins_show_when_to_try_again(
+    gateway: GatewayHarness, world: World, page: Page
+) -> None:
+    await page.goto("/#/login")
+    for _ in range(5):  # the per-user limit (docs/http-api.md)
+        await sign_in(page, "ada", "not the password")
+        await expect(page.get_by_role("alert")).to_have_text("Wrong user id or password.")
+    await sign_in(page, "ada", PASSWORD)
+    await expect(page.get_by_role("alert")).to_contain_text("Try again in ")
+    assert page.url.endswith("#/login")
+
+
+async def test_the_runs_page_without_a_session_shows_the_login_page_with_the_notice(
+    gateway: GatewayHarness, world: World, page: Page
+) -> None:
+    await page.goto("/#/runs?workflow=night")
+    await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
+    await expect(page.get_by_role("status")).to_have_text(ENDED)
+    # after signing in, back to the page the user asked for
+    await sign_in(page, "ada", PASSWORD)
+    await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    assert page.url.endswith("#/runs?workflow=night")
+    await expect(page.get_by_label("Workflow")).to_have_value("night")
+
+
+async def test_signing_out_ends_the_session_at_the_api(
+    gateway: GatewayHarness, world: World, page: Page
+) -> None:
+    await page.goto("/")
+    await sign_in(page, "ada", PASSWORD)
+    await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    [cookie] = [c for c in await page.context.cookies() if c["name"] == SESSION_COOKIE]
+    assert cookie["httpOnly"]
+
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page.get_by_role("status")).to_have_text("You have signed out.")
+    assert [c for c in await page.context.cookies() if c["name"] == SESSION_COOKIE] == []
+    async with gateway.client(cookies={SESSION_COOKIE: cookie["value"]}) as client:
+        refused = await client.get("/api/session")
+    assert refused.status_code == 401, refused.text
+
+    # the runs page now sends the user back to sign in
+    await page.goto("/#/runs")
+    await expect(page.get_by_role("status")).to_have_text(ENDED)
+
+
+async def test_a_session_revoked_elsewhere_sends_the_page_to_the_login(
+    gateway: GatewayHarness, world: World, page: Page
+) -> None:
+    await page.goto("/")
+    await sign_in(page, "ada", PASSWORD)
+    await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    [cookie] = [c for c in await page.context.cookies() if c["name"] == SESSION_COOKIE]
+    async with gateway.client(cookies={SESSION_COOKIE: cookie["value"]}) as client:
+        token = (await client.get("/api/session")).json()["csrf_token"]
+        out = await client.delete("/api/session", headers={"x-csrf-token": token})
+        assert out.status_code == 204, out.text
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page.get_by_role("status")).to_have_text(ENDED)
+
+
+async def test_the_console_files_are_served_without_a_credential(
+    gateway: GatewayHarness,
+) -> None:
+    async with gateway.client() as client:
+        entry = await client.get("/")
+        assert entry.status_code == 200
+        assert entry.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in entry.headers["content-security-policy"]
+        script = await client.get("/console/app.js")
+        assert script.status_code == 200
+        assert script.headers["content-type"].startswith("text/javascript")
+        missing = await client.get("/console/nope.js")
+        assert missing.status_code == 404
+        assert missing.json()["reason"] == "ROUTE_NOT_FOUND"
+        wrong = await client.post("/console/app.js")
+        assert wrong.status_code == 405
+        assert wrong.headers["allow"] == "GET, HEAD"
