@@ -497,7 +497,10 @@ async def test_the_gateway_scope_takes_no_device_and_no_cameras(
     )
     assert [held.scope for held in reply.key.scopes] == [common_pb2.SCOPE_GATEWAY]
     listed = await h.operator.ListKeys(op.ListKeysRequest(), metadata=h.admin)
-    assert [held.scope for held in listed.keys[0].scopes] == [common_pb2.SCOPE_GATEWAY]
+    # by id: the harness's admin key has the same (frozen) creation time, so the order of
+    # the two is the key ids'
+    (stored,) = [key for key in listed.keys if key.key_id == reply.key.key_id]
+    assert [held.scope for held in stored.scopes] == [common_pb2.SCOPE_GATEWAY]
 
 
 async def test_an_older_hash_is_replaced_at_login(coordinator: CoordinatorHarness) -> None:
