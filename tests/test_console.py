@@ -19,7 +19,7 @@ import pytest
 from playwright.async_api import Page, async_playwright, expect
 
 from services.gateway.dispatch import SESSION_COOKIE
-from testbed.coordinator_world import World, build_world, save_workflow, workflow_spec
+from testbed.coordinator_world import World
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 
 CHROMIUM = "/usr/bin/chromium"
@@ -45,14 +45,6 @@ pytestmark = [
 
 
 @pytest.fixture
-async def world(gateway: GatewayHarness) -> World:
-    world = await build_world(gateway.c)
-    await save_workflow(gateway.c, "night", workflow_spec())
-    await gateway.user("ada")
-    return world
-
-
-@pytest.fixture
 async def page(gateway: GatewayHarness) -> AsyncIterator[Page]:
     """A page of a fresh browser profile on the gateway; fails the test on any script
     error of the console."""
@@ -72,14 +64,14 @@ async def page(gateway: GatewayHarness) -> AsyncIterator[Page]:
     assert errors == [], errors
 
 
-async def create_run(gateway: GatewayHarness, world: World, run_id: str) -> datetime:
+async def create_run(gateway: GatewayHarness, gateway_world: World, run_id: str) -> datetime:
     """A test run of `night`, created through the API; its created_at (by the
     coordinator's clock, which the harness sets)."""
     session = await gateway.login("ada")
     body = {
         "id": run_id,
         "workflow_id": "night",
-        "runtime_id": world.tracking_runtime,
+        "runtime_id": gateway_world.tracking_runtime,
         "revision": 1,
         "mode": "test",
         "image_limit": 20,
@@ -96,9 +88,9 @@ async def sign_in(page: Page, user_id: str, password: str) -> None:
 
 
 async def test_signing_in_lands_on_the_runs_page_listing_a_run(
-    gateway: GatewayHarness, world: World, page: Page
+    gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
-    created_at = await create_run(gateway, world, "r-console")
+    created_at = await create_run(gateway, gateway_world, "r-console")
     # the page's clock, 5 minutes after the run (the coordinator's clock is the harness's)
     await page.clock.set_fixed_time(created_at + timedelta(minutes=5))
     await page.goto("/")
@@ -136,7 +128,7 @@ async def test_signing_in_lands_on_the_runs_page_listing_a_run(
 
 
 async def test_a_wrong_password_shows_the_apis_message(
-    gateway: GatewayHarness, world: World, page: Page
+    gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
     await page.goto("/#/login")
     await sign_in(page, "ada", "not the password")
@@ -149,7 +141,7 @@ async def test_a_wrong_password_shows_the_apis_message(
 
 
 async def test_throttled_logins_show_when_to_try_again(
-    gateway: GatewayHarness, world: World, page: Page
+    gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
     await page.goto("/#/login")
     for _ in range(5):  # the per-user limit (docs/http-api.md)
@@ -161,7 +153,7 @@ async def test_throttled_logins_show_when_to_try_again(
 
 
 async def test_the_runs_page_without_a_session_shows_the_login_page_with_the_notice(
-    gateway: GatewayHarness, world: World, page: Page
+    gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
     await page.goto("/#/runs?workflow=night")
     await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
@@ -174,7 +166,7 @@ async def test_the_runs_page_without_a_session_shows_the_login_page_with_the_not
 
 
 async def test_signing_out_ends_the_session_at_the_api(
-    gateway: GatewayHarness, world: World, page: Page
+    gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
     await page.goto("/")
     await sign_in(page, "ada", PASSWORD)
@@ -195,7 +187,7 @@ async def test_signing_out_ends_the_session_at_the_api(
 
 
 async def test_a_session_revoked_elsewhere_sends_the_page_to_the_login(
-    gateway: GatewayHarness, world: World, page: Page
+    gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
     await page.goto("/")
     await sign_in(page, "ada", PASSWORD)

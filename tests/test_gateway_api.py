@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from testbed.coordinator_world import World, build_world, save_workflow, workflow_spec
+from testbed.coordinator_world import World
 from testbed.harness.gateway import PASSWORD, Browser, GatewayHarness, running_gateway
 from testbed.harness.preview import PreviewHarness
 from tests.sweep.stack import table_digests
@@ -39,15 +39,7 @@ def seed_body(run_id: str, runtime: str, revision: int = 1, **extra: Any) -> dic
 
 
 @pytest.fixture
-async def world(gateway: GatewayHarness) -> World:
-    world = await build_world(gateway.c)
-    await save_workflow(gateway.c, "night", workflow_spec())
-    await gateway.user("ada")
-    return world
-
-
-@pytest.fixture
-async def ada(gateway: GatewayHarness, world: World) -> Browser:
+async def ada(gateway: GatewayHarness, gateway_world: World) -> Browser:
     return await gateway.login("ada")
 
 
@@ -64,9 +56,9 @@ def assert_error(answer: httpx.Response, status: int, reason: str) -> dict[str, 
 
 
 async def test_a_run_is_created_with_the_seed_body_and_a_retry_is_safe(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
-    body = seed_body("r-1", world.tracking_runtime)
+    body = seed_body("r-1", gateway_world.tracking_runtime)
     created = await ada.client.post("/api/workshop/runs", json=body)
     assert created.status_code == 200, created.text
     run = created.json()
@@ -98,20 +90,22 @@ async def test_a_run_is_created_with_the_seed_body_and_a_retry_is_safe(
 
 
 async def test_a_stale_revision_is_409_with_the_current_revision(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     answer = await ada.client.post(
-        "/api/workshop/runs", json=seed_body("r-2", world.tracking_runtime, revision=7)
+        "/api/workshop/runs", json=seed_body("r-2", gateway_world.tracking_runtime, revision=7)
     )
     body = assert_error(answer, 409, "STALE_REVISION")
     assert body["details"]["metadata"]["current_revision"] == "1"
 
 
-async def test_agent_keys_create_runs_under_v1(gateway: GatewayHarness, world: World) -> None:
+async def test_agent_keys_create_runs_under_v1(
+    gateway: GatewayHarness, gateway_world: World
+) -> None:
     agent = await gateway.agent(Grant(ScopeName.WORKSHOP))
     async with agent:
         answer = await agent.post(
-            "/v1/workshop/runs", json=seed_body("r-3", world.tracking_runtime)
+            "/v1/workshop/runs", json=seed_body("r-3", gateway_world.tracking_runtime)
         )
         assert answer.status_code == 200, answer.text
         # /v1 reads no cookie: a session cookie alone does not authenticate there
@@ -125,7 +119,7 @@ async def test_agent_keys_create_runs_under_v1(gateway: GatewayHarness, world: W
 
 
 async def test_workflows_are_saved_against_a_revision_validated_and_deleted(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     got = await ada.client.get("/api/workshop/workflows/night")
     assert got.status_code == 200
@@ -160,7 +154,7 @@ async def test_workflows_are_saved_against_a_revision_validated_and_deleted(
 
 
 async def test_runtimes_are_registered_listed_and_chosen(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     registered = await ada.client.post(
         "/api/workshop/runtimes",
@@ -213,7 +207,7 @@ BAD_BODIES = [
 @pytest.mark.parametrize(("raw", "content_type", "status", "reason"), BAD_BODIES)
 async def test_bad_bodies_get_the_catalogs_answer_and_change_nothing(
     gateway: GatewayHarness,
-    world: World,
+    gateway_world: World,
     ada: Browser,
     raw: bytes,
     content_type: str,
@@ -231,7 +225,7 @@ async def test_bad_bodies_get_the_catalogs_answer_and_change_nothing(
 
 
 async def test_field_violations_name_every_bad_field(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     answer = await ada.client.post(
         "/api/workshop/runs", json={"id": 3, "revision": "x", "extra": True}
@@ -242,7 +236,7 @@ async def test_field_violations_name_every_bad_field(
 
 
 async def test_an_oversized_body_is_413_before_it_is_read(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     before = await table_digests(gateway.c)
     big = b'{"id": "' + b"x" * (70 * 1024) + b'"}'
@@ -263,7 +257,7 @@ async def test_an_oversized_body_is_413_before_it_is_read(
 
 
 async def test_bad_queries_are_field_violations(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     unknown = await ada.client.get("/api/workshop/runs", params={"colour": "red"})
     assert assert_error(unknown, 400, "INVALID_FIELD")["details"]["field_violations"] == [
@@ -285,7 +279,7 @@ async def test_unknown_routes_and_methods(gateway: GatewayHarness, ada: Browser)
 
 
 async def test_login_sets_an_httponly_cookie_and_logout_revokes_the_session(
-    gateway: GatewayHarness, world: World
+    gateway: GatewayHarness, gateway_world: World
 ) -> None:
     async with gateway.client() as client:
         answer = await client.post("/api/session", json=ADA)
@@ -315,7 +309,7 @@ async def test_login_sets_an_httponly_cookie_and_logout_revokes_the_session(
 
 
 async def test_the_cookie_is_secure_by_default(
-    gateway: GatewayHarness, world: World, preview: PreviewHarness
+    gateway: GatewayHarness, gateway_world: World, preview: PreviewHarness
 ) -> None:
     async with running_gateway(gateway.c, preview.port, cookie_secure=True) as secure:
         answer = await secure.client().post("/api/session", json=ADA)
@@ -324,7 +318,7 @@ async def test_the_cookie_is_secure_by_default(
 
 
 async def test_wrong_passwords_are_throttled_per_user(
-    gateway: GatewayHarness, world: World
+    gateway: GatewayHarness, gateway_world: World
 ) -> None:
     async with gateway.client() as client:
         for _ in range(5):
@@ -337,7 +331,7 @@ async def test_wrong_passwords_are_throttled_per_user(
         assert int(throttled.headers["retry-after"]) > 0
 
 
-async def test_a_disabled_user_cannot_log_in(gateway: GatewayHarness, world: World) -> None:
+async def test_a_disabled_user_cannot_log_in(gateway: GatewayHarness, gateway_world: World) -> None:
     from workshop.v1 import operator_pb2 as op
 
     await gateway.c.operator.DisableUser(
@@ -352,10 +346,10 @@ async def test_a_disabled_user_cannot_log_in(gateway: GatewayHarness, world: Wor
 
 
 async def test_cross_site_writes_are_refused_and_change_nothing(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     before = await table_digests(gateway.c)
-    body = seed_body("r-x", world.tracking_runtime)
+    body = seed_body("r-x", gateway_world.tracking_runtime)
     cross = await ada.client.post(
         "/api/workshop/runs", json=body, headers={"sec-fetch-site": "cross-site"}
     )
@@ -377,12 +371,14 @@ async def test_cross_site_writes_are_refused_and_change_nothing(
 
 
 async def test_a_websocket_handshake_from_a_foreign_origin_is_refused(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     import websockets
     from websockets.typing import Origin
 
-    await ada.client.post("/api/workshop/runs", json=seed_body("r-w", world.tracking_runtime))
+    await ada.client.post(
+        "/api/workshop/runs", json=seed_body("r-w", gateway_world.tracking_runtime)
+    )
     cookie = f"workshop_session={ada.client.cookies['workshop_session']}"
     url = gateway.url.replace("http", "ws") + "/api/workshop/runs/r-w/live"
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
@@ -402,7 +398,7 @@ async def test_a_websocket_handshake_from_a_foreign_origin_is_refused(
 
 
 async def test_users_manage_their_own_agent_keys(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     created = await ada.client.post(
         "/api/workshop/keys",
@@ -461,14 +457,16 @@ def test_the_docs_list_every_route() -> None:
 
 
 async def test_the_live_page_socket_follows_a_run_to_its_end(
-    gateway: GatewayHarness, world: World, ada: Browser
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
 ) -> None:
     import json
 
     import websockets
     from websockets.typing import Origin
 
-    await ada.client.post("/api/workshop/runs", json=seed_body("r-l", world.tracking_runtime))
+    await ada.client.post(
+        "/api/workshop/runs", json=seed_body("r-l", gateway_world.tracking_runtime)
+    )
     cookie = f"workshop_session={ada.client.cookies['workshop_session']}"
     url = gateway.url.replace("http", "ws") + "/api/workshop/runs/r-l/live"
     async with websockets.connect(
@@ -494,7 +492,7 @@ async def test_the_live_page_socket_follows_a_run_to_its_end(
 
 
 async def test_a_live_socket_closes_once_its_session_is_revoked(
-    gateway: GatewayHarness, world: World, preview: PreviewHarness
+    gateway: GatewayHarness, gateway_world: World, preview: PreviewHarness
 ) -> None:
     import json
 
@@ -504,7 +502,7 @@ async def test_a_live_socket_closes_once_its_session_is_revoked(
     async with running_gateway(gateway.c, preview.port, live_recheck_seconds=0.2) as quick:
         browser = await quick.login("ada")
         created = await browser.client.post(
-            "/api/workshop/runs", json=seed_body("r-v", world.tracking_runtime)
+            "/api/workshop/runs", json=seed_body("r-v", gateway_world.tracking_runtime)
         )
         assert created.status_code == 200, created.text
         cookie = f"workshop_session={browser.client.cookies['workshop_session']}"
@@ -521,7 +519,7 @@ async def test_a_live_socket_closes_once_its_session_is_revoked(
 
 
 async def test_an_unknown_caller_hears_401_before_any_field_is_judged(
-    gateway: GatewayHarness, world: World
+    gateway: GatewayHarness, gateway_world: World
 ) -> None:
     async with gateway.client() as anonymous:
         for path in (

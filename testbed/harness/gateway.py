@@ -21,6 +21,7 @@ import pytest
 from services.coordinator.auth import Grant, ScopeName
 from services.gateway.app import GatewayApp, build
 from services.gateway.settings import GatewaySettings
+from testbed.coordinator_world import World, build_world, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness
 from workshop.v1 import operator_pb2 as op
@@ -98,6 +99,16 @@ async def running_gateway(
         for client in harness.clients:
             await client.aclose()
         await app.stop()
+
+
+@pytest.fixture
+async def gateway_world(gateway: GatewayHarness) -> World:
+    """testbed/coordinator_world.py's world behind the gateway, workflow `night` saved
+    (revision 1), and user `ada` with the harness's password."""
+    world = await build_world(gateway.c)
+    await save_workflow(gateway.c, "night", workflow_spec())
+    await gateway.user("ada")
+    return world
 
 
 @pytest.fixture(name="gateway")
