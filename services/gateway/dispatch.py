@@ -24,19 +24,6 @@ from workshop.kit.auth import bearer_secret
 SESSION_COOKIE = "workshop_session"
 JSON_TYPES = ("application/json",)
 
-_INTEGERS = {
-    FieldDescriptor.TYPE_INT32,
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT32,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT32,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED32,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED32,
-    FieldDescriptor.TYPE_SFIXED64,
-}
-
 
 def session_secret(request: Request) -> str:
     """The website session's secret from its cookie ("" without one)."""
@@ -133,7 +120,7 @@ def _params(operation: Operation, request: Request) -> dict[str, Any]:
 def _query_value(field: FieldDescriptor, value: str) -> Any:
     """A query string as the JSON value the field reads (a bad one stays a string, and
     from_json names the field's expected type)."""
-    if field.type in _INTEGERS:
+    if field.type in jsonmap.INTEGER_KINDS:
         stripped = value.strip()
         if stripped.isascii() and stripped.lstrip("-").isdigit():
             return int(stripped)

@@ -89,6 +89,8 @@ _INTEGER_RANGES: dict[int, tuple[int, int]] = {
     **dict.fromkeys((_F.TYPE_INT64, _F.TYPE_SINT64, _F.TYPE_SFIXED64), (-(2**63), 2**63 - 1)),
     **dict.fromkeys((_F.TYPE_UINT64, _F.TYPE_FIXED64), (0, 2**64 - 1)),
 }
+# Every integer kind of field (what a query parameter's string is read as a number for).
+INTEGER_KINDS = frozenset(_INTEGER_RANGES)
 _INTEGER_FORMATS = {
     **dict.fromkeys((_F.TYPE_INT32, _F.TYPE_SINT32, _F.TYPE_SFIXED32), "int32"),
     **dict.fromkeys((_F.TYPE_INT64, _F.TYPE_SINT64, _F.TYPE_SFIXED64), "int64"),
