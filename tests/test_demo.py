@@ -38,8 +38,11 @@ WORKDIR = re.compile(r"^workshop demo: work directory (\S+)$", re.MULTILINE)
 PIDS = re.compile(r"^stack pids: (.+)$", re.MULTILINE)
 PID = re.compile(r"\bpid (\d+)\b")
 CREATE = re.compile(r"^POST /v1/workshop/runs (\{.+\})$", re.MULTILINE)
+# A processor may lease the first job before CreateRun reads the run back, so the
+# answer can already say running.
 CREATED = re.compile(
-    r"^  -> 200: run demo-run queued, created by user demo \(key \S+\)$", re.MULTILINE
+    r"^  -> 200: run demo-run (queued|running), created by user demo \(key \S+\)$",
+    re.MULTILINE,
 )
 LIVE = re.compile(r"^GET ws://127\.0\.0\.1:\d+/v1/workshop/runs/demo-run/live ", re.MULTILINE)
 IMAGE = re.compile(
