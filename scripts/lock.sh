@@ -17,7 +17,7 @@ compile() {
         --custom-compile-command "make lock" "$@"
 }
 compile --extra dev -o requirements/dev.txt
-for extra in coordinator preview gateway processor triton; do
+for extra in coordinator preview gateway processor triton cli; do
     compile --extra "$extra" -c requirements/dev.txt -o "requirements/$extra.txt"
 done
 echo "locked: $(ls requirements/*.txt | tr '\n' ' ')"
