@@ -7,5 +7,6 @@ pytest_plugins = [
     "testbed.harness.coordinator",
     "testbed.harness.preview",
     "testbed.harness.gateway",
+    "testbed.harness.browser",
     "tests.sweep.report",
 ]

@@ -10,58 +10,19 @@ is in the dev lock, and is used only with that browser (it downloads none).
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Page, expect
 
 from services.gateway.dispatch import SESSION_COOKIE
 from testbed.coordinator_world import World
+from testbed.harness.browser import SCREENSHOTS, needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 ENDED = "Your session has ended; sign in again."
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        shutil.which(CHROMIUM) is None,
-        reason=f"no Chromium at {CHROMIUM} (scripts/system-deps.sh installs Debian's chromium)",
-    ),
-]
-
-
-@pytest.fixture
-async def page(gateway: GatewayHarness) -> AsyncIterator[Page]:
-    """A page of a fresh browser profile on the gateway; fails the test on any script
-    error of the console."""
-    errors: list[str] = []
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = await browser.new_context(
-                base_url=gateway.url, viewport={"width": 1280, "height": 800}
-            )
-            page = await context.new_page()
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.set_default_timeout(15_000)
-            yield page
-        finally:
-            await browser.close()
-    assert errors == [], errors
+pytestmark = [pytest.mark.timeout(120), needs_chromium]
 
 
 async def create_run(gateway: GatewayHarness, gateway_world: World, run_id: str) -> datetime:

@@ -1,0 +1,56 @@
+"""Chromium (Debian's, /usr/bin/chromium) driven by Playwright, for the web console's
+browser tests: the `page` fixture is a page of a fresh browser profile on the `gateway`
+fixture's base URL. Playwright is used only with that browser (it downloads none);
+without it the tests that use `page` skip, saying why (scripts/system-deps.sh installs
+it)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Page, async_playwright
+
+from testbed.harness.gateway import GatewayHarness
+
+CHROMIUM = "/usr/bin/chromium"
+# As root Chromium needs --no-sandbox; without the background-networking flags it keeps
+# trying hosts this machine cannot reach.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# The README shows the pages through these screenshots, which the console tests write.
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+needs_chromium = pytest.mark.skipif(
+    shutil.which(CHROMIUM) is None,
+    reason=f"no Chromium at {CHROMIUM} (scripts/system-deps.sh installs Debian's chromium)",
+)
+
+
+@pytest.fixture
+async def page(gateway: GatewayHarness) -> AsyncIterator[Page]:
+    """A page of a fresh browser profile on the gateway; fails the test on any script
+    error of the console."""
+    errors: list[str] = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = await browser.new_context(
+                base_url=gateway.url, viewport={"width": 1280, "height": 800}
+            )
+            page = await context.new_page()
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            await browser.close()
+    assert errors == [], errors
