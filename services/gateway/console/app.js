@@ -18,10 +18,10 @@ async function render() {
   const mine = ++generation;
   // A view that is still loading when the user moves on shows nothing.
   const alive = () => mine === generation;
-  const { name, params } = parseRoute(window.location.hash);
+  const { name, id, params } = parseRoute(window.location.hash);
   show(account());
   try {
-    await VIEWS[name]({ main: main(), account: account(), params, alive });
+    await VIEWS[name]({ main: main(), account: account(), id, params, alive });
   } catch (error) {
     if (!alive()) return;
     if (error instanceof ApiError && error.status === 401) {

@@ -1,16 +1,26 @@
 // Moving between the console's views, which live in the URL's fragment (#/login,
-// #/runs?workflow=ID): app.js renders the view on every `hashchange`.
+// #/runs?workflow=ID, #/<view>/<id> for one resource's page): app.js renders the view
+// on every `hashchange`.
 
 export const VIEW_NAMES = ["login", "runs"];
 export const DEFAULT_VIEW = "runs";
 
 export function parseRoute(fragment) {
   const path = fragment.startsWith("#/") ? fragment.slice(2) : "";
-  const [name, search = ""] = path.split("?", 2);
-  return {
-    name: VIEW_NAMES.includes(name) ? name : DEFAULT_VIEW,
-    params: new URLSearchParams(search),
-  };
+  const [where, search = ""] = path.split("?", 2);
+  const [name, id = ""] = where.split("/", 2);
+  if (!VIEW_NAMES.includes(name)) {
+    return { name: DEFAULT_VIEW, id: "", params: new URLSearchParams() };
+  }
+  return { name, id: decodeSegment(id), params: new URLSearchParams(search) };
+}
+
+function decodeSegment(segment) {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return segment; // a malformed %-escape: the id as typed, which the API then refuses
+  }
 }
 
 /** Where the login page sends the user after signing in: a view of this console only. */
