@@ -149,8 +149,9 @@ def _builder(row: type[Row]) -> Builder:
     about 2.6 us for 15 fields; a review page builds 2,000 rows. The builder made here
     stores them through the slots' own descriptors instead (0.9 us), which is what
     __init__ amounts to for these classes: every field is read from the record (defaults
-    never apply) and rows have no __post_init__, so the instance is the same. Columns are read by one itemgetter (in
-    C); a field whose type is itself a Row is built from the same record.
+    never apply) and rows have no __post_init__, so the instance is the same. Columns
+    are read by one itemgetter (in C); a field whose type is itself a Row is built from
+    the same record.
     """
     hints = typing.get_type_hints(row)
     fields = dataclasses.fields(row)  # type: ignore[arg-type]
