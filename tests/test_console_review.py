@@ -25,6 +25,7 @@ from testbed.harness.triton import TritonServer
 from tests.processor_world import finished, one_camera_run, running_processor
 from tests.test_console import sign_in
 from workshop.v1 import common_pb2
+from workshop.v1 import operator_pb2 as op
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(180), needs_chromium]
 
@@ -61,11 +62,7 @@ def box_states(body: Json, sighting_id: str) -> list[tuple[str, str | None]]:
         # the item's own state follows its boxes (docs/review.md)
         others = {r["review_state"] for r in item["box_reviews"]}
         expected = (
-            "pending"
-            if "pending" in others
-            else "accepted"
-            if "accepted" in others
-            else "rejected"
+            "pending" if "pending" in others else "accepted" if "accepted" in others else "rejected"
         )
         assert item["review_state"] == expected, item
     return states
@@ -89,10 +86,13 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     index, target = max(enumerate(sightings), key=lambda pair: (len(pair[1]["item_ids"]), -pair[0]))
     sid = target["sighting_id"]
     count = len(target["item_ids"])
-    assert count >= 2 and target["class_name"], target
+    assert count >= 2, target
+    assert target["class_name"], target
     relabel = next(name for name in classes[:9] if name != target["class_name"])
     digit = str(classes.index(relabel) + 1)
 
+    # the page's clock is the coordinator's (frozen by the harness), so ages read as they would
+    await page.clock.set_fixed_time(coordinator.clock.now())
     await page.goto("/#/review/r1")
     await sign_in(page, "ada", PASSWORD)
     await expect(page.get_by_role("heading", name="Review of run r1")).to_be_focused()
@@ -100,15 +100,22 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(rows).to_have_count(len(sightings))
     progress = page.locator("#review-progress")
     items = len(before["items"])
-    await expect(progress).to_have_text(f"Decided: 0 of {len(sightings)} sightings, 0 of {items} items.")
+    await expect(progress).to_have_text(
+        f"Decided: 0 of {len(sightings)} sightings, 0 of {items} items."
+    )
     await expect(page.locator("#relabel-classes li")).to_have_count(min(9, len(classes)))
     # every thumbnail is lazy, of a fixed size, from the item image route
     thumbs = page.locator("li.sighting img")
     assert await thumbs.count() == sum(len(s["item_ids"]) for s in sightings)
     first_img = thumbs.first
     assert await first_img.get_attribute("loading") == "lazy"
-    assert (await first_img.get_attribute("width"), await first_img.get_attribute("height")) == ("160", "90")
-    assert re.fullmatch(r"/api/workshop/runs/r1/items/[^/]+/image", await first_img.get_attribute("src") or "")
+    assert (await first_img.get_attribute("width"), await first_img.get_attribute("height")) == (
+        "160",
+        "90",
+    )
+    assert re.fullmatch(
+        r"/api/workshop/runs/r1/items/[^/]+/image", await first_img.get_attribute("src") or ""
+    )
 
     # j/k move: j selects the first sighting, then down to the target and back and forth
     row = page.locator(f"li.sighting[data-sighting-id='{sid}']")
@@ -138,7 +145,8 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(row.locator(".saving")).to_have_text("saving…")
     await expect(row).to_have_attribute("aria-busy", "true")
     await expect(state).to_have_text("pending")
-    assert held and held[0].endswith(f"/sightings/{sid}/decision")
+    assert held
+    assert held[0].endswith(f"/sightings/{sid}/decision")
     assert set(box_states(await review(gateway, api), sid)) == {("pending", None)}
     release.set()
     await expect(state).to_have_text("accepted")
@@ -157,6 +165,8 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(state).to_have_text(f"accepted as {relabel}")
     await expect(status).to_contain_text(f"now {relabel}")
     assert box_states(await review(gateway, api), sid) == [("accepted", relabel)] * count
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(SCREENSHOTS / "review.png"), full_page=True)
 
     # u: back to what each decision replaced, newest first
     await page.keyboard.press("u")
@@ -171,15 +181,28 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(page.get_by_role("alert")).to_contain_text("Cannot undo")
     await expect(state).to_have_text("accepted")
     assert box_states(await review(gateway, api), sid) == [("accepted", None)] * count
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(SCREENSHOTS / "review.png"), full_page=True)
 
-    # the summary, reached from the header, counts the decision
+    # an item is accepted once all its boxes are decided: decide the other sightings too
+    # (c on each, n on the last one), walking the list with j from the top
+    for _ in range(index):
+        await page.keyboard.press("k")
+    await expect(rows.first).to_be_focused()
+    for position in range(len(sightings)):
+        other = rows.nth(position)
+        if position != index:
+            await page.keyboard.press("n" if position == len(sightings) - 1 else "c")
+            await expect(other.locator(".state")).not_to_have_text("pending")
+        await page.keyboard.press("j")
+    await expect(progress).to_have_text(
+        f"Decided: {len(sightings)} of {len(sightings)} sightings, {items} of {items} items."
+    )
+
+    # the summary, reached from the header, counts the decisions
     after = await review(gateway, api)
-    accepted = sum(1 for e in after["items"] if e["item"]["review_state"] == "accepted")
-    rejected = sum(1 for e in after["items"] if e["item"]["review_state"] == "rejected")
-    pending = sum(1 for e in after["items"] if e["item"]["review_state"] == "pending")
-    assert accepted >= count and rejected == 0
+    states = [e["item"]["review_state"] for e in after["items"]]
+    accepted, rejected, pending = (states.count(s) for s in ("accepted", "rejected", "pending"))
+    assert accepted >= 1
+    assert pending == 0
     async with page.expect_request(re.compile(r"/api/workshop/summary\?")) as asked:
         await page.get_by_role("link", name="Summary").click()
     await expect(page.get_by_role("heading", name="Summary", exact=True)).to_be_focused()
@@ -187,7 +210,7 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     assert f"time_zone={zone.replace('/', '%2F')}" in (await asked.value).url
     bucket = page.locator("#buckets tr[data-bucket-id='yard'] td")
     cells = [text.strip() for text in await bucket.all_inner_texts()]
-    assert cells[:5] == [str(items), str(accepted), "0", str(pending), str(items)], cells
+    assert cells[:5] == [str(items), str(accepted), str(rejected), "0", str(items)], cells
     workflow = page.locator("section.workflow-summary[data-workflow-id='yard']")
     await expect(workflow.locator(".runs-count")).to_have_text("1")
     await expect(workflow.get_by_role("link", name="r1")).to_have_attribute("href", "#/review/r1")
@@ -205,9 +228,11 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(chart).to_be_visible()
     bars = chart.locator("rect.chart-bar")
     await expect(bars).to_have_count(30)
-    per_day = [int(v or 0) for v in await bars.evaluate_all("bars => bars.map(b => b.dataset.images)")]
+    per_day = [
+        int(v or 0) for v in await bars.evaluate_all("bars => bars.map(b => b.dataset.images)")
+    ]
     assert sum(per_day) == items
-    hidden_rows = workflow.locator("table.visually-hidden tbody tr")
+    hidden_rows = workflow.locator(".visually-hidden table tbody tr")
     await expect(hidden_rows).to_have_count(30)
     await page.screenshot(path=str(SCREENSHOTS / "summary.png"), full_page=True)
 
@@ -235,14 +260,33 @@ async def test_the_review_pages_through_has_more(
     await expect(page.locator("#review-progress")).to_contain_text("of the 3 loaded")
     await more.click()
     await expect(page.locator("#review-progress")).to_contain_text("of the 6 loaded")
+    progress = page.locator("#review-progress")
     while await more.is_visible():  # j past the last sighting loads the next page
-        shown = await page.locator("li.sighting").count()
-        for _ in range(shown + 1):
+        said = await progress.inner_text()
+        for _ in range(await page.locator("li.sighting").count() + 1):
             await page.keyboard.press("j")
-        await page.wait_for_function("n => document.querySelectorAll('li.sighting').length > n || document.getElementById('load-more').hidden", arg=shown)
-    ids = await page.locator("li.sighting").evaluate_all("rows => rows.map(r => r.dataset.sightingId)")
-    assert len(ids) == len(set(ids)) and set(ids) == {s["sighting_id"] for s in whole["sightings"]}
+        await expect(progress).not_to_have_text(said)
+    ids = await page.locator("li.sighting").evaluate_all(
+        "rows => rows.map(r => r.dataset.sightingId)"
+    )
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {s["sighting_id"] for s in whole["sightings"]}
     total = len(whole["items"])
     await expect(page.locator("#review-progress")).to_have_text(
         f"Decided: 0 of {len(ids)} sightings, 0 of {total} items."
     )
+
+    # a refused decision shows the API's message as an alert and changes nothing shown
+    await coordinator.operator.DeleteBucket(
+        op.DeleteBucketRequest(bucket_id="yard"), metadata=coordinator.admin
+    )
+    current = page.locator("li.sighting[aria-current='true']")
+    sid = await current.get_attribute("data-sighting-id")
+    refused = await api.post(
+        f"/api/workshop/runs/r1/sightings/{sid}/decision", json={"decision": "confirm"}
+    )
+    assert refused.status_code == 404, refused.text
+    await page.keyboard.press("c")
+    await expect(page.get_by_role("alert")).to_have_text(f"Not saved: {refused.json()['message']}")
+    await expect(current.locator(".state")).to_have_text("pending")
+    await expect(current.locator(".saving")).to_have_count(0)

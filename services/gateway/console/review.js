@@ -105,6 +105,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
   }
 
   function fail(text) {
+    announce.hidden = true;
     failure.textContent = text;
     failure.hidden = false;
   }

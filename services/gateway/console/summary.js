@@ -6,8 +6,8 @@ import { h, show, svg } from "./dom.js";
 import { accountBar, age } from "./runs.js";
 
 const DAYS = 30;
-const BAR = 12; // px per day
-const CHART_HEIGHT = 80;
+const BAR = 16; // px per day
+const CHART_HEIGHT = 100;
 const TOP = 14; // room for the maximum's label
 const BOTTOM = 16; // room for the first and last dates
 
@@ -85,15 +85,16 @@ export function dayChart(workflowId, days, timeZone) {
       class: "chart-label", x: width, y: base + BOTTOM - 3, "text-anchor": "end", text: last,
     }),
   );
-  const table = h(
-    "table", { class: "visually-hidden" },
+  // (a wrapper hides it: a table's own box cannot be clipped)
+  const table = h("div", { class: "visually-hidden" }, h(
+    "table", {},
     h("caption", { text: name }),
     h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "Day" }), h("th", { scope: "col", text: "Images" }))),
     h("tbody", {}, days.map((day) => h(
       "tr", {}, h("th", { scope: "row", text: isoDate(day.date) }),
       h("td", { text: String(day.images) }),
     ))),
-  );
+  ));
   return h("figure", { class: "chart-figure" }, chart, table);
 }
 
