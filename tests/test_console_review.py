@@ -286,7 +286,7 @@ async def test_the_review_pages_through_has_more(
         f"/api/workshop/runs/r1/sightings/{sid}/decision", json={"decision": "confirm"}
     )
     assert refused.status_code == 404, refused.text
-    await page.keyboard.press("c")
+    await page.get_by_role("button", name="Confirm").click()  # the buttons act as the keys
     await expect(page.get_by_role("alert")).to_have_text(f"Not saved: {refused.json()['message']}")
     await expect(current.locator(".state")).to_have_text("pending")
     await expect(current.locator(".saving")).to_have_count(0)

@@ -370,6 +370,29 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       : null,
   );
 
+  // The same decisions for a pointer (or a screen reader's browse mode, which keeps the
+  // letter keys): they act on the current sighting, as the keys do.
+  const relabelTo = h(
+    "select", { id: "relabel-to" },
+    classes.map((name, index) => h("option", { value: name, text: index < 9 ? `${index + 1} ${name}` : name })),
+  );
+  const actions = h(
+    "div", { class: "review-actions", role: "group", "aria-label": "Decide the current sighting" },
+    h("button", { type: "button", "aria-keyshortcuts": "c", onclick: () => decide({ decision: "confirm" }), text: "Confirm" }),
+    h("button", { type: "button", "aria-keyshortcuts": "n", onclick: () => decide({ decision: "none" }), text: "None" }),
+    classes.length
+      ? h(
+        "span", { class: "relabel" },
+        h("label", { for: "relabel-to", text: "Relabel to" }), relabelTo,
+        h("button", {
+          type: "button", onclick: () => decide({ decision: "relabel", class_name: relabelTo.value }),
+          text: "Relabel",
+        }),
+      )
+      : null,
+    h("button", { type: "button", class: "secondary", "aria-keyshortcuts": "u", onclick: () => undoLast(), text: "Undo" }),
+  );
+
   if (run.mode !== "full") {
     show(main, heading, h("p", {
       id: "review-empty",
@@ -385,10 +408,9 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     main,
     heading,
     h("p", { class: "muted", text: `Workflow ${run.workflow_id || "photo"}, run ${run.status}.` }),
-    progress,
     keys,
-    announce,
-    failure,
+    // kept in view while the list scrolls: what is decided, the buttons, what happened
+    h("div", { class: "review-sticky" }, progress, actions, announce, failure),
     order.length ? list : h("p", { id: "review-empty", text: "No saved items to review yet." }),
     more,
   );

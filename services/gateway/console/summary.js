@@ -95,7 +95,10 @@ export function dayChart(workflowId, days, timeZone) {
       h("td", { text: String(day.images) }),
     ))),
   ));
-  return h("figure", { class: "chart-figure" }, chart, table);
+  return h(
+    "figure", { class: "chart-figure" },
+    h("figcaption", { text: `Images saved per day (${timeZone})` }), chart, table,
+  );
 }
 
 function classesTable(workflow) {
