@@ -9,6 +9,9 @@ import { accountBar } from "./runs.js";
 
 const THUMB_WIDTH = 160;
 const THUMB_HEIGHT = 90;
+// A long sighting shows this many of its frames, spread over its span, until asked for
+// all: a row of 500 thumbnails is no help to decide, and costs the page its speed.
+const SAMPLE = 12;
 
 const path = (runId) => `/api/workshop/runs/${encodeURIComponent(runId)}`;
 
@@ -43,6 +46,13 @@ export function decisionRestoring(before) {
       : { decision: "confirm" };
   }
   return null;
+}
+
+/** Indexes of `count` frames to show: all up to `limit`, else `limit` of them evenly
+ * spread, the first and the last included. */
+export function sampled(count, limit = SAMPLE) {
+  if (count <= limit) return [...Array(count).keys()];
+  return [...Array(limit).keys()].map((i) => Math.round((i * (count - 1)) / (limit - 1)));
 }
 
 /** An item's state from its boxes' (docs/review.md): pending while any box is, else
@@ -121,8 +131,12 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       `${itemsDecided} of ${loaded.length} items${scope}.`;
   }
 
+  const expanded = new Set(); // sightings showing every frame
+
   function thumbnails(sighting) {
-    return sighting.item_ids.map((itemId) => {
+    const all = expanded.has(sighting.sighting_id);
+    const shown = all ? sighting.item_ids : sampled(sighting.item_ids.length).map((i) => sighting.item_ids[i]);
+    return shown.map((itemId) => {
       const item = items.get(itemId);
       const when = item ? `${utcTime(item.frame_time)} UTC` : "a frame not loaded yet";
       const figure = h(
@@ -166,6 +180,18 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
         saving ? h("span", { class: "saving", text: "saving…" }) : null,
       ),
       h("div", { class: "thumbs" }, thumbnails(sighting)),
+      count > SAMPLE
+        ? h("button", {
+          type: "button", class: "secondary more-frames",
+          "aria-expanded": String(expanded.has(sightingId)),
+          onclick: () => {
+            if (expanded.has(sightingId)) expanded.delete(sightingId);
+            else expanded.add(sightingId);
+            renderRow(sightingId);
+          },
+          text: expanded.has(sightingId) ? `Show ${SAMPLE} frames` : `Show all ${count} frames`,
+        })
+        : null,
     ];
     let row = rows.get(sightingId);
     if (!row) {
@@ -417,4 +443,5 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
   document.title = `Review ${runId} · Workshop`;
   document.addEventListener("keydown", onkey);
   heading.focus();
+  performance.mark("review-shown"); // for bench/page_load.py's timing
 }
