@@ -100,8 +100,10 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
 
   const heading = h("h1", { tabindex: "-1", text: `Review of run ${runId}` });
   const progress = h("p", { id: "review-progress", class: "progress" });
-  const announce = h("p", { id: "review-status", class: "notice", role: "status", hidden: true });
-  const failure = h("p", { id: "review-error", class: "error", role: "alert", hidden: true });
+  // Live regions stay in the page (a region added or unhidden with its text is not
+  // always announced); each holds the latest message, or nothing.
+  const announce = h("div", { id: "review-status", role: "status" });
+  const failure = h("div", { id: "review-error", role: "alert" });
   const list = h("ol", { id: "sightings", class: "sightings", "aria-label": "Sightings" });
   const more = h("button", {
     type: "button", id: "load-more", class: "secondary", hidden: true, onclick: () => loadMore(),
@@ -109,15 +111,13 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
   });
 
   function say(text) {
-    failure.hidden = true;
-    announce.textContent = text;
-    announce.hidden = false;
+    show(failure);
+    show(announce, h("p", { class: "notice", text }));
   }
 
   function fail(text) {
-    announce.hidden = true;
-    failure.textContent = text;
-    failure.hidden = false;
+    show(announce);
+    show(failure, h("p", { class: "error", text }));
   }
 
   function updateProgress() {
@@ -298,7 +298,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       return;
     }
     inFlight = sightingId;
-    failure.hidden = true;
+    show(failure);
     renderRow(sightingId);
     try {
       const answer = await api(
