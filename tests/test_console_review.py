@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import UTC
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.async_api import Page, Route, expect
@@ -48,6 +50,13 @@ async def review(gateway: GatewayHarness, client: Any) -> Json:
     assert answer.status_code == 200, answer.text
     body: Json = answer.json()
     return body
+
+
+async def dates(page: Page) -> list[str]:
+    """The dates of the yard workflow's bars on the summary page."""
+    bars = page.locator("section[data-workflow-id='yard'] rect.chart-bar")
+    found: list[str] = await bars.evaluate_all("bars => bars.map(b => b.dataset.date)")
+    return found
 
 
 def box_states(body: Json, sighting_id: str) -> list[tuple[str, str | None]]:
@@ -235,6 +244,36 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     hidden_rows = workflow.locator(".visually-hidden table tbody tr")
     await expect(hidden_rows).to_have_count(30)
     await page.screenshot(path=str(SCREENSHOTS / "summary.png"), full_page=True)
+
+    # a reader 14 hours ahead of UTC gets the days of their own zone
+    assert page.context.browser is not None
+    ahead = await page.context.browser.new_context(
+        base_url=gateway.url, timezone_id="Pacific/Kiritimati"
+    )
+    far = await ahead.new_page()
+    await far.clock.set_fixed_time(coordinator.clock.now())
+    await far.goto("/#/summary")
+    await sign_in(far, "ada", PASSWORD)
+    await expect(far.get_by_text("your time zone, Pacific/Kiritimati")).to_be_visible()
+    local = (
+        await api.get("/api/workshop/summary", params={"time_zone": "Pacific/Kiritimati"})
+    ).json()
+    (yard_there,) = [w for w in local["workflows"] if w["workflow_id"] == "yard"]
+    days = {
+        f"{d['date']['year']}-{d['date']['month']:02}-{d['date']['day']:02}": d["images"]
+        for d in yard_there["images_per_day"]
+    }
+    bars_there = far.locator("section[data-workflow-id='yard'] rect.chart-bar")
+    shown = await bars_there.evaluate_all(
+        "bars => bars.map(b => [b.dataset.date, Number(b.dataset.images)])"
+    )
+    assert dict(shown) == days
+    # the items were saved at the coordinator's noon UTC: 02:00 of the next day there
+    now = coordinator.clock.now()
+    there = now.astimezone(ZoneInfo("Pacific/Kiritimati")).date().isoformat()
+    assert shown[-1] == [there, items]
+    assert (await dates(page))[-1] == now.astimezone(UTC).date().isoformat() != there
+    await ahead.close()
 
 
 async def test_the_review_pages_through_has_more(
