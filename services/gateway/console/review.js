@@ -133,8 +133,9 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
 
   const expanded = new Set(); // sightings showing every frame
 
-  function thumbnails(sighting) {
-    const all = expanded.has(sighting.sighting_id);
+  function thumbnails(shownId, sighting) {
+    const all = expanded.has(shownId);
+    const ids = [shownId, sighting.sighting_id];
     const shown = all ? sighting.item_ids : sampled(sighting.item_ids.length).map((i) => sighting.item_ids[i]);
     return shown.map((itemId) => {
       const item = items.get(itemId);
@@ -147,7 +148,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
           alt: `${sighting.camera_id}, ${when}`,
         }),
       );
-      const review = item && item.box_reviews.find((r) => r.sighting_id === sighting.sighting_id);
+      const review = item && item.box_reviews.find((r) => ids.includes(r.sighting_id));
       const box = review && review.box_index >= 0 ? item.boxes[review.box_index] : null;
       if (box) {
         const outline = h("span", { class: "thumb-box", "aria-hidden": "true" });
@@ -179,7 +180,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
         }),
         saving ? h("span", { class: "saving", text: "saving…" }) : null,
       ),
-      h("div", { class: "thumbs" }, thumbnails(sighting)),
+      h("div", { class: "thumbs" }, thumbnails(sightingId, sighting)),
       count > SAMPLE
         ? h("button", {
           type: "button", class: "secondary more-frames",
@@ -212,12 +213,13 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     for (const entry of page.items) items.set(entry.item.item_id, entry.item);
     const touched = [];
     for (const sighting of page.sightings) {
-      if (!sightings.has(sighting.sighting_id)) {
-        order.push(sighting.sighting_id);
-        list.append(renderRow((sightings.set(sighting.sighting_id, sighting), sighting.sighting_id)));
-      } else {
-        sightings.set(sighting.sighting_id, sighting);
+      const known = sightings.has(sighting.sighting_id);
+      sightings.set(sighting.sighting_id, sighting);
+      if (known) {
         touched.push(sighting.sighting_id);
+      } else {
+        order.push(sighting.sighting_id);
+        list.append(renderRow(sighting.sighting_id));
       }
     }
     for (const sightingId of touched) renderRow(sightingId); // now with this page's boxes
@@ -268,14 +270,17 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     select(current < 0 ? 0 : current + step);
   }
 
-  /** Applies the decision to the sighting's items as the server did (every box of it). */
-  function applyDecided(sighting) {
-    sightings.set(sighting.sighting_id, sighting);
+  /** Applies the decision to the sighting's items as the server did (every box of it).
+   * The row keeps the id it was shown with: a late commit can give the sighting an
+   * earlier first item, and so a new id (docs/review.md), which the answer carries. */
+  function applyDecided(shownId, sighting) {
+    sightings.set(shownId, sighting);
+    const ids = [shownId, sighting.sighting_id];
     for (const itemId of sighting.item_ids) {
       const item = items.get(itemId);
       if (!item) continue;
       for (const review of item.box_reviews) {
-        if (review.sighting_id !== sighting.sighting_id) continue;
+        if (!ids.includes(review.sighting_id)) continue;
         review.review_state = sighting.review_state;
         if (sighting.relabel_class) review.relabel_class = sighting.relabel_class;
         else delete review.relabel_class;
@@ -306,7 +311,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
         { body: { ...body, seen_item_count: before.item_ids.length } },
       );
       if (!alive()) return;
-      applyDecided(answer.sighting);
+      applyDecided(sightingId, answer.sighting);
       if (recordUndo) {
         undo.push({ sightingId, before: { review_state: before.review_state, relabel_class: before.relabel_class } });
       }
