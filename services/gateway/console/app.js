@@ -5,9 +5,11 @@ import { ApiError, Unreachable } from "./api.js";
 import { h, show } from "./dom.js";
 import { loginView } from "./login.js";
 import { parseRoute, sessionEnded } from "./nav.js";
+import { reviewView } from "./review.js";
 import { runsView } from "./runs.js";
+import { summaryView } from "./summary.js";
 
-const VIEWS = { login: loginView, runs: runsView };
+const VIEWS = { login: loginView, runs: runsView, review: reviewView, summary: summaryView };
 
 const account = () => document.getElementById("account");
 const main = () => document.getElementById("main");

@@ -57,7 +57,7 @@ function row(entry) {
   );
 }
 
-function accountBar(account, session) {
+export function accountBar(account, session) {
   const button = h("button", { type: "button", class: "secondary", text: "Sign out" });
   button.addEventListener("click", async () => {
     button.disabled = true;
