@@ -8,6 +8,7 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,110 @@ async def test_a_key_without_the_scope_is_refused_with_the_catalog_reason(
         "PERMISSION_DENIED",
     )
     assert (photo["status"], photo["reason"]) == (403, "SCOPE_MISSING")
+
+
+async def runtime_checked_in(gateway: GatewayHarness) -> None:
+    """A photo goes to the runtime that checked in most recently: wait for the first claim."""
+    c = gateway.c
+    for _ in range(100):
+        runtimes = await c.operator.ListRuntimes(op.ListRuntimesRequest(), metadata=c.admin)
+        if any(runtime.HasField("last_seen_at") for runtime in runtimes.runtimes):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no runtime checked in")
+
+
+@pytest.mark.triton
+async def test_a_run_is_watched_to_completion_over_bounded_calls_with_progress(
+    gateway: GatewayHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    c = gateway.c
+    world = await build_world(c, preview, triton_server, tmp_path)
+    await save_workflow(c, "yard", yard_spec(world.model))
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        assert total == 100
+        progress.append(value)
+
+    calls: list[dict[str, Any]] = []
+    async with mcp_client(gateway, await agent(gateway)) as session:
+        created = ok(
+            await session.call_tool(
+                "runs",
+                {
+                    "action": "create",
+                    "id": "r1",
+                    "workflow_id": "yard",
+                    "runtime_id": world.runtime_id,
+                    "revision": 1,
+                    "mode": "test",
+                    "image_limit": 20,
+                },
+            )
+        )
+        assert created["run"]["status"] == "queued"
+        watch: dict[str, Any] = {"action": "watch", "id": "r1", "timeout_seconds": 1}
+        # No processor yet: the call returns after its second, not final, with a cursor.
+        calls.append(ok(await session.call_tool("runs", watch, progress_callback=on_progress)))
+        async with running_processor(c, preview, triton_server, world.runtime_id):
+            while not calls[-1]["final"] and len(calls) < 60:
+                watch["cursor"] = calls[-1]["cursor"]
+                answer = await session.call_tool("runs", watch, progress_callback=on_progress)
+                calls.append(ok(answer))
+        # Watching a finished run answers at once, the same state, unchanged.
+        watch["cursor"] = calls[-1]["cursor"]
+        again = ok(await session.call_tool("runs", watch))
+    first, last = calls[0], calls[-1]
+    assert (first["final"], first["progress_percent"], first["changed"]) == (False, 0, True)
+    assert first["cursor"].startswith("w1.0.")
+    assert len(calls) >= 2
+    assert last["final"] is True
+    assert last["detail"]["run"]["status"] == "completed"
+    assert last["detail"]["run"]["counts"]["slots_frame"] == 20
+    assert last["progress_percent"] == 100
+    assert (again["final"], again["changed"], again["cursor"]) == (True, False, last["cursor"])
+    # Progress notifications were received, in 0..100, never going down, ending at 100.
+    assert progress, "no progress notifications"
+    assert progress == sorted(progress)
+    assert 0 <= progress[0] and progress[-1] == 100
+    assert [call["progress_percent"] for call in calls] == sorted(
+        call["progress_percent"] for call in calls
+    )
+    # Every watch waited on the gateway's live hub: one WatchRun stream for all the calls.
+    assert gateway.app.hub.stats()["streams_opened"] == 1
+
+
+@pytest.mark.triton
+async def test_a_photo_comes_back_as_an_image_with_its_expiry(
+    gateway: GatewayHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    c = gateway.c
+    world = await build_world(c, preview, triton_server, tmp_path, cameras=["cam-a"])
+    asked = (START + timedelta(seconds=7)).isoformat().replace("+00:00", "Z")
+    async with running_processor(c, preview, triton_server, world.runtime_id):
+        await runtime_checked_in(gateway)
+        async with mcp_client(gateway, await agent(gateway)) as session:
+            result = await session.call_tool("footage", {"camera_id": "cam-a", "time": asked})
+            unknown = error(
+                await session.call_tool("footage", {"camera_id": "cam-z", "time": asked})
+            )
+    answer = ok(result)
+    images = [block for block in result.content if isinstance(block, ImageContent)]
+    assert len(images) == 1
+    assert images[0].mime_type == "image/jpeg"
+    assert base64.b64decode(images[0].data).startswith(b"\xff\xd8")
+    assert answer["taken"] is True
+    assert answer["content_type"] == "image/jpeg"
+    assert answer["photo"]["status"] == "completed"
+    assert answer["photo"]["camera_id"] == "cam-a"
+    assert answer["expires_at"] == answer["photo"]["expires_at"]
+    assert answer["frame_time"].startswith("2026-11-29T08:00:07")
+    assert (unknown["status"], unknown["reason"]) == (404, "NOT_FOUND")
+
