@@ -49,8 +49,9 @@ async def agent(gateway: GatewayHarness) -> str:
 
 
 def structured(result: CallToolResult) -> dict[str, Any]:
-    assert result.structured_content is not None, result
-    return result.structured_content
+    content: dict[str, Any] | None = result.structured_content
+    assert content is not None, result
+    return content
 
 
 def ok(result: CallToolResult) -> dict[str, Any]:
@@ -172,9 +173,8 @@ async def test_a_key_without_the_scope_is_refused_with_the_catalog_reason(
     footage_only = await gateway.c.key(Grant(ScopeName.FOOTAGE_READ, camera_ids=("cam-a",)))
     async with mcp_client(gateway, footage_only) as session:
         listed = error(await session.call_tool("runs", {"action": "list"}))
-        photo = error(
-            await session.call_tool("footage", {"camera_id": "cam-a", "time": "2026-11-29T08:00:00Z"})
-        )
+        asked = {"camera_id": "cam-a", "time": "2026-11-29T08:00:00Z"}
+        photo = error(await session.call_tool("footage", asked))
     assert (listed["status"], listed["reason"], listed["code"]) == (
         403,
         "SCOPE_MISSING",
@@ -204,11 +204,11 @@ async def test_a_run_is_watched_to_completion_over_bounded_calls_with_progress(
     c = gateway.c
     world = await build_world(c, preview, triton_server, tmp_path)
     await save_workflow(c, "yard", yard_spec(world.model))
-    progress: list[float] = []
+    notified: list[float] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         assert total == 100
-        progress.append(value)
+        notified.append(progress)
 
     calls: list[dict[str, Any]] = []
     async with mcp_client(gateway, await agent(gateway)) as session:
@@ -248,9 +248,10 @@ async def test_a_run_is_watched_to_completion_over_bounded_calls_with_progress(
     assert last["progress_percent"] == 100
     assert (again["final"], again["changed"], again["cursor"]) == (True, False, last["cursor"])
     # Progress notifications were received, in 0..100, never going down, ending at 100.
-    assert progress, "no progress notifications"
-    assert progress == sorted(progress)
-    assert 0 <= progress[0] and progress[-1] == 100
+    assert notified, "no progress notifications"
+    assert notified == sorted(notified)
+    assert notified[0] >= 0
+    assert notified[-1] == 100
     assert [call["progress_percent"] for call in calls] == sorted(
         call["progress_percent"] for call in calls
     )
@@ -287,4 +288,3 @@ async def test_a_photo_comes_back_as_an_image_with_its_expiry(
     assert answer["expires_at"] == answer["photo"]["expires_at"]
     assert answer["frame_time"].startswith("2026-11-29T08:00:07")
     assert (unknown["status"], unknown["reason"]) == (404, "NOT_FOUND")
-

@@ -138,7 +138,8 @@ def progress_percent(detail: dict[str, Any], final: bool) -> int:
     expected = int(counts.get("slots_expected", 0))
     if expected <= 0:
         return 0
-    done = sum(int(counts.get(key, 0)) for key in ("slots_frame", "slots_empty", "slots_dropped"))
+    slots = ("slots_frame", "slots_empty", "slots_dropped")
+    done = float(sum(int(counts.get(key, 0)) for key in slots))
     for job in detail.get("jobs", []):
         if job.get("state") == "leased":
             done += int(job.get("slot_count", 0)) * int(job.get("progress_percent", 0)) / 100
@@ -209,13 +210,13 @@ class AgentTools:
         return await self.watch(secret, run_id, args.get("cursor"), timeout, report)
 
     async def watch(
-        self, secret: str, run_id: str, cursor: str | None, timeout: float, report: Report
+        self, secret: str, run_id: str, cursor: str | None, seconds: float, report: Report
     ) -> dict[str, Any]:
-        """Waits until the run is final or `timeout` seconds passed, reporting progress on
+        """Waits until the run is final or `seconds` passed, reporting progress on
         every update; the answer is the latest detail with a cursor for the next call."""
         floor, seen = read_cursor(cursor)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + seconds
         first = await self._call("getRun", {"run_id": run_id}, secret)
         detail: dict[str, Any] = jsonmap.to_json(first)["detail"]
         final = detail["run"]["status"] not in ACTIVE
@@ -252,12 +253,12 @@ class AgentTools:
     # footage ------------------------------------------------------------------------------
 
     async def footage(
-        self, secret: str, camera_id: str, time: str, timeout: float
+        self, secret: str, camera_id: str, time: str, seconds: float
     ) -> tuple[dict[str, Any], ImageContent | None]:
-        """Requests the photo, waits (at most `timeout` seconds) until it is taken, and
-        reads its image."""
+        """Requests the photo, waits (at most `seconds`) until it is taken, and reads its
+        image."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + seconds
         asked = await self._call("requestPhoto", {"camera_id": camera_id, "time": time}, secret)
         photo = asked.photo
         while photo.status in _PHOTO_WAITING and loop.time() < deadline:
@@ -282,7 +283,6 @@ class AgentTools:
             mime_type=image.content_type,
         )
         return result, block
-
 
 
 def register(server: Any, tools: AgentTools) -> None:
@@ -363,7 +363,7 @@ def register(server: Any, tools: AgentTools) -> None:
         camera_id: Annotated[str, Field(description="The camera.")],
         time: Annotated[
             str,
-            Field(description="The instant wanted, RFC 3339 with an offset (2026-11-29T08:00:07Z)."),
+            Field(description="The instant wanted: RFC 3339 with an offset, 2026-11-29T08:00:07Z."),
         ],
         timeout_seconds: Annotated[
             float,
@@ -385,4 +385,3 @@ def register(server: Any, tools: AgentTools) -> None:
 
     server.add_tool(runs, name="runs")
     server.add_tool(footage, name="footage")
-

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import grpc
 from starlette.websockets import WebSocket
 
+from services.gateway.live_listener import LiveListener
 from services.gateway.live_socket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -31,7 +32,6 @@ from services.gateway.live_socket import (
     CLOSE_UNAVAILABLE,
     LiveSocket,
 )
-from services.gateway.live_listener import LiveListener
 from workshop.v1 import common_pb2
 from workshop.v1 import workshop_pb2 as ws
 
@@ -193,9 +193,7 @@ class LiveHub:
             elif detail != feed.detail:
                 feed.detail = None  # this socket's first may differ: send the next read
         if self._closing:
-            subscriber.finish(
-                CLOSE_GOING_AWAY, SHUTDOWN_REASON, deadline=self._shutdown_deadline()
-            )
+            subscriber.finish(CLOSE_GOING_AWAY, SHUTDOWN_REASON, deadline=self._shutdown_deadline())
         elif final:
             subscriber.finish(CLOSE_NORMAL, FINAL_REASON)
         else:

@@ -30,12 +30,12 @@ class LiveListener:
     def buffered_bytes(self) -> int:
         return len(self._latest) if self._latest is not None else 0
 
-    async def next(self, timeout: float) -> str | None:
-        """The latest message not taken yet, waiting at most `timeout` seconds for one;
+    async def next(self, seconds: float) -> str | None:
+        """The latest message not taken yet, waiting at most `seconds` for one;
         None if none came in time, or at once if the listener is closed and has none."""
         if self._latest is None and self.closed is None:
             try:
-                async with asyncio.timeout(max(timeout, 0.0)):
+                async with asyncio.timeout(max(seconds, 0.0)):
                     await self._wake.wait()
             except TimeoutError:
                 return None

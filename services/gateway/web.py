@@ -4,9 +4,9 @@ Routes: every operation of `services.gateway.routes` under `/api` (session cooki
 `/v1` (bearer key); the session routes under `/api/session`; the live channel
 (`.../runs/{run_id}/live`, a WebSocket); the OpenAPI documents at `/api/openapi.json`
 and `/v1/openapi.json`; the MCP server at `/v1/mcp` (`services.gateway.mcp_app`, whose
-session manager the app's lifespan runs); `GET /healthz`; the web console (`services.gateway.pages`):
-its entry page at `/` and its files under `/console/`. Every refusal answers through
-`services.gateway.problems`.
+session manager the app's lifespan runs); `GET /healthz`; the web console
+(`services.gateway.pages`): its entry page at `/` and its files under `/console/`.
+Every refusal answers through `services.gateway.problems`.
 """
 
 from __future__ import annotations
