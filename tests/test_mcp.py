@@ -109,6 +109,51 @@ async def test_no_bearer_or_a_rejected_one_is_401_before_the_mcp_layer(
     assert other_method.json()["reason"] == "METHOD_NOT_ALLOWED"
 
 
+async def test_arguments_the_schema_refuses_are_structured_errors(gateway: GatewayHarness) -> None:
+    async with mcp_client(gateway, await agent(gateway)) as session:
+        action = error(await session.call_tool("runs", {"action": "explode"}))
+        limit = error(
+            await session.call_tool("runs", {"action": "watch", "id": "r", "timeout_seconds": 61})
+        )
+        extra = error(await session.call_tool("runs", {"action": "get", "id": "r", "run": "r"}))
+        cursor = error(
+            await session.call_tool("runs", {"action": "watch", "id": "r", "cursor": "x"})
+        )
+        tool = error(await session.call_tool("photos", {}))
+    for body, field in ((action, "action"), (limit, "timeout_seconds"), (extra, "run")):
+        assert (body["status"], body["reason"]) == (400, "INVALID_FIELD"), body
+        assert [v["field"] for v in body["details"]["field_violations"]] == [field], body
+    assert cursor["reason"] == "INVALID_FIELD"
+    assert (tool["status"], tool["reason"]) == (404, "NOT_FOUND")
+
+
+async def test_host_origin_and_size_are_refused_before_the_mcp_layer(
+    gateway: GatewayHarness,
+) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "authorization": f"Bearer {await agent(gateway)}",
+    }
+    async with gateway.client() as http:
+        host = await http.post("/v1/mcp", json=body, headers={**headers, "host": "evil.example"})
+        origin = await http.post(
+            "/v1/mcp", json=body, headers={**headers, "origin": "https://evil.example"}
+        )
+        large = await http.post(
+            "/v1/mcp",
+            content=b" " * (64 * 1024 + 1),
+            headers={**headers, "content-type": "application/json"},
+        )
+        listed = await http.post("/v1/mcp", json=body, headers={**headers, "origin": gateway.url})
+    assert (host.status_code, host.json()["reason"]) == (421, "HOST_NOT_ALLOWED")
+    assert (origin.status_code, origin.json()["reason"]) == (403, "CROSS_SITE")
+    assert (large.status_code, large.json()["reason"]) == (413, "PAYLOAD_TOO_LARGE")
+    assert listed.status_code == 200
+    assert listed.headers["content-type"].startswith("text/event-stream")
+    assert '"name":"runs"' in listed.text
+
+
 async def test_create_is_idempotent_by_id_and_another_body_conflicts(
     gateway: GatewayHarness,
 ) -> None:

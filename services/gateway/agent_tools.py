@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 
 from services.gateway import jsonmap
@@ -127,6 +127,17 @@ def answered(structured: dict[str, Any], *blocks: ContentBlock) -> CallToolResul
 
 def _invalid(field: str, description: str) -> jsonmap.JsonInvalid:
     return jsonmap.JsonInvalid([jsonmap.FieldViolation(field, description)])
+
+
+def arguments_invalid(error: ValidationError) -> jsonmap.JsonInvalid:
+    """Arguments the tool's input schema refuses, as the field violations of INVALID_FIELD
+    (what a body the HTTP API cannot read gets)."""
+    return jsonmap.JsonInvalid(
+        [
+            jsonmap.FieldViolation(".".join(str(part) for part in problem["loc"]), problem["msg"])
+            for problem in error.errors()
+        ]
+    )
 
 
 def progress_percent(detail: dict[str, Any], final: bool) -> int:
