@@ -21,7 +21,8 @@ from mcp_types import CallToolResult, ImageContent
 from services.coordinator.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world as coordinator_world
 from testbed.coordinator_world import save_workflow, workflow_spec
-from testbed.harness.gateway import GatewayHarness
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.gateway import GatewayHarness, running_gateway
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
 from tests.processor_world import START, build_world, running_processor, yard_spec
@@ -209,6 +210,47 @@ async def test_get_shows_the_runs_a_queued_run_waits_behind(gateway: GatewayHarn
     assert cancelled["run"]["status"] == "cancelled"
     assert cancelled["jobs_cancelled"] >= 1
     assert (missing["status"], missing["reason"]) == (404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["live-hub", "stream-refused"])
+async def test_watch_returns_when_the_run_finishes_before_its_time_limit(
+    coordinator: CoordinatorHarness, preview: PreviewHarness, live: bool
+) -> None:
+    """A watch waiting on the hub returns as soon as the run is final (here: cancelled by
+    another call). A gateway whose hub cannot follow runs (no `gateway` key, so the shared
+    stream is refused) still answers it, asking the coordinator each second instead."""
+    overrides = {} if live else {"key": ""}
+    async with running_gateway(coordinator, preview.port, **overrides) as gateway:
+        world = await coordinator_world(coordinator)
+        await save_workflow(coordinator, "night", workflow_spec())
+        create = {
+            "action": "create",
+            "id": "r1",
+            "workflow_id": "night",
+            "runtime_id": world.tracking_runtime,
+            "revision": 1,
+            "mode": "test",
+        }
+        secret = await agent(gateway)
+        async with mcp_client(gateway, secret) as session, mcp_client(gateway, secret) as other:
+            ok(await session.call_tool("runs", create))
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            watching = asyncio.create_task(
+                session.call_tool("runs", {"action": "watch", "id": "r1", "timeout_seconds": 30})
+            )
+            await asyncio.sleep(0.5)
+            ok(await other.call_tool("runs", {"action": "cancel", "id": "r1"}))
+            answer = ok(await watching)
+            took = loop.time() - started
+        streams = gateway.app.hub.stats()["streams_opened"]
+    assert answer["final"] is True
+    assert answer["detail"]["run"]["status"] == "cancelled"
+    assert answer["progress_percent"] == 100
+    assert took < 5, took
+    assert streams >= 1
+    if not live:
+        assert took >= 1.0, took  # the poll's first second: the hub did not deliver it
 
 
 async def test_a_key_without_the_scope_is_refused_with_the_catalog_reason(

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from services.gateway import jsonmap
 from services.gateway.dispatch import bearer_of
 from services.gateway.live import LiveHub
+from services.gateway.live_socket import CLOSE_GOING_AWAY
 from services.gateway.problems import problem_body
 from services.gateway.routes import OPERATIONS, Operation
 from services.gateway.upstream import Upstream, UpstreamError
@@ -241,8 +242,10 @@ class AgentTools:
                         message = json.loads(text)
                         detail, final = message["detail"], bool(message["final"])
                     elif listener.closed is not None:
-                        # The hub cannot follow the run (its stream was refused, or the
-                        # gateway is stopping): ask the coordinator now and then instead.
+                        if listener.closed[0] == CLOSE_GOING_AWAY:
+                            break  # the gateway is stopping: answer what we have
+                        # The hub cannot follow the run (its stream was refused for
+                        # good): ask the coordinator now and then instead.
                         await asyncio.sleep(min(POLL_SECONDS, max(left, 0.0)))
                         answer = await self._call("getRun", {"run_id": run_id}, secret)
                         detail = jsonmap.to_json(answer)["detail"]
