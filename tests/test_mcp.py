@@ -325,6 +325,7 @@ async def test_a_run_is_watched_to_completion_over_bounded_calls_with_progress(
         # Watching a finished run answers at once, the same state, unchanged.
         watch["cursor"] = calls[-1]["cursor"]
         again = ok(await session.call_tool("runs", watch))
+        one = ok(await session.call_tool("runs", {**watch, "job_limit": 1}))
     first, last = calls[0], calls[-1]
     assert (first["final"], first["progress_percent"], first["changed"]) == (False, 0, True)
     assert first["cursor"].startswith("w1.0.")
@@ -334,6 +335,8 @@ async def test_a_run_is_watched_to_completion_over_bounded_calls_with_progress(
     assert last["detail"]["run"]["counts"]["slots_frame"] == 20
     assert last["progress_percent"] == 100
     assert (again["final"], again["changed"], again["cursor"]) == (True, False, last["cursor"])
+    assert len(last["detail"]["jobs"]) == 2
+    assert (len(one["detail"]["jobs"]), one["detail"]["jobs_truncated"]) == (1, True)
     # Progress notifications were received, in 0..100, never going down, ending at 100.
     assert notified, "no progress notifications"
     assert notified == sorted(notified)

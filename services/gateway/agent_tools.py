@@ -219,7 +219,13 @@ class AgentTools:
             answer = await self._call("cancelRun", {"run_id": run_id}, secret)
             return {"action": action, **jsonmap.to_json(answer)}
         timeout = float(args.get("timeout_seconds") or WATCH_DEFAULT_SECONDS)
-        return await self.watch(secret, run_id, args.get("cursor"), timeout, report)
+        answer = await self.watch(secret, run_id, args.get("cursor"), timeout, report)
+        limit = args.get("job_limit")
+        if limit and len(answer["detail"]["jobs"]) > limit:
+            # The hub's stream carries every job; the answer keeps the first `limit`.
+            answer["detail"] = {**answer["detail"], "jobs": answer["detail"]["jobs"][:limit]}
+            answer["detail"]["jobs_truncated"] = True
+        return answer
 
     async def watch(
         self, secret: str, run_id: str, cursor: str | None, seconds: float, report: Report
@@ -332,7 +338,9 @@ def register(server: Any, tools: AgentTools) -> None:
         page_token: Annotated[
             str | None, Field(description="list: next_page_token of the previous page.")
         ] = None,
-        job_limit: Annotated[int | None, Field(description="get: most jobs (all).")] = None,
+        job_limit: Annotated[
+            int | None, Field(ge=0, description="get, watch: most jobs in the detail (all).")
+        ] = None,
         cursor: Annotated[
             str | None, Field(description="watch: the cursor the previous watch returned.")
         ] = None,
