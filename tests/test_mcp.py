@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -251,6 +251,42 @@ async def test_watch_returns_when_the_run_finishes_before_its_time_limit(
     assert streams >= 1
     if not live:
         assert took >= 1.0, took  # the poll's first second: the hub did not deliver it
+
+
+async def test_a_watch_in_flight_answers_when_the_gateway_stops(
+    coordinator: CoordinatorHarness, preview: PreviewHarness
+) -> None:
+    """Stopping the gateway closes the hub first: a watch waiting on it answers at once
+    with the state it has (not final) instead of holding the shutdown for its limit."""
+    world = await coordinator_world(coordinator)
+    await save_workflow(coordinator, "night", workflow_spec())
+    async with AsyncExitStack() as client_stack:
+        async with running_gateway(coordinator, preview.port) as gateway:
+            session = await client_stack.enter_async_context(
+                mcp_client(gateway, await agent(gateway))
+            )
+            create = {
+                "action": "create",
+                "id": "r1",
+                "workflow_id": "night",
+                "runtime_id": world.tracking_runtime,
+                "revision": 1,
+                "mode": "test",
+            }
+            ok(await session.call_tool("runs", create))
+            watching = asyncio.create_task(
+                session.call_tool("runs", {"action": "watch", "id": "r1", "timeout_seconds": 30})
+            )
+            await asyncio.sleep(0.5)
+            loop = asyncio.get_running_loop()
+            stopping = loop.time()
+        # the gateway has stopped
+        stopped = loop.time() - stopping
+        answer = ok(await asyncio.wait_for(watching, timeout=5))
+    assert stopped < 5, stopped
+    assert answer["final"] is False
+    assert answer["detail"]["run"]["status"] == "queued"
+    assert answer["cursor"].startswith("w1.0.")
 
 
 async def test_a_key_without_the_scope_is_refused_with_the_catalog_reason(
