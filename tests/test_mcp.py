@@ -121,7 +121,11 @@ async def test_arguments_the_schema_refuses_are_structured_errors(gateway: Gatew
             await session.call_tool("runs", {"action": "watch", "id": "r", "cursor": "x"})
         )
         tool = error(await session.call_tool("photos", {}))
-    for body, field in ((action, "action"), (limit, "timeout_seconds"), (extra, "run")):
+        when = error(
+            await session.call_tool("footage", {"camera_id": "cam-a", "time": "2026-11-29T08:00"})
+        )
+    named = ((action, "action"), (limit, "timeout_seconds"), (extra, "run"), (when, "time"))
+    for body, field in named:
         assert (body["status"], body["reason"]) == (400, "INVALID_FIELD"), body
         assert [v["field"] for v in body["details"]["field_violations"]] == [field], body
     assert cursor["reason"] == "INVALID_FIELD"
