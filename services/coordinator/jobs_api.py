@@ -24,6 +24,7 @@ from services.coordinator.db import (
     Database,
     InvalidAuthorizationSpecificationError,
     Row,
+    fetch_all,
     fetch_one,
     sql,
 )
@@ -47,6 +48,9 @@ MAX_FAILURE_MESSAGE = 2000
 PHASES = ("downloading", "decoding", "labeling", "publishing", "committing")
 # Slot facts kept from claims: a few per processor are in flight at a time.
 FACTS_CACHE_SIZE = 20_000
+# The most jobs one Claim leases, and leases one Heartbeat renews (docs/leases-and-fences.md).
+MAX_CLAIM_JOBS = 100
+MAX_HEARTBEAT_LEASES = 1000
 
 A = TypeVar("A", bound=Row)
 
@@ -169,12 +173,34 @@ class Renewal(Row):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class LeaseRenewal(Row):
+    """One row of job_heartbeat_many: a lease's 1-based position, and its refusal or expiry."""
+
+    ordinal: int
+    reason: str
+    lease_expires_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ProgressAnswer(Row):
-    """job_progress's answer: a refusal, or the job's progress and whether it was stored."""
+    """job_progress's answer: a refusal, or the job's progress, whether it was stored and
+    the lease's new lapse time (a progress report renews its lease)."""
 
     reason: str
     progress: int | None
     persisted: bool
+    lease_expires_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimPlan:
+    """A Claim checked and ready to run: what job_claim_many needs beyond the clock."""
+
+    runtime_id: str
+    claimer: str
+    cameras: list[str] | None
+    request_id: str | None
+    max_jobs: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -248,35 +274,58 @@ class JobsApi:
     async def claim(
         self, who: Principal, runtime_id: str, code_sha256: str, request_id: str = ""
     ) -> Claimed | None:
-        """Leases the next claimable job, or None. With a request id the claim is
-        idempotent: the same key sending the same id again (its answer was lost) gets the
-        lease that claim took, unchanged, while it is held, not another job."""
+        """Leases the next claimable job, or None (claim_many of one job)."""
+        plan = await self.plan_claim(who, runtime_id, code_sha256, request_id)
+        claimed = await self.claim_many(plan)
+        return claimed[0] if claimed else None
+
+    async def plan_claim(
+        self,
+        who: Principal,
+        runtime_id: str,
+        code_sha256: str,
+        request_id: str = "",
+        max_jobs: int = 1,
+    ) -> ClaimPlan:
+        """Checks a Claim without leasing anything (Complete checks its next claim before
+        it commits): the request id, the runtime, the key's device and cameras, the code."""
         remembered_as = check_request_id("request_id", request_id)
+        if max_jobs > MAX_CLAIM_JOBS:
+            raise InvalidField(f"max_jobs must be 0..{MAX_CLAIM_JOBS} (got {max_jobs}).")
         runtime = await self._runtime(runtime_id)
         cameras = _claimable_cameras(who, runtime.device_id)
         if code_sha256 != runtime.code_sha256:
             raise fenced("CODE_MISMATCH")
+        return ClaimPlan(runtime_id, who.key_id, cameras, remembered_as, max(1, max_jobs))
+
+    async def claim_many(self, plan: ClaimPlan) -> list[Claimed]:
+        """Leases up to plan.max_jobs claimable jobs in claim order, in one statement, each
+        under its own lease. With a request id the claim is idempotent: the same key
+        sending the same id again (its answer was lost) gets the leases that claim took,
+        unchanged, while they are held, not other jobs."""
         try:
             async with self.db.connection() as connection:
-                job = await fetch_one(
+                jobs = await fetch_all(
                     connection,
                     ClaimedJob,
                     sql("jobs", "job_claim"),
-                    runtime_id,
-                    who.key_id,
-                    cameras,
+                    plan.runtime_id,
+                    plan.claimer,
+                    plan.cameras,
                     self.clock.now(),
                     LEASE,
-                    remembered_as,
+                    plan.request_id,
+                    plan.max_jobs,
                 )
         except InvalidAuthorizationSpecificationError:
             # The key was revoked (or expired, or its user disabled) after this
             # process authenticated it: what a fresh authentication would answer.
             raise auth.rejected("key is no longer valid") from None
-        if job is None:
-            return None
-        self._remember(job.run_id, job.job_index, job.facts)
-        return Claimed(job, await self.snapshots.get(job.run_id))
+        claimed = []
+        for job in jobs:
+            self._remember(job.run_id, job.job_index, job.facts)
+            claimed.append(Claimed(job, await self.snapshots.get(job.run_id)))
+        return claimed
 
     def _remember(self, run_id: str, job_index: int, facts: SlotFacts) -> None:
         if len(self._facts) >= FACTS_CACHE_SIZE:
@@ -291,17 +340,59 @@ class JobsApi:
         assert renewal.lease_expires_at is not None  # set whenever nothing refused
         return renewal.lease_expires_at
 
+    async def heartbeat_many(
+        self, who: Principal, leases: list[Lease]
+    ) -> list[tuple[str, datetime | None]]:
+        """Renews every lease in one statement, each under its own fences; answers, in the
+        order given, '' and the new lapse time, or the reason it no longer holds."""
+        if len(leases) > MAX_HEARTBEAT_LEASES:
+            raise InvalidField(
+                f"leases: at most {MAX_HEARTBEAT_LEASES} per Heartbeat (got {len(leases)})."
+            )
+        key = reporter(who)
+        # Sorted, so that two batches lock the jobs they share in one order (no deadlock).
+        order = sorted(range(len(leases)), key=lambda i: (leases[i].run_id, leases[i].job_index))
+        ordered = [leases[i] for i in order]
+        async with self.db.connection() as connection:
+            rows = await fetch_all(
+                connection,
+                LeaseRenewal,
+                sql("jobs", "job_heartbeat_many"),
+                [lease.run_id for lease in ordered],
+                [lease.job_index for lease in ordered],
+                [lease.generation for lease in ordered],
+                [lease.token for lease in ordered],
+                key,
+                self.clock.now(),
+                LEASE,
+            )
+        answers: list[tuple[str, datetime | None]] = [("", None)] * len(leases)
+        for row in rows:
+            answers[order[row.ordinal - 1]] = (row.reason, row.lease_expires_at)
+        return answers
+
     async def progress(
         self, who: Principal, lease: Lease, percent: int, phase: str | None
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, bool, datetime]:
+        """Records progress and renews the lease: the progress stored, whether this
+        report was persisted, and the lease's new lapse time."""
         if not 0 <= percent <= 100:
             raise InvalidField(f"percent must be 0..100 (got {percent}).")
         answer = await self._answer(
-            "job_progress", ProgressAnswer, lease, reporter(who), percent, phase, self.clock.now()
+            "job_progress",
+            ProgressAnswer,
+            lease,
+            reporter(who),
+            percent,
+            phase,
+            self.clock.now(),
+            LEASE,
         )
         raise_for(answer.reason, lease)
-        assert answer.progress is not None  # set whenever nothing refused
-        return answer.progress, answer.persisted
+        # set whenever nothing refused
+        assert answer.progress is not None
+        assert answer.lease_expires_at is not None
+        return answer.progress, answer.persisted, answer.lease_expires_at
 
     async def fail(self, who: Principal, lease: Lease, message: str) -> None:
         reason = await self._reason(

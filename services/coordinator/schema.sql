@@ -596,18 +596,21 @@ $$;
 -- earlier claim with that id is answered again, unchanged, while its lease is held
 -- (a retry after a lost answer); the id is stored with the lease, and forgotten when
 -- it comes again after that lease ended, so no other function has to clear it.
-CREATE FUNCTION job_claim(
+CREATE FUNCTION job_claim_many(
     p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval,
-    p_request_id text
+    p_request_id text, p_max integer
 ) RETURNS TABLE (
     job jobs, recording_sha256 text, recording_byte_size bigint, recording_object_key text,
     recording_start_at timestamptz, recording_end_at timestamptz,
     recording_fps double precision
-) LANGUAGE plpgsql ROWS 1 AS $$
+) LANGUAGE plpgsql ROWS 4 AS $$
 DECLARE
     head bigint;
     picked jobs%ROWTYPE;
-    remembered boolean := false;
+    ids text[];
+    taken_runs text[] := '{}';
+    taken_jobs integer[] := '{}';
+    answered integer;
 BEGIN
     IF NOT key_live(p_claimer, p_now) THEN
         RAISE EXCEPTION 'the claiming key was revoked or expired, or its user disabled'
@@ -615,25 +618,30 @@ BEGIN
     END IF;
     PERFORM runtime_seen(p_runtime, p_now);
     IF p_request_id IS NOT NULL THEN
+        ids := ARRAY[p_request_id]
+               || ARRAY(SELECT p_request_id || '#' || k FROM generate_series(1, p_max - 1) k);
         -- Claims of one key with one request id take turns: a retry that arrives while
-        -- the call it repeats still runs waits for its commit, then answers its lease.
+        -- the call it repeats still runs waits for its commit, then answers its leases.
         PERFORM pg_advisory_xact_lock(hashtext('workshop.job_claim'),
                                       hashtext(p_claimer || '/' || p_request_id));
-        SELECT * INTO picked FROM jobs
-        WHERE claimed_by = p_claimer AND claim_request_id = p_request_id;
-        IF FOUND THEN
-            -- answered again only while that lease is held (fence 1 would refuse a lapsed
-            -- one); once it ended the id is forgotten and this is a new claim
-            remembered := picked.state = 'leased' AND picked.lease_token IS NOT NULL
-                          AND picked.lease_expires_at > p_now AND picked.runtime_id = p_runtime;
-            IF NOT remembered THEN
-                UPDATE jobs SET claim_request_id = NULL
-                WHERE run_id = picked.run_id AND job_index = picked.job_index;
-            END IF;
+        SELECT coalesce(array_agg(j.run_id ORDER BY array_position(ids, j.claim_request_id)),
+                        '{}'),
+               coalesce(array_agg(j.job_index
+                                  ORDER BY array_position(ids, j.claim_request_id)), '{}')
+        INTO taken_runs, taken_jobs
+        FROM jobs j
+        WHERE j.claimed_by = p_claimer AND j.claim_request_id = ANY (ids)
+          AND j.state = 'leased' AND j.lease_token IS NOT NULL AND j.lease_expires_at > p_now
+          AND j.runtime_id = p_runtime;
+        IF cardinality(taken_runs) = 0 THEN
+            -- every lease of that claim ended: the id is forgotten, this is a new claim
+            UPDATE jobs SET claim_request_id = NULL
+            WHERE claimed_by = p_claimer AND claim_request_id = ANY (ids);
         END IF;
     END IF;
-    IF NOT remembered THEN
-        LOOP
+    IF cardinality(taken_runs) = 0 THEN
+        WHILE cardinality(taken_runs) < p_max LOOP
+            -- jobs this call leased are no longer queued, so each pick is the next one
             SELECT * INTO picked FROM jobs
             WHERE runtime_id = p_runtime AND state = 'queued' AND is_photo
               AND expires_at > p_now AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
@@ -644,39 +652,53 @@ BEGIN
                 WHERE runtime_id = p_runtime AND state IN ('queued', 'leased') AND NOT is_photo
                 ORDER BY run_seq
                 LIMIT 1;
-                IF head IS NULL THEN
-                    RETURN;
-                END IF;
+                EXIT WHEN head IS NULL;
                 SELECT * INTO picked FROM jobs
                 WHERE runtime_id = p_runtime AND run_seq = head AND state = 'queued'
                   AND expires_at > p_now AND (p_cameras IS NULL OR camera_id = ANY (p_cameras))
                 ORDER BY job_index
                 LIMIT 1 FOR UPDATE SKIP LOCKED;
-                IF NOT FOUND THEN
-                    RETURN;
-                END IF;
+                EXIT WHEN NOT FOUND;
             END IF;
             -- fences 2 and 3 for the picked job only: one that can never commit is failed
             -- (it may have been the head run's last, so the head is looked up again)
-            EXIT WHEN NOT job_end_unfenced(picked, p_now);
+            CONTINUE WHEN job_end_unfenced(picked, p_now);
+            UPDATE jobs
+            SET state = 'leased', generation = generation + 1, lease_token = gen_random_uuid(),
+                lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now,
+                preview_slot = NULL, claimed_by = p_claimer,
+                claim_request_id = CASE WHEN cardinality(taken_runs) = 0 THEN p_request_id
+                                        ELSE p_request_id || '#' || cardinality(taken_runs) END
+            WHERE run_id = picked.run_id AND job_index = picked.job_index;
+            taken_runs := taken_runs || picked.run_id;
+            taken_jobs := taken_jobs || picked.job_index;
         END LOOP;
-        UPDATE jobs
-        SET state = 'leased', generation = generation + 1, lease_token = gen_random_uuid(),
-            lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now,
-            preview_slot = NULL, claimed_by = p_claimer, claim_request_id = p_request_id
-        WHERE run_id = picked.run_id AND job_index = picked.job_index
-        RETURNING * INTO picked;
+        PERFORM pg_notify('workshop_run', r) FROM (SELECT DISTINCT unnest(taken_runs) AS r) t;
     END IF;
     RETURN QUERY
-        SELECT picked, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
-        FROM snapshot_recordings sr
-        WHERE sr.run_id = picked.run_id AND sr.job_index = picked.job_index;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'job %/% has no snapshot recording', picked.run_id, picked.job_index;
+        SELECT j, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
+        FROM unnest(taken_runs, taken_jobs) WITH ORDINALITY AS t (run_id, job_index, ordinal)
+        JOIN jobs j ON j.run_id = t.run_id AND j.job_index = t.job_index
+        JOIN snapshot_recordings sr ON sr.run_id = t.run_id AND sr.job_index = t.job_index
+        ORDER BY t.ordinal;
+    GET DIAGNOSTICS answered = ROW_COUNT;
+    IF answered <> cardinality(taken_runs) THEN
+        RAISE EXCEPTION 'a job leased for runtime % has no snapshot recording', p_runtime;
     END IF;
-    IF NOT remembered THEN
-        PERFORM pg_notify('workshop_run', picked.run_id);
-    END IF;
+END;
+$$;
+
+CREATE FUNCTION job_claim(
+    p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval,
+    p_request_id text
+) RETURNS TABLE (
+    job jobs, recording_sha256 text, recording_byte_size bigint, recording_object_key text,
+    recording_start_at timestamptz, recording_end_at timestamptz,
+    recording_fps double precision
+) LANGUAGE plpgsql ROWS 1 AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM job_claim_many(p_runtime, p_claimer, p_cameras, p_now, p_lease,
+                                              p_request_id, 1);
 END;
 $$;
 
@@ -703,33 +725,75 @@ BEGIN
 END;
 $$;
 
+-- Renews each lease of the arrays (in their order: the coordinator sorts them, so two
+-- batches lock jobs in one order) under its own fences; ordinal is the lease's
+-- 1-based position, reason '' for a renewed one.
+CREATE FUNCTION job_heartbeat_many(
+    p_runs text[], p_jobs integer[], p_generations bigint[], p_tokens uuid[], p_reporter text,
+    p_now timestamptz, p_lease interval
+) RETURNS TABLE (ordinal integer, reason text, lease_expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    h record;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_runs), 0) LOOP
+        SELECT * INTO h FROM job_heartbeat(p_runs[i], p_jobs[i], p_generations[i], p_tokens[i],
+                                           p_reporter, p_now, p_lease);
+        ordinal := i;
+        reason := h.reason;
+        lease_expires_at := h.lease_expires_at;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
 -- Progress: monotonic; at most 100 persisted updates per job, later ones are
--- coalesced (answered, not stored); a lower value is ignored.
+-- coalesced (answered, not stored); a lower value is ignored. Every accepted report
+-- renews the lease to min(now + lease, job expiry), persisted or not.
+CREATE FUNCTION job_progress(
+    p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
+    p_percent integer, p_phase text, p_now timestamptz, p_lease interval
+) RETURNS TABLE (reason text, progress integer, persisted boolean,
+                 lease_expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
+    j jobs%ROWTYPE;
+    store boolean;
+BEGIN
+    IF fenced <> '' THEN
+        RETURN QUERY SELECT fenced, NULL::integer, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    -- the fence holds the row's lock: read, decide, write once
+    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+    store := j.progress_updates < 100
+             AND (p_percent > j.progress
+                  OR (p_phase IS NOT NULL AND p_phase IS DISTINCT FROM j.phase));
+    UPDATE jobs
+    SET lease_expires_at = least(p_now + p_lease, j.expires_at),
+        progress = CASE WHEN store THEN greatest(j.progress, p_percent) ELSE j.progress END,
+        phase = CASE WHEN store THEN coalesce(p_phase, j.phase) ELSE j.phase END,
+        progress_updates = j.progress_updates + CASE WHEN store THEN 1 ELSE 0 END
+    WHERE run_id = p_run AND job_index = p_job
+    RETURNING * INTO j;
+    PERFORM runtime_seen(j.runtime_id, p_now);
+    IF store THEN
+        PERFORM pg_notify('workshop_run', p_run);
+    END IF;
+    RETURN QUERY SELECT '', j.progress, store, j.lease_expires_at;
+END;
+$$;
+
 CREATE FUNCTION job_progress(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_percent integer, p_phase text, p_now timestamptz
 ) RETURNS TABLE (reason text, progress integer, persisted boolean) LANGUAGE plpgsql AS $$
-DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
-    stored integer;
 BEGIN
-    IF fenced <> '' THEN
-        RETURN QUERY SELECT fenced, NULL::integer, false;
-        RETURN;
-    END IF;
-    UPDATE jobs j
-    SET progress = greatest(j.progress, p_percent), phase = coalesce(p_phase, j.phase),
-        progress_updates = j.progress_updates + 1
-    WHERE j.run_id = p_run AND j.job_index = p_job AND j.progress_updates < 100
-      AND (p_percent > j.progress OR (p_phase IS NOT NULL AND p_phase IS DISTINCT FROM j.phase))
-    RETURNING j.progress INTO stored;
-    IF FOUND THEN
-        PERFORM pg_notify('workshop_run', p_run);
-        RETURN QUERY SELECT '', stored, true;
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT '', j.progress, false FROM jobs j
-    WHERE j.run_id = p_run AND j.job_index = p_job;
+    RETURN QUERY SELECT p.reason, p.progress, p.persisted
+    FROM job_progress(p_run, p_job, p_generation, p_token, p_reporter, p_percent, p_phase,
+                      p_now, interval '5 minutes') p;
 END;
 $$;
 

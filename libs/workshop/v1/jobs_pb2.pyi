@@ -34,6 +34,7 @@ class ClaimRequest(_message.Message):
     CODE_SHA256_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_JOBS_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     """Runtime the processor runs as."""
     code_sha256: _builtins.str
@@ -51,6 +52,10 @@ class ClaimRequest(_message.Message):
     soon as a job is leased, or with no job (and retry_after 0) when the wait ends; the wait is cut short to
     end a second before the call's deadline. Set the call's deadline above it.
     """
+    max_jobs: _builtins.int
+    """How many jobs to lease at most, 0..100 (0 and 1: one): the processor's free in-flight capacity. A
+    batch comes from one queue position on: it may hold fewer jobs than asked, never jobs out of order.
+    """
     def __init__(
         self,
         *,
@@ -58,10 +63,11 @@ class ClaimRequest(_message.Message):
         code_sha256: _builtins.str = ...,
         request_id: _builtins.str = ...,
         wait_seconds: _builtins.int = ...,
+        max_jobs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "request_id", b"request_id", "runtime_id", b"runtime_id", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "max_jobs", b"max_jobs", "request_id", b"request_id", "runtime_id", b"runtime_id", "wait_seconds", b"wait_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -69,29 +75,35 @@ Global___ClaimRequest: _TypeAlias = ClaimRequest  # noqa: Y015
 
 @_typing.final
 class ClaimResponse(_message.Message):
-    """The claimed job, or nothing."""
+    """The claimed jobs, or nothing."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
+    MORE_JOBS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> Global___ClaimedJob:
-        """The leased job; absent when no job is claimable now."""
+        """The (first) leased job; absent when no job is claimable now."""
 
     @_builtins.property
     def retry_after(self) -> _duration_pb2.Duration:
         """Suggested wait before the next Claim when no job was returned (0 after a Claim that waited)."""
+
+    @_builtins.property
+    def more_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimedJob]:
+        """The further jobs leased (max_jobs above 1), in claim order after `job`."""
 
     def __init__(
         self,
         *,
         job: Global___ClaimedJob | None = ...,
         retry_after: _duration_pb2.Duration | None = ...,
+        more_jobs: _abc.Iterable[Global___ClaimedJob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_job", b"_job", "job", b"job", "retry_after", b"retry_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_job", b"_job", "job", b"job", "retry_after", b"retry_after"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_job", b"_job", "job", b"job", "more_jobs", b"more_jobs", "retry_after", b"retry_after"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__job: _TypeAlias = _typing.Literal["job"]  # noqa: Y015
     _WhichOneofArgType__job: _TypeAlias = _typing.Literal["_job", b"_job"]  # noqa: Y015
@@ -232,18 +244,24 @@ class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LEASE_FIELD_NUMBER: _builtins.int
+    LEASES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseRef:
-        """The lease to renew."""
+        """The lease to renew (one lease; a fence refusal is the call's error)."""
+
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.LeaseRef]:
+        """The leases to renew together, at most 1,000 (instead of `lease`): each answered in `renewals`."""
 
     def __init__(
         self,
         *,
         lease: _common_pb2.LeaseRef | None = ...,
+        leases: _abc.Iterable[_common_pb2.LeaseRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "leases", b"leases"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -256,22 +274,68 @@ class HeartbeatResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    RENEWALS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
-        """New lapse time of the lease (UTC)."""
+        """New lapse time of the lease (UTC); unset when `leases` was sent."""
+
+    @_builtins.property
+    def renewals(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRenewal]:
+        """One per lease of `leases`, in the same order."""
 
     def __init__(
         self,
         *,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        renewals: _abc.Iterable[Global___LeaseRenewal] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "renewals", b"renewals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class LeaseRenewal(_message.Message):
+    """How one lease of a batched Heartbeat fared."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    RENEWED_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    renewed: _builtins.bool
+    """True when it was renewed; false when it no longer holds: stop working on the job."""
+    reason: _builtins.str
+    """Not renewed: the ErrorReason a single Heartbeat would have answered (LEASE_MISMATCH, JOB_CANCELLED,
+    JOB_FINISHED, SOURCE_CHANGED, POLICY_CHANGED, AUTHORITY_REVOKED, REPORTER_NOT_AUTHORIZED, NOT_FOUND).
+    """
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseRef:
+        """The lease, as sent."""
+
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """Renewed: the new lapse time (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseRef | None = ...,
+        renewed: _builtins.bool = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_expires_at", b"lease_expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_expires_at", b"lease_expires_at", "reason", b"reason", "renewed", b"renewed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseRenewal: _TypeAlias = LeaseRenewal  # noqa: Y015
 
 @_typing.final
 class ReportProgressRequest(_message.Message):
@@ -315,19 +379,25 @@ class ReportProgressResponse(_message.Message):
 
     PERCENT_FIELD_NUMBER: _builtins.int
     PERSISTED_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     percent: _builtins.int
     """Progress now recorded for the job, percent 0..100 (the maximum reported so far)."""
     persisted: _builtins.bool
     """False when this update was coalesced (not persisted as its own event) after the 100-update cap."""
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """The lease's new lapse time (UTC): a progress report renews the lease it reports under."""
+
     def __init__(
         self,
         *,
         percent: _builtins.int = ...,
         persisted: _builtins.bool = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["percent", b"percent", "persisted", b"persisted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "percent", b"percent", "persisted", b"persisted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -344,6 +414,7 @@ class CompleteRequest(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     RESULT_SHA256_FIELD_NUMBER: _builtins.int
     DECODER_FIELD_NUMBER: _builtins.int
+    THEN_CLAIM_FIELD_NUMBER: _builtins.int
     code_sha256: _builtins.str
     """SHA-256 (hex) of the processor's own code; must equal the snapshot's code_sha256 (fence 4)."""
     result_sha256: _builtins.str
@@ -360,6 +431,10 @@ class CompleteRequest(_message.Message):
     def result(self) -> Global___JobResult:
         """The result."""
 
+    @_builtins.property
+    def then_claim(self) -> Global___ClaimRequest:
+        """Optional: claim next, after the commit, as this Claim would (wait_seconds must be 0)."""
+
     def __init__(
         self,
         *,
@@ -368,12 +443,15 @@ class CompleteRequest(_message.Message):
         result: Global___JobResult | None = ...,
         result_sha256: _builtins.str = ...,
         decoder: _builtins.str = ...,
+        then_claim: Global___ClaimRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_then_claim", b"_then_claim", "lease", b"lease", "result", b"result", "then_claim", b"then_claim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "decoder", b"decoder", "lease", b"lease", "result", b"result", "result_sha256", b"result_sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_then_claim", b"_then_claim", "code_sha256", b"code_sha256", "decoder", b"decoder", "lease", b"lease", "result", b"result", "result_sha256", b"result_sha256", "then_claim", b"then_claim"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__then_claim: _TypeAlias = _typing.Literal["then_claim"]  # noqa: Y015
+    _WhichOneofArgType__then_claim: _TypeAlias = _typing.Literal["_then_claim", b"_then_claim"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__then_claim) -> _WhichOneofReturnType__then_claim | None: ...
 
 Global___CompleteRequest: _TypeAlias = CompleteRequest  # noqa: Y015
 
@@ -495,23 +573,33 @@ class CompleteResponse(_message.Message):
 
     RECEIPT_FIELD_NUMBER: _builtins.int
     ALREADY_COMMITTED_FIELD_NUMBER: _builtins.int
+    CLAIMED_FIELD_NUMBER: _builtins.int
     already_committed: _builtins.bool
     """True when the result had already been committed and this call only returned the receipt."""
     @_builtins.property
     def receipt(self) -> Global___Receipt:
         """The receipt written with the commit."""
 
+    @_builtins.property
+    def claimed(self) -> Global___ClaimResponse:
+        """With then_claim: what the claim answered (no job: retry_after as Claim's). Unset without then_claim,
+        or when the claim failed after the commit.
+        """
+
     def __init__(
         self,
         *,
         receipt: Global___Receipt | None = ...,
         already_committed: _builtins.bool = ...,
+        claimed: Global___ClaimResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_claimed", b"_claimed", "claimed", b"claimed", "receipt", b"receipt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_committed", b"already_committed", "receipt", b"receipt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_claimed", b"_claimed", "already_committed", b"already_committed", "claimed", b"claimed", "receipt", b"receipt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__claimed: _TypeAlias = _typing.Literal["claimed"]  # noqa: Y015
+    _WhichOneofArgType__claimed: _TypeAlias = _typing.Literal["_claimed", b"_claimed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__claimed) -> _WhichOneofReturnType__claimed | None: ...
 
 Global___CompleteResponse: _TypeAlias = CompleteResponse  # noqa: Y015
 

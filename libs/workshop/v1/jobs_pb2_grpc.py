@@ -134,6 +134,10 @@ class JobServiceServicer:
         Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
         INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
         FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
+        With max_jobs above 1 a Claim leases up to that many jobs in one call, in claim order (the first in
+        `job`, the others in `more_jobs`), each under its own lease: its own generation and token, renewed,
+        fenced and ended on its own. A request_id then stands for the whole batch: asked again, it answers
+        every lease of that batch still held and leases nothing new.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,7 +145,12 @@ class JobServiceServicer:
 
     def Heartbeat(self, request, context):
         """Renews the lease to min(now + 5 minutes, the job's expiry) and records that the runtime was seen. Call
-        every 45 s. Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+        every 45 s for a job that reported no progress in that time (ReportProgress renews its lease too).
+        Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+        With `leases` (and no `lease`) it renews every lease listed, each under its own fences, and answers
+        per lease whether it was renewed or why not, in `renewals`; a lease that no longer holds is answered
+        there, never as the call's error, so it does not stop the others. Errors then: INVALID_ARGUMENT
+        reason INVALID_FIELD (both `lease` and `leases`, more than 1,000 leases, a malformed one).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,7 +158,8 @@ class JobServiceServicer:
 
     def ReportProgress(self, request, context):
         """Reports progress 0..100. Progress is monotonic: a lower value than the stored one is ignored; at most 100
-        updates per job are persisted and later ones are coalesced, never refused.
+        updates per job are persisted and later ones are coalesced, never refused. Every accepted report, stored
+        or coalesced, renews the lease as a Heartbeat would.
         Errors: INVALID_ARGUMENT (percent > 100), FAILED_PRECONDITION (fenced lease).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -164,6 +174,13 @@ class JobServiceServicer:
         mismatched upload) or INVALID_FIELD (result_sha256 does not match result); ABORTED reason
         RESULT_CONFLICT (a different result for a completed job); FAILED_PRECONDITION (fences, including
         CODE_MISMATCH); a refused commit leaves staged bytes to garbage collection.
+        With `then_claim` it also claims, after the commit, as that Claim would (without waiting), and answers
+        in `claimed`, so a busy processor makes one call per job. A Complete that is refused claims nothing.
+        `then_claim` is checked before the commit (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
+        FAILED_PRECONDITION CODE_MISMATCH as Claim answers them, and INVALID_FIELD for wait_seconds above 0);
+        a claim that fails after the commit (a key revoked in between, the database) leaves `claimed` unset
+        and the receipt answered: the next Claim hears why. A repeated Complete (already_committed) claims
+        again, so give then_claim a request_id: the repeat then answers the leases the first call took.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

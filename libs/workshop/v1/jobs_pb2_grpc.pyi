@@ -77,14 +77,24 @@ class JobServiceStub:
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
     INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
+    With max_jobs above 1 a Claim leases up to that many jobs in one call, in claim order (the first in
+    `job`, the others in `more_jobs`), each under its own lease: its own generation and token, renewed,
+    fenced and ended on its own. A request_id then stands for the whole batch: asked again, it answers
+    every lease of that batch still held and leases nothing new.
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.HeartbeatRequest, _jobs_pb2.HeartbeatResponse]
     """Renews the lease to min(now + 5 minutes, the job's expiry) and records that the runtime was seen. Call
-    every 45 s. Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+    every 45 s for a job that reported no progress in that time (ReportProgress renews its lease too).
+    Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+    With `leases` (and no `lease`) it renews every lease listed, each under its own fences, and answers
+    per lease whether it was renewed or why not, in `renewals`; a lease that no longer holds is answered
+    there, never as the call's error, so it does not stop the others. Errors then: INVALID_ARGUMENT
+    reason INVALID_FIELD (both `lease` and `leases`, more than 1,000 leases, a malformed one).
     """
     ReportProgress: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ReportProgressRequest, _jobs_pb2.ReportProgressResponse]
     """Reports progress 0..100. Progress is monotonic: a lower value than the stored one is ignored; at most 100
-    updates per job are persisted and later ones are coalesced, never refused.
+    updates per job are persisted and later ones are coalesced, never refused. Every accepted report, stored
+    or coalesced, renews the lease as a Heartbeat would.
     Errors: INVALID_ARGUMENT (percent > 100), FAILED_PRECONDITION (fenced lease).
     """
     Complete: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.CompleteRequest, _jobs_pb2.CompleteResponse]
@@ -95,6 +105,13 @@ class JobServiceStub:
     mismatched upload) or INVALID_FIELD (result_sha256 does not match result); ABORTED reason
     RESULT_CONFLICT (a different result for a completed job); FAILED_PRECONDITION (fences, including
     CODE_MISMATCH); a refused commit leaves staged bytes to garbage collection.
+    With `then_claim` it also claims, after the commit, as that Claim would (without waiting), and answers
+    in `claimed`, so a busy processor makes one call per job. A Complete that is refused claims nothing.
+    `then_claim` is checked before the commit (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
+    FAILED_PRECONDITION CODE_MISMATCH as Claim answers them, and INVALID_FIELD for wait_seconds above 0);
+    a claim that fails after the commit (a key revoked in between, the database) leaves `claimed` unset
+    and the receipt answered: the next Claim hears why. A repeated Complete (already_committed) claims
+    again, so give then_claim a request_id: the repeat then answers the leases the first call took.
     """
     Fail: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.FailRequest, _jobs_pb2.FailResponse]
     """Fails the job with reason PROCESSOR_FAILED (download, decode, model or upload error, a recording that ends
@@ -153,14 +170,24 @@ class JobServiceAsyncStub(JobServiceStub):
     Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
     INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
     FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
+    With max_jobs above 1 a Claim leases up to that many jobs in one call, in claim order (the first in
+    `job`, the others in `more_jobs`), each under its own lease: its own generation and token, renewed,
+    fenced and ended on its own. A request_id then stands for the whole batch: asked again, it answers
+    every lease of that batch still held and leases nothing new.
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_jobs_pb2.HeartbeatRequest, _jobs_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Renews the lease to min(now + 5 minutes, the job's expiry) and records that the runtime was seen. Call
-    every 45 s. Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+    every 45 s for a job that reported no progress in that time (ReportProgress renews its lease too).
+    Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+    With `leases` (and no `lease`) it renews every lease listed, each under its own fences, and answers
+    per lease whether it was renewed or why not, in `renewals`; a lease that no longer holds is answered
+    there, never as the call's error, so it does not stop the others. Errors then: INVALID_ARGUMENT
+    reason INVALID_FIELD (both `lease` and `leases`, more than 1,000 leases, a malformed one).
     """
     ReportProgress: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ReportProgressRequest, _jobs_pb2.ReportProgressResponse]  # type: ignore[assignment]
     """Reports progress 0..100. Progress is monotonic: a lower value than the stored one is ignored; at most 100
-    updates per job are persisted and later ones are coalesced, never refused.
+    updates per job are persisted and later ones are coalesced, never refused. Every accepted report, stored
+    or coalesced, renews the lease as a Heartbeat would.
     Errors: INVALID_ARGUMENT (percent > 100), FAILED_PRECONDITION (fenced lease).
     """
     Complete: _aio.UnaryUnaryMultiCallable[_jobs_pb2.CompleteRequest, _jobs_pb2.CompleteResponse]  # type: ignore[assignment]
@@ -171,6 +198,13 @@ class JobServiceAsyncStub(JobServiceStub):
     mismatched upload) or INVALID_FIELD (result_sha256 does not match result); ABORTED reason
     RESULT_CONFLICT (a different result for a completed job); FAILED_PRECONDITION (fences, including
     CODE_MISMATCH); a refused commit leaves staged bytes to garbage collection.
+    With `then_claim` it also claims, after the commit, as that Claim would (without waiting), and answers
+    in `claimed`, so a busy processor makes one call per job. A Complete that is refused claims nothing.
+    `then_claim` is checked before the commit (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
+    FAILED_PRECONDITION CODE_MISMATCH as Claim answers them, and INVALID_FIELD for wait_seconds above 0);
+    a claim that fails after the commit (a key revoked in between, the database) leaves `claimed` unset
+    and the receipt answered: the next Claim hears why. A repeated Complete (already_committed) claims
+    again, so give then_claim a request_id: the repeat then answers the leases the first call took.
     """
     Fail: _aio.UnaryUnaryMultiCallable[_jobs_pb2.FailRequest, _jobs_pb2.FailResponse]  # type: ignore[assignment]
     """Fails the job with reason PROCESSOR_FAILED (download, decode, model or upload error, a recording that ends
@@ -232,6 +266,10 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: NOT_FOUND (runtime), PERMISSION_DENIED (key not bound to the runtime's device),
         INVALID_ARGUMENT reason INVALID_FIELD (malformed request_id, wait_seconds over 60),
         FAILED_PRECONDITION reason CODE_MISMATCH (code_sha256 differs from the runtime's).
+        With max_jobs above 1 a Claim leases up to that many jobs in one call, in claim order (the first in
+        `job`, the others in `more_jobs`), each under its own lease: its own generation and token, renewed,
+        fenced and ended on its own. A request_id then stands for the whole batch: asked again, it answers
+        every lease of that batch still held and leases nothing new.
         """
 
     @_abc_1.abstractmethod
@@ -241,7 +279,12 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.HeartbeatResponse, _abc.Awaitable[_jobs_pb2.HeartbeatResponse]]:
         """Renews the lease to min(now + 5 minutes, the job's expiry) and records that the runtime was seen. Call
-        every 45 s. Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+        every 45 s for a job that reported no progress in that time (ReportProgress renews its lease too).
+        Errors: FAILED_PRECONDITION when the lease is no longer valid (fence reasons above).
+        With `leases` (and no `lease`) it renews every lease listed, each under its own fences, and answers
+        per lease whether it was renewed or why not, in `renewals`; a lease that no longer holds is answered
+        there, never as the call's error, so it does not stop the others. Errors then: INVALID_ARGUMENT
+        reason INVALID_FIELD (both `lease` and `leases`, more than 1,000 leases, a malformed one).
         """
 
     @_abc_1.abstractmethod
@@ -251,7 +294,8 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.ReportProgressResponse, _abc.Awaitable[_jobs_pb2.ReportProgressResponse]]:
         """Reports progress 0..100. Progress is monotonic: a lower value than the stored one is ignored; at most 100
-        updates per job are persisted and later ones are coalesced, never refused.
+        updates per job are persisted and later ones are coalesced, never refused. Every accepted report, stored
+        or coalesced, renews the lease as a Heartbeat would.
         Errors: INVALID_ARGUMENT (percent > 100), FAILED_PRECONDITION (fenced lease).
         """
 
@@ -268,6 +312,13 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         mismatched upload) or INVALID_FIELD (result_sha256 does not match result); ABORTED reason
         RESULT_CONFLICT (a different result for a completed job); FAILED_PRECONDITION (fences, including
         CODE_MISMATCH); a refused commit leaves staged bytes to garbage collection.
+        With `then_claim` it also claims, after the commit, as that Claim would (without waiting), and answers
+        in `claimed`, so a busy processor makes one call per job. A Complete that is refused claims nothing.
+        `then_claim` is checked before the commit (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
+        FAILED_PRECONDITION CODE_MISMATCH as Claim answers them, and INVALID_FIELD for wait_seconds above 0);
+        a claim that fails after the commit (a key revoked in between, the database) leaves `claimed` unset
+        and the receipt answered: the next Claim hears why. A repeated Complete (already_committed) claims
+        again, so give then_claim a request_id: the repeat then answers the leases the first call took.
         """
 
     @_abc_1.abstractmethod

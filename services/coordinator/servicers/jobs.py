@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import lru_cache
 
@@ -15,6 +17,7 @@ from services.coordinator.jobs_api import (
     HEARTBEAT_INTERVAL,
     PHASES,
     Claimed,
+    ClaimPlan,
     JobsApi,
     Lease,
     job_id,
@@ -25,6 +28,8 @@ from services.coordinator.servicers.workshop import snapshot_recording
 from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 NO_JOB_RETRY_AFTER = timedelta(seconds=2)
 MAX_CLAIM_WAIT_SECONDS = 60
 # A waiting Claim answers this long before the call's deadline, so the answer arrives.
@@ -33,6 +38,17 @@ DEADLINE_MARGIN_SECONDS = 1.0
 
 def lease(ref: common_pb2.LeaseRef) -> Lease:
     return lease_from(ref.run_id, ref.job_id, ref.generation, ref.token)
+
+
+def leases(refs: Sequence[common_pb2.LeaseRef]) -> list[Lease]:
+    """A batch's leases, a malformed one named by its position."""
+    out = []
+    for position, ref in enumerate(refs):
+        try:
+            out.append(lease(ref))
+        except InvalidField as error:
+            raise InvalidField(f"leases[{position}]: {error.message}") from None
+    return out
 
 
 def duration(value: timedelta) -> Duration:
@@ -82,6 +98,11 @@ def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
     )
 
 
+def claim_response(claimed: list[Claimed]) -> pb.ClaimResponse:
+    first, *more = claimed
+    return pb.ClaimResponse(job=claimed_job(first), more_jobs=[claimed_job(job) for job in more])
+
+
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, api: JobsApi, authenticate: Authenticator, events: RunEvents) -> None:
         self.api = api
@@ -95,6 +116,9 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         if request.wait_seconds > MAX_CLAIM_WAIT_SECONDS:
             raise InvalidField(f"wait_seconds must be 0..{MAX_CLAIM_WAIT_SECONDS}.")
         who = await self.who.cached(context)
+        plan = await self.api.plan_claim(
+            who, request.runtime_id, request.code_sha256, request.request_id, request.max_jobs
+        )
         wait = float(request.wait_seconds)
         remaining = context.time_remaining()
         if remaining is not None:
@@ -106,11 +130,9 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         # try whose answer is lost is answered again.
         async with self.events.claimable(request.runtime_id) as queued:
             while True:
-                claimed = await self.api.claim(
-                    who, request.runtime_id, request.code_sha256, request.request_id
-                )
-                if claimed is not None:
-                    return pb.ClaimResponse(job=claimed_job(claimed))
+                claimed = await self.api.claim_many(plan)
+                if claimed:
+                    return claim_response(claimed)
                 left = until - loop.time()
                 if left <= 0:
                     break
@@ -125,8 +147,25 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: Context
     ) -> pb.HeartbeatResponse:
-        renewed = await self.api.heartbeat(await self.who.cached(context), lease(request.lease))
-        return pb.HeartbeatResponse(lease_expires_at=convert.ts(renewed))
+        if not request.leases:  # one lease: a refusal is the call's error
+            renewed = await self.api.heartbeat(await self.who.cached(context), lease(request.lease))
+            return pb.HeartbeatResponse(lease_expires_at=convert.ts(renewed))
+        if request.HasField("lease"):
+            raise InvalidField("Send lease or leases, not both.")
+        answers = await self.api.heartbeat_many(
+            await self.who.cached(context), leases(request.leases)
+        )
+        return pb.HeartbeatResponse(
+            renewals=[
+                pb.LeaseRenewal(
+                    lease=ref,
+                    renewed=not reason,
+                    lease_expires_at=convert.ts(expires) if expires is not None else None,
+                    reason=reason,
+                )
+                for ref, (reason, expires) in zip(request.leases, answers, strict=True)
+            ]
+        )
 
     async def ReportProgress(
         self, request: pb.ReportProgressRequest, context: Context
@@ -137,14 +176,26 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 raise InvalidField("phase, when given, must be a real phase.")
             phase = common_pb2.JobPhase.Name(request.phase).removeprefix("JOB_PHASE_").lower()
             assert phase in PHASES
-        percent, persisted = await self.api.progress(
+        percent, persisted, renewed = await self.api.progress(
             await self.who.cached(context), lease(request.lease), request.percent, phase
         )
-        return pb.ReportProgressResponse(percent=percent, persisted=persisted)
+        return pb.ReportProgressResponse(
+            percent=percent, persisted=persisted, lease_expires_at=convert.ts(renewed)
+        )
 
     async def Complete(self, request: pb.CompleteRequest, context: Context) -> pb.CompleteResponse:
+        who = await self.who.cached(context)
+        plan: ClaimPlan | None = None
+        if request.HasField("then_claim"):
+            # checked before the commit, so a malformed next claim commits nothing
+            then = request.then_claim
+            if then.wait_seconds:
+                raise InvalidField("then_claim.wait_seconds must be 0: Complete does not wait.")
+            plan = await self.api.plan_claim(
+                who, then.runtime_id, then.code_sha256, then.request_id, then.max_jobs
+            )
         receipt, already = await self.api.complete(
-            await self.who.cached(context),
+            who,
             lease(request.lease),
             code_sha256=request.code_sha256,
             result=request.result,
@@ -161,7 +212,20 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 items_saved=receipt.items_saved,
             ),
             already_committed=already,
+            claimed=await self._then_claim(plan) if plan is not None else None,
         )
+
+    async def _then_claim(self, plan: ClaimPlan) -> pb.ClaimResponse | None:
+        """Complete's next claim, after its commit: a failure here must not hide the
+        receipt, so it leaves `claimed` unset and the next Claim hears why."""
+        try:
+            claimed = await self.api.claim_many(plan)
+        except Exception:
+            log.warning("the claim after a commit failed", exc_info=True)
+            return None
+        if not claimed:
+            return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
+        return claim_response(claimed)
 
     async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
         if request.reason != common_pb2.FAILURE_REASON_PROCESSOR_FAILED:

@@ -1,22 +1,28 @@
 -- Leases, progress and results (docs/leases-and-fences.md). The work is done by the functions
--- of migrations 0002-0004, so each call is one round trip with its fences
+-- of migrations 0002-0015, so each call is one round trip with its fences
 -- folded in.
 
 -- name: runtime_identity
 SELECT runtime_id, device_id, code_sha256 FROM runtimes WHERE runtime_id = $1;
 
 -- name: job_claim
--- $6: the Claim's request id (NULL: none); the same one again answers its held lease.
+-- $6: the Claim's request id (NULL: none); the same one again answers its held leases.
+-- $7: how many jobs to lease at most (migration 0015); one row per job, in claim order.
 SELECT (c.job).*, c.recording_sha256 AS sha256, c.recording_byte_size AS byte_size,
        c.recording_object_key AS object_key, c.recording_start_at AS start_at,
        c.recording_end_at AS end_at, c.recording_fps AS fps
-FROM job_claim($1, $2, $3, $4, $5, $6) c;
+FROM job_claim_many($1, $2, $3, $4, $5, $6, $7) c;
 
 -- name: job_heartbeat
 SELECT * FROM job_heartbeat($1, $2, $3, $4, $5, $6, $7);
 
+-- name: job_heartbeat_many
+-- One row per lease of the arrays, by its 1-based ordinal.
+SELECT * FROM job_heartbeat_many($1, $2, $3, $4, $5, $6, $7) ORDER BY ordinal;
+
 -- name: job_progress
-SELECT * FROM job_progress($1, $2, $3, $4, $5, $6, $7, $8);
+-- $9: the lease interval: a progress report renews its lease (migration 0015).
+SELECT * FROM job_progress($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: job_fail
 SELECT job_fail($1, $2, $3, $4, $5, $6, $7);
