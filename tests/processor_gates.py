@@ -67,6 +67,13 @@ class Spy:
             except grpc.aio.AioRpcError as error:
                 logged(error_reason(error)[1] or error.code().name)
                 raise
+            if method == "Heartbeat" and request.leases:
+                # a batched heartbeat: each lease's own outcome, as a single one would log it
+                for renewal in reply.renewals:
+                    ref = renewal.lease
+                    outcome = "ok" if renewal.renewed else renewal.reason
+                    self.log.append(Call(method, f"{ref.run_id}/{ref.job_id}", None, outcome))
+                return reply
             logged("ok")
             return reply
 

@@ -1,11 +1,15 @@
 """The claim loop (docs/runs-and-jobs.md): claim, decode, infer, route, publish, commit.
 
 Up to `in_flight` jobs (three recordings) run at once, so downloads and decoding
-overlap; model passes take turns behind one lock. Each job has its own
-heartbeat task; when a heartbeat, preview or upload says the lease no longer
-holds (cancelled, lapsed, fenced), the job stops at once and the loop claims
-the next (a fence that can never hold again, such as a replaced recording, has
-ended the job in the coordinator already). Only the job's own problems (a missing
+overlap; model passes take turns behind one lock. A Claim asks for as many jobs as
+there are free places, and a Complete claims the job that takes its place, so a busy
+processor makes one call per job (docs/runs-and-jobs.md#batched-leases). A progress
+report renews its job's lease; one heartbeat task renews, in one batched Heartbeat,
+the leases of the jobs that reported nothing for a heartbeat interval. When a
+heartbeat, preview or upload says a lease no longer holds (cancelled, lapsed,
+fenced), that job stops at once and the loop claims the next (a fence that can
+never hold again, such as a replaced recording, has ended the job in the
+coordinator already). Only the job's own problems (a missing
 or altered recording, a file the decoder cannot read, the model) and this
 processor's own (a request the services call invalid, a bug) fail the job with
 processor_failed and the decoder's or model's own message.
@@ -104,6 +108,16 @@ class ServiceUnavailable(Exception):
     """A service the job needs did not answer in time: the job is handed back."""
 
 
+@dataclasses.dataclass
+class Held:
+    """A lease this processor works under, and when it was last renewed (loop time)."""
+
+    lease: common_pb2.LeaseRef
+    work: asyncio.Task[None]
+    interval: float  # seconds without a renewal before it is heartbeaten
+    renewed_at: float
+
+
 class Refused(Exception):
     """A service refused a call about the job for a reason other than its fences."""
 
@@ -134,6 +148,8 @@ class Processor:
     _model_turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _running: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
     _claim_pause: float = 0.0  # seconds the loop waits before its next claim (after hand-backs)
+    _held: dict[str, Held] = dataclasses.field(default_factory=dict)  # by run/job/generation
+    _batched_heartbeats: bool = True  # False once a coordinator refused a batched Heartbeat
     completed: int = 0
     failed: int = 0
     handed_back: int = 0
@@ -158,15 +174,28 @@ class Processor:
 
     async def _loop(self) -> None:
         slots = asyncio.Semaphore(self.in_flight)
+        beating = asyncio.create_task(self._heartbeats(), name="heartbeats")
+        try:
+            await self._claims(slots)
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    async def _claims(self, slots: asyncio.Semaphore) -> None:
         # Each claim carries a fresh request id; a claim that got no answer is asked again
-        # with the same one, so a lease the lost call took is answered, not stranded.
+        # with the same one, so the leases the lost call took are answered, not stranded.
         request_id = uuid.uuid4().hex
         while not self._stopping.is_set():
             await slots.acquire()
+            free = 1  # one place is ours; take every other free one too, for one batch
+            while free < self.in_flight and not slots.locked():
+                await slots.acquire()
+                free += 1
             if self._claim_pause:
                 await self._idle(self._claim_pause)
                 if self._stopping.is_set():
-                    slots.release()
+                    _release(slots, free)
                     return
             try:
                 reply = await self.jobs.Claim(
@@ -175,41 +204,54 @@ class Processor:
                         code_sha256=self.code_sha256,
                         request_id=request_id,
                         wait_seconds=self.claim_wait_seconds,
+                        max_jobs=free,
                     ),
                     metadata=self.credentials,
                     timeout=self.claim_wait_seconds + CLAIM_DEADLINE_MARGIN_SECONDS,
                 )
             except grpc.aio.AioRpcError as error:
-                slots.release()
+                _release(slots, free)
                 log.warning("claim failed: %s %s", error.code().name, error.details())
                 if error.code() in REFUSALS:
                     request_id = uuid.uuid4().hex  # a refusal is an answer: it leased nothing
                 await self._idle(self.idle_seconds)
                 continue
             request_id = uuid.uuid4().hex
-            if not reply.HasField("job"):
-                slots.release()
+            claimed = _jobs_of(reply)
+            # a coordinator of the previous version answers one job whatever was asked
+            _release(slots, free - len(claimed))
+            for job in claimed:
+                self._start(job, slots)
+            if not claimed:
                 pause = reply.retry_after.ToTimedelta().total_seconds()
                 if pause or not self.claim_wait_seconds:  # after a wait: ask again at once
                     await self._idle(pause or 1.0)
-                continue
-            task = asyncio.create_task(self._run(reply.job), name=reply.job.lease.job_id)
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            task.add_done_callback(lambda _done: slots.release())
+
+    def _start(self, job: jobs_pb2.ClaimedJob, slots: asyncio.Semaphore) -> None:
+        """Runs a claimed job in a place of `slots` already taken for it."""
+        task = asyncio.create_task(self._run(job, slots), name=job.lease.job_id)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     async def _idle(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    async def _run(self, job: jobs_pb2.ClaimedJob) -> None:
+    async def _run(self, job: jobs_pb2.ClaimedJob, slots: asyncio.Semaphore) -> None:
+        """Works on the job in its place of `slots`: frees the place when it ends, or hands
+        it to the job its Complete claimed."""
         lease = job.lease
         work = asyncio.current_task()
         assert work is not None
-        beating = asyncio.create_task(self._heartbeats(job, work))
+        key = _lease_key(lease)
+        interval = (
+            self.heartbeat_seconds or job.heartbeat_interval.ToTimedelta().total_seconds() or 45.0
+        )
+        self._held[key] = Held(lease, work, interval, asyncio.get_running_loop().time())
+        following: list[jobs_pb2.ClaimedJob] = []
         try:
             result, decoder = await self._process(job)
-            await self._call(
+            reply = await self._call(
                 self.jobs.Complete,
                 jobs_pb2.CompleteRequest(
                     lease=lease,
@@ -217,10 +259,28 @@ class Processor:
                     result=result,
                     result_sha256=_digest(result),
                     decoder=decoder,
+                    # the next job, in this one's place; a repeated Complete carries the
+                    # same request id, so it answers the lease the first one took
+                    then_claim=jobs_pb2.ClaimRequest(
+                        runtime_id=self.runtime_id,
+                        code_sha256=self.code_sha256,
+                        request_id=uuid.uuid4().hex,
+                        max_jobs=1,
+                    ),
                 ),
             )
             self.completed += 1
             self._claim_pause = 0.0
+            following = _jobs_of(reply.claimed)
+            if self._stopping.is_set():  # stopping meanwhile: hand the next job(s) back
+                for claimed in following:
+                    with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
+                        await self._call(
+                            self.jobs.Release,
+                            jobs_pb2.ReleaseRequest(lease=claimed.lease),
+                            retry=False,
+                        )
+                following = []
         except LeaseLost as lost:
             log.info("job %s/%s stopped: %s", lease.run_id, lease.job_id, lost)
         except JobFailed as error:
@@ -243,9 +303,10 @@ class Processor:
                     )
             raise
         finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
+            self._held.pop(key, None)
+            _release(slots, 1 - len(following))
+            for claimed in following:
+                self._start(claimed, slots)
 
     async def _fail(self, lease: common_pb2.LeaseRef, message: str) -> None:
         """Fails the job with processor_failed. A Fail that gets no answer is not left to
@@ -285,20 +346,57 @@ class Processor:
         with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
             await self._call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease))
 
-    async def _heartbeats(self, job: jobs_pb2.ClaimedJob, work: asyncio.Task[None]) -> None:
-        interval = (
-            self.heartbeat_seconds or job.heartbeat_interval.ToTimedelta().total_seconds() or 45.0
-        )
+    async def _heartbeats(self) -> None:
+        """Renews, every third of an interval, the leases not renewed for an interval (a
+        progress report renews its own), all in one Heartbeat; a job whose lease is lost
+        stops, the others go on."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(interval)
+            tick = min((held.interval for held in self._held.values()), default=1.0) / 3
+            await asyncio.sleep(tick)
+            now = loop.time()
+            due = [held for held in self._held.values() if now - held.renewed_at >= held.interval]
+            if not due:
+                continue
             try:
-                await self._call(self.jobs.Heartbeat, jobs_pb2.HeartbeatRequest(lease=job.lease))
-            except LeaseLost as lost:
-                log.info("lease of %s/%s lost: %s", job.lease.run_id, job.lease.job_id, lost)
-                work.cancel()
-                return
+                lost = await self._renew(due)
             except (Refused, ServiceUnavailable) as error:  # try again next beat
                 log.warning("heartbeat failed: %s", error)
+                continue
+            for held in due:
+                if id(held) in lost:
+                    held.work.cancel()
+                else:
+                    held.renewed_at = now
+
+    async def _renew(self, due: list[Held]) -> set[int]:
+        """Heartbeats `due`; answers the ids of those whose lease was lost. A coordinator of
+        the previous version refuses a batch (no `lease`): then one call per lease."""
+        lost: set[int] = set()
+        if self._batched_heartbeats:
+            try:
+                reply = await self._call(
+                    self.jobs.Heartbeat,
+                    jobs_pb2.HeartbeatRequest(leases=[held.lease for held in due]),
+                )
+            except Refused as error:
+                if error.code not in INVALID:
+                    raise
+                log.warning("batched heartbeats refused, renewing one by one: %s", error)
+                self._batched_heartbeats = False
+            else:
+                for held, renewal in zip(due, reply.renewals, strict=True):
+                    if not renewal.renewed:
+                        _log_lost(held.lease, renewal.reason)
+                        lost.add(id(held))
+                return lost
+        for held in due:
+            try:
+                await self._call(self.jobs.Heartbeat, jobs_pb2.HeartbeatRequest(lease=held.lease))
+            except LeaseLost as error:
+                _log_lost(held.lease, str(error))
+                lost.add(id(held))
+        return lost
 
     async def _call(self, method: Any, request: Any, *, retry: bool = True) -> Any:
         """One RPC about a job. A fence refusal becomes LeaseLost, any other refusal
@@ -310,7 +408,7 @@ class Processor:
         what = type(request).__name__.removesuffix("Request")
         while True:
             try:
-                return await method(request, metadata=self.credentials)
+                reply = await method(request, metadata=self.credentials)
             except grpc.aio.AioRpcError as error:
                 code = error.code()
                 if code in FENCED:
@@ -325,6 +423,13 @@ class Processor:
                 log.warning("%s: %s; asking again in %.1f s", what, code.name, pause)
                 await asyncio.sleep(pause)
                 pause = min(RETRY_MAX_PAUSE_SECONDS, 2 * pause)
+                continue
+            if isinstance(request, jobs_pb2.ReportProgressRequest):
+                # an accepted progress report renewed its lease: no heartbeat due for it
+                held = self._held.get(_lease_key(request.lease))
+                if held is not None:
+                    held.renewed_at = loop.time()
+            return reply
 
     async def _process(self, job: jobs_pb2.ClaimedJob) -> tuple[jobs_pb2.JobResult, str]:
         snapshot, recording = job.snapshot, job.input.recording
@@ -474,6 +579,24 @@ class Processor:
         return to_slot_result(
             index, moment, routed, upload_key=staged.object_key, upload_sha256=staged.sha256
         )
+
+
+def _release(slots: asyncio.Semaphore, places: int) -> None:
+    for _ in range(places):
+        slots.release()
+
+
+def _jobs_of(reply: jobs_pb2.ClaimResponse) -> list[jobs_pb2.ClaimedJob]:
+    """The jobs a Claim answered, in claim order."""
+    return [reply.job, *reply.more_jobs] if reply.HasField("job") else []
+
+
+def _lease_key(lease: common_pb2.LeaseRef) -> str:
+    return f"{lease.run_id}/{lease.job_id}/{lease.generation}"
+
+
+def _log_lost(lease: common_pb2.LeaseRef, why: str) -> None:
+    log.info("lease of %s/%s lost: %s", lease.run_id, lease.job_id, why)
 
 
 def _frame_time(info: StreamInfo, recording_start: datetime, frame_index: int) -> datetime:
