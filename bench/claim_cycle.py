@@ -12,13 +12,19 @@ every 60 s, one workshop:run key per processor, and 20 full runs (5 per runtime)
 
 Measured:
 - throughput: 8 processor processes (multiprocessing, spawn), 2 per runtime, each on
-  its own loopback gRPC channel (`workshop.kit.channels.open_channel`), loop Claim
-  (a fresh request_id each, as the processor sends) -> Heartbeat x2 -> Complete (all
-  60 slots EMPTY) until every job of their runtime is committed. Cycles / wall time
-  from the moment all processes are released.
+  its own loopback gRPC channel (`workshop.kit.channels.open_channel`), run the cycle
+  the processor runs for short jobs (services/processor/worker.py), one job at a time
+  with `--in-flight` places (default 3, the processor's): a Claim batched to its free
+  places (max_jobs, a fresh request_id each) when it holds no job, then per job
+  ReportProgress x2 (each renews the lease, so no Heartbeat is due) -> Complete (all 60
+  slots EMPTY) carrying then_claim for the places it frees, until every job of their
+  runtime is committed. A cycle is one job: Cycles / wall time from the moment all
+  processes are released. `--unbatched` runs the previous protocol instead (Claim of
+  one job -> Heartbeat x2 -> Complete), for comparison.
 - latency: 100 more runs of 1,000 jobs (25 per runtime; 100,000 queued), then the same
-  8 processes cycle `--latency-cycles` times each; p50/p99 of the Claim RPC as the
-  processor sees it.
+  8 processes cycle `--latency-cycles` jobs each, claiming with a plain batched Claim
+  (no then_claim, so that every batch is a measured Claim); p50/p99 of the Claim RPC
+  as the processor sees it.
 - procrastinate, the peer a Python team would pick, on the same server in its own
   database (schema applied with its SchemaManager): 20,000 jobs of a task that only
   returns are deferred (batch_defer_async, setup), then `--procrastinate-processes`
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -118,7 +125,8 @@ RECORDING_BYTES = 1_500_000_000  # an hour of camera footage, roughly
 RECORDING_LENGTH = timedelta(hours=1)
 JOBS_PER_RUN = CAMERAS * RECORDINGS_PER_CAMERA
 SLOTS_PER_JOB = int(RECORDING_LENGTH.total_seconds()) // INTERVAL_SECONDS
-HEARTBEATS = 2
+RENEWALS = 2  # progress reports per job (heartbeats with --unbatched)
+IN_FLIGHT = 3  # the processor's default in_flight
 WORKFLOW_ID = "bench-cycle"
 DATABASE = "bench_claim_cycle"
 PROCRASTINATE_DATABASE = "bench_procrastinate"
@@ -176,6 +184,9 @@ class ProcessorConfig:
     runtime_index: int
     expected_jobs: int  # stop once the runtime has this many commits in the phase (0: none)
     max_cycles: int  # stop after this many cycles (0: no limit)
+    in_flight: int  # places: a Claim asks for as many jobs as are free (1: unbatched)
+    fold: bool  # Complete claims the jobs for the places it frees (then_claim)
+    batched: bool  # False: the previous protocol, Claim -> Heartbeat x2 -> Complete
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +204,7 @@ class Report:
     cycles: int = 0
     empty_claims: int = 0
     claim_s: list[float] = dataclasses.field(default_factory=list)
-    heartbeat_s: list[float] = dataclasses.field(default_factory=list)
+    renew_s: list[float] = dataclasses.field(default_factory=list)  # progress or heartbeat
     complete_s: list[float] = dataclasses.field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0
@@ -236,51 +247,69 @@ async def _processor(
         await asyncio.wait_for(channel.channel_ready(), READY_TIMEOUT_S)
         stub = jobs_pb2_grpc.JobServiceStub(channel)
         metadata = bearer_metadata(config.secret)
-        claim = jobs_pb2.ClaimRequest(runtime_id=config.runtime_id, code_sha256=CODE)
         # Every job has the same 60 slots, so its all-EMPTY result and digest are built
         # once per slot count: what a processor computes is not what is measured here.
         results: dict[int, tuple[jobs_pb2.JobResult, str]] = {}
+        held: collections.deque[jobs_pb2.ClaimedJob] = collections.deque()
         report = Report(config.index)
         await asyncio.to_thread(released)
         report.started = time.monotonic()
         cpu = _self_cpu_s()
         clock = time.perf_counter
         while not config.max_cycles or report.cycles < config.max_cycles:
-            began = clock()
-            # A fresh request id per claim, as the processor sends (idempotent Claim).
-            claim.request_id = uuid.uuid4().hex
-            reply = await stub.Claim(claim, metadata=metadata, timeout=RPC_TIMEOUT_S)
-            claimed = clock()
-            if not reply.HasField("job"):
-                report.empty_claims += 1
-                if config.expected_jobs and completed[config.runtime_index] >= config.expected_jobs:
-                    break
-                await asyncio.sleep(EMPTY_BACKOFF_S)
-                continue
-            report.claim_s.append(claimed - began)
-            job = reply.job
-            for _ in range(HEARTBEATS):
+            if not held:
                 began = clock()
-                await stub.Heartbeat(
-                    jobs_pb2.HeartbeatRequest(lease=job.lease),
+                # A fresh request id per claim, as the processor sends (idempotent Claim).
+                reply = await stub.Claim(
+                    _claim_request(config, config.in_flight),
                     metadata=metadata,
                     timeout=RPC_TIMEOUT_S,
                 )
-                report.heartbeat_s.append(clock() - began)
+                claimed = clock()
+                if not reply.HasField("job"):
+                    report.empty_claims += 1
+                    if (
+                        config.expected_jobs
+                        and completed[config.runtime_index] >= config.expected_jobs
+                    ):
+                        break
+                    await asyncio.sleep(EMPTY_BACKOFF_S)
+                    continue
+                report.claim_s.append(claimed - began)
+                held.extend([reply.job, *reply.more_jobs])
+            job = held.popleft()
+            for renewal in range(RENEWALS):
+                began = clock()
+                if config.batched:
+                    await stub.ReportProgress(
+                        jobs_pb2.ReportProgressRequest(
+                            lease=job.lease, percent=(renewal + 1) * 100 // (RENEWALS + 1)
+                        ),
+                        metadata=metadata,
+                        timeout=RPC_TIMEOUT_S,
+                    )
+                else:
+                    await stub.Heartbeat(
+                        jobs_pb2.HeartbeatRequest(lease=job.lease),
+                        metadata=metadata,
+                        timeout=RPC_TIMEOUT_S,
+                    )
+                report.renew_s.append(clock() - began)
             result, digest = _empty_result(results, job)
-            began = clock()
-            await stub.Complete(
-                jobs_pb2.CompleteRequest(
-                    lease=job.lease,
-                    code_sha256=CODE,
-                    result=result,
-                    result_sha256=digest,
-                    decoder="pyav",
-                ),
-                metadata=metadata,
-                timeout=RPC_TIMEOUT_S,
+            request = jobs_pb2.CompleteRequest(
+                lease=job.lease,
+                code_sha256=CODE,
+                result=result,
+                result_sha256=digest,
+                decoder="pyav",
             )
+            if config.fold:  # the places free once this job is done
+                request.then_claim.CopyFrom(_claim_request(config, config.in_flight - len(held)))
+            began = clock()
+            done = await stub.Complete(request, metadata=metadata, timeout=RPC_TIMEOUT_S)
             report.complete_s.append(clock() - began)
+            if done.claimed.HasField("job"):
+                held.extend([done.claimed.job, *done.claimed.more_jobs])
             report.cycles += 1
             with completed.get_lock():
                 completed[config.runtime_index] += 1
@@ -289,6 +318,15 @@ async def _processor(
         return report
     finally:
         await channel.close()
+
+
+def _claim_request(config: ProcessorConfig, places: int) -> jobs_pb2.ClaimRequest:
+    return jobs_pb2.ClaimRequest(
+        runtime_id=config.runtime_id,
+        code_sha256=CODE,
+        request_id=uuid.uuid4().hex,
+        max_jobs=places if config.batched else 0,
+    )
 
 
 def _empty_result(
@@ -779,14 +817,14 @@ def _print_phases(phases: Sequence[Phase], procrastinate: Phase, label: str) -> 
     say()
     say(
         f"{'phase':<34} {'cycles':>7} {'wall s':>7} {'per s':>7} "
-        f"{'claim p50/p99 ms':>17} {'heartbeat p50/p99':>18} {'complete p50/p99':>17} "
+        f"{'claim p50/p99 ms':>17} {'renewal p50/p99':>18} {'complete p50/p99':>17} "
         f"{'empty':>6}"
     )
     for phase in phases:
         say(
             f"{phase.name:<34} {phase.cycles:>7,} {phase.wall_s:>7.2f} "
             f"{phase.cycles / phase.wall_s:>7.0f} {_pair(phase.latencies('claim_s')):>17} "
-            f"{_pair(phase.latencies('heartbeat_s')):>18} "
+            f"{_pair(phase.latencies('renew_s')):>18} "
             f"{_pair(phase.latencies('complete_s')):>17} {phase.empty_claims:>6}"
         )
     say(
@@ -848,6 +886,8 @@ class Options:
     workers: int
     concurrency: int
     profile: bool
+    in_flight: int
+    batched: bool
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -880,12 +920,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="pg_stat_statements for both queues and py-spy of the coordinator (slower)",
     )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=IN_FLIGHT,
+        help=f"places per simulated processor: jobs a Claim asks for (default {IN_FLIGHT})",
+    )
+    parser.add_argument(
+        "--unbatched",
+        action="store_true",
+        help="the previous protocol: Claim of one job -> Heartbeat x2 -> Complete",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if args.runs < RUNTIMES or args.runs % RUNTIMES:
         parser.error(f"--runs must be a positive multiple of {RUNTIMES}")
     if args.latency_cycles < 1 or args.procrastinate_processes < 1:
         parser.error("--latency-cycles and --procrastinate-processes must be at least 1")
+    if args.in_flight < 1:
+        parser.error("--in-flight must be at least 1")
     if args.procrastinate_concurrency < 1:
         parser.error("--procrastinate-concurrency must be at least 1")
     options = Options(
@@ -894,6 +947,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=args.procrastinate_processes,
         concurrency=args.procrastinate_concurrency,
         profile=args.profile,
+        in_flight=1 if args.unbatched else args.in_flight,
+        batched=not args.unbatched,
     )
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -941,7 +996,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
         )
         phases: list[Phase] = []
 
-        def processor_args(expected: int, max_cycles: int) -> list[tuple[Any, ...]]:
+        def processor_args(expected: int, max_cycles: int, fold: bool) -> list[tuple[Any, ...]]:
             completed: SynchronizedArray[int] = ctx.Array("q", RUNTIMES)
             return [
                 (
@@ -953,6 +1008,9 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
                         runtime_index=index % RUNTIMES,
                         expected_jobs=expected,
                         max_cycles=max_cycles,
+                        in_flight=options.in_flight,
+                        fold=fold and options.batched,
+                        batched=options.batched,
                     ),
                     completed,
                     ready,
@@ -969,7 +1027,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             ctx,
             f"throughput ({options.runs * JOBS_PER_RUN:,} queued)",
             _processor_child,
-            processor_args(options.runs // RUNTIMES * JOBS_PER_RUN, 0),
+            processor_args(options.runs // RUNTIMES * JOBS_PER_RUN, 0, fold=True),
             cluster,
             coordinator,
             ready,
@@ -998,7 +1056,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             ctx,
             f"latency ({latency_runs * JOBS_PER_RUN:,} queued)",
             _processor_child,
-            processor_args(0, options.latency_cycles),
+            processor_args(0, options.latency_cycles, fold=False),
             cluster,
             coordinator,
             ready,

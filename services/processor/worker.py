@@ -424,8 +424,11 @@ class Processor:
                 await asyncio.sleep(pause)
                 pause = min(RETRY_MAX_PAUSE_SECONDS, 2 * pause)
                 continue
-            if isinstance(request, jobs_pb2.ReportProgressRequest):
-                # an accepted progress report renewed its lease: no heartbeat due for it
+            if isinstance(request, jobs_pb2.ReportProgressRequest) and reply.HasField(
+                "lease_expires_at"
+            ):
+                # the report renewed its lease: no heartbeat due for it (a coordinator of
+                # the previous version answers no lapse time: its reports renew nothing)
                 held = self._held.get(_lease_key(request.lease))
                 if held is not None:
                     held.renewed_at = loop.time()
