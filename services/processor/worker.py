@@ -251,6 +251,9 @@ class Processor:
         following: list[jobs_pb2.ClaimedJob] = []
         try:
             result, decoder = await self._process(job)
+            # Complete's own answer decides now: a heartbeat racing it would find the job
+            # finished and stop it between the commit and its answer
+            self._held.pop(key, None)
             reply = await self._call(
                 self.jobs.Complete,
                 jobs_pb2.CompleteRequest(
