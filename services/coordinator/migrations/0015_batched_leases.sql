@@ -33,8 +33,6 @@ DECLARE
     picked jobs%ROWTYPE;
     ids text[];
     taken_runs text[] := '{}';
-    taken_jobs integer[] := '{}';
-    answered integer;
 BEGIN
     IF NOT key_live(p_claimer, p_now) THEN
         RAISE EXCEPTION 'the claiming key was revoked or expired, or its user disabled'
@@ -48,15 +46,16 @@ BEGIN
         -- the call it repeats still runs waits for its commit, then answers its leases.
         PERFORM pg_advisory_xact_lock(hashtext('workshop.job_claim'),
                                       hashtext(p_claimer || '/' || p_request_id));
-        SELECT coalesce(array_agg(j.run_id ORDER BY array_position(ids, j.claim_request_id)),
-                        '{}'),
-               coalesce(array_agg(j.job_index
-                                  ORDER BY array_position(ids, j.claim_request_id)), '{}')
-        INTO taken_runs, taken_jobs
-        FROM jobs j
-        WHERE j.claimed_by = p_claimer AND j.claim_request_id = ANY (ids)
-          AND j.state = 'leased' AND j.lease_token IS NOT NULL AND j.lease_expires_at > p_now
-          AND j.runtime_id = p_runtime;
+        FOR picked IN
+            SELECT * FROM jobs j
+            WHERE j.claimed_by = p_claimer AND j.claim_request_id = ANY (ids)
+              AND j.state = 'leased' AND j.lease_token IS NOT NULL
+              AND j.lease_expires_at > p_now AND j.runtime_id = p_runtime
+            ORDER BY array_position(ids, j.claim_request_id)
+        LOOP
+            RETURN QUERY SELECT * FROM job_claim_answer(picked);
+            taken_runs := taken_runs || picked.run_id;
+        END LOOP;
         IF cardinality(taken_runs) = 0 THEN
             -- every lease of that claim ended: the id is forgotten, this is a new claim
             UPDATE jobs SET claim_request_id = NULL
@@ -93,21 +92,31 @@ BEGIN
                 preview_slot = NULL, claimed_by = p_claimer,
                 claim_request_id = CASE WHEN cardinality(taken_runs) = 0 THEN p_request_id
                                         ELSE p_request_id || '#' || cardinality(taken_runs) END
-            WHERE run_id = picked.run_id AND job_index = picked.job_index;
+            WHERE run_id = picked.run_id AND job_index = picked.job_index
+            RETURNING * INTO picked;
+            RETURN QUERY SELECT * FROM job_claim_answer(picked);
             taken_runs := taken_runs || picked.run_id;
-            taken_jobs := taken_jobs || picked.job_index;
         END LOOP;
         PERFORM pg_notify('workshop_run', r) FROM (SELECT DISTINCT unnest(taken_runs) AS r) t;
     END IF;
+END;
+$$;
+
+-- A leased job as a Claim answers it: with its recording's facts, read after the lease
+-- (one primary-key probe). A leased job without its recording is a broken snapshot: the
+-- claim fails and its lease is rolled back.
+CREATE FUNCTION job_claim_answer(p_job jobs) RETURNS TABLE (
+    job jobs, recording_sha256 text, recording_byte_size bigint, recording_object_key text,
+    recording_start_at timestamptz, recording_end_at timestamptz,
+    recording_fps double precision
+) LANGUAGE plpgsql ROWS 1 AS $$
+BEGIN
     RETURN QUERY
-        SELECT j, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
-        FROM unnest(taken_runs, taken_jobs) WITH ORDINALITY AS t (run_id, job_index, ordinal)
-        JOIN jobs j ON j.run_id = t.run_id AND j.job_index = t.job_index
-        JOIN snapshot_recordings sr ON sr.run_id = t.run_id AND sr.job_index = t.job_index
-        ORDER BY t.ordinal;
-    GET DIAGNOSTICS answered = ROW_COUNT;
-    IF answered <> cardinality(taken_runs) THEN
-        RAISE EXCEPTION 'a job leased for runtime % has no snapshot recording', p_runtime;
+        SELECT p_job, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
+        FROM snapshot_recordings sr
+        WHERE sr.run_id = p_job.run_id AND sr.job_index = p_job.job_index;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job %/% has no snapshot recording', p_job.run_id, p_job.job_index;
     END IF;
 END;
 $$;
