@@ -609,6 +609,7 @@ DECLARE
     picked jobs%ROWTYPE;
     ids text[];
     taken_runs text[] := '{}';
+    ended boolean := false;
 BEGIN
     IF NOT key_live(p_claimer, p_now) THEN
         RAISE EXCEPTION 'the claiming key was revoked or expired, or its user disabled'
@@ -625,14 +626,18 @@ BEGIN
         FOR picked IN
             SELECT * FROM jobs j
             WHERE j.claimed_by = p_claimer AND j.claim_request_id = ANY (ids)
-              AND j.state = 'leased' AND j.lease_token IS NOT NULL
-              AND j.lease_expires_at > p_now AND j.runtime_id = p_runtime
             ORDER BY array_position(ids, j.claim_request_id)
         LOOP
-            RETURN QUERY SELECT * FROM job_claim_answer(picked);
-            taken_runs := taken_runs || picked.run_id;
+            -- answered again only while held (fence 1 would refuse a lapsed lease)
+            IF picked.state = 'leased' AND picked.lease_token IS NOT NULL
+               AND picked.lease_expires_at > p_now AND picked.runtime_id = p_runtime THEN
+                RETURN QUERY SELECT * FROM job_claim_answer(picked);
+                taken_runs := taken_runs || picked.run_id;
+            ELSE
+                ended := true;
+            END IF;
         END LOOP;
-        IF cardinality(taken_runs) = 0 THEN
+        IF cardinality(taken_runs) = 0 AND ended THEN
             -- every lease of that claim ended: the id is forgotten, this is a new claim
             UPDATE jobs SET claim_request_id = NULL
             WHERE claimed_by = p_claimer AND claim_request_id = ANY (ids);
