@@ -215,6 +215,7 @@ class RunModel:
         if reason:
             return refused(reason), None, False
         job = self.jobs[lease.job_index]
+        job.lease_expires_at = self.lease_until(job, now)  # a report renews its lease
         changes = percent > job.progress or (phase is not None and phase != job.phase)
         if job.progress_updates < MAX_PROGRESS_UPDATES and changes:
             job.progress = max(job.progress, percent)

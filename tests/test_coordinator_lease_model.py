@@ -401,26 +401,40 @@ class LeaseMachine(RuleBasedStateMachine):
     def claim(self, processor: int) -> None:
         self.take(processor)
 
-    def take(self, processor: int) -> Lease | None:
-        """Claim: the model's next job under a new lease, or nothing."""
+    @rule(processor=st.integers(0, 1), max_jobs=st.integers(2, 4))
+    def claim_many(self, processor: int, max_jobs: int) -> None:
+        """A batched Claim: the model's next jobs, one after another, each its own lease."""
+        self.take(processor, max_jobs)
+
+    def take(self, processor: int, max_jobs: int = 0) -> Lease | None:
+        """Claim: the model's next job(s) under new leases, or nothing; the first lease."""
         now = self.now()
-        expected = self.model.next_claim(now)
         reply, outcome = self.rpc(
             lambda: self.c.jobs.Claim(
                 jobs_pb2.ClaimRequest(
-                    runtime_id=self.shared.s.world.tracking_runtime, code_sha256=CODE
+                    runtime_id=self.shared.s.world.tracking_runtime,
+                    code_sha256=CODE,
+                    max_jobs=max_jobs,
                 ),
                 metadata=self.processor(processor),
             )
         )
         assert outcome == OK, self.differs("Claim", outcome, OK)
         assert reply is not None
-        if expected is None:
-            got = reply.job.lease if reply.HasField("job") else None
-            assert got is None, self.differs("Claim leased", got, None)
-            return None
-        assert reply.HasField("job"), self.differs("Claim leased", None, expected.index)
-        job = reply.job
+        got = [reply.job, *reply.more_jobs] if reply.HasField("job") else []
+        taken: list[Lease] = []
+        for position in range(max(1, max_jobs)):
+            expected = self.model.next_claim(now)
+            if expected is None:
+                left = [j.lease.job_id for j in got[position:]]
+                assert left == [], self.differs("Claim leased", left, [])
+                break
+            assert position < len(got), self.differs("Claim leased", None, expected.index)
+            taken.append(self.taken(got[position], expected, now))
+        return taken[0] if taken else None
+
+    def taken(self, job: jobs_pb2.ClaimedJob, expected: Job, now: datetime) -> Lease:
+        """One job of a Claim's answer, checked against the model's next claim."""
         got_lease = (job.lease.run_id, job.lease.job_id, job.lease.generation)
         want_lease = (self.run_id, f"j{expected.index}", expected.generation + 1)
         assert got_lease == want_lease, self.differs("Claim lease", got_lease, want_lease)
@@ -435,6 +449,7 @@ class LeaseMachine(RuleBasedStateMachine):
         assert got_facts == want_facts, self.differs("Claim facts", got_facts, want_facts)
         lease = Lease(expected.index, job.lease.generation, job.lease.token)
         assert lease not in self.leases, f"a lease was issued twice: {lease}"
+        assert all(lease.token != other.token for other in self.leases), "a token twice"
         self.leases.append(lease)
         self.latest[expected.index] = lease
         return lease
@@ -459,6 +474,35 @@ class LeaseMachine(RuleBasedStateMachine):
             assert was_live, f"a heartbeat under a dead lease was accepted: {lease}"
             got = aware(reply.lease_expires_at)
             assert got == until, self.differs("Heartbeat lease_expires_at", got, until)
+
+    @precondition(lambda self: bool(self.leases))
+    @rule(data=st.data(), processor=st.integers(0, 1), count=st.integers(1, 4))
+    def heartbeat_many(self, data: st.DataObject, processor: int, count: int) -> None:
+        """One Heartbeat of several leases (live, stale, forged, repeated): each answered
+        as a single Heartbeat of it would be, in job order (the coordinator's), and a
+        lost one never stops the others."""
+        leases = [self.pick_lease(data) for _ in range(count)]
+        now = self.now()
+        was_live = [self.model.live(lease, now) for lease in leases]
+        want: list[tuple[Outcome, datetime | None]] = [(OK, None)] * count
+        for position in sorted(range(count), key=lambda i: leases[i].job_index):
+            want[position] = self.model.heartbeat(leases[position], now)
+        reply, outcome = self.rpc(
+            lambda: self.c.jobs.Heartbeat(
+                jobs_pb2.HeartbeatRequest(leases=[self.ref(lease) for lease in leases]),
+                metadata=self.processor(processor),
+            )
+        )
+        assert outcome == OK, self.differs("batched Heartbeat", outcome, OK)
+        assert reply is not None
+        got = [
+            (OK, aware(r.lease_expires_at)) if r.renewed else (refused(r.reason), None)
+            for r in reply.renewals
+        ]
+        assert got == want, self.differs(f"batched Heartbeat {leases}", got, want)
+        for position, (answer, _until) in enumerate(got):
+            if answer == OK:
+                assert was_live[position], f"a dead lease was renewed: {leases[position]}"
 
     @precondition(lambda self: bool(self.leases))
     @rule(
@@ -487,6 +531,9 @@ class LeaseMachine(RuleBasedStateMachine):
             assert was_live, f"progress under a dead lease was accepted: {lease}"
             got = (reply.percent, reply.persisted)
             assert got == (stored, persisted), self.differs("progress", got, (stored, persisted))
+            until = self.model.jobs[lease.job_index].lease_expires_at
+            renewed = aware(reply.lease_expires_at)
+            assert renewed == until, self.differs("progress lease_expires_at", renewed, until)
 
     @precondition(lambda self: bool(self.leases))
     @rule(
