@@ -367,10 +367,11 @@ class Processor:
                 log.warning("heartbeat failed: %s", error)
                 continue
             for held in due:
-                if id(held) in lost:
-                    held.work.cancel()
-                else:
+                if id(held) not in lost:
                     held.renewed_at = now
+                elif self._held.get(_lease_key(held.lease)) is held:
+                    # still working under it (not in its Complete, whose answer decides)
+                    held.work.cancel()
 
     async def _renew(self, due: list[Held]) -> set[int]:
         """Heartbeats `due`; answers the ids of those whose lease was lost. A coordinator of

@@ -284,6 +284,14 @@ def pools(world: World) -> Pools:
     return Pools(by_field={**strings, **numbers, "image": [world.image]}, strings=everything)
 
 
+def _then_claim(request: jobs_pb2.CompleteRequest, runtime_id: str) -> jobs_pb2.CompleteRequest:
+    """A Complete that also claims the next job (batched leases)."""
+    request.then_claim.CopyFrom(
+        jobs_pb2.ClaimRequest(runtime_id=runtime_id, code_sha256=CODE, max_jobs=2)
+    )
+    return request
+
+
 def examples(world: World) -> dict[str, list[Message]]:
     """Valid requests of the world for some RPCs, which the sweep overrides field by field."""
     job, s = world.job, world.setup
@@ -301,15 +309,24 @@ def examples(world: World) -> dict[str, list[Message]]:
         "/workshop.v1.WorkshopService/GetRun": [ws.GetRunRequest(run_id="r1")],
         "/workshop.v1.WorkshopService/WatchRun": [ws.WatchRunRequest(run_id="r1")],
         "/workshop.v1.JobService/Claim": [
-            jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE)
+            jobs_pb2.ClaimRequest(runtime_id=s.world.tracking_runtime, code_sha256=CODE),
+            jobs_pb2.ClaimRequest(
+                runtime_id=s.world.tracking_runtime, code_sha256=CODE, max_jobs=3
+            ),
         ],
-        "/workshop.v1.JobService/Heartbeat": [jobs_pb2.HeartbeatRequest(lease=lease)],
+        "/workshop.v1.JobService/Heartbeat": [
+            jobs_pb2.HeartbeatRequest(lease=lease),
+            jobs_pb2.HeartbeatRequest(leases=[lease, lease]),
+        ],
         "/workshop.v1.JobService/ReportProgress": [
             jobs_pb2.ReportProgressRequest(
                 lease=lease, percent=10, phase=common_pb2.JOB_PHASE_DECODING
             )
         ],
-        "/workshop.v1.JobService/Complete": [complete_request(job, empty_result(job))],
+        "/workshop.v1.JobService/Complete": [
+            complete_request(job, empty_result(job)),
+            _then_claim(complete_request(job, empty_result(job)), s.world.tracking_runtime),
+        ],
         "/workshop.v1.PublicationService/CheckLease": [
             pub.CheckLeaseRequest(lease=lease, code_sha256=CODE)
         ],
