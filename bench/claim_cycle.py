@@ -315,6 +315,13 @@ async def _processor(
                 completed[config.runtime_index] += 1
         report.finished = time.monotonic()
         report.cpu_s = _self_cpu_s() - cpu
+        # Jobs claimed for places not used before the last cycle go back, as a processor
+        # that stops hands them back: left leased, they would hold their run at the head
+        # of the queue and the other processor of the runtime would find nothing to claim.
+        for job in held:
+            await stub.Release(
+                jobs_pb2.ReleaseRequest(lease=job.lease), metadata=metadata, timeout=RPC_TIMEOUT_S
+            )
         return report
     finally:
         await channel.close()
