@@ -5,9 +5,10 @@ import { ApiError, Unreachable } from "./api.js";
 import { h, show } from "./dom.js";
 import { loginView } from "./login.js";
 import { parseRoute, sessionEnded } from "./nav.js";
+import { runView } from "./run.js";
 import { runsView } from "./runs.js";
 
-const VIEWS = { login: loginView, runs: runsView };
+const VIEWS = { login: loginView, runs: runsView, run: runView };
 
 const account = () => document.getElementById("account");
 const main = () => document.getElementById("main");
