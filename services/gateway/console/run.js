@@ -378,8 +378,8 @@ export async function runView({ main, account, id, alive }) {
           const c = r.counts;
           const committed = c.slots_frame + c.slots_empty + c.slots_dropped;
           return h("li", { "data-run-id": other }, link,
-            ` ${r.status}: ${c.jobs_completed} of ${c.jobs_total} jobs done, ` +
-            `${committed} of ${c.slots_expected} slots (${percent(committed, c.slots_expected)}%)`);
+            ` ${r.status}: jobs ${c.jobs_completed} of ${c.jobs_total} done, ` +
+            `slots ${committed} of ${c.slots_expected} (${percent(committed, c.slots_expected)}%)`);
         }));
       });
   }

@@ -41,7 +41,7 @@ export async function runForm() {
   const answer = await api("GET", "/api/workshop/workflows", { query: { page_size: "200" } });
   const workflows = answer.workflows;
   const error = h("p", { id: "run-error", class: "error", role: "alert", hidden: true });
-  const runtimeNote = h("p", { id: "run-runtime-note", class: "muted", role: "status" });
+  const runtimeNote = h("p", { id: "run-runtime-note", class: "muted", "aria-live": "polite" });
   if (workflows.length === 0) {
     return h(
       "section", { class: "panel create-run", "aria-labelledby": "create-title" },
@@ -60,7 +60,7 @@ export async function runForm() {
   const limitField = h("div", { class: "field" },
     h("label", { for: "run-limit", text: "Image limit" }), limit,
     h("span", { id: "run-limit-help", class: "muted", text: "Test runs: 1 to 100 images." }));
-  const runtime = h("output", { id: "run-runtime", for: "run-workflow", "aria-describedby": "run-runtime-note" });
+  const runtime = h("span", { id: "run-runtime", class: "runtime", "aria-describedby": "run-runtime-note" });
   const runId = h("input", {
     id: "run-id", name: "id", autocomplete: "off", spellcheck: "false", required: true,
     maxlength: "128", "aria-describedby": "run-id-help",
@@ -128,6 +128,9 @@ export async function runForm() {
     chooseRuntime();
   });
   runId.addEventListener("input", () => { idTouched = true; });
+  for (const input of [runId, limit]) {
+    input.addEventListener("input", () => input.removeAttribute("aria-invalid"));
+  }
   test.addEventListener("change", modeChanged);
   full.addEventListener("change", modeChanged);
 
@@ -161,7 +164,7 @@ export async function runForm() {
 
   const form = h(
     "form", { id: "create-run", onsubmit, "aria-describedby": "run-error" },
-    h("div", { class: "field" }, h("label", { for: "run-workflow", text: "Workflow" }), workflow),
+    h("div", { class: "field" }, h("label", { for: "run-workflow", text: "Workflow to run" }), workflow),
     h("fieldset", { class: "field" }, h("legend", { text: "Mode" }),
       h("span", { class: "choice" }, test, h("label", { for: "run-mode-test", text: "Test (images kept for an hour)" })),
       h("span", { class: "choice" }, full, h("label", { for: "run-mode-full", text: "Full (saved into buckets)" }))),
