@@ -10,6 +10,7 @@ Writes docs/screenshots/runs-create.png (the form) and docs/screenshots/run.png.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from testbed.harness.browser import SCREENSHOTS, needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
-from tests.processor_world import build_world, running_processor, yard_spec
+from tests.processor_world import build_world, finished, put_recording, running_processor, yard_spec
+from workshop.v1 import common_pb2
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.triton, needs_chromium]
 
@@ -119,6 +121,7 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
 
     await page.route_web_socket("**/api/workshop/runs/r-ahead/live", relay)
     await page.goto("/#/run/r-ahead")
+    await expect(page.get_by_role("heading", name="Run r-ahead")).to_be_focused()
     note = page.locator("#live-note")
     await expect(note).to_have_attribute("data-mode", "live")
     await expect(note).to_have_attribute("data-messages", "1")
@@ -137,6 +140,7 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
 
         # The form: the runtime the website's rule picks (the processor has checked in).
         await page.goto("/#/runs")
+        await expect(page.get_by_role("heading", name="Runs")).to_be_focused()
         form = page.locator("#create-run")
         await expect(page.locator("#run-runtime")).to_have_text(world.runtime_id)
         await expect(page.get_by_label("Workflow to run")).to_have_value("yard")
@@ -218,3 +222,62 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
     await page.goto("/#/runs")
     await page.locator("tr[data-run-id='r-ahead'] a").click()
     await expect(page.get_by_role("heading", name="Run r-ahead")).to_be_focused()
+
+    async with running_processor(c, preview, triton_server, world.runtime_id):
+        # 100 images arriving live: each image's node is made once and kept while later
+        # messages arrive (the ones on the page early are still the same nodes at the end).
+        dense = yard_spec(world.model)
+        dense.graph.steps[1].sample.interval_seconds = 0.2
+        await save_workflow(c, "dense", dense)
+        body = {**run_body("r-dense", world.runtime_id, 100), "workflow_id": "dense"}
+        created = await ada.client.post("/api/workshop/runs", json=body)
+        assert created.status_code == 200, created.text
+        await page.goto("/#/run/r-dense")
+        await expect(page.get_by_role("heading", name="Run r-dense")).to_be_focused()
+        figures = page.locator("#images figure")
+        await expect(figures.first).to_be_visible(timeout=30_000)
+        early = await page.evaluate(
+            """() => [...document.querySelectorAll('#images figure')].map((figure) => {
+              figure.dataset.early = 'yes'; return figure.dataset.itemId; })"""
+        )
+        await expect(page.locator("#run-status")).to_have_text("completed", timeout=60_000)
+        await expect(figures).to_have_count(100)
+    kept = await page.locator("#images figure[data-early='yes']").evaluate_all(
+        "(nodes) => nodes.map((node) => node.dataset.itemId)"
+    )
+    assert sorted(kept) == sorted(early)
+    messages = await note.get_attribute("data-messages")
+    print(f"r-dense: {len(early)} images on the page early, {messages} live messages")
+    started = time.monotonic()
+    await page.reload()
+    await expect(figures).to_have_count(100)
+    painted_ms = (time.monotonic() - started) * 1000
+    print(f"run page with 100 images painted {painted_ms:.0f} ms after the reload began")
+    assert painted_ms < 1000
+
+    # A full run links to its review; once cam-a's recording is replaced, the items it
+    # saved from the old generation are flagged stale in the provenance panel.
+    full = {**run_body("r-full", world.runtime_id, 0), "mode": "full", "image_limit": None}
+    async with running_processor(c, preview, triton_server, world.runtime_id):
+        created = await ada.client.post("/api/workshop/runs", json=full)
+        assert created.status_code == 200, created.text
+        assert (await finished(c, "r-full")).run.status == common_pb2.RUN_STATUS_COMPLETED
+    await put_recording(c, preview, "cam-a-0", "cam-a", world.files["cam-a"])
+    review = (await ada.client.get("/api/workshop/runs/r-full/review")).json()
+    stale = Counter(
+        i["item"]["recording_id"] for i in review["items"] if not i["item"]["output_current"]
+    )
+    assert stale == {"cam-a-0": 10}
+    await page.goto("/#/run/r-full")
+    await expect(page.get_by_role("heading", name="Run r-full")).to_be_focused()
+    await expect(page.get_by_role("link", name="Review what it saved")).to_have_attribute(
+        "href", "#/review/r-full"
+    )
+    panel = page.get_by_role("region", name="Provenance")
+    await expect(panel.locator("li[data-recording-id='cam-a-0'] .stale")).to_have_text(
+        "stale: 10 saved items from an older generation"
+    )
+    await expect(panel.locator("li[data-recording-id='cam-b-0'] .stale")).to_have_count(0)
+    await expect(page.locator("#run-expiry")).to_have_text(
+        "Full run: results are saved into its buckets."
+    )

@@ -223,8 +223,7 @@ async function provenance(runId, mode) {
   const more = answer.next_page_token
     ? h("p", { class: "muted", text: `First ${answer.recordings.length} of ${s.recording_count} recordings.` })
     : null;
-  return h(
-    "section", { class: "panel", "aria-labelledby": "provenance-title" },
+  return [
     h("h2", { id: "provenance-title", text: "Provenance" }),
     h("dl", { class: "facts" },
       definition("Workflow", `${s.workflow_id || "photo"}, revision ${s.workflow_revision}`),
@@ -234,17 +233,17 @@ async function provenance(runId, mode) {
       definition("Recordings SHA-256", sha(s.recordings_sha256))),
     h("h3", { text: "Pinned models" }), models,
     h("h3", { text: `Recordings (${s.recording_count})` }), recordings, more,
-  );
+  ];
 }
 
 export async function runView({ main, account, id, alive }) {
   const runId = id;
-  const session = await currentSession();
-  const first = await api("GET", runPath(runId), { query: { job_limit: String(JOB_LIMIT) } });
-  const snapshotPanel = await provenance(runId, first.detail.run.mode).catch((error) => {
-    if (error instanceof ApiError && error.status === 401) throw error;
-    return h("p", { class: "error", role: "alert", text: `Provenance: ${error.message}` });
-  });
+  // The session (which also holds the CSRF token Cancel needs) and the run at once; the
+  // provenance panel follows when its reads answer, after the page painted.
+  const [session, first] = await Promise.all([
+    currentSession(),
+    api("GET", runPath(runId), { query: { job_limit: String(JOB_LIMIT) } }),
+  ]);
   if (!alive()) return;
   accountBar(account, session);
 
@@ -266,6 +265,8 @@ export async function runView({ main, account, id, alive }) {
   const jobsNote = h("p", { class: "muted" });
   const gallery = h("div", { id: "images", class: "images" });
   const imagesNote = h("p", { class: "muted" });
+  const snapshotPanel = h("section", { id: "provenance", class: "panel", "aria-labelledby": "provenance-title" },
+    h("h2", { id: "provenance-title", text: "Provenance" }), h("p", { class: "muted", text: "Loading…" }));
 
   const jobViews = new Map();
   const imageViews = new Map();
@@ -501,6 +502,15 @@ export async function runView({ main, account, id, alive }) {
   document.title = `Run ${runId} · Workshop`;
   paint();
   heading.focus();
+  provenance(runId, first.detail.run.mode).then(
+    (parts) => { if (!stopped) show(snapshotPanel, parts); },
+    (error) => {
+      if (stopped) return;
+      if (error instanceof ApiError && error.status === 401) { stop(); sessionEnded(); return; }
+      show(snapshotPanel, h("h2", { id: "provenance-title", text: "Provenance" }),
+        h("p", { class: "error", role: "alert", text: `The snapshot could not be read: ${error.message}` }));
+    },
+  );
   ticker = setInterval(tick, 1000);
   if (FINAL.has(detail.run.status)) {
     liveNote.dataset.mode = "final";
