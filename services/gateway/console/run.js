@@ -169,7 +169,13 @@ class ImageView {
     // exactly the displayed image, they scale with it.
     show(this.boxes, image.boxes.map((box, index) => {
       const label = `${box.class_name} ${box.score.toFixed(2)}`;
-      const node = h("div", { class: "box", "data-box-index": index }, h("span", { text: label }));
+      // The label sits above the box, inside it at the frame's top edge, and ends at the
+      // box's right edge near the frame's right side, so it stays on the image.
+      const where = [box.y < 0.08 ? "label-inside" : "", box.x + box.w > 0.75 ? "label-right" : ""];
+      const node = h(
+        "div", { class: ["box", ...where].filter(Boolean).join(" "), "data-box-index": index },
+        h("span", { text: label }),
+      );
       node.style.left = `${box.x * 100}%`;
       node.style.top = `${box.y * 100}%`;
       node.style.width = `${box.w * 100}%`;
@@ -502,6 +508,8 @@ export async function runView({ main, account, id, alive }) {
   document.title = `Run ${runId} · Workshop`;
   paint();
   heading.focus();
+  // When the first detail was on the page (bench and tests read it; see docs/console.md).
+  performance.mark("workshop:run-painted");
   provenance(runId, first.detail.run.mode).then(
     (parts) => { if (!stopped) show(snapshotPanel, parts); },
     (error) => {
