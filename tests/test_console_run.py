@@ -124,18 +124,28 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
     note = page.locator("#live-note")
     await expect(note).to_have_attribute("data-mode", "live")
     await expect(note).to_have_attribute("data-messages", "1")
-    [socket] = sockets
-    await socket.close(code=1001, reason="test closed the socket")
-    await expect(note).to_have_text(
+    stopped = (
         "Live updates stopped (test closed the socket); checking the run every 3 seconds instead."
     )
+    await sockets[0].close(code=1001, reason="test closed the socket")
+    await expect(note).to_have_text(stopped)
     await expect(note).to_have_attribute("data-mode", "polling")
+    # The user may try the socket again: live (a new connection and its first message),
+    # until the test closes that one too.
+    await page.get_by_role("button", name="Try live updates again").click()
+    await expect(note).to_have_attribute("data-mode", "live")
+    await expect(note).to_have_attribute("data-messages", "2")
+    assert len(sockets) == 2
+    await sockets[1].close(code=1001, reason="test closed the socket")
+    await expect(note).to_have_text(stopped)
 
     async with running_processor(c, preview, triton_server, world.runtime_id):
         # The polling page sees r-ahead run to completion.
         await expect(page.locator("#run-status")).to_have_text("completed", timeout=30_000)
         await expect(page.locator("#images figure")).to_have_count(4)
         await expect(note).to_have_text("The run is completed; nothing more will change.")
+        await expect(note).to_have_attribute("data-mode", "final")
+        await expect(page.get_by_role("button", name="Try live updates again")).to_be_hidden()
 
         # The form: the runtime the website's rule picks (the processor has checked in).
         await page.goto("/#/runs")

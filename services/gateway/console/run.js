@@ -169,9 +169,9 @@ class ImageView {
     // exactly the displayed image, they scale with it.
     show(this.boxes, image.boxes.map((box, index) => {
       const label = `${box.class_name} ${box.score.toFixed(2)}`;
-      // The label sits above the box, inside it at the frame's top edge, and ends at the
+      // The label sits above the box, below it at the frame's top edge, and ends at the
       // box's right edge near the frame's right side, so it stays on the image.
-      const where = [box.y < 0.08 ? "label-inside" : "", box.x + box.w > 0.75 ? "label-right" : ""];
+      const where = [box.y < 0.08 ? "label-below" : "", box.x + box.w > 0.75 ? "label-right" : ""];
       const node = h(
         "div", { class: ["box", ...where].filter(Boolean).join(" "), "data-box-index": index },
         h("span", { text: label }),
@@ -266,6 +266,7 @@ export async function runView({ main, account, id, alive }) {
   const cancelNote = h("p", { id: "cancel-note", role: "status" });
   const cancelError = h("p", { class: "error", role: "alert", hidden: true });
   const cancel = h("button", { type: "button", id: "cancel", class: "danger", text: "Cancel run" });
+  const retry = h("button", { type: "button", id: "live-retry", class: "secondary", text: "Try live updates again", hidden: true });
   const review = h("a", { id: "review-link", href: `#/review/${encodeURIComponent(runId)}`, text: "Review what it saved" });
   const jobList = h("ol", { id: "jobs", class: "jobs" });
   const jobsNote = h("p", { class: "muted" });
@@ -416,14 +417,17 @@ export async function runView({ main, account, id, alive }) {
     if (!alive()) return stop();
     try {
       const answer = await api("GET", runPath(runId), { query: { job_limit: String(JOB_LIMIT) } });
-      if (stopped) return undefined;
+      if (stopped || liveNote.dataset.mode !== "polling") return undefined; // live again
       receive(answer.detail);
       if (FINAL.has(answer.detail.run.status)) {
         setText(liveNote, `The run is ${answer.detail.run.status}; nothing more will change.`);
+        liveNote.dataset.mode = "final";
+        retry.hidden = true;
         return undefined;
       }
     } catch (error) {
       if (error instanceof ApiError && error.status === 401) { stop(); sessionEnded(); return undefined; }
+      if (stopped || liveNote.dataset.mode !== "polling") return undefined;
       setText(liveNote, `Live updates stopped; the last check failed (${error.message}). ` +
         `Trying again every ${POLL_SECONDS} seconds.`);
     }
@@ -436,9 +440,18 @@ export async function runView({ main, account, id, alive }) {
     if (stopped || FINAL.has(detail.run.status)) return;
     setText(liveNote, `Live updates stopped (${why}); checking the run every ${POLL_SECONDS} seconds instead.`);
     liveNote.dataset.mode = "polling";
+    retry.hidden = false;
     clearTimeout(pollTimer);
     pollTimer = setTimeout(poll, POLL_SECONDS * 1000);
   }
+
+  retry.addEventListener("click", () => {
+    clearTimeout(pollTimer);
+    retry.hidden = true;
+    liveNote.dataset.mode = "connecting";
+    setText(liveNote, "Connecting to live updates…");
+    connect();
+  });
 
   function connect() {
     const scheme = window.location.protocol === "https:" ? "wss" : "ws";
@@ -494,7 +507,7 @@ export async function runView({ main, account, id, alive }) {
     h("section", { class: "panel run-head", "aria-labelledby": "status-title" },
       h("h2", { id: "status-title", class: "visually-hidden", text: "Status" }),
       h("p", {}, "Status: ", status), facts, counts, expiry, liveNote,
-      h("div", { class: "actions" }, cancel, review), cancelNote, cancelError),
+      h("div", { class: "actions" }, cancel, retry, review), cancelNote, cancelError),
     waiting,
     h("section", { "aria-labelledby": "jobs-title" },
       h("h2", { id: "jobs-title", text: "Jobs" }),
