@@ -110,6 +110,19 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
     assert behind["run"]["status"] == "cancelled"
     assert behind["run"]["counts"]["jobs_cancelled"] == 1
 
+    # No processor has checked in yet: the form says why it cannot create a run.
+    await page.goto("/#/runs")
+    await expect(page.get_by_role("heading", name="Runs")).to_be_focused()
+    await expect(page.locator("#run-runtime")).to_have_text("none")
+    await expect(page.locator("#run-runtime-note")).to_contain_text(
+        "No runtime checked in within the last 2 minutes"
+    )
+    await expect(page.get_by_role("button", name="Create run")).to_be_disabled()
+    await page.get_by_label("Full (saved into buckets)").check()
+    await expect(page.get_by_label("Image limit")).to_be_hidden()
+    await page.get_by_label("Test (images kept for an hour)").check()
+    await expect(page.get_by_label("Image limit")).to_be_visible()
+
     # r-ahead's page follows it live; the test then closes its socket (the page's end of
     # the real connection, relayed by Playwright): the page says so and polls instead.
     sockets: list[WebSocketRoute] = []
