@@ -48,6 +48,12 @@ function utc(timestamp) {
   return timestamp ? timestamp.replace("T", " ").replace(/(\.\d+)?Z$/, " UTC") : "";
 }
 
+function creator(principal) {
+  if (!principal) return "someone";
+  if (principal.user_id) return principal.display_name || principal.user_id;
+  return principal.key_id ? `key ${principal.key_id}` : "an operator";
+}
+
 function percent(part, whole) {
   return whole > 0 ? Math.round((100 * part) / whole) : 0;
 }
@@ -295,7 +301,7 @@ export async function runView({ main, account, id, alive }) {
     setText(status, run.status);
     status.className = `status status-${run.status}`;
     setText(facts, `${run.mode} run of ${run.workflow_id || "a photo"} (revision ${run.workflow_revision}) ` +
-      `on runtime ${run.runtime_id}, created ${age(run.created_at)} by ${run.created_by?.user_id || "a key"}` +
+      `on runtime ${run.runtime_id}, created ${age(run.created_at)} by ${creator(run.created_by)}` +
       (run.finished_at ? `, finished ${utc(run.finished_at)}` : ""));
     const c = run.counts;
     const committed = c.slots_frame + c.slots_empty + c.slots_dropped;
