@@ -222,6 +222,7 @@ class Doctor:
                 access_key=s.s3_access_key,
                 secret_key=s.s3_secret_key,
                 secure=s.s3_secure,
+                region="us-east-1",  # as the processor's RecordingStore: no location lookup
             )
             return client.bucket_exists(s.recordings_bucket)
 

@@ -117,7 +117,7 @@ def plan(
     return planned
 
 
-def _s3(endpoint: str, access_key: str, secret_key: str, secure: bool) -> Minio:
+def _s3(endpoint: str, access_key: str, secret_key: str, secure: bool, region: str) -> Minio:
     if not (endpoint and access_key and secret_key):
         fail(
             "INVALID_FIELD",
@@ -125,7 +125,9 @@ def _s3(endpoint: str, access_key: str, secret_key: str, secure: bool) -> Minio:
             "(or WORKSHOP_S3_ENDPOINT, WORKSHOP_S3_ACCESS_KEY, WORKSHOP_S3_SECRET_KEY)",
             code=2,
         )
-    return Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure)
+    return Minio(
+        endpoint, access_key=access_key, secret_key=secret_key, secure=secure, region=region
+    )
 
 
 def upload(client: Minio, bucket: str, item: Planned) -> None:
@@ -221,6 +223,7 @@ def import_recordings(
     s3_access_key: str = typer.Option("", envvar="WORKSHOP_S3_ACCESS_KEY"),
     s3_secret_key: str = typer.Option("", envvar="WORKSHOP_S3_SECRET_KEY", show_default=False),
     s3_secure: bool = typer.Option(False, envvar="WORKSHOP_S3_SECURE", help="HTTPS to S3"),
+    s3_region: str = typer.Option("us-east-1", envvar="WORKSHOP_S3_REGION"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would be imported"),
 ) -> None:
     """Upload recordings to the recordings bucket and register their cameras and recordings.
@@ -234,7 +237,7 @@ def import_recordings(
         emit(opts, rows, table=rows, title="would import (nothing was uploaded)")
         return
     opts.secret(), opts.target()  # a missing key or address ends it before any upload
-    client = _s3(s3_endpoint, s3_access_key, s3_secret_key, s3_secure)
+    client = _s3(s3_endpoint, s3_access_key, s3_secret_key, s3_secure, s3_region)
     for item in items:
         upload(client, bucket, item)
     rows = register(opts, items)
