@@ -6,18 +6,20 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import typer
-from minio import Minio
-from minio.error import MinioException, S3Error
 
-from tools.cli import media
 from tools.cli.context import Options, fail, options, run
 from tools.cli.output import as_dict, emit
 from workshop.kit.cli import Metadata
 from workshop.v1 import operator_pb2 as op
+
+if TYPE_CHECKING:  # PyAV and minio load when a command needs them (start-up time)
+    from minio import Minio
+
+    from tools.cli import media
 from workshop.v1 import operator_pb2_grpc, resources_pb2
 
 app = typer.Typer(help="Import, list and delete recordings.", no_args_is_help=True)
@@ -82,6 +84,8 @@ def plan(
 ) -> list[Planned]:
     """Every file with its camera, start, duration, fps and digest; a file that lacks one
     ends the command before anything is uploaded."""
+    from tools.cli import media
+
     files = _files(path)
     if len(files) > 1 and (start or recording_id):
         fail(
@@ -118,6 +122,8 @@ def plan(
 
 
 def _s3(endpoint: str, access_key: str, secret_key: str, secure: bool, region: str) -> Minio:
+    from minio import Minio
+
     if not (endpoint and access_key and secret_key):
         fail(
             "INVALID_FIELD",
@@ -133,6 +139,8 @@ def _s3(endpoint: str, access_key: str, secret_key: str, secure: bool, region: s
 def upload(client: Minio, bucket: str, item: Planned) -> None:
     """Puts the file (unless the same bytes are there) and checks that the object is there
     with its size: a recording is never registered for an object the store lacks."""
+    from minio.error import MinioException, S3Error
+
     try:
         client.fput_object(bucket, item.object_key, str(item.path))
         stat = client.stat_object(bucket, item.object_key)
