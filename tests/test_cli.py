@@ -101,7 +101,6 @@ async def test_runs_dry_run_create_list_get_explain_cancel(coordinator: Coordina
     retry, conflict, second = await asyncio.gather(
         workshop(c, "-o", "json", *create, "r1", "--mode", "full"),
         workshop(c, *create, "r1", "--mode", "test"),
-        # the default runtime: the newest that checked in (ChooseRuntime NEWEST)
         workshop(
             c,
             "-o",

@@ -32,7 +32,9 @@ async def test_watch_follows_a_real_run_to_completion(
     world = await build_world(c, preview, triton_server, tmp_path)
     await save_workflow(c, "yard", yard_spec(world.model))
     created = await workshop(
-        c, "runs", "create", "r1", "--workflow", "yard", "--mode", "test", "--image-limit", "20"
+        c,
+        *("runs", "create", "r1", "--workflow", "yard", "--runtime", world.runtime_id),
+        *("--mode", "test", "--image-limit", "20"),
     )
     assert created.code == 0, created.err
     watcher = await start(c, "-o", "jsonl", "runs", "watch", "r1")
