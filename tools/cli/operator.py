@@ -438,20 +438,31 @@ def bucket_export(
 
     async def call(channel: grpc.aio.Channel, md: Metadata) -> dict[str, Any]:
         stream = preview_pb2_grpc.PreviewServiceStub(channel).ExportBucket(request, metadata=md)
-        chunks: list[bytes] = []
-        name, items = "", 0
-        async for chunk in stream:
-            name = name or chunk.file_name
-            chunks.append(chunk.data)
-            if chunk.last:
-                items = chunk.items
-        target = out or Path(name or f"{bucket_id}-{format}.tar")
-        data = b"".join(chunks)
+        # Chunks go to a part file beside the target, renamed once the last one arrived:
+        # an export that breaks off never leaves a truncated archive under the name.
+        target = out or Path(f"{bucket_id}-{format}.tar")
+        part: Path | None = None
+        size, items, last = 0, 0, False
         try:
-            target.write_bytes(data)
+            async for chunk in stream:
+                if part is None:
+                    target = out or Path(chunk.file_name or target.name)
+                    part = target.with_name(target.name + ".part")
+                    part.write_bytes(b"")
+                with part.open("ab") as file:
+                    file.write(chunk.data)
+                size += len(chunk.data)
+                if chunk.last:
+                    items, last = chunk.items, True
+            if part is None or not last:
+                fail("UNAVAILABLE", "the export stream ended before its last chunk")
+            part.replace(target)
         except OSError as error:
             fail("INVALID_FIELD", f"cannot write {target}: {error.strerror}")
-        return {"file": str(target), "bytes": len(data), "items": items}
+        finally:
+            if part is not None:
+                part.unlink(missing_ok=True)
+        return {"file": str(target), "bytes": size, "items": items}
 
     written = run(opts, call, service="preview")
     emit(opts, written)

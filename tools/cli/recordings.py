@@ -180,7 +180,7 @@ async def _current(
     return next((r for r in page.recordings if r.recording_id == item.recording_id), None)
 
 
-def register(opts: Options, items: list[Planned]) -> list[dict[str, Any]]:
+def register(opts: Options, items: list[Planned], camera_name: str = "") -> list[dict[str, Any]]:
     """PutCamera for unknown cameras, PutRecording for each file whose recording is not
     already these bytes (a re-import changes nothing; other bytes are a new generation)."""
 
@@ -190,7 +190,9 @@ def register(opts: Options, items: list[Planned]) -> list[dict[str, Any]]:
         done = []
         for item in items:
             if item.camera_id not in known:
-                await stub.PutCamera(op.PutCameraRequest(camera_id=item.camera_id), metadata=md)
+                await stub.PutCamera(
+                    op.PutCameraRequest(camera_id=item.camera_id, name=camera_name), metadata=md
+                )
                 known.add(item.camera_id)
             current = await _current(stub, md, item)
             if current is not None and current.sha256 == item.digest.sha256:
@@ -218,6 +220,7 @@ def import_recordings(
     ctx: typer.Context,
     path: Path = typer.Argument(..., help="a video file, or a folder of them"),
     camera: str | None = typer.Option(None, help="camera id (default: from the file name)"),
+    camera_name: str = typer.Option("", help="display name of a camera this registers"),
     start: str | None = typer.Option(
         None, help="first frame's instant, ISO 8601 with offset (one file only)"
     ),
@@ -248,7 +251,7 @@ def import_recordings(
     client = _s3(s3_endpoint, s3_access_key, s3_secret_key, s3_secure, s3_region)
     for item in items:
         upload(client, bucket, item)
-    rows = register(opts, items)
+    rows = register(opts, items, camera_name)
     emit(opts, rows, table=[_short(r) for r in rows], title="recordings")
 
 
