@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from testbed.coordinator_leases import claimed, complete_request, empty_result, setup
 from testbed.coordinator_world import build_world
 from testbed.harness.coordinator import CoordinatorHarness
-from tests.cli_runner import start, workshop
+from tests.cli_runner import admin_secret, start, workshop
 from workshop.v1 import workflow_pb2
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "yard-watch.workflow.json"
@@ -68,7 +68,9 @@ async def test_workflows_from_and_to_files(coordinator: CoordinatorHarness, tmp_
     assert missing.err.startswith("workshop: NOT_FOUND: ")
 
 
-async def test_runs_dry_run_create_list_get_explain_cancel(coordinator: CoordinatorHarness) -> None:
+async def test_runs_dry_run_create_list_get_explain_cancel(
+    coordinator: CoordinatorHarness, tmp_path: Path
+) -> None:
     c = coordinator
     world = await build_world(c)
     saved = await workshop(c, "workflows", "save", "yard", str(EXAMPLE))
@@ -141,11 +143,30 @@ async def test_runs_dry_run_create_list_get_explain_cancel(coordinator: Coordina
     assert last["final"] is True
     assert last["detail"]["run"]["status"] == "RUN_STATUS_CANCELLED"
 
-    unknown, no_key, bad_mode = await asyncio.gather(
+    key_file = tmp_path / "admin.key"
+    key_file.write_text(admin_secret(c) + "\n")
+    unknown, no_key, bad_mode, from_file, last, completion = await asyncio.gather(
         workshop(c, "runs", "get", "nope"),
         workshop(c, "runs", "list", env={"WORKSHOP_KEY": ""}),
         workshop(c, *create, "r3", "--mode", "sometimes"),
+        workshop(
+            c,
+            "--key-file",
+            str(key_file),
+            "-o",
+            "json",
+            "runs",
+            "get",
+            "r1",
+            env={"WORKSHOP_KEY": ""},
+        ),
+        workshop(c, "-o", "json", "runs", "watch", "r2"),
+        workshop(None, "--show-completion", "bash"),
     )
+    assert from_file.json()["run"]["run_id"] == "r1"
+    assert (last.code, last.json()["run"]["status"]) == (4, "RUN_STATUS_CANCELLED")
+    assert completion.code == 0
+    assert "_workshop_completion" in completion.out
     assert unknown.code == 1
     assert unknown.err.startswith("workshop: NOT_FOUND: ")
     assert no_key.code == 2

@@ -13,6 +13,7 @@ import typer
 
 from tools.cli import doctor, operator, recordings, runs, workflows
 from tools.cli.context import Options
+from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
 
 OUTPUTS = ("table", "json", "jsonl")
 
@@ -39,10 +40,10 @@ app.command("doctor")(doctor.doctor)
 def root(
     ctx: typer.Context,
     coordinator: str = typer.Option(
-        "", envvar="WORKSHOP_COORDINATOR", help="coordinator gRPC address HOST:PORT"
+        "", envvar=COORDINATOR_ENV, help="coordinator gRPC address HOST:PORT"
     ),
     key: str = typer.Option(
-        "", envvar="WORKSHOP_KEY", help="the key (admin for operator commands)", show_default=False
+        "", envvar=KEY_ENV, help="the key (admin for operator commands)", show_default=False
     ),
     key_file: Path | None = typer.Option(
         None, envvar="WORKSHOP_KEY_FILE", help="a file holding the key (when --key is not given)"

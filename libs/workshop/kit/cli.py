@@ -2,7 +2,8 @@
 
 Operator commands take the coordinator's address and an admin key from flags or from the
 environment (`WORKSHOP_COORDINATOR`, `WORKSHOP_KEY`), so a key need not appear in a shell's
-history or a process list. A refused call prints the gRPC status and its message and exits 1.
+history or a process list. A refused call prints its catalog reason, message and gRPC status
+and exits 1. The `workshop` command line (tools/cli) shares `refusal` and the variables.
 """
 
 from __future__ import annotations
@@ -72,5 +73,5 @@ def call_coordinator(
         return asyncio.run(run())
     except grpc.aio.AioRpcError as error:
         reason, message, _ = refusal(error)
-        print(f"coordinator refused: {error.code().name} {reason}: {message}", file=sys.stderr)
+        print(f"coordinator refused: {reason}: {message} ({error.code().name})", file=sys.stderr)
         raise SystemExit(1) from None
