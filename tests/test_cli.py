@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from datetime import timedelta
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -179,7 +180,7 @@ async def test_watch_exit_codes_and_explain_names_the_fence(
     coordinator: CoordinatorHarness,
 ) -> None:
     """Completed 0, failed 3 (a recording deleted after admission: fence 2), cancelled 4 (above),
-    interrupted 6; the jobs are claimed and completed here as a processor would."""
+    expired 5, interrupted 6; the jobs are claimed and completed here as a processor would."""
     c = coordinator
     s = await setup(c)  # workflow yard over cam-a's two recordings, a workshop:run key
     create = ("runs", "create", "--workflow", "yard", "--runtime", s.world.tracking_runtime)
@@ -228,3 +229,10 @@ async def test_watch_exit_codes_and_explain_names_the_fence(
     assert "cam-a-0 was deleted" in failed["message"]
     assert failed["fence"].startswith("fence 2, the source")
     assert "refused by fence 2" in explained_table.out
+
+    # expired: a test run whose hour passed before it ran
+    assert (await workshop(c, *create, "r3", "--mode", "test")).code == 0
+    c.clock.advance(timedelta(hours=2))
+    expired = await workshop(c, "-o", "jsonl", "runs", "watch", "r3")
+    assert expired.code == 5
+    assert expired.lines()[-1]["detail"]["run"]["status"] == "RUN_STATUS_EXPIRED"
