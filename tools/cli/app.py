@@ -7,6 +7,7 @@ key come from options or the environment, so a key need not appear in a shell's 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -66,5 +67,12 @@ def root(
     )
 
 
+EXIT_CTRL_C = 130  # the shells' code for a command ended by SIGINT
+
+
 def main() -> None:
-    app(prog_name="workshop")
+    try:
+        app(prog_name="workshop")
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (`runs watch` exits 6 itself)
+        print("workshop: interrupted", file=sys.stderr)
+        raise SystemExit(EXIT_CTRL_C) from None
