@@ -27,6 +27,7 @@ import pytest
 
 import services.coordinator
 from services.coordinator.db import Row, sql
+from services.coordinator.status import RunCounts
 
 SOURCE = Path(services.coordinator.__file__).parent
 
@@ -159,3 +160,26 @@ async def test_row_fields_match_the_statement_columns(pg_dsn: str, use: Use) -> 
         assert name in columns, f"{use.row.__name__}.{name} has no column in {use.statement}"
         fits = set(PG_TYPES[columns[name]]) & set(_accepted(annotation))
         assert fits, f"{use.row.__name__}.{name}: {annotation} but {columns[name]}"
+
+
+def test_a_row_built_from_a_record_equals_one_built_by_its_constructor() -> None:
+    """Row.from_record stores fields through the slots rather than __init__ (db._builder):
+    the instance must be the one __init__ makes, nested rows included."""
+    record = {
+        "run_id": "r1",
+        "workflow_id": "w",
+        **{field.name: index for index, field in enumerate(dataclasses.fields(RunCounts))},
+    }
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithCounts(Row):
+        run_id: str
+        counts: RunCounts
+        workflow_id: str
+
+    built = WithCounts.from_record(record)
+    expected = WithCounts("r1", RunCounts(*range(len(dataclasses.fields(RunCounts)))), "w")
+    assert built == expected
+    assert hash(built) == hash(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.run_id = "r2"  # type: ignore[misc]

@@ -34,6 +34,10 @@ on `/v1` routes as `Authorization: Bearer`:
   key as bearer on `/api`, ada's session cookie on `/v1`. Each prefix reads only its
   own: 401 CREDENTIAL_MISSING.
 
+`POST /v1/mcp` (the MCP server) checks only the bearer at the HTTP level: any principal
+gets 200, and the row's checks read the tool call's own answer inside it: a refusal
+SCOPE_MISSING (403) for every credential without `workshop`, the runs for a valid key.
+
 Refusals must change nothing: the coordinator's tables are digested before and after
 the refused cells of each write route. Every 401 and 403 must carry an authorization
 reason (never CROSS_SITE or CSRF_TOKEN).
@@ -158,6 +162,7 @@ class Row:
     # Checks of a successful answer by kind (e.g. what footage_other_camera sees).
     checks: dict[str, Callable[[httpx.Response], None]] = dataclasses.field(default_factory=dict)
     valid: str = ""  # a credential of its own for the valid cell (one it consumes)
+    headers: tuple[tuple[str, str], ...] = ()  # sent besides the credential's
 
     @property
     def prefix(self) -> str:
@@ -195,6 +200,42 @@ def is_jpeg(answer: httpx.Response) -> None:
 
 
 SPEC = jsonmap.to_json(watch_spec(("cam-a",)))
+# The MCP server: one JSON-RPC call of the `runs` tool (list), answered as SSE. The
+# gateway checks the bearer before the MCP layer (401); the tool's call decides the scope,
+# so a principal without `workshop` gets HTTP 200 carrying the tool's refusal.
+MCP_CALL = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "tools/call",
+    "params": {"name": "runs", "arguments": {"action": "list"}},
+}
+MCP_HEADERS = (("accept", "application/json, text/event-stream"),)
+
+
+def _tool_result(answer: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC result of an MCP answer (an SSE stream whose data lines are messages)."""
+    assert answer.headers["content-type"].startswith("text/event-stream"), answer.text
+    for line in answer.text.splitlines():
+        if line.startswith("data:"):
+            message = json.loads(line.removeprefix("data:"))
+            if message.get("id") == 1:
+                result: dict[str, Any] = message["result"]
+                return result
+    raise AssertionError(f"no result in {answer.text[:300]}")
+
+
+def tool_refused_for_scope(answer: httpx.Response) -> None:
+    result = _tool_result(answer)
+    assert result["isError"] is True, result
+    assert result["structuredContent"]["status"] == 403, result
+    assert result["structuredContent"]["reason"] == "SCOPE_MISSING", result
+
+
+def tool_answered(answer: httpx.Response) -> None:
+    result = _tool_result(answer)
+    assert not result.get("isError"), result
+    assert result["structuredContent"]["action"] == "list", result
+    assert result["structuredContent"]["runs"], result
 
 
 def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
@@ -371,6 +412,22 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
             Row("WS", f"{w}/runs/{{run_id}}/live", LIVE, f"{full}/live"),
             Row("GET", f"{w}/runs/{{run_id}}/live", UPGRADE, f"{full}/live"),
         ]
+    table.append(
+        Row(
+            "POST",
+            "/v1/mcp",
+            ANY_PRINCIPAL,
+            "/v1/mcp",
+            body=MCP_CALL,
+            headers=MCP_HEADERS,
+            checks={
+                "key_without_scope": tool_refused_for_scope,
+                "footage_other_camera": tool_refused_for_scope,
+                "processor_key": tool_refused_for_scope,
+                "valid": tool_answered,
+            },
+        )
+    )
     return table
 
 
@@ -563,7 +620,7 @@ async def call(
         row.path,
         params=list(row.params) or None,
         json=row.body,
-        headers=credential.headers(),
+        headers={**credential.headers(), **dict(row.headers)},
     )
     client.cookies.clear()  # a login or logout sets one: every cell brings its own
     reason = ""

@@ -465,7 +465,7 @@ class ReviewApi:
                     limit + 1,
                 )
             items, next_key = _page(items, limit, lambda item: item)
-            boxes = await items_boxes(connection, [item.item_id for item in items])
+            boxes = await page_boxes(connection, run_id, items, camera_list)
             sighting_ids = sorted(
                 {box.sighting_id for found in boxes.values() for box in found} - {""}
             )
@@ -669,6 +669,31 @@ async def items_boxes(connection: Connection, item_ids: list[str]) -> dict[str, 
     if item_ids:
         for box in await fetch_all(connection, BoxRow, sql("review", "items_boxes"), item_ids):
             found.setdefault(box.item_id, []).append(box)
+    return found
+
+
+async def page_boxes(
+    connection: Connection, run_id: str, items: list[ItemRow], cameras: list[str] | None
+) -> dict[str, list[BoxRow]]:
+    """The boxes of a review page's items (a range of the run's items in page order), by
+    item id in box order. A test run's previews have none here (theirs are in the item).
+    An item committed into the range since the page was read is not the page's: left out."""
+    found: dict[str, list[BoxRow]] = {item.item_id: [] for item in items}
+    if items:
+        first, last = items[0], items[-1]
+        for box in await fetch_all(
+            connection,
+            BoxRow,
+            sql("review", "review_page_boxes"),
+            run_id,
+            first.frame_time,
+            first.item_id,
+            last.frame_time,
+            last.item_id,
+            cameras,
+        ):
+            if (listed := found.get(box.item_id)) is not None:
+                listed.append(box)
     return found
 
 

@@ -1253,6 +1253,7 @@ CREATE TABLE sighting_boxes (
 CREATE INDEX sighting_boxes_by_sighting ON sighting_boxes (sighting_id, frame_time, item_id);
 CREATE INDEX sighting_boxes_by_timeline
     ON sighting_boxes (run_id, bucket_id, camera_id, frame_time, item_id);
+CREATE INDEX sighting_boxes_by_run_frame ON sighting_boxes (run_id, frame_time, item_id);
 CREATE INDEX sighting_boxes_ungrouped ON sighting_boxes (run_id, bucket_id, camera_id)
     WHERE sighting_id = '';
 

@@ -17,13 +17,14 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from starlette.websockets import WebSocket
 
+from services.gateway.live_listener import LiveListener
 from services.gateway.live_socket import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -64,12 +65,23 @@ _ACTIVE = (common_pb2.RUN_STATUS_QUEUED, common_pb2.RUN_STATUS_RUNNING)
 log = logging.getLogger(__name__)
 
 
+class Subscriber(Protocol):
+    """What the hub offers a run's updates to: a WebSocket (`LiveSocket`) or a request
+    that reads them in its own time (`LiveListener`, the MCP watch)."""
+
+    def offer(self, text: str) -> None: ...
+
+    def finish(self, code: int, reason: str, *, deadline: float | None = None) -> None: ...
+
+    def buffered_bytes(self) -> int: ...
+
+
 @dataclasses.dataclass(eq=False)
 class _Feed:
-    """One run's stream, coalescing state and sockets."""
+    """One run's stream, coalescing state and subscribers (named sockets: most are)."""
 
     run_id: str
-    sockets: set[LiveSocket] = dataclasses.field(default_factory=set)
+    sockets: set[Subscriber] = dataclasses.field(default_factory=set)
     seq: int = 0
     detail: str | None = None  # JSON of the last detail sent, to skip an unchanged one
     last: str | None = None  # the final message, once sent
@@ -132,23 +144,7 @@ class LiveHub:
         socket = LiveSocket(
             websocket, stall_seconds=self._stall, on_sent=self._sent, on_stall=self._stalled
         )
-        feed = self._feed(run_id)
-        detail, final = self._first(first)
-        if feed.last is not None:
-            socket.offer(feed.last)  # the run finished since the route read it
-            final = True
-        else:
-            socket.offer(_envelope(feed.seq, final, detail))
-            if feed.seq == 0 and not feed.sockets:
-                feed.detail = detail  # the stream's first read, if the same, is not news
-            elif detail != feed.detail:
-                feed.detail = None  # this socket's first may differ: send the next read
-        if self._closing:
-            socket.finish(CLOSE_GOING_AWAY, SHUTDOWN_REASON, deadline=self._shutdown_deadline())
-        elif final:
-            socket.finish(CLOSE_NORMAL, FINAL_REASON)
-        else:
-            self._join(feed, socket)
+        feed = self._attach(socket, run_id, first)
         task = asyncio.current_task()
         if task is not None:
             self._serving.add(task)
@@ -164,6 +160,45 @@ class LiveHub:
             if task is not None:
                 self._serving.discard(task)
             self._leave(feed, socket)
+
+    @contextlib.asynccontextmanager
+    async def listen(
+        self, run_id: str, first: ws.GetRunResponse | dict[str, Any]
+    ) -> AsyncIterator[LiveListener]:
+        """A subscriber of the run's shared stream for a request rather than a socket (the
+        MCP `runs` watch): it gets `first` and then the same coalesced updates as the run's
+        sockets, in the same envelopes, the latest one waiting until it is read. The caller
+        authorized `first` with its own credential; leaving the block unsubscribes."""
+        listener = LiveListener()
+        feed = self._attach(listener, run_id, first)
+        try:
+            yield listener
+        finally:
+            self._leave(feed, listener)
+
+    def _attach(
+        self, subscriber: Subscriber, run_id: str, first: ws.GetRunResponse | dict[str, Any]
+    ) -> _Feed:
+        """Offers `first` (or the final message, if the run finished since) and joins the
+        run's stream, or finishes the subscriber at once (final, or shutting down)."""
+        feed = self._feed(run_id)
+        detail, final = self._first(first)
+        if feed.last is not None:
+            subscriber.offer(feed.last)  # the run finished since the route read it
+            final = True
+        else:
+            subscriber.offer(_envelope(feed.seq, final, detail))
+            if feed.seq == 0 and not feed.sockets:
+                feed.detail = detail  # the stream's first read, if the same, is not news
+            elif detail != feed.detail:
+                feed.detail = None  # this socket's first may differ: send the next read
+        if self._closing:
+            subscriber.finish(CLOSE_GOING_AWAY, SHUTDOWN_REASON, deadline=self._shutdown_deadline())
+        elif final:
+            subscriber.finish(CLOSE_NORMAL, FINAL_REASON)
+        else:
+            self._join(feed, subscriber)
+        return feed
 
     async def _recheck_until_refused(self, socket: LiveSocket, still_allowed: StillAllowed) -> None:
         while True:
@@ -220,12 +255,12 @@ class LiveHub:
             feed.linger = None
         return feed
 
-    def _join(self, feed: _Feed, socket: LiveSocket) -> None:
+    def _join(self, feed: _Feed, socket: Subscriber) -> None:
         feed.sockets.add(socket)
         if feed.stream is None or feed.stream.done():
             feed.stream = asyncio.create_task(self._follow(feed), name=f"live-{feed.run_id}")
 
-    def _leave(self, feed: _Feed, socket: LiveSocket) -> None:
+    def _leave(self, feed: _Feed, socket: Subscriber) -> None:
         feed.sockets.discard(socket)
         if feed.sockets or self._feeds.get(feed.run_id) is not feed:
             return

@@ -56,18 +56,23 @@ def error_body(
 
 def problem_response(error: BaseException) -> JSONResponse:
     """The answer to `error`: a refusal from a service, one of the gateway's own, or a bug."""
+    body = problem_body(error)
+    return _json(body, body["status"], body["details"]["metadata"])
+
+
+def problem_body(error: BaseException) -> dict[str, Any]:
+    """The error body of `error` (what `problem_response` answers, and what an MCP tool's
+    error result carries as its structured content)."""
     if isinstance(error, UpstreamError):
-        status = error.http_status
-        body = error_body(
+        return error_body(
             code=error.code.name,
-            status=status,
+            status=error.http_status,
             reason=error.reason,
             message=error.message,
             metadata=error.metadata,
             violations=_field_of(error),
             problems=problems_metadata(error.metadata),
         )
-        return _json(body, status, error.metadata)
     if isinstance(error, errors.WorkshopError):
         known = status_for(error)
         violations = None
@@ -76,7 +81,7 @@ def problem_response(error: BaseException) -> JSONResponse:
                 {"field": v.field, "description": v.description}
                 for v in error.violations[:VIOLATIONS_SHOWN]
             ]
-        body = error_body(
+        return error_body(
             code=known.grpc_code.name,
             status=known.http_status,
             reason=error.reason,
@@ -84,15 +89,13 @@ def problem_response(error: BaseException) -> JSONResponse:
             metadata=error.metadata,
             violations=violations,
         )
-        return _json(body, known.http_status, error.metadata)
     log.exception("unhandled error in the gateway", exc_info=error)
-    body = error_body(
+    return error_body(
         code=INTERNAL.grpc_code.name,
         status=500,
         reason="INTERNAL",
         message="internal error; the gateway log has the details",
     )
-    return _json(body, 500, {})
 
 
 def _field_of(error: UpstreamError) -> list[dict[str, str]] | None:

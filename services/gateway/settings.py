@@ -59,3 +59,14 @@ class GatewaySettings(ServerSettings):
         help="A WebSocket reader that has not taken a message for this long is closed (1013).",
         check=at_least(0.1),
     )
+    mcp_allowed_hosts: str = setting(
+        "127.0.0.1:*,localhost:*,[::1]:*",
+        help="Host header values /v1/mcp accepts (comma-separated; `host:*` is any port), "
+        "against DNS rebinding; `*` turns the Host and Origin checks off (behind a proxy "
+        "that checks the Host itself). Others get 421.",
+    )
+    mcp_allowed_origins: str = setting(
+        "http://127.0.0.1:*,http://localhost:*,http://[::1]:*",
+        help="Origin header values /v1/mcp accepts from browsers (comma-separated; "
+        "`scheme://host:*` is any port); a request without Origin passes. Others get 403.",
+    )

@@ -3,9 +3,10 @@
 Routes: every operation of `services.gateway.routes` under `/api` (session cookie) and
 `/v1` (bearer key); the session routes under `/api/session`; the live channel
 (`.../runs/{run_id}/live`, a WebSocket); the OpenAPI documents at `/api/openapi.json`
-and `/v1/openapi.json`; `GET /healthz`; the web console (`services.gateway.pages`):
-its entry page at `/` and its files under `/console/`. Every refusal answers through
-`services.gateway.problems`.
+and `/v1/openapi.json`; the MCP server at `/v1/mcp` (`services.gateway.mcp_app`, whose
+session manager the app's lifespan runs); `GET /healthz`; the web console
+(`services.gateway.pages`): its entry page at `/` and its files under `/console/`.
+Every refusal answers through `services.gateway.problems`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -29,6 +30,7 @@ from services.gateway import jsonmap, media, pages
 from services.gateway.dispatch import build_request, credential, parse_json, read_body
 from services.gateway.guard import check_csrf, check_origin
 from services.gateway.live import LiveHub
+from services.gateway.mcp_app import McpEndpoint
 from services.gateway.openapi import openapi_document
 from services.gateway.problems import error_body, problem_response
 from services.gateway.routes import API, IMAGE, OPERATIONS, TAR, V1, Operation
@@ -76,12 +78,26 @@ class Gateway:
             cookie_secure=settings.cookie_secure,
             max_body_bytes=settings.max_body_bytes,
         )
+        self.mcp = McpEndpoint(
+            upstream,
+            hub,
+            allowed_hosts=settings.mcp_allowed_hosts,
+            allowed_origins=settings.mcp_allowed_origins,
+            max_body_bytes=settings.max_body_bytes,
+        )
 
     def app(self) -> Starlette:
         return Starlette(
             routes=self.routes(),
             exception_handlers={HTTPException: _http_exception},  # type: ignore[dict-item]
+            lifespan=self._lifespan,
         )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        # The MCP transport's task group lives as long as the server (uvicorn runs this).
+        async with self.mcp.running():
+            yield
 
     def routes(self) -> list[BaseRoute]:
         routes: list[BaseRoute] = [
@@ -91,6 +107,7 @@ class Gateway:
             Route("/api/session", guarded(self.session.login), methods=["POST"]),
             Route("/api/session", guarded(self.session.current), methods=["GET"]),
             Route("/api/session", guarded(self.session.logout), methods=["DELETE"]),
+            self.mcp.route(),
         ]
         for prefix in (API, V1):
             routes.append(Route(f"/{prefix}/openapi.json", self._document(prefix), methods=["GET"]))
@@ -266,7 +283,7 @@ class HttpWorker:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         config = uvicorn.Config(
             self._app,
-            lifespan="off",
+            lifespan="on",  # the app's lifespan runs the MCP session manager
             log_config=None,
             access_log=False,
             ws="websockets-sansio",

@@ -2,7 +2,8 @@
 
 Operator commands take the coordinator's address and an admin key from flags or from the
 environment (`WORKSHOP_COORDINATOR`, `WORKSHOP_KEY`), so a key need not appear in a shell's
-history or a process list. A refused call prints the gRPC status and its message and exits 1.
+history or a process list. A refused call prints its catalog reason, message and gRPC status
+and exits 1. The `workshop` command line (tools/cli) shares `refusal` and the variables.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
@@ -47,6 +50,16 @@ def check_coordinator_arguments(parser: argparse.ArgumentParser, args: argparse.
         parser.error(f"--coordinator and --key (or ${COORDINATOR_ENV} and ${KEY_ENV}) go together")
 
 
+def refusal(error: grpc.aio.AioRpcError) -> tuple[str, str, dict[str, str]]:
+    """A refused call as its catalog reason (the ErrorInfo reason, else the status code's
+    name), its message and the ErrorInfo metadata."""
+    info = error_details_pb2.ErrorInfo()
+    status = rpc_status.from_call(error)
+    if status is not None and status.details:
+        status.details[0].Unpack(info)
+    return info.reason or error.code().name, error.details() or "", dict(info.metadata)
+
+
 def call_coordinator(
     target: str, key: str, call: Callable[[grpc.aio.Channel, Metadata], Awaitable[T]]
 ) -> T:
@@ -59,5 +72,6 @@ def call_coordinator(
     try:
         return asyncio.run(run())
     except grpc.aio.AioRpcError as error:
-        print(f"coordinator refused: {error.code().name}: {error.details()}", file=sys.stderr)
+        reason, message, _ = refusal(error)
+        print(f"coordinator refused: {reason}: {message} ({error.code().name})", file=sys.stderr)
         raise SystemExit(1) from None

@@ -106,6 +106,7 @@ REASONS: dict[str, Status] = {
     "ROUTE_NOT_FOUND": _NOT_FOUND,
     "METHOD_NOT_ALLOWED": Status(_C.UNIMPLEMENTED, 405),
     "UPGRADE_REQUIRED": Status(_C.INVALID_ARGUMENT, 426),
+    "HOST_NOT_ALLOWED": Status(_C.INVALID_ARGUMENT, 421),
 }
 
 # The standard library's own "cannot reach it now" errors (no reason of their own).

@@ -94,6 +94,19 @@ FROM sighting_boxes
 WHERE item_id = ANY ($1::text[])
 ORDER BY item_id, box_index;
 
+-- name: review_page_boxes
+-- The boxes of a review page, whose items are the run's range [($2, $3), ($4, $5)] in
+-- (frame_time, item_id) order, with their reviews (box_index -1: an item without
+-- boxes); one scan of sighting_boxes_by_run_frame. Cameras as in review_items_page.
+SELECT item_id, box_index, class_name, score, x, y, w, h, track_id, sighting_id, review_state,
+       relabel_class
+FROM sighting_boxes
+WHERE run_id = $1
+  AND (frame_time, item_id) >= ($2::timestamptz, $3::text)
+  AND (frame_time, item_id) <= ($4::timestamptz, $5::text)
+  AND ($6::text[] IS NULL OR camera_id = ANY ($6))
+ORDER BY item_id, box_index;
+
 -- name: sightings_get
 -- Sightings with their items in frame order and the counts their shared state is read
 -- from.

@@ -19,3 +19,20 @@ export function h(tag, attributes = {}, ...children) {
 export function show(parent, ...children) {
   parent.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
 }
+
+const SVG = "http://www.w3.org/2000/svg";
+
+/** `h` for SVG elements (charts): attributes and text only, in the SVG namespace. */
+export function svg(tag, attributes = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === "text") node.textContent = value;
+    else node.setAttribute(name, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}

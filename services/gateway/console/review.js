@@ -1,0 +1,452 @@
+// The review page (#/review/<run_id>): a full run's saved items grouped by sighting
+// (GET /api/workshop/runs/{run_id}/review), one row of thumbnails per sighting, decided
+// from the keyboard (j/k, c, n, 1-9, u) through POST .../sightings/{id}/decision. A
+// decision shows as made only once the server answered that it stored it.
+import { api, ApiError, currentSession } from "./api.js";
+import { h, show } from "./dom.js";
+import { sessionEnded } from "./nav.js";
+import { accountBar } from "./runs.js";
+
+const THUMB_WIDTH = 160;
+const THUMB_HEIGHT = 90;
+// A long sighting shows this many of its frames, spread over its span, until asked for
+// all: a row of 500 thumbnails is no help to decide, and costs the page its speed.
+const SAMPLE = 12;
+
+const path = (runId) => `/api/workshop/runs/${encodeURIComponent(runId)}`;
+
+/** The classes a sighting can be relabelled to: every pinned model's, in model order. */
+export function relabelClasses(models) {
+  const classes = [];
+  for (const model of models) {
+    for (const name of model.classes) if (!classes.includes(name)) classes.push(name);
+  }
+  return classes;
+}
+
+/** "pending", "accepted", "accepted as vehicle", "rejected", "pending (2 new items)". */
+export function stateText(sighting) {
+  if (sighting.review_state === "accepted" && sighting.relabel_class) {
+    return `accepted as ${sighting.relabel_class}`;
+  }
+  if (sighting.review_state === "pending" && sighting.decided_at && sighting.pending_items > 0) {
+    const n = sighting.pending_items;
+    return `pending (${n} new item${n === 1 ? "" : "s"})`;
+  }
+  return sighting.review_state;
+}
+
+/** The decision that puts a sighting back to `before`, or null when none can: the API
+ * has no decision that makes a sighting pending again. */
+export function decisionRestoring(before) {
+  if (before.review_state === "rejected") return { decision: "none" };
+  if (before.review_state === "accepted") {
+    return before.relabel_class
+      ? { decision: "relabel", class_name: before.relabel_class }
+      : { decision: "confirm" };
+  }
+  return null;
+}
+
+/** Indexes of `count` frames to show: all up to `limit`, else `limit` of them evenly
+ * spread, the first and the last included. */
+export function sampled(count, limit = SAMPLE) {
+  if (count <= limit) return [...Array(count).keys()];
+  return [...Array(limit).keys()].map((i) => Math.round((i * (count - 1)) / (limit - 1)));
+}
+
+/** An item's state from its boxes' (docs/review.md): pending while any box is, else
+ * accepted when any box is, else rejected. */
+function itemState(item) {
+  const states = item.box_reviews.map((review) => review.review_state);
+  if (states.length === 0 || states.includes("pending")) return "pending";
+  return states.includes("accepted") ? "accepted" : "rejected";
+}
+
+const utcTime = (timestamp) => new Date(timestamp).toISOString().slice(11, 19);
+
+function timeSpan(sighting) {
+  const first = utcTime(sighting.first_frame_time);
+  const last = utcTime(sighting.last_frame_time);
+  return first === last ? `${first} UTC` : `${first}–${last} UTC`;
+}
+
+const describe = (sighting) =>
+  `${sighting.class_name || "no detection"} on ${sighting.camera_id} at ${timeSpan(sighting)}`;
+
+const DONE = { confirm: "Confirmed", none: "Decided None for", relabel: "Relabelled" };
+
+export async function reviewView({ main, account, id: runId, params, alive }) {
+  const pageSize = params.get("page_size") || undefined;
+  const session = await currentSession();
+  const [detail, first] = await Promise.all([
+    api("GET", path(runId)),
+    api("GET", `${path(runId)}/review`, { query: { page_size: pageSize } }),
+  ]);
+  if (!alive()) return;
+  accountBar(account, session);
+
+  const run = detail.detail.run;
+  const classes = relabelClasses(first.models);
+  const items = new Map(); // item id -> BucketItem, of the pages loaded
+  const sightings = new Map(); // sighting id -> Sighting, in page order
+  const rows = new Map(); // sighting id -> its <li>
+  const undo = []; // {sightingId, before}: what each decision replaced, newest last
+  let nextToken = "";
+  let hasMore = false;
+  let current = -1; // index into order
+  let inFlight = null; // the sighting id whose decision is being stored
+  const order = []; // sighting ids as shown
+
+  const heading = h("h1", { tabindex: "-1", text: `Review of run ${runId}` });
+  const progress = h("p", { id: "review-progress", class: "progress" });
+  // Live regions stay in the page (a region added or unhidden with its text is not
+  // always announced); each holds the latest message, or nothing.
+  const announce = h("div", { id: "review-status", role: "status" });
+  const failure = h("div", { id: "review-error", role: "alert" });
+  const list = h("ol", { id: "sightings", class: "sightings", "aria-label": "Sightings" });
+  const more = h("button", {
+    type: "button", id: "load-more", class: "secondary", hidden: true, onclick: () => loadMore(),
+    text: "Load more items",
+  });
+
+  function say(text) {
+    show(failure);
+    show(announce, h("p", { class: "notice", text }));
+  }
+
+  function fail(text) {
+    show(announce);
+    show(failure, h("p", { class: "error", text }));
+  }
+
+  function updateProgress() {
+    const all = [...sightings.values()];
+    const decided = all.filter((s) => s.review_state !== "pending").length;
+    const loaded = [...items.values()];
+    const itemsDecided = loaded.filter((item) => item.review_state !== "pending").length;
+    const saved = run.counts.items_saved;
+    const scope = hasMore ? ` (of the ${loaded.length} loaded; ${saved} saved in all)` : "";
+    progress.textContent = `Decided: ${decided} of ${all.length} sightings, ` +
+      `${itemsDecided} of ${loaded.length} items${scope}.`;
+  }
+
+  const expanded = new Set(); // sightings showing every frame
+
+  function thumbnails(shownId, sighting) {
+    const all = expanded.has(shownId);
+    const ids = [shownId, sighting.sighting_id];
+    const shown = all ? sighting.item_ids : sampled(sighting.item_ids.length).map((i) => sighting.item_ids[i]);
+    return shown.map((itemId) => {
+      const item = items.get(itemId);
+      const when = item ? `${utcTime(item.frame_time)} UTC` : "a frame not loaded yet";
+      const figure = h(
+        "figure", { class: "thumb", "data-item-id": itemId },
+        h("img", {
+          src: `${path(runId)}/items/${encodeURIComponent(itemId)}/image`,
+          loading: "lazy", decoding: "async", width: THUMB_WIDTH, height: THUMB_HEIGHT,
+          alt: `${sighting.camera_id}, ${when}`,
+        }),
+      );
+      const review = item && item.box_reviews.find((r) => ids.includes(r.sighting_id));
+      const box = review && review.box_index >= 0 ? item.boxes[review.box_index] : null;
+      if (box) {
+        const outline = h("span", { class: "thumb-box", "aria-hidden": "true" });
+        outline.style.left = `${box.x * 100}%`;
+        outline.style.top = `${box.y * 100}%`;
+        outline.style.width = `${box.w * 100}%`;
+        outline.style.height = `${box.h * 100}%`;
+        figure.append(outline);
+      }
+      return figure;
+    });
+  }
+
+  function renderRow(sightingId) {
+    const sighting = sightings.get(sightingId);
+    const saving = inFlight === sightingId;
+    const count = sighting.item_ids.length;
+    const content = [
+      h(
+        "div", { class: "sighting-head" },
+        h("span", { class: "sighting-class", text: sighting.class_name || "no detection" }),
+        h("span", {
+          class: "muted",
+          text: `${sighting.camera_id} · ${timeSpan(sighting)} · ${count} item${count === 1 ? "" : "s"}`,
+        }),
+        h("span", {
+          class: `state state-${sighting.review_state}`, "data-state": sighting.review_state,
+          text: stateText(sighting),
+        }),
+        saving ? h("span", { class: "saving", text: "saving…" }) : null,
+      ),
+      h("div", { class: "thumbs" }, thumbnails(sightingId, sighting)),
+      count > SAMPLE
+        ? h("button", {
+          type: "button", class: "secondary more-frames",
+          "aria-expanded": String(expanded.has(sightingId)),
+          onclick: () => {
+            if (expanded.has(sightingId)) expanded.delete(sightingId);
+            else expanded.add(sightingId);
+            renderRow(sightingId);
+          },
+          text: expanded.has(sightingId) ? `Show ${SAMPLE} frames` : `Show all ${count} frames`,
+        })
+        : null,
+    ];
+    let row = rows.get(sightingId);
+    if (!row) {
+      row = h("li", {
+        class: "sighting", tabindex: "-1", "data-sighting-id": sightingId,
+        onclick: () => select(order.indexOf(sightingId)),
+      });
+      rows.set(sightingId, row);
+    }
+    row.setAttribute("aria-label", `${describe(sighting)}: ${stateText(sighting)}`);
+    row.setAttribute("aria-busy", String(saving));
+    row.classList.toggle("is-saving", saving);
+    show(row, content);
+    return row;
+  }
+
+  function addPage(page) {
+    for (const entry of page.items) items.set(entry.item.item_id, entry.item);
+    const touched = [];
+    for (const sighting of page.sightings) {
+      const known = sightings.has(sighting.sighting_id);
+      sightings.set(sighting.sighting_id, sighting);
+      if (known) {
+        touched.push(sighting.sighting_id);
+      } else {
+        order.push(sighting.sighting_id);
+        list.append(renderRow(sighting.sighting_id));
+      }
+    }
+    for (const sightingId of touched) renderRow(sightingId); // now with this page's boxes
+    if (current >= 0) rows.get(order[current]).classList.add("current");
+    hasMore = page.has_more;
+    nextToken = page.next_page_token;
+    more.hidden = !hasMore;
+    updateProgress();
+  }
+
+  let loading = null;
+  function loadMore() {
+    if (!hasMore) return Promise.resolve();
+    if (loading) return loading;
+    more.disabled = true;
+    loading = api("GET", `${path(runId)}/review`, { query: { page_size: pageSize, page_token: nextToken } })
+      .then((page) => {
+        if (alive()) addPage(page);
+      })
+      .catch((error) => {
+        if (error instanceof ApiError && error.status === 401) sessionEnded();
+        else fail(error.message);
+      })
+      .finally(() => {
+        more.disabled = false;
+        loading = null;
+      });
+    return loading;
+  }
+
+  function select(index) {
+    if (order.length === 0) return;
+    if (current >= 0 && rows.get(order[current])) {
+      const old = rows.get(order[current]);
+      old.classList.remove("current");
+      old.removeAttribute("aria-current");
+    }
+    current = Math.max(0, Math.min(order.length - 1, index));
+    const row = rows.get(order[current]);
+    row.classList.add("current");
+    row.setAttribute("aria-current", "true");
+    row.focus({ preventScroll: true });
+    row.scrollIntoView({ block: "nearest" });
+  }
+
+  async function move(step) {
+    if (step > 0 && current + step >= order.length && hasMore) await loadMore();
+    select(current < 0 ? 0 : current + step);
+  }
+
+  /** Applies the decision to the sighting's items as the server did (every box of it).
+   * The row keeps the id it was shown with: a late commit can give the sighting an
+   * earlier first item, and so a new id (docs/review.md), which the answer carries. */
+  function applyDecided(shownId, sighting) {
+    sightings.set(shownId, sighting);
+    const ids = [shownId, sighting.sighting_id];
+    for (const itemId of sighting.item_ids) {
+      const item = items.get(itemId);
+      if (!item) continue;
+      for (const review of item.box_reviews) {
+        if (!ids.includes(review.sighting_id)) continue;
+        review.review_state = sighting.review_state;
+        if (sighting.relabel_class) review.relabel_class = sighting.relabel_class;
+        else delete review.relabel_class;
+      }
+      item.review_state = itemState(item);
+    }
+  }
+
+  async function decide(body, { recordUndo = true, what = DONE[body.decision] } = {}) {
+    if (inFlight) {
+      say("The last decision is still being saved; wait for it.");
+      return;
+    }
+    if (current < 0) select(0);
+    const sightingId = order[current];
+    if (sightingId === undefined) return;
+    const before = sightings.get(sightingId);
+    if (body.decision === "relabel" && !before.class_name) {
+      fail("A sighting without detections can be confirmed or decided None, not relabelled.");
+      return;
+    }
+    inFlight = sightingId;
+    show(failure);
+    renderRow(sightingId);
+    try {
+      const answer = await api(
+        "POST", `${path(runId)}/sightings/${encodeURIComponent(sightingId)}/decision`,
+        { body: { ...body, seen_item_count: before.item_ids.length } },
+      );
+      if (!alive()) return;
+      applyDecided(sightingId, answer.sighting);
+      if (recordUndo) {
+        undo.push({ sightingId, before: { review_state: before.review_state, relabel_class: before.relabel_class } });
+      }
+      const updated = answer.items_updated;
+      let text = `${what} ${describe(answer.sighting)}: ${updated} item${updated === 1 ? "" : "s"} updated`;
+      if (answer.sighting.relabel_class) text += `, now ${answer.sighting.relabel_class}`;
+      text += ".";
+      if (answer.items_joined > 0) {
+        const n = answer.items_joined;
+        text += ` ${n} item${n === 1 ? "" : "s"} joined the sighting since this page loaded; the decision includes ${n === 1 ? "it" : "them"}.`;
+      }
+      say(text);
+    } catch (error) {
+      if (!alive()) return;
+      if (error instanceof ApiError && error.status === 401) {
+        sessionEnded();
+        return;
+      }
+      fail(`Not saved: ${error.message}`);
+    } finally {
+      if (inFlight === sightingId) inFlight = null;
+      if (alive()) {
+        renderRow(sightingId);
+        updateProgress();
+      }
+    }
+  }
+
+  async function undoLast() {
+    if (inFlight) {
+      say("The last decision is still being saved; wait for it.");
+      return;
+    }
+    const last = undo.pop();
+    if (!last) {
+      say("Nothing to undo.");
+      return;
+    }
+    select(order.indexOf(last.sightingId));
+    const restoring = decisionRestoring(last.before);
+    if (!restoring) {
+      const sighting = sightings.get(last.sightingId);
+      fail(
+        `Cannot undo: ${describe(sighting)} was pending before, and a decision cannot make a ` +
+        "sighting pending again. Decide it again (c, n or 1–9).",
+      );
+      return;
+    }
+    await decide(restoring, { recordUndo: false, what: "Undone: back to" });
+  }
+
+  function onkey(event) {
+    if (!alive()) {
+      document.removeEventListener("keydown", onkey);
+      return;
+    }
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.target instanceof Element && event.target.closest("input, select, textarea")) return;
+    const key = event.key;
+    if (key === "j") move(1);
+    else if (key === "k") move(-1);
+    else if (key === "c") decide({ decision: "confirm" });
+    else if (key === "n") decide({ decision: "none" });
+    else if (key === "u") undoLast();
+    else if (/^[1-9]$/.test(key) && Number(key) <= classes.length) {
+      decide({ decision: "relabel", class_name: classes[Number(key) - 1] });
+    } else return;
+    event.preventDefault();
+  }
+
+  const keys = h(
+    "section", { class: "review-keys", "aria-labelledby": "keys-title" },
+    h("h2", { id: "keys-title", text: "Keys" }),
+    h(
+      "ul", { class: "key-list" },
+      h("li", {}, h("kbd", { text: "j" }), " / ", h("kbd", { text: "k" }), " next / previous sighting"),
+      h("li", {}, h("kbd", { text: "c" }), " confirm"),
+      h("li", {}, h("kbd", { text: "n" }), " none (the object is not there)"),
+      h("li", {}, h("kbd", { text: "u" }), " undo the last decision"),
+    ),
+    classes.length
+      ? h(
+        "ol", { id: "relabel-classes", class: "key-list", "aria-label": "Relabel to" },
+        classes.slice(0, 9).map((name, index) =>
+          h("li", {}, h("kbd", { text: String(index + 1) }), ` relabel to ${name}`)),
+      )
+      : null,
+  );
+
+  // The same decisions for a pointer (or a screen reader's browse mode, which keeps the
+  // letter keys): they act on the current sighting, as the keys do.
+  const relabelTo = h(
+    "select", { id: "relabel-to" },
+    classes.map((name, index) => h("option", { value: name, text: index < 9 ? `${index + 1} ${name}` : name })),
+  );
+  const actions = h(
+    "div", { class: "review-actions", role: "group", "aria-label": "Decide the current sighting" },
+    h("button", { type: "button", "aria-keyshortcuts": "c", onclick: () => decide({ decision: "confirm" }), text: "Confirm" }),
+    h("button", { type: "button", "aria-keyshortcuts": "n", onclick: () => decide({ decision: "none" }), text: "None" }),
+    classes.length
+      ? h(
+        "span", { class: "relabel" },
+        h("label", { for: "relabel-to", text: "Relabel to" }), relabelTo,
+        h("button", {
+          type: "button", onclick: () => decide({ decision: "relabel", class_name: relabelTo.value }),
+          text: "Relabel",
+        }),
+      )
+      : null,
+    h("button", { type: "button", class: "secondary", "aria-keyshortcuts": "u", onclick: () => undoLast(), text: "Undo" }),
+  );
+
+  if (run.mode !== "full") {
+    show(main, heading, h("p", {
+      id: "review-empty",
+      text: "This is a test run: it saves nothing, so there is nothing to review.",
+    }));
+    document.title = `Review ${runId} · Workshop`;
+    heading.focus();
+    return;
+  }
+
+  addPage(first);
+  show(
+    main,
+    heading,
+    h("p", { class: "muted", text: `Workflow ${run.workflow_id || "photo"}, run ${run.status}.` }),
+    keys,
+    // kept in view while the list scrolls: what is decided, the buttons, what happened
+    h("div", { class: "review-sticky" }, progress, actions, announce, failure),
+    order.length ? list : h("p", { id: "review-empty", text: "No saved items to review yet." }),
+    more,
+  );
+  document.title = `Review ${runId} · Workshop`;
+  document.addEventListener("keydown", onkey);
+  heading.focus();
+  performance.mark("review-shown"); // for bench/page_load.py's timing
+}

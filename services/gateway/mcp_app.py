@@ -1,0 +1,192 @@
+"""The MCP server at /v1/mcp (docs/mcp.md): the `mcp` SDK's streamable-HTTP transport,
+stateless, behind the gateway's own credential check.
+
+Wiring, and why (the SDK's pitfalls):
+
+- The SDK's Starlette app is not mounted: its one route is rebuilt as a gateway route at
+  `streamable_http_path="/v1/mcp"` (a `Mount` would answer a bare /v1/mcp with a 307 that
+  strict clients do not follow), and its session manager is run by the gateway's own
+  lifespan (`McpEndpoint.running`), since a mounted app's lifespan never runs.
+- Answers are SSE (`json_response=False`): progress notifications ride the response of
+  the POST that called the tool, and a JSON answer would drop them.
+- Stateless: every POST stands alone (no session to keep on one replica), and each call
+  carries its caller's bearer.
+- DNS-rebinding protection (Host and Origin allow-lists, matched by the SDK's own
+  middleware) is a gateway setting (GATEWAY_MCP_ALLOWED_HOSTS, GATEWAY_MCP_ALLOWED_ORIGINS),
+  localhost by default.
+
+Before the MCP layer sees a request, the `Gate` checks its Host and Origin, its bearer
+(with WhoAmI: no key or a rejected one is a 401) and its size, each refusal in the
+gateway's error body; what the key may do is decided by the coordinator on each tool
+call. Arguments a tool's input schema refuses are a structured INVALID_FIELD result
+(`WorkshopServer`), like a body the HTTP API cannot read.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from mcp_types import CallToolResult, InputRequiredResult
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from services.gateway import jsonmap
+from services.gateway.agent_tools import AgentTools, arguments_invalid, refused, register
+from services.gateway.dispatch import bearer_of, read_body
+from services.gateway.guard import CrossSiteRefused
+from services.gateway.live import LiveHub
+from services.gateway.problems import problem_response
+from services.gateway.upstream import Upstream
+from workshop.kit import errors
+from workshop.v1 import identity_pb2
+
+MCP_PATH = "/v1/mcp"
+INSTRUCTIONS = (
+    "Workshop: run saved workflows over stored camera recordings and look at cameras. "
+    "`runs` creates (with an id you choose; retrying with it is safe), lists, gets, watches "
+    "and cancels runs; `footage` returns a camera's frame at an instant as an image."
+)
+
+
+def split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+class HostNotAllowed(errors.InvalidArgument):
+    reason = "HOST_NOT_ALLOWED"
+
+
+def transport_security(allowed_hosts: str, allowed_origins: str) -> TransportSecuritySettings:
+    """The Host/Origin allow-lists, as the SDK matches them; `*` as the hosts turns both
+    checks off (behind a proxy that checks the Host itself)."""
+    hosts = split(allowed_hosts)
+    if hosts == ["*"]:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=split(allowed_origins),
+    )
+
+
+class WorkshopServer(MCPServer[object]):
+    """The SDK's server, with arguments its input schema refuses, arguments it does not
+    take (the SDK would ignore them) and unknown tools answered like every other refusal:
+    a structured INVALID_FIELD (NOT_FOUND) result instead of the SDK's text-only error."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[object, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        tool = next((tool for tool in await self.list_tools() if tool.name == name), None)
+        if tool is None:
+            return refused(errors.NotFound(f"No tool {name!r}; see tools/list."))
+        unknown = sorted(set(arguments) - set(tool.input_schema.get("properties", {})))
+        if unknown:
+            violations = [jsonmap.FieldViolation(key, "unknown argument") for key in unknown]
+            return refused(jsonmap.JsonInvalid(violations))
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            cause = error.__cause__
+            if isinstance(error, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            return refused(arguments_invalid(cause))
+
+
+class Gate:
+    """An ASGI app in front of the transport, answering refusals with the gateway's error
+    body: a Host or Origin not allowed (421 HOST_NOT_ALLOWED, 403 CROSS_SITE), a bearer the
+    coordinator does not accept (401, checked with WhoAmI), a body over the gateway's limit
+    (413). Everything else goes to the transport, the body replayed."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        transport: StreamableHTTPASGIApp,
+        security: TransportSecuritySettings,
+        max_body_bytes: int,
+    ) -> None:
+        self._upstream = upstream
+        self._transport = transport
+        self._security = TransportSecurityMiddleware(security)
+        self._max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            await self._check_host(request)
+            secret = bearer_of(request)
+            # "" sends no credential: the coordinator answers CREDENTIAL_MISSING.
+            await self._upstream.call("identity", "WhoAmI", identity_pb2.WhoAmIRequest(), secret)
+            body = await read_body(request, self._max_body_bytes)
+        except Exception as error:
+            await problem_response(error)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then the disconnect, when it comes
+
+        await self._transport(scope, replay, send)
+
+    async def _check_host(self, request: Request) -> None:
+        refusal = await self._security.validate_request(request, is_post=False)
+        if refusal is None:
+            return
+        if refusal.status_code == 421:
+            raise HostNotAllowed(
+                f"Host {request.headers.get('host', '')[:100]!r} is not one /v1/mcp serves "
+                "(GATEWAY_MCP_ALLOWED_HOSTS)."
+            )
+        raise CrossSiteRefused(
+            f"Origin {request.headers.get('origin', '')[:100]!r} may not call /v1/mcp "
+            "(GATEWAY_MCP_ALLOWED_ORIGINS)."
+        )
+
+
+class McpEndpoint:
+    """The MCP server, its gateway route and its session manager's lifetime."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        hub: LiveHub,
+        *,
+        allowed_hosts: str,
+        allowed_origins: str,
+        max_body_bytes: int,
+    ) -> None:
+        self.server = WorkshopServer(name="workshop", instructions=INSTRUCTIONS)
+        register(self.server, AgentTools(upstream, hub))
+        # Builds the session manager (the app it returns is not used: see the docstring).
+        # The Gate checks Host and Origin with the gateway's error body, so the SDK's own
+        # check is off here.
+        self.server.streamable_http_app(
+            streamable_http_path=MCP_PATH,
+            json_response=False,
+            stateless_http=True,
+            max_request_body_size=max_body_bytes,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        transport = StreamableHTTPASGIApp(self.server.session_manager)
+        security = transport_security(allowed_hosts, allowed_origins)
+        self._gate = Gate(upstream, transport, security, max_body_bytes)
+
+    def route(self) -> Route:
+        # POST only: stateless, there is no GET stream to open and no session to DELETE.
+        return Route(MCP_PATH, endpoint=self._gate, methods=["POST"], name="v1_mcp")
+
+    def running(self) -> AbstractAsyncContextManager[None]:
+        """Enter for as long as the gateway serves (its lifespan)."""
+        return self.server.session_manager.run()
