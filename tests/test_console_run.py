@@ -113,6 +113,7 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
     # No processor has checked in yet: the form says why it cannot create a run.
     await page.goto("/#/runs")
     await expect(page.get_by_role("heading", name="Runs")).to_be_focused()
+    await page.locator("details.create-run > summary").click()  # the form is folded
     await expect(page.locator("#run-runtime")).to_have_text("none")
     await expect(page.locator("#run-runtime-note")).to_contain_text(
         "No runtime checked in within the last 2 minutes"
@@ -163,12 +164,13 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
         # The form: the runtime the website's rule picks (the processor has checked in).
         await page.goto("/#/runs")
         await expect(page.get_by_role("heading", name="Runs")).to_be_focused()
+        await page.locator("details.create-run > summary").click()
         form = page.locator("#create-run")
         await expect(page.locator("#run-runtime")).to_have_text(world.runtime_id)
         await expect(page.get_by_label("Workflow to run")).to_have_value("yard")
         run_id_input = page.get_by_label("Run id")
         assert (await run_id_input.input_value()).startswith("yard-")
-        await page.locator("section.create-run").screenshot(
+        await page.locator("details.create-run").screenshot(
             path=str(SCREENSHOTS / "runs-create.png")
         )
         # A refused id shows the API's message and marks the field.

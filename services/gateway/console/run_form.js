@@ -1,4 +1,4 @@
-// The runs page's form to create a run: a workflow (GET /api/workshop/workflows), test or
+// The runs page's form to create a run (folded under "Create a run"): a workflow (GET /api/workshop/workflows), test or
 // full, an image limit for tests, the runtime the website's rule picks for the workflow
 // (GET .../workflows/{id}/runtime?choice=recent_capable, shown before submitting) and a
 // run id the page proposes and the user may change. POST /api/workshop/runs, then on to
@@ -44,8 +44,8 @@ export async function runForm() {
   const runtimeNote = h("p", { id: "run-runtime-note", class: "muted", "aria-live": "polite" });
   if (workflows.length === 0) {
     return h(
-      "section", { class: "panel create-run", "aria-labelledby": "create-title" },
-      h("h2", { id: "create-title", text: "Create a run" }),
+      "details", { class: "panel create-run" },
+      h("summary", { id: "create-title", text: "Create a run" }),
       h("p", { class: "muted", text: "No workflows yet: save one first." }),
     );
   }
@@ -177,8 +177,9 @@ export async function runForm() {
   );
   runtime.setAttribute("aria-labelledby", "run-runtime-label");
   runId.value = proposedRunId(workflow.value);
-  const section = h("section", { class: "panel create-run", "aria-labelledby": "create-title" },
-    h("h2", { id: "create-title", text: "Create a run" }), form);
+  // Folded by default, so the list of runs stays at the top of the page.
+  const section = h("details", { class: "panel create-run" },
+    h("summary", { id: "create-title", text: "Create a run" }), form);
   chooseRuntime().catch(() => {});
   return section;
 }
