@@ -10,7 +10,7 @@ import pytest
 
 from services.coordinator.clock import FrozenClock
 from testbed.coordinator_leases import Setup, create_run, setup
-from testbed.coordinator_world import run_request
+from testbed.coordinator_world import DAY, run_request, stamp
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
 from tests.deploy_render import named, rendered
 from workshop.v1 import common_pb2, jobs_pb2
@@ -85,12 +85,25 @@ async def test_counts_the_head_run_of_the_newest_runtime(coordinator: Coordinato
     assert job.lease.run_id == "r1"
     assert await demand(c) == 2  # one leased, one claimable: both need a processor
 
+    # a photo job is claimable whatever run is the head (the claim just marked the new
+    # runtime seen, so the photo goes to it)
+    photo = ws.RequestPhotoRequest(camera_id="cam-a", time=stamp(DAY + timedelta(hours=8)))
+    reply = await c.workshop.RequestPhoto(photo, metadata=c.admin)
+    async with c.db.connection() as connection:
+        assert (
+            await connection.fetchval(
+                "SELECT runtime_id FROM jobs WHERE run_id = $1", reply.photo.photo_id
+            )
+            == runtime
+        )
+    assert await demand(c) == 3
+
     async with c.db.connection() as connection:  # r1's queued job lapses past its expiry
         await connection.execute(
             "UPDATE jobs SET expires_at = now() - interval '1 second' "
             "WHERE run_id = 'r1' AND state = 'queued'"
         )
-    assert await demand(c) == 1
+    assert await demand(c) == 2
 
     await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
-    assert await demand(c) == 2  # r2 is the head now
+    assert await demand(c) == 3  # r2 is the head now, beside the photo
