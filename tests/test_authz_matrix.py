@@ -344,6 +344,10 @@ def _authorize(m: Matrix) -> Message:
     return pub.AuthorizeImageReadRequest(run_id="r1", item_id=m.item_id)
 
 
+def _check_lease(m: Matrix) -> Message:
+    return pub.CheckLeaseRequest(lease=m.world.job.lease, code_sha256=CODE)
+
+
 def _run(m: Matrix) -> Message:
     return ws.GetRunRequest(run_id="r1")
 
@@ -384,6 +388,15 @@ RESOURCE_CASES = [
     # the gateway follows any run; a processor key does not read runs
     ResourceCase("/workshop.v1.WorkshopService/GetRun", "gateway", _run, ALLOWED),
     ResourceCase("/workshop.v1.WorkshopService/GetRun", "run_device", _run, DENIED),
+    # the preview service speaking for a rejected credential: refused as if it had called
+    *(
+        ResourceCase(path, "service", request, grpc.StatusCode.UNAUTHENTICATED, forwards=bad)
+        for path, request in (
+            ("/workshop.v1.PublicationService/CheckLease", _check_lease),
+            ("/workshop.v1.PublicationService/AuthorizeImageRead", _authorize),
+        )
+        for bad in ("malformed", "unknown", "revoked", "expired", "disabled_session")
+    ),
 ]
 
 
