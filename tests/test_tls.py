@@ -37,7 +37,7 @@ from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.server import Server
 from workshop.kit.settings import SettingsError, load_settings
-from workshop.kit.tls import ClientTls, client_tls
+from workshop.kit.tls import ClientTls, client_tls, client_tls_from_environ
 from workshop.v1 import identity_pb2, identity_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
@@ -202,6 +202,10 @@ async def test_a_tls_coordinator_answers_tls_clients_and_refuses_plaintext(
 ) -> None:
     async with tls_coordinator(pg_dsn, coordinator_settings(pg_dsn, pki)) as (port, secret):
         assert await who_am_i(port, secret, client_tls(preview_settings(pki))) is grpc.StatusCode.OK
+        # the command lines' channels, from WORKSHOP_TLS_CA_FILE
+        cli = client_tls_from_environ({"WORKSHOP_TLS_CA_FILE": str(pki.ca.file)})
+        assert await who_am_i(port, secret, cli) is grpc.StatusCode.OK
+        assert client_tls_from_environ({}) is None
         assert await who_am_i(port, secret, None) is grpc.StatusCode.UNAVAILABLE
         # trusting another CA: the server's certificate does not verify
         other = ClientTls(pki.stranger.certificate.read_bytes())
