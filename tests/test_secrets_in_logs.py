@@ -9,11 +9,12 @@ traceback; only the test's own HTTP client is left out (`TEST_CLIENT_LOGGERS`).
 The run: a user signs in through the gateway (and fails once with a wrong password),
 creates an Agent key of her own with the session, creates a full run with that key, a
 real processor labels it with the demo detector on Triton, the user reads a preview
-image and her run's detail, then signs out. Every secret the test created or handed
-out must be absent from every line: the admin, processor, preview-service, gateway and
-Agent keys, the session cookie, its CSRF token, the password and the wrong guess, and
-the S3 secret key. Keys and sessions are searched for their random part (after the
-`.`): the id before it names the credential and may be logged.
+image and her run's detail, revokes her key and signs out, and both are then refused.
+Every secret the test created or handed out must be absent from every line: the admin,
+processor, preview-service, gateway and Agent keys, the session cookie, its CSRF token,
+the password and the wrong guess, and the S3 secret key. Keys and sessions are
+searched for their random part (after the `.`): the id before it names the credential
+and may be logged.
 """
 
 from __future__ import annotations
@@ -118,7 +119,12 @@ async def test_a_full_run_logs_no_secret(
     assert images, shown.json()
     image = await agent.get(f"/v1/workshop/runs/r1/previews/{images[0]['item_id']}/image")
     assert image.status_code == 200, image.text
+    # refusals log too: the revoked Agent key, the signed-out session
+    key_id = created.json()["key"]["key_id"]
+    assert (await ada.client.delete(f"/api/workshop/keys/{key_id}")).status_code == 200
+    assert (await agent.get("/v1/workshop/runs")).status_code == 401
     assert (await ada.client.delete("/api/session")).status_code == 204
+    assert (await ada.client.get("/api/workshop/runs")).status_code == 401
 
     found = {
         "admin key": random_part(dict(c.admin)[AUTHORIZATION_KEY].removeprefix("Bearer ")),
