@@ -22,6 +22,7 @@ from workshop.kit import errors
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.status import status_of_reason
+from workshop.kit.tls import ClientTls
 from workshop.v1 import (
     identity_pb2_grpc,
     operator_pb2_grpc,
@@ -78,14 +79,21 @@ def credential_metadata(secret: str) -> Metadata:
 class Upstream:
     """Stubs of the coordinator and the preview service on channels made once."""
 
-    def __init__(self, coordinator_target: str, preview_target: str, deadline_seconds: float):
+    def __init__(
+        self,
+        coordinator_target: str,
+        preview_target: str,
+        deadline_seconds: float,
+        *,
+        tls: ClientTls | None = None,
+    ):
         # No automatic retries: a browser or agent retries on 503 itself, and a
         # retried write would wait out the deadline twice.
         self._coordinator = open_channel(
-            coordinator_target, deadline_seconds=deadline_seconds, max_attempts=1
+            coordinator_target, deadline_seconds=deadline_seconds, max_attempts=1, tls=tls
         )
         self._preview = open_channel(
-            preview_target, deadline_seconds=deadline_seconds, max_attempts=1
+            preview_target, deadline_seconds=deadline_seconds, max_attempts=1, tls=tls
         )
         self.workshop = workshop_pb2_grpc.WorkshopServiceStub(self._coordinator)
         self.operator = operator_pb2_grpc.OperatorServiceStub(self._coordinator)

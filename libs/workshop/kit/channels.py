@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from workshop.kit.tls import ClientTls
+
 DEFAULT_DEADLINE_SECONDS = 10.0
 # gRPC's reconnect backoff grows to 120 s by default: a client whose server was down for a
 # minute could wait that long after it is back. Callers retry on their own schedule
@@ -115,10 +117,10 @@ def open_channel(
     *,
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
     max_attempts: int = 5,
+    tls: ClientTls | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure aio channel to `target` (host:port) with deadlines and retries.
-
-    In-cluster traffic is plaintext here; terminate TLS in the mesh or ingress.
+    """An aio channel to `target` (host:port) with deadlines and retries: plaintext, or
+    TLS when `tls` says which CA signs the server (workshop.kit.tls).
     """
     options: list[tuple[str, str | int]] = [
         ("grpc.max_receive_message_length", 16 * 1024 * 1024),
@@ -133,4 +135,9 @@ def open_channel(
         ]
     else:
         options.append(("grpc.enable_retries", 0))
-    return DeadlineChannel(grpc.aio.insecure_channel(target, options=options), deadline_seconds)
+    channel = (
+        grpc.aio.insecure_channel(target, options=options)
+        if tls is None
+        else grpc.aio.secure_channel(target, tls.credentials(), options=options)
+    )
+    return DeadlineChannel(channel, deadline_seconds)
