@@ -218,11 +218,6 @@ def test_preview_runs_from_its_lock_alone(s3_server: S3Server, tmp_path: Path) -
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # 1.3 GB of wheels (DALI): over two minutes on a busy 2-core machine
-@pytest.mark.xfail(
-    strict=True,
-    reason="the processor extra lacks minio, which services/processor/recordings.py imports "
-    "(pyproject.toml's processor extra and requirements/processor.txt need it)",
-)
 def test_processor_runs_from_its_lock_alone(tmp_path: Path) -> None:
     python = installed("processor", tmp_path)
     assert_only_its_extra(python, ["asyncpg", "starlette"])

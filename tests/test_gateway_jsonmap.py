@@ -531,7 +531,7 @@ def test_create_run_body_with_a_rename() -> None:
         image_limit=20,
     )
     assert request == expected
-    assert to_json(request, rename={"id": "run_id"}) == body
+    assert to_json(request, rename={"id": "run_id"}) == {**body, "validate_only": False}
     with pytest.raises(JsonInvalid) as caught:
         from_json({**body, "run_id": "r1"}, create, rename={"id": "run_id"})
     assert caught.value.violations == [FieldViolation("run_id", "unknown field")]
@@ -544,6 +544,7 @@ def test_responses_hold_defaults_and_omit_what_is_unset() -> None:
         "runtime_id": "",
         "revision": 0,
         "mode": "unspecified",
+        "validate_only": False,
     }
     refusal = cls("workshop.v1.Refusal")(code=3, metadata={"k": "v"})
     assert to_json(refusal) == {"code": 3, "message": "", "reason": "", "metadata": {"k": "v"}}

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from services.processor.manifest import code_sha256, manifest_for
 from services.processor.settings import ProcessorSettings
-from tools.cli.context import Options
+from tools.cli.context import Options, channel_tls
 from tools.cli.output import emit
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
@@ -73,7 +73,7 @@ class Doctor:
             self.checks.append(Check(name, True, detail))
 
     async def run(self) -> None:
-        async with open_channel(self.coordinator, max_attempts=1) as channel:
+        async with open_channel(self.coordinator, max_attempts=1, tls=channel_tls()) as channel:
             self.operator = operator_pb2_grpc.OperatorServiceStub(channel)
             self.identity = identity_pb2_grpc.IdentityServiceStub(channel)
             await self.check("device registered", self.device)

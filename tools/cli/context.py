@@ -19,7 +19,7 @@ from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.cli import Metadata, refusal
 from workshop.kit.status import REASONS
-from workshop.kit.tls import client_tls_from_environ
+from workshop.kit.tls import ClientTls, client_tls_from_environ
 
 T = TypeVar("T")
 
@@ -90,6 +90,14 @@ def refused(error: grpc.aio.AioRpcError) -> NoReturn:
     raise typer.Exit(EXIT_REFUSED)
 
 
+def channel_tls() -> ClientTls | None:
+    """TLS for the command's channels when WORKSHOP_TLS_CA_FILE is set (workshop.kit.tls)."""
+    try:
+        return client_tls_from_environ(os.environ)
+    except OSError as error:
+        fail("INVALID_FIELD", f"cannot read {error.filename}: {error.strerror}", code=EXIT_USAGE)
+
+
 def run(
     opts: Options,
     call: Callable[[grpc.aio.Channel, Metadata], Awaitable[T]],
@@ -103,10 +111,7 @@ def run(
     except ValueError as error:
         fail("CREDENTIAL_MALFORMED", str(error), code=EXIT_USAGE)
 
-    try:  # TLS when WORKSHOP_TLS_CA_FILE is set (workshop.kit.tls)
-        tls = client_tls_from_environ(os.environ)
-    except OSError as error:
-        fail("INVALID_FIELD", f"cannot read {error.filename}: {error.strerror}", code=EXIT_USAGE)
+    tls = channel_tls()
 
     async def go() -> T:
         async with open_channel(target, tls=tls) as channel:

@@ -12,7 +12,7 @@ import grpc
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
-from tools.cli.context import Options, fail, refused
+from tools.cli.context import Options, channel_tls, fail, refused
 from tools.cli.output import as_dict
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
@@ -90,7 +90,7 @@ def follow(opts: Options, run_id: str) -> int:
     bars = Bars() if not opts.json else None
 
     async def go() -> int:
-        async with open_channel(target) as channel:
+        async with open_channel(target, tls=channel_tls()) as channel:
             stream = workshop_pb2_grpc.WorkshopServiceStub(channel).WatchRun(
                 ws.WatchRunRequest(run_id=run_id), metadata=metadata
             )
