@@ -75,10 +75,7 @@ class WriteGrants:
                 f"(it has {facts.slot_count}).",
             )
         now = datetime.now(UTC)
-        expires = min(
-            now + timedelta(seconds=self.grant_seconds),
-            facts.lease_expires_at.ToDatetime(tzinfo=UTC),
-        )
+        expires = now + timedelta(seconds=min(self.grant_seconds, self._lease_left(facts)))
         expires = max(expires, now + timedelta(seconds=MIN_GRANT_SECONDS)).replace(microsecond=0)
         test = facts.mode != common_pb2.RUN_MODE_FULL
         answer = pb.GrantPreviewWritesResponse()
@@ -103,6 +100,14 @@ class WriteGrants:
             )
             grant.expires_at.FromDatetime(expires)
         return answer
+
+    def _lease_left(self, facts: pub.CheckLeaseResponse) -> float:
+        """Seconds the lease has left at least, by the coordinator's clock (which may differ
+        from ours): its expiry minus the check's time, less the time an answer is reused."""
+        if not facts.HasField("checked_at"):  # an older coordinator: the grant's own limit
+            return self.grant_seconds
+        left = facts.lease_expires_at.ToDatetime() - facts.checked_at.ToDatetime()
+        return left.total_seconds() - self.leases.seconds
 
     async def record(
         self, processor: str, request: pb.RecordWrittenPreviewsRequest
