@@ -24,9 +24,9 @@ from testbed.coordinator_leases import (
     empty_result,
     setup,
 )
-from testbed.coordinator_world import error_reason
+from testbed.coordinator_world import CODE, error_reason
 from testbed.harness.coordinator import CoordinatorHarness
-from testbed.harness.preview import CODE, PreviewHarness, box, jpeg_bytes, running_preview
+from testbed.harness.preview import PreviewHarness, box, jpeg_bytes, running_preview
 from testbed.harness.s3 import S3Bucket
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.hashing import sha256_hex
@@ -65,7 +65,7 @@ async def post(
     key: str | None = None,
 ) -> tuple[int, str]:
     """POSTs `image` with the grant's fields, as a processor does (optionally another key)."""
-    fields: dict[str, object] = dict(grant.fields)
+    fields: dict[str, str | tuple[str, bytes, str]] = dict(grant.fields)
     fields["Content-Type"] = content_type
     if key is not None:
         fields["key"] = key
