@@ -334,6 +334,7 @@ async def test_a_recording_replaced_mid_job_ends_the_job_at_the_next_heartbeat(
         jobs=jobs,
         previews=previews,
         heartbeat_seconds=beat,
+        direct_writes=False,  # the job itself waits in PublishPreview, the call held
     ) as processor:
         await within(previews.held.wait(), "slot 1's preview")
         put = await put_recording(c, preview, "cam-a-0", "cam-a", world.files["cam-a"])
@@ -401,6 +402,7 @@ async def test_a_cancelled_run_stops_its_processor_at_the_next_heartbeat_or_writ
             jobs=jobs,
             previews=previews,
             heartbeat_seconds=beat,
+            direct_writes=False,  # the job itself waits in PublishPreview, the call held
         ) as processor:
             await within(previews.held.wait(), "slot 1's preview")
             assert (await run_detail(c, "r1")).run.counts.previews_published == 1
