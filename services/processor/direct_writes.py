@@ -209,6 +209,18 @@ class DirectPreviews:
     async def _send_batch(
         self, batch: list[tuple[pb.WrittenPreview, asyncio.Future[pb.PublishPreviewResponse]]]
     ) -> None:
+        # Records of a lease already refused (or given up) are not sent: its job has
+        # stopped, and a batch of them would hold up the records of other jobs.
+        live = []
+        for written, answer in batch:
+            state = self._leases.get(_lease_id(written.lease))
+            if state is None or state.refused is None:
+                live.append((written, answer))
+            elif not answer.done():
+                answer.set_exception(state.refused)
+        batch = live
+        if not batch:
+            return
         try:
             reply = await self._call(
                 self._previews.RecordWrittenPreviews,
