@@ -5,9 +5,9 @@ POST policy per slot, bound to the slot's key, the content type and the largest 
 expiring within a minute and never after the lease). The processor POSTs each image
 with its grant and queues the preview's record. Records of all its jobs go to the
 preview service together (RecordWrittenPreviews), which the coordinator runs as one
-fenced statement: a batch is sent when it holds `max_batch` records or `linger_seconds`
-after its first one, and one batch is in flight at a time, so each lease's records
-arrive in slot order. A job waits for its records (`settle`) before it completes; a
+fenced statement: a batch is sent when it holds `max_batch` records, `linger_seconds`
+after its first one, or when a job waits for its records; one batch is in flight at a
+time, so each lease's records arrive in slot order. A job waits for its records (`settle`) before it completes; a
 refusal met earlier stops it at its next frame.
 """
 
@@ -28,7 +28,10 @@ from workshop.v1 import publication_pb2 as pub
 
 GRANT_BATCH = 32  # slots granted per GrantPreviewWrites
 MAX_BATCH = 64  # records per RecordWrittenPreviews
-LINGER_SECONDS = 0.005
+# How long the first queued record waits for others: each RecordWrittenPreviews costs the
+# control plane about a millisecond of CPU whatever it carries (docs/benchmarks.md), so a
+# batch is worth a short wait; a job that finishes does not wait (settle sends at once).
+LINGER_SECONDS = 0.05
 GRANT_MARGIN = timedelta(seconds=5)  # a grant closer than this to its expiry is renewed
 WRITE_TIMEOUT_SECONDS = 10.0
 WRITE_RETRIES = 2
@@ -72,7 +75,8 @@ class DirectPreviews:
         self._leases: dict[LeaseId, _Lease] = {}
         self._queue: list[tuple[pb.WrittenPreview, asyncio.Future[pb.PublishPreviewResponse]]] = []
         self._sender: asyncio.Task[None] | None = None
-        self._full = asyncio.Event()
+        self._full = asyncio.Event()  # set when a batch is full or must go now
+        self._flush = False  # a job waits for its records: the next batch goes at once
         self._http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=WRITE_TIMEOUT_SECONDS, read=WRITE_TIMEOUT_SECONDS),
             retries=urllib3.Retry(
@@ -137,6 +141,8 @@ class DirectPreviews:
             return
         try:
             if state.pending:
+                self._flush = True  # the job waits for its records: send what is queued now
+                self._full.set()
                 await asyncio.wait(list(state.pending))
             if state.refused is not None:
                 raise state.refused
@@ -195,11 +201,12 @@ class DirectPreviews:
     async def _send(self) -> None:
         try:
             while self._queue:
-                if len(self._queue) < self._max_batch:
+                if len(self._queue) < self._max_batch and not self._flush:
                     self._full.clear()
-                    # A batch waits a few milliseconds for more records, or until it is full.
+                    # A batch waits a moment for more records, or until it is full.
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._full.wait(), self._linger)
+                self._flush = False
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
                 await self._send_batch(batch)
