@@ -7,8 +7,8 @@ with its grant and queues the preview's record. Records of all its jobs go to th
 preview service together (RecordWrittenPreviews), which the coordinator runs as one
 fenced statement: a batch is sent when it holds `max_batch` records, `linger_seconds`
 after its first one, or when a job waits for its records; one batch is in flight at a
-time, so each lease's records arrive in slot order. A job waits for its records (`settle`) before it completes; a
-refusal met earlier stops it at its next frame.
+time, so each lease's records arrive in slot order. A job waits for its records
+(`settle`) before it completes; a refusal met earlier stops it at its next frame.
 """
 
 from __future__ import annotations
