@@ -31,7 +31,7 @@ Measured (wall time from the first call to the last answer), each after a warm-u
 - grants: the processor's own path (`services.processor.direct_writes`), one writer for
   all `--publishers` tasks as one processor has: GrantPreviewWrites for the next 32
   slots, a POST of each image straight to SeaweedFS with its grant, records batched
-  (64, or 50 ms) into RecordWrittenPreviews, which the coordinator runs as one fenced
+  (64, or 200 ms) into RecordWrittenPreviews, which the coordinator runs as one fenced
   statement; the phase ends when every record is answered;
 - fences only: the coordinator's RecordPreview per preview as the service makes it
   (its credential, the processor's on behalf), one call per preview, with no bytes:

@@ -31,7 +31,7 @@ MAX_BATCH = 64  # records per RecordWrittenPreviews
 # How long the first queued record waits for others: each RecordWrittenPreviews costs the
 # control plane about a millisecond of CPU whatever it carries (docs/benchmarks.md), so a
 # batch is worth a short wait; a job that finishes does not wait (settle sends at once).
-LINGER_SECONDS = 0.05
+LINGER_SECONDS = 0.2
 GRANT_MARGIN = timedelta(seconds=5)  # a grant closer than this to its expiry is renewed
 WRITE_TIMEOUT_SECONDS = 10.0
 WRITE_RETRIES = 2
