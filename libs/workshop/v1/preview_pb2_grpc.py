@@ -30,7 +30,8 @@ class PreviewServiceStub:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+    processor's workshop:run key; the service
     forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
     checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -90,7 +91,8 @@ class PreviewServiceServicer:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+    processor's workshop:run key; the service
     forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
     checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -226,7 +228,8 @@ class PreviewService:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+    processor's workshop:run key; the service
     forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
     checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session

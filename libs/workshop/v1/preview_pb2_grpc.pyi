@@ -34,7 +34,8 @@ class PreviewServiceStub:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+      processor's workshop:run key; the service
       forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
       checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -102,7 +103,8 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+      processor's workshop:run key; the service
       forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
       checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -166,7 +168,8 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+      processor's workshop:run key; the service
       forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
       checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
