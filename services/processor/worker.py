@@ -440,8 +440,11 @@ class Processor:
     ) -> jobs_pb2.SlotResult:
         """A frame that reaches an output: its preview, which in full runs is also its upload.
 
-        A preview service that does not answer the preview's digest (older than the
-        coordinator's migration 0008) gets the upload staged separately, as before.
+        The bytes go straight to object storage with a grant and the record is queued
+        (direct_writes.py); through PublishPreview when `direct_writes` is off or the
+        preview service predates grants. A preview service that does not answer the
+        preview's digest (older than the coordinator's migration 0008) gets the upload
+        staged separately, as before.
         """
         if routed.outcome != "frame":
             return to_slot_result(index, moment, routed)
