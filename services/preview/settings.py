@@ -64,6 +64,12 @@ class PreviewSettings(ServerSettings, ClientTlsSettings):
         "(0 checks every publish); a lease refused meanwhile gets its bytes collected.",
         check=at_least(0),
     )
+    grant_seconds: int = setting(
+        60,
+        help="Longest life of a direct-write grant (GrantPreviewWrites), seconds; a grant never "
+        "outlives its lease either.",
+        check=between(1, 600, " s"),
+    )
     max_image_bytes: int = setting(
         4 * MIB,
         help="Largest image accepted by PublishPreview and StageUpload, bytes.",

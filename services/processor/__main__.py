@@ -74,6 +74,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             claim_wait_seconds=settings.claim_wait_seconds,
             heartbeat_seconds=settings.heartbeat_seconds,
             retry_seconds=settings.rpc_retry_seconds,
+            direct_writes=settings.direct_writes,
         )
         try:
             await serve(label=LABEL, settings=settings, services=[], workers=[processor])

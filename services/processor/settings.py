@@ -55,6 +55,12 @@ class ProcessorSettings(ServerSettings, ClientTlsSettings):
         "INTERNAL) is asked again before the job is handed back to the queue.",
         check=at_least(0),
     )
+    direct_writes: bool = setting(
+        True,
+        help="1 = write previews straight to object storage with the preview service's grants "
+        "and record them in batches; 0 = send the bytes through PublishPreview (as processors "
+        "before grants did).",
+    )
     triton_shared_memory: str = setting(
         "auto",
         help="Frames to Triton through system shared memory: auto (when TRITON_TARGET is "

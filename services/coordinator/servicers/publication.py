@@ -75,6 +75,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             kind=KINDS[facts.kind],
             camera_id=facts.camera_id,
             slot_count=facts.slot_count,
+            checked_at=convert.ts(self.api.clock.now()),
         )
 
     async def StageObject(
