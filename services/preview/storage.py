@@ -23,6 +23,7 @@ from minio.deleteobjects import DeleteObject
 from minio.error import MinioException, S3Error
 
 from services.preview.errors import ImageMissing, StorageMisconfigured, StorageUnavailable
+from services.preview.metrics import count_put
 from services.preview.settings import PreviewSettings
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class ObjectStore:
             )
 
         await self._call(put)
+        count_put(key, len(data))
 
     async def get(self, key: str) -> bytes:
         """The object's bytes; ImageMissing when the store has no such object."""
