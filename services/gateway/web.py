@@ -21,6 +21,7 @@ import uvicorn
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
@@ -35,12 +36,14 @@ from services.gateway.live_metrics import LiveMetrics
 from services.gateway.mcp_app import McpEndpoint
 from services.gateway.openapi import openapi_document
 from services.gateway.problems import error_body, problem_response
+from services.gateway.request_spans import RequestSpans
 from services.gateway.routes import API, IMAGE, OPERATIONS, TAR, V1, Operation
 from services.gateway.session import SessionRoutes
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Upstream, UpstreamError
 from workshop.kit import errors, metrics
 from workshop.kit.server import announce
+from workshop.kit.telemetry import tracing_enabled
 from workshop.v1 import workshop_pb2
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -91,6 +94,8 @@ class Gateway:
     def app(self) -> Starlette:
         return Starlette(
             routes=self.routes(),
+            # with tracing on, each request starts the trace its gRPC calls continue
+            middleware=[Middleware(RequestSpans)] if tracing_enabled() else [],
             exception_handlers={HTTPException: _http_exception},  # type: ignore[dict-item]
             lifespan=self._lifespan,
         )

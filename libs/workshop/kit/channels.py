@@ -10,6 +10,7 @@ unary calls, so server streams such as WatchRun can stay open.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -115,8 +116,10 @@ def open_channel(
     *,
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
     max_attempts: int = 5,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
 ) -> grpc.aio.Channel:
-    """An insecure aio channel to `target` (host:port) with deadlines and retries.
+    """An insecure aio channel to `target` (host:port) with deadlines and retries, and
+    `interceptors` (the gateway's tracing: workshop.kit.telemetry.client_interceptors).
 
     In-cluster traffic is plaintext here; terminate TLS in the mesh or ingress.
     """
@@ -133,4 +136,7 @@ def open_channel(
         ]
     else:
         options.append(("grpc.enable_retries", 0))
-    return DeadlineChannel(grpc.aio.insecure_channel(target, options=options), deadline_seconds)
+    channel = grpc.aio.insecure_channel(
+        target, options=options, interceptors=list(interceptors) or None
+    )
+    return DeadlineChannel(channel, deadline_seconds)
