@@ -49,7 +49,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
     server = grpc.aio.server()
     found = Receiver()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

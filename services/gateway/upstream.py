@@ -84,9 +84,12 @@ class Upstream:
         # retried write would wait out the deadline twice.
         # With tracing on, each call carries the trace context of the request it serves.
         traced = client_interceptors()
-        once = {"deadline_seconds": deadline_seconds, "max_attempts": 1, "interceptors": traced}
-        self._coordinator = open_channel(coordinator_target, **once)
-        self._preview = open_channel(preview_target, **once)
+        self._coordinator, self._preview = (
+            open_channel(
+                target, deadline_seconds=deadline_seconds, max_attempts=1, interceptors=traced
+            )
+            for target in (coordinator_target, preview_target)
+        )
         self.workshop = workshop_pb2_grpc.WorkshopServiceStub(self._coordinator)
         self.operator = operator_pb2_grpc.OperatorServiceStub(self._coordinator)
         self.identity = identity_pb2_grpc.IdentityServiceStub(self._coordinator)
