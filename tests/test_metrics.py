@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.maintenance import Maintenance
+from testbed.coordinator_leases import claimed, create_run, refused, setup
 from testbed.coordinator_world import save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import GatewayHarness
@@ -167,6 +170,43 @@ async def test_every_service_scrape_moves_while_a_run_goes_through(
     assert moved("gateway", "workshop_gateway_sockets_served_total") == 1
     assert moved("gateway", "workshop_gateway_messages_sent_total") >= 2
     assert moved("gateway", "workshop_gateway_slow_readers_dropped_total") == 0
+
+
+async def test_lapsed_leases_and_the_fence_they_meet_are_counted(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """Maintenance takes back two lapsed leases (requeued); the heartbeat of one of them
+    after that meets the LEASE_MISMATCH fence. The jobs gauge follows each step."""
+    c = coordinator
+    built = await setup(c)
+    await create_run(c, built)
+    url = f"http://127.0.0.1:{c.metrics_port}/metrics"
+    async with httpx.AsyncClient() as http:
+        before = await scrape(http, url)
+        job = await claimed(c, built)
+        await claimed(c, built)
+        leased = await scrape(http, url)
+        c.clock.advance(timedelta(minutes=5, seconds=1))
+        done = await Maintenance(c.db, c.clock, interval_seconds=1).run_once()
+        assert done.requeued == 2
+        assert await refused(
+            c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=job.lease), metadata=built.processor)
+        ) == (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_MISMATCH")
+        after = await scrape(http, url)
+
+    def moved(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    runtime = built.world.tracking_runtime
+    assert total(leased, "workshop_coordinator_jobs", runtime=runtime, state="leased") == 2
+    assert total(after, "workshop_coordinator_jobs", runtime=runtime, state="leased") == 0
+    assert total(after, "workshop_coordinator_jobs", runtime=runtime, state="queued") == 2
+    assert moved("workshop_coordinator_lease_lapses_total", outcome="requeued") == 2
+    assert moved("workshop_coordinator_lease_lapses_total", outcome="exhausted") == 0
+    fence = {"reason": "LEASE_MISMATCH"}
+    assert moved("workshop_coordinator_fence_refusals_total", **fence) == 1
+    heartbeat = {"method": "workshop.v1.JobService/Heartbeat", "reason": "LEASE_MISMATCH"}
+    assert moved("workshop_rpc_refusals_total", service="coordinator-test", **heartbeat) == 1
 
 
 async def test_a_metrics_port_answers_only_get_metrics() -> None:
