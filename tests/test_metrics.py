@@ -26,9 +26,11 @@ from testbed.coordinator_leases import claimed, create_run, refused, setup
 from testbed.coordinator_world import save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import GatewayHarness
-from testbed.harness.preview import PreviewHarness
+from testbed.harness.preview import PreviewHarness, running_preview
+from testbed.harness.s3 import S3Bucket
 from testbed.harness.triton import TritonServer
 from tests.processor_world import build_world, finished, run_key, running_processor, yard_spec
+from tests.test_preview_cleanup import cleanup, collectable_objects
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.server import Server, ServerSettings
 from workshop.v1 import common_pb2, jobs_pb2
@@ -207,6 +209,28 @@ async def test_lapsed_leases_and_the_fence_they_meet_are_counted(
     assert moved("workshop_coordinator_fence_refusals_total", **fence) == 1
     heartbeat = {"method": "workshop.v1.JobService/Heartbeat", "reason": "LEASE_MISMATCH"}
     assert moved("workshop_rpc_refusals_total", service="coordinator-test", **heartbeat) == 1
+
+
+async def test_cleanup_deletions_are_counted_by_kind(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket
+) -> None:
+    c = coordinator
+    await collectable_objects(c, s3_bucket, "preview", 3)
+    await collectable_objects(c, s3_bucket, "upload", 2)
+    async with running_preview(c, s3_bucket) as p, httpx.AsyncClient() as http:
+        url = f"http://127.0.0.1:{p.metrics_port}/metrics"
+        before = await scrape(http, url)
+        await cleanup(c, p)
+        after = await scrape(http, url)
+
+    def moved(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert moved("workshop_preview_cleanup_deletions_total", kind="preview") == 3
+    assert moved("workshop_preview_cleanup_deletions_total", kind="upload") == 2
+    assert moved("workshop_preview_cleanup_deleted_bytes_total", kind="upload") == 2
+    cleanup_rpc = {"service": "preview-test", "method": "workshop.v1.PreviewService/RunCleanup"}
+    assert moved("workshop_rpc_requests_total", **cleanup_rpc, code="OK") == 1
 
 
 async def test_a_metrics_port_answers_only_get_metrics() -> None:
