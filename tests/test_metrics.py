@@ -168,7 +168,12 @@ async def test_every_service_scrape_moves_while_a_run_goes_through(
     publish = {"service": "preview-test", "method": "workshop.v1.PreviewService/PublishPreview"}
     assert moved("preview", "workshop_rpc_requests_total", **publish, code="OK") == 10
 
-    # gateway: the socket it served, the messages it sent; no slow reader here
+    # gateway: the request by its route template, the socket it served, the messages it
+    # sent; no slow reader here
+    created_route = {"method": "POST", "route": "/v1/workshop/runs"}
+    ok = {**created_route, "status": "200"}
+    assert moved("gateway", "workshop_gateway_http_requests_total", **ok) == 1
+    assert moved("gateway", "workshop_gateway_http_duration_seconds_count", **created_route) == 1
     assert moved("gateway", "workshop_gateway_sockets_served_total") == 1
     assert moved("gateway", "workshop_gateway_messages_sent_total") >= 2
     assert moved("gateway", "workshop_gateway_slow_readers_dropped_total") == 0

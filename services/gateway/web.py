@@ -36,6 +36,7 @@ from services.gateway.live_metrics import LiveMetrics
 from services.gateway.mcp_app import McpEndpoint
 from services.gateway.openapi import openapi_document
 from services.gateway.problems import error_body, problem_response
+from services.gateway.request_metrics import RequestMetrics
 from services.gateway.request_spans import RequestSpans
 from services.gateway.routes import API, IMAGE, OPERATIONS, TAR, V1, Operation
 from services.gateway.session import SessionRoutes
@@ -95,7 +96,8 @@ class Gateway:
         return Starlette(
             routes=self.routes(),
             # with tracing on, each request starts the trace its gRPC calls continue
-            middleware=[Middleware(RequestSpans)] if tracing_enabled() else [],
+            middleware=[Middleware(RequestMetrics)]
+            + ([Middleware(RequestSpans)] if tracing_enabled() else []),
             exception_handlers={HTTPException: _http_exception},  # type: ignore[dict-item]
             lifespan=self._lifespan,
         )

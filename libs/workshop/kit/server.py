@@ -3,9 +3,9 @@
 Each server gets health (grpc.health.v1, aio), reflection, the RPC metrics
 interceptor, an OpenTelemetry interceptor and the error-mapping interceptor, and a
 Prometheus `/metrics` endpoint on its own port unless `metrics_port` is -1. On SIGTERM
-or SIGINT it reports NOT_SERVING, waits `drain_seconds` so load balancers and probes notice, stops
-the server with `grace_seconds` for calls in flight, then stops its background
-workers; the caller's `async with` blocks close pools and clients afterwards.
+or SIGINT it reports NOT_SERVING, waits `drain_seconds` so load balancers and probes
+notice, stops the server with `grace_seconds` for calls in flight, then stops its
+background workers; the caller's `async with` blocks close pools and clients afterwards.
 """
 
 from __future__ import annotations
