@@ -247,7 +247,8 @@ async def test_a_metrics_port_answers_only_get_metrics() -> None:
 
 
 async def test_metrics_port_minus_one_serves_none() -> None:
-    server = Server(label="off", settings=ServerSettings(metrics_port=-1), services=[])
+    settings = ServerSettings(metrics_port=-1, drain_seconds=0.0)
+    server = Server(label="off", settings=settings, services=[])
     await server.start()
     try:
         assert server.metrics_port is None

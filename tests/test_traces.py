@@ -22,6 +22,7 @@ from services.coordinator.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, save_workflow, workflow_spec
 from testbed.harness.coordinator import coordinator_client
 from testbed.harness.processes import ServiceProcess, prefixed
+from workshop.kit.telemetry import client_interceptors, configure_tracing, tracing_enabled
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -159,3 +160,20 @@ async def test_a_create_run_is_one_trace_from_the_gateway_to_the_coordinator(
     assert request.trace_id == client_call.trace_id == served.trace_id
     assert client_call.parent_span_id == request.span_id
     assert served.parent_span_id == client_call.span_id
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_EXPORTER": "none"}],
+)
+def test_without_an_endpoint_nothing_is_traced(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    configure_tracing("quiet")
+    assert not tracing_enabled()
+    assert client_interceptors() == []
