@@ -102,6 +102,7 @@ async def test_every_service_scrape_moves_while_a_run_goes_through(
         assert created.status_code == 200, created.text
         queued = await scrape(http, urls["coordinator"])
         assert total(queued, "workshop_coordinator_jobs", runtime=world.runtime_id) == 1
+        assert total(queued, "workshop_coordinator_claimable_jobs", runtime=world.runtime_id) == 1
 
         # a claim with another code's digest: a fence refusal, counted by its reason
         with pytest.raises(grpc.aio.AioRpcError):
@@ -183,10 +184,12 @@ async def test_lapsed_leases_and_the_fence_they_meet_are_counted(
     coordinator: CoordinatorHarness,
 ) -> None:
     """Maintenance takes back two lapsed leases (requeued); the heartbeat of one of them
-    after that meets the LEASE_MISMATCH fence. The jobs gauge follows each step."""
+    after that meets the LEASE_MISMATCH fence. The jobs gauges follow each step; r2's
+    jobs are queued but not claimable while r1 is the runtime's head run."""
     c = coordinator
     built = await setup(c)
     await create_run(c, built)
+    await create_run(c, built, "r2")
     url = f"http://127.0.0.1:{c.metrics_port}/metrics"
     async with httpx.AsyncClient() as http:
         before = await scrape(http, url)
@@ -206,8 +209,11 @@ async def test_lapsed_leases_and_the_fence_they_meet_are_counted(
 
     runtime = built.world.tracking_runtime
     assert total(leased, "workshop_coordinator_jobs", runtime=runtime, state="leased") == 2
+    assert total(before, "workshop_coordinator_claimable_jobs", runtime=runtime) == 2
+    assert total(leased, "workshop_coordinator_claimable_jobs", runtime=runtime) == 0
+    assert total(after, "workshop_coordinator_claimable_jobs", runtime=runtime) == 2
     assert total(after, "workshop_coordinator_jobs", runtime=runtime, state="leased") == 0
-    assert total(after, "workshop_coordinator_jobs", runtime=runtime, state="queued") == 2
+    assert total(after, "workshop_coordinator_jobs", runtime=runtime, state="queued") == 4
     assert moved("workshop_coordinator_lease_lapses_total", outcome="requeued") == 2
     assert moved("workshop_coordinator_lease_lapses_total", outcome="exhausted") == 0
     fence = {"reason": "LEASE_MISMATCH"}
