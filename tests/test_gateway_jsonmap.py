@@ -455,7 +455,14 @@ def test_schema_shapes() -> None:
     components = schemas.components()
     response = components["workshop.v1.CreateRunRequest-response"]
     assert response["additionalProperties"] is False
-    assert response["required"] == ["run_id", "workflow_id", "runtime_id", "revision", "mode"]
+    assert response["required"] == [
+        "run_id",
+        "workflow_id",
+        "runtime_id",
+        "revision",
+        "mode",
+        "validate_only",
+    ]
     assert response["properties"]["image_limit"]["maximum"] == 2**32 - 1
     assert response["properties"]["revision"]["format"] == "int64"
     assert response["properties"]["mode"]["$ref"] == "#/components/schemas/workshop.v1.RunMode"

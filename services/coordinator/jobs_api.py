@@ -255,6 +255,8 @@ class JobsApi:
         idempotent: the same key sending the same id again (its answer was lost) gets the
         lease that claim took, unchanged, while it is held, not another job."""
         remembered_as = check_request_id("request_id", request_id)
+        # The scope before the runtime: a key that may not claim learns no runtime's existence.
+        reporter(who)
         runtime = await self._runtime(runtime_id)
         cameras = _claimable_cameras(who, runtime.device_id)
         if code_sha256 != runtime.code_sha256:

@@ -433,6 +433,9 @@ class PublicationApi:
     ) -> ImageLocation:
         """Where an image's bytes are, if `reader` may see that camera and it has not expired."""
         _require_service(who)
+        # The reader's scope before the lookup: a key that reads no footage learns no
+        # image's existence.
+        auth.require(reader, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
         async with self.db.connection() as connection:
             row = await fetch_one(
                 connection, ImageLocation, sql("jobs", "image_for_read"), run_id, item_id

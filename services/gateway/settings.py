@@ -6,12 +6,13 @@ import dataclasses
 
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
+from workshop.kit.tls import ClientTlsSettings
 
 PREFIX = "GATEWAY"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GatewaySettings(ServerSettings):
+class GatewaySettings(ServerSettings, ClientTlsSettings):
     port: int = setting(50053, help="gRPC port for health and reflection; 0 picks a free port.")
     http_host: str = setting("127.0.0.1", help="Address the HTTP/WebSocket server binds.")
     http_port: int = setting(

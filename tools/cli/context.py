@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.cli import Metadata, refusal
 from workshop.kit.status import REASONS
+from workshop.kit.tls import client_tls_from_environ
 
 T = TypeVar("T")
 
@@ -101,8 +103,13 @@ def run(
     except ValueError as error:
         fail("CREDENTIAL_MALFORMED", str(error), code=EXIT_USAGE)
 
+    try:  # TLS when WORKSHOP_TLS_CA_FILE is set (workshop.kit.tls)
+        tls = client_tls_from_environ(os.environ)
+    except OSError as error:
+        fail("INVALID_FIELD", f"cannot read {error.filename}: {error.strerror}", code=EXIT_USAGE)
+
     async def go() -> T:
-        async with open_channel(target) as channel:
+        async with open_channel(target, tls=tls) as channel:
             return await call(channel, metadata)
 
     try:

@@ -21,6 +21,7 @@ from grpc_status import rpc_status
 
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
+from workshop.kit.tls import client_tls_from_environ
 
 COORDINATOR_ENV = "WORKSHOP_COORDINATOR"
 KEY_ENV = "WORKSHOP_KEY"
@@ -63,10 +64,16 @@ def refusal(error: grpc.aio.AioRpcError) -> tuple[str, str, dict[str, str]]:
 def call_coordinator(
     target: str, key: str, call: Callable[[grpc.aio.Channel, Metadata], Awaitable[T]]
 ) -> T:
-    """Run `call` on a channel to the coordinator; a refusal exits 1 with its status."""
+    """Run `call` on a channel to the coordinator (TLS when WORKSHOP_TLS_CA_FILE is set,
+    workshop.kit.tls); a refusal exits 1 with its status."""
+    try:
+        tls = client_tls_from_environ(os.environ)
+    except OSError as error:
+        print(f"cannot read {error.filename}: {error.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     async def run() -> T:
-        async with open_channel(target) as channel:
+        async with open_channel(target, tls=tls) as channel:
             return await call(channel, bearer_metadata(key))
 
     try:

@@ -34,6 +34,7 @@ from workshop.kit.reflection import DocumentedReflectionServicer
 from workshop.kit.rpc_metrics import RpcMetricsInterceptor
 from workshop.kit.settings import between, setting
 from workshop.kit.telemetry import tracing_enabled
+from workshop.kit.tls import ServerTlsSettings, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,9 @@ _infrastructure_call = any_of(service_prefix("grpc.health."), service_prefix("gr
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ServerSettings:
-    """Settings every gRPC server shares; services extend this dataclass."""
+class ServerSettings(ServerTlsSettings):
+    """Settings every gRPC server shares (TLS: workshop.kit.tls); services extend this
+    dataclass."""
 
     host: str = setting("127.0.0.1", help="Address the gRPC server binds (0.0.0.0 in a pod).")
     port: int = setting(0, help="gRPC port; 0 picks a free port, announced on stdout.")
@@ -128,7 +130,13 @@ class Server:
             ),
             server,
         )
-        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        address = f"{self.settings.host}:{self.settings.port}"
+        credentials = server_credentials(self.settings)
+        self.port = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
         if self.port == 0:
             raise OSError(f"cannot bind {self.settings.host}:{self.settings.port}")
         await server.start()

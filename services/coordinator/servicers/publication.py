@@ -133,11 +133,12 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     async def ListCollectableObjects(
         self, request: pb.ListCollectableObjectsRequest, context: Context
     ) -> pb.ListCollectableObjectsResponse:
+        who = await self.who(context)  # the credential before the request's fields
         kind = OBJECT_KINDS.get(request.kind)
         if kind is None:
             raise InvalidField("kind must be PREVIEW or UPLOAD.")
         rows, more, sweeps = await self.api.claim_collectable(
-            await self.who(context), kind, request.limit or DEFAULT_COLLECT
+            who, kind, request.limit or DEFAULT_COLLECT
         )
         return pb.ListCollectableObjectsResponse(
             objects=[

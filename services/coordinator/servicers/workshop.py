@@ -476,10 +476,9 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def RequestPhoto(
         self, request: pb.RequestPhotoRequest, context: Context
     ) -> pb.RequestPhotoResponse:
+        who = await self.who(context)  # the credential before the request's fields
         moment = convert.from_ts("time", request.time)
-        view, created = await self.photos.request(
-            await self.who(context), request.camera_id, moment
-        )
+        view, created = await self.photos.request(who, request.camera_id, moment)
         return pb.RequestPhotoResponse(photo=photo(view), created=created)
 
     async def GetPhoto(self, request: pb.GetPhotoRequest, context: Context) -> pb.GetPhotoResponse:
