@@ -37,8 +37,10 @@ from services.coordinator.errors import (
     fenced,
 )
 from services.coordinator.fields import check_request_id
+from services.coordinator.metrics import CLAIM_SECONDS
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from services.coordinator.workshop_api import SnapshotRecordingRow
+from workshop.kit.metrics import timed
 from workshop.v1 import jobs_pb2
 
 LEASE = timedelta(minutes=5)
@@ -245,6 +247,7 @@ class JobsApi:
             self._runtimes[runtime_id] = found
         return found
 
+    @timed(CLAIM_SECONDS)
     async def claim(
         self, who: Principal, runtime_id: str, code_sha256: str, request_id: str = ""
     ) -> Claimed | None:

@@ -18,6 +18,17 @@ class GatewaySettings(ServerSettings, ClientTlsSettings):
     http_port: int = setting(
         8080, help="HTTP port; 0 picks a free port, announced on stdout.", check=between(0, 65535)
     )
+    metrics_port: int = setting(
+        -1,
+        help="Port of a Prometheus GET /metrics endpoint of its own (on HOST); 0 picks a free "
+        "port; -1 (the default) serves /metrics on the HTTP port only (see HTTP_METRICS).",
+        check=between(-1, 65535),
+    )
+    http_metrics: bool = setting(
+        True,
+        help="1 = serve Prometheus GET /metrics on the HTTP port (without a credential: keep "
+        "/metrics off the public ingress); 0 = not on the HTTP port.",
+    )
     coordinator_target: str = setting("127.0.0.1:50051", help="Coordinator gRPC address host:port.")
     preview_target: str = setting("127.0.0.1:50052", help="Preview service gRPC address.")
     max_body_bytes: int = setting(

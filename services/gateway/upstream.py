@@ -22,6 +22,7 @@ from workshop.kit import errors
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.status import status_of_reason
+from workshop.kit.telemetry import client_interceptors
 from workshop.kit.tls import ClientTls
 from workshop.v1 import (
     identity_pb2_grpc,
@@ -89,11 +90,17 @@ class Upstream:
     ):
         # No automatic retries: a browser or agent retries on 503 itself, and a
         # retried write would wait out the deadline twice.
-        self._coordinator = open_channel(
-            coordinator_target, deadline_seconds=deadline_seconds, max_attempts=1, tls=tls
-        )
-        self._preview = open_channel(
-            preview_target, deadline_seconds=deadline_seconds, max_attempts=1, tls=tls
+        # With tracing on, each call carries the trace context of the request it serves.
+        traced = client_interceptors()
+        self._coordinator, self._preview = (
+            open_channel(
+                target,
+                deadline_seconds=deadline_seconds,
+                max_attempts=1,
+                tls=tls,
+                interceptors=traced,
+            )
+            for target in (coordinator_target, preview_target)
         )
         self.workshop = workshop_pb2_grpc.WorkshopServiceStub(self._coordinator)
         self.operator = operator_pb2_grpc.OperatorServiceStub(self._coordinator)

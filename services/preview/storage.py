@@ -25,6 +25,7 @@ from minio.deleteobjects import DeleteObject
 from minio.error import MinioException, S3Error
 
 from services.preview.errors import ImageMissing, StorageMisconfigured, StorageUnavailable
+from services.preview.metrics import count_put
 from services.preview.settings import PreviewSettings
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class ObjectStore:
             )
 
         await self._call(put)
+        count_put(key, len(data))
 
     def post_policy(
         self, key: str, content_type: str, max_bytes: int, expires_at: datetime.datetime

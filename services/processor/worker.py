@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -38,7 +39,7 @@ from typing import Any
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.processor import decode
+from services.processor import decode, metrics
 from services.processor.decode import DecodeError, StreamInfo
 from services.processor.direct_writes import DirectPreviews, WriteFailed, WriteUnavailable
 from services.processor.images import JPEG, encode_jpeg
@@ -144,7 +145,12 @@ class Processor:
     failed: int = 0
     handed_back: int = 0
 
+    @property
+    def running_jobs(self) -> set[asyncio.Task[None]]:
+        return self._running
+
     async def start(self) -> None:
+        metrics.JOBS_IN_FLIGHT.add(self)
         if self._task is None:
             self._stopping.clear()
             self._task = asyncio.create_task(self._loop(), name="claim-loop")
@@ -278,6 +284,7 @@ class Processor:
         job; when even that gets no answer, the lease lapses and maintenance takes the job
         back (one attempt spent)."""
         self.handed_back += 1
+        metrics.HAND_BACKS.inc()
         self._claim_pause = min(
             CLAIM_PAUSE_MAX_SECONDS, max(self.idle_seconds, 2 * self._claim_pause)
         )
@@ -380,6 +387,8 @@ class Processor:
                 slots[index] = await self._publish(
                     job, index, moment, frames[position], routed, full
                 )
+                if routed.outcome == "frame":  # it was published
+                    metrics.FRAMES_PUBLISHED.inc()
             done = len(slots) * 100 // max(1, len(indices))
             if done >= reported + PROGRESS_STEP:
                 reported = done
@@ -406,12 +415,15 @@ class Processor:
         )
         taken = 0
         while True:
+            started = time.perf_counter()
             try:
                 chunk = await asyncio.to_thread(next, chunks, None)
             except DecodeError as error:
                 raise JobFailed(str(error)) from None
             if chunk is None:
                 return
+            metrics.DECODE_SECONDS.observe(time.perf_counter() - started)
+            metrics.FRAMES_DECODED.inc(len(chunk))
             batch = wanted[taken : taken + len(chunk)]
             taken += len(chunk)
             yield batch, chunk
@@ -422,11 +434,13 @@ class Processor:
         async with self._model_turn:
             for model in served:
                 try:
-                    found.append(await self.models.infer(model, frames))
+                    with metrics.INFERENCE_SECONDS.labels(model.pin.name).time():
+                        found.append(await self.models.infer(model, frames))
                 except ModelUnavailable as error:
                     raise JobFailed(str(error)) from None
                 except TritonUnreachable as error:
                     raise ServiceUnavailable(str(error)) from None
+        metrics.FRAMES_INFERRED.inc(len(frames))
         return found
 
     async def _publish(

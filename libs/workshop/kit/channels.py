@@ -10,6 +10,7 @@ unary calls, so server streams such as WatchRun can stay open.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -118,9 +119,11 @@ def open_channel(
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
     max_attempts: int = 5,
     tls: ClientTls | None = None,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
 ) -> grpc.aio.Channel:
     """An aio channel to `target` (host:port) with deadlines and retries: plaintext, or
-    TLS when `tls` says which CA signs the server (workshop.kit.tls).
+    TLS when `tls` says which CA signs the server (workshop.kit.tls); and `interceptors`
+    (the gateway's tracing: workshop.kit.telemetry.client_interceptors).
     """
     options: list[tuple[str, str | int]] = [
         ("grpc.max_receive_message_length", 16 * 1024 * 1024),
@@ -135,9 +138,12 @@ def open_channel(
         ]
     else:
         options.append(("grpc.enable_retries", 0))
+    intercepted = list(interceptors) or None
     channel = (
-        grpc.aio.insecure_channel(target, options=options)
+        grpc.aio.insecure_channel(target, options=options, interceptors=intercepted)
         if tls is None
-        else grpc.aio.secure_channel(target, tls.credentials(), options=options)
+        else grpc.aio.secure_channel(
+            target, tls.credentials(), options=options, interceptors=intercepted
+        )
     )
     return DeadlineChannel(channel, deadline_seconds)
