@@ -160,6 +160,8 @@ POLICY: dict[str, Rule] = {
     # PreviewService: the caller's own credential, forwarded to the coordinator
     "/workshop.v1.PreviewService/PublishPreview": LEASE,
     "/workshop.v1.PreviewService/StageUpload": LEASE,
+    "/workshop.v1.PreviewService/GrantPreviewWrites": LEASE,
+    "/workshop.v1.PreviewService/RecordWrittenPreviews": LEASE,
     "/workshop.v1.PreviewService/ReadImage": READ_FOOTAGE,
     "/workshop.v1.PreviewService/RunCleanup": ADMIN,
     "/workshop.v1.PreviewService/ExportBucket": READ_FOOTAGE,

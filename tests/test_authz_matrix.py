@@ -303,6 +303,14 @@ PROBES: dict[str, Callable[[Matrix], Message]] = {
     ),
     "/workshop.v1.PreviewService/PublishPreview": lambda m: publish_request(m.world.job, 1),
     "/workshop.v1.PreviewService/StageUpload": lambda m: upload_request(m.world.job, 1),
+    "/workshop.v1.PreviewService/GrantPreviewWrites": lambda m: (
+        preview_pb2.GrantPreviewWritesRequest(
+            lease=m.world.job.lease, code_sha256=CODE, slot_indices=[1], content_type="image/jpeg"
+        )
+    ),
+    "/workshop.v1.PreviewService/RecordWrittenPreviews": lambda m: (
+        preview_pb2.RecordWrittenPreviewsRequest(previews=[_written(m)])
+    ),
     # an item that does not exist: the camera check is RESOURCE_CASES'
     "/workshop.v1.PreviewService/ReadImage": lambda m: preview_pb2.ReadImageRequest(
         run_id="r1", item_id="no-such-item"
@@ -311,6 +319,23 @@ PROBES: dict[str, Callable[[Matrix], Message]] = {
         bucket_id="yard", format=run_pb2.DATASET_FORMAT_COCO
     ),
 }
+
+
+def _written(m: Matrix) -> preview_pb2.WrittenPreview:
+    """Slot 1 of the world's lease as a processor records it after writing it with a
+    grant (under a key that is not the lease's: an allowed cell refuses it, changing
+    nothing)."""
+    job = m.world.job
+    return preview_pb2.WrittenPreview(
+        lease=job.lease,
+        code_sha256=CODE,
+        slot_index=1,
+        object_key="matrix/not-the-lease-key.jpg",
+        content_type="image/jpeg",
+        frame_time=job.input.slots[1].start,
+        byte_size=3,
+        sha256=hashlib.sha256(b"abc").hexdigest(),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

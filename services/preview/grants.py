@@ -27,7 +27,7 @@ from services.preview.images import CONTENT_TYPES
 from services.preview.leases import LeaseChecks
 from services.preview.recorder import PreviewRecorder
 from services.preview.storage import ObjectStore
-from workshop.kit.errors import Unavailable, WorkshopError
+from workshop.kit.errors import PermissionDenied, Unauthenticated, Unavailable, WorkshopError
 from workshop.kit.object_keys import object_key
 from workshop.kit.status import status_for
 from workshop.v1 import common_pb2
@@ -128,7 +128,9 @@ class WriteGrants:
         if sent:
             answered = await self.recorder.record_many(processor, [r for _, r in sent])
             for (position, _), answer in zip(sent, answered, strict=True):
-                if isinstance(answer, Unavailable):  # no answer: the whole call may be retried
+                # No answer (the whole call may be retried), or a refusal of the caller
+                # rather than of one preview: the call's own error, never an outcome.
+                if isinstance(answer, Unavailable | Unauthenticated | PermissionDenied):
                     raise answer
                 outcomes[position] = answer
         reply = pb.RecordWrittenPreviewsResponse()
