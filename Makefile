@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Arguments of `make demo`, e.g. `make demo ARGS=--keep`.
 ARGS ?=
 
-.PHONY: setup system-deps lock proto test demo demo-stop lint fmt clean
+.PHONY: setup system-deps lock proto test screenshots demo demo-stop lint fmt clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,10 @@ proto: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The web console's browser tests, which write docs/screenshots/*.png (the README's).
+screenshots: $(STAMP)
+	$(BIN)/pytest -q tests/test_console.py tests/test_console_run.py tests/test_console_review.py
 
 # The whole system on this machine (Postgres, SeaweedFS, Triton, coordinator, preview,
 # processor) runs a 20-image test run and stops; ARGS=--keep keeps it running.

@@ -46,11 +46,15 @@ class Spy:
             return send  # type: ignore[no-any-return]
 
         async def call(request: Any, **kwargs: Any) -> Any:
-            lease = request.lease
-            slot = request.slot_index if hasattr(request, "slot_index") else None
+            # A batch of records (RecordWrittenPreviews) is logged as one call per preview.
+            batch = list(request.previews) if hasattr(request, "previews") else [request]
 
-            def logged(outcome: str) -> None:
-                self.log.append(Call(method, f"{lease.run_id}/{lease.job_id}", slot, outcome))
+            def logged(outcome: str, outcomes: list[str] | None = None) -> None:
+                for position, each in enumerate(batch):
+                    lease = each.lease
+                    slot = each.slot_index if hasattr(each, "slot_index") else None
+                    said = outcomes[position] if outcomes else outcome
+                    self.log.append(Call(method, f"{lease.run_id}/{lease.job_id}", slot, said))
 
             if self.hold(method, request):
                 self.held.set()
@@ -74,7 +78,13 @@ class Spy:
                     outcome = "ok" if renewal.renewed else renewal.reason
                     self.log.append(Call(method, f"{ref.run_id}/{ref.job_id}", None, outcome))
                 return reply
-            logged("ok")
+            if hasattr(reply, "outcomes") and len(reply.outcomes) == len(batch):
+                logged(
+                    "ok",
+                    [o.refused.reason if o.HasField("refused") else "ok" for o in reply.outcomes],
+                )
+            else:
+                logged("ok")
             return reply
 
         return call

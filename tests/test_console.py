@@ -80,7 +80,7 @@ async def test_signing_in_lands_on_the_runs_page_listing_a_run(
     await page.screenshot(path=str(SCREENSHOTS / "runs.png"), full_page=True)
 
     # the workflow filter asks the API for that workflow's runs only
-    await page.get_by_label("Workflow").fill("other")
+    await page.get_by_label("Workflow", exact=True).fill("other")
     await page.get_by_role("button", name="Filter").click()
     await expect(page.get_by_text("No runs of workflow other.")).to_be_visible()
     assert page.url.endswith("#/runs?workflow=other")
@@ -123,7 +123,7 @@ async def test_the_runs_page_without_a_session_shows_the_login_page_with_the_not
     await sign_in(page, "ada", PASSWORD)
     await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
     assert page.url.endswith("#/runs?workflow=night")
-    await expect(page.get_by_label("Workflow")).to_have_value("night")
+    await expect(page.get_by_label("Workflow", exact=True)).to_have_value("night")
 
 
 async def test_signing_out_ends_the_session_at_the_api(

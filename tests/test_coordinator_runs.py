@@ -581,3 +581,39 @@ async def test_catalog_lists_what_the_editor_offers(
     assert [bucket.bucket_id for bucket in catalog.buckets] == ["yard"]
     assert [(m.name, m.version) for m in catalog.model_versions] == [("detector", 1)]
     assert {r.runtime_id for r in catalog.runtimes} == {world.tracking_runtime, world.plain_runtime}
+
+
+async def test_validate_only_plans_the_run_without_creating_it(
+    coordinator: CoordinatorHarness, world: World
+) -> None:
+    c = coordinator
+    await save_workflow(c, "both", workflow_spec(cameras=["cam-a", "cam-b"]))
+    request = run_request("plan-1", "both", world.plain_runtime, mode=FULL)
+    request.validate_only = True
+    before = await _counts(c)
+    plan = await c.workshop.CreateRun(request, metadata=c.admin)
+    assert await _counts(c) == before
+    assert not plan.created
+    assert not plan.HasField("run")
+    s = plan.planned_snapshot
+    assert (s.run_id, s.workflow_id, s.runtime_id) == ("plan-1", "both", world.plain_runtime)
+    assert [(m.name, m.version, m.resolved_from_latest) for m in s.models] == [
+        ("detector", 1, True)
+    ]
+    assert [(j.job_id, j.recording_id, j.camera_id, j.slot_count) for j in plan.planned_jobs] == [
+        ("j0", "cam-a-0", "cam-a", 60),
+        ("j1", "cam-b-0", "cam-b", 60),
+        ("j2", "cam-a-1", "cam-a", 60),
+        ("j3", "cam-b-1", "cam-b", 60),
+    ]
+    # The same id then creates the run that was planned, with the same jobs.
+    request.validate_only = False
+    created = await c.workshop.CreateRun(request, metadata=c.admin)
+    assert created.created
+    assert (created.run.counts.jobs_total, created.run.counts.slots_expected) == (4, 240)
+    # Planning refuses what creating refuses, with the same reason.
+    await save_workflow(c, "night", workflow_spec(window=(0, 6)))
+    night = run_request("plan-2", "night", world.tracking_runtime)
+    night.validate_only = True
+    code, reason, _, _ = await _refused(c, night)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NO_MEDIA")

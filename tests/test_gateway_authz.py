@@ -7,9 +7,10 @@ The table (`ROWS`) has one row per served route (`METHOD path`, as the running a
 lists it; a WebSocket is `WS`, a route that takes any method `ANY`); each row holds the
 expected status for every kind of credential (`KINDS`). The test fails for a served
 route without a row and for a row of a route that is not served. Exempt, as they read
-no credential: `GET /healthz`, `GET /api/openapi.json`, `GET /v1/openapi.json`, the web
-console's entry page `GET /` and its files (the `/console` mount, `MOUNT`); HEAD is
-served with every GET by the same endpoint (Starlette) and is covered by its GET row.
+no credential: `GET /healthz`, `GET /metrics`, `GET /api/openapi.json`, `GET
+/v1/openapi.json`, the web console's entry page `GET /` and its files (the `/console`
+mount, `MOUNT`); HEAD is served with every GET by the same endpoint (Starlette) and is
+covered by its GET row.
 
 Credential kinds, presented the way the route's prefix reads them: on `/api` routes in
 the `workshop_session` cookie (with that secret's CSRF token and `Sec-Fetch-Site:
@@ -96,8 +97,11 @@ KINDS = (
 )
 # The web console's files (services/gateway/pages.py) hold no data: its entry page and
 # the StaticFiles mount of its assets (listed as MOUNT); the pages read data from /api.
+# /metrics is scraped by Prometheus without a credential, like a probe: its series name
+# methods, codes and counts, never a run, job, key or user (docs/metrics.md).
 EXEMPT = {
     ("GET", "/healthz"),
+    ("GET", "/metrics"),
     ("GET", "/api/openapi.json"),
     ("GET", "/v1/openapi.json"),
     ("GET", "/"),

@@ -455,7 +455,14 @@ def test_schema_shapes() -> None:
     components = schemas.components()
     response = components["workshop.v1.CreateRunRequest-response"]
     assert response["additionalProperties"] is False
-    assert response["required"] == ["run_id", "workflow_id", "runtime_id", "revision", "mode"]
+    assert response["required"] == [
+        "run_id",
+        "workflow_id",
+        "runtime_id",
+        "revision",
+        "mode",
+        "validate_only",
+    ]
     assert response["properties"]["image_limit"]["maximum"] == 2**32 - 1
     assert response["properties"]["revision"]["format"] == "int64"
     assert response["properties"]["mode"]["$ref"] == "#/components/schemas/workshop.v1.RunMode"
@@ -524,7 +531,7 @@ def test_create_run_body_with_a_rename() -> None:
         image_limit=20,
     )
     assert request == expected
-    assert to_json(request, rename={"id": "run_id"}) == body
+    assert to_json(request, rename={"id": "run_id"}) == {**body, "validate_only": False}
     with pytest.raises(JsonInvalid) as caught:
         from_json({**body, "run_id": "r1"}, create, rename={"id": "run_id"})
     assert caught.value.violations == [FieldViolation("run_id", "unknown field")]
@@ -537,6 +544,7 @@ def test_responses_hold_defaults_and_omit_what_is_unset() -> None:
         "runtime_id": "",
         "revision": 0,
         "mode": "unspecified",
+        "validate_only": False,
     }
     refusal = cls("workshop.v1.Refusal")(code=3, metadata={"k": "v"})
     assert to_json(refusal) == {"code": 3, "message": "", "reason": "", "metadata": {"k": "v"}}

@@ -113,7 +113,13 @@ async def test_every_database_connection_terminated_mid_run_fails_no_job(
     previews = held_previews(preview, calls)
     loop = asyncio.get_running_loop()
     async with running_processor(
-        c, preview, triton_server, runtime_id, previews=previews, heartbeat_seconds=1.0
+        c,
+        preview,
+        triton_server,
+        runtime_id,
+        previews=previews,
+        heartbeat_seconds=1.0,
+        direct_writes=False,  # one PublishPreview per frame: three jobs held at once
     ) as processor:
         await until(lambda: previews.waiting == 3, "all three jobs at slot 2's preview")
         locker = await asyncpg.connect(pg_database.dsn)
@@ -163,7 +169,13 @@ async def test_postgres_stopped_for_five_seconds_mid_run_fails_no_job(
     previews = held_previews(preview, calls)
     loop = asyncio.get_running_loop()
     async with running_processor(
-        c, preview, triton_server, runtime_id, previews=previews, heartbeat_seconds=1.0
+        c,
+        preview,
+        triton_server,
+        runtime_id,
+        previews=previews,
+        heartbeat_seconds=1.0,
+        direct_writes=False,  # one PublishPreview per frame: three jobs held at once
     ) as processor:
         await until(lambda: previews.waiting == 3, "all three jobs at slot 2's preview")
         async with stopped(pg_database.cluster):

@@ -16,6 +16,7 @@ import signal
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -121,7 +122,8 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
     triton_server: TritonServer,
     tmp_path: Path,
 ) -> None:
-    """`python -m services.processor` is SIGKILLed while its first attempt waits on the
+    """`python -m services.processor`, publishing through PublishPreview (the path of
+    processors before grants), is SIGKILLed while its first attempt waits on the
     write of slot 1's preview (slot 0's preview, which in a full run is also its upload,
     accepted). Until the lease lapses nobody else gets the job; then a second processor
     takes it under generation 2 and commits it once: each slot one item whose object is
@@ -138,6 +140,7 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
         world = await one_camera_run(c, preview, triton_server, tmp_path)
         key = await run_key(c)
         env = processor_env(c, preview, triton_server, key)
+        env["PROCESSOR_DIRECT_WRITES"] = "0"  # its bytes pass the preview service's store
         first = ServiceProcess("services.processor", env, tmp_path / "processor.log")
         try:
             await asyncio.to_thread(first.wait_event, "serving")
@@ -231,6 +234,73 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await preview.stub.ReadImage(gone, metadata=c.admin)
             assert error_reason(caught.value)[:2] == (grpc.StatusCode.NOT_FOUND, "EXPIRED")
+
+
+async def test_a_processor_killed_between_its_direct_writes_and_their_records_leaves_nothing(
+    coordinator: CoordinatorHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`python -m services.processor` writes its previews straight to S3 with grants and is
+    SIGKILLed while the preview service holds the first batch of records that names a slot
+    after 0. The lease lapses, a second processor commits the job under generation 2, and
+    every byte the dead attempt wrote goes: the records that arrive late are refused
+    (LEASE_MISMATCH) and left collectable, and the bytes never recorded are found by the
+    job's sweep, ten minutes after it ended."""
+    c = coordinator
+    async with running_preview(c, s3_bucket) as preview:
+        grants = preview.app.api.grants
+        record = grants.record
+        held, gate = asyncio.Event(), asyncio.Event()
+
+        async def held_record(processor: str, request: pv.RecordWrittenPreviewsRequest) -> Any:
+            if any(p.slot_index >= 1 and p.lease.generation == 1 for p in request.previews):
+                held.set()
+                await gate.wait()
+            return await record(processor, request)
+
+        monkeypatch.setattr(grants, "record", held_record)
+        world = await one_camera_run(c, preview, triton_server, tmp_path)
+        key = await run_key(c)
+        first = ServiceProcess(
+            "services.processor",
+            processor_env(c, preview, triton_server, key),
+            tmp_path / "processor.log",
+        )
+        try:
+            await asyncio.to_thread(first.wait_event, "serving")
+            await within(held.wait(), f"slot 1's record\n{first.log_tail()}")
+            (job,) = (await run_detail(c, "r1")).jobs
+            assert (job.state, job.generation) == (common_pb2.JOB_STATE_LEASED, 1)
+            os.killpg(first.process.pid, signal.SIGKILL)
+            assert await asyncio.to_thread(first.process.wait, WAIT) == -signal.SIGKILL
+        finally:
+            await asyncio.to_thread(first.stop)
+        dead = await preview.keys("previews/r1/j0/1/")
+        assert dead, "the dead attempt wrote nothing"
+
+        c.clock.advance(timedelta(minutes=5, seconds=1))
+        done = await Maintenance(c.db, c.clock, interval_seconds=1).run_once()
+        assert (done.requeued, done.exhausted) == (1, 0)
+        gate.set()  # the held records reach the coordinator now: refused, left collectable
+        async with running_processor(c, preview, triton_server, world.runtime_id) as second:
+            detail = await finished(c, "r1")
+            await until(lambda: second.completed == 1, "the processor to count the completion")
+        (job,) = detail.jobs
+        assert (job.state, job.generation) == (common_pb2.JOB_STATE_COMPLETED, 2)
+        items = await rows(c, "SELECT object_key FROM bucket_items WHERE run_id = 'r1'")
+        assert {item["object_key"] for item in items} == {
+            f"previews/r1/j0/2/{slot}.jpg" for slot in range(SLOTS)
+        }
+        assert await preview.keys("previews/r1/j0/2/") == sorted(i["object_key"] for i in items)
+
+        c.clock.advance(timedelta(minutes=11))  # past the sweep's grace after the job ended
+        cleaned = await preview.stub.RunCleanup(pv.RunCleanupRequest(), metadata=c.admin)
+        assert cleaned.previews_deleted == len(dead)
+        assert await preview.keys("previews/r1/j0/1/") == []
+        assert await preview.keys("previews/") == sorted(i["object_key"] for i in items)
 
 
 # 2. recording replaced mid-job -----------------------------------------------------------------
@@ -334,6 +404,7 @@ async def test_a_recording_replaced_mid_job_ends_the_job_at_the_next_heartbeat(
         jobs=jobs,
         previews=previews,
         heartbeat_seconds=beat,
+        direct_writes=False,  # the job itself waits in PublishPreview, the call held
     ) as processor:
         await within(previews.held.wait(), "slot 1's preview")
         put = await put_recording(c, preview, "cam-a-0", "cam-a", world.files["cam-a"])
@@ -401,6 +472,7 @@ async def test_a_cancelled_run_stops_its_processor_at_the_next_heartbeat_or_writ
             jobs=jobs,
             previews=previews,
             heartbeat_seconds=beat,
+            direct_writes=False,  # the job itself waits in PublishPreview, the call held
         ) as processor:
             await within(previews.held.wait(), "slot 1's preview")
             assert (await run_detail(c, "r1")).run.counts.previews_published == 1

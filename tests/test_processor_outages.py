@@ -105,6 +105,24 @@ async def restartable_replica(
         yield replica, channel
 
 
+# How a preview reaches the coordinator: written with a grant and recorded in batches (the
+# processor's own path), or relayed through PublishPreview (processors before grants).
+PATHS = {"direct": "RecordWrittenPreviews", "relay": "PublishPreview"}
+
+
+def holds_preview(method: str, slot: int, generation: int | None = None) -> Any:
+    """A Spy hold for the call that records slot `slot`'s preview (alone or in a batch)."""
+
+    def hold(called: str, request: Any) -> bool:
+        batch = list(request.previews) if hasattr(request, "previews") else [request]
+        return called == method and any(
+            each.slot_index == slot and generation in (None, each.lease.generation)
+            for each in batch
+        )
+
+    return hold
+
+
 def outcomes(log: list[Call], method: str, slot: int | None = None) -> list[str]:
     return [call.outcome for call in log if call.method == method and call.slot == slot]
 
@@ -122,44 +140,46 @@ async def assert_completed_once(c: CoordinatorHarness, generation: int) -> None:
     assert await rows(c, "SELECT lapses FROM jobs WHERE run_id = 'r1'") == [{"lapses": 0}]
 
 
+@pytest.mark.parametrize("path", PATHS)
 async def test_the_preview_service_restarting_mid_job_fails_nothing(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
     s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
+    path: str,
 ) -> None:
     """The processor's preview service goes down while slot 2's preview is held, for longer
     than the channel retries; the preview is asked again until the service is back, and the
-    job completes under its first lease with every slot once."""
+    job completes under its first lease with every slot once. Direct: the held call is the
+    batch that records slot 2 (the job writes on meanwhile; its records wait in line)."""
     c = coordinator
+    method, direct = PATHS[path], path == "direct"
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     async with restartable_preview(c, s3_bucket) as (service, channel):
         previews = Spy(
             preview_pb2_grpc.PreviewServiceStub(channel),
             log,
-            hold=lambda method, request: method == "PublishPreview" and request.slot_index == 2,
+            hold=holds_preview(method, 2),
         )
         async with running_processor(
-            c, preview, triton_server, runtime_id, previews=previews
+            c, preview, triton_server, runtime_id, previews=previews, direct_writes=direct
         ) as processor:
             await within(previews.held.wait(), "slot 2's preview")
             await service.down()
             previews.gate.set()
-            await until(lambda: "UNAVAILABLE" in outcomes(log, "PublishPreview", 2), "a miss")
+            await until(lambda: "UNAVAILABLE" in outcomes(log, method, 2), "a miss")
             await asyncio.sleep(DOWN_SECONDS)
             await service.up()
             await finished(c, "r1")
             await until(lambda: processor.completed == 1, "the processor to count it")
             assert (processor.failed, processor.handed_back) == (0, 0)
 
-    slot_2 = outcomes(log, "PublishPreview", 2)
+    slot_2 = outcomes(log, method, 2)
     assert slot_2[-1] == "ok"
     assert set(slot_2[:-1]) == {"UNAVAILABLE"}  # asked again until the service was back
-    published = [
-        call.slot for call in log if call.method == "PublishPreview" and call.outcome == "ok"
-    ]
+    published = [call.slot for call in log if call.method == method and call.outcome == "ok"]
     assert published == list(range(SLOTS))  # in slot order, each once
     await assert_completed_once(c, generation=1)
 
@@ -199,17 +219,20 @@ async def test_the_coordinator_restarting_at_completion_fails_nothing(
     await assert_completed_once(c, generation=1)
 
 
+@pytest.mark.parametrize("path", PATHS)
 async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
     s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
+    path: str,
 ) -> None:
     """With retry_seconds=1 the preview service stays down past it: the job is released
     (queued again at once, no attempt spent, not failed), and once the service is back the
     processor claims it again and completes it under generation 2."""
     c = coordinator
+    method, direct = PATHS[path], path == "direct"
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     async with restartable_preview(c, s3_bucket) as (service, channel):
@@ -217,14 +240,17 @@ async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
         previews = Spy(
             preview_pb2_grpc.PreviewServiceStub(channel),
             log,
-            hold=lambda method, request: (
-                method == "PublishPreview"
-                and request.slot_index == 1
-                and request.lease.generation == 1
-            ),
+            hold=holds_preview(method, 1, generation=1),
         )
         async with running_processor(
-            c, preview, triton_server, runtime_id, jobs=jobs, previews=previews, retry_seconds=1.0
+            c,
+            preview,
+            triton_server,
+            runtime_id,
+            jobs=jobs,
+            previews=previews,
+            retry_seconds=1.0,
+            direct_writes=direct,
         ) as processor:
             await within(previews.held.wait(), "slot 1's preview")
             await service.down()
@@ -232,7 +258,7 @@ async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
             released = Call("Release", "r1/j0", None, "ok")
             await until(lambda: released in log, "the hand-back")
             assert processor.handed_back == 1
-            assert "UNAVAILABLE" in outcomes(log, "PublishPreview", 1)
+            assert "UNAVAILABLE" in outcomes(log, method, 1)
             await service.up()
             await finished(c, "r1")
             await until(lambda: processor.completed == 1, "the processor to count it")

@@ -57,6 +57,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             settings=settings,
             services=coordinator.services,
             workers=coordinator.workers,
+            collectors=coordinator.collectors,
         )
 
 

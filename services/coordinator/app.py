@@ -15,6 +15,7 @@ from services.coordinator.clock import Clock, StoredClock
 from services.coordinator.db import Database
 from services.coordinator.events import RunEvents
 from services.coordinator.identity_api import IdentityApi, LoginLimits
+from services.coordinator.job_gauges import JobsByState
 from services.coordinator.jobs_api import JobsApi
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
@@ -31,6 +32,7 @@ from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
 from services.coordinator.snapshots import SnapshotCache
 from services.coordinator.workshop_api import WorkshopApi
+from workshop.kit.metrics import ScrapeCollector
 from workshop.kit.server import GrpcService, Worker
 from workshop.v1 import (
     identity_pb2_grpc,
@@ -49,6 +51,7 @@ WORKSHOP_REQUEST_MAX_BYTES = 64 * 1024
 class Coordinator:
     services: list[GrpcService]
     workers: list[Worker]
+    collectors: list[ScrapeCollector] = dataclasses.field(default_factory=list)
 
 
 def build(
@@ -81,7 +84,9 @@ def build(
         )
     authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
     return Coordinator(
-        grpc_services(db, clock, workshop_api, events, authenticate, limits), workers
+        grpc_services(db, clock, workshop_api, events, authenticate, limits),
+        workers,
+        [JobsByState(db)],
     )
 
 

@@ -6,6 +6,7 @@ branch on `reason`, never on message text. Messages are for people.
 
 from __future__ import annotations
 
+from services.coordinator.metrics import FENCE_REFUSALS
 from workshop.kit import errors
 
 
@@ -155,6 +156,7 @@ FENCE_MESSAGES = {
 
 
 def fenced(reason: str) -> Fenced:
+    FENCE_REFUSALS.labels(reason).inc()
     return Fenced(FENCE_MESSAGES[reason], reason=reason)
 
 

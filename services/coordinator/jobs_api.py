@@ -38,8 +38,10 @@ from services.coordinator.errors import (
     fenced,
 )
 from services.coordinator.fields import check_request_id
+from services.coordinator.metrics import CLAIM_SECONDS
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from services.coordinator.workshop_api import SnapshotRecordingRow
+from workshop.kit.metrics import timed
 from workshop.v1 import jobs_pb2
 
 LEASE = timedelta(minutes=5)
@@ -271,6 +273,7 @@ class JobsApi:
             self._runtimes[runtime_id] = found
         return found
 
+    @timed(CLAIM_SECONDS)
     async def claim(
         self, who: Principal, runtime_id: str, code_sha256: str, request_id: str = ""
     ) -> Claimed | None:
@@ -290,6 +293,8 @@ class JobsApi:
         """Checks a Claim without leasing anything (Complete checks its next claim before
         it commits): the request id, the runtime, the key's device and cameras, the code."""
         remembered_as = check_request_id("request_id", request_id)
+        # The scope before the runtime: a key that may not claim learns no runtime's existence.
+        reporter(who)
         if max_jobs > MAX_CLAIM_JOBS:
             raise InvalidField(f"max_jobs must be 0..{MAX_CLAIM_JOBS} (got {max_jobs}).")
         runtime = await self._runtime(runtime_id)

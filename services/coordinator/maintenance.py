@@ -16,6 +16,7 @@ from services.coordinator import review
 from services.coordinator.clock import Clock
 from services.coordinator.db import Database, Row, fetch_all, sql
 from services.coordinator.identity_api import LOGIN_WINDOW
+from services.coordinator.metrics import LEASE_LAPSES
 from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ class Pass:
     grouped: int = 0  # timelines of items saved before sightings existed, grouped now
     logins_forgotten: int = 0  # failed-login rows older than the login window
     skipped: bool = False  # another replica held the lock
+
+
+def count_lapses(rescued: list[RescuedJob]) -> None:
+    for job in rescued:
+        LEASE_LAPSES.labels("exhausted" if job.state == "failed" else "requeued").inc()
 
 
 class Maintenance(Periodic):
@@ -89,6 +95,7 @@ class Maintenance(Periodic):
                     )
                     exhausted += sum(job.state == "failed" for job in rescued)
                     requeued += sum(job.state == "queued" for job in rescued)
+                    count_lapses(rescued)
                     if len(rescued) < BATCH:
                         break
                 grouped = await review.group_backlog(self.db)

@@ -80,11 +80,10 @@ class PhotosApi:
         now = self.clock.now()
         run_id = photo_id(camera_id, moment, now)
         async with self.db.transaction() as connection:
-            if await connection.fetchrow(sql("runs", "run_fingerprint"), run_id) is None:
-                await self._create(connection, who, run_id, camera_id, moment, now)
-                created = True
-            else:
-                created = False
+            exists = await connection.fetchrow(sql("runs", "run_fingerprint"), run_id)
+            created = exists is None and await self._create(
+                connection, who, run_id, camera_id, moment, now
+            )
         return await self.get(who, run_id), created
 
     async def _create(
@@ -95,7 +94,8 @@ class PhotosApi:
         camera_id: str,
         moment: datetime,
         now: datetime,
-    ) -> None:
+    ) -> bool:
+        """Creates the photo run; False when a concurrent request created it first."""
         if await db.fetchrow(sql("resources", "camera_get"), camera_id) is None:
             raise NotFound("camera", camera_id, f"Camera {camera_id!r} does not exist.")
         recording = await fetch_one(
@@ -123,6 +123,8 @@ class PhotosApi:
             expires,
             runtime.code_sha256,
         )
+        if seq is None:  # the same photo requested at once: that request's run stands
+            return False
         snapshot = snapshot_pb2.RunSnapshot(
             run_id=run_id,
             kind=common_pb2.RUN_KIND_PHOTO,
@@ -173,6 +175,7 @@ class PhotosApi:
             min(expires, recording.expires_at),
             now,
         )
+        return True
 
     async def get(self, who: Principal, run_id: str) -> PhotoView:
         auth.require(who, ScopeName.WORKSHOP)

@@ -22,6 +22,7 @@ from services.coordinator.db import Database, Row, fetch_all, fetch_one, sql
 from services.coordinator.errors import Expired, InvalidField, NotFound
 from services.coordinator.fields import check_sha256
 from services.coordinator.jobs_api import Lease, job_id, lease_args, raise_for, reporter
+from services.coordinator.metrics import PREVIEWS_RECORDED
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from workshop.kit import object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError
@@ -296,6 +297,7 @@ class PublicationApi:
                 *columns[4:],
                 self.clock.now(),
             )
+        PREVIEWS_RECORDED.inc(sum(not answer.reason for answer in answers))
         recorded = iter(zip(checked, answers, strict=True))
         return [
             outcome if outcome is not None else _recorded(*next(recorded)) for outcome in outcomes
@@ -431,6 +433,9 @@ class PublicationApi:
     ) -> ImageLocation:
         """Where an image's bytes are, if `reader` may see that camera and it has not expired."""
         _require_service(who)
+        # The reader's scope before the lookup: a key that reads no footage learns no
+        # image's existence.
+        auth.require(reader, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
         async with self.db.connection() as connection:
             row = await fetch_one(
                 connection, ImageLocation, sql("jobs", "image_for_read"), run_id, item_id

@@ -513,6 +513,13 @@ class WorkshopApi:
             return _settle_existing(request.run_id, existing.fingerprint, fingerprint)
         return request.run_id, True
 
+    async def plan_run(self, who: Principal, request: RunRequest) -> Admission:
+        """What create_run would admit, checked the same way, with nothing inserted
+        (CreateRun validate_only): the id is not looked up and capacity is not checked."""
+        auth.require(who, ScopeName.WORKSHOP)
+        async with self.db.transaction() as connection:
+            return await self._admit(connection, who, request, self.clock.now())
+
     async def _admit(
         self, connection: Connection, who: Principal, request: RunRequest, now: datetime
     ) -> Admission:

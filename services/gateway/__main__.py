@@ -7,6 +7,7 @@ import os
 import sys
 
 from services.gateway.app import LABEL, build
+from services.gateway.live_metrics import LiveMetrics
 from services.gateway.settings import PREFIX, GatewaySettings
 from workshop.kit.server import serve
 from workshop.kit.settings import settings_or_exit
@@ -20,7 +21,13 @@ async def run_server(settings: GatewaySettings) -> None:
     # On SIGTERM, serve() stops the HTTP worker: live sockets get 1001, requests in
     # flight finish, then the channels close.
     try:
-        await serve(label=LABEL, settings=settings, services=[], workers=[gateway.http])
+        await serve(
+            label=LABEL,
+            settings=settings,
+            services=[],
+            workers=[gateway.http],
+            collectors=[LiveMetrics(gateway.hub)],  # when METRICS_PORT serves them too
+        )
     finally:
         await gateway.upstream.close()
 

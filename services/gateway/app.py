@@ -10,6 +10,7 @@ from services.gateway.live import LiveHub
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Upstream, credential_metadata
 from services.gateway.web import Gateway, HttpWorker
+from workshop.kit.tls import client_tls
 from workshop.v1 import workshop_pb2
 
 LABEL = "gateway"
@@ -30,7 +31,10 @@ class GatewayApp:
 
 def build(settings: GatewaySettings, *, label: str = LABEL) -> GatewayApp:
     upstream = Upstream(
-        settings.coordinator_target, settings.preview_target, settings.rpc_deadline_seconds
+        settings.coordinator_target,
+        settings.preview_target,
+        settings.rpc_deadline_seconds,
+        tls=client_tls(settings),
     )
 
     def open_watch(run_id: str) -> AsyncIterable[workshop_pb2.WatchRunResponse]:

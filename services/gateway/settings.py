@@ -6,16 +6,28 @@ import dataclasses
 
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
+from workshop.kit.tls import ClientTlsSettings
 
 PREFIX = "GATEWAY"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GatewaySettings(ServerSettings):
+class GatewaySettings(ServerSettings, ClientTlsSettings):
     port: int = setting(50053, help="gRPC port for health and reflection; 0 picks a free port.")
     http_host: str = setting("127.0.0.1", help="Address the HTTP/WebSocket server binds.")
     http_port: int = setting(
         8080, help="HTTP port; 0 picks a free port, announced on stdout.", check=between(0, 65535)
+    )
+    metrics_port: int = setting(
+        -1,
+        help="Port of a Prometheus GET /metrics endpoint of its own (on HOST); 0 picks a free "
+        "port; -1 (the default) serves /metrics on the HTTP port only (see HTTP_METRICS).",
+        check=between(-1, 65535),
+    )
+    http_metrics: bool = setting(
+        True,
+        help="1 = serve Prometheus GET /metrics on the HTTP port (without a credential: keep "
+        "/metrics off the public ingress); 0 = not on the HTTP port.",
     )
     coordinator_target: str = setting("127.0.0.1:50051", help="Coordinator gRPC address host:port.")
     preview_target: str = setting("127.0.0.1:50052", help="Preview service gRPC address.")

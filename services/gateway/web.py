@@ -18,8 +18,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
@@ -30,15 +32,19 @@ from services.gateway import jsonmap, media, pages
 from services.gateway.dispatch import build_request, credential, parse_json, read_body
 from services.gateway.guard import check_csrf, check_origin
 from services.gateway.live import LiveHub
+from services.gateway.live_metrics import LiveMetrics
 from services.gateway.mcp_app import McpEndpoint
 from services.gateway.openapi import openapi_document
 from services.gateway.problems import error_body, problem_response
+from services.gateway.request_metrics import RequestMetrics
+from services.gateway.request_spans import RequestSpans
 from services.gateway.routes import API, IMAGE, OPERATIONS, TAR, V1, Operation
 from services.gateway.session import SessionRoutes
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Upstream, UpstreamError
-from workshop.kit import errors
+from workshop.kit import errors, metrics
 from workshop.kit.server import announce
+from workshop.kit.telemetry import tracing_enabled
 from workshop.v1 import workshop_pb2
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -89,6 +95,9 @@ class Gateway:
     def app(self) -> Starlette:
         return Starlette(
             routes=self.routes(),
+            # with tracing on, each request starts the trace its gRPC calls continue
+            middleware=[Middleware(RequestMetrics)]
+            + ([Middleware(RequestSpans)] if tracing_enabled() else []),
             exception_handlers={HTTPException: _http_exception},  # type: ignore[dict-item]
             lifespan=self._lifespan,
         )
@@ -109,6 +118,8 @@ class Gateway:
             Route("/api/session", guarded(self.session.logout), methods=["DELETE"]),
             self.mcp.route(),
         ]
+        if self.settings.http_metrics:
+            routes.append(Route("/metrics", self._metrics, methods=["GET"]))
         for prefix in (API, V1):
             routes.append(Route(f"/{prefix}/openapi.json", self._document(prefix), methods=["GET"]))
             routes.append(WebSocketRoute(f"/{prefix}{LIVE_PATH}", self._live(prefix)))
@@ -124,6 +135,11 @@ class Gateway:
                         )
                     )
         return routes
+
+    async def _metrics(self, _: Request) -> Response:
+        """Prometheus text: the process's series and this gateway's live sockets."""
+        body = await metrics.render([LiveMetrics(self.hub)])
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     def _endpoint(self, operation: Operation, prefix: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:

@@ -17,6 +17,7 @@ from workshop.kit.identity import KeyRefused, check_own_key, has_scope
 from workshop.kit.server import run_event_loop, serve
 from workshop.kit.settings import EXIT_BAD_SETTINGS, settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
+from workshop.kit.tls import client_tls
 from workshop.v1 import common_pb2
 
 LABEL = "preview"
@@ -24,7 +25,7 @@ LABEL = "preview"
 
 async def run_server(settings: PreviewSettings) -> None:
     store = ObjectStore(settings)
-    channel = open_channel(settings.coordinator_target)
+    channel = open_channel(settings.coordinator_target, tls=client_tls(settings))
     try:
         await check_own_key(
             channel,

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Sequence
 
 from services.preview.coordinator import CoordinatorClient
+from services.preview.metrics import count_deletion
 from services.preview.storage import ObjectStore
 from workshop.kit.periodic import Periodic
 from workshop.v1 import common_pb2
@@ -121,6 +122,8 @@ class Cleanup:
         deleted = [item for item in objects if item.object_key not in failed]
         if deleted:
             await self.coordinator.mark_deleted([item.object_key for item in deleted])
+            for item in deleted:
+                count_deletion(item.object_key, item.byte_size)
         return len(deleted), sum(item.byte_size for item in deleted)
 
 

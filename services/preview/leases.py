@@ -35,7 +35,7 @@ class LeaseChecks:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._coordinator = coordinator
-        self._seconds = seconds
+        self.seconds = seconds
         self._size = size
         self._clock = clock
         self._held: OrderedDict[LeaseKey, tuple[float, pub.CheckLeaseResponse]] = OrderedDict()
@@ -55,7 +55,7 @@ class LeaseChecks:
         )
         now = self._clock()
         held = self._held.get(key)
-        if held is not None and now - held[0] < self._seconds:
+        if held is not None and now - held[0] < self.seconds:
             return held[1]
         facts = await self._coordinator.check_lease(
             pub.CheckLeaseRequest(lease=lease, code_sha256=code_sha256), processor

@@ -3,7 +3,8 @@
 Writes follow publication.proto. A preview: the lease is checked (kept a few
 seconds, see leases.py), the bytes are written under the lease's key for the
 slot, then the coordinator records them under the fences, batched with other
-publishes of the same processor (recorder.py). An upload: the coordinator stages
+publishes of the same processor (recorder.py). Processors that write their bytes
+themselves get grants and record in batches instead (grants.py). An upload: the coordinator stages
 it under the fences and names its key, then the bytes are written. Whatever is
 refused after the bytes are written stays in the bucket until the cleanup loop
 deletes it; nothing is published that the store did not acknowledge.
@@ -15,6 +16,7 @@ import logging
 
 from services.preview.coordinator import CoordinatorClient
 from services.preview.errors import ImageCorrupted, ImageTooLarge, InvalidField
+from services.preview.grants import WriteGrants
 from services.preview.images import CONTENT_TYPES, ImageError, inspect_image
 from services.preview.leases import LeaseChecks
 from services.preview.recorder import PreviewRecorder
@@ -36,12 +38,20 @@ class PreviewApi:
         *,
         max_image_bytes: int,
         lease_check_seconds: float,
+        grant_seconds: int = 60,
     ) -> None:
         self.coordinator = coordinator
         self.store = store
         self.max_image_bytes = max_image_bytes
         self.leases = LeaseChecks(coordinator, seconds=lease_check_seconds)
         self.recorder = PreviewRecorder(coordinator)
+        self.grants = WriteGrants(
+            store,
+            self.leases,
+            self.recorder,
+            grant_seconds=grant_seconds,
+            max_image_bytes=max_image_bytes,
+        )
 
     def checked_image(self, image: bytes, content_type: str) -> str:
         """The image's content type, after checking its size, format and completeness."""

@@ -21,7 +21,7 @@ from workshop.v1 import publication_pb2 as pub
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 64
+MAX_BATCH = 256  # what one RecordPreviews call takes
 
 Waiting = tuple[pub.RecordPreviewRequest, "asyncio.Future[pub.RecordPreviewResponse]"]
 
@@ -50,6 +50,30 @@ class PreviewRecorder:
         if queue.sender is None:
             queue.sender = asyncio.create_task(self._send(processor, queue))
         return await answer
+
+    async def record_many(
+        self, processor: str, requests: Sequence[pub.RecordPreviewRequest]
+    ) -> list[pub.RecordPreviewResponse | WorkshopError]:
+        """Records several previews of `processor` (in order, in as few calls as the batch
+        size allows); a refusal is answered in its place, any other failure raised."""
+        loop = asyncio.get_running_loop()
+        answers: list[asyncio.Future[pub.RecordPreviewResponse]] = []
+        queue = self._queues.setdefault(processor, _Queue())
+        for request in requests:
+            answer: asyncio.Future[pub.RecordPreviewResponse] = loop.create_future()
+            queue.waiting.append((request, answer))
+            answers.append(answer)
+        if queue.sender is None:
+            queue.sender = asyncio.create_task(self._send(processor, queue))
+        outcomes = await asyncio.gather(*answers, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, WorkshopError):
+                raise outcome
+        return [
+            outcome
+            for outcome in outcomes
+            if isinstance(outcome, pub.RecordPreviewResponse | WorkshopError)
+        ]
 
     async def _send(self, processor: str, queue: _Queue) -> None:
         try:

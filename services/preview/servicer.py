@@ -46,6 +46,16 @@ class PreviewServicer(preview_pb2_grpc.PreviewServiceServicer):
     ) -> pb.StageUploadResponse:
         return await self.api.stage_upload(credential(context), request)
 
+    async def GrantPreviewWrites(
+        self, request: pb.GrantPreviewWritesRequest, context: Context
+    ) -> pb.GrantPreviewWritesResponse:
+        return await self.api.grants.grant(credential(context), request)
+
+    async def RecordWrittenPreviews(
+        self, request: pb.RecordWrittenPreviewsRequest, context: Context
+    ) -> pb.RecordWrittenPreviewsResponse:
+        return await self.api.grants.record(credential(context), request)
+
     async def ReadImage(
         self, request: pb.ReadImageRequest, context: Context
     ) -> pb.ReadImageResponse:

@@ -6,6 +6,7 @@ import dataclasses
 
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
+from workshop.kit.tls import ClientTlsSettings
 
 PREFIX = "PREVIEW"
 MIB = 1024 * 1024
@@ -27,7 +28,7 @@ def _key_secret(value: str) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PreviewSettings(ServerSettings):
+class PreviewSettings(ServerSettings, ClientTlsSettings):
     port: int = setting(50052, help="gRPC port; 0 picks a free port, announced on stdout.")
     s3_endpoint: str = setting(
         help="S3 endpoint host:port, e.g. minio:9000 (required).", check=_host_port
@@ -62,6 +63,12 @@ class PreviewSettings(ServerSettings):
         help="Seconds a lease's CheckLease answer is reused before writing a preview's bytes "
         "(0 checks every publish); a lease refused meanwhile gets its bytes collected.",
         check=at_least(0),
+    )
+    grant_seconds: int = setting(
+        60,
+        help="Longest life of a direct-write grant (GrantPreviewWrites), seconds; a grant never "
+        "outlives its lease either.",
+        check=between(1, 600, " s"),
     )
     max_image_bytes: int = setting(
         4 * MIB,

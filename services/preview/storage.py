@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import io
 import logging
 from collections.abc import Callable, Sequence
@@ -19,10 +20,12 @@ from typing import TypeVar
 
 import urllib3
 from minio import Minio
+from minio.datatypes import PostPolicy
 from minio.deleteobjects import DeleteObject
 from minio.error import MinioException, S3Error
 
 from services.preview.errors import ImageMissing, StorageMisconfigured, StorageUnavailable
+from services.preview.metrics import count_put
 from services.preview.settings import PreviewSettings
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,8 @@ class ObjectStore:
             http_client=self._http,
         )
         self._pool = ThreadPoolExecutor(max_workers=settings.s3_threads, thread_name_prefix="s3")
+        scheme = "https" if settings.s3_secure else "http"
+        self.bucket_url = f"{scheme}://{settings.s3_endpoint}/{self.bucket}"
 
     async def _call(self, function: Callable[[], T]) -> T:
         try:
@@ -120,6 +125,22 @@ class ObjectStore:
             )
 
         await self._call(put)
+        count_put(key, len(data))
+
+    def post_policy(
+        self, key: str, content_type: str, max_bytes: int, expires_at: datetime.datetime
+    ) -> dict[str, str]:
+        """Form fields of an S3 POST policy that writes only `key`, only with this content
+        type, 1..max_bytes bytes, until `expires_at`. Signing is local arithmetic (the
+        region is configured, so the SDK asks the store nothing): no thread, no request."""
+        policy = PostPolicy(self.bucket, expires_at)
+        policy.add_equals_condition("key", key)
+        policy.add_equals_condition("Content-Type", content_type)
+        policy.add_content_length_range_condition(1, max_bytes)
+        fields = self._client.presigned_post_policy(policy)
+        fields["key"] = key
+        fields["Content-Type"] = content_type
+        return fields
 
     async def get(self, key: str) -> bytes:
         """The object's bytes; ImageMissing when the store has no such object."""

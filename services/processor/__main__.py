@@ -29,6 +29,7 @@ from workshop.kit.identity import KeyRefused, check_own_key, has_scope
 from workshop.kit.server import serve
 from workshop.kit.settings import EXIT_BAD_SETTINGS, settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
+from workshop.kit.tls import client_tls
 from workshop.v1 import common_pb2, jobs_pb2_grpc, operator_pb2_grpc, preview_pb2_grpc
 
 LABEL = "processor"
@@ -50,8 +51,8 @@ async def run_server(settings: ProcessorSettings) -> None:
         shared_memory=cast(SharedMemoryMode, settings.triton_shared_memory),
     )
     async with (
-        open_channel(settings.coordinator_target) as coordinator,
-        open_channel(settings.preview_target) as preview,
+        open_channel(settings.coordinator_target, tls=client_tls(settings)) as coordinator,
+        open_channel(settings.preview_target, tls=client_tls(settings)) as preview,
     ):
         await check_own_key(
             coordinator,
@@ -73,6 +74,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             claim_wait_seconds=settings.claim_wait_seconds,
             heartbeat_seconds=settings.heartbeat_seconds,
             retry_seconds=settings.rpc_retry_seconds,
+            direct_writes=settings.direct_writes,
         )
         try:
             await serve(label=LABEL, settings=settings, services=[], workers=[processor])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, one_of, setting
+from workshop.kit.tls import ClientTlsSettings
 
 MAX_CLAIM_WAIT_SECONDS = 50  # the coordinator takes up to 60; the call's deadline is 10 s more
 PREFIX = "PROCESSOR"
@@ -14,7 +15,7 @@ DEFAULT_MODEL_REPOSITORY = Path("/models")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ProcessorSettings(ServerSettings):
+class ProcessorSettings(ServerSettings, ClientTlsSettings):
     port: int = setting(50054, help="gRPC port for health and reflection; 0 picks a free port.")
     device_id: str = setting(help="Registered device this processor runs on, e.g. gpu-box.")
     key: str = setting(help="Secret of a workshop:run key bound to the device (required).")
@@ -53,6 +54,12 @@ class ProcessorSettings(ServerSettings):
         help="How long a call about a job that gets no answer (UNAVAILABLE, deadline, "
         "INTERNAL) is asked again before the job is handed back to the queue.",
         check=at_least(0),
+    )
+    direct_writes: bool = setting(
+        True,
+        help="1 = write previews straight to object storage with the preview service's grants "
+        "and record them in batches; 0 = send the bytes through PublishPreview (as processors "
+        "before grants did).",
     )
     triton_shared_memory: str = setting(
         "auto",

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -42,8 +43,9 @@ from typing import Any
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.processor import decode
+from services.processor import decode, metrics
 from services.processor.decode import DecodeError, StreamInfo
+from services.processor.direct_writes import DirectPreviews, WriteFailed, WriteUnavailable
 from services.processor.images import JPEG, encode_jpeg
 from services.processor.inference import (
     Detection,
@@ -143,6 +145,11 @@ class Processor:
     claim_wait_seconds: int = 20  # a Claim waits this long at the coordinator for a job
     heartbeat_seconds: float = 0.0  # 0: the interval Claim hands out (45 s); tests shorten it
     retry_seconds: float = 60.0  # how long an RPC about a job is asked again before a hand-back
+    # Write preview bytes straight to object storage with grants (False: through
+    # PublishPreview, as processors before GrantPreviewWrites do; also the fallback when
+    # the preview service answers UNIMPLEMENTED).
+    direct_writes: bool = True
+    _direct: DirectPreviews | None = None
     _task: asyncio.Task[None] | None = None
     _stopping: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _model_turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -154,7 +161,12 @@ class Processor:
     failed: int = 0
     handed_back: int = 0
 
+    @property
+    def running_jobs(self) -> set[asyncio.Task[None]]:
+        return self._running
+
     async def start(self) -> None:
+        metrics.JOBS_IN_FLIGHT.add(self)
         if self._task is None:
             self._stopping.clear()
             self._task = asyncio.create_task(self._loop(), name="claim-loop")
@@ -336,6 +348,7 @@ class Processor:
         job; when even that gets no answer, the lease lapses and maintenance takes the job
         back (one attempt spent)."""
         self.handed_back += 1
+        metrics.HAND_BACKS.inc()
         self._claim_pause = min(
             CLAIM_PAUSE_MAX_SECONDS, max(self.idle_seconds, 2 * self._claim_pause)
         )
@@ -486,6 +499,8 @@ class Processor:
                 slots[index] = await self._publish(
                     job, index, moment, frames[position], routed, full
                 )
+                if routed.outcome == "frame":  # it was published
+                    metrics.FRAMES_PUBLISHED.inc()
             done = len(slots) * 100 // max(1, len(indices))
             if done >= reported + PROGRESS_STEP:
                 reported = done
@@ -493,6 +508,8 @@ class Processor:
                     self.jobs.ReportProgress,
                     jobs_pb2.ReportProgressRequest(lease=job.lease, percent=min(done, 99)),
                 )
+        if self._direct is not None:
+            await self._direct.settle(job.lease)  # every preview recorded before Complete
         result = jobs_pb2.JobResult(slots=[slots[index] for index in range(len(indices))])
         return result, decoder_name
 
@@ -510,12 +527,15 @@ class Processor:
         )
         taken = 0
         while True:
+            started = time.perf_counter()
             try:
                 chunk = await asyncio.to_thread(next, chunks, None)
             except DecodeError as error:
                 raise JobFailed(str(error)) from None
             if chunk is None:
                 return
+            metrics.DECODE_SECONDS.observe(time.perf_counter() - started)
+            metrics.FRAMES_DECODED.inc(len(chunk))
             batch = wanted[taken : taken + len(chunk)]
             taken += len(chunk)
             yield batch, chunk
@@ -526,11 +546,13 @@ class Processor:
         async with self._model_turn:
             for model in served:
                 try:
-                    found.append(await self.models.infer(model, frames))
+                    with metrics.INFERENCE_SECONDS.labels(model.pin.name).time():
+                        found.append(await self.models.infer(model, frames))
                 except ModelUnavailable as error:
                     raise JobFailed(str(error)) from None
                 except TritonUnreachable as error:
                     raise ServiceUnavailable(str(error)) from None
+        metrics.FRAMES_INFERRED.inc(len(frames))
         return found
 
     async def _publish(
@@ -544,13 +566,24 @@ class Processor:
     ) -> jobs_pb2.SlotResult:
         """A frame that reaches an output: its preview, which in full runs is also its upload.
 
-        A preview service that does not answer the preview's digest (older than the
-        coordinator's migration 0008) gets the upload staged separately, as before.
+        The bytes go straight to object storage with a grant and the record is queued
+        (direct_writes.py); through PublishPreview when `direct_writes` is off or the
+        preview service predates grants. A preview service that does not answer the
+        preview's digest (older than the coordinator's migration 0008) gets the upload
+        staged separately, as before.
         """
         if routed.outcome != "frame":
             return to_slot_result(index, moment, routed)
         image = await asyncio.to_thread(encode_jpeg, frame)
         labels = [box for _, boxes in routed.outputs for box in boxes]
+        boxes = [box_to_proto(box) for box in labels]
+        if self.direct_writes:
+            written = await self._publish_direct(job, index, moment, image, boxes)
+            if written is not None:
+                key, digest = written
+                if not full or not routed.outputs:
+                    return to_slot_result(index, moment, routed)
+                return to_slot_result(index, moment, routed, upload_key=key, upload_sha256=digest)
         published = await self._call(
             self.previews.PublishPreview,
             preview_pb2.PublishPreviewRequest(
@@ -560,7 +593,7 @@ class Processor:
                 frame_time=_timestamp(moment),
                 image=image,
                 content_type=JPEG,
-                boxes=[box_to_proto(box) for box in labels],
+                boxes=boxes,
             ),
         )
         if not full or not routed.outputs:
@@ -586,6 +619,46 @@ class Processor:
         return to_slot_result(
             index, moment, routed, upload_key=staged.object_key, upload_sha256=staged.sha256
         )
+
+    async def _publish_direct(
+        self,
+        job: jobs_pb2.ClaimedJob,
+        index: int,
+        moment: datetime,
+        image: bytes,
+        boxes: list[common_pb2.Box],
+    ) -> tuple[str, str] | None:
+        """The preview written with a grant, its record queued: (key, SHA-256). None when
+        the preview service predates grants (UNIMPLEMENTED): then never asked again."""
+        if self._direct is None:
+            self._direct = DirectPreviews(
+                self.previews, self._call, _refusal_error, self.code_sha256
+            )
+        digest = sha256_hex(image)
+        try:
+            key = await self._direct.publish(
+                job, index, _timestamp(moment), image, JPEG, boxes, digest
+            )
+        except Refused as error:
+            if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.info("the preview service grants no direct writes; publishing through it")
+            self.direct_writes = False
+            return None
+        except (WriteUnavailable, WriteFailed) as error:
+            raise ServiceUnavailable(str(error)) from None
+        return key, digest
+
+
+def _refusal_error(refusal: Any) -> Exception:
+    """One preview's refusal in a RecordWrittenPreviews answer, as _call would raise it."""
+    code = next((c for c in grpc.StatusCode if c.value[0] == refusal.code), grpc.StatusCode.UNKNOWN)
+    if code in FENCED:
+        return LeaseLost(refusal.message)
+    error = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), refusal.message)
+    if code in REFUSALS:
+        return Refused("RecordWrittenPreviews", error)
+    return ServiceUnavailable(f"RecordWrittenPreviews: {code.name} {refusal.message}")
 
 
 def _release(slots: asyncio.Semaphore, places: int) -> None:

@@ -45,6 +45,7 @@ class CoordinatorHarness:
     publication: publication_pb2_grpc.PublicationServiceAsyncStub
     identity: identity_pb2_grpc.IdentityServiceAsyncStub
     admin: tuple[tuple[str, str], ...]
+    metrics_port: int | None = None  # its /metrics, when this process started it
 
     async def key(self, *grants: Grant, name: str = "test", user_id: str = "") -> str:
         """A new key's secret with the given grants (written directly, like the CLI)."""
@@ -80,10 +81,12 @@ async def running_coordinator(
             settings=ServerSettings(port=port, drain_seconds=0.0, grace_seconds=1.0),
             services=coordinator.services,
             workers=coordinator.workers,  # run events only: no scheduler or maintenance loop
+            collectors=coordinator.collectors,
         )
         port = await server.start()
         try:
             async with _harness(db, clock, port, max_attempts=1) as harness:
+                harness.metrics_port = server.metrics_port
                 yield harness
         finally:
             await server.stop()

@@ -54,6 +54,7 @@ class PreviewHarness:
     store: ObjectStore
     settings: PreviewSettings
     bucket: S3Bucket
+    metrics_port: int | None = None  # its /metrics
 
     async def keys(self, prefix: str = "") -> list[str]:
         """Object keys in the bucket (sorted), straight from S3."""
@@ -132,6 +133,7 @@ async def running_preview(
             store=store,
             settings=settings,
             bucket=bucket,
+            metrics_port=server.metrics_port,
         )
     finally:
         if channel is not None:

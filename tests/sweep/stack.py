@@ -333,6 +333,14 @@ def examples(world: World) -> dict[str, list[Message]]:
         "/workshop.v1.PublicationService/RecordPreview": [record_request(job, 0, test=False)],
         "/workshop.v1.PreviewService/PublishPreview": [publish_request(job, 0, world.image)],
         "/workshop.v1.PreviewService/StageUpload": [upload_request(job, 1, world.image)],
+        "/workshop.v1.PreviewService/GrantPreviewWrites": [
+            preview_pb2.GrantPreviewWritesRequest(
+                lease=lease, code_sha256=CODE, slot_indices=[2, 3], content_type="image/jpeg"
+            )
+        ],
+        "/workshop.v1.PreviewService/RecordWrittenPreviews": [
+            preview_pb2.RecordWrittenPreviewsRequest(previews=[_written(job, 2, world.image)])
+        ],
         "/workshop.v1.PreviewService/ReadImage": [preview_pb2.ReadImageRequest(run_id="r1")],
         "/workshop.v1.PreviewService/ExportBucket": [
             preview_pb2.ExportBucketRequest(bucket_id="yard", format=run_pb2.DATASET_FORMAT_COCO)
@@ -359,6 +367,22 @@ def examples(world: World) -> dict[str, list[Message]]:
             operator_pb2.SetUserPasswordRequest(user_id=USER, password=PASSWORD)
         ],
     }
+
+
+def _written(job: jobs_pb2.ClaimedJob, slot: int, image: bytes) -> preview_pb2.WrittenPreview:
+    """Slot `slot`'s preview as a processor records it after writing it with a grant."""
+    recorded = record_request(job, slot, test=False)
+    return preview_pb2.WrittenPreview(
+        lease=job.lease,
+        code_sha256=CODE,
+        slot_index=slot,
+        object_key=recorded.object_key,
+        frame_time=recorded.frame_time,
+        boxes=recorded.boxes,
+        byte_size=len(image),
+        sha256=hashlib.sha256(image).hexdigest(),
+        content_type="image/jpeg",
+    )
 
 
 def coordinator_credentials(c: CoordinatorHarness, world: World) -> Callable[[str], Metadata]:

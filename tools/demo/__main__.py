@@ -28,7 +28,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 
-import grpc
 import httpx
 
 from tools.demo import reaper, script
@@ -115,11 +114,12 @@ def _scenario(stack: Stack, pending: Future[list[Footage]], console: Console) ->
         footage = pending.result()
     yesterday = datetime.now(UTC) - timedelta(days=1)
     cameras = [clip.camera_id for clip in footage]
-    with grpc.insecure_channel(stack.coordinator) as channel:
-        with console.stage(f"importing recordings of {', '.join(cameras)} (S3, PutRecording)"):
-            script.import_footage(stack, channel, footage, yesterday)
-        with console.stage(f"saving workflow {script.WORKFLOW_ID}"):
-            revision = script.save_workflow(channel, stack, cameras, classes)
+    with console.stage(
+        f"importing recordings of {', '.join(cameras)} (workshop recordings import)"
+    ):
+        script.import_footage(stack, footage, yesterday)
+    with console.stage(f"saving workflow {script.WORKFLOW_ID} (workshop workflows save)"):
+        revision = script.save_workflow(stack, cameras, classes)
     console.line(
         f"test run {script.RUN_ID}: {script.IMAGE_LIMIT} images, runtime {stack.runtime_id}, "
         f"through the gateway {stack.gateway} as user {stack.user.user_id} (Agent key)"

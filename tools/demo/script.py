@@ -1,35 +1,33 @@
 """The demo's scenario on a running stack: publish the demo detector, import two cameras'
 recordings, save a workflow, run a test run of 20 images and follow it live.
 
-Every step goes through the public surfaces people use. An operator's: the
-`tools.model_repository publish` command, S3 for the footage, and the coordinator's
-OperatorService and WorkshopService (admin key). A user's, through the gateway with the
-demo user's Agent key: the run is created with `POST /v1/workshop/runs` and followed on
-its live WebSocket, `/v1/workshop/runs/{run_id}/live` (docs/http-api.md).
+Every step goes through the public surfaces people use. An operator's: the `workshop`
+command line (`python -m tools.cli`, admin key) publishes the model, imports the footage
+(upload, digest, camera and recording) and saves the bucket and the workflow. A user's,
+through the gateway with the demo user's Agent key: the run is created with
+`POST /v1/workshop/runs` and followed on its live WebSocket,
+`/v1/workshop/runs/{run_id}/live` (docs/http-api.md).
 """
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, datetime, time
 from time import monotonic
 from typing import Any
 
-import grpc
 import httpx
-from google.protobuf.timestamp_pb2 import Timestamp
+from google.protobuf import json_format
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from services.gateway.jsonmap import from_json
-from tools.demo.footage import FPS, SECONDS, Footage
+from tools.demo.footage import Footage
 from tools.demo.stack import CALL_TIMEOUT_S, RECORDINGS_BUCKET, Stack
 from tools.demo.terminal import Console
 from tools.localstack.host import tail
 from tools.localstack.processes import run_module
-from workshop.v1 import common_pb2, operator_pb2_grpc, run_pb2, workflow_pb2, workshop_pb2_grpc
-from workshop.v1 import operator_pb2 as op
-from workshop.v1 import workshop_pb2 as ws
+from workshop.v1 import common_pb2, run_pb2, workflow_pb2
 
 MODEL = "demo_detector"
 MODEL_VERSION = 1
@@ -55,14 +53,27 @@ FINAL = (
 )
 
 
+def workshop_cli(stack: Stack, args: list[str], log: str, env: dict[str, str] | None = None) -> Any:
+    """`workshop -o json ARGS` as the operator runs it; its JSON answer."""
+    printed = run_module(
+        "tools.cli",
+        ["-o", "json", *args],
+        {**stack.operator_env(), **(env or {})},
+        stack.logs / log,
+        base_env=stack.base_env,
+    )
+    return json.loads(printed)
+
+
 def publish_detector(stack: Stack, console: Console) -> list[str]:
-    """`python -m tools.model_repository publish --demo-detector`; returns the model's classes."""
+    """`workshop models publish --demo-detector`; returns the model's classes."""
     with console.stage(
-        f"publishing the demo detector {MODEL} v{MODEL_VERSION} (tools.model_repository)"
+        f"publishing the demo detector {MODEL} v{MODEL_VERSION} (workshop models publish)"
     ):
-        printed = run_module(
-            "tools.model_repository",
+        published = workshop_cli(
+            stack,
             [
+                "models",
                 "publish",
                 "--repository",
                 str(stack.triton.model_repository),
@@ -72,63 +83,55 @@ def publish_detector(stack: Stack, console: Console) -> list[str]:
                 str(MODEL_VERSION),
                 "--demo-detector",
             ],
-            stack.operator_env(),
-            stack.logs / "publish-model.log",
-            base_env=stack.base_env,
+            "publish-model.log",
         )
-    return [str(name) for name in json.loads(printed)["classes"]]
+    return [str(name) for name in published["classes"]]
 
 
-def import_footage(
-    stack: Stack, channel: grpc.Channel, footage: list[Footage], day: datetime
-) -> None:
-    """Upload each recording to the recordings bucket and register camera and recording."""
-    operator = operator_pb2_grpc.OperatorServiceStub(channel)
-    client = stack.s3.client()
+def import_footage(stack: Stack, footage: list[Footage], day: datetime) -> None:
+    """`workshop recordings import`: each recording uploaded to the recordings bucket, its
+    duration, fps and digest read from the file, camera and recording registered."""
     start = datetime.combine(day.date(), RECORDING_START, tzinfo=UTC)
+    s3 = {
+        "WORKSHOP_S3_ENDPOINT": stack.s3.endpoint,
+        "WORKSHOP_S3_ACCESS_KEY": stack.s3.access_key,
+        "WORKSHOP_S3_SECRET_KEY": stack.s3.secret_key,
+        "WORKSHOP_RECORDINGS_BUCKET": RECORDINGS_BUCKET,
+    }
     for clip in footage:
-        key = f"{clip.camera_id}/{start:%Y-%m-%dT%H%M%S}{clip.path.suffix}"
-        client.fput_object(RECORDINGS_BUCKET, key, str(clip.path))
-        operator.PutCamera(
-            op.PutCameraRequest(camera_id=clip.camera_id, name=f"demo {clip.codec} camera"),
-            metadata=stack.admin,
-            timeout=CALL_TIMEOUT_S,
-        )
-        operator.PutRecording(
-            op.PutRecordingRequest(
-                recording_id=f"{clip.camera_id}-{start:%Y%m%d-%H%M}",
-                camera_id=clip.camera_id,
-                start=_stamp(start),
-                end=_stamp(start + timedelta(seconds=SECONDS)),
-                fps=FPS,
-                object_key=key,
-                sha256=clip.info.sha256,
-                byte_size=clip.info.byte_size,
-            ),
-            metadata=stack.admin,
-            timeout=CALL_TIMEOUT_S,
+        workshop_cli(
+            stack,
+            [
+                "recordings",
+                "import",
+                str(clip.path),
+                "--camera",
+                clip.camera_id,
+                "--camera-name",
+                f"demo {clip.codec} camera",
+                "--start",
+                start.isoformat(),
+            ],
+            "import-recordings.log",
+            s3,
         )
 
 
-def save_workflow(
-    channel: grpc.Channel, stack: Stack, cameras: list[str], classes: list[str]
-) -> int:
-    """The bucket and the workflow; returns the saved revision."""
-    operator = operator_pb2_grpc.OperatorServiceStub(channel)
-    operator.CreateBucket(
-        op.CreateBucketRequest(bucket_id=BUCKET_ID, name="Yard"),
-        metadata=stack.admin,
-        timeout=CALL_TIMEOUT_S,
+def save_workflow(stack: Stack, cameras: list[str], classes: list[str]) -> int:
+    """`workshop buckets create` and `workshop workflows save` from a file in the work
+    directory; returns the saved revision."""
+    workshop_cli(stack, ["buckets", "create", BUCKET_ID, "--name", "Yard"], "save-workflow.log")
+    document = stack.logs.parent / f"{WORKFLOW_ID}.workflow.json"
+    spec = workflow_spec(cameras, classes)
+    document.write_text(
+        json.dumps(json_format.MessageToDict(spec, preserving_proto_field_name=True), indent=2)
     )
-    workshop = workshop_pb2_grpc.WorkshopServiceStub(channel)
-    saved = workshop.SaveWorkflow(
-        ws.SaveWorkflowRequest(
-            workflow_id=WORKFLOW_ID, expected_revision=0, spec=workflow_spec(cameras, classes)
-        ),
-        metadata=stack.admin,
-        timeout=CALL_TIMEOUT_S,
+    saved = workshop_cli(
+        stack,
+        ["workflows", "save", WORKFLOW_ID, str(document), "--expected-revision", "0"],
+        "save-workflow.log",
     )
-    return saved.workflow.revision
+    return int(saved["revision"])
 
 
 def workflow_spec(cameras: list[str], classes: list[str]) -> workflow_pb2.WorkflowSpec:
@@ -289,9 +292,3 @@ def _draw(console: Console, detail: run_pb2.RunDetail) -> None:
         int(counts.slots_expected),
         f"frames, {finished}/{counts.jobs_total} jobs done, {status}",
     )
-
-
-def _stamp(value: datetime) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromDatetime(value)
-    return stamp

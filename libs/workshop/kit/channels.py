@@ -10,9 +10,12 @@ unary calls, so server streams such as WatchRun can stay open.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
+
+from workshop.kit.tls import ClientTls
 
 DEFAULT_DEADLINE_SECONDS = 10.0
 # gRPC's reconnect backoff grows to 120 s by default: a client whose server was down for a
@@ -115,10 +118,12 @@ def open_channel(
     *,
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
     max_attempts: int = 5,
+    tls: ClientTls | None = None,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
 ) -> grpc.aio.Channel:
-    """An insecure aio channel to `target` (host:port) with deadlines and retries.
-
-    In-cluster traffic is plaintext here; terminate TLS in the mesh or ingress.
+    """An aio channel to `target` (host:port) with deadlines and retries: plaintext, or
+    TLS when `tls` says which CA signs the server (workshop.kit.tls); and `interceptors`
+    (the gateway's tracing: workshop.kit.telemetry.client_interceptors).
     """
     options: list[tuple[str, str | int]] = [
         ("grpc.max_receive_message_length", 16 * 1024 * 1024),
@@ -133,4 +138,12 @@ def open_channel(
         ]
     else:
         options.append(("grpc.enable_retries", 0))
-    return DeadlineChannel(grpc.aio.insecure_channel(target, options=options), deadline_seconds)
+    intercepted = list(interceptors) or None
+    channel = (
+        grpc.aio.insecure_channel(target, options=options, interceptors=intercepted)
+        if tls is None
+        else grpc.aio.secure_channel(
+            target, tls.credentials(), options=options, interceptors=intercepted
+        )
+    )
+    return DeadlineChannel(channel, deadline_seconds)

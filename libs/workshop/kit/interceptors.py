@@ -16,6 +16,7 @@ a deserializer's exception as UNKNOWN).
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
@@ -34,6 +35,10 @@ from workshop.kit.status import INTERNAL, status_for
 log = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "workshop"
+
+# The reason of the refusal this call was answered with, for the metrics interceptor that
+# wraps this one (workshop.kit.rpc_metrics): set in the call's own context, read after.
+refusal_reason: contextvars.ContextVar[str] = contextvars.ContextVar("refusal_reason")
 
 
 async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
@@ -54,6 +59,7 @@ async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: Excepti
         code = grpc.StatusCode.INTERNAL
         message = "internal error; the server log has the details"
         info = error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN)
+    refusal_reason.set(info.reason)
     detail = any_pb2.Any()
     detail.Pack(info)
     status = rpc_status.to_status(
@@ -75,6 +81,7 @@ def _is_abort(error: BaseException) -> bool:
 async def _abort_unimplemented(context: grpc.aio.ServicerContext[Any, Any]) -> None:
     # Generated base servicers raise NotImplementedError for RPCs a service
     # does not serve yet: that is UNIMPLEMENTED, never INTERNAL.
+    refusal_reason.set("UNIMPLEMENTED")
     await context.abort(grpc.StatusCode.UNIMPLEMENTED, "This RPC is not implemented yet.")
 
 

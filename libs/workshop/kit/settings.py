@@ -4,7 +4,9 @@ Each service declares one frozen dataclass; every field becomes the variable
 `<PREFIX>_<FIELD NAME IN UPPER CASE>`. A field without a default is required.
 Each field carries a `help` text in its metadata, used by the README table, and
 optionally a `check` of its parsed value (`at_least`, `between`, `one_of`, or any
-function returning a problem or None). Every missing, malformed or out-of-range
+function returning a problem or None); a class of the dataclass's bases may define
+`cross_checks(self)`, the (field name, problem) pairs of fields that go together (a
+certificate and its key). Every missing, malformed or out-of-range
 value is reported at once, one line per variable, and stops the process at start
 with exit code 2, instead of failing later in the middle of work.
 """
@@ -127,7 +129,16 @@ def load_settings(cls: type[T], prefix: str, environ: Mapping[str, str]) -> T:
         values[field.name] = value
     if problems:
         raise SettingsError.of(problems)
-    return cls(**values)
+    settings = cls(**values)
+    for base in cls.__mro__:
+        cross_checks = base.__dict__.get("cross_checks")
+        if cross_checks is not None:
+            problems += [
+                (variable_name(prefix, name), problem) for name, problem in cross_checks(settings)
+            ]
+    if problems:
+        raise SettingsError.of(problems)
+    return settings
 
 
 def settings_or_exit(cls: type[T], prefix: str, environ: Mapping[str, str]) -> T:

@@ -24,36 +24,55 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from workshop.v1 import common_pb2 as workshop_dot_v1_dot_common__pb2
+from workshop.v1 import publication_pb2 as workshop_dot_v1_dot_publication__pb2
 from workshop.v1 import run_pb2 as workshop_dot_v1_dot_run__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19workshop/v1/preview.proto\x12\x0bworkshop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\x1a\x15workshop/v1/run.proto\"\xdc\x01\n\x15PublishPreviewRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nslot_index\x18\x03 \x01(\r\x12.\n\nframe_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05image\x18\x05 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x06 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x07 \x03(\x0b\x32\x10.workshop.v1.Box\"}\n\x16PublishPreviewResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x12\n\nobject_key\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\x98\x01\n\x12StageUploadRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nslot_index\x18\x03 \x01(\r\x12\r\n\x05image\x18\x04 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x0e\n\x06sha256\x18\x06 \x01(\t\"L\n\x13StageUploadResponse\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x11\n\tbyte_size\x18\x03 \x01(\x03\"3\n\x10ReadImageRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\"\xe0\x01\n\x11ReadImageResponse\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x03 \x03(\x0b\x32\x10.workshop.v1.Box\x12.\n\nframe_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcamera_id\x18\x05 \x01(\t\x12\x33\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x88\x01\x01\x42\r\n\x0b_expires_at\"\x83\x01\n\x13\x45xportBucketRequest\x12\x11\n\tbucket_id\x18\x01 \x01(\t\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.workshop.v1.DatasetFormat\x12-\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x1d.workshop.v1.BucketItemFilter\"T\n\x14\x45xportBucketResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tfile_name\x18\x02 \x01(\t\x12\x0c\n\x04last\x18\x03 \x01(\x08\x12\r\n\x05items\x18\x04 \x01(\x04\"\x13\n\x11RunCleanupRequest\"\x9c\x01\n\x12RunCleanupResponse\x12\x18\n\x10previews_deleted\x18\x01 \x01(\r\x12\x17\n\x0fuploads_deleted\x18\x02 \x01(\r\x12\x15\n\rbytes_deleted\x18\x03 \x01(\x03\x12\x19\n\x11uploads_remaining\x18\x04 \x01(\x08\x12!\n\x19unrecorded_previews_found\x18\x05 \x01(\r2\xaf\x03\n\x0ePreviewService\x12Y\n\x0ePublishPreview\x12\".workshop.v1.PublishPreviewRequest\x1a#.workshop.v1.PublishPreviewResponse\x12P\n\x0bStageUpload\x12\x1f.workshop.v1.StageUploadRequest\x1a .workshop.v1.StageUploadResponse\x12J\n\tReadImage\x12\x1d.workshop.v1.ReadImageRequest\x1a\x1e.workshop.v1.ReadImageResponse\x12M\n\nRunCleanup\x12\x1e.workshop.v1.RunCleanupRequest\x1a\x1f.workshop.v1.RunCleanupResponse\x12U\n\x0c\x45xportBucket\x12 .workshop.v1.ExportBucketRequest\x1a!.workshop.v1.ExportBucketResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19workshop/v1/preview.proto\x12\x0bworkshop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\x1a\x1dworkshop/v1/publication.proto\x1a\x15workshop/v1/run.proto\"\xdc\x01\n\x15PublishPreviewRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nslot_index\x18\x03 \x01(\r\x12.\n\nframe_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05image\x18\x05 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x06 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x07 \x03(\x0b\x32\x10.workshop.v1.Box\"}\n\x16PublishPreviewResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x12\n\nobject_key\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\x98\x01\n\x12StageUploadRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nslot_index\x18\x03 \x01(\r\x12\r\n\x05image\x18\x04 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x0e\n\x06sha256\x18\x06 \x01(\t\"L\n\x13StageUploadResponse\x12\x12\n\nobject_key\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x11\n\tbyte_size\x18\x03 \x01(\x03\"3\n\x10ReadImageRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\"\xe0\x01\n\x11ReadImageResponse\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x03 \x03(\x0b\x32\x10.workshop.v1.Box\x12.\n\nframe_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcamera_id\x18\x05 \x01(\t\x12\x33\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x88\x01\x01\x42\r\n\x0b_expires_at\"\x83\x01\n\x13\x45xportBucketRequest\x12\x11\n\tbucket_id\x18\x01 \x01(\t\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.workshop.v1.DatasetFormat\x12-\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x1d.workshop.v1.BucketItemFilter\"T\n\x14\x45xportBucketResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tfile_name\x18\x02 \x01(\t\x12\x0c\n\x04last\x18\x03 \x01(\x08\x12\r\n\x05items\x18\x04 \x01(\x04\"\x13\n\x11RunCleanupRequest\"\x9c\x01\n\x12RunCleanupResponse\x12\x18\n\x10previews_deleted\x18\x01 \x01(\r\x12\x17\n\x0fuploads_deleted\x18\x02 \x01(\r\x12\x15\n\rbytes_deleted\x18\x03 \x01(\x03\x12\x19\n\x11uploads_remaining\x18\x04 \x01(\x08\x12!\n\x19unrecorded_previews_found\x18\x05 \x01(\r\"\x82\x01\n\x19GrantPreviewWritesRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x14\n\x0cslot_indices\x18\x03 \x03(\r\x12\x14\n\x0c\x63ontent_type\x18\x04 \x01(\t\"L\n\x1aGrantPreviewWritesResponse\x12.\n\x06grants\x18\x01 \x03(\x0b\x32\x1e.workshop.v1.PreviewWriteGrant\"\xf6\x01\n\x11PreviewWriteGrant\x12\x12\n\nslot_index\x18\x01 \x01(\r\x12\x12\n\nobject_key\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12:\n\x06\x66ields\x18\x04 \x03(\x0b\x32*.workshop.v1.PreviewWriteGrant.FieldsEntry\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tmax_bytes\x18\x06 \x01(\x03\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"M\n\x1cRecordWrittenPreviewsRequest\x12-\n\x08previews\x18\x01 \x03(\x0b\x32\x1b.workshop.v1.WrittenPreview\"\xfd\x01\n\x0eWrittenPreview\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nslot_index\x18\x03 \x01(\r\x12\x12\n\nobject_key\x18\x04 \x01(\t\x12.\n\nframe_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1f\n\x05\x62oxes\x18\x06 \x03(\x0b\x32\x10.workshop.v1.Box\x12\x11\n\tbyte_size\x18\x07 \x01(\x03\x12\x0e\n\x06sha256\x18\x08 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\t \x01(\t\"U\n\x1dRecordWrittenPreviewsResponse\x12\x34\n\x08outcomes\x18\x01 \x03(\x0b\x32\".workshop.v1.WrittenPreviewOutcome\"\x84\x01\n\x15WrittenPreviewOutcome\x12\x37\n\x08recorded\x18\x01 \x01(\x0b\x32#.workshop.v1.PublishPreviewResponseH\x00\x12\'\n\x07refused\x18\x02 \x01(\x0b\x32\x14.workshop.v1.RefusalH\x00\x42\t\n\x07outcome2\x86\x05\n\x0ePreviewService\x12Y\n\x0ePublishPreview\x12\".workshop.v1.PublishPreviewRequest\x1a#.workshop.v1.PublishPreviewResponse\x12P\n\x0bStageUpload\x12\x1f.workshop.v1.StageUploadRequest\x1a .workshop.v1.StageUploadResponse\x12J\n\tReadImage\x12\x1d.workshop.v1.ReadImageRequest\x1a\x1e.workshop.v1.ReadImageResponse\x12M\n\nRunCleanup\x12\x1e.workshop.v1.RunCleanupRequest\x1a\x1f.workshop.v1.RunCleanupResponse\x12U\n\x0c\x45xportBucket\x12 .workshop.v1.ExportBucketRequest\x1a!.workshop.v1.ExportBucketResponse0\x01\x12\x65\n\x12GrantPreviewWrites\x12&.workshop.v1.GrantPreviewWritesRequest\x1a\'.workshop.v1.GrantPreviewWritesResponse\x12n\n\x15RecordWrittenPreviews\x12).workshop.v1.RecordWrittenPreviewsRequest\x1a*.workshop.v1.RecordWrittenPreviewsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workshop.v1.preview_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUBLISHPREVIEWREQUEST']._serialized_start=125
-  _globals['_PUBLISHPREVIEWREQUEST']._serialized_end=345
-  _globals['_PUBLISHPREVIEWRESPONSE']._serialized_start=347
-  _globals['_PUBLISHPREVIEWRESPONSE']._serialized_end=472
-  _globals['_STAGEUPLOADREQUEST']._serialized_start=475
-  _globals['_STAGEUPLOADREQUEST']._serialized_end=627
-  _globals['_STAGEUPLOADRESPONSE']._serialized_start=629
-  _globals['_STAGEUPLOADRESPONSE']._serialized_end=705
-  _globals['_READIMAGEREQUEST']._serialized_start=707
-  _globals['_READIMAGEREQUEST']._serialized_end=758
-  _globals['_READIMAGERESPONSE']._serialized_start=761
-  _globals['_READIMAGERESPONSE']._serialized_end=985
-  _globals['_EXPORTBUCKETREQUEST']._serialized_start=988
-  _globals['_EXPORTBUCKETREQUEST']._serialized_end=1119
-  _globals['_EXPORTBUCKETRESPONSE']._serialized_start=1121
-  _globals['_EXPORTBUCKETRESPONSE']._serialized_end=1205
-  _globals['_RUNCLEANUPREQUEST']._serialized_start=1207
-  _globals['_RUNCLEANUPREQUEST']._serialized_end=1226
-  _globals['_RUNCLEANUPRESPONSE']._serialized_start=1229
-  _globals['_RUNCLEANUPRESPONSE']._serialized_end=1385
-  _globals['_PREVIEWSERVICE']._serialized_start=1388
-  _globals['_PREVIEWSERVICE']._serialized_end=1819
+  _globals['_PREVIEWWRITEGRANT_FIELDSENTRY']._loaded_options = None
+  _globals['_PREVIEWWRITEGRANT_FIELDSENTRY']._serialized_options = b'8\001'
+  _globals['_PUBLISHPREVIEWREQUEST']._serialized_start=156
+  _globals['_PUBLISHPREVIEWREQUEST']._serialized_end=376
+  _globals['_PUBLISHPREVIEWRESPONSE']._serialized_start=378
+  _globals['_PUBLISHPREVIEWRESPONSE']._serialized_end=503
+  _globals['_STAGEUPLOADREQUEST']._serialized_start=506
+  _globals['_STAGEUPLOADREQUEST']._serialized_end=658
+  _globals['_STAGEUPLOADRESPONSE']._serialized_start=660
+  _globals['_STAGEUPLOADRESPONSE']._serialized_end=736
+  _globals['_READIMAGEREQUEST']._serialized_start=738
+  _globals['_READIMAGEREQUEST']._serialized_end=789
+  _globals['_READIMAGERESPONSE']._serialized_start=792
+  _globals['_READIMAGERESPONSE']._serialized_end=1016
+  _globals['_EXPORTBUCKETREQUEST']._serialized_start=1019
+  _globals['_EXPORTBUCKETREQUEST']._serialized_end=1150
+  _globals['_EXPORTBUCKETRESPONSE']._serialized_start=1152
+  _globals['_EXPORTBUCKETRESPONSE']._serialized_end=1236
+  _globals['_RUNCLEANUPREQUEST']._serialized_start=1238
+  _globals['_RUNCLEANUPREQUEST']._serialized_end=1257
+  _globals['_RUNCLEANUPRESPONSE']._serialized_start=1260
+  _globals['_RUNCLEANUPRESPONSE']._serialized_end=1416
+  _globals['_GRANTPREVIEWWRITESREQUEST']._serialized_start=1419
+  _globals['_GRANTPREVIEWWRITESREQUEST']._serialized_end=1549
+  _globals['_GRANTPREVIEWWRITESRESPONSE']._serialized_start=1551
+  _globals['_GRANTPREVIEWWRITESRESPONSE']._serialized_end=1627
+  _globals['_PREVIEWWRITEGRANT']._serialized_start=1630
+  _globals['_PREVIEWWRITEGRANT']._serialized_end=1876
+  _globals['_PREVIEWWRITEGRANT_FIELDSENTRY']._serialized_start=1831
+  _globals['_PREVIEWWRITEGRANT_FIELDSENTRY']._serialized_end=1876
+  _globals['_RECORDWRITTENPREVIEWSREQUEST']._serialized_start=1878
+  _globals['_RECORDWRITTENPREVIEWSREQUEST']._serialized_end=1955
+  _globals['_WRITTENPREVIEW']._serialized_start=1958
+  _globals['_WRITTENPREVIEW']._serialized_end=2211
+  _globals['_RECORDWRITTENPREVIEWSRESPONSE']._serialized_start=2213
+  _globals['_RECORDWRITTENPREVIEWSRESPONSE']._serialized_end=2298
+  _globals['_WRITTENPREVIEWOUTCOME']._serialized_start=2301
+  _globals['_WRITTENPREVIEWOUTCOME']._serialized_end=2433
+  _globals['_PREVIEWSERVICE']._serialized_start=2436
+  _globals['_PREVIEWSERVICE']._serialized_end=3082
 # @@protoc_insertion_point(module_scope)

@@ -12,6 +12,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from workshop.v1 import common_pb2 as _common_pb2
+from workshop.v1 import publication_pb2 as _publication_pb2
 from workshop.v1 import run_pb2 as _run_pb2
 import builtins as _builtins
 import sys
@@ -387,3 +388,273 @@ class RunCleanupResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunCleanupResponse: _TypeAlias = RunCleanupResponse  # noqa: Y015
+
+@_typing.final
+class GrantPreviewWritesRequest(_message.Message):
+    """Ask for direct writes of previews."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    CODE_SHA256_FIELD_NUMBER: _builtins.int
+    SLOT_INDICES_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    code_sha256: _builtins.str
+    """SHA-256 (hex) of the processor's code (fence 4)."""
+    content_type: _builtins.str
+    """MIME type the images will have: "image/jpeg" (or "image/png")."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseRef:
+        """The current lease."""
+
+    @_builtins.property
+    def slot_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Slots to write, 1..256, each an expected slot of the job."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseRef | None = ...,
+        code_sha256: _builtins.str = ...,
+        slot_indices: _abc.Iterable[_builtins.int] | None = ...,
+        content_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "content_type", b"content_type", "lease", b"lease", "slot_indices", b"slot_indices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantPreviewWritesRequest: _TypeAlias = GrantPreviewWritesRequest  # noqa: Y015
+
+@_typing.final
+class GrantPreviewWritesResponse(_message.Message):
+    """One grant per slot asked for."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreviewWriteGrant]:
+        """In the order of the request's slots."""
+
+    def __init__(
+        self,
+        *,
+        grants: _abc.Iterable[Global___PreviewWriteGrant] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantPreviewWritesResponse: _TypeAlias = GrantPreviewWritesResponse  # noqa: Y015
+
+@_typing.final
+class PreviewWriteGrant(_message.Message):
+    """A direct write of one preview: an HTTP POST of a multipart/form-data body to `url` with every field of
+    `fields` (in any order), then the image as the last field, named "file".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FieldsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SLOT_INDEX_FIELD_NUMBER: _builtins.int
+    OBJECT_KEY_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    slot_index: _builtins.int
+    """Slot the grant writes."""
+    object_key: _builtins.str
+    """The object key it writes: this lease's preview key for the slot; goes into RecordWrittenPreviews."""
+    url: _builtins.str
+    """Where to POST: the bucket's URL."""
+    max_bytes: _builtins.int
+    """Largest image the store accepts with this grant, bytes."""
+    @_builtins.property
+    def fields(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Form fields to send (key, policy, signature...)."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the grant stops working (UTC): never after the lease's expiry at the time of the grant."""
+
+    def __init__(
+        self,
+        *,
+        slot_index: _builtins.int = ...,
+        object_key: _builtins.str = ...,
+        url: _builtins.str = ...,
+        fields: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "fields", b"fields", "max_bytes", b"max_bytes", "object_key", b"object_key", "slot_index", b"slot_index", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreviewWriteGrant: _TypeAlias = PreviewWriteGrant  # noqa: Y015
+
+@_typing.final
+class RecordWrittenPreviewsRequest(_message.Message):
+    """Record previews written with grants."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIEWS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def previews(self) -> _containers.RepeatedCompositeFieldContainer[Global___WrittenPreview]:
+        """The previews, 1..256, of any of this processor's leases."""
+
+    def __init__(
+        self,
+        *,
+        previews: _abc.Iterable[Global___WrittenPreview] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["previews", b"previews"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordWrittenPreviewsRequest: _TypeAlias = RecordWrittenPreviewsRequest  # noqa: Y015
+
+@_typing.final
+class WrittenPreview(_message.Message):
+    """A preview whose bytes are written under its grant's key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    CODE_SHA256_FIELD_NUMBER: _builtins.int
+    SLOT_INDEX_FIELD_NUMBER: _builtins.int
+    OBJECT_KEY_FIELD_NUMBER: _builtins.int
+    FRAME_TIME_FIELD_NUMBER: _builtins.int
+    BOXES_FIELD_NUMBER: _builtins.int
+    BYTE_SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    code_sha256: _builtins.str
+    """SHA-256 (hex) of the processor's code (fence 4)."""
+    slot_index: _builtins.int
+    """Slot index of the frame."""
+    object_key: _builtins.str
+    """The grant's object key."""
+    byte_size: _builtins.int
+    """Size of the written bytes, bytes."""
+    sha256: _builtins.str
+    """SHA-256 (hex) of the written bytes; readers check the stored bytes against it."""
+    content_type: _builtins.str
+    """MIME type of the written bytes, as granted."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseRef:
+        """The current lease."""
+
+    @_builtins.property
+    def frame_time(self) -> _timestamp_pb2.Timestamp:
+        """Presentation time of the frame (UTC), inside the slot."""
+
+    @_builtins.property
+    def boxes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Box]:
+        """Labels: the boxes that reached an output."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseRef | None = ...,
+        code_sha256: _builtins.str = ...,
+        slot_index: _builtins.int = ...,
+        object_key: _builtins.str = ...,
+        frame_time: _timestamp_pb2.Timestamp | None = ...,
+        boxes: _abc.Iterable[_common_pb2.Box] | None = ...,
+        byte_size: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+        content_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["frame_time", b"frame_time", "lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "byte_size", b"byte_size", "code_sha256", b"code_sha256", "content_type", b"content_type", "frame_time", b"frame_time", "lease", b"lease", "object_key", b"object_key", "sha256", b"sha256", "slot_index", b"slot_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WrittenPreview: _TypeAlias = WrittenPreview  # noqa: Y015
+
+@_typing.final
+class RecordWrittenPreviewsResponse(_message.Message):
+    """One outcome per preview."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___WrittenPreviewOutcome]:
+        """In the order of the request's previews."""
+
+    def __init__(
+        self,
+        *,
+        outcomes: _abc.Iterable[Global___WrittenPreviewOutcome] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordWrittenPreviewsResponse: _TypeAlias = RecordWrittenPreviewsResponse  # noqa: Y015
+
+@_typing.final
+class WrittenPreviewOutcome(_message.Message):
+    """What happened to one preview of a RecordWrittenPreviews call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def recorded(self) -> Global___PublishPreviewResponse:
+        """Recorded and published, as PublishPreview answers."""
+
+    @_builtins.property
+    def refused(self) -> _publication_pb2.Refusal:
+        """Refused, with the status PublishPreview would have answered."""
+
+    def __init__(
+        self,
+        *,
+        recorded: Global___PublishPreviewResponse | None = ...,
+        refused: _publication_pb2.Refusal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "recorded", b"recorded", "refused", b"refused"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "recorded", b"recorded", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["recorded", "refused"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___WrittenPreviewOutcome: _TypeAlias = WrittenPreviewOutcome  # noqa: Y015

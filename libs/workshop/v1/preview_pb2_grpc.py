@@ -30,7 +30,8 @@ class PreviewServiceStub:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+    processor's workshop:run key; the service
     forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
     checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -73,6 +74,16 @@ class PreviewServiceStub:
                 request_serializer=workshop_dot_v1_dot_preview__pb2.ExportBucketRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_preview__pb2.ExportBucketResponse.FromString,
                 _registered_method=True)
+        self.GrantPreviewWrites = channel.unary_unary(
+                '/workshop.v1.PreviewService/GrantPreviewWrites',
+                request_serializer=workshop_dot_v1_dot_preview__pb2.GrantPreviewWritesRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_preview__pb2.GrantPreviewWritesResponse.FromString,
+                _registered_method=True)
+        self.RecordWrittenPreviews = channel.unary_unary(
+                '/workshop.v1.PreviewService/RecordWrittenPreviews',
+                request_serializer=workshop_dot_v1_dot_preview__pb2.RecordWrittenPreviewsRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_preview__pb2.RecordWrittenPreviewsResponse.FromString,
+                _registered_method=True)
 
 
 class PreviewServiceServicer:
@@ -80,7 +91,8 @@ class PreviewServiceServicer:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+    processor's workshop:run key; the service
     forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
     checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -142,6 +154,29 @@ class PreviewServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantPreviewWrites(self, request, context):
+        """Grants the processor direct writes of its previews into object storage, so the bytes never pass
+        through this service: for a lease that holds (checked as PublishPreview checks it), one form-upload
+        policy (S3 POST policy) per expected slot asked for, each bound to the lease's preview key for the slot,
+        one content type and at most the largest image size, and expiring within PREVIEW_GRANT_SECONDS and never
+        after the lease. The bytes written are recorded with RecordWrittenPreviews. Errors: FAILED_PRECONDITION (a
+        fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots, more than 256, a slot not expected,
+        content type not JPEG or PNG).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordWrittenPreviews(self, request, context):
+        """Records previews whose bytes the processor wrote itself with a grant, up to 256 in one call that the
+        coordinator runs as one fenced statement; one outcome per preview, in request order, each as
+        PublishPreview would answer after its write (a refused preview's object becomes collectable).
+        Errors of the whole call: the common ones, INVALID_ARGUMENT (no previews, more than 256).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PreviewServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +205,16 @@ def add_PreviewServiceServicer_to_server(servicer, server):
                     request_deserializer=workshop_dot_v1_dot_preview__pb2.ExportBucketRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_preview__pb2.ExportBucketResponse.SerializeToString,
             ),
+            'GrantPreviewWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantPreviewWrites,
+                    request_deserializer=workshop_dot_v1_dot_preview__pb2.GrantPreviewWritesRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_preview__pb2.GrantPreviewWritesResponse.SerializeToString,
+            ),
+            'RecordWrittenPreviews': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordWrittenPreviews,
+                    request_deserializer=workshop_dot_v1_dot_preview__pb2.RecordWrittenPreviewsRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_preview__pb2.RecordWrittenPreviewsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'workshop.v1.PreviewService', rpc_method_handlers)
@@ -183,7 +228,8 @@ class PreviewService:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+    processor's workshop:run key; the service
     forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
     checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -320,6 +366,60 @@ class PreviewService:
             '/workshop.v1.PreviewService/ExportBucket',
             workshop_dot_v1_dot_preview__pb2.ExportBucketRequest.SerializeToString,
             workshop_dot_v1_dot_preview__pb2.ExportBucketResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantPreviewWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.PreviewService/GrantPreviewWrites',
+            workshop_dot_v1_dot_preview__pb2.GrantPreviewWritesRequest.SerializeToString,
+            workshop_dot_v1_dot_preview__pb2.GrantPreviewWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordWrittenPreviews(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.PreviewService/RecordWrittenPreviews',
+            workshop_dot_v1_dot_preview__pb2.RecordWrittenPreviewsRequest.SerializeToString,
+            workshop_dot_v1_dot_preview__pb2.RecordWrittenPreviewsResponse.FromString,
             options,
             channel_credentials,
             insecure,

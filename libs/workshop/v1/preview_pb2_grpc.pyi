@@ -34,7 +34,8 @@ class PreviewServiceStub:
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+      processor's workshop:run key; the service
       forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
       checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -80,6 +81,21 @@ class PreviewServiceStub:
     exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
     filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
     """
+    GrantPreviewWrites: _grpc.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]
+    """Grants the processor direct writes of its previews into object storage, so the bytes never pass
+    through this service: for a lease that holds (checked as PublishPreview checks it), one form-upload
+    policy (S3 POST policy) per expected slot asked for, each bound to the lease's preview key for the slot,
+    one content type and at most the largest image size, and expiring within PREVIEW_GRANT_SECONDS and never
+    after the lease. The bytes written are recorded with RecordWrittenPreviews. Errors: FAILED_PRECONDITION (a
+    fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots, more than 256, a slot not expected,
+    content type not JPEG or PNG).
+    """
+    RecordWrittenPreviews: _grpc.UnaryUnaryMultiCallable[_preview_pb2.RecordWrittenPreviewsRequest, _preview_pb2.RecordWrittenPreviewsResponse]
+    """Records previews whose bytes the processor wrote itself with a grant, up to 256 in one call that the
+    coordinator runs as one fenced statement; one outcome per preview, in request order, each as
+    PublishPreview would answer after its write (a refused preview's object becomes collectable).
+    Errors of the whole call: the common ones, INVALID_ARGUMENT (no previews, more than 256).
+    """
 
 @_typing.type_check_only
 class PreviewServiceAsyncStub(PreviewServiceStub):
@@ -87,7 +103,8 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+      processor's workshop:run key; the service
       forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
       checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -130,13 +147,29 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
     filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
     """
+    GrantPreviewWrites: _aio.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]  # type: ignore[assignment]
+    """Grants the processor direct writes of its previews into object storage, so the bytes never pass
+    through this service: for a lease that holds (checked as PublishPreview checks it), one form-upload
+    policy (S3 POST policy) per expected slot asked for, each bound to the lease's preview key for the slot,
+    one content type and at most the largest image size, and expiring within PREVIEW_GRANT_SECONDS and never
+    after the lease. The bytes written are recorded with RecordWrittenPreviews. Errors: FAILED_PRECONDITION (a
+    fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots, more than 256, a slot not expected,
+    content type not JPEG or PNG).
+    """
+    RecordWrittenPreviews: _aio.UnaryUnaryMultiCallable[_preview_pb2.RecordWrittenPreviewsRequest, _preview_pb2.RecordWrittenPreviewsResponse]  # type: ignore[assignment]
+    """Records previews whose bytes the processor wrote itself with a grant, up to 256 in one call that the
+    coordinator runs as one fenced statement; one outcome per preview, in request order, each as
+    PublishPreview would answer after its write (a refused preview's object becomes collectable).
+    Errors of the whole call: the common ones, INVALID_ARGUMENT (no previews, more than 256).
+    """
 
 class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
     """Served by the preview service to processors (writes), the gateway (reads)
     and operators (cleanup).
 
     Authentication: metadata `authorization: Bearer <secret>`:
-    - PublishPreview, StageUpload: the processor's workshop:run key; the service
+    - PublishPreview, StageUpload, GrantPreviewWrites, RecordWrittenPreviews: the
+      processor's workshop:run key; the service
       forwards it to the coordinator as `workshop-on-behalf-of` so fence 4 is
       checked against it;
     - ReadImage: the reader's credential as the gateway received it (a session
@@ -206,6 +239,33 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
         unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
         exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
         filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
+        """
+
+    @_abc_1.abstractmethod
+    def GrantPreviewWrites(
+        self,
+        request: _preview_pb2.GrantPreviewWritesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_preview_pb2.GrantPreviewWritesResponse, _abc.Awaitable[_preview_pb2.GrantPreviewWritesResponse]]:
+        """Grants the processor direct writes of its previews into object storage, so the bytes never pass
+        through this service: for a lease that holds (checked as PublishPreview checks it), one form-upload
+        policy (S3 POST policy) per expected slot asked for, each bound to the lease's preview key for the slot,
+        one content type and at most the largest image size, and expiring within PREVIEW_GRANT_SECONDS and never
+        after the lease. The bytes written are recorded with RecordWrittenPreviews. Errors: FAILED_PRECONDITION (a
+        fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots, more than 256, a slot not expected,
+        content type not JPEG or PNG).
+        """
+
+    @_abc_1.abstractmethod
+    def RecordWrittenPreviews(
+        self,
+        request: _preview_pb2.RecordWrittenPreviewsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_preview_pb2.RecordWrittenPreviewsResponse, _abc.Awaitable[_preview_pb2.RecordWrittenPreviewsResponse]]:
+        """Records previews whose bytes the processor wrote itself with a grant, up to 256 in one call that the
+        coordinator runs as one fenced statement; one outcome per preview, in request order, each as
+        PublishPreview would answer after its write (a refused preview's object becomes collectable).
+        Errors of the whole call: the common ones, INVALID_ARGUMENT (no previews, more than 256).
         """
 
 def add_PreviewServiceServicer_to_server(servicer: PreviewServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -79,6 +79,7 @@ class CheckLeaseResponse(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     CAMERA_ID_FIELD_NUMBER: _builtins.int
     SLOT_COUNT_FIELD_NUMBER: _builtins.int
+    CHECKED_AT_FIELD_NUMBER: _builtins.int
     mode: _common_pb2.RunMode.ValueType
     """Test or full (test and photo objects live under the "workshop-tests/" prefix)."""
     kind: _common_pb2.RunKind.ValueType
@@ -91,6 +92,12 @@ class CheckLeaseResponse(_message.Message):
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the lease lapses unless renewed (UTC)."""
 
+    @_builtins.property
+    def checked_at(self) -> _timestamp_pb2.Timestamp:
+        """The coordinator's time when it checked: lease_expires_at minus this is how long the lease had left
+        (the coordinator's clock may differ from the caller's). Absent from coordinators before it.
+        """
+
     def __init__(
         self,
         *,
@@ -99,10 +106,11 @@ class CheckLeaseResponse(_message.Message):
         kind: _common_pb2.RunKind.ValueType = ...,
         camera_id: _builtins.str = ...,
         slot_count: _builtins.int = ...,
+        checked_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checked_at", b"checked_at", "lease_expires_at", b"lease_expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["camera_id", b"camera_id", "kind", b"kind", "lease_expires_at", b"lease_expires_at", "mode", b"mode", "slot_count", b"slot_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["camera_id", b"camera_id", "checked_at", b"checked_at", "kind", b"kind", "lease_expires_at", b"lease_expires_at", "mode", b"mode", "slot_count", b"slot_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

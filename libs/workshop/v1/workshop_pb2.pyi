@@ -477,6 +477,7 @@ class CreateRunRequest(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     IMAGE_LIMIT_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Client-chosen run id; never reused, even after the run expired. Ids starting with "photo-" are reserved
     for photos (INVALID_ARGUMENT).
@@ -491,6 +492,11 @@ class CreateRunRequest(_message.Message):
     """Test or full."""
     image_limit: _builtins.int
     """Test runs: 1..100 expected slots; absent means 20. Must be absent for full runs."""
+    validate_only: _builtins.bool
+    """True: check and plan the run exactly as creating it would (validation, dates, model pins, recordings,
+    limits) and answer the plan without creating anything; the id is checked for form only and capacity is
+    not checked. The answer then has planned_snapshot and planned_jobs, and no run.
+    """
     def __init__(
         self,
         *,
@@ -500,10 +506,11 @@ class CreateRunRequest(_message.Message):
         revision: _builtins.int = ...,
         mode: _common_pb2.RunMode.ValueType = ...,
         image_limit: _builtins.int | None = ...,
+        validate_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_image_limit", b"_image_limit", "image_limit", b"image_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_image_limit", b"_image_limit", "image_limit", b"image_limit", "mode", b"mode", "revision", b"revision", "run_id", b"run_id", "runtime_id", b"runtime_id", "workflow_id", b"workflow_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_image_limit", b"_image_limit", "image_limit", b"image_limit", "mode", b"mode", "revision", b"revision", "run_id", b"run_id", "runtime_id", b"runtime_id", "validate_only", b"validate_only", "workflow_id", b"workflow_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__image_limit: _TypeAlias = _typing.Literal["image_limit"]  # noqa: Y015
     _WhichOneofArgType__image_limit: _TypeAlias = _typing.Literal["_image_limit", b"_image_limit"]  # noqa: Y015
@@ -519,21 +526,33 @@ class CreateRunResponse(_message.Message):
 
     RUN_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
+    PLANNED_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    PLANNED_JOBS_FIELD_NUMBER: _builtins.int
     created: _builtins.bool
-    """False when the run already existed with the same request."""
+    """False when the run already existed with the same request (and for validate_only)."""
     @_builtins.property
     def run(self) -> _run_pb2.Run:
         """The run (queued, or already further along when this was a retry)."""
+
+    @_builtins.property
+    def planned_snapshot(self) -> _snapshot_pb2.RunSnapshot:
+        """validate_only: the snapshot the run would freeze (without creator, creation time or policy revision)."""
+
+    @_builtins.property
+    def planned_jobs(self) -> _containers.RepeatedCompositeFieldContainer[_snapshot_pb2.SnapshotRecording]:
+        """validate_only: the jobs it would create, in job order, one per recording with its slot count."""
 
     def __init__(
         self,
         *,
         run: _run_pb2.Run | None = ...,
         created: _builtins.bool = ...,
+        planned_snapshot: _snapshot_pb2.RunSnapshot | None = ...,
+        planned_jobs: _abc.Iterable[_snapshot_pb2.SnapshotRecording] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["planned_snapshot", b"planned_snapshot", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "planned_jobs", b"planned_jobs", "planned_snapshot", b"planned_snapshot", "run", b"run"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -228,9 +228,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return claim_response(claimed)
 
     async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
+        who = await self.who.cached(context)  # the credential before the request's fields
         if request.reason != common_pb2.FAILURE_REASON_PROCESSOR_FAILED:
             raise InvalidField("reason must be PROCESSOR_FAILED; lapses are the coordinator's.")
-        await self.api.fail(await self.who.cached(context), lease(request.lease), request.message)
+        await self.api.fail(who, lease(request.lease), request.message)
         return pb.FailResponse(state=common_pb2.JOB_STATE_FAILED)
 
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:

@@ -75,6 +75,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             kind=KINDS[facts.kind],
             camera_id=facts.camera_id,
             slot_count=facts.slot_count,
+            checked_at=convert.ts(self.api.clock.now()),
         )
 
     async def StageObject(
@@ -133,11 +134,12 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     async def ListCollectableObjects(
         self, request: pb.ListCollectableObjectsRequest, context: Context
     ) -> pb.ListCollectableObjectsResponse:
+        who = await self.who(context)  # the credential before the request's fields
         kind = OBJECT_KINDS.get(request.kind)
         if kind is None:
             raise InvalidField("kind must be PREVIEW or UPLOAD.")
         rows, more, sweeps = await self.api.claim_collectable(
-            await self.who(context), kind, request.limit or DEFAULT_COLLECT
+            who, kind, request.limit or DEFAULT_COLLECT
         )
         return pb.ListCollectableObjectsResponse(
             objects=[

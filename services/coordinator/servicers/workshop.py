@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from google.protobuf import json_format
 
 from services.coordinator import convert, review
+from services.coordinator.auth import Principal
 from services.coordinator.errors import InvalidField
 from services.coordinator.events import RunEvents
 from services.coordinator.fields import page_size
@@ -24,6 +25,7 @@ from services.coordinator.servicers.common import (
 from services.coordinator.workshop_api import (
     JobRow,
     RunImageRow,
+    RunRequest,
     RunView,
     SnapshotRecordingRow,
     WorkflowRow,
@@ -254,9 +256,34 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             mode=MODES.get(request.mode, ""),
             image_limit=request.image_limit if request.HasField("image_limit") else None,
         )
+        if request.validate_only:
+            return await self._plan(who, asked)
         run_id, created = await self.api.create_run(who, asked)
         view = await self.api.get_run(who, run_id, 0)
         return pb.CreateRunResponse(run=run(view), created=created)
+
+    async def _plan(self, who: Principal, asked: RunRequest) -> pb.CreateRunResponse:
+        """CreateRun validate_only: the snapshot and jobs the run would get."""
+        admission = await self.api.plan_run(who, asked)
+        admission.snapshot.run_id = asked.run_id
+        jobs = [
+            snapshot_pb2.SnapshotRecording(
+                job_id=job_id(job.job_index),
+                job_index=job.job_index,
+                recording_id=job.recording.recording_id,
+                camera_id=job.recording.camera_id,
+                generation=job.recording.generation,
+                sha256=job.recording.sha256,
+                byte_size=job.recording.byte_size,
+                object_key=job.recording.object_key,
+                start=convert.ts(job.recording.start),
+                end=convert.ts(job.recording.end),
+                fps=job.recording.fps,
+                slot_count=job.slot_count,
+            )
+            for job in admission.jobs
+        ]
+        return pb.CreateRunResponse(planned_snapshot=admission.snapshot, planned_jobs=jobs)
 
     async def GetRun(self, request: pb.GetRunRequest, context: Context) -> pb.GetRunResponse:
         limit = min(request.job_limit or DEFAULT_JOB_LIMIT, MAX_JOB_LIMIT)
@@ -449,10 +476,9 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def RequestPhoto(
         self, request: pb.RequestPhotoRequest, context: Context
     ) -> pb.RequestPhotoResponse:
+        who = await self.who(context)  # the credential before the request's fields
         moment = convert.from_ts("time", request.time)
-        view, created = await self.photos.request(
-            await self.who(context), request.camera_id, moment
-        )
+        view, created = await self.photos.request(who, request.camera_id, moment)
         return pb.RequestPhotoResponse(photo=photo(view), created=created)
 
     async def GetPhoto(self, request: pb.GetPhotoRequest, context: Context) -> pb.GetPhotoResponse:

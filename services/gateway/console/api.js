@@ -7,6 +7,7 @@ export class ApiError extends Error {
     super((body && body.message) || `The gateway answered ${status}.`);
     this.status = status;
     this.reason = (body && body.reason) || "";
+    this.details = (body && body.details) || {};
     this.retryAfter = retryAfter;
   }
 }

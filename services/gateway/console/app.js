@@ -6,10 +6,13 @@ import { h, show } from "./dom.js";
 import { loginView } from "./login.js";
 import { parseRoute, sessionEnded } from "./nav.js";
 import { reviewView } from "./review.js";
+import { runView } from "./run.js";
 import { runsView } from "./runs.js";
 import { summaryView } from "./summary.js";
 
-const VIEWS = { login: loginView, runs: runsView, review: reviewView, summary: summaryView };
+const VIEWS = {
+  login: loginView, runs: runsView, run: runView, review: reviewView, summary: summaryView,
+};
 
 const account = () => document.getElementById("account");
 const main = () => document.getElementById("main");

@@ -1,8 +1,10 @@
 // The runs page: the newest runs (GET /api/workshop/runs, optionally of one workflow),
-// each with its status, mode, job and slot counts, review counts and age.
+// each with its status, mode, job and slot counts, review counts and age, a link to
+// each run's page, older pages by the list's page token, and the form to create a run.
 import { api, currentSession, signOut } from "./api.js";
 import { h, show } from "./dom.js";
 import { go, sessionEnded } from "./nav.js";
+import { runForm } from "./run_form.js";
 
 /** "just now", "4 min ago", "3 h ago", "2 d ago" from an RFC 3339 time. */
 export function age(timestamp, now = Date.now()) {
@@ -44,7 +46,7 @@ function row(entry) {
   const created = new Date(run.created_at);
   return h(
     "tr", { "data-run-id": run.run_id },
-    h("th", { scope: "row", text: run.run_id }),
+    h("th", { scope: "row" }, h("a", { href: `#/run/${encodeURIComponent(run.run_id)}`, text: run.run_id })),
     h("td", { text: run.workflow_id || "photo" }),
     h("td", {}, h("span", { class: `status status-${run.status}`, text: run.status })),
     h("td", { text: run.mode }),
@@ -78,8 +80,15 @@ export function accountBar(account, session) {
 
 export async function runsView({ main, account, params, alive }) {
   const workflow = (params.get("workflow") || "").trim();
+  const pageToken = params.get("page") || "";
   const session = await currentSession();
-  const answer = await api("GET", "/api/workshop/runs", { query: { workflow } });
+  const [answer, form] = await Promise.all([
+    api("GET", "/api/workshop/runs", { query: { workflow, page_token: pageToken } }),
+    runForm().catch((error) => {
+      if (error.status === 401) throw error;
+      return h("p", { class: "error", role: "alert", text: `The form to create a run: ${error.message}` });
+    }),
+  ]);
   if (!alive()) return;
   accountBar(account, session);
 
@@ -110,8 +119,19 @@ export async function runsView({ main, account, params, alive }) {
         .map((title) => h("th", { scope: "col", text: title })))),
       h("tbody", {}, answer.runs.map(row)),
     );
+  const here = workflow ? { workflow } : {};
+  const pages = h(
+    "nav", { class: "pages", "aria-label": "Pages of runs" },
+    pageToken ? h("a", { href: `#/runs?${new URLSearchParams(here)}`, text: "Newest runs" }) : null,
+    answer.next_page_token
+      ? h("a", {
+        id: "older-runs", href: `#/runs?${new URLSearchParams({ ...here, page: answer.next_page_token })}`,
+        text: "Older runs",
+      })
+      : null,
+  );
   const heading = h("h1", { tabindex: "-1", text: "Runs" });
-  show(main, heading, filter, list);
+  show(main, heading, form, filter, list, pages);
   document.title = "Runs · Workshop";
   heading.focus();
 }

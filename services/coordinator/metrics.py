@@ -1,0 +1,34 @@
+"""The coordinator's own series (docs/metrics.md); RPC series come from the kit, and
+the jobs gauge is read at scrape time (services/coordinator/job_gauges.py)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from workshop.kit.metrics import LATENCY_BUCKETS, REGISTRY
+
+CLAIM_SECONDS = Histogram(
+    "workshop_coordinator_claim_seconds",
+    "Seconds one claim attempt takes (the job_claim statement and the run's snapshot), "
+    "not the long poll's wait for a job.",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+LEASE_LAPSES = Counter(
+    "workshop_coordinator_lease_lapses",
+    "Leases that lapsed and were taken back by maintenance: the job queued again "
+    "(requeued) or failed after its last attempt (exhausted).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+FENCE_REFUSALS = Counter(
+    "workshop_coordinator_fence_refusals",
+    "Calls refused by a fence (docs/leases-and-fences.md), by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+PREVIEWS_RECORDED = Counter(
+    "workshop_coordinator_previews_recorded",
+    "Previews recorded for jobs (RecordPreview, RecordPreviews), refusals not counted.",
+    registry=REGISTRY,
+)

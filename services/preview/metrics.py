@@ -1,0 +1,54 @@
+"""The preview service's own series (docs/metrics.md); RPC series come from the kit."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+from workshop.kit.metrics import REGISTRY
+from workshop.kit.object_keys import TEST_PREFIX
+
+KINDS = ("preview", "upload")
+
+PUTS = Counter(
+    "workshop_preview_puts",
+    "Objects written to the bucket, by kind (preview, upload).",
+    ["kind"],
+    registry=REGISTRY,
+)
+PUT_BYTES = Counter(
+    "workshop_preview_put_bytes",
+    "Bytes of the objects written to the bucket, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+CLEANUP_DELETIONS = Counter(
+    "workshop_preview_cleanup_deletions",
+    "Objects the cleanup passes deleted, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+CLEANUP_DELETED_BYTES = Counter(
+    "workshop_preview_cleanup_deleted_bytes",
+    "Bytes of the objects the cleanup passes deleted, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+
+
+def kind_of(key: str) -> str:
+    """`preview` or `upload` from an object key (workshop.kit.object_keys); `other` for a
+    key of another shape, so the label set stays bounded."""
+    kind = key.removeprefix(TEST_PREFIX).partition("/")[0].removesuffix("s")
+    return kind if kind in KINDS else "other"
+
+
+def count_put(key: str, size: int) -> None:
+    kind = kind_of(key)
+    PUTS.labels(kind).inc()
+    PUT_BYTES.labels(kind).inc(size)
+
+
+def count_deletion(key: str, size: int) -> None:
+    kind = kind_of(key)
+    CLEANUP_DELETIONS.labels(kind).inc()
+    CLEANUP_DELETED_BYTES.labels(kind).inc(size)

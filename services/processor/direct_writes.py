@@ -1,0 +1,258 @@
+"""Previews written straight to object storage, recorded in batches (docs/previews-and-uploads.md).
+
+The preview service grants writes for a lease's next slots (GrantPreviewWrites: an S3
+POST policy per slot, bound to the slot's key, the content type and the largest size,
+expiring within a minute and never after the lease). The processor POSTs each image
+with its grant and queues the preview's record. Records of all its jobs go to the
+preview service together (RecordWrittenPreviews), which the coordinator runs as one
+fenced statement: a batch is sent when it holds `max_batch` records, `linger_seconds`
+after its first one, or when a job waits for its records; one batch is in flight at a
+time, so each lease's records arrive in slot order. A job waits for its records
+(`settle`) before it completes; a refusal met earlier stops it at its next frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import urllib3
+
+from workshop.v1 import common_pb2
+from workshop.v1 import preview_pb2 as pb
+from workshop.v1 import publication_pb2 as pub
+
+GRANT_BATCH = 32  # slots granted per GrantPreviewWrites
+MAX_BATCH = 64  # records per RecordWrittenPreviews
+# How long the first queued record waits for others: each RecordWrittenPreviews costs the
+# control plane about a millisecond of CPU whatever it carries (docs/benchmarks.md), so a
+# batch is worth a short wait; a job that finishes does not wait (settle sends at once).
+LINGER_SECONDS = 0.2
+GRANT_MARGIN = timedelta(seconds=5)  # a grant closer than this to its expiry is renewed
+WRITE_TIMEOUT_SECONDS = 10.0
+WRITE_RETRIES = 2
+
+LeaseId = tuple[str, str, int]
+Call = Callable[[Any, Any], Awaitable[Any]]
+
+
+class WriteFailed(Exception):
+    """Object storage did not take the image (unreachable, 5xx, or refused the grant)."""
+
+
+def _lease_id(lease: common_pb2.LeaseRef) -> LeaseId:
+    return (lease.run_id, lease.job_id, lease.generation)
+
+
+@dataclasses.dataclass
+class _Lease:
+    grants: dict[int, pb.PreviewWriteGrant] = dataclasses.field(default_factory=dict)
+    pending: set[asyncio.Future[pb.PublishPreviewResponse]] = dataclasses.field(default_factory=set)
+    refused: BaseException | None = None
+
+
+class DirectPreviews:
+    def __init__(
+        self,
+        previews: Any,  # PreviewServiceAsyncStub
+        call: Call,
+        refusal: Callable[[pub.Refusal], Exception],
+        code_sha256: str,
+        *,
+        max_batch: int = MAX_BATCH,
+        linger_seconds: float = LINGER_SECONDS,
+    ) -> None:
+        self._previews = previews
+        self._call = call  # the worker's RPC wrapper: retries, LeaseLost, ServiceUnavailable
+        self._refusal = refusal  # one preview's refusal as the worker's exception
+        self._code = code_sha256
+        self._max_batch = max_batch
+        self._linger = linger_seconds
+        self._leases: dict[LeaseId, _Lease] = {}
+        self._queue: list[tuple[pb.WrittenPreview, asyncio.Future[pb.PublishPreviewResponse]]] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._full = asyncio.Event()  # set when a batch is full or must go now
+        self._flush = False  # a job waits for its records: the next batch goes at once
+        self._http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=WRITE_TIMEOUT_SECONDS, read=WRITE_TIMEOUT_SECONDS),
+            retries=urllib3.Retry(
+                total=WRITE_RETRIES,
+                backoff_factor=0.2,
+                status_forcelist=(500, 502, 503, 504),
+                allowed_methods=None,  # a POST of the same key again is idempotent
+            ),
+            maxsize=8,
+        )
+
+    async def publish(
+        self,
+        job: Any,  # jobs_pb2.ClaimedJob
+        slot: int,
+        frame_time: Any,  # Timestamp
+        image: bytes,
+        content_type: str,
+        boxes: Sequence[Any],
+        sha256: str,
+    ) -> str:
+        """Writes the slot's image and queues its record; returns the object key."""
+        lease = job.lease
+        state = self._leases.setdefault(_lease_id(lease), _Lease())
+        if state.refused is not None:
+            raise state.refused
+        grant = await self._grant(job, state, slot, content_type)
+        try:
+            await asyncio.to_thread(self._post, grant, image, content_type)
+        except WriteFailed:
+            # A grant the store calls expired or invalid (a clock apart): one fresh try.
+            state.grants.clear()
+            grant = await self._grant(job, state, slot, content_type)
+            await asyncio.to_thread(self._post, grant, image, content_type)
+        written = pb.WrittenPreview(
+            lease=lease,
+            code_sha256=self._code,
+            slot_index=slot,
+            object_key=grant.object_key,
+            frame_time=frame_time,
+            boxes=boxes,
+            byte_size=len(image),
+            sha256=sha256,
+            content_type=content_type,
+        )
+        answer: asyncio.Future[pb.PublishPreviewResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        state.pending.add(answer)
+        answer.add_done_callback(lambda done: self._settled(lease, done))
+        self._queue.append((written, answer))
+        if len(self._queue) >= self._max_batch:
+            self._full.set()
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send())
+        return grant.object_key
+
+    async def settle(self, lease: common_pb2.LeaseRef) -> None:
+        """Waits until every record of the lease is answered; raises its first refusal."""
+        state = self._leases.get(_lease_id(lease))
+        if state is None:
+            return
+        try:
+            if state.pending:
+                self._flush = True  # the job waits for its records: send what is queued now
+                self._full.set()
+                await asyncio.wait(list(state.pending))
+            if state.refused is not None:
+                raise state.refused
+        finally:
+            self._leases.pop(_lease_id(lease), None)
+
+    def _settled(
+        self, lease: common_pb2.LeaseRef, done: asyncio.Future[pb.PublishPreviewResponse]
+    ) -> None:
+        state = self._leases.get(_lease_id(lease))
+        if state is None:
+            return
+        state.pending.discard(done)
+        if not done.cancelled() and done.exception() is not None and state.refused is None:
+            state.refused = done.exception()
+
+    async def _grant(
+        self, job: Any, state: _Lease, slot: int, content_type: str
+    ) -> pb.PreviewWriteGrant:
+        grant = state.grants.get(slot)
+        now = datetime.now(UTC)
+        if grant is None or grant.expires_at.ToDatetime(tzinfo=UTC) - GRANT_MARGIN < now:
+            slots = list(range(slot, min(slot + GRANT_BATCH, len(job.input.slots))))
+            reply = await self._call(
+                self._previews.GrantPreviewWrites,
+                pb.GrantPreviewWritesRequest(
+                    lease=job.lease,
+                    code_sha256=self._code,
+                    slot_indices=slots,
+                    content_type=content_type,
+                ),
+            )
+            state.grants = {granted.slot_index: granted for granted in reply.grants}
+            grant = state.grants[slot]
+        return grant
+
+    def _post(self, grant: pb.PreviewWriteGrant, image: bytes, content_type: str) -> None:
+        fields: dict[str, Any] = dict(grant.fields)
+        fields["file"] = ("image", image, content_type)  # S3 wants the file last
+        try:
+            response = self._http.request("POST", grant.url, fields=fields)
+        except urllib3.exceptions.HTTPError as error:
+            raise WriteUnavailable(
+                f"Object storage did not take preview {grant.object_key}: {type(error).__name__}"
+            ) from None
+        if response.status >= 500:
+            raise WriteUnavailable(
+                f"Object storage did not take preview {grant.object_key}: HTTP {response.status}"
+            )
+        if response.status >= 300:
+            raise WriteFailed(
+                f"Object storage refused preview {grant.object_key} with its grant: HTTP "
+                f"{response.status} {response.data[:300].decode(errors='replace')}"
+            )
+
+    async def _send(self) -> None:
+        try:
+            while self._queue:
+                if len(self._queue) < self._max_batch and not self._flush:
+                    self._full.clear()
+                    # A batch waits a moment for more records, or until it is full.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._full.wait(), self._linger)
+                self._flush = False
+                batch = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+                await self._send_batch(batch)
+        finally:
+            self._sender = None
+
+    async def _send_batch(
+        self, batch: list[tuple[pb.WrittenPreview, asyncio.Future[pb.PublishPreviewResponse]]]
+    ) -> None:
+        # Records of a lease already refused (or given up) are not sent: its job has
+        # stopped, and a batch of them would hold up the records of other jobs.
+        live = []
+        for written, answer in batch:
+            state = self._leases.get(_lease_id(written.lease))
+            if state is None or state.refused is None:
+                live.append((written, answer))
+            elif not answer.done():
+                answer.set_exception(state.refused)
+        batch = live
+        if not batch:
+            return
+        try:
+            reply = await self._call(
+                self._previews.RecordWrittenPreviews,
+                pb.RecordWrittenPreviewsRequest(previews=[written for written, _ in batch]),
+            )
+            outcomes: list[Any] = list(reply.outcomes)
+            if len(outcomes) != len(batch):
+                raise WriteUnavailable(
+                    f"The preview service answered {len(outcomes)} outcomes for {len(batch)}."
+                )
+        except Exception as error:  # the whole batch: no answer, or a refusal of the call
+            outcomes = [error] * len(batch)
+        for (_, answer), outcome in zip(batch, outcomes, strict=True):
+            if answer.done():
+                continue
+            if isinstance(outcome, BaseException):
+                answer.set_exception(outcome)
+            elif outcome.HasField("refused"):
+                answer.set_exception(self._refusal(outcome.refused))
+            else:
+                answer.set_result(outcome.recorded)
+
+    def close(self) -> None:
+        self._http.clear()
+
+
+class WriteUnavailable(Exception):
+    """Object storage could not be reached for a preview: the job is handed back."""

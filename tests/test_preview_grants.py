@@ -1,0 +1,269 @@
+"""Direct writes: grants (S3 POST policies) and batched records of what was written with them.
+
+Real gRPC, the real SeaweedFS and the in-process coordinator on real Postgres: every
+write goes to the store with the grant exactly as a processor sends it, so what the
+store refuses here it really refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import pytest
+import urllib3
+
+from services.coordinator.auth import Grant, ScopeName
+from testbed.coordinator_leases import (
+    Setup,
+    claimed,
+    complete_request,
+    create_run,
+    empty_result,
+    setup,
+)
+from testbed.coordinator_world import CODE, error_reason
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness, box, jpeg_bytes, running_preview
+from testbed.harness.s3 import S3Bucket
+from workshop.kit.auth import bearer_metadata
+from workshop.kit.hashing import sha256_hex
+from workshop.v1 import common_pb2, jobs_pb2, run_pb2
+from workshop.v1 import preview_pb2 as pb
+from workshop.v1 import workshop_pb2 as ws
+
+JPEG = "image/jpeg"
+HTTP = urllib3.PoolManager()
+
+
+@pytest.fixture
+async def s(coordinator: CoordinatorHarness) -> Setup:
+    return await setup(coordinator)
+
+
+async def refusal(call: Awaitable[object]) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return error_reason(caught.value)
+
+
+def grant_request(
+    job: jobs_pb2.ClaimedJob, slots: list[int], content_type: str = JPEG
+) -> pb.GrantPreviewWritesRequest:
+    return pb.GrantPreviewWritesRequest(
+        lease=job.lease, code_sha256=CODE, slot_indices=slots, content_type=content_type
+    )
+
+
+async def post(
+    grant: pb.PreviewWriteGrant,
+    image: bytes,
+    *,
+    content_type: str = JPEG,
+    key: str | None = None,
+) -> tuple[int, str]:
+    """POSTs `image` with the grant's fields, as a processor does (optionally another key)."""
+    fields: dict[str, str | tuple[str, bytes, str]] = dict(grant.fields)
+    fields["Content-Type"] = content_type
+    if key is not None:
+        fields["key"] = key
+    fields["file"] = ("image", image, content_type)
+    response = await asyncio.to_thread(HTTP.request, "POST", grant.url, fields=fields)
+    return response.status, response.data.decode(errors="replace")
+
+
+def written(
+    job: jobs_pb2.ClaimedJob, grant: pb.PreviewWriteGrant, image: bytes
+) -> pb.WrittenPreview:
+    return pb.WrittenPreview(
+        lease=job.lease,
+        code_sha256=CODE,
+        slot_index=grant.slot_index,
+        object_key=grant.object_key,
+        frame_time=job.input.slots[grant.slot_index].start,
+        boxes=[box()],
+        byte_size=len(image),
+        sha256=sha256_hex(image),
+        content_type=JPEG,
+    )
+
+
+async def test_written_previews_are_recorded_in_one_call_and_a_full_runs_commit_names_them(
+    coordinator: CoordinatorHarness, preview: PreviewHarness, s: Setup
+) -> None:
+    c, p = coordinator, preview
+    await create_run(c, s, full=True)
+    job = await claimed(c, s)
+    grants = (
+        await p.stub.GrantPreviewWrites(grant_request(job, [0, 1]), metadata=s.processor)
+    ).grants
+    assert [g.object_key for g in grants] == ["previews/r1/j0/1/0.jpg", "previews/r1/j0/1/1.jpg"]
+    # Within PREVIEW_GRANT_SECONDS (60) of now, real time: the store's clock, not the
+    # coordinator's (frozen here), decides when a grant stops working.
+    left = [g.expires_at.ToDatetime(tzinfo=UTC) - datetime.now(UTC) for g in grants]
+    assert all(timedelta(seconds=40) < each <= timedelta(seconds=60) for each in left)
+    images = [jpeg_bytes(seed=slot) for slot in (0, 1)]
+    for grant, image in zip(grants, images, strict=True):
+        assert (await post(grant, image))[0] == 204
+    assert await p.keys() == [g.object_key for g in grants]
+    assert await c.count("staged_objects") == 0  # written, not yet recorded
+
+    reply = await p.stub.RecordWrittenPreviews(
+        pb.RecordWrittenPreviewsRequest(
+            previews=[written(job, g, i) for g, i in zip(grants, images, strict=True)]
+        ),
+        metadata=s.processor,
+    )
+    recorded = [outcome.recorded for outcome in reply.outcomes]
+    assert [(r.object_key, r.sha256) for r in recorded] == [
+        (g.object_key, sha256_hex(i)) for g, i in zip(grants, images, strict=True)
+    ]
+    agent = bearer_metadata(await c.key(Grant(ScopeName.WORKSHOP), name="agent"))
+    read = await p.stub.ReadImage(
+        pb.ReadImageRequest(run_id="r1", item_id=recorded[1].item_id), metadata=agent
+    )
+    assert (read.image, read.content_type) == (images[1], JPEG)
+
+    result = empty_result(job)
+    for slot, grant, image in zip(result.slots[:2], grants, images, strict=True):
+        slot.outcome = common_pb2.SLOT_OUTCOME_FRAME
+        slot.frame_time.CopyFrom(job.input.slots[slot.slot_index].start)
+        slot.boxes.append(box())
+        slot.outputs.add(step_id="save", boxes=[box()])
+        slot.upload_key, slot.upload_sha256 = grant.object_key, sha256_hex(image)
+    await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    assert await c.count("bucket_items") == 2
+    detail = await c.workshop.GetRun(ws.GetRunRequest(run_id="r1"), metadata=c.admin)
+    items = [i for i in detail.detail.recent_images if i.source == run_pb2.IMAGE_SOURCE_ITEM]
+    for item in items:
+        read = await p.stub.ReadImage(
+            pb.ReadImageRequest(run_id="r1", item_id=item.item_id), metadata=agent
+        )
+        assert read.image == images[item.slot_index]
+    report = await p.stub.RunCleanup(pb.RunCleanupRequest(), metadata=c.admin)
+    assert report.previews_deleted == 0  # both became the items' images
+    assert await p.keys() == [g.object_key for g in grants]
+
+
+async def test_a_grant_writes_only_its_own_key_type_and_size(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket, s: Setup
+) -> None:
+    c = coordinator
+    async with running_preview(c, s3_bucket, max_image_bytes=20_000) as p:
+        await create_run(c, s, full=False)
+        job = await claimed(c, s)
+        grant = (
+            await p.stub.GrantPreviewWrites(grant_request(job, [0]), metadata=s.processor)
+        ).grants[0]
+        assert grant.max_bytes == 20_000
+        image = jpeg_bytes()
+        # Another slot of the same lease, another lease generation's key, another job's.
+        for key in (
+            "workshop-tests/previews/r1/j0/1/1.jpg",
+            "workshop-tests/previews/r1/j0/2/0.jpg",
+            "workshop-tests/previews/r1/j1/1/0.jpg",
+            "previews/r1/j0/1/0.jpg",
+        ):
+            status, body = await post(grant, image, key=key)
+            assert (status, "Policy" in body) == (403, True), key
+        status, body = await post(grant, b"<html></html>", content_type="text/html")
+        assert status == 403
+        status, body = await post(grant, jpeg_bytes(size=30_000))
+        assert (status, "EntityTooLarge" in body) == (400, True)
+        assert await p.keys() == []
+        assert (await post(grant, image))[0] == 204
+        assert await p.keys() == [grant.object_key]
+
+
+async def test_a_grant_stops_working_when_it_expires(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket, s: Setup
+) -> None:
+    c = coordinator
+    async with running_preview(c, s3_bucket, grant_seconds=1) as p:
+        await create_run(c, s, full=False)
+        job = await claimed(c, s)
+        grant = (
+            await p.stub.GrantPreviewWrites(grant_request(job, [0]), metadata=s.processor)
+        ).grants[0]
+        await asyncio.sleep(2.5)
+        status, body = await post(grant, jpeg_bytes())
+        assert (status, "expired" in body.lower()) == (403, True)
+        assert await p.keys() == []
+
+
+async def test_a_refused_record_leaves_its_object_collectable_and_others_in_the_batch_stand(
+    coordinator: CoordinatorHarness, preview: PreviewHarness, s: Setup
+) -> None:
+    c, p = coordinator, preview
+    await create_run(c, s, full=False)
+    job = await claimed(c, s)
+    grants = (
+        await p.stub.GrantPreviewWrites(grant_request(job, [0, 1]), metadata=s.processor)
+    ).grants
+    images = [jpeg_bytes(seed=slot) for slot in (0, 1)]
+    for grant, image in zip(grants, images, strict=True):
+        assert (await post(grant, image))[0] == 204
+    stale = written(job, grants[1], images[1])
+    stale.lease.token = "00000000-0000-4000-8000-000000000000"
+    malformed = written(job, grants[0], images[0])
+    malformed.sha256 = "abc"
+    reply = await p.stub.RecordWrittenPreviews(
+        pb.RecordWrittenPreviewsRequest(
+            previews=[written(job, grants[0], images[0]), stale, malformed]
+        ),
+        metadata=s.processor,
+    )
+    first, refused, bad = reply.outcomes
+    assert first.recorded.object_key == grants[0].object_key
+    assert (refused.refused.code, refused.refused.reason) == (
+        grpc.StatusCode.FAILED_PRECONDITION.value[0],
+        "LEASE_MISMATCH",
+    )
+    assert (bad.refused.code, bad.refused.reason, bad.refused.metadata["field"]) == (
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        "INVALID_FIELD",
+        "sha256",
+    )
+    report = await p.stub.RunCleanup(pb.RunCleanupRequest(), metadata=c.admin)
+    assert report.previews_deleted == 1
+    assert await p.keys() == [grants[0].object_key]
+
+
+async def test_grants_are_refused_for_leases_that_do_not_hold_and_for_bad_requests(
+    coordinator: CoordinatorHarness, preview: PreviewHarness, s: Setup
+) -> None:
+    c, p = coordinator, preview
+    await create_run(c, s, full=False)
+    job = await claimed(c, s)
+    stale = grant_request(job, [0])
+    stale.lease.token = "00000000-0000-4000-8000-000000000000"
+    code, reason, _ = await refusal(p.stub.GrantPreviewWrites(stale, metadata=s.processor))
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_MISMATCH")
+    for request, field in (
+        (grant_request(job, []), "slot_indices"),
+        (grant_request(job, list(range(257))), "slot_indices"),
+        (grant_request(job, [len(job.input.slots)]), "slot_indices"),
+        (grant_request(job, [0], content_type="image/gif"), "content_type"),
+        (grant_request(job, [0], content_type=""), "content_type"),
+    ):
+        code, reason, metadata = await refusal(
+            p.stub.GrantPreviewWrites(request, metadata=s.processor)
+        )
+        assert (code, reason, metadata.get("field")) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_FIELD",
+            field,
+        )
+    code, reason, metadata = await refusal(
+        p.stub.RecordWrittenPreviews(pb.RecordWrittenPreviewsRequest(), metadata=s.processor)
+    )
+    assert (code, reason, metadata.get("field")) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+        "previews",
+    )
+    code, reason, _ = await refusal(p.stub.GrantPreviewWrites(grant_request(job, [0])))
+    assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "CREDENTIAL_MISSING")
+    assert await p.keys() == []

@@ -1,0 +1,179 @@
+"""One trace spans gateway -> coordinator for a CreateRun (docs/metrics.md#traces): a real
+coordinator and gateway process export over OTLP/gRPC to a receiver this test runs (the
+collector's TraceService from opentelemetry-proto); the gateway's request span, its
+client span of the call and the coordinator's server span share one trace id, each
+the parent of the next. Without an OTLP endpoint, a process exports nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from services.coordinator.auth import Grant, ScopeName
+from testbed.coordinator_world import build_world, save_workflow, workflow_spec
+from testbed.harness.coordinator import coordinator_client
+from testbed.harness.processes import ServiceProcess, prefixed
+from workshop.kit.telemetry import client_interceptors, configure_tracing, tracing_enabled
+
+pytestmark = pytest.mark.timeout(90)
+
+CREATE_RUN = "workshop.v1.WorkshopService/CreateRun"
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP trace receiver keeping every span it is sent, with its service's name."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, trace_pb2.Span]] = []
+
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        for resource_spans in request.resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    self.spans.append((attributes.get("service.name", ""), span))
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
+    server = grpc.aio.server()
+    found = Receiver()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield found, port
+    finally:
+        await server.stop(0)
+
+
+def otlp_env(port: int) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: the batches go out while the test waits
+    }
+
+
+async def wait_for_spans(found: Receiver, names: set[str], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not names <= {span.name for _, span in found.spans}:
+        assert time.monotonic() < deadline, [(s, span.name) for s, span in found.spans]
+        await asyncio.sleep(0.1)
+
+
+async def test_a_create_run_is_one_trace_from_the_gateway_to_the_coordinator(
+    pg_dsn: str, receiver: tuple[Receiver, int], tmp_path: Path
+) -> None:
+    found, otlp_port = receiver
+    coordinator = ServiceProcess(
+        "services.coordinator",
+        {
+            **otlp_env(otlp_port),
+            **prefixed(
+                "COORDINATOR",
+                {
+                    "DATABASE_URL": pg_dsn,
+                    "HOST": "127.0.0.1",
+                    "PORT": "0",
+                    "DRAIN_SECONDS": "0",
+                    "GRACE_SECONDS": "1",
+                    "SCHEDULER_INTERVAL_SECONDS": "0",
+                    "MAINTENANCE_INTERVAL_SECONDS": "0",
+                },
+            ),
+        },
+        tmp_path / "coordinator.log",
+    )
+    gateway: ServiceProcess | None = None
+    try:
+        port = int((await asyncio.to_thread(coordinator.wait_event, "serving"))["port"])
+        async with coordinator_client(pg_dsn, port) as c:
+            world = await build_world(c)
+            await save_workflow(c, "night", workflow_spec())
+            agent = await c.key(Grant(ScopeName.WORKSHOP), name="agent")
+            gateway_key = await c.key(Grant(ScopeName.GATEWAY), name="gateway")
+        gateway = ServiceProcess(
+            "services.gateway",
+            {
+                **otlp_env(otlp_port),
+                **prefixed(
+                    "GATEWAY",
+                    {
+                        "HOST": "127.0.0.1",
+                        "PORT": "0",
+                        "HTTP_HOST": "127.0.0.1",
+                        "HTTP_PORT": "0",
+                        "DRAIN_SECONDS": "0",
+                        "COORDINATOR_TARGET": f"127.0.0.1:{port}",
+                        "PREVIEW_TARGET": "127.0.0.1:9",
+                        "KEY": gateway_key,
+                    },
+                ),
+            },
+            tmp_path / "gateway.log",
+        )
+        http_port = int((await asyncio.to_thread(gateway.wait_event, "http"))["port"])
+        await asyncio.to_thread(gateway.wait_event, "serving")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}") as client:
+            created = await client.post(
+                "/v1/workshop/runs",
+                headers={"authorization": f"Bearer {agent}"},
+                json={
+                    "id": "r-traced",
+                    "workflow_id": "night",
+                    "runtime_id": world.tracking_runtime,
+                    "revision": 1,
+                    "mode": "test",
+                    "image_limit": 20,
+                },
+            )
+        assert created.status_code == 200, created.text
+        await wait_for_spans(found, {"POST /v1/workshop/runs", f"/{CREATE_RUN}"})
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        coordinator.stop()
+
+    [request] = [s for name, s in found.spans if name == "gateway" and s.name.startswith("POST")]
+    [client_call] = [
+        s for name, s in found.spans if name == "gateway" and s.name == f"/{CREATE_RUN}"
+    ]
+    [served] = [
+        s for name, s in found.spans if name == "coordinator" and s.name == f"/{CREATE_RUN}"
+    ]
+    assert request.name == "POST /v1/workshop/runs"
+    assert request.kind == trace_pb2.Span.SPAN_KIND_SERVER
+    assert client_call.kind == trace_pb2.Span.SPAN_KIND_CLIENT
+    assert served.kind == trace_pb2.Span.SPAN_KIND_SERVER
+    assert request.trace_id == client_call.trace_id == served.trace_id
+    assert client_call.parent_span_id == request.span_id
+    assert served.parent_span_id == client_call.span_id
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_EXPORTER": "none"}],
+)
+def test_without_an_endpoint_nothing_is_traced(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    configure_tracing("quiet")
+    assert not tracing_enabled()
+    assert client_interceptors() == []

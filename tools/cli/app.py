@@ -1,0 +1,78 @@
+"""The root of the `workshop` command line: global options and the command groups.
+
+Every command talks gRPC to the coordinator (and, for exports, the preview service) with
+`authorization: Bearer <key>` metadata, an admin key for operator commands. The address and
+key come from options or the environment, so a key need not appear in a shell's history.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from tools.cli import doctor, operator, recordings, runs, workflows
+from tools.cli.context import Options
+from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
+
+OUTPUTS = ("table", "json", "jsonl")
+
+app = typer.Typer(
+    name="workshop",
+    help="Operate Workshop: runs, workflows, recordings, devices, models, keys, users, buckets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,  # a bug shows a plain traceback; refusals never do
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(runs.app, name="runs")
+app.add_typer(workflows.app, name="workflows")
+app.add_typer(recordings.app, name="recordings")
+app.add_typer(operator.devices, name="devices")
+app.add_typer(operator.runtimes, name="runtimes")
+app.add_typer(operator.models, name="models")
+app.add_typer(operator.keys, name="keys")
+app.add_typer(operator.users, name="users")
+app.add_typer(operator.buckets, name="buckets")
+app.command("doctor")(doctor.doctor)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    coordinator: str = typer.Option(
+        "", envvar=COORDINATOR_ENV, help="coordinator gRPC address HOST:PORT"
+    ),
+    key: str = typer.Option(
+        "", envvar=KEY_ENV, help="the key (admin for operator commands)", show_default=False
+    ),
+    key_file: Path | None = typer.Option(
+        None, envvar="WORKSHOP_KEY_FILE", help="a file holding the key (when --key is not given)"
+    ),
+    preview: str = typer.Option(
+        "", envvar="WORKSHOP_PREVIEW", help="preview service gRPC address (buckets export)"
+    ),
+    output: str = typer.Option(
+        "table",
+        "--output",
+        "-o",
+        envvar="WORKSHOP_OUTPUT",
+        help="table (for people), json, or jsonl (one object a line: watch updates, list rows)",
+    ),
+) -> None:
+    if output not in OUTPUTS:
+        raise typer.BadParameter(f"must be one of {', '.join(OUTPUTS)}", param_hint="--output")
+    ctx.obj = Options(
+        coordinator=coordinator, key=key, key_file=key_file, preview=preview, output=output
+    )
+
+
+EXIT_CTRL_C = 130  # the shells' code for a command ended by SIGINT
+
+
+def main() -> None:
+    try:
+        app(prog_name="workshop")
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (`runs watch` exits 6 itself)
+        print("workshop: interrupted", file=sys.stderr)
+        raise SystemExit(EXIT_CTRL_C) from None

@@ -1,0 +1,468 @@
+"""`workshop devices|runtimes|models|keys|users|buckets`: OperatorService (and for bucket
+items and exports WorkshopService and PreviewService) with an admin key."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import typer
+from google.protobuf.message import Message
+
+from tools.cli.context import Options, fail, options, run
+from tools.cli.output import as_dict, emit
+from workshop.kit.cli import Metadata
+from workshop.v1 import (
+    common_pb2,
+    operator_pb2_grpc,
+    preview_pb2,
+    preview_pb2_grpc,
+    run_pb2,
+    workshop_pb2_grpc,
+)
+from workshop.v1 import operator_pb2 as op
+from workshop.v1 import workshop_pb2 as ws
+
+devices = typer.Typer(help="Register and list devices (GPU hosts).", no_args_is_help=True)
+runtimes = typer.Typer(
+    help="Register and list runtimes (processor code on a device).", no_args_is_help=True
+)
+models = typer.Typer(help="Publish and list model versions.", no_args_is_help=True)
+keys = typer.Typer(help="Create, list and revoke keys.", no_args_is_help=True)
+users = typer.Typer(help="Create and disable users; set a password.", no_args_is_help=True)
+buckets = typer.Typer(
+    help="Create and list buckets; list and export their items.", no_args_is_help=True
+)
+
+SCOPES = {
+    "workshop": common_pb2.SCOPE_WORKSHOP,
+    "footage:read": common_pb2.SCOPE_FOOTAGE_READ,
+    "workshop:run": common_pb2.SCOPE_WORKSHOP_RUN,
+    "admin": common_pb2.SCOPE_ADMIN,
+    "service": common_pb2.SCOPE_SERVICE,
+    "gateway": common_pb2.SCOPE_GATEWAY,
+}
+SCOPE_NAMES = {value: name for name, value in SCOPES.items()}
+REVIEW_STATES = {
+    "pending": common_pb2.REVIEW_STATE_PENDING,
+    "accepted": common_pb2.REVIEW_STATE_ACCEPTED,
+    "rejected": common_pb2.REVIEW_STATE_REJECTED,
+}
+FORMATS = {"coco": run_pb2.DATASET_FORMAT_COCO, "yolo": run_pb2.DATASET_FORMAT_YOLO}
+
+
+def _operator(channel: grpc.aio.Channel) -> operator_pb2_grpc.OperatorServiceStub:
+    return operator_pb2_grpc.OperatorServiceStub(channel)
+
+
+def _unary(opts: Options, rpc: str, request: Message) -> Any:
+    """One OperatorService call by name."""
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> Any:
+        return await getattr(_operator(channel), rpc)(request, metadata=md)
+
+    return run(opts, call)
+
+
+def _listing(
+    opts: Options,
+    items: list[Message],
+    row: Callable[[Any], dict[str, Any]],
+    title: str,
+) -> None:
+    emit(opts, [as_dict(item) for item in items], table=[row(i) for i in items], title=title)
+
+
+# devices -----------------------------------------------------------------------------------
+
+
+@devices.command("register")
+def device_register(
+    ctx: typer.Context,
+    device_id: str = typer.Argument(..., help="device id, e.g. gpu-box"),
+    description: str = typer.Option("", help="what it is, for people"),
+) -> None:
+    """Register a device (idempotent)."""
+    reply = _unary(
+        options(ctx),
+        "RegisterDevice",
+        op.RegisterDeviceRequest(device_id=device_id, description=description),
+    )
+    emit(options(ctx), as_dict(reply.device))
+
+
+@devices.command("list")
+def device_list(ctx: typer.Context) -> None:
+    """List registered devices."""
+    reply = _unary(options(ctx), "ListDevices", op.ListDevicesRequest(page_size=1000))
+    _listing(
+        options(ctx),
+        list(reply.devices),
+        lambda d: {
+            "device": d.device_id,
+            "description": d.description,
+            "registered": d.registered_at.ToJsonString(),
+        },
+        "devices",
+    )
+
+
+# runtimes ----------------------------------------------------------------------------------
+
+
+def runtime_row(r: Any) -> dict[str, Any]:
+    return {
+        "runtime": r.runtime_id,
+        "device": r.device_id,
+        "engine": r.engine,
+        "code_sha256": r.code_sha256[:12],
+        "capabilities": ",".join(r.capabilities),
+        "last seen": r.last_seen_at.ToJsonString() if r.HasField("last_seen_at") else "never",
+    }
+
+
+@runtimes.command("list")
+def runtime_list(
+    ctx: typer.Context, device: str = typer.Option("", help="only this device's runtimes")
+) -> None:
+    """List registered runtimes, with when each last checked in."""
+    reply = _unary(
+        options(ctx), "ListRuntimes", op.ListRuntimesRequest(device_id=device, page_size=1000)
+    )
+    _listing(options(ctx), list(reply.runtimes), runtime_row, "runtimes")
+
+
+@runtimes.command("register")
+def runtime_register(
+    ctx: typer.Context, device: str = typer.Option(..., help="registered device id")
+) -> None:
+    """Register this checkout's processor code on a device (what `python -m services.processor
+    register-runtime` does)."""
+    from services.processor.manifest import registration  # the processor's own manifest
+
+    reply = _unary(options(ctx), "RegisterRuntime", registration(device))
+    emit(
+        options(ctx),
+        {
+            "runtime_id": reply.runtime.runtime_id,
+            "created": reply.created,
+            "manifest": json.loads(reply.manifest_json),
+        },
+    )
+
+
+# models ------------------------------------------------------------------------------------
+
+
+@models.command("list")
+def model_list(
+    ctx: typer.Context, name: str = typer.Option("", help="only this model's versions")
+) -> None:
+    """List published model versions."""
+    reply = _unary(options(ctx), "ListModelVersions", op.ListModelVersionsRequest(page_size=1000))
+    versions = [v for v in reply.model_versions if not name or v.name == name]
+    _listing(
+        options(ctx),
+        versions,
+        lambda v: {
+            "model": v.name,
+            "version": v.version,
+            "weights_sha256": v.weights_sha256[:12],
+            "classes": ",".join(v.classes),
+            "input": "x".join(str(n) for n in v.input_shape),
+        },
+        "model versions",
+    )
+
+
+@models.command(
+    "publish", context_settings={"ignore_unknown_options": True, "allow_extra_args": True}
+)
+def model_publish(ctx: typer.Context) -> None:
+    """Publish a model version into a Triton repository and register it: the options of
+    `python -m tools.model_repository publish` (--repository, --name, --version, --onnx with
+    --classes or --demo-detector, --backend, ...), with this command's coordinator and key."""
+    from tools.model_repository.__main__ import main as publish
+
+    opts = options(ctx)
+    argv = ["publish", *ctx.args]
+    if opts.coordinator:
+        argv += ["--coordinator", opts.coordinator, "--key", opts.secret()]
+    publish(argv)
+
+
+# keys --------------------------------------------------------------------------------------
+
+
+def parse_scope(text: str) -> common_pb2.KeyScope:
+    """`NAME[@DEVICE][=CAMERA,CAMERA]`, e.g. `workshop`, `workshop:run@gpu-box`,
+    `footage:read=cam-a,cam-b`."""
+    head, _, cameras = text.partition("=")
+    name, _, device = head.partition("@")
+    if name not in SCOPES:
+        raise typer.BadParameter(
+            f"unknown scope {name!r}; one of {', '.join(SCOPES)}", param_hint="--scope"
+        )
+    return common_pb2.KeyScope(
+        scope=SCOPES[name],
+        device_id=device,
+        camera_ids=[c for c in cameras.split(",") if c],
+    )
+
+
+def scope_text(scope: common_pb2.KeyScope) -> str:
+    text = SCOPE_NAMES.get(scope.scope, str(scope.scope))
+    if scope.device_id:
+        text += f"@{scope.device_id}"
+    if scope.camera_ids:
+        text += "=" + ",".join(scope.camera_ids)
+    return text
+
+
+def key_row(k: Any) -> dict[str, Any]:
+    return {
+        "key": k.key_id,
+        "name": k.name,
+        "scopes": " ".join(scope_text(s) for s in k.scopes),
+        "user": k.user_id,
+        "created": k.created_at.ToJsonString(),
+        "revoked": k.revoked_at.ToJsonString() if k.HasField("revoked_at") else "",
+    }
+
+
+@keys.command("create")
+def key_create(
+    ctx: typer.Context,
+    name: str = typer.Option(..., help="a label for the key"),
+    scope: list[str] = typer.Option(
+        ...,
+        help="NAME[@DEVICE][=CAMERA,...], repeatable: workshop, footage:read=cam-a, "
+        "workshop:run@gpu-box, admin",
+    ),
+    user: str = typer.Option("", help="the user the key acts for (Agent keys)"),
+    ttl_days: float | None = typer.Option(None, help="expires after this many days"),
+) -> None:
+    """Create a key; its secret is printed once."""
+    request = op.CreateKeyRequest(name=name, scopes=[parse_scope(s) for s in scope], user_id=user)
+    if ttl_days is not None:
+        request.ttl.FromTimedelta(timedelta(days=ttl_days))
+    reply = _unary(options(ctx), "CreateKey", request)
+    emit(
+        options(ctx),
+        {"key": as_dict(reply.key), "secret": reply.secret},
+        table=[key_row(reply.key) | {"secret (shown once)": reply.secret}],
+    )
+
+
+@keys.command("list")
+def key_list(
+    ctx: typer.Context, include_revoked: bool = typer.Option(False, help="list revoked too")
+) -> None:
+    """List keys (never their secrets)."""
+    reply = _unary(
+        options(ctx),
+        "ListKeys",
+        op.ListKeysRequest(include_revoked=include_revoked, page_size=1000),
+    )
+    _listing(options(ctx), list(reply.keys), key_row, "keys")
+
+
+@keys.command("revoke")
+def key_revoke(ctx: typer.Context, key_id: str = typer.Argument(..., help="key id")) -> None:
+    """Revoke a key: every call with it is refused from now on."""
+    reply = _unary(options(ctx), "RevokeKey", op.RevokeKeyRequest(key_id=key_id))
+    emit(options(ctx), as_dict(reply.key), table=[key_row(reply.key)])
+
+
+# users -------------------------------------------------------------------------------------
+
+
+def user_row(u: Any) -> dict[str, Any]:
+    return {
+        "user": u.user_id,
+        "name": u.display_name,
+        "disabled": u.disabled,
+        "has password": u.has_password,
+    }
+
+
+@users.command("create")
+def user_create(
+    ctx: typer.Context,
+    user_id: str = typer.Argument(..., help="user id"),
+    display_name: str = typer.Option("", help="name shown in the website"),
+) -> None:
+    """Create a user (no password yet: see `users set-password`)."""
+    reply = _unary(
+        options(ctx), "CreateUser", op.CreateUserRequest(user_id=user_id, display_name=display_name)
+    )
+    emit(options(ctx), as_dict(reply.user), table=[user_row(reply.user)])
+
+
+@users.command("disable")
+def user_disable(ctx: typer.Context, user_id: str = typer.Argument(..., help="user id")) -> None:
+    """Disable a user: their sessions and keys stop working."""
+    reply = _unary(options(ctx), "DisableUser", op.DisableUserRequest(user_id=user_id))
+    emit(options(ctx), as_dict(reply.user), table=[user_row(reply.user)])
+
+
+@users.command("set-password")
+def user_set_password(
+    ctx: typer.Context,
+    user_id: str = typer.Argument(..., help="user id"),
+    password_stdin: bool = typer.Option(
+        False, "--password-stdin", help="read the password from stdin's first line"
+    ),
+) -> None:
+    """Set a user's website password: typed twice at a prompt that does not echo, or with
+    --password-stdin from stdin. Never from the arguments."""
+    if password_stdin:
+        password = sys.stdin.readline().removesuffix("\n").removesuffix("\r")
+    else:
+        password = getpass.getpass(f"New password for {user_id}: ")
+        if getpass.getpass("Again: ") != password:
+            fail("INVALID_FIELD", "the two passwords differ; nothing was changed")
+    reply = _unary(
+        options(ctx),
+        "SetUserPassword",
+        op.SetUserPasswordRequest(user_id=user_id, password=password),
+    )
+    emit(options(ctx), as_dict(reply.user), table=[user_row(reply.user)])
+
+
+# buckets -----------------------------------------------------------------------------------
+
+
+@buckets.command("create")
+def bucket_create(
+    ctx: typer.Context,
+    bucket_id: str = typer.Argument(..., help="bucket id"),
+    name: str = typer.Option("", help="display name"),
+) -> None:
+    """Create a bucket (idempotent)."""
+    reply = _unary(
+        options(ctx), "CreateBucket", op.CreateBucketRequest(bucket_id=bucket_id, name=name)
+    )
+    emit(options(ctx), as_dict(reply.bucket))
+
+
+@buckets.command("list")
+def bucket_list(ctx: typer.Context) -> None:
+    """List buckets."""
+    reply = _unary(options(ctx), "ListBuckets", op.ListBucketsRequest(page_size=1000))
+    _listing(
+        options(ctx),
+        list(reply.buckets),
+        lambda b: {"bucket": b.bucket_id, "name": b.name},
+        "buckets",
+    )
+
+
+def _filter(review: list[str], class_name: str, camera: str) -> run_pb2.BucketItemFilter:
+    unknown = [r for r in review if r not in REVIEW_STATES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown review state {unknown[0]!r}; one of {', '.join(REVIEW_STATES)}",
+            param_hint="--review",
+        )
+    return run_pb2.BucketItemFilter(
+        review_states=[REVIEW_STATES[r] for r in review], class_name=class_name, camera_id=camera
+    )
+
+
+@buckets.command("items")
+def bucket_items(
+    ctx: typer.Context,
+    bucket_id: str = typer.Argument(..., help="bucket id"),
+    review: list[str] = typer.Option([], help="pending, accepted or rejected (repeatable)"),
+    class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
+    camera: str = typer.Option("", help="only this camera's items"),
+    limit: int = typer.Option(100, help="at most this many, oldest frame first (1..1000)"),
+) -> None:
+    """List a bucket's items (ListBucketItems)."""
+    opts = options(ctx)
+    request = ws.ListBucketItemsRequest(
+        bucket_id=bucket_id, filter=_filter(review, class_name, camera), page_size=limit
+    )
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.ListBucketItemsResponse:
+        reply: ws.ListBucketItemsResponse = await workshop_pb2_grpc.WorkshopServiceStub(
+            channel
+        ).ListBucketItems(request, metadata=md)
+        return reply
+
+    reply = run(opts, call)
+    _listing(
+        opts,
+        list(reply.items),
+        lambda i: {
+            "item": i.item_id,
+            "run": i.run_id,
+            "camera": i.camera_id,
+            "frame": i.frame_time.ToJsonString(),
+            "boxes": len(i.boxes),
+            "review": common_pb2.ReviewState.Name(i.review_state)
+            .removeprefix("REVIEW_STATE_")
+            .lower(),
+        },
+        f"bucket {bucket_id}",
+    )
+
+
+@buckets.command("export")
+def bucket_export(
+    ctx: typer.Context,
+    bucket_id: str = typer.Argument(..., help="bucket id"),
+    format: str = typer.Option("coco", help="coco or yolo"),
+    out: Path | None = typer.Option(
+        None, "--out", help="the tar file to write (default: the name the server gives)"
+    ),
+    review: list[str] = typer.Option([], help="review states (default: accepted only)"),
+    class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
+    camera: str = typer.Option("", help="only this camera's items"),
+) -> None:
+    """Export a bucket as a COCO or YOLO tar archive (PreviewService.ExportBucket; needs
+    --preview / WORKSHOP_PREVIEW)."""
+    opts = options(ctx)
+    if format not in FORMATS:
+        raise typer.BadParameter("must be coco or yolo", param_hint="--format")
+    request = preview_pb2.ExportBucketRequest(
+        bucket_id=bucket_id, format=FORMATS[format], filter=_filter(review, class_name, camera)
+    )
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> dict[str, Any]:
+        stream = preview_pb2_grpc.PreviewServiceStub(channel).ExportBucket(request, metadata=md)
+        # Chunks go to a part file beside the target, renamed once the last one arrived:
+        # an export that breaks off never leaves a truncated archive under the name.
+        target = out or Path(f"{bucket_id}-{format}.tar")
+        part: Path | None = None
+        size, items, last = 0, 0, False
+        try:
+            async for chunk in stream:
+                if part is None:
+                    target = out or Path(chunk.file_name or target.name)
+                    part = target.with_name(target.name + ".part")
+                    part.write_bytes(b"")
+                with part.open("ab") as file:
+                    file.write(chunk.data)
+                size += len(chunk.data)
+                if chunk.last:
+                    items, last = chunk.items, True
+            if part is None or not last:
+                fail("UNAVAILABLE", "the export stream ended before its last chunk")
+            part.replace(target)
+        except OSError as error:
+            fail("INVALID_FIELD", f"cannot write {target}: {error.strerror}")
+        finally:
+            if part is not None:
+                part.unlink(missing_ok=True)
+        return {"file": str(target), "bytes": size, "items": items}
+
+    written = run(opts, call, service="preview")
+    emit(opts, written)
