@@ -80,6 +80,10 @@ async def test_watch_sends_detail_then_every_change_until_final(
     assert jobs[1] is not None
     running = await watcher.until(lambda m: m.detail.run.counts.jobs_leased == 2)
     assert running.detail.run.status == common_pb2.RUN_STATUS_RUNNING
+    # each leased job shows when its lease lapses unless renewed
+    leased = {job.job_id: job for job in running.detail.jobs}
+    assert leased["j0"].lease_expires_at == jobs[0].lease_expires_at
+    assert leased["j1"].lease_expires_at == jobs[1].lease_expires_at
     await c.jobs.ReportProgress(
         jobs_pb2.ReportProgressRequest(lease=jobs[0].lease, percent=42), metadata=s.processor
     )
@@ -91,6 +95,7 @@ async def test_watch_sends_detail_then_every_change_until_final(
     await c.jobs.Complete(complete_request(jobs[1], empty_result(jobs[1])), metadata=s.processor)
     last = await watcher.until(lambda m: m.final)
     assert last.detail.run.status == common_pb2.RUN_STATUS_COMPLETED
+    assert not any(job.HasField("lease_expires_at") for job in last.detail.jobs)
     counts = last.detail.run.counts
     assert (counts.slots_frame, counts.slots_empty, counts.items_saved) == (2, 118, 2)
     assert [image.source for image in last.detail.recent_images] == [2, 2]  # bucket items

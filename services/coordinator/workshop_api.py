@@ -118,6 +118,7 @@ class JobRow(Row):
     failure_message: str | None
     decoder: str | None
     updated_at: datetime
+    lease_expires_at: datetime | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

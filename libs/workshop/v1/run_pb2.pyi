@@ -293,6 +293,7 @@ class JobSummary(_message.Message):
     FAILURE_MESSAGE_FIELD_NUMBER: _builtins.int
     DECODER_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Job id."""
     job_index: _builtins.int
@@ -323,6 +324,12 @@ class JobSummary(_message.Message):
     def updated_at(self) -> _timestamp_pb2.Timestamp:
         """When it last changed state (UTC)."""
 
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """While leased: when the lease lapses unless the processor renews it (UTC); absent
+        otherwise.
+        """
+
     def __init__(
         self,
         *,
@@ -340,12 +347,15 @@ class JobSummary(_message.Message):
         failure_message: _builtins.str = ...,
         decoder: _builtins.str = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_lease_expires_at", b"_lease_expires_at", "lease_expires_at", b"lease_expires_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["camera_id", b"camera_id", "decoder", b"decoder", "failure_message", b"failure_message", "failure_reason", b"failure_reason", "generation", b"generation", "job_id", b"job_id", "job_index", b"job_index", "phase", b"phase", "progress_percent", b"progress_percent", "recording_generation", b"recording_generation", "recording_id", b"recording_id", "slot_count", b"slot_count", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_expires_at", b"_lease_expires_at", "camera_id", b"camera_id", "decoder", b"decoder", "failure_message", b"failure_message", "failure_reason", b"failure_reason", "generation", b"generation", "job_id", b"job_id", "job_index", b"job_index", "lease_expires_at", b"lease_expires_at", "phase", b"phase", "progress_percent", b"progress_percent", "recording_generation", b"recording_generation", "recording_id", b"recording_id", "slot_count", b"slot_count", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__lease_expires_at: _TypeAlias = _typing.Literal["lease_expires_at"]  # noqa: Y015
+    _WhichOneofArgType__lease_expires_at: _TypeAlias = _typing.Literal["_lease_expires_at", b"_lease_expires_at"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lease_expires_at) -> _WhichOneofReturnType__lease_expires_at | None: ...
 
 Global___JobSummary: _TypeAlias = JobSummary  # noqa: Y015
 

@@ -133,6 +133,7 @@ def job(row: JobRow) -> run_pb2.JobSummary:
         failure_message=row.failure_message or "",
         decoder=row.decoder or "",
         updated_at=convert.ts(row.updated_at),
+        lease_expires_at=convert.opt_ts(row.lease_expires_at) if row.state == "leased" else None,
     )
 
 

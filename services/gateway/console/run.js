@@ -123,6 +123,9 @@ class JobView {
     const words = [`${job.progress_percent}%`];
     if (job.state === "leased" && job.phase !== "unspecified") words.push(job.phase);
     words.push(job.generation > 0 ? `attempt ${job.generation}` : "not claimed yet");
+    if (job.state === "leased" && job.lease_expires_at) {
+      words.push(`lease until ${utc(job.lease_expires_at)}`);
+    }
     if (job.decoder) words.push(`decoded by ${job.decoder}`);
     if (job.state === "failed") words.push(`${job.failure_reason}: ${job.failure_message}`);
     words.push(`changed ${utc(job.updated_at)}`);
