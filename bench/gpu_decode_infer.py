@@ -49,7 +49,7 @@ from tools.model_repository.repository import publish_version
 
 HEIGHT, WIDTH = 360, 640
 MODEL = "detector_gpu"
-MAX_BATCH = 16  # batching pays on a GPU (DESIGN.md, "Processor")
+MAX_BATCH = 16  # batching pays on a GPU
 GPU_INSTANCES = 2
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The real `tritonserver` that nvidia-pytriton bundles, on loopback ports, explicit model control.
 
-Launch recipe (docs: DESIGN.md, "Processor"): the server binary runs from the installed
+Launch recipe: the server binary runs from the installed
 package, while `backends/` and `caches/` are copied into a work directory so that the python
 backend stub for this interpreter's minor version can sit next to `libtriton_python.so`.
 The copies lose their `$ORIGIN` RPATH to `nvidia_pytriton.libs`, hence `LD_LIBRARY_PATH`.

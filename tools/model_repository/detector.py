@@ -4,7 +4,7 @@ No training and no downloads: each class is one solid colour (`tools.demo.scenes
 pixel belongs to a class when its class channel is bright and the other two are dark. Per
 frame and class the model reports at most one object, the bounding box of that class's mask.
 
-Contract (EfficientNMS layout, DESIGN.md "Processor"):
+Contract (the EfficientNMS output layout):
 
 - input `images`: uint8 `[N, H, W, 3]` RGB; H and W are fixed when the model is built, N is
   dynamic. Normalization (/255) happens inside the model.
