@@ -273,7 +273,6 @@ class JobsApi:
             self._runtimes[runtime_id] = found
         return found
 
-    @timed(CLAIM_SECONDS)
     async def claim(
         self, who: Principal, runtime_id: str, code_sha256: str, request_id: str = ""
     ) -> Claimed | None:
@@ -303,6 +302,7 @@ class JobsApi:
             raise fenced("CODE_MISMATCH")
         return ClaimPlan(runtime_id, who.key_id, cameras, remembered_as, max(1, max_jobs))
 
+    @timed(CLAIM_SECONDS)  # every Claim (and Complete's next claim) leases here
     async def claim_many(self, plan: ClaimPlan) -> list[Claimed]:
         """Leases up to plan.max_jobs claimable jobs in claim order, in one statement, each
         under its own lease. With a request id the claim is idempotent: the same key

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from services.preview.errors import InvalidField
 from services.preview.images import CONTENT_TYPES
 from services.preview.leases import LeaseChecks
+from services.preview.metrics import count_put
 from services.preview.recorder import PreviewRecorder
 from services.preview.storage import ObjectStore
 from workshop.kit.errors import PermissionDenied, Unauthenticated, Unavailable, WorkshopError
@@ -139,6 +140,7 @@ class WriteGrants:
             if isinstance(outcome, WorkshopError):
                 reply.outcomes.add(refused=_refusal(outcome))
                 continue
+            count_put(written.object_key, written.byte_size, path="direct")
             recorded = reply.outcomes.add().recorded
             recorded.item_id = outcome.item_id
             recorded.object_key = written.object_key

@@ -9,16 +9,18 @@ from workshop.kit.object_keys import TEST_PREFIX
 
 KINDS = ("preview", "upload")
 
+# path: `relayed` (this service wrote the bytes) or `direct` (a processor wrote them
+# with a grant and this service recorded them).
 PUTS = Counter(
     "workshop_preview_puts",
-    "Objects written to the bucket, by kind (preview, upload).",
-    ["kind"],
+    "Objects written to the bucket and recorded, by kind (preview, upload) and path.",
+    ["kind", "path"],
     registry=REGISTRY,
 )
 PUT_BYTES = Counter(
     "workshop_preview_put_bytes",
-    "Bytes of the objects written to the bucket, by kind.",
-    ["kind"],
+    "Bytes of the objects written to the bucket and recorded, by kind and path.",
+    ["kind", "path"],
     registry=REGISTRY,
 )
 CLEANUP_DELETIONS = Counter(
@@ -42,10 +44,10 @@ def kind_of(key: str) -> str:
     return kind if kind in KINDS else "other"
 
 
-def count_put(key: str, size: int) -> None:
+def count_put(key: str, size: int, path: str = "relayed") -> None:
     kind = kind_of(key)
-    PUTS.labels(kind).inc()
-    PUT_BYTES.labels(kind).inc(size)
+    PUTS.labels(kind, path).inc()
+    PUT_BYTES.labels(kind, path).inc(size)
 
 
 def count_deletion(key: str, size: int) -> None:
