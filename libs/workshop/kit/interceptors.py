@@ -152,19 +152,23 @@ _HANDLER_KINDS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
 )
 
 
-class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions raised by servicers to statuses (see module docstring).
+class HandlerWrappingInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor that wraps each method's handler (`wrap`), once: the wrapped
+    handler is reused for every later call that gets the same handler (registered
+    handlers are long-lived objects), not rebuilt per call. Methods `passes` names keep
+    their handler as it is."""
 
-    `request_limits` maps a service's full name to the most bytes one request of its
-    methods may have. A method's handler is wrapped once and reused for every later
-    call that gets the same handler (registered handlers are long-lived objects), not
-    rebuilt per call.
-    """
-
-    def __init__(self, request_limits: Mapping[str, int] | None = None) -> None:
-        self._limits = dict(request_limits or {})
+    def __init__(self) -> None:
         # method -> (the handler found, its wrapped version)
         self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        raise NotImplementedError
+
+    def passes(self, method: str) -> bool:
+        return False
 
     async def intercept_service(
         self,
@@ -174,16 +178,33 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
         method: str = handler_call_details.method
+        if handler is None or self.passes(method):
+            return handler
         found = self._wrapped.get(method)
         if found is not None and found[0] is handler:
             return found[1]
-        service = method.lstrip("/").partition("/")[0]
-        wrapped = _wrap_handler(handler, method, self._limits.get(service))
+        wrapped = self.wrap(handler, method)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
+
+
+class ErrorMappingInterceptor(HandlerWrappingInterceptor):
+    """Maps exceptions raised by servicers to statuses (see module docstring).
+
+    `request_limits` maps a service's full name to the most bytes one request of its
+    methods may have.
+    """
+
+    def __init__(self, request_limits: Mapping[str, int] | None = None) -> None:
+        super().__init__()
+        self._limits = dict(request_limits or {})
+
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        service = method.lstrip("/").partition("/")[0]
+        return _wrap_handler(handler, method, self._limits.get(service))
 
 
 def _wrap_handler(

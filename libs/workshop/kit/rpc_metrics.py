@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
-from workshop.kit.interceptors import refusal_reason
+from workshop.kit.interceptors import HandlerWrappingInterceptor, refusal_reason
 from workshop.kit.metrics import RPC_DURATION, RPC_REFUSALS, RPC_REQUESTS
 
 _INFRASTRUCTURE = ("/grpc.health.", "/grpc.reflection.")
@@ -104,7 +104,7 @@ _HANDLER_KINDS: tuple[tuple[str, Any, Callable[..., Any]], ...] = (
 )
 
 
-class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
+class RpcMetricsInterceptor(HandlerWrappingInterceptor):
     """Counts calls by method and code, times them, and counts refusals by reason.
 
     `service` is the serving process's label (coordinator, preview, processor, gateway),
@@ -112,26 +112,16 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self, service: str) -> None:
+        super().__init__()
         self._service = service
-        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or method.startswith(_INFRASTRUCTURE):
-            return handler
-        found = self._wrapped.get(method)
-        if found is not None and found[0] is handler:
-            return found[1]
-        wrapped = _wrap(handler, _Series(self._service, method.lstrip("/")))
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def passes(self, method: str) -> bool:
+        return method.startswith(_INFRASTRUCTURE)
+
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        return _wrap(handler, _Series(self._service, method.lstrip("/")))
 
 
 def _wrap(
