@@ -430,11 +430,11 @@ class CpuMark:
     machine: float  # every process on the machine (/proc/stat), ours and others'
 
 
-def _cpu_mark(cluster: PostgresCluster, coordinator: ServiceProcess | None) -> CpuMark:
+def _cpu_mark(cluster: PostgresCluster, coordinators: Sequence[ServiceProcess]) -> CpuMark:
     own = 0.0
-    if coordinator is not None:
+    for coordinator in coordinators:
         times = proc_times(coordinator.process.pid)
-        own = times[0] if times else 0.0
+        own += times[0] if times else 0.0
     return CpuMark(own, _postgres_cpu_s(cluster), _self_cpu_s(), busy_cores_s())
 
 
@@ -469,7 +469,7 @@ def _run_children(
     target: Callable[..., None],
     argument_sets: Sequence[tuple[Any, ...]],
     cluster: PostgresCluster,
-    coordinator: ServiceProcess | None,
+    coordinators: Sequence[ServiceProcess],
     ready: Queue[int],
     go: Event,
     reports: Queue[Report],
@@ -484,11 +484,11 @@ def _run_children(
             children.append(child)
         _wait_ready(ready, children)
         with during() if during is not None else contextlib.nullcontext():
-            mark = _cpu_mark(cluster, coordinator)
+            mark = _cpu_mark(cluster, coordinators)
             released = time.monotonic()
             go.set()
             collected = _collect(reports, children)
-            end = _cpu_mark(cluster, coordinator)
+            end = _cpu_mark(cluster, coordinators)
         for child in children:  # they exit once their report is sent
             child.join(timeout=10)
         failed = [report for report in collected if report.error]
@@ -895,6 +895,7 @@ class Options:
     profile: bool
     in_flight: int
     batched: bool
+    coordinators: int = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -938,12 +939,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the previous protocol: Claim of one job -> Heartbeat x2 -> Complete",
     )
+    parser.add_argument(
+        "--coordinators",
+        type=int,
+        default=1,
+        help="coordinator replicas (processes) on the one database; processor i uses "
+        "replica i mod N (default 1)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if args.runs < RUNTIMES or args.runs % RUNTIMES:
         parser.error(f"--runs must be a positive multiple of {RUNTIMES}")
-    if args.latency_cycles < 1 or args.procrastinate_processes < 1:
-        parser.error("--latency-cycles and --procrastinate-processes must be at least 1")
+    if args.latency_cycles < 1 or args.procrastinate_processes < 1 or args.coordinators < 1:
+        parser.error(
+            "--latency-cycles, --procrastinate-processes and --coordinators must be at least 1"
+        )
     if args.in_flight < 1:
         parser.error("--in-flight must be at least 1")
     if args.procrastinate_concurrency < 1:
@@ -956,6 +966,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile=args.profile,
         in_flight=1 if args.unbatched else args.in_flight,
         batched=not args.unbatched,
+        coordinators=args.coordinators,
     )
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -990,10 +1001,17 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
         "COORDINATOR_SCHEDULER_INTERVAL_SECONDS": "0",
         "COORDINATOR_MAINTENANCE_INTERVAL_SECONDS": "0",
     }
-    coordinator = ServiceProcess("services.coordinator", env, tmp / "coordinator.log")
+    coordinators: list[ServiceProcess] = []
     try:
-        port = int(coordinator.wait_event("serving", timeout=READY_TIMEOUT_S)["port"])
-        say(f"coordinator: pid {coordinator.process.pid} on 127.0.0.1:{port}")
+        ports = []
+        for replica in range(options.coordinators):
+            coordinator = ServiceProcess(
+                "services.coordinator", env, tmp / f"coordinator-{replica}.log"
+            )
+            coordinators.append(coordinator)
+            ports.append(int(coordinator.wait_event("serving", timeout=READY_TIMEOUT_S)["port"]))
+            say(f"coordinator: pid {coordinator.process.pid} on 127.0.0.1:{ports[-1]}")
+        port = ports[0]
         began = time.perf_counter()
         world = _run(lambda: _prepare(dsn, port, "cycle", options.runs))
         say(
@@ -1009,7 +1027,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
                 (
                     ProcessorConfig(
                         index=index,
-                        target=f"127.0.0.1:{port}",
+                        target=f"127.0.0.1:{ports[index % len(ports)]}",
                         secret=world.processor_secrets[index],
                         runtime_id=world.runtimes[index % RUNTIMES],
                         runtime_index=index % RUNTIMES,
@@ -1036,11 +1054,13 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             _processor_child,
             processor_args(options.runs // RUNTIMES * JOBS_PER_RUN, 0, fold=True),
             cluster,
-            coordinator,
+            coordinators,
             ready,
             go,
             reports,
-            during=(lambda: _py_spy(coordinator.process.pid, spy_out)) if options.profile else None,
+            during=(lambda: _py_spy(coordinators[0].process.pid, spy_out))
+            if options.profile
+            else None,
         )
         phases.append(throughput)
         _run(lambda: _check_committed(dsn, "cycle", options.runs * JOBS_PER_RUN))
@@ -1065,7 +1085,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             _processor_child,
             processor_args(0, options.latency_cycles, fold=False),
             cluster,
-            coordinator,
+            coordinators,
             ready,
             go,
             reports,
@@ -1073,9 +1093,10 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
         phases.append(latency)
         say(f"latency: {latency.cycles:,} cycles in {latency.wall_s:.2f} s")
     finally:
-        code = coordinator.stop()
-        if code not in (0, -signal.SIGTERM):
-            say(f"coordinator exited {code}:\n{coordinator.log_tail()}")
+        for coordinator in coordinators:
+            code = coordinator.stop()
+            if code not in (0, -signal.SIGTERM):
+                say(f"coordinator exited {code}:\n{coordinator.log_tail()}")
 
     deferred_s = _run(lambda: _procrastinate_prepare(cluster, options.runs * JOBS_PER_RUN))
     procrastinate_dsn = cluster.dsn(PROCRASTINATE_DATABASE)
@@ -1095,7 +1116,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             for index in range(options.workers)
         ],
         cluster,
-        None,
+        [],
         ready,
         go,
         reports,

@@ -500,16 +500,13 @@ class JobsApi:
         checked: results.CheckedResult,
     ) -> CommitAnswer:
         items = checked.items
+        args = self._commit_args(key, code_sha256, digest, decoder, facts, checked)
+        if not items:  # job_complete alone is one statement: no transaction round trips
+            return await self._answer("job_complete", CommitAnswer, lease, *args)
         # One transaction with the sightings and counters of the items it saves
         # (review.group_committed), so no read ever sees items without them.
         async with self.db.transaction() as connection:
-            answer = await self._answer_on(
-                connection,
-                "job_complete",
-                CommitAnswer,
-                lease,
-                *self._commit_args(key, code_sha256, digest, decoder, facts, checked),
-            )
+            answer = await self._answer_on(connection, "job_complete", CommitAnswer, lease, *args)
             if answer.reason == "" and items:
                 await review.group_committed(connection, [i.item_id for i in items])
         return answer

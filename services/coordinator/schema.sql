@@ -608,6 +608,7 @@ DECLARE
     head bigint;
     picked jobs%ROWTYPE;
     ids text[];
+    one_id text;
     taken_runs text[] := '{}';
     ended boolean := false;
 BEGIN
@@ -623,11 +624,13 @@ BEGIN
         -- the call it repeats still runs waits for its commit, then answers its leases.
         PERFORM pg_advisory_xact_lock(hashtext('workshop.job_claim'),
                                       hashtext(p_claimer || '/' || p_request_id));
-        FOR picked IN
-            SELECT * FROM jobs j
-            WHERE j.claimed_by = p_claimer AND j.claim_request_id = ANY (ids)
-            ORDER BY array_position(ids, j.claim_request_id)
-        LOOP
+        -- One index probe per id, both columns of jobs_claim_request by equality: with
+        -- claim_request_id = ANY (ids), even joined to unnest(ids), the generic plan used
+        -- the index by claimed_by alone and filtered every job the key ever claimed.
+        FOREACH one_id IN ARRAY ids LOOP
+            SELECT * INTO picked FROM jobs
+            WHERE claimed_by = p_claimer AND claim_request_id = one_id;
+            CONTINUE WHEN NOT FOUND;
             -- answered again only while held (fence 1 would refuse a lapsed lease)
             IF picked.state = 'leased' AND picked.lease_token IS NOT NULL
                AND picked.lease_expires_at > p_now AND picked.runtime_id = p_runtime THEN
@@ -893,31 +896,38 @@ BEGIN
                             NULL::integer;
         RETURN;
     END IF;
-    -- an upload is a staged upload, or a published preview of the same frame (kept
-    -- rows only: a refused record is collectable at once)
-    SELECT count(*) INTO staged
-    FROM unnest(p_upload_keys, p_upload_sha256, p_upload_slots) AS u (object_key, sha256, slot)
-    JOIN staged_objects s ON s.object_key = u.object_key
-    WHERE (s.kind = 'upload' OR s.published_at IS NOT NULL)
-      AND s.run_id = p_run AND s.job_index = p_job
-      AND s.generation = p_generation AND s.slot_index = u.slot AND s.sha256 = u.sha256
-      AND s.collectable_at IS NULL AND s.deleted_at IS NULL;
-    IF staged <> cardinality(p_upload_keys) THEN
-        RETURN QUERY SELECT 'UPLOAD_NOT_STAGED', NULL::bigint, NULL::text, NULL::timestamptz,
-                            NULL::integer;
-        RETURN;
+    -- A result that saves nothing (test runs, empty jobs) skips the uploads, the items
+    -- and their statement trigger (review_items_added) altogether. An upload is a staged
+    -- upload, or a published preview of the same frame (kept rows only: a refused record
+    -- is collectable at once).
+    IF cardinality(p_upload_keys) > 0 THEN
+        SELECT count(*) INTO staged
+        FROM unnest(p_upload_keys, p_upload_sha256, p_upload_slots)
+             AS u (object_key, sha256, slot)
+        JOIN staged_objects s ON s.object_key = u.object_key
+        WHERE (s.kind = 'upload' OR s.published_at IS NOT NULL)
+          AND s.run_id = p_run AND s.job_index = p_job
+          AND s.generation = p_generation AND s.slot_index = u.slot AND s.sha256 = u.sha256
+          AND s.collectable_at IS NULL AND s.deleted_at IS NULL;
+        IF staged <> cardinality(p_upload_keys) THEN
+            RETURN QUERY SELECT 'UPLOAD_NOT_STAGED', NULL::bigint, NULL::text,
+                                NULL::timestamptz, NULL::integer;
+            RETURN;
+        END IF;
+        -- a preview named as an upload becomes one: its item replaces it
+        UPDATE staged_objects SET kind = 'upload', published_at = p_now
+        WHERE object_key = ANY (p_upload_keys);
     END IF;
-    INSERT INTO bucket_items (item_id, bucket_id, run_id, job_index, slot_index, step_id,
-                              camera_id, recording_id, recording_generation, frame_time, boxes,
-                              object_key, sha256, saved_at)
-    SELECT u.item_id, u.bucket_id, p_run, p_job, u.slot, u.step_id, j.camera_id, j.recording_id,
-           j.recording_generation, u.frame_time, u.boxes::jsonb, u.object_key, u.sha256, p_now
-    FROM unnest(p_item_ids, p_item_buckets, p_item_slots, p_item_steps, p_item_times,
-                p_item_boxes, p_item_keys, p_item_sha256)
-         AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256);
-    -- a preview named as an upload becomes one: its item replaces it
-    UPDATE staged_objects SET kind = 'upload', published_at = p_now
-    WHERE object_key = ANY (p_upload_keys);
+    IF cardinality(p_item_ids) > 0 THEN
+        INSERT INTO bucket_items (item_id, bucket_id, run_id, job_index, slot_index, step_id,
+                                  camera_id, recording_id, recording_generation, frame_time, boxes,
+                                  object_key, sha256, saved_at)
+        SELECT u.item_id, u.bucket_id, p_run, p_job, u.slot, u.step_id, j.camera_id, j.recording_id,
+               j.recording_generation, u.frame_time, u.boxes::jsonb, u.object_key, u.sha256, p_now
+        FROM unnest(p_item_ids, p_item_buckets, p_item_slots, p_item_steps, p_item_times,
+                    p_item_boxes, p_item_keys, p_item_sha256)
+             AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256);
+    END IF;
     -- What the commit does not keep is garbage now: objects staged but never
     -- published or named (refused previews, unnamed uploads), and a full run's
     -- other previews, which its items replace.
