@@ -80,6 +80,7 @@ from typing import Any, TypeVar
 import asyncpg
 from procrastinate import App, PsycopgConnector
 
+from bench import grpc_floor
 from bench.proc_stats import busy_cores_s, proc_times
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
@@ -141,6 +142,9 @@ RPC_TIMEOUT_S = 60.0
 TARGET_RATIO = 1.0
 TARGET_CLAIM_P99_MS = 25.0
 PROFILE_TOP = 25
+# The gRPC floor (bench.grpc_floor): per processor, cycles of the short-job cycle's calls.
+FLOOR_CYCLES = 500
+FLOOR_CALLS_PER_CYCLE = 3  # two progress reports and a Complete that claims the next job
 PYSPY_RATE = 200
 OTHER_LOAD_WARNING = 0.05  # share of the machine used by processes we did not start
 T = TypeVar("T")
@@ -1142,6 +1146,20 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
     # The same comparison on CPU per cycle, which other load on the machine disturbs less.
     cpu_ratio = _cpu_per_unit(worked) / _cpu_per_unit(throughput)
     say(f"ratio on CPU per cycle (procrastinate's per job / ours): {cpu_ratio:.2f}")
+    # What the cycle's gRPC calls cost with nothing behind them: no design that makes
+    # this many Python gRPC calls per job can spend less.
+    floor = grpc_floor.measure(
+        ctx, processes=PROCESSORS, cycles=FLOOR_CYCLES, calls=FLOOR_CALLS_PER_CYCLE
+    )
+    procrastinate_ms = _cpu_per_unit(worked) * 1000
+    say(
+        f"floor: {FLOOR_CALLS_PER_CYCLE} bare grpc.aio calls per cycle (no interceptor, no "
+        f"database; bench.grpc_floor) cost {floor.total_ms:.2f} ms of CPU (server "
+        f"{floor.server_ms:.2f}, clients {floor.clients_ms:.2f}) = "
+        f"{floor.total_ms / procrastinate_ms:.0%} of procrastinate's whole job "
+        f"({procrastinate_ms:.2f} ms); best CPU ratio any such protocol can reach: "
+        f"{procrastinate_ms / floor.total_ms:.2f}"
+    )
     loaded = [phase for phase in (*phases, worked) if _other_share(phase) > OTHER_LOAD_WARNING]
     if loaded:
         say(
@@ -1157,7 +1175,8 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
     )
     say(
         f"RESULT claim_cycles_per_s={cycles_per_s:.0f} procrastinate_jobs_per_s={jobs_per_s:.0f} "
-        f"ratio={ratio:.2f} claim_p99_ms={claim_p99:.1f}"
+        f"ratio={ratio:.2f} claim_p99_ms={claim_p99:.1f} cpu_ratio={cpu_ratio:.2f} "
+        f"grpc_floor_ms={floor.total_ms:.2f}"
     )
     return ratio, claim_p99
 
