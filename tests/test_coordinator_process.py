@@ -86,8 +86,16 @@ def admin_secret(pg_dsn: str) -> str:
     """Bootstrap as an operator would: migrate, then print the first admin key."""
     env = coordinator_env(pg_dsn)
     migrated = [line for line in cli(env, "migrate") if line.get("event") == "migrated"]
-    # The per-test database is cloned from a migrated template: nothing is left to apply.
-    assert migrated == [{"service": "coordinator", "event": "migrated", "applied": []}]
+    # The per-test database is cloned from a fully migrated template: nothing is left.
+    assert migrated == [
+        {
+            "service": "coordinator",
+            "event": "migrated",
+            "phase": "pre",
+            "applied": [],
+            "pending": [],
+        }
+    ]
 
     keys = cli(env, "create-admin-key", "--name", "ops")
     admin = [line for line in keys if line.get("event") == "admin-key"]

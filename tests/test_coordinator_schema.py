@@ -13,7 +13,12 @@ import pytest
 from google.protobuf import json_format
 
 from services.coordinator.db import sql
-from services.coordinator.migrate import MIGRATIONS_DIR, apply_migrations, list_migrations
+from services.coordinator.migrate import (
+    MIGRATIONS_DIR,
+    apply_migrations,
+    list_migrations,
+    migrate,
+)
 from services.coordinator.workshop_api import spec_from_json
 from testbed.harness.postgres import PostgresCluster
 from workshop.v1 import snapshot_pb2
@@ -146,6 +151,51 @@ def test_migration_files_are_numbered(tmp_path: Path) -> None:
     (tmp_path / "2-bad.sql").write_text("SELECT 1;")
     with pytest.raises(ValueError, match=r"NNNN_name\.sql"):
         list_migrations(tmp_path)
+
+
+def test_a_migration_is_pre_unless_it_says_post(tmp_path: Path) -> None:
+    (tmp_path / "0001_a.sql").write_text("-- adds\nSELECT 1;")
+    (tmp_path / "0002_b.sql").write_text("-- phase: post\n-- drops\nSELECT 1;")
+    (tmp_path / "0003_c.sql").write_text("-- phase: pre\nSELECT 1;")
+    assert [m.phase for m in list_migrations(tmp_path)] == ["pre", "post", "pre"]
+    (tmp_path / "0004_d.sql").write_text("-- phase: later\nSELECT 1;")
+    with pytest.raises(ValueError, match=r"0004_d\.sql: at most one '-- phase: pre\|post'"):
+        list_migrations(tmp_path)
+    (tmp_path / "0004_d.sql").write_text("-- phase: post\n-- phase: post\nSELECT 1;")
+    with pytest.raises(ValueError, match=r"0004_d\.sql"):
+        list_migrations(tmp_path)
+
+
+async def test_phase_pre_leaves_post_migrations_pending(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """The pre phase applies pre-migrations past a pending post-migration (another
+    change's) and says what it left; the post phase applies the rest in number order."""
+    dsn = await _fresh_database(pg_cluster, "schema_phases")
+    (tmp_path / "0001_old.sql").write_text("CREATE FUNCTION f() RETURNS int RETURN 1;")
+    (tmp_path / "0002_new.sql").write_text("CREATE FUNCTION f_v2() RETURNS int RETURN 2;")
+    (tmp_path / "0003_drop_old.sql").write_text("-- phase: post\nDROP FUNCTION f();")
+    (tmp_path / "0004_more.sql").write_text("CREATE TABLE t (a int);")
+    before = await migrate(dsn, "pre", tmp_path)
+    assert (before.applied, before.pending) == (
+        ["0001_old", "0002_new", "0004_more"],
+        ["0003_drop_old"],
+    )
+    again = await migrate(dsn, "pre", tmp_path)
+    assert (again.applied, again.pending) == ([], ["0003_drop_old"])
+    connection = await asyncpg.connect(dsn)
+    try:
+        assert await connection.fetchval("SELECT f() + f_v2()") == 3  # both serve
+        after = await migrate(dsn, "post", tmp_path)
+        assert (after.applied, after.pending) == (["0003_drop_old"], [])
+        with pytest.raises(asyncpg.UndefinedFunctionError):
+            await connection.fetchval("SELECT f()")
+        assert await connection.fetchval("SELECT f_v2()") == 2
+        recorded = await connection.fetch("SELECT version FROM schema_migrations ORDER BY 1")
+        assert [row["version"] for row in recorded] == [1, 2, 3, 4]
+    finally:
+        await connection.close()
+    assert (await migrate(dsn, "post", tmp_path)).applied == []
 
 
 SNAPSHOT_ATTACKS = [
