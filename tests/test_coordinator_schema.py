@@ -12,9 +12,11 @@ import asyncpg
 import pytest
 from google.protobuf import json_format
 
-from services.coordinator.db import sql
+from services.coordinator.db import Database, sql
 from services.coordinator.migrate import (
     MIGRATIONS_DIR,
+    MigrationRefused,
+    application_name,
     apply_migrations,
     list_migrations,
     migrate,
@@ -196,6 +198,47 @@ async def test_phase_pre_leaves_post_migrations_pending(
     finally:
         await connection.close()
     assert (await migrate(dsn, "post", tmp_path)).applied == []
+
+
+async def test_phase_post_waits_while_an_older_coordinator_is_connected(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """A coordinator names its connections after the newest migration its code knows; the
+    post phase refuses while one that predates a pending post-migration is connected, and
+    goes ahead once it has left."""
+    dsn = await _fresh_database(pg_cluster, "schema_post_waits")
+    (tmp_path / "0001_old.sql").write_text("CREATE FUNCTION f() RETURNS int RETURN 1;")
+    (tmp_path / "0002_drop_old.sql").write_text("-- phase: post\nDROP FUNCTION f();")
+    await migrate(dsn, "pre", tmp_path)
+
+    def named(version: int) -> dict[str, str]:
+        return {"application_name": f"workshop-coordinator schema={version:04d}"}
+
+    older = await asyncpg.connect(dsn, server_settings=named(1))  # knows 0001 only
+    current = await asyncpg.connect(dsn, server_settings=named(2))
+    try:
+        pid = older.get_server_pid()
+        with pytest.raises(MigrationRefused, match=rf"pid {pid} \(\S+, migrations up to 0001\)"):
+            await migrate(dsn, "post", tmp_path, wait_seconds=0)
+        assert (await migrate(dsn, "pre", tmp_path)).pending == ["0002_drop_old"]
+        assert await older.fetchval("SELECT f()") == 1
+        waiting = asyncio.create_task(migrate(dsn, "post", tmp_path, wait_seconds=30))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await older.close()  # its rollout finished
+        assert (await waiting).applied == ["0002_drop_old"]
+    finally:
+        await older.close()
+        await current.close()
+
+
+async def test_a_coordinator_names_its_connections_after_its_newest_migration(
+    pg_dsn: str,
+) -> None:
+    newest = list_migrations()[-1].version
+    assert application_name() == f"workshop-coordinator schema={newest:04d}"
+    async with Database.open(pg_dsn, size=1) as db, db.connection() as connection:
+        assert await connection.fetchval("SHOW application_name") == application_name()
 
 
 SNAPSHOT_ATTACKS = [

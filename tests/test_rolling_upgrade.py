@@ -32,7 +32,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.coordinator.migrate import MIGRATIONS_DIR, list_migrations
+from services.coordinator.migrate import MIGRATIONS_DIR, MigrationRefused, list_migrations
+from services.coordinator.migrate import migrate as migrate_in_process
 from testbed.coordinator_leases import (
     Setup,
     claimed,
@@ -50,6 +51,7 @@ from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import workshop_pb2 as ws
 
 RELEASE_FILE = REPO / "deploy" / "releases" / "previous"
+MIGRATE_MODULE = Path("services", "coordinator", "migrate.py")
 
 # Every function (name, arguments, result) and column (table, name, type) of the schema.
 CATALOG = """
@@ -111,7 +113,7 @@ def previous_release(tmp_path: Path) -> Path:
         timeout=30,
         check=True,
     )
-    assert all(Path(line).is_relative_to(tree) for line in imported.stdout.split()), imported
+    assert all(Path(line).is_relative_to(tree) for line in imported.stdout.splitlines()), imported
     return tree
 
 
@@ -234,6 +236,7 @@ async def test_the_previous_release_serves_beside_this_one_through_the_upgrade(
     dsn = empty_dsn
     old_tree = previous_release(tmp_path)
     old_versions = {m.version for m in list_migrations(old_tree / MIGRATIONS_DIR.relative_to(REPO))}
+    old_level = max(old_versions)
     new = [m for m in list_migrations() if m.version not in old_versions]
     new_pre = [m.label for m in new if m.phase == "pre"]
     new_post = [m.label for m in new if m.phase == "post"]
@@ -288,6 +291,12 @@ async def test_the_previous_release_serves_beside_this_one_through_the_upgrade(
             assert k0.lease.run_id == "r2"
             await complete(b, s, k0, empty_result(k0))
             assert (await run_counts(a, "r2"))[0] == 1
+
+            # step 4 too early: refused while N is connected (N names its connections
+            # from the release after 1677730 on, docs/upgrading.md#rolling-upgrade)
+            if new_post and "application_name" in (old_tree / MIGRATE_MODULE).read_text():
+                with pytest.raises(MigrationRefused, match=rf"pid \d+ .*{old_level:04d}"):
+                    await migrate_in_process(dsn, "post", wait_seconds=0)
 
             # step 4: every replica runs N+1; post-migrate while it serves
             assert old.stop() == 0, old.log_tail()

@@ -16,7 +16,7 @@ from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.clock import Clock, StoredClock, SystemClock
 from services.coordinator.db import Database
-from services.coordinator.migrate import PHASES, Phase, migrate
+from services.coordinator.migrate import PHASES, MigrationRefused, Phase, migrate
 from services.coordinator.operator_api import insert_key
 from services.coordinator.settings import PREFIX, CoordinatorSettings
 from workshop.kit.cli import (
@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
         runner = run_server(settings)
     try:
         run_event_loop(runner)
+    except MigrationRefused as refused:
+        print(f"{LABEL}: migrate: {refused}", file=sys.stderr)
+        raise SystemExit(1) from None
     except (OSError, asyncpg.PostgresError) as error:
         print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None

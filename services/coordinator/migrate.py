@@ -10,19 +10,25 @@ unless its file has the line `-- phase: post` (contract: it drops what only the
 previous version used). Phase "pre" applies the pending pre-migrations and leaves the
 post-migrations pending; phase "post" applies everything pending, in number order
 (docs/upgrading.md).
+
+Coordinators name their connections after the newest migration their code knows
+(`application_name()`), and phase "post" refuses while a coordinator that predates a
+pending post-migration is connected.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
+import time
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
 import asyncpg
 
 from services.coordinator import queries
-from services.coordinator.db import fetch_column
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -69,14 +75,29 @@ def list_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return [found[version] for version in sorted(found)]
 
 
+@cache
+def application_name() -> str:
+    """What a coordinator names its database connections: the newest migration its code
+    knows (the `migration_coordinators` statement reads it back)."""
+    return f"workshop-coordinator schema={list_migrations()[-1].version:04d}"
+
+
+class MigrationRefused(Exception):
+    """Phase "post" while a coordinator older than a pending post-migration is connected."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     applied: list[str]  # labels applied by this call, in order
     pending: list[str]  # labels still pending (the post-migrations after phase "pre")
 
 
-async def migrate(dsn: str, phase: Phase, directory: Path = MIGRATIONS_DIR) -> Outcome:
-    """Apply what `dsn` lacks of `phase`: "pre" only the pre-migrations, "post" all."""
+async def migrate(
+    dsn: str, phase: Phase, directory: Path = MIGRATIONS_DIR, *, wait_seconds: float = 10.0
+) -> Outcome:
+    """Apply what `dsn` lacks of `phase`: "pre" only the pre-migrations, "post" all. Phase
+    "post" waits up to `wait_seconds` for older coordinators to disconnect (pods still
+    stopping), then raises MigrationRefused."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
     sql = queries.load("migrate")
@@ -85,12 +106,15 @@ async def migrate(dsn: str, phase: Phase, directory: Path = MIGRATIONS_DIR) -> O
         await connection.execute(sql["migration_lock"])
         try:
             await connection.execute(sql["migration_table_create"])
-            applied = set(await fetch_column(connection, int, sql["migration_list_applied"]))
+            rows = await connection.fetch(sql["migration_list_applied"])
+            applied = {int(row["version"]) for row in rows}
+            todo = [m for m in list_migrations(directory) if m.version not in applied]
+            post = [m.version for m in todo if m.phase == "post"]
+            if phase == "post" and post:
+                await _wait_for_older_coordinators(connection, sql, max(post), wait_seconds)
             done: list[str] = []
             pending: list[str] = []
-            for migration in list_migrations(directory):
-                if migration.version in applied:
-                    continue
+            for migration in todo:
                 if phase == "pre" and migration.phase == "post":
                     pending.append(migration.label)
                     continue
@@ -105,6 +129,29 @@ async def migrate(dsn: str, phase: Phase, directory: Path = MIGRATIONS_DIR) -> O
             await connection.execute(sql["migration_unlock"])
     finally:
         await connection.close()
+
+
+async def _wait_for_older_coordinators(
+    connection: asyncpg.Connection, sql: dict[str, str], newest_post: int, wait_seconds: float
+) -> None:
+    """Returns once no coordinator whose code predates migration `newest_post` is connected;
+    raises MigrationRefused naming them after `wait_seconds`."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        older = await connection.fetch(sql["migration_coordinators"], newest_post)
+        if not older:
+            return
+        if time.monotonic() >= deadline:
+            seen = ", ".join(
+                f"pid {row['pid']} ({row['address']}, migrations up to {row['knows']:04d})"
+                for row in older
+            )
+            raise MigrationRefused(
+                f"post-migrations up to {newest_post:04d} would drop what running coordinators "
+                f"of an older version use: {seen}. Finish the rollout (every coordinator on "
+                "this version) and run it again"
+            )
+        await asyncio.sleep(0.5)
 
 
 async def apply_migrations(
