@@ -16,7 +16,14 @@ from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.clock import Clock, StoredClock, SystemClock
 from services.coordinator.db import Database
-from services.coordinator.migrate import PHASES, MigrationRefused, Phase, migrate
+from services.coordinator.migrate import (
+    PHASES,
+    MigrationRefused,
+    Phase,
+    SchemaBehind,
+    check_pre_migrations,
+    migrate,
+)
 from services.coordinator.operator_api import insert_key
 from services.coordinator.settings import PREFIX, CoordinatorSettings
 from workshop.kit.cli import (
@@ -43,6 +50,8 @@ async def run_server(settings: CoordinatorSettings) -> None:
     # The pool proves the database is reachable before we report SERVING, and
     # is closed only after the server has stopped taking calls.
     async with Database.open(settings.database_url, size=settings.database_pool_size) as db:
+        async with db.connection() as connection:
+            await check_pre_migrations(connection)
         coordinator = build(
             db,
             await make_clock(settings, db),
@@ -146,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
         run_event_loop(runner)
     except MigrationRefused as refused:
         print(f"{LABEL}: migrate: {refused}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except SchemaBehind as behind:
+        print(f"{LABEL}: cannot start: {behind}", file=sys.stderr)
         raise SystemExit(1) from None
     except (OSError, asyncpg.PostgresError) as error:
         print(f"{LABEL}: cannot start: {error}", file=sys.stderr)

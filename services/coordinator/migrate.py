@@ -86,6 +86,26 @@ class MigrationRefused(Exception):
     """Phase "post" while a coordinator older than a pending post-migration is connected."""
 
 
+class SchemaBehind(Exception):
+    """The database lacks a pre-migration of this code: it cannot serve there yet."""
+
+
+async def check_pre_migrations(connection: asyncpg.Connection) -> None:
+    """Raises SchemaBehind when a pre-migration of this code is not applied (a coordinator
+    checks before it serves; pending post-migrations and newer ones are fine)."""
+    try:
+        rows = await connection.fetch(queries.load("migrate")["migration_list_applied"])
+    except asyncpg.UndefinedTableError:
+        rows = []
+    applied = {int(row["version"]) for row in rows}
+    missing = [m.label for m in list_migrations() if m.phase == "pre" and m.version not in applied]
+    if missing:
+        raise SchemaBehind(
+            f"the database lacks the pre-migrations {', '.join(missing)} of this version: "
+            "run `python -m services.coordinator migrate` first (docs/upgrading.md)"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     applied: list[str]  # labels applied by this call, in order
