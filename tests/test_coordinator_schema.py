@@ -158,7 +158,7 @@ def test_migration_files_are_numbered(tmp_path: Path) -> None:
 def test_a_migration_is_pre_unless_it_says_post(tmp_path: Path) -> None:
     (tmp_path / "0001_a.sql").write_text("-- adds\nSELECT 1;")
     (tmp_path / "0002_b.sql").write_text("-- phase: post\n-- drops\nSELECT 1;")
-    (tmp_path / "0003_c.sql").write_text("-- phase: pre\nSELECT 1;")
+    (tmp_path / "0003_c.sql").write_text("-- phase: pre\nSELECT 1;\n-- phase: post\n")
     assert [m.phase for m in list_migrations(tmp_path)] == ["pre", "post", "pre"]
     (tmp_path / "0004_d.sql").write_text("-- phase: later\nSELECT 1;")
     with pytest.raises(ValueError, match=r"0004_d\.sql: at most one '-- phase: pre\|post'"):

@@ -6,10 +6,10 @@ own transaction together with its bookkeeping row. Several replicas may run
 they then find nothing left to do.
 
 A migration is a pre-migration (expand: safe while the previous version serves)
-unless its file has the line `-- phase: post` (contract: it drops what only the
-previous version used). Phase "pre" applies the pending pre-migrations and leaves the
-post-migrations pending; phase "post" applies everything pending, in number order
-(docs/upgrading.md).
+unless the comment that opens its file has the line `-- phase: post` (contract: it
+drops what only the previous version used). Phase "pre" applies the pending
+pre-migrations and leaves the post-migrations pending; phase "post" applies everything
+pending, in number order (docs/upgrading.md).
 
 Coordinators name their connections after the newest migration their code knows
 (`application_name()`), and phase "post" refuses while a coordinator that predates a
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import re
 import time
 from functools import cache
@@ -32,7 +33,7 @@ from services.coordinator import queries
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_PHASE_LINE = re.compile(r"^--\s*phase:\s*(\S*)\s*$", re.MULTILINE)
+_PHASE_LINE = re.compile(r"^--\s*phase:\s*(\S*)\s*$")
 
 Phase = Literal["pre", "post"]
 PHASES: tuple[Phase, ...] = ("pre", "post")
@@ -51,7 +52,10 @@ class Migration:
 
 
 def _phase_of(path: Path) -> Phase:
-    marks = _PHASE_LINE.findall(path.read_text(encoding="utf-8"))
+    """From a `-- phase: pre|post` line of the comment that opens the file; "pre" without."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = itertools.takewhile(lambda line: line.startswith("--") or not line.strip(), lines)
+    marks = [match.group(1) for line in header if (match := _PHASE_LINE.match(line))]
     if not marks:
         return "pre"
     if len(marks) > 1 or marks[0] not in PHASES:
