@@ -230,6 +230,7 @@ async def empty_dsn(pg_cluster: PostgresCluster) -> AsyncIterator[str]:
             await admin.close()
 
 
+@pytest.mark.slow
 async def test_the_previous_release_serves_beside_this_one_through_the_upgrade(
     empty_dsn: str, tmp_path: Path
 ) -> None:
@@ -307,10 +308,11 @@ async def test_the_previous_release_serves_beside_this_one_through_the_upgrade(
             k1 = await claimed(b, s)
             assert (k1.lease.run_id, k1.lease.job_id) == ("r2", "j1")
             assert await progress(b, s, k1, 50) == 50
-            await b.jobs.Heartbeat(
+            beat = await b.jobs.Heartbeat(
                 jobs_pb2.HeartbeatRequest(leases=[k1.lease]), metadata=s.processor
             )
-            await complete(b, s, k1, empty_result(k1))
+            assert [renewal.renewed for renewal in beat.renewals] == [True]
+            assert not (await complete(b, s, k1, empty_result(k1))).already_committed
             await create_run(b, s, "r3")
             assert (await claimed(b, s)).lease.run_id == "r3"
             detail = await b.workshop.GetRun(ws.GetRunRequest(run_id="r2"), metadata=b.admin)
