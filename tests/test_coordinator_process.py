@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
+from services.coordinator.migrate import list_migrations
 from testbed.harness.processes import REPO, ServiceProcess
+from tools.localstack.postgres import admin_execute, run_async
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
 OPERATOR = "workshop.v1.OperatorService"
@@ -86,8 +88,16 @@ def admin_secret(pg_dsn: str) -> str:
     """Bootstrap as an operator would: migrate, then print the first admin key."""
     env = coordinator_env(pg_dsn)
     migrated = [line for line in cli(env, "migrate") if line.get("event") == "migrated"]
-    # The per-test database is cloned from a migrated template: nothing is left to apply.
-    assert migrated == [{"service": "coordinator", "event": "migrated", "applied": []}]
+    # The per-test database is cloned from a fully migrated template: nothing is left.
+    assert migrated == [
+        {
+            "service": "coordinator",
+            "event": "migrated",
+            "phase": "pre",
+            "applied": [],
+            "pending": [],
+        }
+    ]
 
     keys = cli(env, "create-admin-key", "--name", "ops")
     admin = [line for line in keys if line.get("event") == "admin-key"]
@@ -153,6 +163,44 @@ def test_an_operator_bootstraps_and_drives_the_coordinator_with_grpcurl(
         )
     finally:
         assert service.stop() == 0, service.log_tail()
+
+
+def test_a_coordinator_refuses_to_serve_before_its_pre_migrations(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Started against a database that lacks one of its pre-migrations (step 1 of a rolling
+    upgrade forgotten), it exits 1 saying what to run, and serves once it is applied."""
+    newest_pre = [m for m in list_migrations() if m.phase == "pre"][-1]
+    run_async(
+        lambda: admin_execute(
+            pg_dsn, f"DELETE FROM schema_migrations WHERE version = {newest_pre.version}"
+        )
+    )
+    env = coordinator_env(pg_dsn)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.coordinator"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"lacks the pre-migrations {newest_pre.label} of this version" in done.stderr
+    assert "python -m services.coordinator migrate" in done.stderr
+    assert '"serving"' not in done.stdout
+
+    # its bookkeeping row back (the schema itself never lost it): the coordinator serves
+    run_async(
+        lambda: admin_execute(
+            pg_dsn,
+            "INSERT INTO schema_migrations (version, name) "
+            f"VALUES ({newest_pre.version}, '{newest_pre.name}')",
+        )
+    )
+    service, _ = start(env, tmp_path / "coordinator.log")
+    assert service.stop() == 0, service.log_tail()
 
 
 def test_the_manual_clock_moves_by_rpc(pg_dsn: str, admin_secret: str, tmp_path: Path) -> None:

@@ -12,8 +12,15 @@ import asyncpg
 import pytest
 from google.protobuf import json_format
 
-from services.coordinator.db import sql
-from services.coordinator.migrate import MIGRATIONS_DIR, apply_migrations, list_migrations
+from services.coordinator.db import Database, sql
+from services.coordinator.migrate import (
+    MIGRATIONS_DIR,
+    MigrationRefused,
+    application_name,
+    apply_migrations,
+    list_migrations,
+    migrate,
+)
 from services.coordinator.workshop_api import spec_from_json
 from testbed.harness.postgres import PostgresCluster
 from workshop.v1 import snapshot_pb2
@@ -146,6 +153,92 @@ def test_migration_files_are_numbered(tmp_path: Path) -> None:
     (tmp_path / "2-bad.sql").write_text("SELECT 1;")
     with pytest.raises(ValueError, match=r"NNNN_name\.sql"):
         list_migrations(tmp_path)
+
+
+def test_a_migration_is_pre_unless_it_says_post(tmp_path: Path) -> None:
+    (tmp_path / "0001_a.sql").write_text("-- adds\nSELECT 1;")
+    (tmp_path / "0002_b.sql").write_text("-- phase: post\n-- drops\nSELECT 1;")
+    (tmp_path / "0003_c.sql").write_text("-- phase: pre\nSELECT 1;\n-- phase: post\n")
+    assert [m.phase for m in list_migrations(tmp_path)] == ["pre", "post", "pre"]
+    (tmp_path / "0004_d.sql").write_text("-- phase: later\nSELECT 1;")
+    with pytest.raises(ValueError, match=r"0004_d\.sql: at most one '-- phase: pre\|post'"):
+        list_migrations(tmp_path)
+    (tmp_path / "0004_d.sql").write_text("-- phase: post\n-- phase: post\nSELECT 1;")
+    with pytest.raises(ValueError, match=r"0004_d\.sql"):
+        list_migrations(tmp_path)
+
+
+async def test_phase_pre_leaves_post_migrations_pending(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """The pre phase applies pre-migrations past a pending post-migration (another
+    change's) and says what it left; the post phase applies the rest in number order."""
+    dsn = await _fresh_database(pg_cluster, "schema_phases")
+    (tmp_path / "0001_old.sql").write_text("CREATE FUNCTION f() RETURNS int RETURN 1;")
+    (tmp_path / "0002_new.sql").write_text("CREATE FUNCTION f_v2() RETURNS int RETURN 2;")
+    (tmp_path / "0003_drop_old.sql").write_text("-- phase: post\nDROP FUNCTION f();")
+    (tmp_path / "0004_more.sql").write_text("CREATE TABLE t (a int);")
+    before = await migrate(dsn, "pre", tmp_path)
+    assert (before.applied, before.pending) == (
+        ["0001_old", "0002_new", "0004_more"],
+        ["0003_drop_old"],
+    )
+    again = await migrate(dsn, "pre", tmp_path)
+    assert (again.applied, again.pending) == ([], ["0003_drop_old"])
+    connection = await asyncpg.connect(dsn)
+    try:
+        assert await connection.fetchval("SELECT f() + f_v2()") == 3  # both serve
+        after = await migrate(dsn, "post", tmp_path)
+        assert (after.applied, after.pending) == (["0003_drop_old"], [])
+        with pytest.raises(asyncpg.UndefinedFunctionError):
+            await connection.fetchval("SELECT f()")
+        assert await connection.fetchval("SELECT f_v2()") == 2
+        recorded = await connection.fetch("SELECT version FROM schema_migrations ORDER BY 1")
+        assert [row["version"] for row in recorded] == [1, 2, 3, 4]
+    finally:
+        await connection.close()
+    assert (await migrate(dsn, "post", tmp_path)).applied == []
+
+
+async def test_phase_post_waits_while_an_older_coordinator_is_connected(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """A coordinator names its connections after the newest migration its code knows; the
+    post phase refuses while one that predates a pending post-migration is connected, and
+    goes ahead once it has left."""
+    dsn = await _fresh_database(pg_cluster, "schema_post_waits")
+    (tmp_path / "0001_old.sql").write_text("CREATE FUNCTION f() RETURNS int RETURN 1;")
+    (tmp_path / "0002_drop_old.sql").write_text("-- phase: post\nDROP FUNCTION f();")
+    await migrate(dsn, "pre", tmp_path)
+
+    def named(version: int) -> dict[str, str]:
+        return {"application_name": f"workshop-coordinator schema={version:04d}"}
+
+    older = await asyncpg.connect(dsn, server_settings=named(1))  # knows 0001 only
+    current = await asyncpg.connect(dsn, server_settings=named(2))
+    try:
+        pid = older.get_server_pid()
+        with pytest.raises(MigrationRefused, match=rf"pid {pid} \(\S+, migrations up to 0001\)"):
+            await migrate(dsn, "post", tmp_path, wait_seconds=0)
+        assert (await migrate(dsn, "pre", tmp_path)).pending == ["0002_drop_old"]
+        assert await older.fetchval("SELECT f()") == 1
+        waiting = asyncio.create_task(migrate(dsn, "post", tmp_path, wait_seconds=30))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await older.close()  # its rollout finished
+        assert (await waiting).applied == ["0002_drop_old"]
+    finally:
+        await older.close()
+        await current.close()
+
+
+async def test_a_coordinator_names_its_connections_after_its_newest_migration(
+    pg_dsn: str,
+) -> None:
+    newest = list_migrations()[-1].version
+    assert application_name() == f"workshop-coordinator schema={newest:04d}"
+    async with Database.open(pg_dsn, size=1) as db, db.connection() as connection:
+        assert await connection.fetchval("SHOW application_name") == application_name()
 
 
 SNAPSHOT_ATTACKS = [

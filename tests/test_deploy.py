@@ -220,10 +220,29 @@ def test_every_workshop_container_sets_only_its_settings(overlay: str) -> None:
             for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING
         }
-        if container["args"][-1] == "migrate":  # the migrate Job needs only the database
+        if "migrate" in container["args"]:  # the migrate Job needs only the database
             required = {variable_name(prefix, "database_url")}
         missing = required - set(env_of(container))
         assert not missing, f"{where} does not set required {sorted(missing)}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_rollout_applies_only_pre_migrations(overlay: str) -> None:
+    """Applied with the new image while the old coordinators serve, the migrate Job runs
+    the pre phase alone; the post phase is a command run after the rollout
+    (docs/upgrading.md#rolling-upgrade)."""
+    migrating = [
+        (workload["kind"], workload["metadata"]["name"], container["args"])
+        for workload, container, _ in workshop_containers(rendered(overlay))
+        if "migrate" in container["args"]
+    ]
+    assert migrating == [
+        (
+            "Job",
+            "coordinator-migrate",
+            ["python", "-m", "services.coordinator", "migrate", "--phase", "pre"],
+        )
+    ]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -1,5 +1,5 @@
-"""`python -m services.coordinator [serve | migrate | create-admin-key --name NAME |
-set-password --user USER]`."""
+"""`python -m services.coordinator [serve | migrate [--phase pre|post] |
+create-admin-key --name NAME | set-password --user USER]`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.clock import Clock, StoredClock, SystemClock
 from services.coordinator.db import Database
-from services.coordinator.migrate import apply_migrations
+from services.coordinator.migrate import (
+    PHASES,
+    MigrationRefused,
+    Phase,
+    SchemaBehind,
+    check_pre_migrations,
+    migrate,
+)
 from services.coordinator.operator_api import insert_key
 from services.coordinator.settings import PREFIX, CoordinatorSettings
 from workshop.kit.cli import (
@@ -43,6 +50,8 @@ async def run_server(settings: CoordinatorSettings) -> None:
     # The pool proves the database is reachable before we report SERVING, and
     # is closed only after the server has stopped taking calls.
     async with Database.open(settings.database_url, size=settings.database_pool_size) as db:
+        async with db.connection() as connection:
+            await check_pre_migrations(connection)
         coordinator = build(
             db,
             await make_clock(settings, db),
@@ -61,9 +70,9 @@ async def run_server(settings: CoordinatorSettings) -> None:
         )
 
 
-async def run_migrate(settings: CoordinatorSettings) -> None:
-    applied = await apply_migrations(settings.database_url)
-    announce(LABEL, event="migrated", applied=applied)
+async def run_migrate(settings: CoordinatorSettings, phase: Phase) -> None:
+    outcome = await migrate(settings.database_url, phase)
+    announce(LABEL, event="migrated", phase=phase, applied=outcome.applied, pending=outcome.pending)
 
 
 async def run_create_admin_key(settings: CoordinatorSettings, name: str) -> None:
@@ -106,7 +115,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m services.coordinator")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("serve", help="run the coordinator (default)")
-    commands.add_parser("migrate", help="apply schema migrations (advisory-locked)")
+    migrate_command = commands.add_parser(
+        "migrate", help="apply schema migrations (advisory-locked; docs/upgrading.md)"
+    )
+    migrate_command.add_argument(
+        "--phase",
+        choices=PHASES,
+        default="pre",
+        help="pre (default): only the pre-migrations, safe while the previous version "
+        "serves; post: everything pending, once every coordinator runs this version",
+    )
     admin = commands.add_parser("create-admin-key", help="print a new admin key's secret once")
     admin.add_argument("--name", default="admin", help="a label for the key")
     password = commands.add_parser(
@@ -128,13 +146,19 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(LABEL, settings.log_level)
     configure_tracing(LABEL)
     if args.command == "migrate":
-        runner = run_migrate(settings)
+        runner = run_migrate(settings, args.phase)
     elif args.command == "create-admin-key":
         runner = run_create_admin_key(settings, args.name)
     else:
         runner = run_server(settings)
     try:
         run_event_loop(runner)
+    except MigrationRefused as refused:
+        print(f"{LABEL}: migrate: {refused}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except SchemaBehind as behind:
+        print(f"{LABEL}: cannot start: {behind}", file=sys.stderr)
+        raise SystemExit(1) from None
     except (OSError, asyncpg.PostgresError) as error:
         print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -49,6 +49,7 @@ from asyncpg.exceptions import (
 
 from services.coordinator import queries
 from services.coordinator.errors import DatabaseUnavailable
+from services.coordinator.migrate import application_name
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,12 @@ class Database:
     @asynccontextmanager
     async def open(cls, dsn: str, *, size: int = 10) -> AsyncIterator[Database]:
         pool = await asyncpg.create_pool(
-            dsn, min_size=1, max_size=size, init=_init_connection, reset=_no_session_reset
+            dsn,
+            min_size=1,
+            max_size=size,
+            init=_init_connection,
+            reset=_no_session_reset,
+            server_settings={"application_name": application_name()},
         )
         try:
             yield cls(pool, dsn)

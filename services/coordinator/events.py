@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from services.coordinator.migrate import application_name
+
 CHANNEL = "workshop_run"
 JOBS_CHANNEL = "workshop_jobs"
 RECONNECT_SECONDS = 1.0
@@ -124,7 +126,9 @@ class RunEvents:
 
     async def _listen_once(self) -> None:
         """LISTEN until the connection is lost."""
-        connection = await asyncpg.connect(self._dsn)
+        connection = await asyncpg.connect(
+            self._dsn, server_settings={"application_name": application_name()}
+        )
         try:
             lost = asyncio.Event()
             connection.add_termination_listener(lambda _connection: lost.set())

@@ -705,20 +705,6 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION job_claim(
-    p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval,
-    p_request_id text
-) RETURNS TABLE (
-    job jobs, recording_sha256 text, recording_byte_size bigint, recording_object_key text,
-    recording_start_at timestamptz, recording_end_at timestamptz,
-    recording_fps double precision
-) LANGUAGE plpgsql ROWS 1 AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM job_claim_many(p_runtime, p_claimer, p_cameras, p_now, p_lease,
-                                              p_request_id, 1);
-END;
-$$;
-
 -- Renews a lease: min(now + lease, job expiry).
 CREATE FUNCTION job_heartbeat(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
@@ -800,17 +786,6 @@ BEGIN
         PERFORM pg_notify('workshop_run', p_run);
     END IF;
     RETURN QUERY SELECT '', j.progress, store, j.lease_expires_at;
-END;
-$$;
-
-CREATE FUNCTION job_progress(
-    p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
-    p_percent integer, p_phase text, p_now timestamptz
-) RETURNS TABLE (reason text, progress integer, persisted boolean) LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN QUERY SELECT p.reason, p.progress, p.persisted
-    FROM job_progress(p_run, p_job, p_generation, p_token, p_reporter, p_percent, p_phase,
-                      p_now, interval '5 minutes') p;
 END;
 $$;
 

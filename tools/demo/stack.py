@@ -180,8 +180,9 @@ def _start_coordinator(
 ) -> tuple[Service, str]:
     """Migrate, start the server and, while it starts, create the first admin key."""
     env = {"COORDINATOR_DATABASE_URL": database_url}
+    # One coordinator, started after it: both phases at once (docs/upgrading.md).
     with console.stage("migrating the database (python -m services.coordinator migrate)"):
-        launch.command("migrate", "services.coordinator", ["migrate"], env)
+        launch.command("migrate", "services.coordinator", ["migrate", "--phase", "post"], env)
     coordinator = launch.service("coordinator", "services.coordinator", env)
     with console.stage("creating the admin key (services.coordinator create-admin-key)"):
         printed = launch.command(

@@ -19,3 +19,15 @@ SELECT version FROM schema_migrations ORDER BY version;
 
 -- name: migration_record
 INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
+
+-- name: migration_coordinators
+-- Connections of coordinators whose code knows migrations only below $1 (their
+-- application_name, services/coordinator/migrate.py application_name()).
+SELECT pid, coalesce(host(client_addr), 'local') AS address, knows
+FROM (SELECT pid, client_addr,
+             substring(application_name FROM '^workshop-coordinator schema=(\d+)$')::integer
+                 AS knows
+      FROM pg_stat_activity
+      WHERE datname = current_database()) coordinators
+WHERE knows < $1
+ORDER BY pid;
