@@ -101,6 +101,10 @@ async def health(port: int) -> int:
         return int(reply.status)
 
 
+async def _is(check: Any, status: int) -> bool:
+    return bool(await check == status)
+
+
 async def jobs_of(c: CoordinatorHarness, run_id: str) -> dict[int, dict[str, Any]]:
     found = await rows(
         c,
@@ -155,7 +159,7 @@ async def test_sigterm_lets_the_running_job_finish_and_claims_nothing_more(
             await until(lambda: _is(health(port), NOT_SERVING), "NOT_SERVING")
             assert time.monotonic() - signalled < 3
             # the lease is still renewed while the job drains: the coordinator's clock
-            # moves, and the next heartbeat lapses the lease later
+            # moves, and the next heartbeat sets a later lapse time
             c.clock.advance(timedelta(seconds=30))
 
             async def renewed() -> bool:
@@ -178,10 +182,6 @@ async def test_sigterm_lets_the_running_job_finish_and_claims_nothing_more(
         assert receipts == [{"job_index": running, "generation": 1}]
         assert "draining: 1 job(s) in flight" in processor.log_tail(200)
         assert "drained: 1 job(s) ended, 0 still running" in processor.log_tail(200)
-
-
-async def _is(check: Any, status: int) -> bool:
-    return bool(await check == status)
 
 
 @pytest.mark.parametrize("how", ["grace ends", "second SIGTERM"])
