@@ -19,6 +19,7 @@ from services.preview.settings import PREFIX as PREVIEW
 from services.preview.settings import PreviewSettings
 from services.processor.settings import PREFIX as PROCESSOR
 from services.processor.settings import ProcessorSettings
+from services.processor.worker import RELEASE_SECONDS
 from tests.deploy_render import (
     OVERLAYS,
     WORKLOADS,
@@ -363,12 +364,18 @@ def test_pods_and_containers_are_locked_down(overlay: str) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_termination_grace_outlasts_drain_and_grace(overlay: str) -> None:
+    """A pod is never killed while it still lets calls or jobs finish: a processor lets its
+    jobs run on for JOB_GRACE_SECONDS (alongside DRAIN_SECONDS), then hands back what is
+    left (each Release bounded by RELEASE_SECONDS) before its server's grace."""
     for workload, container, service in workshop_containers(rendered(overlay)):
         if workload["kind"] == "Job":
             continue
         wait = float(setting_value(container, service, "drain_seconds")) + float(
             setting_value(container, service, "grace_seconds")
         )
+        if service == "processor":
+            wait += float(setting_value(container, service, "job_grace_seconds"))
+            wait += RELEASE_SECONDS
         grace = pod_spec(workload)["terminationGracePeriodSeconds"]
         assert grace > wait, f"{workload['metadata']['name']}: {grace} s <= {wait} s"
 

@@ -75,6 +75,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             heartbeat_seconds=settings.heartbeat_seconds,
             retry_seconds=settings.rpc_retry_seconds,
             direct_writes=settings.direct_writes,
+            job_grace_seconds=settings.job_grace_seconds,
         )
         try:
             await serve(label=LABEL, settings=settings, services=[], workers=[processor])

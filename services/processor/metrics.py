@@ -48,6 +48,17 @@ HAND_BACKS = Counter(
     registry=REGISTRY,
 )
 
+STOP_JOBS = Counter(
+    "workshop_processor_stop_jobs",
+    "Jobs in flight when the processor was stopped, by outcome: finished (ended during the "
+    "drain: committed, or failed or fenced as any job may be) or handed_back (still running "
+    "when the drain ended, released with no attempt spent).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+for _outcome in ("finished", "handed_back"):
+    STOP_JOBS.labels(_outcome)  # both series from the start, at 0
+
 
 class _Running(Protocol):
     @property

@@ -10,6 +10,7 @@ from workshop.kit.settings import at_least, between, one_of, setting
 from workshop.kit.tls import ClientTlsSettings
 
 MAX_CLAIM_WAIT_SECONDS = 50  # the coordinator takes up to 60; the call's deadline is 10 s more
+MAX_JOB_GRACE_SECONDS = 3600
 PREFIX = "PROCESSOR"
 DEFAULT_MODEL_REPOSITORY = Path("/models")
 
@@ -60,6 +61,13 @@ class ProcessorSettings(ServerSettings, ClientTlsSettings):
         help="1 = write previews straight to object storage with the preview service's grants "
         "and record them in batches; 0 = send the bytes through PublishPreview (as processors "
         "before grants did).",
+    )
+    job_grace_seconds: float = setting(
+        30.0,
+        help="On SIGTERM: seconds the jobs in flight may run on (leases renewed, nothing new "
+        "claimed, NOT_SERVING) before what is left is handed back with Release (no attempt "
+        "spent) and the process exits; 0 = at once. A second SIGTERM ends the wait.",
+        check=between(0, MAX_JOB_GRACE_SECONDS),
     )
     triton_shared_memory: str = setting(
         "auto",

@@ -26,6 +26,14 @@ that, or the recording or Triton cannot be reached, or a service refuses for rea
 of its own (a revoked key, an old version), the job is handed back with Release (no
 attempt spent; also when even a Fail got no answer) and the loop waits before it
 claims again, longer after each such hand-back in a row.
+
+A stop drains (docs/operations.md#stopping-and-restarting): `drain()` stops claiming
+(a Claim waiting at the coordinator is abandoned, and asked once more with its
+request id so that a lease it took meanwhile is handed back, not stranded), and lets
+the jobs in flight run on, their leases renewed, for up to `job_grace_seconds`; a
+finished job completes as usual (its Complete claims no next job). `stop()` then hands
+back with Release whatever is still running, no attempt spent; `hurry()` (a second
+signal) ends the drain at once.
 """
 
 from __future__ import annotations
@@ -96,6 +104,9 @@ RETRY_FIRST_PAUSE_SECONDS = 0.5
 RETRY_MAX_PAUSE_SECONDS = 5.0
 CLAIM_PAUSE_MAX_SECONDS = 60.0  # the longest wait before claiming after hand-backs in a row
 CLAIM_DEADLINE_MARGIN_SECONDS = 10.0  # a waiting Claim's deadline: its wait plus this
+# On a stop: the deadline of each hand-back (Release, and the Claim that asks again for the
+# leases of an abandoned one); they run at once, so a stop hands back within about this.
+RELEASE_SECONDS = 5.0
 
 
 class LeaseLost(Exception):
@@ -149,9 +160,14 @@ class Processor:
     # PublishPreview, as processors before GrantPreviewWrites do; also the fallback when
     # the preview service answers UNIMPLEMENTED).
     direct_writes: bool = True
+    # On a stop, how long jobs in flight may run on before what is left is handed back.
+    job_grace_seconds: float = 30.0
     _direct: DirectPreviews | None = None
-    _task: asyncio.Task[None] | None = None
+    _claiming: asyncio.Task[None] | None = None
+    _beating: asyncio.Task[None] | None = None
     _stopping: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    _draining: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    _hurried: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _model_turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _running: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
     _claim_pause: float = 0.0  # seconds the loop waits before its next claim (after hand-backs)
@@ -160,6 +176,8 @@ class Processor:
     completed: int = 0
     failed: int = 0
     handed_back: int = 0
+    drained: int = 0  # jobs in flight when a drain began that ended during it
+    released_at_stop: int = 0  # jobs still running at a stop, handed back
 
     @property
     def running_jobs(self) -> set[asyncio.Task[None]]:
@@ -167,32 +185,75 @@ class Processor:
 
     async def start(self) -> None:
         metrics.JOBS_IN_FLIGHT.add(self)
-        if self._task is None:
+        if self._beating is None:
             self._stopping.clear()
-            self._task = asyncio.create_task(self._loop(), name="claim-loop")
+            self._draining.clear()
+            self._hurried.clear()
+            slots = asyncio.Semaphore(self.in_flight)
+            self._beating = asyncio.create_task(self._heartbeats(), name="heartbeats")
+            self._claiming = asyncio.create_task(self._claims(slots), name="claim-loop")
+
+    async def drain(self) -> None:
+        """Stops claiming and lets the jobs in flight run on (heartbeats go on) until they
+        end, `job_grace_seconds` pass, or hurry(); stop() hands back what is left."""
+        if self._beating is None or self._draining.is_set():
+            return
+        self._draining.set()
+        await self._stop_claiming()
+        began = len(self._running)
+        log.info(
+            "draining: %d job(s) in flight may finish within %g s",
+            began,
+            self.job_grace_seconds,
+        )
+        if self._running and not self._hurried.is_set():
+            waits = [
+                asyncio.create_task(self._all_ended()),
+                asyncio.create_task(self._hurried.wait()),
+            ]
+            await asyncio.wait(
+                waits, timeout=self.job_grace_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        ended = max(0, began - len(self._running))
+        self.drained += ended
+        metrics.STOP_JOBS.labels("finished").inc(ended)
+        log.info("drained: %d job(s) ended, %d still running", ended, len(self._running))
+
+    def hurry(self) -> None:
+        """Ends a drain now (a second stop signal): stop() hands back what is running."""
+        self._hurried.set()
+
+    async def _all_ended(self) -> None:
+        while self._running:
+            await asyncio.wait(set(self._running))
 
     async def stop(self) -> None:
-        """Stops claiming; jobs in flight are released (not lapsed) so others take them."""
-        if self._task is None:
+        """Stops claiming; jobs still in flight (all of them without a drain first) are
+        released (not lapsed) so others take them."""
+        if self._beating is None:
             return
         self._stopping.set()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
-        for task in list(self._running):
+        await self._stop_claiming()
+        left = list(self._running)
+        for task in left:
             task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await asyncio.gather(*left, return_exceptions=True)
+        self.released_at_stop += len(left)
+        metrics.STOP_JOBS.labels("handed_back").inc(len(left))
+        beating, self._beating = self._beating, None
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
 
-    async def _loop(self) -> None:
-        slots = asyncio.Semaphore(self.in_flight)
-        beating = asyncio.create_task(self._heartbeats(), name="heartbeats")
-        try:
-            await self._claims(slots)
-        finally:
-            beating.cancel()
+    async def _stop_claiming(self) -> None:
+        claiming, self._claiming = self._claiming, None
+        if claiming is not None:
+            claiming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await beating
+                await claiming
 
     async def _claims(self, slots: asyncio.Semaphore) -> None:
         # Each claim carries a fresh request id; a claim that got no answer is asked again
@@ -221,6 +282,10 @@ class Processor:
                     metadata=self.credentials,
                     timeout=self.claim_wait_seconds + CLAIM_DEADLINE_MARGIN_SECONDS,
                 )
+            except asyncio.CancelledError:  # a stop: no more claims
+                _release(slots, free)
+                await self._abandon_claim(request_id, free)
+                raise
             except grpc.aio.AioRpcError as error:
                 _release(slots, free)
                 log.warning("claim failed: %s %s", error.code().name, error.details())
@@ -238,6 +303,44 @@ class Processor:
                 pause = reply.retry_after.ToTimedelta().total_seconds()
                 if pause or not self.claim_wait_seconds:  # after a wait: ask again at once
                     await self._idle(pause or 1.0)
+
+    async def _abandon_claim(self, request_id: str, free: int) -> None:
+        """A Claim given up mid-call (a stop) may have leased jobs whose answer never came:
+        the same request id, asked again without a wait, answers those leases (or, rarely,
+        leases jobs queued since), and they are handed back at once."""
+        try:
+            reply = await self.jobs.Claim(
+                jobs_pb2.ClaimRequest(
+                    runtime_id=self.runtime_id,
+                    code_sha256=self.code_sha256,
+                    request_id=request_id,
+                    max_jobs=free,
+                ),
+                metadata=self.credentials,
+                timeout=RELEASE_SECONDS,
+            )
+        except grpc.aio.AioRpcError as error:
+            log.warning(
+                "an abandoned claim could not be asked again (a lease it took lapses): %s %s",
+                error.code().name,
+                error.details(),
+            )
+            return
+        await self._release_unstarted(_jobs_of(reply))
+
+    async def _release_unstarted(self, claimed: list[jobs_pb2.ClaimedJob]) -> None:
+        """Hands back jobs claimed while stopping, never started (no attempt spent)."""
+
+        async def release(job: jobs_pb2.ClaimedJob) -> None:
+            with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
+                await self._call(
+                    self.jobs.Release,
+                    jobs_pb2.ReleaseRequest(lease=job.lease),
+                    retry=False,
+                    deadline=RELEASE_SECONDS,
+                )
+
+        await asyncio.gather(*(release(job) for job in claimed))
 
     def _start(self, job: jobs_pb2.ClaimedJob, slots: asyncio.Semaphore) -> None:
         """Runs a claimed job in a place of `slots` already taken for it."""
@@ -266,35 +369,31 @@ class Processor:
             # Complete's own answer decides now: a heartbeat racing it would find the job
             # finished and stop it between the commit and its answer
             self._held.pop(key, None)
-            reply = await self._call(
-                self.jobs.Complete,
-                jobs_pb2.CompleteRequest(
-                    lease=lease,
-                    code_sha256=self.code_sha256,
-                    result=result,
-                    result_sha256=_digest(result),
-                    decoder=decoder,
-                    # the next job, in this one's place; a repeated Complete carries the
-                    # same request id, so it answers the lease the first one took
-                    then_claim=jobs_pb2.ClaimRequest(
+            complete = jobs_pb2.CompleteRequest(
+                lease=lease,
+                code_sha256=self.code_sha256,
+                result=result,
+                result_sha256=_digest(result),
+                decoder=decoder,
+            )
+            if not self._draining.is_set() and not self._stopping.is_set():
+                # the next job, in this one's place; a repeated Complete carries the
+                # same request id, so it answers the lease the first one took
+                complete.then_claim.CopyFrom(
+                    jobs_pb2.ClaimRequest(
                         runtime_id=self.runtime_id,
                         code_sha256=self.code_sha256,
                         request_id=uuid.uuid4().hex,
                         max_jobs=1,
-                    ),
-                ),
-            )
+                    )
+                )
+            reply = await self._call(self.jobs.Complete, complete)
             self.completed += 1
             self._claim_pause = 0.0
             following = _jobs_of(reply.claimed)
-            if self._stopping.is_set():  # stopping meanwhile: hand the next job(s) back
-                for claimed in following:
-                    with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
-                        await self._call(
-                            self.jobs.Release,
-                            jobs_pb2.ReleaseRequest(lease=claimed.lease),
-                            retry=False,
-                        )
+            if self._draining.is_set() or self._stopping.is_set():
+                # a stop began meanwhile: hand the next job(s) back
+                await self._release_unstarted(following)
                 following = []
         except LeaseLost as lost:
             log.info("job %s/%s stopped: %s", lease.run_id, lease.job_id, lost)
@@ -312,9 +411,13 @@ class Processor:
             await self._fail(lease, f"processor error: {error!r}")
         except asyncio.CancelledError:
             if self._stopping.is_set():  # graceful shutdown: hand the job back
+                log.info("job %s/%s handed back: stopping", lease.run_id, lease.job_id)
                 with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
                     await self._call(
-                        self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease), retry=False
+                        self.jobs.Release,
+                        jobs_pb2.ReleaseRequest(lease=lease),
+                        retry=False,
+                        deadline=RELEASE_SECONDS,
                     )
             raise
         finally:
@@ -415,17 +518,23 @@ class Processor:
                 lost.add(id(held))
         return lost
 
-    async def _call(self, method: Any, request: Any, *, retry: bool = True) -> Any:
+    async def _call(
+        self, method: Any, request: Any, *, retry: bool = True, deadline: float | None = None
+    ) -> Any:
         """One RPC about a job. A fence refusal becomes LeaseLost, any other refusal
         Refused; no answer (see REFUSALS) is asked again with backoff for up to
-        `retry_seconds` (unless `retry` is False), then becomes ServiceUnavailable."""
+        `retry_seconds` (unless `retry` is False), then becomes ServiceUnavailable.
+        `deadline`: seconds each try may take (none by default)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + (self.retry_seconds if retry else 0.0)
         pause = RETRY_FIRST_PAUSE_SECONDS
         what = type(request).__name__.removesuffix("Request")
         while True:
             try:
-                reply = await method(request, metadata=self.credentials)
+                if deadline is None:
+                    reply = await method(request, metadata=self.credentials)
+                else:
+                    reply = await method(request, metadata=self.credentials, timeout=deadline)
             except grpc.aio.AioRpcError as error:
                 code = error.code()
                 if code in FENCED:

@@ -143,6 +143,9 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
                 "PROCESSOR_S3_ACCESS_KEY": server.access_key,
                 "PROCESSOR_S3_SECRET_KEY": server.secret_key,
                 "PROCESSOR_RECORDINGS_BUCKET": RECORDINGS_BUCKET,
+                # a stop mid-job hands the job back after 3 s: within the launcher's and
+                # the reaper's bound before SIGKILL (the default drain is 30 s)
+                "PROCESSOR_JOB_GRACE_SECONDS": "3",
             },
         )
         processor.wait()

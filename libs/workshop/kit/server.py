@@ -4,8 +4,10 @@ Each server gets health (grpc.health.v1, aio), reflection, the RPC metrics
 interceptor, an OpenTelemetry interceptor and the error-mapping interceptor, and a
 Prometheus `/metrics` endpoint on its own port unless `metrics_port` is -1. On SIGTERM
 or SIGINT it reports NOT_SERVING, waits `drain_seconds` so load balancers and probes
-notice, stops the server with `grace_seconds` for calls in flight, then stops its
-background workers; the caller's `async with` blocks close pools and clients afterwards.
+notice (and, meanwhile, for the workers that drain: a processor's jobs in flight finish),
+stops the server with `grace_seconds` for calls in flight, then stops its background
+workers; the caller's `async with` blocks close pools and clients afterwards. A second
+SIGTERM or SIGINT during that cuts the workers' drain short.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -81,6 +83,17 @@ class Worker(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class DrainingWorker(Worker, Protocol):
+    """A worker with work in flight to finish before it stops: `drain` is awaited once the
+    server reports NOT_SERVING (while it still answers health checks), bounded by the
+    worker itself; `hurry` (a second signal) asks it to end its drain at once."""
+
+    async def drain(self) -> None: ...
+
+    def hurry(self) -> None: ...
 
 
 class Server:
@@ -151,16 +164,24 @@ class Server:
         return self.port
 
     async def stop(self) -> None:
-        """NOT_SERVING, drain, stop(grace), then stop workers (idempotent)."""
+        """NOT_SERVING, drain (and the workers' own drain), stop(grace), then stop
+        workers (idempotent)."""
         if self._server is None:
             return
         server, self._server = self._server, None
         await self.health.enter_graceful_shutdown()
-        await asyncio.sleep(self.settings.drain_seconds)
+        draining = [w.drain() for w in self._started_workers if isinstance(w, DrainingWorker)]
+        await asyncio.gather(asyncio.sleep(self.settings.drain_seconds), *draining)
         await server.stop(self.settings.grace_seconds)
         while self._started_workers:
             await self._started_workers.pop().stop()
         await self.metrics.stop()  # last: what the shutdown itself counted stays scrapeable
+
+    def hurry(self) -> None:
+        """Asks the workers that drain to end their drain now (a second signal)."""
+        for worker in self._started_workers:
+            if isinstance(worker, DrainingWorker):
+                worker.hurry()
 
 
 def _interceptors(label: str, request_limits: dict[str, int]) -> list[grpc.aio.ServerInterceptor]:
@@ -204,11 +225,10 @@ async def serve(
     workers: Sequence[Worker] = (),
     collectors: Sequence[ScrapeCollector] = (),
 ) -> None:
-    """Run a server until SIGTERM/SIGINT, then shut it down gracefully."""
+    """Run a server until SIGTERM/SIGINT, then shut it down gracefully; a second signal
+    cuts the workers' drain short."""
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop_requested.set)
     server = Server(
         label=label,
         settings=settings,
@@ -216,6 +236,15 @@ async def serve(
         workers=workers,
         collectors=collectors,
     )
+
+    def on_signal() -> None:
+        if stop_requested.is_set():
+            log.info("%s: second stop signal: ending the drain now", label)
+            server.hurry()
+        stop_requested.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
     try:
         port = await server.start()
         # What start-up built (modules, stubs, descriptors, pools) lives as long as the

@@ -1,0 +1,272 @@
+"""A processor that is stopped finishes or hands back its jobs within its grace (SPEC §15,
+docs/operations.md#stopping-and-restarting): `python -m services.processor` as a process,
+SIGTERMed while a job is held mid-way (the preview service holds the records of its
+previews, so "mid-job" is a fact, not a race), on the real coordinator, preview service,
+SeaweedFS and Triton.
+
+- The job finishes during the drain: readiness turns NOT_SERVING at once, its lease is
+  still renewed, it commits under its first lease, the job queued behind it is not
+  claimed, and the process exits 0.
+- The job outlasts the grace, or a second SIGTERM ends the drain: it is handed back
+  (queued again, no attempt spent) and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.coordinator.jobs_api import parse_job_id
+from testbed.coordinator_world import run_request, save_workflow
+from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.preview import PreviewHarness, running_preview
+from testbed.harness.processes import ServiceProcess
+from testbed.harness.s3 import S3Bucket
+from testbed.harness.triton import TritonServer
+from tests.processor_gates import rows, until, within
+from tests.processor_world import (
+    DEVICE,
+    build_world,
+    one_camera_run,
+    run_key,
+    running_processor,
+    yard_spec,
+)
+from workshop.v1 import common_pb2, jobs_pb2_grpc
+from workshop.v1 import preview_pb2 as pv
+
+pytestmark = [pytest.mark.triton, pytest.mark.timeout(120)]
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def processor_env(
+    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, key: str, **more: str
+) -> dict[str, str]:
+    server = preview.bucket.server
+    values = {
+        "PORT": "0",
+        "DRAIN_SECONDS": "0",
+        "GRACE_SECONDS": "1",
+        "HEARTBEAT_SECONDS": "0.3",
+        "DEVICE_ID": DEVICE,
+        "KEY": key,
+        "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
+        "PREVIEW_TARGET": f"127.0.0.1:{preview.port}",
+        "TRITON_TARGET": triton.grpc_url,
+        "MODEL_REPOSITORY": str(triton.model_repository),
+        "S3_ENDPOINT": server.endpoint,
+        "S3_ACCESS_KEY": server.access_key,
+        "S3_SECRET_KEY": server.secret_key,
+        "RECORDINGS_BUCKET": preview.bucket.name,
+        **more,
+    }
+    return {f"PROCESSOR_{name}": value for name, value in values.items()}
+
+
+class HeldRecords:
+    """The preview service's grants, holding every batch of records that names a slot after
+    0 under a job's first lease until `gate` opens: the job is mid-way until then."""
+
+    def __init__(self, preview: PreviewHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+        grants = preview.app.api.grants
+        self.record = grants.record
+        self.held = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.jobs: set[tuple[str, int]] = set()  # (run, job index) of the held records
+        monkeypatch.setattr(grants, "record", self.held_record)
+
+    async def held_record(self, processor: str, request: pv.RecordWrittenPreviewsRequest) -> Any:
+        if any(p.slot_index >= 1 and p.lease.generation == 1 for p in request.previews):
+            self.jobs.update(
+                (p.lease.run_id, parse_job_id(p.lease.job_id)) for p in request.previews
+            )
+            self.held.set()
+            await self.gate.wait()
+        return await self.record(processor, request)
+
+
+async def health(port: int) -> int:
+    """The processor's readiness, as Kubernetes' gRPC probe asks it."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+        return int(reply.status)
+
+
+async def _is(check: Any, status: int) -> bool:
+    return bool(await check == status)
+
+
+async def jobs_of(c: CoordinatorHarness, run_id: str) -> dict[int, dict[str, Any]]:
+    found = await rows(
+        c,
+        "SELECT job_index, state, generation, lapses, lease_expires_at FROM jobs WHERE run_id = $1",
+        run_id,
+    )
+    return {row["job_index"]: row for row in found}
+
+
+async def exit_code(process: ServiceProcess, within_seconds: float) -> int:
+    code: int = await asyncio.to_thread(process.process.wait, within_seconds)
+    return code
+
+
+async def test_sigterm_lets_the_running_job_finish_and_claims_nothing_more(
+    coordinator: CoordinatorHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run r1 has two jobs; the processor (one job at a time) is SIGTERMed while the first
+    is held. It reports NOT_SERVING at once and goes on renewing the lease; once the hold
+    ends the job commits under generation 1 (receipt, no lapse), the second job is never
+    claimed (Complete asks for no next job), and the process exits 0."""
+    c = coordinator
+    async with running_preview(c, s3_bucket) as preview:
+        held = HeldRecords(preview, monkeypatch)
+        world = await build_world(c, preview, triton_server, tmp_path, ["cam-a", "cam-b"])
+        await save_workflow(c, "yard", yard_spec(world.model, ["cam-a", "cam-b"]))
+        await c.workshop.CreateRun(
+            run_request("r1", "yard", world.runtime_id, mode=common_pb2.RUN_MODE_FULL),
+            metadata=c.admin,
+        )
+        env = processor_env(
+            c, preview, triton_server, await run_key(c), IN_FLIGHT="1", JOB_GRACE_SECONDS="30"
+        )
+        processor = ServiceProcess("services.processor", env, tmp_path / "processor.log")
+        try:
+            serving = await asyncio.to_thread(processor.wait_event, "serving")
+            port = int(serving["port"])
+            assert await health(port) == health_pb2.HealthCheckResponse.SERVING
+            await within(held.held.wait(), f"a held record\n{processor.log_tail()}")
+            ((_, running),) = held.jobs
+            (waiting,) = {0, 1} - {running}
+            before = await jobs_of(c, "r1")
+            assert before[running]["state"] == "leased"
+            assert before[waiting]["state"] == "queued"
+
+            processor.terminate()
+            signalled = time.monotonic()
+            await until(lambda: _is(health(port), NOT_SERVING), "NOT_SERVING")
+            assert time.monotonic() - signalled < 3
+            # the lease is still renewed while the job drains: the coordinator's clock
+            # moves, and the next heartbeat sets a later lapse time
+            c.clock.advance(timedelta(seconds=30))
+
+            async def renewed() -> bool:
+                now = (await jobs_of(c, "r1"))[running]["lease_expires_at"]
+                return bool(now > before[running]["lease_expires_at"])
+
+            await until(renewed, f"a heartbeat during the drain\n{processor.log_tail()}")
+            assert processor.process.poll() is None  # still draining
+            held.gate.set()
+            assert await exit_code(processor, 30) == 0, processor.log_tail()
+        finally:
+            held.gate.set()
+            await asyncio.to_thread(processor.stop)
+
+        after = await jobs_of(c, "r1")
+        assert (after[running]["state"], after[running]["generation"]) == ("completed", 1)
+        assert after[running]["lapses"] == 0
+        assert (after[waiting]["state"], after[waiting]["generation"]) == ("queued", 0)
+        receipts = await rows(c, "SELECT job_index, generation FROM receipts WHERE run_id = 'r1'")
+        assert receipts == [{"job_index": running, "generation": 1}]
+        assert "draining: 1 job(s) in flight" in processor.log_tail(200)
+        assert "drained: 1 job(s) ended, 0 still running" in processor.log_tail(200)
+
+
+@pytest.mark.parametrize("how", ["grace ends", "second SIGTERM"])
+async def test_a_job_still_running_when_the_drain_ends_is_handed_back(
+    coordinator: CoordinatorHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """The held job outlasts the drain: a grace of 1 s ends, or a second SIGTERM ends a
+    grace of 60 s. The job is released (queued again under generation 1, no lapse: no
+    attempt spent) and the process exits 0 at once after."""
+    c = coordinator
+    async with running_preview(c, s3_bucket) as preview:
+        held = HeldRecords(preview, monkeypatch)
+        await one_camera_run(c, preview, triton_server, tmp_path)
+        grace = "1" if how == "grace ends" else "60"
+        env = processor_env(c, preview, triton_server, await run_key(c), JOB_GRACE_SECONDS=grace)
+        processor = ServiceProcess("services.processor", env, tmp_path / "processor.log")
+        try:
+            port = int((await asyncio.to_thread(processor.wait_event, "serving"))["port"])
+            await within(held.held.wait(), f"a held record\n{processor.log_tail()}")
+            assert (await jobs_of(c, "r1"))[0]["state"] == "leased"
+            processor.terminate()
+            began = time.monotonic()
+            if how == "second SIGTERM":
+                await until(lambda: _is(health(port), NOT_SERVING), "NOT_SERVING")
+                processor.terminate()
+            assert await exit_code(processor, 30) == 0, processor.log_tail()
+            took = time.monotonic() - began
+        finally:
+            held.gate.set()
+            await asyncio.to_thread(processor.stop)
+        # a grace of 1 s, or a drain cut short; then one Release (RELEASE_SECONDS at most)
+        assert took < 10, f"stopped after {took:.1f} s"
+        if how == "grace ends":
+            assert took >= 1, f"stopped after {took:.1f} s, before the grace ended"
+        (job,) = (await jobs_of(c, "r1")).values()
+        assert (job["state"], job["generation"], job["lapses"]) == ("queued", 1, 0)
+        assert "drained: 0 job(s) ended, 1 still running" in processor.log_tail(200)
+        assert "handed back: stopping" in processor.log_tail(200)
+
+
+class LostClaimAnswer:
+    """The processor's real JobService stub, except that the first Claim that leases a job
+    never answers (as if the coordinator's answer were lost while the processor stops)."""
+
+    def __init__(self, stub: Any) -> None:
+        self._stub = stub
+        self.lost = asyncio.Event()
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._stub, method)
+
+    async def Claim(self, request: Any, **kwargs: Any) -> Any:
+        reply = await self._stub.Claim(request, **kwargs)
+        if reply.HasField("job") and not self.lost.is_set():
+            self.lost.set()
+            await asyncio.Event().wait()  # until the drain cancels it
+        return reply
+
+
+async def test_a_claim_abandoned_by_the_drain_leaves_no_lease_behind(
+    coordinator: CoordinatorHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The drain gives up a Claim whose answer has not come, though the coordinator leased
+    a job for it. The processor asks once more with the Claim's request id, gets that
+    lease and releases it: the job is queued again at once (no lapse), not left leased to
+    nobody until its lease lapses."""
+    c = coordinator
+    async with running_preview(c, s3_bucket) as preview:
+        world = await one_camera_run(c, preview, triton_server, tmp_path)
+        jobs = LostClaimAnswer(jobs_pb2_grpc.JobServiceStub(c.channel))
+        async with running_processor(
+            c, preview, triton_server, world.runtime_id, jobs=jobs, claim_wait_seconds=5
+        ) as processor:
+            await within(jobs.lost.wait(), "a Claim that leased the job")
+            (job,) = (await jobs_of(c, "r1")).values()
+            assert (job["state"], job["generation"]) == ("leased", 1)
+            await within(processor.drain(), "the drain")
+            assert not processor.running_jobs
+            (job,) = (await jobs_of(c, "r1")).values()
+            assert (job["state"], job["generation"], job["lapses"]) == ("queued", 1, 0)
