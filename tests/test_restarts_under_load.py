@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+from minio.error import S3Error
+
+from services.processor import worker
+from services.processor.direct_writes import DirectPreviews
 
 from testbed.coordinator_world import run_request, save_workflow
 from testbed.harness.coordinator import (
@@ -38,11 +43,13 @@ from tests.processor_world import (
     SECONDS,
     build_world,
     finished,
+    one_camera_run,
     running_processor,
     yard_spec,
 )
 from workshop.kit.channels import open_channel
 from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from workshop.v1 import preview_pb2 as pv
 
 pytestmark = pytest.mark.triton
 SLOTS = SECONDS // 2  # slots per job of the real processor's world
@@ -240,11 +247,129 @@ async def _at_least(count: Any, least: int) -> bool:
     return bool(await count >= least)
 
 
-# helpers shared below --------------------------------------------------------------------------
+# object storage --------------------------------------------------------------------------------
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+class HeldPosts(DirectPreviews):
+    """The processor's direct writes, holding the POST of `HELD_KEY` (in its worker
+    thread) until `gate` opens; every other POST, and the held one once let through,
+    goes to S3 as ever."""
+
+    held = threading.Event()
+    gate = threading.Event()
+
+    def _post(self, grant: pv.PreviewWriteGrant, image: bytes, content_type: str) -> None:
+        if grant.object_key == HELD_KEY and not HeldPosts.gate.is_set():
+            HeldPosts.held.set()
+            HeldPosts.gate.wait(60)
+        super()._post(grant, image, content_type)
 
 
-_ = threading  # used by the object-storage test
+HELD_SLOT = 3
+HELD_KEY = f"previews/r1/j0/1/{HELD_SLOT}.jpg"  # the first lease's preview of slot 3
+
+
+def stored(bucket: S3Bucket, key: str) -> bytes | None:
+    """The object's bytes, or None when the bucket has no such key."""
+    client = bucket.server.client()
+    try:
+        response = client.get_object(bucket.name, key)
+    except S3Error as error:
+        if error.code == "NoSuchKey":
+            return None
+        raise
+    try:
+        return response.read()
+    finally:
+        response.close()
+        response.release_conn()
+
+
+async def test_object_storage_killed_while_the_processor_writes_previews(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The processor has written slots 0-2 of its job's previews straight to S3 with its
+    grants; slot 3's POST is held, SeaweedFS is SIGKILLed, and the POST goes on into the
+    dead store. As the design says, a preview object storage did not take hands the job
+    back (Release: no attempt spent); while the store stays down the job's next claims
+    meet it at the download and go back too. SeaweedFS is started again on the same data
+    and ports, and the job completes under a later lease. Nothing half-done is left
+    standing: no preview is recorded without its object (with the recorded digest), the
+    refused write is neither recorded nor stored, the objects written before the kill
+    survived the restart, and the bucket's items are the last lease's, each once."""
+    c = coordinator
+    HeldPosts.held.clear()
+    HeldPosts.gate.clear()
+    monkeypatch.setattr(worker, "DirectPreviews", HeldPosts)
+    runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
+    server = s3_bucket.server
+    log: list[Call] = []
+    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+    loop = asyncio.get_running_loop()
+    try:
+        async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
+            await until(HeldPosts.held.is_set, "slot 3's POST")
+            server.kill()
+            HeldPosts.gate.set()
+            await until(lambda: processor.handed_back >= 2, "the write's and a claim's hand-back")
+            await asyncio.to_thread(server.start)
+            back = loop.time()
+            detail = await finished(c, "r1")
+            completed = loop.time()
+            await until(lambda: processor.completed == 1, "the processor to count it")
+            assert processor.failed == 0
+    finally:
+        HeldPosts.gate.set()
+        if server.pid is None:
+            await asyncio.to_thread(server.start)
+
+    (job,) = detail.jobs
+    generation = job.generation
+    assert detail.run.status == common_pb2.RUN_STATUS_COMPLETED, detail
+    assert job.state == common_pb2.JOB_STATE_COMPLETED
+    assert generation == 1 + processor.handed_back  # one lease per hand-back, then the last
+    assert await rows(c, "SELECT lapses, failure_reason FROM jobs") == [
+        {"lapses": 0, "failure_reason": None}
+    ]  # no attempt spent
+    releases = [call for call in log if call.method == "Release"]
+    assert [call.outcome for call in releases] == ["ok"] * processor.handed_back
+    assert await rows(c, "SELECT generation FROM receipts") == [{"generation": generation}]
+
+    # every recorded preview has its object, with the recorded bytes (the commit turned
+    # the last lease's into the items' uploads)
+    recorded = await rows(
+        c,
+        "SELECT object_key, generation, slot_index, sha256, byte_size FROM staged_objects "
+        "WHERE published_at IS NOT NULL AND deleted_at IS NULL ORDER BY generation, slot_index",
+    )
+    for record in recorded:
+        data = await asyncio.to_thread(stored, s3_bucket, record["object_key"])
+        assert data is not None, f"{record['object_key']} is recorded but not stored"
+        assert (hashlib.sha256(data).hexdigest(), len(data)) == (
+            record["sha256"],
+            record["byte_size"],
+        )
+    # the last lease's previews are all there; the refused write is neither recorded nor
+    # stored; what the first lease wrote before the kill survived the restart
+    last = [r["slot_index"] for r in recorded if r["generation"] == generation]
+    assert last == list(range(SLOTS))
+    assert HELD_KEY not in {r["object_key"] for r in recorded}
+    assert await asyncio.to_thread(stored, s3_bucket, HELD_KEY) is None
+    for slot in range(HELD_SLOT):
+        key = f"previews/r1/j0/1/{slot}.jpg"
+        assert await asyncio.to_thread(stored, s3_bucket, key) is not None, key
+
+    # the bucket holds the job once: the last lease's items, each with its object
+    items = await rows(c, "SELECT slot_index, object_key, sha256 FROM bucket_items")
+    assert sorted(item["slot_index"] for item in items) == list(range(SLOTS))
+    for item in items:
+        assert f"/j0/{generation}/" in item["object_key"]
+        data = await asyncio.to_thread(stored, s3_bucket, item["object_key"])
+        assert data is not None and hashlib.sha256(data).hexdigest() == item["sha256"]
+    log_line = "S3 down; the job completed %.1f s after SeaweedFS was back, generation %d"
+    logging.getLogger(__name__).warning(log_line, completed - back, generation)
