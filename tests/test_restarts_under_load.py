@@ -12,34 +12,49 @@ replica's answers), so it lands where the test says.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import grpc
 import pytest
 from minio.error import S3Error
 
+from services.coordinator.auth import Grant, ScopeName
 from services.processor import worker
 from services.processor.direct_writes import DirectPreviews
-
-from testbed.coordinator_world import run_request, save_workflow
+from testbed.coordinator_leases import complete_request, empty_result
+from testbed.coordinator_world import (
+    CODE,
+    DAY,
+    copy_recordings,
+    run_request,
+    save_workflow,
+    workflow_spec,
+)
 from testbed.harness.coordinator import (
     CoordinatorHarness,
     coordinator_client,
     coordinator_process,
 )
-from testbed.harness.preview import PreviewHarness, running_preview
+from testbed.harness.postgres import PostgresDatabase
+from testbed.harness.preview import PreviewHarness, publish_request, running_preview
 from testbed.harness.processes import ServiceProcess
 from testbed.harness.s3 import S3Bucket
 from testbed.harness.tcp_proxy import switching_proxy
 from testbed.harness.triton import TritonServer
 from tests.processor_gates import Call, Spy, rows, until, within
 from tests.processor_world import (
+    DEVICE,
     SECONDS,
     build_world,
     finished,
@@ -47,9 +62,12 @@ from tests.processor_world import (
     running_processor,
     yard_spec,
 )
+from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
-from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import operator_pb2 as op
 from workshop.v1 import preview_pb2 as pv
+from workshop.v1 import workshop_pb2 as ws
 
 pytestmark = pytest.mark.triton
 SLOTS = SECONDS // 2  # slots per job of the real processor's world
@@ -137,9 +155,10 @@ async def assert_two_jobs_completed_once(c: CoordinatorHarness) -> None:
     assert [(job.state, job.generation) for job in detail.jobs] == [
         (common_pb2.JOB_STATE_COMPLETED, 1)
     ] * 2
-    assert await rows(c, "SELECT generation, lapses FROM jobs ORDER BY job_index") == [
-        {"generation": 1, "lapses": 0}
-    ] * 2
+    assert (
+        await rows(c, "SELECT generation, lapses FROM jobs ORDER BY job_index")
+        == [{"generation": 1, "lapses": 0}] * 2
+    )
     assert await rows(c, "SELECT job_index, generation FROM receipts ORDER BY job_index") == [
         {"job_index": 0, "generation": 1},
         {"job_index": 1, "generation": 1},
@@ -208,9 +227,7 @@ async def test_a_coordinator_replica_killed_in_the_middle_of_complete(
                             "SELECT 1 FROM jobs WHERE job_index = $1 FOR UPDATE", job_index
                         )
                         spy.gate.set()
-                        await until(
-                            lambda: lock_waiters(pg_dsn), "A's commit waiting on the lock"
-                        )
+                        await until(lambda: lock_waiters(pg_dsn), "A's commit waiting on the lock")
                         proxy.upstream = b_address
                         a.process.kill()
                         await until(
@@ -370,6 +387,326 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
     for item in items:
         assert f"/j0/{generation}/" in item["object_key"]
         data = await asyncio.to_thread(stored, s3_bucket, item["object_key"])
-        assert data is not None and hashlib.sha256(data).hexdigest() == item["sha256"]
+        assert data is not None
+        assert hashlib.sha256(data).hexdigest() == item["sha256"]
     log_line = "S3 down; the job completed %.1f s after SeaweedFS was back, generation %d"
     logging.getLogger(__name__).warning(log_line, completed - back, generation)
+
+
+# Postgres under load ---------------------------------------------------------------------------
+
+SIMULATED = 8  # processors that speak the protocol without decoding anything
+SIM_CAMERAS = 4
+SIM_RECORDINGS = 40  # per camera: 160 jobs of 5 slots
+SIM_RECORDING = timedelta(minutes=10)
+SIM_INTERVAL = 120  # seconds: 5 slots per job
+SIM_JOBS = SIM_CAMERAS * SIM_RECORDINGS
+RESTART_AFTER = SIM_JOBS // 4  # simulated completions before Postgres is stopped
+OUTAGE_SECONDS = 2.0
+REAL = ("cam-a", "cam-b", "cam-c")  # the real processor's run: three jobs
+# A liveness bound, not a speed claim: a lapsed lease would take five minutes.
+BACK_WITHIN_SECONDS = 15.0
+NO_ANSWER = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+
+
+@dataclasses.dataclass
+class Fleet:
+    """What the simulated processors saw: every lease they were given, every receipt they
+    were answered, each call that got no answer, and when each kind of call last went
+    through."""
+
+    leases: list[tuple[int, str, int, str]] = dataclasses.field(default_factory=list)
+    receipts: dict[str, jobs_pb2.CompleteResponse] = dataclasses.field(default_factory=dict)
+    missed: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)
+    answered: list[tuple[float, str]] = dataclasses.field(default_factory=list)
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def first_answer_after(self, method: str, moment: float) -> float:
+        return min(at for at, called in self.answered if called == method and at >= moment)
+
+
+async def simulated_world(c: CoordinatorHarness, model: str) -> str:
+    """A second runtime on gpu-box for the simulated processors, SIM_CAMERAS cameras
+    with SIM_RECORDINGS ten-minute recordings each (rows only: nothing downloads them),
+    workflow `sim` over them and full run r2 (SIM_JOBS jobs); the runtime's id."""
+    md = c.admin
+    runtime = await c.operator.RegisterRuntime(
+        op.RegisterRuntimeRequest(device_id=DEVICE, engine="workshop-simulated", code_sha256=CODE),
+        metadata=md,
+    )
+    cameras = [f"sim-{index}" for index in range(SIM_CAMERAS)]
+    spans = []
+    for camera in cameras:
+        await c.operator.PutCamera(op.PutCameraRequest(camera_id=camera), metadata=md)
+        for index in range(SIM_RECORDINGS):
+            start = DAY + timedelta(hours=8) + index * SIM_RECORDING
+            spans.append((f"{camera}-{index}", camera, start, start + SIM_RECORDING))
+    await copy_recordings(c, spans)
+    spec = workflow_spec(cameras=cameras, interval=SIM_INTERVAL, window=(8, 18))
+    spec.graph.steps[2].model.model_name = model
+    await save_workflow(c, "sim", spec)
+    await c.workshop.CreateRun(
+        run_request("r2", "sim", runtime.runtime.runtime_id, mode=FULL), metadata=md
+    )
+    return str(runtime.runtime.runtime_id)
+
+
+async def simulated_processor(
+    index: int, c: CoordinatorHarness, preview: PreviewHarness, runtime_id: str, fleet: Fleet
+) -> None:
+    """The processor's protocol, one job at a time, on its own channels: a Claim with a
+    request id, a progress report, slot 0's preview through the preview service (in a
+    full run also the slot's upload), and a Complete (slot 0 a frame, the rest empty)
+    that claims the next job. A call that gets no answer is asked again, the same
+    request (the same request ids), until it gets one; a refusal fails the test."""
+    secret = await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id=DEVICE), name=f"sim-{index}")
+    metadata = bearer_metadata(secret)
+    loop = asyncio.get_running_loop()
+    async with (
+        open_channel(f"127.0.0.1:{c.port}") as jobs_channel,
+        open_channel(f"127.0.0.1:{preview.port}") as preview_channel,
+    ):
+        jobs = jobs_pb2_grpc.JobServiceStub(jobs_channel)
+        previews = preview_pb2_grpc.PreviewServiceStub(preview_channel)
+
+        async def ask(stub: Any, name: str, request: Any) -> Any:
+            method = getattr(stub, name)
+            while True:
+                try:
+                    reply = await method(request, metadata=metadata, timeout=10)
+                except grpc.aio.AioRpcError as error:
+                    if error.code() not in NO_ANSWER:
+                        raise AssertionError(f"sim-{index} {name}: {error}") from None
+                    fleet.missed.append((loop.time(), name, error.code().name))
+                    await asyncio.sleep(0.2)
+                    continue
+                fleet.answered.append((loop.time(), name))
+                return reply
+
+        def claim() -> jobs_pb2.ClaimRequest:
+            return jobs_pb2.ClaimRequest(
+                runtime_id=runtime_id, code_sha256=CODE, request_id=uuid.uuid4().hex, max_jobs=1
+            )
+
+        held: list[jobs_pb2.ClaimedJob] = []
+        while not fleet.done.is_set():
+            if not held:
+                reply = await ask(jobs, "Claim", claim())
+                if not reply.HasField("job"):
+                    await asyncio.sleep(0.05)
+                    continue
+                held.append(reply.job)
+            job = held.pop()
+            lease = job.lease
+            fleet.leases.append((index, lease.job_id, lease.generation, lease.token))
+            await ask(
+                jobs, "ReportProgress", jobs_pb2.ReportProgressRequest(lease=lease, percent=50)
+            )
+            published = await ask(previews, "PublishPreview", publish_request(job, 0))
+            result = empty_result(job)
+            frame = result.slots[0]
+            box = common_pb2.Box(class_name="person", score=0.9, x=0.1, y=0.1, w=0.2, h=0.3)
+            frame.outcome = common_pb2.SLOT_OUTCOME_FRAME
+            frame.frame_time.CopyFrom(job.input.slots[0].start)
+            frame.boxes.append(box)
+            frame.outputs.add(step_id="save", boxes=[box])
+            frame.upload_key, frame.upload_sha256 = published.object_key, published.sha256
+            request = complete_request(job, result)
+            request.then_claim.CopyFrom(claim())
+            done = await ask(jobs, "Complete", request)
+            assert lease.job_id not in fleet.receipts, f"{lease.job_id} answered twice"
+            fleet.receipts[lease.job_id] = done
+            if len(fleet.receipts) == SIM_JOBS:
+                fleet.done.set()
+            if done.claimed.HasField("job"):
+                held.append(done.claimed.job)
+
+
+async def committed(dsn: str) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]]]:
+    """Every receipt and bucket item committed now, read on a connection of its own."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        receipts = await connection.fetch(
+            "SELECT run_id, job_index, generation, result_sha256, committed_at FROM receipts"
+        )
+        items = await connection.fetch(
+            "SELECT item_id, run_id, job_index, slot_index, object_key, sha256 FROM bucket_items"
+        )
+    finally:
+        await connection.close()
+    return {tuple(row) for row in receipts}, {tuple(row) for row in items}
+
+
+async def test_postgres_restarted_while_eight_processors_cycle_and_previews_flow(
+    pg_database: PostgresDatabase,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The coordinator runs as its own process (system clock, its maintenance on). Eight
+    simulated processors cycle the 160 jobs of run r2 (each job: Claim, progress, a
+    preview through the preview service, Complete with the next claim), while the real
+    processor works the three jobs of run r1, each held at slot 2's preview record. A
+    quarter of the way through r2, Postgres is stopped (fast: every session ends, new
+    ones are refused), the real processor's records are let go, and two seconds later
+    Postgres starts again on the same port and data.
+
+    Every call meanwhile gets no answer and is asked again. Afterwards: every job of both
+    runs completed once, under its first and only lease (each r2 job leased to one
+    processor, one receipt of that generation, no lapse); every receipt and item
+    committed before the stop is still there unchanged, and so is every receipt a
+    processor was answered; the runs' counts agree with the rows and every item's object
+    holds its digest. The coordinator answers, and a preview and a completion go
+    through, within BACK_WITHIN_SECONDS of Postgres accepting connections again."""
+    dsn, cluster = pg_database.dsn, pg_database.cluster
+    loop = asyncio.get_running_loop()
+    fleet = Fleet()
+    calls: list[Call] = []
+    with coordinator_process(dsn, tmp_path / "coordinator.log") as (coordinator, port):
+        async with (
+            coordinator_client(dsn, port) as c,
+            running_preview(c, s3_bucket) as preview,
+        ):
+            world = await build_world(c, preview, triton_server, tmp_path, cameras=REAL)
+            await save_workflow(c, "yard", yard_spec(world.model, REAL))
+            await c.workshop.CreateRun(
+                run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
+            )
+            sim_runtime = await simulated_world(c, world.model)
+            previews = Spy(
+                preview_pb2_grpc.PreviewServiceStub(preview.channel),
+                calls,
+                hold=lambda method, request: (
+                    method == "RecordWrittenPreviews"
+                    and any(each.slot_index == 2 for each in request.previews)
+                ),
+            )
+            async with running_processor(
+                c, preview, triton_server, world.runtime_id, previews=previews
+            ) as processor:
+                await within(previews.held.wait(), "the real processor's slot 2 records")
+                started = loop.time()
+                fleet_task = asyncio.gather(
+                    *(
+                        simulated_processor(index, c, preview, sim_runtime, fleet)
+                        for index in range(SIMULATED)
+                    )
+                )
+                try:
+                    await until(
+                        lambda: fleet_task.done() or len(fleet.receipts) >= RESTART_AFTER,
+                        "the simulated processors a quarter through",
+                    )
+                    at_stop = len(fleet.receipts)
+                    rate = at_stop / (loop.time() - started)
+                    before = await committed(dsn)
+                    stopping = loop.time()
+                    await asyncio.to_thread(cluster.stop, "fast")
+                    stopped_s = loop.time() - stopping
+                    previews.gate.set()
+                    await asyncio.sleep(OUTAGE_SECONDS)
+                    await asyncio.to_thread(cluster.start)
+                    back = loop.time()
+                    coordinator_back = await answering(c) - back
+                    await within(fleet_task, "the simulated processors")
+                finally:
+                    fleet.done.set()
+                    previews.gate.set()
+                    if not cluster.is_running():
+                        await asyncio.to_thread(cluster.start)
+                    await asyncio.gather(fleet_task, return_exceptions=True)
+                r1 = await finished(c, "r1")
+                await until(lambda: processor.completed == 3, "the real processor's jobs")
+                assert (processor.failed, processor.handed_back) == (0, 0)
+            r2 = await finished(c, "r2")
+
+            after = await committed(dsn)
+            jobs_rows = await rows(
+                c, "SELECT run_id, job_index, state, generation, lapses FROM jobs"
+            )
+            receipt_rows = await rows(c, "SELECT run_id, job_index, generation FROM receipts")
+            items = await rows(c, "SELECT object_key, sha256 FROM bucket_items")
+        assert coordinator.process.poll() is None  # it rode the outage out, never restarted
+
+    assert at_stop < SIM_JOBS / 2, "the restart came after the load"
+    # the outage met the load: the simulated processors' calls got no answer meanwhile,
+    # and never a refusal (UNAVAILABLE only: never INTERNAL)
+    assert fleet.missed, "no call met the outage"
+    assert {code for _, _, code in fleet.missed} == {"UNAVAILABLE"}, fleet.missed
+    assert any(at >= stopping for at, _, _ in fleet.missed)
+    published_back = fleet.first_answer_after("PublishPreview", back) - back
+    completed_back = fleet.first_answer_after("Complete", back) - back
+
+    # every job of both runs completed once, under its first and only lease
+    assert r1.run.status == r2.run.status == common_pb2.RUN_STATUS_COMPLETED
+    assert len(jobs_rows) == SIM_JOBS + len(REAL)
+    assert {(j["state"], j["generation"], j["lapses"]) for j in jobs_rows} == {("completed", 1, 0)}
+    assert sorted((r["run_id"], r["job_index"]) for r in receipt_rows) == sorted(
+        (j["run_id"], j["job_index"]) for j in jobs_rows
+    )
+    assert {r["generation"] for r in receipt_rows} == {1}
+    holders: dict[str, set[tuple[int, int, str]]] = collections.defaultdict(set)
+    for sim, job_id, generation, token in fleet.leases:
+        holders[job_id].add((sim, generation, token))
+    assert len(holders) == SIM_JOBS
+    assert all(len(held) == 1 for held in holders.values()), "a job leased twice"
+    assert len(fleet.receipts) == SIM_JOBS
+
+    # nothing committed was lost: what was there before the stop, and every receipt a
+    # processor was answered, is there unchanged
+    before_receipts, before_items = before
+    after_receipts, after_items = after
+    assert before_receipts <= after_receipts
+    assert before_items <= after_items
+    assert len(before_receipts) >= RESTART_AFTER
+    stored_receipts = {(r[0], r[1]): r for r in after_receipts}
+    for job_id, answer in fleet.receipts.items():
+        row = stored_receipts[("r2", int(job_id.removeprefix("j")))]
+        assert (row[2], row[3]) == (answer.receipt.generation, answer.receipt.result_sha256)
+        assert row[4] == answer.receipt.committed_at.ToDatetime(tzinfo=UTC)
+
+    # the counts agree with the rows, and every item's object holds its digest
+    assert len(items) == SIM_JOBS + len(REAL) * SLOTS
+    assert (r1.run.counts.items_saved, r2.run.counts.items_saved) == (len(REAL) * SLOTS, SIM_JOBS)
+    assert r2.run.counts.jobs_completed == SIM_JOBS
+    for item in items:
+        data = await asyncio.to_thread(stored, s3_bucket, item["object_key"])
+        assert data is not None, item
+        assert hashlib.sha256(data).hexdigest() == item["sha256"], item
+
+    logging.getLogger(__name__).warning(
+        "Postgres stopped in %.2f s, down %.0f s; after it was back the coordinator "
+        "answered in %.2f s, a preview went through in %.2f s, a Complete in %.2f s; "
+        "%d calls got no answer; %d of %d Completes already committed; %.0f jobs/s before",
+        stopped_s,
+        OUTAGE_SECONDS,
+        coordinator_back,
+        published_back,
+        completed_back,
+        len(fleet.missed),
+        sum(answer.already_committed for answer in fleet.receipts.values()),
+        SIM_JOBS,
+        rate,
+    )
+    assert max(coordinator_back, published_back, completed_back) < BACK_WITHIN_SECONDS
+
+
+async def answering(c: CoordinatorHarness) -> float:
+    """When (loop time) the coordinator first answers a read that needs the database."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await c.workshop.GetRun(ws.GetRunRequest(run_id="r2"), metadata=c.admin, timeout=1)
+        except grpc.aio.AioRpcError as error:
+            if error.code() not in NO_ANSWER:
+                raise
+            await asyncio.sleep(0.05)
+            continue
+        return loop.time()
