@@ -30,6 +30,7 @@ import pytest
 from minio.error import S3Error
 
 from services.coordinator.auth import Grant, ScopeName
+from services.preview.storage import ObjectStore
 from services.processor import worker
 from services.processor.direct_writes import DirectPreviews
 from testbed.coordinator_leases import complete_request, empty_result
@@ -134,8 +135,8 @@ def first_complete(held: list[jobs_pb2.CompleteRequest]) -> Any:
     return hold
 
 
-async def lock_waiters(dsn: str) -> int:
-    """Backends of the database waiting for a lock."""
+async def waiting_on_locks(dsn: str, least: int) -> bool:
+    """Whether at least `least` backends of the database wait for a lock."""
     connection = await asyncpg.connect(dsn)
     try:
         count: int = await connection.fetchval(
@@ -144,7 +145,7 @@ async def lock_waiters(dsn: str) -> int:
         )
     finally:
         await connection.close()
-    return count
+    return count >= least
 
 
 async def assert_two_jobs_completed_once(c: CoordinatorHarness) -> None:
@@ -227,11 +228,13 @@ async def test_a_coordinator_replica_killed_in_the_middle_of_complete(
                             "SELECT 1 FROM jobs WHERE job_index = $1 FOR UPDATE", job_index
                         )
                         spy.gate.set()
-                        await until(lambda: lock_waiters(pg_dsn), "A's commit waiting on the lock")
+                        await until(
+                            lambda: waiting_on_locks(pg_dsn, 1), "A's commit waiting on the lock"
+                        )
                         proxy.upstream = b_address
                         a.process.kill()
                         await until(
-                            lambda: _at_least(lock_waiters(pg_dsn), 2),
+                            lambda: waiting_on_locks(pg_dsn, 2),
                             "B's commit waiting behind A's orphaned one",
                         )
                         await locker.execute("ROLLBACK")
@@ -253,37 +256,43 @@ async def test_a_coordinator_replica_killed_in_the_middle_of_complete(
     # first lease (A took it in after-commit, B in-transaction): never a second lease
     assert first.claimed.job.lease.job_id == f"j{1 - job_index}"
     assert first.claimed.job.lease.generation == 1
+    # the processor heard one answer to it, OK (a retry the channel made itself is not
+    # logged), and no call of the run was refused
     completes = [call for call in log if call.method == "Complete"]
-    assert [call.outcome for call in completes if call.job == f"r1/{request.lease.job_id}"][
-        -1
-    ] == "ok"
-    assert {call.outcome for call in completes} <= {"ok", "UNAVAILABLE"}
-
-
-async def _at_least(count: Any, least: int) -> bool:
-    return bool(await count >= least)
+    first_job = f"r1/{request.lease.job_id}"
+    assert [call.outcome for call in completes if call.job == first_job][-1] == "ok"
+    assert {call.outcome for call in log} <= {"ok", "UNAVAILABLE"}
 
 
 # object storage --------------------------------------------------------------------------------
 
 
-class HeldPosts(DirectPreviews):
-    """The processor's direct writes, holding the POST of `HELD_KEY` (in its worker
-    thread) until `gate` opens; every other POST, and the held one once let through,
-    goes to S3 as ever."""
+HELD_SLOT = 3
+HELD_KEY = f"previews/r1/j0/1/{HELD_SLOT}.jpg"  # the first lease's preview of slot 3
+HELD = threading.Event()  # a write of HELD_KEY waits at the gate
+GATE = threading.Event()  # open: it goes on
 
-    held = threading.Event()
-    gate = threading.Event()
+
+class HeldPosts(DirectPreviews):
+    """The processor's direct writes, holding its POST of HELD_KEY (in its worker thread)
+    at the gate; every other POST, and the held one once let through, goes to S3."""
 
     def _post(self, grant: pv.PreviewWriteGrant, image: bytes, content_type: str) -> None:
-        if grant.object_key == HELD_KEY and not HeldPosts.gate.is_set():
-            HeldPosts.held.set()
-            HeldPosts.gate.wait(60)
+        if grant.object_key == HELD_KEY and not GATE.is_set():
+            HELD.set()
+            GATE.wait(60)
         super()._post(grant, image, content_type)
 
 
-HELD_SLOT = 3
-HELD_KEY = f"previews/r1/j0/1/{HELD_SLOT}.jpg"  # the first lease's preview of slot 3
+class HeldPuts(ObjectStore):
+    """The preview service's store, holding its write of HELD_KEY at the gate (a relayed
+    publish); every other write, and the held one once let through, goes to S3."""
+
+    async def put(self, key: str, data: bytes, content_type: str) -> None:
+        if key == HELD_KEY and not GATE.is_set():
+            HELD.set()
+            await asyncio.to_thread(GATE.wait, 60)
+        await super().put(key, data, content_type)
 
 
 def stored(bucket: S3Bucket, key: str) -> bytes | None:
@@ -302,6 +311,7 @@ def stored(bucket: S3Bucket, key: str) -> bytes | None:
         response.release_conn()
 
 
+@pytest.mark.parametrize("path", ["direct", "relay"])
 async def test_object_storage_killed_while_the_processor_writes_previews(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
@@ -309,19 +319,27 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
     triton_server: TritonServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    path: str,
 ) -> None:
-    """The processor has written slots 0-2 of its job's previews straight to S3 with its
-    grants; slot 3's POST is held, SeaweedFS is SIGKILLed, and the POST goes on into the
-    dead store. As the design says, a preview object storage did not take hands the job
-    back (Release: no attempt spent); while the store stays down the job's next claims
-    meet it at the download and go back too. SeaweedFS is started again on the same data
-    and ports, and the job completes under a later lease. Nothing half-done is left
-    standing: no preview is recorded without its object (with the recorded digest), the
+    """The processor has written slots 0-2 of its job's previews; slot 3's write is held
+    (direct: the processor's own POST with its grant; relay: the preview service's write
+    of a PublishPreview), SeaweedFS is SIGKILLed, and the write goes on into the dead
+    store. As the design says:
+
+    - direct: a preview object storage did not take hands the job back (Release: no
+      attempt spent); while the store stays down the job's next claims meet it at the
+      download and go back too. Once it is back the job completes under a later lease.
+    - relay: the publish is UNAVAILABLE and asked again under the same lease until the
+      store is back; the job completes under its first lease.
+
+    SeaweedFS is started again on the same data and ports. Nothing half-done is left
+    standing: no preview is recorded without its object (with the recorded digest), a
     refused write is neither recorded nor stored, the objects written before the kill
     survived the restart, and the bucket's items are the last lease's, each once."""
     c = coordinator
-    HeldPosts.held.clear()
-    HeldPosts.gate.clear()
+    HELD.clear()
+    GATE.clear()
+    direct = path == "direct"
     monkeypatch.setattr(worker, "DirectPreviews", HeldPosts)
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     server = s3_bucket.server
@@ -329,11 +347,25 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
     jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
     loop = asyncio.get_running_loop()
     try:
-        async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
-            await until(HeldPosts.held.is_set, "slot 3's POST")
+        async with (
+            running_preview(c, s3_bucket, store_factory=HeldPuts) as relay,
+            running_processor(
+                c,
+                preview,
+                triton_server,
+                runtime_id,
+                jobs=jobs,
+                previews=Spy(preview_pb2_grpc.PreviewServiceStub(relay.channel), log),
+                direct_writes=direct,
+            ) as processor,
+        ):
+            await until(HELD.is_set, "slot 3's write")
             server.kill()
-            HeldPosts.gate.set()
-            await until(lambda: processor.handed_back >= 2, "the write's and a claim's hand-back")
+            GATE.set()
+            if direct:
+                await until(lambda: processor.handed_back >= 2, "the write's and a claim's")
+            else:
+                await until(lambda: publishes(log, HELD_SLOT).count("UNAVAILABLE") >= 2, "misses")
             await asyncio.to_thread(server.start)
             back = loop.time()
             detail = await finished(c, "r1")
@@ -341,7 +373,7 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
             await until(lambda: processor.completed == 1, "the processor to count it")
             assert processor.failed == 0
     finally:
-        HeldPosts.gate.set()
+        GATE.set()
         if server.pid is None:
             await asyncio.to_thread(server.start)
 
@@ -350,6 +382,11 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
     assert detail.run.status == common_pb2.RUN_STATUS_COMPLETED, detail
     assert job.state == common_pb2.JOB_STATE_COMPLETED
     assert generation == 1 + processor.handed_back  # one lease per hand-back, then the last
+    if not direct:  # asked again under its lease until the store was back
+        assert processor.handed_back == 0
+        slot_3 = publishes(log, HELD_SLOT)
+        assert set(slot_3[:-1]) == {"UNAVAILABLE"}
+        assert slot_3[-1] == "ok"
     assert await rows(c, "SELECT lapses, failure_reason FROM jobs") == [
         {"lapses": 0, "failure_reason": None}
     ]  # no attempt spent
@@ -371,12 +408,13 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
             record["sha256"],
             record["byte_size"],
         )
-    # the last lease's previews are all there; the refused write is neither recorded nor
-    # stored; what the first lease wrote before the kill survived the restart
+    # the last lease's previews are all there; the direct write the dead store refused is
+    # neither recorded nor stored; what the first lease wrote before the kill survived
     last = [r["slot_index"] for r in recorded if r["generation"] == generation]
     assert last == list(range(SLOTS))
-    assert HELD_KEY not in {r["object_key"] for r in recorded}
-    assert await asyncio.to_thread(stored, s3_bucket, HELD_KEY) is None
+    if direct:
+        assert HELD_KEY not in {r["object_key"] for r in recorded}
+        assert await asyncio.to_thread(stored, s3_bucket, HELD_KEY) is None
     for slot in range(HELD_SLOT):
         key = f"previews/r1/j0/1/{slot}.jpg"
         assert await asyncio.to_thread(stored, s3_bucket, key) is not None, key
@@ -389,8 +427,13 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
         data = await asyncio.to_thread(stored, s3_bucket, item["object_key"])
         assert data is not None
         assert hashlib.sha256(data).hexdigest() == item["sha256"]
-    log_line = "S3 down; the job completed %.1f s after SeaweedFS was back, generation %d"
-    logging.getLogger(__name__).warning(log_line, completed - back, generation)
+    log_line = "%s: the job completed %.1f s after SeaweedFS was back, under generation %d"
+    logging.getLogger(__name__).warning(log_line, path, completed - back, generation)
+
+
+def publishes(log: list[Call], slot: int) -> list[str]:
+    """The outcomes of the relayed publishes of `slot`, in order."""
+    return [call.outcome for call in log if call.method == "PublishPreview" and call.slot == slot]
 
 
 # Postgres under load ---------------------------------------------------------------------------
