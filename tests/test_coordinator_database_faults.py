@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Awaitable
 import grpc
 import pytest
 
+from services.coordinator.db import Database
+from services.coordinator.errors import DatabaseUnavailable
 from testbed.coordinator_leases import Setup, claimed, leased, on_behalf, record_request
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
@@ -151,3 +153,18 @@ async def test_a_stopped_database_is_unavailable_and_nothing_is_lost_when_it_is_
     await c.jobs.Heartbeat(heartbeat, metadata=s.processor)
     await record_previews(c, s, job, 0)
     assert (await claimed(c, s)).lease.job_id == "j1"
+
+
+async def test_a_transaction_whose_session_ends_under_it_is_unavailable(pg_dsn: str) -> None:
+    """The session ends in the middle of a transaction (the server shutting down does this
+    to every Complete in flight; here the backend terminates itself). The statement fails,
+    the rollback finds the connection closed, and asyncpg has already handed the
+    connection back to the pool, so asking it is_closed() raises InterfaceError too: that
+    is UNAVAILABLE, as any error on a closed connection is. It escaped as INTERNAL, which
+    the restart-under-load test (tests/test_restarts_under_load.py) met on a Complete."""
+    async with Database.open(pg_dsn, size=1) as db:
+        with pytest.raises(DatabaseUnavailable):
+            async with db.transaction() as connection:
+                await connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        async with db.connection() as connection:  # the pool connects anew
+            assert await connection.fetchval("SELECT 1") == 1

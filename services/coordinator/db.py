@@ -41,6 +41,7 @@ from asyncpg.exceptions import (
     CrashShutdownError,
     ForeignKeyViolationError,
     IdleSessionTimeoutError,
+    InterfaceError,
     InvalidAuthorizationSpecificationError,
     PostgresConnectionError,
     TooManyConnectionsError,
@@ -103,7 +104,18 @@ def unreachable(error: BaseException, connection: Any = None) -> bool:
     12; another operation (2) is in progress" when the server's FATAL arrived while it sat
     idle in the pool and was read before the end of the stream), and is closed after it.
     """
-    return isinstance(error, UNREACHABLE) or (connection is not None and connection.is_closed())
+    return isinstance(error, UNREACHABLE) or (connection is not None and _closed(connection))
+
+
+def _closed(connection: Any) -> bool:
+    """Whether a pooled connection in use was closed. asyncpg hands one that closes under
+    its user (the server ended the session mid-transaction) back to the pool at once, and
+    then every call on it, is_closed() too, raises InterfaceError "connection has been
+    released back to the pool": such a connection is closed."""
+    try:
+        return bool(connection.is_closed())
+    except InterfaceError:
+        return True
 
 
 def sql(file_stem: str, name: str) -> str:

@@ -2,14 +2,17 @@
 
 `coordinator` yields a `CoordinatorHarness`: stubs for each service, an admin
 credential, the clock to move, and the database for direct assertions.
+`coordinator_process` starts one as its own process instead (a replica a test kills),
+and `coordinator_client` is the harness on such a one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.clock import FrozenClock
 from services.coordinator.db import Database
 from services.coordinator.operator_api import insert_key
+from testbed.harness.processes import ServiceProcess, running_service
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.server import Server, ServerSettings
@@ -131,3 +135,23 @@ async def _harness(
 async def coordinator(pg_dsn: str) -> AsyncIterator[CoordinatorHarness]:
     async with running_coordinator(pg_dsn) as harness:
         yield harness
+
+
+@contextmanager
+def coordinator_process(
+    dsn: str, log_path: Path, **settings: str
+) -> Iterator[tuple[ServiceProcess, int]]:
+    """`python -m services.coordinator` on `dsn` (system clock, scheduler off; `settings`
+    are more COORDINATOR_* variables, without the prefix), and its gRPC port; stopped on
+    exit unless the test killed it."""
+    env = {
+        "COORDINATOR_DATABASE_URL": dsn,
+        "COORDINATOR_HOST": "127.0.0.1",
+        "COORDINATOR_PORT": "0",
+        "COORDINATOR_DRAIN_SECONDS": "0",
+        "COORDINATOR_GRACE_SECONDS": "1",
+        "COORDINATOR_SCHEDULER_INTERVAL_SECONDS": "0",
+        **{f"COORDINATOR_{name.upper()}": value for name, value in settings.items()},
+    }
+    with running_service("services.coordinator", env, log_path) as (process, serving):
+        yield process, int(serving["port"])
