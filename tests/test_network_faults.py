@@ -346,3 +346,32 @@ async def test_an_s3_partition_longer_than_the_lease_leaves_only_garbage(
     assert await preview.keys("previews/r1/j0/2/") == [
         preview_key(slot, 2).decode() for slot in sorted(range(SLOTS), key=str)
     ]
+
+
+async def test_a_connection_black_holed_mid_call_is_given_up_and_replaced(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The processor's connection to the coordinator goes silent for good just as the
+    Complete crosses it (a firewall that forgot the flow, a coordinator host gone without
+    a word), while new connections go through. The processor must notice the dead
+    connection and ask again on a new one, so the job commits under its first lease;
+    TCP alone would keep the dead connection for many minutes, every call on it ending at
+    its deadline, until the job was handed back or its lease lapsed."""
+    c = coordinator
+    await one_camera_run(c, preview, triton_server, tmp_path)
+    async with proxied_links(c, s3_bucket) as links:
+        proxy = links.coordinator
+        lost = proxy.when_sent(COMPLETE, proxy.blackhole)
+        async with processor_process(
+            c, links, triton_server, tmp_path / "processor.log"
+        ) as process:
+            await within(lost.wait(), f"the Complete\n{process.log_tail()}")
+            opened = proxy.opened
+            await finished(c, "r1")
+            assert proxy.opened > opened  # asked again on a new connection
+            assert not logged(process, NOT_RIDDEN_OUT)
+    await assert_committed_by(c, generation=1, lapses=0)

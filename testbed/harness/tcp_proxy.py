@@ -114,6 +114,7 @@ class _Link:
 
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter | None = None
+    lost: bool = False  # black-holed: nothing of it is forwarded again
 
     def reset(self) -> None:
         """Ends both sides with a TCP RST (SO_LINGER 0), as a peer that dropped the
@@ -141,8 +142,12 @@ class FaultProxy:
       flows, a peer that restarted); new connections go through.
     - `refuse()`: `reset()`, and every new connection is reset as soon as it is accepted
       (the upstream gone: the client's calls fail at once) until `heal()`.
+    - `blackhole()`: the open connections go silent for good (a stateful firewall that
+      forgot their flows and drops their packets, a peer host gone without a word) while
+      new connections go through: a client learns it only by giving up on the old one.
     - `delay(seconds)`: each chunk is forwarded `seconds` after it arrived, in order.
-    - `heal()`: forwarding resumes; bytes held by a stall go on, nothing is lost.
+    - `heal()`: forwarding resumes; bytes held by a stall go on, nothing is lost (a
+      black-holed connection stays lost).
     - `when_sent(pattern, action)`: runs `action` (one of the above, on this proxy or
       another) just before the first chunk a client sends that contains `pattern` is
       forwarded; so a fault starts at a known point of a conversation (the request that
@@ -198,6 +203,10 @@ class FaultProxy:
             self.resets += 1
             link.reset()
 
+    def blackhole(self) -> None:
+        for link in self._links:
+            link.lost = True
+
     def refuse(self) -> None:
         self._refusing = True
         self.reset()
@@ -236,8 +245,8 @@ class FaultProxy:
                 link.reset()
                 return
             await asyncio.gather(
-                self._pump(client_in, link.server, upward=True),
-                self._pump(server_in, client_out, upward=False),
+                self._pump(client_in, link.server, link, upward=True),
+                self._pump(server_in, client_out, link, upward=False),
             )
         except asyncio.CancelledError:  # closed: the server's callback must not see it
             pass
@@ -249,7 +258,12 @@ class FaultProxy:
             self._tasks.discard(task)
 
     async def _pump(
-        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, upward: bool
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        link: _Link,
+        *,
+        upward: bool,
     ) -> None:
         """Copies `source` to `sink` through the delay line and the stall; at the end,
         passes the end of the stream on (a FIN for a FIN)."""
@@ -273,15 +287,17 @@ class FaultProxy:
                 arrived, chunk = item
                 if self._delay:
                     await asyncio.sleep(max(0.0, arrived + self._delay - loop.time()))
-                if not self._flowing.is_set():
+                if not self._flowing.is_set() and not link.lost:
                     self.held += 1
                     try:
                         await self._flowing.wait()
                     finally:
                         self.held -= 1
+                if link.lost:
+                    continue  # dropped on the floor
                 sink.write(chunk)
                 await sink.drain()
-            if sink.can_write_eof():
+            if sink.can_write_eof() and not link.lost:
                 sink.write_eof()
         except OSError:
             pass
