@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -259,49 +259,49 @@ def recording_get(bucket: S3Bucket) -> bytes:
     return f"GET /{bucket.name}/recordings/".encode()
 
 
-@pytest.mark.parametrize(
-    ("where", "fault"),
-    [
-        ("download", "stall"),
-        ("download", "reset"),
-        ("write", "stall"),
-        ("write", "reset"),
-        ("write", "refuse"),
-    ],
-)
-async def test_a_short_s3_fault_is_ridden_out(
+def for_a_while(proxy: FaultProxy, fault: Callable[[], None]) -> Callable[[], None]:
+    """`fault` now, healed SHORT seconds later (no test step waits for it)."""
+
+    def act() -> None:
+        fault()
+        asyncio.get_running_loop().call_later(SHORT, proxy.heal)
+
+    return act
+
+
+async def test_short_s3_faults_are_ridden_out(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
     s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
-    where: str,
-    fault: str,
 ) -> None:
-    """The processor↔S3 link fails just as the recording's GET or slot 5's direct write
-    (its POST with a grant) crosses it: stalled for SHORT seconds then healed (the request
-    held, then delivered), reset once (the request fails and is sent again on a new
-    connection), or reset and refused for SHORT seconds (the write asked again until the
-    store is back). The job commits under its first lease: no lapse, no hand-back."""
+    """The processor↔S3 link fails four times in one job, each as a given request crosses
+    it: the recording's GET is reset (the S3 client sends it again on a new connection);
+    slot 2's direct write (its POST with a grant) is stalled for SHORT seconds (held, then
+    delivered); slot 5's is reset (sent again); slot 8's is reset and every connection
+    refused for SHORT seconds (the write asked again until the store is back). The job
+    commits under its first lease: no lapse, no hand-back."""
     c = coordinator
     await one_camera_run(c, preview, triton_server, tmp_path)
     async with proxied_links(c, s3_bucket) as links:
         proxy = links.s3
-        pattern = recording_get(s3_bucket) if where == "download" else preview_key(5)
-        broken = proxy.when_sent(pattern, getattr(proxy, fault))
+        faults = [
+            proxy.when_sent(recording_get(s3_bucket), proxy.reset),
+            proxy.when_sent(preview_key(2), for_a_while(proxy, proxy.stall)),
+            proxy.when_sent(preview_key(5), proxy.reset),
+            proxy.when_sent(preview_key(8), for_a_while(proxy, proxy.refuse)),
+        ]
         async with processor_process(
             c, links, triton_server, tmp_path / "processor.log"
         ) as process:
-            await within(broken.wait(), f"the {where}\n{process.log_tail()}")
-            if fault != "reset":
-                await asyncio.sleep(SHORT)
-                proxy.heal()
             await finished(c, "r1")
+            assert [fault.is_set() for fault in faults] == [True] * 4, process.log_tail()
             assert not logged(process, NOT_RIDDEN_OUT)
-            if fault == "refuse":  # the write was asked again while the store was away
-                assert proxy.refused >= 1
-                assert logged(process, r"did not take preview .*/5\.jpg.*; asking again")
-    assert proxy.resets >= (fault != "stall")
+            # slot 8's write was asked again while the store was away
+            assert logged(process, r"did not take preview .*/8\.jpg.*; asking again")
+    assert proxy.resets >= 3
+    assert proxy.refused >= 1
     await assert_committed_by(c, generation=1, lapses=0)
 
 
