@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from services.coordinator.maintenance import Maintenance
+from services.processor.manifest import code_sha256
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, running_preview
 from testbed.harness.processes import ServiceProcess
@@ -47,7 +48,8 @@ from tests.processor_world import (
     run_key,
     running_processor,
 )
-from workshop.v1 import common_pb2
+from workshop.kit.auth import bearer_metadata
+from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import preview_pb2 as pv
 
 pytestmark = pytest.mark.triton
@@ -214,6 +216,38 @@ async def test_a_partition_longer_than_the_lease_refuses_the_stale_completion(
     cleaned = await preview.stub.RunCleanup(pv.RunCleanupRequest(), metadata=c.admin)
     assert cleaned.previews_deleted == SLOTS
     assert await preview.keys("previews/r1/j0/1/") == []
+
+
+async def test_a_stale_completion_is_refused_while_the_new_holder_works(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """As above, but the job is claimed anew (generation 2) by a direct Claim that still
+    holds it when the link heals: the held Complete of generation 1 is refused by the lease
+    fence, not by the job's end, and changes nothing. Generation 2 is handed back; the
+    processor, its link healed, claims the job again and commits it under generation 3."""
+    c = coordinator
+    world = await one_camera_run(c, preview, triton_server, tmp_path)
+    async with proxied_links(c, s3_bucket) as links:
+        partitioned = links.coordinator.when_sent(COMPLETE, links.coordinator.stall)
+        async with processor_process(c, links, triton_server, tmp_path / "processor.log") as stale:
+            await within(partitioned.wait(), f"the Complete\n{stale.log_tail()}")
+            await lapse(c)
+            claim = jobs_pb2.ClaimRequest(runtime_id=world.runtime_id, code_sha256=code_sha256())
+            claimed = await c.jobs.Claim(claim, metadata=bearer_metadata(await run_key(c)))
+            assert claimed.job.lease.generation == 2
+            links.coordinator.heal()
+            await until(lambda: logged(stale, r"job r1/j0 stopped"), "the stale job to stop")
+            assert logged(stale, r"job r1/j0 stopped: This lease is no longer the job.s lease")
+            assert await job_row(c) == {"state": "leased", "generation": 2, "lapses": 1}
+            assert await rows(c, "SELECT 1 FROM receipts") == []
+            await c.jobs.Release(jobs_pb2.ReleaseRequest(lease=claimed.job.lease), metadata=c.admin)
+            await finished(c, "r1")
+            assert not logged(stale, r"handed back|failed unexpectedly|\bFail\b")
+    await assert_committed_by(c, generation=3, lapses=1)
 
 
 @pytest.mark.parametrize("fault", ["stall", "refuse"])
