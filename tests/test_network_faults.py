@@ -1,5 +1,5 @@
-"""Network faults between a processor process and the services it talks to (SPEC §14,
-docs/reliability.md#network-faults): partitions, resets and refusals on the links from
+"""Network faults between a processor process and the services it talks to
+(docs/reliability.md#network-faults): partitions, resets and refusals on the links from
 `python -m services.processor` to the coordinator, the preview service and S3.
 
 Each link crosses a FaultProxy (testbed/harness/tcp_proxy.py), a real TCP hop in this
@@ -10,11 +10,13 @@ object key crosses the link (the Complete, which names the job's uploads; an S3 
 or GET of one key). The coordinator runs in this process on the harness's frozen clock,
 so a lease lapses when the test moves the clock, not after five minutes.
 
-What must hold (SPEC §14): a partition shorter than the lease is ridden out under the same
-lease (no attempt spent, no hand-back); one longer than the lease lets it lapse, another
-processor commits the job under a new generation, and every write the stale processor
-sends once the link heals is refused: nothing of its generation is published or
-committed, and its bytes in S3 are garbage that cleanup deletes.
+What must hold (a dropped connection loses no committed work, never publishes stale
+bytes, never leaves part of a job in a bucket): a partition shorter than the lease is
+ridden out under the same lease (no attempt spent, no hand-back); one longer than the
+lease lets it lapse, another holder takes the job under a new generation, and every
+write the stale processor sends once the link heals is refused: nothing of its
+generation is published after the lapse or committed, and its bytes in S3 are garbage
+that cleanup deletes. A connection that goes silent for good is replaced.
 """
 
 from __future__ import annotations
