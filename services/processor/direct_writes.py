@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,6 +36,14 @@ LINGER_SECONDS = 0.2
 GRANT_MARGIN = timedelta(seconds=5)  # a grant closer than this to its expiry is renewed
 WRITE_TIMEOUT_SECONDS = 10.0
 WRITE_RETRIES = 2
+# A write the store does not take (unreachable, 5xx) after the HTTP client's own retries is
+# asked again with this backoff for up to `retry_seconds`, as the worker asks an RPC again:
+# a store out for a second must not hand back (and redo) a job that has written half its
+# previews.
+WRITE_FIRST_PAUSE_SECONDS = 0.5
+WRITE_MAX_PAUSE_SECONDS = 5.0
+
+log = logging.getLogger(__name__)
 
 LeaseId = tuple[str, str, int]
 Call = Callable[[Any, Any], Awaitable[Any]]
@@ -65,6 +74,7 @@ class DirectPreviews:
         *,
         max_batch: int = MAX_BATCH,
         linger_seconds: float = LINGER_SECONDS,
+        retry_seconds: float = 0.0,
     ) -> None:
         self._previews = previews
         self._call = call  # the worker's RPC wrapper: retries, LeaseLost, ServiceUnavailable
@@ -72,6 +82,7 @@ class DirectPreviews:
         self._code = code_sha256
         self._max_batch = max_batch
         self._linger = linger_seconds
+        self._retry_seconds = retry_seconds  # how long a write the store does not take is retried
         self._leases: dict[LeaseId, _Lease] = {}
         self._queue: list[tuple[pb.WrittenPreview, asyncio.Future[pb.PublishPreviewResponse]]] = []
         self._sender: asyncio.Task[None] | None = None
@@ -105,12 +116,12 @@ class DirectPreviews:
             raise state.refused
         grant = await self._grant(job, state, slot, content_type)
         try:
-            await asyncio.to_thread(self._post, grant, image, content_type)
+            await self._write(grant, image, content_type)
         except WriteFailed:
             # A grant the store calls expired or invalid (a clock apart): one fresh try.
             state.grants.clear()
             grant = await self._grant(job, state, slot, content_type)
-            await asyncio.to_thread(self._post, grant, image, content_type)
+            await self._write(grant, image, content_type)
         written = pb.WrittenPreview(
             lease=lease,
             code_sha256=self._code,
@@ -178,6 +189,24 @@ class DirectPreviews:
             state.grants = {granted.slot_index: granted for granted in reply.grants}
             grant = state.grants[slot]
         return grant
+
+    async def _write(self, grant: pb.PreviewWriteGrant, image: bytes, content_type: str) -> None:
+        """POSTs the image with its grant; a store that does not take it (WriteUnavailable)
+        is asked again with backoff for up to `retry_seconds`. The same key again is
+        idempotent, and a grant that expires meanwhile is refused (WriteFailed): renewed."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._retry_seconds
+        pause = WRITE_FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                await asyncio.to_thread(self._post, grant, image, content_type)
+                return
+            except WriteUnavailable as error:
+                if loop.time() + pause > give_up:
+                    raise
+                log.warning("%s; asking again in %.1f s", error, pause)
+            await asyncio.sleep(pause)
+            pause = min(WRITE_MAX_PAUSE_SECONDS, 2 * pause)
 
     def _post(self, grant: pb.PreviewWriteGrant, image: bytes, content_type: str) -> None:
         fields: dict[str, Any] = dict(grant.fields)

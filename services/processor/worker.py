@@ -741,7 +741,11 @@ class Processor:
         the preview service predates grants (UNIMPLEMENTED): then never asked again."""
         if self._direct is None:
             self._direct = DirectPreviews(
-                self.previews, self._call, _refusal_error, self.code_sha256
+                self.previews,
+                self._call,
+                _refusal_error,
+                self.code_sha256,
+                retry_seconds=self.retry_seconds,
             )
         digest = sha256_hex(image)
         try:

@@ -22,6 +22,14 @@ DEFAULT_DEADLINE_SECONDS = 10.0
 # minute could wait that long after it is back. Callers retry on their own schedule
 # (the processor for up to a minute), so reconnect attempts stay at most 5 s apart.
 MAX_RECONNECT_BACKOFF_MS = 5_000
+# A connection that goes silent without an RST (a firewall that forgot the flow, a peer
+# host gone) is otherwise kept for as long as TCP retransmits, many minutes, every call on
+# it ending at its deadline. While calls are open the channel pings after this long
+# without hearing from the server, and drops the connection when the ping is not answered
+# in KEEPALIVE_TIMEOUT_MS: the call fails UNAVAILABLE and is retried on a new connection
+# (docs/reliability.md#network-faults). Servers accept pings this often (kit.server).
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
 
 
 def retry_service_config(max_attempts: int = 5) -> str:
@@ -129,6 +137,11 @@ def open_channel(
         ("grpc.max_receive_message_length", 16 * 1024 * 1024),
         ("grpc.max_send_message_length", 16 * 1024 * 1024),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 0),  # an idle channel sends nothing
+        ("grpc.http2.max_pings_without_data", 0),  # a silent long poll is pinged throughout
     ]
     # gRPC rejects a retry policy of fewer than 2 attempts: 1 means "no retries".
     if max_attempts > 1:

@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_prefix
 
+from workshop.kit.channels import KEEPALIVE_TIME_MS
 from workshop.kit.interceptors import ErrorMappingInterceptor
 from workshop.kit.metrics import MetricsEndpoint, ScrapeCollector
 from workshop.kit.reflection import DocumentedReflectionServicer
@@ -131,6 +132,12 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
+                # Clients ping a call that has been silent for 10 s (kit.channels keepalive);
+                # by default a server calls pings closer than 5 minutes apart without data
+                # abuse and, after two, closes the connection (too_many_pings), which would
+                # end a long-polling Claim.
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+                ("grpc.http2.max_ping_strikes", 0),
             ],
         )
         for service in self.services:
