@@ -1,4 +1,4 @@
-"""A processor that is stopped finishes or hands back its jobs within its grace (SPEC §15,
+"""A processor that is stopped finishes or hands back its jobs within its grace (
 docs/operations.md#stopping-and-restarting): `python -m services.processor` as a process,
 SIGTERMed while a job is held mid-way (the preview service holds the records of its
 previews, so "mid-job" is a fact, not a race), on the real coordinator, preview service,

@@ -1,4 +1,4 @@
-"""Restarts under load, on the real components (SPEC §14; docs/reliability.md#restarts-under-load):
+"""Restarts under load, on the real components (docs/reliability.md#restarts-under-load):
 a coordinator replica killed in the middle of a Complete, object storage killed and
 started again while a processor writes previews, and Postgres restarted while eight
 processors cycle jobs and previews flow.
