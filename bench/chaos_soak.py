@@ -856,6 +856,15 @@ def check(stack: Stack, workload: Workload, injector: Injector, cleanup_at: date
                 f"{','.join(overlapping) or 'none'}"
             )
     found.add("lapse of a live, running holder", "unexplained_lapses", offenders)
+    found.add(
+        "lapses explained by a fault on their holder (info)",
+        "info",
+        [
+            f"{lapse['id']} g{lapse['generation']}"
+            for lapse in lapses
+            if lapse["id"] not in unexplained
+        ],
+    )
 
     wrong = []
     for job in sql(stack.dsn, "failed_jobs"):
@@ -909,7 +918,9 @@ def _status_checks(stack: Stack) -> list[str]:
                 offenders.append(f"{row['run_id']} (GET {response.status_code})")
                 continue
             body = response.json()
-            shown = str((body.get("photo") or body.get("run") or {}).get("status", "?"))
+            shown = str(
+                (body.get("photo") or body.get("detail", {}).get("run") or {}).get("status", "?")
+            )
             status = shown.lower().removeprefix("run_status_")
             if status != expected:
                 offenders.append(f"{row['run_id']} (answered {shown}, jobs say {expected})")
@@ -943,6 +954,11 @@ def _s3_checks(stack: Stack, cleanup_at: datetime, found: Findings) -> list[str]
         else:
             orphans.append(f"{key} (no row knows it)")
     missing = sorted(key for key in items if key not in listed)
+    found.add(
+        "objects listed in S3 after cleanup (info)",
+        "info",
+        [f"{len(listed)} objects, {len(items)} item images, {len(known)} rows"],
+    )
     found.add("item image missing from S3", "lost", missing)
     found.add("unrecorded bytes awaiting their job's sweep (info)", "info", awaiting)
     return orphans
