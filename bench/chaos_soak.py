@@ -402,6 +402,9 @@ def running_stack(work: Path, stack: contextlib.ExitStack) -> Iterator[Stack]:
                 "PROCESSOR_S3_ACCESS_KEY": server.access_key,
                 "PROCESSOR_S3_SECRET_KEY": server.secret_key,
                 "PROCESSOR_RECORDINGS_BUCKET": RECORDINGS_BUCKET,
+                # two jobs each, so that a run's jobs spread over the three processors and a
+                # processor's kill or pause finds leases to lose
+                "PROCESSOR_IN_FLIGHT": "2",
             },
         )
         slot.key_id = keys[f"processor-{index}-id"]
