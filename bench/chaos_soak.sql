@@ -172,6 +172,7 @@ GROUP BY r.run_id, r.kind ORDER BY r.run_id;
 SELECT s.object_key, s.run_id, s.job_index, s.generation,
        s.deleted_at IS NOT NULL AS deleted,
        s.collectable_at IS NOT NULL AND s.collectable_at <= $1 AS collectable_due,
+       CASE WHEN s.gc_claimed_until > clock_timestamp() THEN s.gc_claimed_until END AS held_until,
        EXISTS (SELECT 1 FROM bucket_items b WHERE b.object_key = s.object_key) AS item
 FROM staged_objects s;
 

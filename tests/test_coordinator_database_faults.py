@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable
 import grpc
 import pytest
 
+from services.coordinator.db import Database, DatabaseUnavailable
 from testbed.coordinator_leases import Setup, claimed, leased, on_behalf, record_request
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
@@ -151,3 +152,26 @@ async def test_a_stopped_database_is_unavailable_and_nothing_is_lost_when_it_is_
     await c.jobs.Heartbeat(heartbeat, metadata=s.processor)
     await record_previews(c, s, job, 0)
     assert (await claimed(c, s)).lease.job_id == "j1"
+
+
+async def test_a_transaction_whose_connection_is_terminated_is_unavailable(
+    pg_database: PostgresDatabase,
+) -> None:
+    """The chaos soak's INTERNAL from CreateRun (bench/chaos_soak.py, seed 2): the
+    connection is terminated inside a transaction, so leaving the transaction fails too
+    (InterfaceError, the connection is closed) and asyncpg has already detached the
+    pool's proxy, whose `is_closed()` then raises InterfaceError itself. That is still a
+    database that cannot be reached: DatabaseUnavailable (UNAVAILABLE), and the pool
+    serves the next transaction."""
+
+    async def terminated_inside_a_transaction(db: Database) -> None:
+        async with db.transaction() as connection:
+            await connection.execute("CREATE TEMPORARY TABLE soak (n int)")
+            await terminate_connections(pg_database.cluster, pg_database.name)
+            await connection.execute("INSERT INTO soak VALUES (1)")
+
+    async with Database.open(pg_database.dsn, size=2) as db:
+        with pytest.raises(DatabaseUnavailable):
+            await terminated_inside_a_transaction(db)
+        async with db.transaction() as connection:
+            assert await connection.fetchval("SELECT 1") == 1

@@ -102,7 +102,17 @@ def unreachable(error: BaseException, connection: Any = None) -> bool:
     12; another operation (2) is in progress" when the server's FATAL arrived while it sat
     idle in the pool and was read before the end of the stream), and is closed after it.
     """
-    return isinstance(error, UNREACHABLE) or (connection is not None and connection.is_closed())
+    return isinstance(error, UNREACHABLE) or (connection is not None and _is_closed(connection))
+
+
+def _is_closed(connection: Any) -> bool:
+    """A pooled connection the server dropped has its pool proxy detached by asyncpg as it
+    closes, and the proxy then refuses every call, `is_closed()` included ("connection has
+    been released back to the pool"): closed all the same."""
+    try:
+        return bool(connection.is_closed())
+    except asyncpg.InterfaceError:
+        return True
 
 
 def sql(file_stem: str, name: str) -> str:
