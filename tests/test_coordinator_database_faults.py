@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Awaitable
 import grpc
 import pytest
 
-from services.coordinator.db import Database, DatabaseUnavailable
+from services.coordinator.db import Database
+from services.coordinator.errors import DatabaseUnavailable
 from testbed.coordinator_leases import Setup, claimed, leased, on_behalf, record_request
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
