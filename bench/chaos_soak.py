@@ -716,7 +716,11 @@ class Injector:
     def run(self, stop: threading.Event) -> None:
         order: list[str] = []
         while not stop.wait(self.rng.uniform(2.0, 5.0)):
-            self.revive()
+            try:
+                self.revive()
+            except Exception as error:  # a service that cannot start: noted, tried again
+                self.errors.append(f"revive: {error!r}"[:300])
+                continue
             if not order:
                 order = list(FAULT_KINDS)
                 self.rng.shuffle(order)
