@@ -558,6 +558,7 @@ class Workload:
     replaced: Counter[str] = dataclasses.field(default_factory=Counter)
     policy_raises: list[float] = dataclasses.field(default_factory=list)
     refused: Counter[str] = dataclasses.field(default_factory=Counter)
+    internal: list[str] = dataclasses.field(default_factory=list)  # 5xx, INTERNAL, UNKNOWN
     errors: list[str] = dataclasses.field(default_factory=list)
 
     def run(self, stop: threading.Event, seconds: float) -> None:
@@ -597,6 +598,7 @@ class Workload:
                                 metadata=self.stack.admin,
                                 timeout=10,
                             ),
+                            self.internal,
                         ):
                             self.policy_raises.append(time.time())
                 except Exception as error:  # the soak goes on; reported at the end
@@ -643,7 +645,9 @@ class Workload:
     ) -> None:
         recording = self.rng.choice(self.stack.recordings)
         if _operator_call(
-            stop, lambda: operator.PutRecording(recording, metadata=self.stack.admin, timeout=10)
+            stop,
+            lambda: operator.PutRecording(recording, metadata=self.stack.admin, timeout=10),
+            self.internal,
         ):
             self.replaced[recording.recording_id] += 1
 
@@ -666,7 +670,10 @@ class Workload:
                 time.sleep(0.5)
                 continue
             reason = _reason(response)
-            self.refused[f"{method} {path.split('/')[3]} {response.status_code} {reason}"] += 1
+            what = f"{method} {path.split('/')[3]} {response.status_code} {reason}"
+            self.refused[what] += 1
+            if response.status_code >= 500:
+                self.internal.append(f"{what} at {time.strftime('%H:%M:%S')}")
             return None
         return None
 
@@ -677,7 +684,9 @@ def _reason(response: httpx.Response) -> str:
     return ""
 
 
-def _operator_call(stop: threading.Event, call: Callable[[], object]) -> bool:
+def _operator_call(
+    stop: threading.Event, call: Callable[[], object], internal: list[str] | None = None
+) -> bool:
     deadline = time.monotonic() + CALL_RETRY_S
     while time.monotonic() < deadline:
         try:
@@ -686,6 +695,13 @@ def _operator_call(stop: threading.Event, call: Callable[[], object]) -> bool:
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 time.sleep(0.5)
                 continue
+            if internal is not None and error.code() in (
+                grpc.StatusCode.INTERNAL,
+                grpc.StatusCode.UNKNOWN,
+            ):
+                internal.append(
+                    f"{error.code().name} {error.details()} at {time.strftime('%H:%M:%S')}"
+                )
             return False
         return True
     return False
@@ -890,6 +906,9 @@ def check(stack: Stack, workload: Workload, injector: Injector, cleanup_at: date
 
     found.add("run status disagrees with jobs", "status_mismatch", _status_checks(stack))
     found.add(
+        "5xx, INTERNAL or UNKNOWN answered to the workload", "internal_answers", workload.internal
+    )
+    found.add(
         "object left after cleanup", "orphans_after_cleanup", _s3_checks(stack, cleanup_at, found)
     )
     return found
@@ -1091,6 +1110,7 @@ RESULT_FIELDS = (
     "orphans_after_cleanup",
     "unexplained_lapses",
     "status_mismatch",
+    "internal_answers",
 )
 
 
