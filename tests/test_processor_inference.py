@@ -26,6 +26,7 @@ from services.processor.inference import (
 from testbed.harness.triton import TritonServer
 from tools.demo.scenes import Scene, ground_truth, random_scene, render_frame
 from tools.localstack.host import free_ports
+from tools.localstack.triton import restartable_triton
 from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
 from tools.model_repository.repository import publish_version
 
@@ -219,3 +220,32 @@ def test_batches_are_balanced_and_cover_every_instance() -> None:
 )
 def test_loopback_targets(target: str, local: bool) -> None:
     assert is_loopback(target) is local
+
+
+async def test_a_batch_refused_after_a_triton_restart_is_served_again_not_failed(
+    tmp_path: Path,
+) -> None:
+    """Triton killed and started again (the chaos soak's fault): the model is no longer
+    loaded ("unknown model ... not found", not UNAVAILABLE) and the regions are unknown.
+    The refused batch serves the model again and is tried once more instead of failing its
+    job as the model's fault; a model that is still refused then is ModelUnavailable."""
+    with restartable_triton(tmp_path) as restartable:
+        triton_server = restartable.server
+        pin = _publish(triton_server, max_batch_size=4, instances=1)
+        server = ModelServer(triton_server.grpc_url, triton_server.model_repository)
+        frames = np.stack([render_frame(scene, 1.0) for scene in SCENES[:2]])
+        try:
+            served = await server.ensure(pin)
+            _assert_matches_ground_truth(SCENES[:2], await server.infer(served, frames))
+            restartable.kill()
+            restartable.start()
+            _assert_matches_ground_truth(SCENES[:2], await server.infer(served, frames))
+            # the weights replaced behind the pin: serving again refuses, the job fails
+            restartable.kill()
+            restartable.start()
+            weights = triton_server.model_repository / pin.name / "1" / "model.onnx"
+            weights.write_bytes(weights.read_bytes() + b"\0")
+            with pytest.raises(ModelUnavailable):
+                await server.infer(served, frames)
+        finally:
+            await server.close()

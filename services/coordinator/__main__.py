@@ -8,6 +8,7 @@ import getpass
 import json
 import os
 import sys
+from datetime import timedelta
 
 import asyncpg
 import grpc
@@ -60,6 +61,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             maintenance_interval_seconds=settings.maintenance_interval_seconds,
             principal_cache_seconds=settings.principal_cache_seconds,
             login_limits=settings.login_limits,
+            lease=timedelta(seconds=settings.lease_seconds),
         )
         await serve(
             label=LABEL,

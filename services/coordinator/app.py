@@ -9,6 +9,7 @@ answer UNIMPLEMENTED from their servicer.
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 from services.coordinator.auth import PRINCIPAL_CACHE_SECONDS
 from services.coordinator.clock import Clock, StoredClock
@@ -16,7 +17,7 @@ from services.coordinator.db import Database
 from services.coordinator.events import RunEvents
 from services.coordinator.identity_api import IdentityApi, LoginLimits
 from services.coordinator.job_gauges import JobsByState
-from services.coordinator.jobs_api import JobsApi
+from services.coordinator.jobs_api import LEASE, JobsApi
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
 from services.coordinator.passwords import Passwords
@@ -63,6 +64,7 @@ def build(
     maintenance_interval_seconds: float = 0.0,
     principal_cache_seconds: float = PRINCIPAL_CACHE_SECONDS,
     login_limits: LoginLimits | None = None,
+    lease: timedelta = LEASE,
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)."""
     limits = login_limits or LoginLimits()
@@ -84,7 +86,7 @@ def build(
         )
     authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
     return Coordinator(
-        grpc_services(db, clock, workshop_api, events, authenticate, limits),
+        grpc_services(db, clock, workshop_api, events, authenticate, limits, lease=lease),
         workers,
         [JobsByState(db)],
     )
@@ -97,13 +99,15 @@ def grpc_services(
     events: RunEvents,
     authenticate: Authenticator,
     login_limits: LoginLimits,
+    *,
+    lease: timedelta = LEASE,
 ) -> list[GrpcService]:
     snapshots = SnapshotCache(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
     operator = OperatorServicer(OperatorApi(db, clock, passwords), authenticate)
     reviews = ReviewApi(db, clock)
     workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), reviews, authenticate, events)
-    jobs = JobServicer(JobsApi(db, clock, snapshots), authenticate, events)
+    jobs = JobServicer(JobsApi(db, clock, snapshots, lease=lease), authenticate, events)
     publication = PublicationServicer(PublicationApi(db, clock, snapshots), reviews, authenticate)
     identity = IdentityServicer(authenticate, IdentityApi(db, clock, passwords, login_limits))
     return [

@@ -44,7 +44,7 @@ from services.coordinator.workshop_api import SnapshotRecordingRow
 from workshop.kit.metrics import timed
 from workshop.v1 import jobs_pb2
 
-LEASE = timedelta(minutes=5)
+LEASE = timedelta(minutes=5)  # COORDINATOR_LEASE_SECONDS
 HEARTBEAT_INTERVAL = timedelta(seconds=45)
 MAX_FAILURE_MESSAGE = 2000
 PHASES = ("downloading", "decoding", "labeling", "publishing", "committing")
@@ -55,6 +55,12 @@ MAX_CLAIM_JOBS = 100
 MAX_HEARTBEAT_LEASES = 1000
 
 A = TypeVar("A", bound=Row)
+
+
+def heartbeat_interval(lease: timedelta) -> timedelta:
+    """The heartbeat interval Claim hands out: 45 s for the default 5-minute lease, the
+    same share (0.15) of a shorter one, so that a renewal is due well before a lapse."""
+    return min(HEARTBEAT_INTERVAL, lease * 0.15)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,10 +259,14 @@ def reporter(who: Principal) -> str:
 
 
 class JobsApi:
-    def __init__(self, db: Database, clock: Clock, snapshots: SnapshotCache) -> None:
+    def __init__(
+        self, db: Database, clock: Clock, snapshots: SnapshotCache, *, lease: timedelta = LEASE
+    ) -> None:
         self.db = db
         self.clock = clock
         self.snapshots = snapshots
+        self.lease = lease
+        self.heartbeat_interval = heartbeat_interval(lease)
         self._runtimes: dict[str, RuntimeIdentity] = {}
         self._facts: dict[tuple[str, int], SlotFacts] = {}
 
@@ -318,7 +328,7 @@ class JobsApi:
                     plan.claimer,
                     plan.cameras,
                     self.clock.now(),
-                    LEASE,
+                    self.lease,
                     plan.request_id,
                     plan.max_jobs,
                 )
@@ -339,7 +349,7 @@ class JobsApi:
 
     async def heartbeat(self, who: Principal, lease: Lease) -> datetime:
         renewal = await self._answer(
-            "job_heartbeat", Renewal, lease, reporter(who), self.clock.now(), LEASE
+            "job_heartbeat", Renewal, lease, reporter(who), self.clock.now(), self.lease
         )
         raise_for(renewal.reason, lease)
         assert renewal.lease_expires_at is not None  # set whenever nothing refused
@@ -369,7 +379,7 @@ class JobsApi:
                 [lease.token for lease in ordered],
                 key,
                 self.clock.now(),
-                LEASE,
+                self.lease,
             )
         answers: list[tuple[str, datetime | None]] = [("", None)] * len(leases)
         for row in rows:
@@ -391,7 +401,7 @@ class JobsApi:
             percent,
             phase,
             self.clock.now(),
-            LEASE,
+            self.lease,
         )
         raise_for(answer.reason, lease)
         # set whenever nothing refused

@@ -12,6 +12,7 @@ from services.coordinator.identity_api import (
     LOGIN_WINDOW,
     LoginLimits,
 )
+from services.coordinator.jobs_api import LEASE
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
 
@@ -53,6 +54,13 @@ class CoordinatorSettings(ServerSettings):
         5.0,
         help="Seconds between lease-rescue and expiry passes (0 turns them off).",
         check=at_least(0),
+    )
+    lease_seconds: float = setting(
+        LEASE.total_seconds(),
+        help="Seconds a lease lasts from its claim or last renewal (Claim hands out a "
+        "heartbeat interval of 0.15 of it, at most 45 s); shorter only for fault-injection "
+        "soaks, where a dead processor's jobs must come back quickly.",
+        check=between(10, 3600, " seconds"),
     )
     principal_cache_seconds: float = setting(
         PRINCIPAL_CACHE_SECONDS,

@@ -236,7 +236,21 @@ class ModelServer:
         return region
 
     async def infer(self, served: Served, frames: Frames) -> list[list[Detection]]:
-        """Detections for each frame (uint8 [n, height, width, 3])."""
+        """Detections for each frame (uint8 [n, height, width, 3]).
+
+        A refusal of a model this client had served may only mean that Triton restarted
+        since (the model no longer loaded, "unknown model ... not found", or the regions
+        unknown): the model is served again and the frames tried once more, so a restart
+        fails no job. A second refusal is the model's own (ModelUnavailable)."""
+        try:
+            return await self._infer(served, frames)
+        except ModelUnavailable as error:
+            log.warning(
+                "%s v%s refused (%s): serving it again", served.pin.name, served.pin.version, error
+            )
+        return await self._infer(await self.ensure(served.pin), frames)
+
+    async def _infer(self, served: Served, frames: Frames) -> list[list[Detection]]:
         lanes = self._lanes[(served.pin.name, served.pin.version)]
 
         async def on_a_lane(start: int, stop: int) -> list[list[Detection]]:

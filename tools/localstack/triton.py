@@ -25,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,9 +230,14 @@ class _Process:
 
 
 def _start(
-    dist: _Distribution, work_dir: Path, repo: Path, env: dict[str, str], attempt: int
+    dist: _Distribution,
+    work_dir: Path,
+    repo: Path,
+    env: dict[str, str],
+    attempt: int,
+    ports: tuple[int, int, int] | None = None,
 ) -> tuple[TritonServer, _Process]:
-    http_port, grpc_port, metrics_port = free_ports(3)
+    http_port, grpc_port, metrics_port = ports or free_ports(3)
     shm_prefix = f"workshop-triton-{secrets.token_hex(6)}-"
     log_path = work_dir / f"tritonserver-{attempt}.log"
     command = [
@@ -310,3 +316,60 @@ def running_triton(work_dir: Path, repo: Path | None = None) -> Iterator[TritonS
         yield server
     finally:
         _stop(process)
+
+
+class RestartableTriton:
+    """A running server that fault injection may kill (SIGKILL to its process group, python
+    stubs included) and start again on the same ports and repository, so that its clients
+    keep their address. Models load again on demand (explicit model control)."""
+
+    def __init__(self, work_dir: Path, repo: Path) -> None:
+        self._dist = _require_distribution()
+        self._work_dir = work_dir
+        self._repo = repo
+        self._env = _server_env(self._dist)
+        self._starts = 0
+        self.server, self._process = _launch(self._dist, work_dir, repo)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its stubs at once (no grace), and reap it."""
+        popen = self._process.popen
+        if popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+        _stop(self._process)
+
+    def start(self) -> float:
+        """Start again on the same ports (after `kill`); returns the seconds to ready."""
+        began = time.perf_counter()
+        self._starts += 1
+        url = urllib.parse.urlsplit(self.server.http_url)
+        grpc_port = int(self.server.grpc_url.rsplit(":", 1)[1])
+        metrics_port = free_ports(1)[0]
+        server, process = _start(
+            self._dist,
+            self._work_dir,
+            self._repo,
+            self._env,
+            100 + self._starts,
+            ports=(int(url.port or 0), grpc_port, metrics_port),
+        )
+        self.server, self._process = server, process
+        _wait_until_ready(process.popen, server.grpc_url, server.log_path)
+        return time.perf_counter() - began
+
+    def stop(self) -> None:
+        _stop(self._process)
+
+
+@contextlib.contextmanager
+def restartable_triton(work_dir: Path) -> Iterator[RestartableTriton]:
+    """`RestartableTriton` on a new `work_dir/models` repository; stopped on exit."""
+    repo = work_dir / "models"
+    repo.mkdir()
+    triton = RestartableTriton(work_dir, repo)
+    try:
+        yield triton
+    finally:
+        triton.stop()

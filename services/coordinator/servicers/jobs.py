@@ -70,7 +70,7 @@ def _slots(first_us: int, count: int, interval_us: int, window_end_us: int) -> t
     return tuple(slots)
 
 
-def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
+def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> pb.ClaimedJob:
     job, frozen = claimed.job, claimed.frozen
     slots = _slots(
         convert.micros(job.facts.first_slot_at),
@@ -86,7 +86,7 @@ def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
             token=str(job.lease_token),
         ),
         lease_expires_at=convert.ts(job.lease_expires_at),
-        heartbeat_interval=duration(HEARTBEAT_INTERVAL),
+        heartbeat_interval=duration(interval),
         input=pb.JobInput(
             job_id=job_id(job.job_index),
             job_index=job.job_index,
@@ -98,9 +98,13 @@ def claimed_job(claimed: Claimed) -> pb.ClaimedJob:
     )
 
 
-def claim_response(claimed: list[Claimed]) -> pb.ClaimResponse:
+def claim_response(
+    claimed: list[Claimed], interval: timedelta = HEARTBEAT_INTERVAL
+) -> pb.ClaimResponse:
     first, *more = claimed
-    return pb.ClaimResponse(job=claimed_job(first), more_jobs=[claimed_job(job) for job in more])
+    return pb.ClaimResponse(
+        job=claimed_job(first, interval), more_jobs=[claimed_job(job, interval) for job in more]
+    )
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
@@ -132,7 +136,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             while True:
                 claimed = await self.api.claim_many(plan)
                 if claimed:
-                    return claim_response(claimed)
+                    return claim_response(claimed, self.api.heartbeat_interval)
                 left = until - loop.time()
                 if left <= 0:
                     break
@@ -225,7 +229,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             return None
         if not claimed:
             return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
-        return claim_response(claimed)
+        return claim_response(claimed, self.api.heartbeat_interval)
 
     async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
         who = await self.who.cached(context)  # the credential before the request's fields
