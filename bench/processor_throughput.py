@@ -95,6 +95,7 @@ import onnxruntime as ort
 import tritonclient.grpc as triton_client
 from minio import Minio
 
+from bench import profiling
 from bench.footage import (
     DEFAULT_CACHE,
     FPS,
@@ -116,7 +117,6 @@ from bench.proc_stats import (
     proc_stat,
     thread_cpu,
 )
-from bench import profiling
 from bench.services import separate_services
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.validation import MIN_INTERVAL_SECONDS
@@ -384,10 +384,10 @@ async def _bench(
                     await baselines()
                     threads_before = thread_cpu(processor.pid)
                     profiled = args.profile_control and attempt == 1
-                    control = _ControlProfile(dsn, pids, scratch) if profiled else None
-                    with control or contextlib.nullcontext():
-                        if control is not None:
-                            await control.start()
+                    profiler = _ControlProfile(dsn, pids, scratch) if profiled else None
+                    with profiler or contextlib.nullcontext():
+                        if profiler is not None:
+                            await profiler.start()
                         phases.append(
                             await meter.measure(
                                 "processor",
@@ -402,8 +402,8 @@ async def _bench(
                                 ),
                             )
                         )
-                    if control is not None:
-                        await control.report(frames)
+                    if profiler is not None:
+                        await profiler.report(frames)
                     for name, seconds in delta(thread_cpu(processor.pid), threads_before).items():
                         threads[name] = threads.get(name, 0.0) + seconds
                 await baselines()
@@ -490,7 +490,9 @@ class _ControlProfile:
             busiest = sorted(threads.items(), key=lambda item: -item[1])[:5]
             say(
                 f"{name} threads, CPU ms per frame: "
-                + ", ".join(f"{thread} {seconds * 1000 / frames:.3f}" for thread, seconds in busiest)
+                + ", ".join(
+                    f"{thread} {seconds * 1000 / frames:.3f}" for thread, seconds in busiest
+                )
             )
         await profiling.statements_report(self.dsn, frames, "frame")
         self.spy.report(frames, "frame")
