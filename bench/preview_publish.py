@@ -29,9 +29,9 @@ Measured (wall time from the first call to the last answer), each after a warm-u
   `--previews` in slot order (lease check kept 10 s, put, record: the service
   batches the records of concurrent publishes into one RecordPreviews call);
 - grants: the processor's own path (`services.processor.direct_writes`), one writer for
-  all `--publishers` tasks as one processor has: GrantPreviewWrites for the next 32
+  all `--publishers` tasks as one processor has: GrantPreviewWrites for the next 128
   slots, a POST of each image straight to SeaweedFS with its grant, records batched
-  (64, or 200 ms) into RecordWrittenPreviews, which the coordinator runs as one fenced
+  (256, or 1 s) into RecordWrittenPreviews, which the coordinator runs as one fenced
   statement; the phase ends when every record is answered;
 - fences only: the coordinator's RecordPreview per preview as the service makes it
   (its credential, the processor's on behalf), one call per preview, with no bytes:

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.processor_throughput [--recordings 10] [--seconds 60]
         [--codec h264|vp9] [--interval 0.5] [--in-flight 3] [--repeat 1] [--drop-frames]
-        [--set NAME=VALUE ...] [--profile] [--check]
+        [--set NAME=VALUE ...] [--profile] [--profile-control] [--check]
 
 Recordings: `--recordings` synthetic scenes (`tools.demo.scenes`, seeds 1..N) of
 `--seconds` at 10 fps, 640x360, encoded once into a cache directory (`--cache-dir`,
@@ -46,6 +46,12 @@ process and its children; this process by getrusage) and the rate the machine's 
 would give at that CPU per frame ("CPU-bound"), which other work disturbs much less
 than wall time. `--profile` runs the processor under cProfile (its event-loop thread)
 and prints the top functions; the processor's per-thread CPU is always printed.
+`--profile-control` shows where the control plane's CPU goes in the first processor pass
+(`bench/profiling.py`): pg_stat_statements (the cluster restarted with it preloaded,
+nested statements tracked), py-spy samples of the coordinator and the preview service
+(py-spy next to the interpreter, on PATH or in `$PY_SPY`), their CPU per thread, and
+the calls each made per frame; the profilers cost a little, so take the per-frame
+figures of record from a run without it.
 
 Memory: the processor's peak resident set is the kernel's high-water mark (`VmHWM` in
 /proc/<pid>/status) of the processor process, plus those of any children it has (none
@@ -89,6 +95,7 @@ import onnxruntime as ort
 import tritonclient.grpc as triton_client
 from minio import Minio
 
+from bench import profiling
 from bench.footage import (
     DEFAULT_CACHE,
     FPS,
@@ -153,7 +160,9 @@ SELECT count(*) AS jobs,
        coalesce(sum(progress), 0) AS progress
 FROM jobs WHERE run_id = $1
 """
-POLL_S = 0.1
+# The poll for the run's end is this benchmark's own load on Postgres, which counts as
+# control plane: at 0.1 s it was 0.04 ms of Postgres time per frame (pg_stat_statements).
+POLL_S = 0.25
 CORES = os.cpu_count() or 1
 
 
@@ -224,6 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="run the processor under cProfile; print it"
     )
+    parser.add_argument(
+        "--profile-control",
+        action="store_true",
+        help="pg_stat_statements and py-spy of the coordinator and preview service (1st pass)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if args.recordings < 1 or args.seconds < 2:
@@ -248,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 running_s3_server(scratch / "s3") as s3,
                 running_triton(scratch / "triton") as triton,
             ):
+                if args.profile_control:
+                    profiling.enable_pg_stat_statements(cluster)
                 dsn = create_migrated_database(cluster, DATABASE)
                 for bucket in (RECORDINGS_BUCKET, PREVIEW_BUCKET):
                     s3.client().make_bucket(bucket)
@@ -369,20 +385,27 @@ async def _bench(
                 for attempt in range(1, args.repeat + 1):
                     await baselines()
                     threads_before = thread_cpu(processor.pid)
-                    phases.append(
-                        await meter.measure(
-                            "processor",
-                            lambda attempt=attempt: _processor_run(
-                                c,
-                                runtime_id,
-                                processor,
-                                recordings,
-                                frames,
-                                f"measured-{attempt}",
-                                args.drop_frames,
-                            ),
+                    profiled = args.profile_control and attempt == 1
+                    profiler = _ControlProfile(dsn, pids, scratch) if profiled else None
+                    with profiler or contextlib.nullcontext():
+                        if profiler is not None:
+                            await profiler.start()
+                        phases.append(
+                            await meter.measure(
+                                "processor",
+                                lambda attempt=attempt: _processor_run(
+                                    c,
+                                    runtime_id,
+                                    processor,
+                                    recordings,
+                                    frames,
+                                    f"measured-{attempt}",
+                                    args.drop_frames,
+                                ),
+                            )
                         )
-                    )
+                    if profiler is not None:
+                        await profiler.report(frames)
                     for name, seconds in delta(thread_cpu(processor.pid), threads_before).items():
                         threads[name] = threads.get(name, 0.0) + seconds
                 await baselines()
@@ -435,6 +458,47 @@ async def _bench(
         f"{'met' if control <= TARGET_CONTROL_MS else 'MISSED'})"
     )
     return Outcome(run, baseline, plain, peak, cpu_ratio)
+
+
+class _ControlProfile:
+    """--profile-control around one processor pass: pg_stat_statements, py-spy and the CPU
+    per thread of the coordinator and the preview service."""
+
+    def __init__(self, dsn: str, pids: dict[str, int], scratch: Path) -> None:
+        self.dsn = dsn
+        self.pids = {name: pids[name] for name in ("coordinator", "preview")}
+        self.spy = profiling.PySpy(self.pids, scratch)
+        self.threads: dict[str, dict[str, float]] = {}
+
+    async def start(self) -> None:
+        await profiling.statements_reset(self.dsn)
+        self.threads = {name: thread_cpu(pid) for name, pid in self.pids.items()}
+
+    def __enter__(self) -> _ControlProfile:
+        self.spy.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.threads = {
+            name: delta(thread_cpu(pid), self.threads.get(name, {}))
+            for name, pid in self.pids.items()
+        }
+        self.spy.__exit__(*exc)
+
+    async def report(self, frames: int) -> None:
+        say()
+        say(f"control-plane profile of the first processor pass ({frames} frames):")
+        for name, threads in self.threads.items():
+            busiest = sorted(threads.items(), key=lambda item: -item[1])[:5]
+            say(
+                f"{name} threads, CPU ms per frame: "
+                + ", ".join(
+                    f"{thread} {seconds * 1000 / frames:.3f}" for thread, seconds in busiest
+                )
+            )
+        await profiling.statements_report(self.dsn, frames, "frame")
+        self.spy.report(frames, "frame")
+        say()
 
 
 def _load_model(triton: TritonServer) -> None:

@@ -16,6 +16,8 @@ import pytest
 import urllib3
 
 from services.coordinator.auth import Grant, ScopeName
+from services.preview.settings import PreviewSettings
+from services.preview.storage import ObjectStore
 from testbed.coordinator_leases import (
     Setup,
     claimed,
@@ -267,3 +269,27 @@ async def test_grants_are_refused_for_leases_that_do_not_hold_and_for_bad_reques
     code, reason, _ = await refusal(p.stub.GrantPreviewWrites(grant_request(job, [0])))
     assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "CREDENTIAL_MISSING")
     assert await p.keys() == []
+
+
+def test_grants_signed_together_carry_the_sdks_own_fields(s3_bucket: S3Bucket) -> None:
+    """ObjectStore.post_policies signs many keys with one signing key: each key's fields are
+    exactly what the SDK's presigned_post_policy writes for it at the same second."""
+    server = s3_bucket.server
+    store = ObjectStore(
+        PreviewSettings(
+            s3_endpoint=server.endpoint,
+            s3_access_key=server.access_key,
+            s3_secret_key=server.secret_key,
+            bucket=s3_bucket.name,
+            coordinator_target="127.0.0.1:1",
+            service_key="unused",
+        )
+    )
+    expires = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=60)
+    keys = ["previews/r1/j0/1/0.jpg", 'workshop-tests/previews/r"1/j0/1/7.jpg']
+    for _ in range(5):  # the SDK reads the clock itself: retry if a second passed between
+        together = store.post_policies(keys, "image/jpeg", 4096, expires)
+        one_by_one = [store.post_policy(key, "image/jpeg", 4096, expires) for key in keys]
+        if {f["x-amz-date"] for f in together + one_by_one} == {together[0]["x-amz-date"]}:
+            break
+    assert together == one_by_one

@@ -550,3 +550,61 @@ async def test_an_image_read_shows_its_boxes_after_relabels(
         pub.AuthorizeImageReadRequest(run_id="r1", item_id=item_id), metadata=reader
     )
     assert [box.class_name for box in image.boxes] == ["person", "person", "truck"]
+
+
+COPY_ITEMS = """
+INSERT INTO bucket_items (item_id, bucket_id, run_id, job_index, slot_index, step_id, camera_id,
+                          recording_id, recording_generation, frame_time, boxes, object_key,
+                          sha256, saved_at)
+SELECT item_id || '-later', bucket_id, run_id, job_index, slot_index, step_id || '-later',
+       camera_id, recording_id, recording_generation, frame_time + interval '1 hour', boxes,
+       object_key, sha256, saved_at
+FROM bucket_items WHERE run_id = 'r1'
+RETURNING item_id
+"""
+WRITES = (
+    "SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0) "
+    "FROM pg_stat_xact_user_tables WHERE relname = 'sighting_boxes'"
+)
+
+
+async def test_a_commit_writes_each_box_once_and_other_inserts_get_theirs_at_commit(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """The committing coordinator inserts its items' boxes already grouped (no ungrouped row
+    is written and then updated); items inserted by anything else get their boxes at
+    commit, ungrouped, and maintenance groups them as a commit would have (migration 0019)."""
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 12)))
+    committed = await all_sightings(c, "r1")
+    async with c.db.transaction() as connection:
+        boxes = await connection.fetchval("SELECT count(*) FROM sighting_boxes")
+        assert boxes == 28  # 12 frames, two people each, a vehicle in every third
+        added = [row["item_id"] for row in await connection.fetch(COPY_ITEMS)]
+        assert await connection.fetchval("SELECT count(*) FROM sighting_boxes") == boxes
+        before = await connection.fetchrow(WRITES)  # this backend's writes not yet reported
+        await review.group_committed(connection, added)
+        after = await connection.fetchrow(WRITES)
+    # each box inserted once, grouped; nothing updated
+    assert (after[0] - before[0], after[1] - before[1]) == (boxes, 0)
+    async with c.db.connection() as connection:
+        rows = await connection.fetch("SELECT sighting_id FROM sighting_boxes")
+    assert len(rows) == 2 * boxes
+    assert all(row["sighting_id"] for row in rows)
+    later = await all_sightings(c, "r1")
+    assert len(later) == 2 * len(committed)
+
+    async with c.db.transaction() as connection:  # no group_committed: as another writer
+        await connection.execute("DELETE FROM bucket_items WHERE item_id LIKE '%-later'")
+        added = [row["item_id"] for row in await connection.fetch(COPY_ITEMS)]
+        assert len(added) == 12
+        assert await connection.fetchval("SELECT count(*) FROM sighting_boxes") == boxes
+    async with c.db.connection() as connection:
+        ungrouped = await connection.fetchval(
+            "SELECT count(*) FROM sighting_boxes WHERE sighting_id = ''"
+        )
+    assert ungrouped == boxes  # added at commit by the deferred trigger
+    assert await review.group_backlog(c.db) == 1
+    assert await all_sightings(c, "r1") == later

@@ -276,9 +276,10 @@ class PublicationApi:
         reporting = reporter(processor)
         outcomes: list[Recorded | WorkshopError | None] = []
         checked: list[PreviewRecord] = []
+        runs: dict[str, Frozen] = {}  # a batch's previews are of a few runs: one lookup each
         for preview in previews:
             try:
-                checked.append(await self._check_preview(preview))
+                checked.append(await self._check_preview(preview, runs))
             except WorkshopError as error:
                 outcomes.append(error)
             else:
@@ -303,8 +304,11 @@ class PublicationApi:
             outcome if outcome is not None else _recorded(*next(recorded)) for outcome in outcomes
         ]
 
-    async def _check_preview(self, preview: PreviewRecord) -> PreviewRecord:
-        """The preview with its content type, checked: its key must be the lease's for the slot."""
+    async def _check_preview(
+        self, preview: PreviewRecord, runs: dict[str, Frozen]
+    ) -> PreviewRecord:
+        """The preview with its content type, checked: its key must be the lease's for the slot.
+        `runs` keeps the snapshots looked up for the batch."""
         if not preview.content_type:
             # a preview service from before 0008 sends none: its key names the type
             extension = preview.key.rpartition(".")[2]
@@ -312,7 +316,9 @@ class PublicationApi:
                 preview, content_type=object_keys.CONTENT_TYPES.get(extension, "")
             )
         _check_object(preview.sha256, preview.byte_size, preview.content_type)
-        frozen = await self._frozen(preview.lease)
+        frozen = runs.get(preview.lease.run_id)
+        if frozen is None:
+            frozen = runs[preview.lease.run_id] = await self._frozen(preview.lease)
         expected = object_key(
             "preview",
             preview.lease,

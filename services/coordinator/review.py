@@ -53,6 +53,35 @@ class Timeline(Row):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NewBox(Row):
+    """A box of a just-committed item, not in sighting_boxes yet (items_new_boxes)."""
+
+    run_id: str
+    bucket_id: str
+    camera_id: str
+    item_id: str
+    box_index: int
+    frame_time: datetime
+    class_name: str
+    x: float
+    y: float
+    w: float
+    h: float
+
+    def detection(self) -> sightings.Detection:
+        return sightings.Detection(
+            self.item_id,
+            self.box_index,
+            self.frame_time,
+            self.class_name,
+            self.x,
+            self.y,
+            self.w,
+            self.h,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TimelineBox(Row):
     item_id: str
     box_index: int
@@ -356,16 +385,29 @@ def summary_days(time_zone: str, days: int, now: datetime) -> list[datetime]:
 async def group_timeline(connection: Connection, timeline: Timeline) -> int:
     """Groups a timeline's ungrouped boxes (the caller holds its lock); returns how many
     boxes changed sighting."""
-    rows = await fetch_all(
-        connection,
-        TimelineBox,
-        sql("review", "timeline_regroup_rows"),
-        timeline.run_id,
-        timeline.bucket_id,
-        timeline.camera_id,
-    )
-    if not rows:
-        return 0
+    changed, _ = await _regroup(connection, timeline, ())
+    return changed
+
+
+async def _regroup(
+    connection: Connection, timeline: Timeline, added: Sequence[sightings.Detection]
+) -> tuple[int, dict[tuple[str, int], str]]:
+    """Groups the timeline's ungrouped boxes and `added` (boxes not in the table yet) from
+    the first of them on, starting from the sightings open just before it; updates the
+    boxes in the table whose sighting changed. Returns how many changed, and the sighting
+    of every box grouped (those of `added` included)."""
+    args = (timeline.run_id, timeline.bucket_id, timeline.camera_id)
+    if added:
+        start = min(box.frame_time for box in added)
+        rows = await fetch_all(
+            connection, TimelineBox, sql("review", "timeline_rows_from"), *args, start
+        )
+    else:
+        rows = await fetch_all(
+            connection, TimelineBox, sql("review", "timeline_regroup_rows"), *args
+        )
+        if not rows:
+            return 0, {}
     last_fixed: dict[str, sightings.Detection] = {}
     replay: list[sightings.Detection] = []
     for row in rows:
@@ -376,9 +418,10 @@ async def group_timeline(connection: Connection, timeline: Timeline) -> int:
         seen = last_fixed.get(row.sighting_id)
         if seen is None or (seen.frame_time, seen.item_id) < (row.frame_time, row.item_id):
             last_fixed[row.sighting_id] = detection
+    replay.extend(added)
     assigned = sightings.group(replay, sorted(last_fixed.items()))
     before = {(row.item_id, row.box_index): row.sighting_id for row in rows if not row.fixed}
-    changed = [(key, sid) for key, sid in assigned.items() if before[key] != sid]
+    changed = [(key, sid) for key, sid in assigned.items() if key in before and before[key] != sid]
     if changed:
         await connection.execute(
             sql("review", "timeline_assign"),
@@ -386,20 +429,42 @@ async def group_timeline(connection: Connection, timeline: Timeline) -> int:
             [key[1] for key, _ in changed],
             [sid for _, sid in changed],
         )
-    return len(changed)
+    return len(changed), assigned
 
 
 async def group_committed(connection: Connection, item_ids: Sequence[str]) -> None:
-    """In the transaction that committed `item_ids` (whose insert added their boxes to
-    their timelines, locked them and counted the items: bucket_items_added): groups
-    what they changed."""
+    """In the transaction that committed `item_ids` (whose insert locked their timelines
+    and counted them: bucket_items_added): adds their boxes to sighting_boxes already
+    grouped, each box written once (migration 0019), and regroups what they changed."""
     if not item_ids:
         return
-    timelines = await fetch_all(
-        connection, Timeline, sql("review", "timelines_of_items"), list(item_ids)
+    new = await fetch_all(connection, NewBox, sql("review", "items_new_boxes"), list(item_ids))
+    if not new:
+        # Their boxes are in already, ungrouped (an insert before migration 0019): group them.
+        timelines = await fetch_all(
+            connection, Timeline, sql("review", "timelines_of_items"), list(item_ids)
+        )
+        for timeline in timelines:
+            await group_timeline(connection, timeline)
+        return
+    by_timeline: dict[tuple[str, str, str], list[sightings.Detection]] = {}
+    for box in new:
+        by_timeline.setdefault((box.run_id, box.bucket_id, box.camera_id), []).append(
+            box.detection()
+        )
+    items: list[str] = []
+    indices: list[int] = []
+    sighting_ids: list[str] = []
+    for key in sorted(by_timeline):  # the timelines' lock order
+        added = by_timeline[key]
+        _, assigned = await _regroup(connection, Timeline(*key), added)
+        for detection in added:
+            items.append(detection.item_id)
+            indices.append(detection.box_index)
+            sighting_ids.append(assigned[detection.key])
+    await connection.execute(
+        sql("review", "sighting_boxes_add_grouped"), items, indices, sighting_ids
     )
-    for timeline in timelines:
-        await group_timeline(connection, timeline)
 
 
 async def group_backlog(db: Database, limit: int = 100) -> int:

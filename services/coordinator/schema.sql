@@ -1444,12 +1444,11 @@ ALTER TABLE bucket_items SET (fillfactor = 80);
 CREATE INDEX bucket_items_by_run_frame ON bucket_items (run_id, frame_time, item_id);
 CREATE INDEX bucket_items_by_bucket_frame ON bucket_items (bucket_id, frame_time, item_id);
 
--- Adds the boxes of the items `p_items` to their timelines, ungrouped, and
--- counts the items: what committing them into buckets changes for review and the summary.
--- Locks the timelines first, in key order (the lock order every writer of sightings
--- keeps: timelines, then items and boxes, then the counters (class, bucket, run, day),
--- each in key order).
--- Returns the timelines to group.
+-- Locks the timelines of the items `p_items` (in key order: the lock order every writer
+-- of sightings keeps: timelines, then items and boxes, then the counters (class, bucket,
+-- run, day), each in key order) and counts the items: what committing them into buckets
+-- changes for the summary. Their boxes are added by review.group_committed, grouped, or
+-- at commit by bucket_item_boxes (ungrouped). Returns the timelines.
 CREATE FUNCTION review_items_added(p_items text[])
 RETURNS TABLE (run_id text, bucket_id text, camera_id text)
 LANGUAGE plpgsql AS $$
@@ -1460,24 +1459,13 @@ BEGIN
     ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
 
-    INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id, frame_time,
-                                class_name, score, x, y, w, h, track_id, sighting_id)
-    SELECT bi.item_id, coalesce(b.ordinal - 1, -1)::integer, bi.run_id, bi.bucket_id, bi.camera_id,
-           bi.frame_time, coalesce(b.box ->> 'class_name', ''),
-           coalesce((b.box ->> 'score')::real, 0),
-           coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
-           coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0),
-           (b.box ->> 'track_id')::bigint, ''
-    FROM bucket_items bi
-    LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal) ON true
-    WHERE bi.item_id = ANY (p_items);
-
+    -- new boxes are pending and not relabelled: their class as detected, no confirmation
     INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
                                             confirmations)
-    SELECT r.workflow_id, sb.bucket_id, coalesce(sb.relabel_class, sb.class_name), count(*),
-           count(*) FILTER (WHERE sb.review_state = 'accepted')
-    FROM sighting_boxes sb JOIN runs r ON r.run_id = sb.run_id
-    WHERE sb.item_id = ANY (p_items) AND sb.box_index >= 0
+    SELECT r.workflow_id, bi.bucket_id, coalesce(b.box ->> 'class_name', ''), count(*), 0
+    FROM bucket_items bi JOIN runs r ON r.run_id = bi.run_id
+    CROSS JOIN LATERAL jsonb_array_elements(bi.boxes) AS b (box)
+    WHERE bi.item_id = ANY (p_items)
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
     SET detections = c.detections + EXCLUDED.detections,
@@ -1520,9 +1508,11 @@ BEGIN
 END;
 $$;
 
--- Every insert of bucket items adds their boxes and counts them, whichever code inserts
--- them (also a coordinator of an older version during a rolling upgrade); the
--- committing coordinator then groups them, or the maintenance pass does.
+-- Every insert of bucket items locks their timelines and counts them, whichever code
+-- inserts them; the committing coordinator then adds their boxes grouped
+-- (review.group_committed), or bucket_items_boxes adds them ungrouped at commit (also for
+-- a coordinator of an older version during a rolling upgrade) and the maintenance pass
+-- groups them (migration 0019).
 CREATE FUNCTION bucket_items_added() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM review_items_added(ARRAY(SELECT item_id FROM added));
@@ -1533,6 +1523,33 @@ $$;
 CREATE TRIGGER bucket_items_review
     AFTER INSERT ON bucket_items REFERENCING NEW TABLE AS added
     FOR EACH STATEMENT EXECUTE FUNCTION bucket_items_added();
+
+-- At commit, for each inserted item: its boxes (sighting_id '', ungrouped) if nothing
+-- added them in the transaction (group_committed does, grouped) and the item is still there.
+CREATE FUNCTION bucket_item_boxes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM sighting_boxes sb WHERE sb.item_id = NEW.item_id) THEN
+        INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id,
+                                    frame_time, class_name, score, x, y, w, h, track_id,
+                                    sighting_id)
+        SELECT bi.item_id, coalesce(b.ordinal - 1, -1)::integer, bi.run_id, bi.bucket_id,
+               bi.camera_id, bi.frame_time, coalesce(b.box ->> 'class_name', ''),
+               coalesce((b.box ->> 'score')::real, 0),
+               coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
+               coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0),
+               (b.box ->> 'track_id')::bigint, ''
+        FROM bucket_items bi
+        LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal)
+            ON true
+        WHERE bi.item_id = NEW.item_id;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE CONSTRAINT TRIGGER bucket_items_boxes
+    AFTER INSERT ON bucket_items DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION bucket_item_boxes();
 
 -- Locks the timeline of the box (p_item, p_box) of run p_run and answers, read after the
 -- lock, the sighting the box belongs to now and whether the timeline has boxes to group.

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from services.preview.errors import InvalidField
 from services.preview.images import CONTENT_TYPES
 from services.preview.leases import LeaseChecks
@@ -79,9 +81,8 @@ class WriteGrants:
         expires = now + timedelta(seconds=min(self.grant_seconds, self._lease_left(facts)))
         expires = max(expires, now + timedelta(seconds=MIN_GRANT_SECONDS)).replace(microsecond=0)
         test = facts.mode != common_pb2.RUN_MODE_FULL
-        answer = pb.GrantPreviewWritesResponse()
-        for slot in slots:
-            key = object_key(
+        keys = [
+            object_key(
                 "preview",
                 lease.run_id,
                 lease.job_id,
@@ -90,16 +91,22 @@ class WriteGrants:
                 test=test,
                 content_type=request.content_type,
             )
+            for slot in slots
+        ]
+        policies = self.store.post_policies(
+            keys, request.content_type, self.max_image_bytes, expires
+        )
+        answer = pb.GrantPreviewWritesResponse()
+        expires_at = Timestamp(seconds=int(expires.timestamp()))  # whole seconds (above)
+        for slot, key, fields in zip(slots, keys, policies, strict=True):
             grant = answer.grants.add(
                 slot_index=slot,
                 object_key=key,
                 url=self.store.bucket_url,
                 max_bytes=self.max_image_bytes,
+                expires_at=expires_at,
             )
-            grant.fields.update(
-                self.store.post_policy(key, request.content_type, self.max_image_bytes, expires)
-            )
-            grant.expires_at.FromDatetime(expires)
+            grant.fields.update(fields)
         return answer
 
     def _lease_left(self, facts: pub.CheckLeaseResponse) -> float:

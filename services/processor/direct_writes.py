@@ -27,12 +27,17 @@ from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
 from workshop.v1 import publication_pb2 as pub
 
-GRANT_BATCH = 32  # slots granted per GrantPreviewWrites
-MAX_BATCH = 64  # records per RecordWrittenPreviews
+# Slots granted per GrantPreviewWrites: a job's next 128 (a 60 s recording at 2 fps has
+# 120), so most jobs ask once; the grants of slots not reached before they expire (60 s)
+# are asked for again.
+GRANT_BATCH = 128
+MAX_BATCH = 256  # records per RecordWrittenPreviews (what the preview service takes)
 # How long the first queued record waits for others: each RecordWrittenPreviews costs the
-# control plane about a millisecond of CPU whatever it carries (docs/benchmarks.md), so a
-# batch is worth a short wait; a job that finishes does not wait (settle sends at once).
-LINGER_SECONDS = 0.2
+# control plane a few milliseconds of CPU whatever it carries (a gRPC hop to the preview
+# service and one to the coordinator, and the fences once per lease of the batch:
+# docs/benchmarks.md), so a batch is worth a wait; a preview then reaches the run's live
+# images up to this much later. A job that finishes does not wait (settle sends at once).
+LINGER_SECONDS = 1.0
 GRANT_MARGIN = timedelta(seconds=5)  # a grant closer than this to its expiry is renewed
 WRITE_TIMEOUT_SECONDS = 10.0
 WRITE_RETRIES = 2

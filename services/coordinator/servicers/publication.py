@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from google.protobuf import json_format
-
 from services.coordinator import convert, review
 from services.coordinator.auth import Principal, ScopeName, require
 from services.coordinator.errors import InvalidField
@@ -233,10 +231,7 @@ def _preview(request: pb.RecordPreviewRequest) -> PreviewRecord:
         byte_size=request.byte_size,
         content_type=request.content_type,
         frame_time=convert.from_ts("frame_time", request.frame_time),
-        boxes=[
-            json_format.MessageToDict(box, preserving_proto_field_name=True)
-            for box in request.boxes
-        ],
+        boxes=[convert.box_dict(box) for box in request.boxes],
     )
 
 

@@ -25,6 +25,49 @@ FROM sighting_boxes sb, start
 WHERE sb.run_id = $1 AND sb.bucket_id = $2 AND sb.camera_id = $3
   AND sb.frame_time >= start.first_ungrouped - interval '5 seconds';
 
+-- name: timeline_rows_from
+-- The boxes a regroup of a timeline reads when boxes from $4 on are being added (they are
+-- not in the table yet): from 5 s before $4 or its first ungrouped box, whichever is
+-- earlier; those before that are fixed, the rest are grouped again with the new ones.
+WITH start AS MATERIALIZED (
+    SELECT least($4::timestamptz, min(frame_time)) AS first_ungrouped FROM sighting_boxes
+    WHERE run_id = $1 AND bucket_id = $2 AND camera_id = $3 AND sighting_id = ''
+)
+SELECT sb.item_id, sb.box_index, sb.frame_time, sb.class_name, sb.x, sb.y, sb.w, sb.h,
+       sb.sighting_id, sb.frame_time < start.first_ungrouped AS fixed
+FROM sighting_boxes sb, start
+WHERE sb.run_id = $1 AND sb.bucket_id = $2 AND sb.camera_id = $3
+  AND sb.frame_time >= start.first_ungrouped - interval '5 seconds';
+
+-- name: items_new_boxes
+-- The boxes of the committed items $1 that sighting_boxes does not hold yet, read from
+-- the items as the table would hold them (box_index -1: an item without boxes), by
+-- timeline.
+SELECT bi.run_id, bi.bucket_id, bi.camera_id, bi.item_id,
+       coalesce(b.ordinal - 1, -1)::integer AS box_index, bi.frame_time,
+       coalesce(b.box ->> 'class_name', '') AS class_name,
+       coalesce((b.box ->> 'x')::real, 0) AS x, coalesce((b.box ->> 'y')::real, 0) AS y,
+       coalesce((b.box ->> 'w')::real, 0) AS w, coalesce((b.box ->> 'h')::real, 0) AS h
+FROM bucket_items bi
+LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal) ON true
+WHERE bi.item_id = ANY ($1::text[])
+  AND NOT EXISTS (SELECT 1 FROM sighting_boxes sb WHERE sb.item_id = bi.item_id)
+ORDER BY bi.run_id, bi.bucket_id, bi.camera_id;
+
+-- name: sighting_boxes_add_grouped
+-- The boxes (item $1[i], box $2[i]) of committed items, from the items, with their
+-- sightings $3[i] (items_new_boxes' rows, grouped).
+INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id, frame_time,
+                            class_name, score, x, y, w, h, track_id, sighting_id)
+SELECT bi.item_id, u.box_index, bi.run_id, bi.bucket_id, bi.camera_id, bi.frame_time,
+       coalesce(b.box ->> 'class_name', ''), coalesce((b.box ->> 'score')::real, 0),
+       coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
+       coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0),
+       (b.box ->> 'track_id')::bigint, u.sighting_id
+FROM unnest($1::text[], $2::integer[], $3::text[]) AS u (item_id, box_index, sighting_id)
+JOIN bucket_items bi ON bi.item_id = u.item_id
+LEFT JOIN LATERAL (SELECT bi.boxes -> u.box_index AS box) b ON u.box_index >= 0;
+
 -- name: timeline_assign
 UPDATE sighting_boxes sb SET sighting_id = u.sighting_id
 FROM unnest($1::text[], $2::integer[], $3::text[]) AS u (item_id, box_index, sighting_id)
