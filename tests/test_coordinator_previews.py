@@ -355,6 +355,39 @@ async def test_previews_of_an_attempt_are_recorded_in_slot_order_within_its_slot
     await record(c, s, record_request(again, 0, test=False))
 
 
+async def test_a_repeated_record_of_an_earlier_slot_answers_as_the_first(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """A record whose answer was lost is asked again after a later slot of the lease was
+    recorded (the chaos soak met it: a batch of slots committed, its answer lost while a
+    coordinator was killed). The same key with the same digest under the same lease is a
+    retry, answered as the first time and the row left published; the same key with other
+    bytes is still out of order."""
+    c = coordinator
+    s, job = await leased(c)
+    first = await record(c, s, record_request(job, 0, test=False))
+    await record(c, s, record_request(job, 2, test=False))
+    before = await row(c, preview_key(job, 0, test=False))
+    again = await record(c, s, record_request(job, 0, test=False))
+    assert (again.item_id, again.expires_at) == (first.item_id, first.expires_at)
+    after = await row(c, preview_key(job, 0, test=False))
+    assert after is not None and before is not None
+    assert after["published_at"] is not None and after["collectable_at"] == before["collectable_at"]
+    assert await listed(c, s) == []
+    other_bytes = record_request(job, 0, test=False, data=b"other bytes")
+    assert await refused(c.publication.RecordPreview(other_bytes, metadata=on_behalf(s))) == (
+        INVALID
+    )
+    # a later lease of the job does not inherit the earlier lease's records
+    await c.jobs.Release(jobs_pb2.ReleaseRequest(lease=job.lease), metadata=s.processor)
+    second = await claimed(c, s)
+    await record(c, s, record_request(second, 1, test=False))
+    stale = record_request(job, 0, test=False)
+    assert (await refused(c.publication.RecordPreview(stale, metadata=on_behalf(s))))[0] == (
+        FAILED_PRECONDITION
+    )
+
+
 async def test_a_refused_retry_of_a_published_preview_leaves_it_live(
     coordinator: CoordinatorHarness,
 ) -> None:

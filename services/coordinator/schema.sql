@@ -1038,8 +1038,10 @@ $$;
 -- lease's rows are written with one INSERT per outcome, its job's preview_slot moved
 -- once and its run notified once. A row is refused as preview_record would refuse it
 -- (the lease's fence, SLOT_NOT_EXPECTED, PREVIEW_OUT_OF_ORDER against the slot the job
--- had before the batch) and still recorded, as collectable. The same key twice in a
--- batch is written once, as its last occurrence. The calling service's key must still
+-- had before the batch) and still recorded, as collectable. A slot before the job's
+-- preview_slot whose key this lease already published with the same digest is a retry
+-- whose answer was lost: answered as the first time, its row left as it is. The same
+-- key twice in a batch is written once, as its last occurrence. The calling service's key must still
 -- be live (SERVICE_NOT_AUTHORIZED for all). p_boxes holds each preview's labels as
 -- JSON text. Answers one row per preview with its 1-based position.
 CREATE FUNCTION previews_record(
@@ -1084,11 +1086,19 @@ BEGIN
                    CASE WHEN refused <> '' THEN refused
                         WHEN p_slots[m] < 0 OR p_slots[m] >= j.slot_count
                             THEN 'SLOT_NOT_EXPECTED'
-                        WHEN j.preview_slot > p_slots[m] THEN 'PREVIEW_OUT_OF_ORDER'
-                        ELSE '' END AS why
+                        WHEN j.preview_slot > p_slots[m] AND NOT EXISTS (
+                            SELECT 1 FROM staged_objects s
+                            WHERE s.object_key = p_keys[m] AND s.run_id = lease.run
+                              AND s.job_index = lease.job AND s.generation = lease.generation
+                              AND s.sha256 = p_sha256[m] AND s.published_at IS NOT NULL
+                              AND s.deleted_at IS NULL)
+                            THEN 'PREVIEW_OUT_OF_ORDER'
+                        ELSE '' END AS why,
+                   coalesce(j.preview_slot > p_slots[m], false) AS again
             FROM unnest(members) AS m
         ), last AS (
-            SELECT DISTINCT ON (p_keys[b.o]) b.o, b.why FROM batch b ORDER BY p_keys[b.o], b.o DESC
+            SELECT DISTINCT ON (p_keys[b.o]) b.o, b.why, b.again
+            FROM batch b ORDER BY p_keys[b.o], b.o DESC
         ), garbage AS (
             INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation,
                                         slot_index, sha256, byte_size, content_type,
@@ -1108,7 +1118,7 @@ BEGIN
             SELECT p_keys[l.o], 'preview', lease.run, lease.job, lease.generation,
                    p_slots[l.o], p_sha256[l.o], p_sizes[l.o], p_content_types[l.o], p_now,
                    p_now, p_item_ids[l.o], p_frame_times[l.o], p_boxes[l.o]::jsonb, run_expiry
-            FROM last l WHERE l.why = ''
+            FROM last l WHERE l.why = '' AND NOT l.again
             ON CONFLICT (object_key) DO UPDATE
                 SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
                     content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
