@@ -370,9 +370,7 @@ async def test_a_repeated_record_of_an_earlier_slot_answers_as_the_first(
     before = await row(c, preview_key(job, 0, test=False))
     again = await record(c, s, record_request(job, 0, test=False))
     assert (again.item_id, again.expires_at) == (first.item_id, first.expires_at)
-    after = await row(c, preview_key(job, 0, test=False))
-    assert after is not None and before is not None
-    assert after["published_at"] is not None and after["collectable_at"] == before["collectable_at"]
+    assert await row(c, preview_key(job, 0, test=False)) == before  # untouched
     assert await listed(c, s) == []
     other_bytes = record_request(job, 0, test=False, data=b"other bytes")
     assert await refused(c.publication.RecordPreview(other_bytes, metadata=on_behalf(s))) == (
