@@ -265,6 +265,48 @@ def test_grpc_services_have_grpc_probes_on_their_port(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_is_scraped_on_its_metrics_port_and_only_there(overlay: str) -> None:
+    """Each server's /metrics is on a fixed port named `metrics` that its pod announces
+    (prometheus.io annotations) and a NetworkPolicy opens to Prometheus alone; the
+    gateway's is off its public HTTP port."""
+    documents = rendered(overlay)
+    policies = of_kind(documents, "NetworkPolicy")
+    for workload, container, service in workshop_containers(documents):
+        if workload["kind"] == "Job":
+            continue
+        where = workload["metadata"]["name"]
+        port = int(setting_value(container, service, "metrics_port"))
+        assert port > 0, where
+        assert {"name": "metrics", "containerPort": port} in container["ports"], where
+        template = workload["spec"]["template"]["metadata"]
+        assert template["annotations"]["prometheus.io/port"] == str(port), where
+        if service == "gateway":
+            assert setting_value(container, service, "http_metrics") == "0"
+        labels = template["labels"]
+        opened = [
+            rule
+            for policy in policies
+            if selects(policy["spec"]["podSelector"], labels)
+            for rule in policy["spec"].get("ingress", [])
+            if {"port": "metrics", "protocol": "TCP"} in rule.get("ports", [])
+        ]
+        assert opened, f"no NetworkPolicy opens {where}'s metrics port"
+        for rule in opened:
+            assert all("podSelector" in peer for peer in rule["from"]), where
+
+
+def selects(selector: Document, labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions with In) selects `labels`."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression  # the only operator used here
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_services_target_ports_their_pods_serve(overlay: str) -> None:
     documents = rendered(overlay)
     for service in of_kind(documents, "Service"):
