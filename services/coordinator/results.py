@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from google.protobuf import json_format
-
+from services.coordinator.convert import box_dict
 from services.coordinator.errors import InvalidField, ResultInvalid
 from workshop.kit.hashing import sha256_hex
 from workshop.v1 import common_pb2, jobs_pb2
@@ -176,10 +175,7 @@ def _frame_items(
             slot_index=index,
             step_id=output.step_id,
             frame_time=moment,
-            boxes=[
-                json_format.MessageToDict(box, preserving_proto_field_name=True)
-                for box in output.boxes
-            ],
+            boxes=[box_dict(box) for box in output.boxes],
             object_key=slot.upload_key,
             sha256=slot.upload_sha256,
         )
