@@ -24,46 +24,90 @@ import dataclasses
 import socket
 import struct
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 CHUNK = 65536
+P = TypeVar("P", bound="LoopbackProxy")
 
 
-class HeldEndProxy:
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        self._upstream = (upstream_host, upstream_port)
+class LoopbackProxy:
+    """What every proxy here shares: a listener on a free loopback port, one task per
+    proxied connection (`_serve`, which subclasses write), and a `close` that ends them
+    all."""
+
+    def __init__(self) -> None:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self.gate = asyncio.Event()  # open: ends are passed on (and held ones released)
-        self.opened = 0  # connections proxied so far
-        self.held = 0  # connections whose upstream ended, held open toward the client
         self.port = 0
 
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     async def close(self) -> None:
-        self.gate.set()
+        self._closing()
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
 
-    async def _serve(
+    def _closing(self) -> None:
+        """What a proxy lets go of before its connections are cancelled."""
+
+    async def _accept(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        try:
+            await self._serve(client_in, client_out)
+        finally:
+            self._tasks.discard(task)
+
+    async def _serve(
+        self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
+    ) -> None:
+        raise NotImplementedError
+
+
+@contextlib.asynccontextmanager
+async def running(proxy: P) -> AsyncIterator[P]:
+    """`proxy` started, and closed on the way out."""
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+class HeldEndProxy(LoopbackProxy):
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        super().__init__()
+        self._upstream = (upstream_host, upstream_port)
+        self.gate = asyncio.Event()  # open: ends are passed on (and held ones released)
+        self.opened = 0  # connections proxied so far
+        self.held = 0  # connections whose upstream ended, held open toward the client
+
+    def _closing(self) -> None:
+        self.gate.set()
+
+    async def _serve(
+        self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
+    ) -> None:
         self.opened += 1
         try:
             server_in, server_out = await asyncio.open_connection(*self._upstream)
         except OSError:
             client_out.close()
-            self._tasks.discard(task)
             return
         upward = asyncio.create_task(_pump(client_in, server_out))
         try:
@@ -80,7 +124,6 @@ class HeldEndProxy:
                 await upward
             for writer in (client_out, server_out):
                 writer.close()
-            self._tasks.discard(task)
 
 
 async def _pump(
@@ -95,17 +138,13 @@ async def _pump(
         sink.close()
 
 
-@contextlib.asynccontextmanager
-async def held_end_proxy(upstream_host: str, upstream_port: int) -> AsyncIterator[HeldEndProxy]:
-    proxy = HeldEndProxy(upstream_host, upstream_port)
-    await proxy.start()
-    try:
-        yield proxy
-    finally:
-        await proxy.close()
+def held_end_proxy(
+    upstream_host: str, upstream_port: int
+) -> contextlib.AbstractAsyncContextManager[HeldEndProxy]:
+    return running(HeldEndProxy(upstream_host, upstream_port))
 
 
-class SwitchingProxy:
+class SwitchingProxy(LoopbackProxy):
     """A loopback TCP proxy in front of one of several replicas, as a Service in front of
     its pods: each new connection goes to `upstream` (the test switches it), and while
     `lose_replies_of` names an upstream, every byte it sends is dropped, so a call reaches
@@ -114,39 +153,20 @@ class SwitchingProxy:
     whichever upstream is current then."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
+        super().__init__()
         self.upstream = upstream
         self.lose_replies_of: tuple[str, int] | None = None
         self.lost_bytes = 0  # bytes dropped under lose_replies_of
         self.opened: list[tuple[str, int]] = []  # the upstream of each proxied connection
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _serve(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
         upstream = self.upstream
         try:
             server_in, server_out = await asyncio.open_connection(*upstream)
         except OSError:
             client_out.close()
-            self._tasks.discard(task)
             return
         self.opened.append(upstream)
         upward = asyncio.create_task(_pump(client_in, server_out))
@@ -164,17 +184,12 @@ class SwitchingProxy:
                 await upward
             for writer in (client_out, server_out):
                 writer.close()
-            self._tasks.discard(task)
 
 
-@contextlib.asynccontextmanager
-async def switching_proxy(upstream: tuple[str, int]) -> AsyncIterator[SwitchingProxy]:
-    proxy = SwitchingProxy(upstream)
-    await proxy.start()
-    try:
-        yield proxy
-    finally:
-        await proxy.close()
+def switching_proxy(
+    upstream: tuple[str, int],
+) -> contextlib.AbstractAsyncContextManager[SwitchingProxy]:
+    return running(SwitchingProxy(upstream))
 
 
 # A proxy that breaks the network on purpose --------------------------------------------------
@@ -208,7 +223,7 @@ class _Link:
             writer.transport.abort()
 
 
-class FaultProxy:
+class FaultProxy(LoopbackProxy):
     """A loopback TCP proxy in front of one upstream that a test breaks and heals on
     purpose (docs/reliability.md, network faults). A client is pointed at `port` instead of
     the upstream; every fault acts on the bytes between them, in both directions:
@@ -234,9 +249,8 @@ class FaultProxy:
     """
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        super().__init__()
         self._upstream = (upstream_host, upstream_port)
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._links: set[_Link] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
@@ -247,27 +261,10 @@ class FaultProxy:
         self.refused = 0  # connections reset on accept while refusing
         self.resets = 0  # open connections ended with an RST
         self.held = 0  # chunks waiting at a stall now
-        self.port = 0
 
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+    def _closing(self) -> None:
         for link in list(self._links):
             link.reset()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
 
     def stall(self) -> None:
         self._flowing.clear()
@@ -303,9 +300,6 @@ class FaultProxy:
     async def _serve(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
         self.opened += 1
         link = _Link(client_out)
         self._links.add(link)
@@ -334,7 +328,6 @@ class FaultProxy:
             for writer in (link.client, link.server):
                 if writer is not None:
                     writer.close()
-            self._tasks.discard(task)
 
     async def _pump(
         self,
@@ -397,11 +390,7 @@ class FaultProxy:
         return window[-keep:] if keep else b""
 
 
-@contextlib.asynccontextmanager
-async def fault_proxy(upstream_host: str, upstream_port: int) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy(upstream_host, upstream_port)
-    await proxy.start()
-    try:
-        yield proxy
-    finally:
-        await proxy.close()
+def fault_proxy(
+    upstream_host: str, upstream_port: int
+) -> contextlib.AbstractAsyncContextManager[FaultProxy]:
+    return running(FaultProxy(upstream_host, upstream_port))
