@@ -252,9 +252,17 @@ def box_dict(box: common_pb2.Box) -> dict[str, Any]:
 
 def _shortest_float(number: float) -> float:
     """protobuf's ToShortestFloat (what MessageToDict prints a float field with): the
-    fewest significant digits, from 6, that read back as the same 32-bit float."""
+    fewest significant digits, from 6, that read back as the same 32-bit float.
+
+    Digits that read back keep doing so with more digits, so the search starts at 7 and
+    goes down to 6 or up to 8 and 9 (enough for every 32-bit float): two tries for most
+    detector outputs, which need 7 or 8, instead of up to four from 6."""
     pack, unpack = _FLOAT32.pack, _FLOAT32.unpack
-    precision = 6
+    seven = float(f"{number:.7g}")
+    if unpack(pack(seven))[0] == number:
+        six = float(f"{number:.6g}")
+        return six if unpack(pack(six))[0] == number else seven
+    precision = 8
     while True:
         rounded = float(f"{number:.{precision}g}")
         if unpack(pack(rounded))[0] == number:
