@@ -66,7 +66,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -82,6 +81,7 @@ from procrastinate import App, PsycopgConnector
 
 from bench import grpc_floor
 from bench.proc_stats import busy_cores_s, proc_times
+from bench.profiling import stack_counts
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
 from testbed.coordinator_leases import empty_result
@@ -761,27 +761,7 @@ def _py_spy(pid: int, out: Path) -> Iterator[None]:
 
 
 def _py_spy_report(path: Path, wall_s: float) -> None:
-    if not path.exists():
-        return
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = [
-            _frame_name(frame)
-            for frame in stack.split(";")
-            if not frame.startswith(("process ", "thread "))
-        ]
-        if not frames:
-            continue
-        total += count
-        own[frames[-1]] += count
-        for frame in set(frames):
-            inclusive[frame] += count
+    own, inclusive, total = stack_counts(path)
     if not total:
         return
     busy = total / (wall_s * PYSPY_RATE)
@@ -801,15 +781,6 @@ def _py_spy_report(path: Path, wall_s: float) -> None:
     say(f"  own time (% of busy samples), top {PROFILE_TOP}:")
     for name, count in own.most_common(PROFILE_TOP):
         say(f"    {count / total:6.1%}  {name}")
-
-
-def _frame_name(frame: str) -> str:
-    """'function (path/to/module.py)' -> 'function (module.py)'."""
-    name, _, where = frame.partition(" (")
-    where = where.rstrip(")")
-    parts = where.split("/")
-    short = "/".join(parts[-2:]) if len(parts) > 1 else where
-    return f"{name} ({short})"
 
 
 # Report -----------------------------------------------------------------------------------

@@ -164,12 +164,14 @@ class PySpy:
             _report(name, self.output(name), per, unit, top)
 
 
-def _report(name: str, path: Path, per: int, unit: str, top: int) -> None:
-    if not path.exists():
-        return
+def stack_counts(path: Path) -> tuple[Counter[str], Counter[str], int]:
+    """From py-spy's raw (collapsed) output: samples by the frame they ended in (own),
+    samples by every frame on their stack (inclusive), and the samples in all."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
+    if not path.exists():
+        return own, inclusive, total
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -186,6 +188,11 @@ def _report(name: str, path: Path, per: int, unit: str, top: int) -> None:
         own[frames[-1]] += count
         for frame in set(frames):
             inclusive[frame] += count
+    return own, inclusive, total
+
+
+def _report(name: str, path: Path, per: int, unit: str, top: int) -> None:
+    own, inclusive, total = stack_counts(path)
     if not total:
         return
     ms = 1000 / RATE_HZ
