@@ -254,9 +254,11 @@ def _shortest_float(number: float) -> float:
     """protobuf's ToShortestFloat (what MessageToDict prints a float field with): the
     fewest significant digits, from 6, that read back as the same 32-bit float.
 
-    Digits that read back keep doing so with more digits, so the search starts at 7 and
-    goes down to 6 or up to 8 and 9 (enough for every 32-bit float): two tries for most
-    detector outputs, which need 7 or 8, instead of up to four from 6."""
+    The search starts at 7 and goes down to 6 or up to 8 and 9 (enough for every 32-bit
+    float): two tries for most detector outputs, which need 7 or 8, instead of up to four
+    from 6. A 6-digit decimal is also a 7-digit one, so when 6 digits read back, 7 do;
+    the answers equal the search from 6 for a million random 32-bit floats and every
+    power of two and its neighbours (checked when this was written)."""
     pack, unpack = _FLOAT32.pack, _FLOAT32.unpack
     seven = float(f"{number:.7g}")
     if unpack(pack(seven))[0] == number:
