@@ -368,6 +368,9 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
                 jobs=jobs,
                 previews=Spy(preview_pb2_grpc.PreviewServiceStub(relay.channel), log),
                 direct_writes=direct,
+                # direct: the write into the dead store is retried this long before the
+                # hand-back (the default 60 s would only make the test wait)
+                **({"retry_seconds": 5.0} if direct else {}),
             ) as processor,
         ):
             await until(HELD.is_set, "slot 3's write")
