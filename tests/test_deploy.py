@@ -207,6 +207,28 @@ def test_keda_scales_processors_with_the_postgresql_scaler() -> None:
     assert auth["metadata"]["name"] == trigger["authenticationRef"]["name"]
 
 
+# Postgres' default max_connections is 100; the migrate Job and operators need some.
+COORDINATOR_CONNECTIONS_AT_MOST = 80
+
+
+def test_coordinators_scale_on_the_core_their_event_loop_uses() -> None:
+    """prod-gpu: an HPA at 70 % CPU of a one-core request (docs/scaling.md's sizing of a
+    replica), the Deployment without a replica count to fight it, and every replica's
+    database pool within Postgres' default connection limit at the most replicas."""
+    documents = rendered("overlays/prod-gpu")
+    hpa = named(documents, "HorizontalPodAutoscaler", "coordinator")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "coordinator"
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert metric["resource"]["target"]["averageUtilization"] == 70
+    coordinator = named(documents, "Deployment", "coordinator")
+    assert "replicas" not in coordinator["spec"]
+    (container,) = containers(pod_spec(coordinator))
+    assert container["resources"]["requests"]["cpu"] == "1"
+    pool = int(setting_value(container, "coordinator", "database_pool_size"))
+    assert hpa["spec"]["maxReplicas"] * pool <= COORDINATOR_CONNECTIONS_AT_MOST
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_workshop_container_sets_only_its_settings(overlay: str) -> None:
     for workload, container, service in workshop_containers(rendered(overlay)):
