@@ -408,3 +408,20 @@ def test_to_slot_result_refuses_incomplete_uploads() -> None:
         to_slot_result(0, when, routed, upload_key="k")
     with pytest.raises(ValueError, match="timezone"):
         to_slot_result(0, when.replace(tzinfo=None), routed, upload_key="k", upload_sha256="x")
+
+
+def test_to_slot_result_leaves_recorded_boxes_to_the_record() -> None:
+    """With boxes_recorded, a one-output frame carries no box: its preview's record holds
+    them (RoutedOutput.boxes_recorded); only an uploaded one-output frame may say so."""
+    routed = router(simple()).route({"detect": [box()]})
+    when = datetime.datetime(2026, 11, 29, 8, 0, 5, tzinfo=datetime.UTC)
+    frame = to_slot_result(
+        0, when, routed, upload_key="k", upload_sha256="a" * 64, boxes_recorded=True
+    )
+    assert [(o.step_id, o.boxes_recorded, len(o.boxes)) for o in frame.outputs] == [
+        ("save", True, 0)
+    ]
+    assert not frame.boxes
+    assert (frame.upload_key, frame.upload_sha256) == ("k", "a" * 64)
+    with pytest.raises(ValueError, match="recorded boxes"):
+        to_slot_result(0, when, routed, boxes_recorded=True)  # nothing uploaded

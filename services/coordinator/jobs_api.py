@@ -247,6 +247,11 @@ def raise_for(reason: str, lease: Lease) -> None:
         raise ResultInvalid(
             "An upload the result names is not staged under this lease with that digest."
         )
+    if reason == "BOXES_NOT_RECORDED":
+        raise ResultInvalid(
+            "An output with boxes_recorded names an upload that is no recorded preview: "
+            "send its boxes."
+        )
     raise InvalidField(f"Refused: {reason}.")
 
 
@@ -551,8 +556,9 @@ class JobsApi:
             [i.slot_index for i in items],
             [i.step_id for i in items],
             [i.frame_time for i in items],
-            # each item's boxes as JSON text: a list of lists would be read as a 2-D array
-            [json.dumps(i.boxes) for i in items],
+            # each item's boxes as JSON text (a list of lists would be read as a 2-D array);
+            # NULL: the boxes recorded with the upload's preview
+            [None if i.boxes is None else json.dumps(i.boxes) for i in items],
             [i.object_key for i in items],
             [i.sha256 for i in items],
             self.clock.now(),

@@ -45,7 +45,7 @@ class Item:
     slot_index: int
     step_id: str
     frame_time: datetime
-    boxes: list[dict[str, Any]]
+    boxes: list[dict[str, Any]] | None  # None: the boxes recorded with the slot's preview
     object_key: str
     sha256: str
 
@@ -158,6 +158,8 @@ def _frame_items(
     if not facts.full_run:
         if slot.upload_key:
             raise _invalid(index, f"Slot {index}: test runs upload nothing; previews are all.")
+        if any(output.boxes_recorded for output in slot.outputs):
+            raise _invalid(index, f"Slot {index}: boxes_recorded is for a full run's items.")
         return []
     if not slot.outputs:
         if slot.upload_key:
@@ -167,6 +169,15 @@ def _frame_items(
         raise _invalid(
             index, f"Slot {index}: a full run's frame needs upload_key and upload_sha256."
         )
+    if any(output.boxes_recorded for output in slot.outputs):
+        if len(slot.outputs) != 1:
+            raise _invalid(
+                index,
+                f"Slot {index}: boxes_recorded names the preview's boxes, which are those of "
+                "a frame with one output; list each output's boxes.",
+            )
+        if slot.outputs[0].boxes:
+            raise _invalid(index, f"Slot {index}: an output with boxes_recorded carries no boxes.")
     uploads.append(Upload(slot.upload_key, slot.upload_sha256, index))
     return [
         Item(
@@ -175,7 +186,7 @@ def _frame_items(
             slot_index=index,
             step_id=output.step_id,
             frame_time=moment,
-            boxes=[box_dict(box) for box in output.boxes],
+            boxes=None if output.boxes_recorded else [box_dict(box) for box in output.boxes],
             object_key=slot.upload_key,
             sha256=slot.upload_sha256,
         )

@@ -889,6 +889,15 @@ BEGIN
                                 NULL::timestamptz, NULL::integer;
             RETURN;
         END IF;
+        -- An item without boxes (NULL) takes those recorded with its upload's preview
+        -- (RoutedOutput.boxes_recorded): a staged upload has none to give.
+        IF EXISTS (SELECT 1 FROM unnest(p_item_boxes, p_item_keys) AS u (boxes, object_key)
+                   JOIN staged_objects s ON s.object_key = u.object_key
+                   WHERE u.boxes IS NULL AND s.boxes IS NULL) THEN
+            RETURN QUERY SELECT 'BOXES_NOT_RECORDED', NULL::bigint, NULL::text,
+                                NULL::timestamptz, NULL::integer;
+            RETURN;
+        END IF;
         -- a preview named as an upload becomes one: its item replaces it
         UPDATE staged_objects SET kind = 'upload', published_at = p_now
         WHERE object_key = ANY (p_upload_keys);
@@ -898,10 +907,12 @@ BEGIN
                                   camera_id, recording_id, recording_generation, frame_time, boxes,
                                   object_key, sha256, saved_at)
         SELECT u.item_id, u.bucket_id, p_run, p_job, u.slot, u.step_id, j.camera_id, j.recording_id,
-               j.recording_generation, u.frame_time, u.boxes::jsonb, u.object_key, u.sha256, p_now
+               j.recording_generation, u.frame_time, coalesce(u.boxes::jsonb, s.boxes),
+               u.object_key, u.sha256, p_now
         FROM unnest(p_item_ids, p_item_buckets, p_item_slots, p_item_steps, p_item_times,
                     p_item_boxes, p_item_keys, p_item_sha256)
-             AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256);
+             AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256)
+        LEFT JOIN staged_objects s ON u.boxes IS NULL AND s.object_key = u.object_key;
     END IF;
     -- What the commit does not keep is garbage now: objects staged but never
     -- published or named (refused previews, unnamed uploads), and a full run's

@@ -310,24 +310,39 @@ def to_slot_result(
     *,
     upload_key: str = "",
     upload_sha256: str = "",
+    boxes_recorded: bool = False,
 ) -> jobs_pb2.SlotResult:
     """The SlotResult of a decoded frame (FRAME or DROPPED). A full run's FRAME carries its
-    upload's key and digest; test runs and photos upload nothing (previews are all)."""
+    upload's key and digest; test runs and photos upload nothing (previews are all).
+
+    `boxes_recorded`: the upload is the slot's preview, recorded with the boxes of the
+    frame's one output, so the result carries no boxes: the commit copies the recorded
+    ones (RoutedOutput.boxes_recorded) and Complete stays small."""
     if frame_time.tzinfo is None:
         raise ValueError("frame_time must be timezone-aware")
     if routed.outcome != "frame" and (upload_key or upload_sha256):
         raise ValueError("only a FRAME slot has an upload")
     if bool(upload_key) != bool(upload_sha256):
         raise ValueError("an upload needs both its key and its digest")
-    result = jobs_pb2.SlotResult(
-        slot_index=index,
-        outcome=_OUTCOMES[routed.outcome],
-        boxes=[box_to_proto(box) for box in routed.boxes],
-        outputs=[
-            jobs_pb2.RoutedOutput(step_id=step_id, boxes=[box_to_proto(box) for box in boxes])
-            for step_id, boxes in routed.outputs
-        ],
-    )
+    if boxes_recorded and (not upload_key or len(routed.outputs) != 1):
+        raise ValueError("recorded boxes are those of an uploaded frame's one output")
+    if boxes_recorded:
+        ((step_id, _),) = routed.outputs
+        result = jobs_pb2.SlotResult(
+            slot_index=index,
+            outcome=_OUTCOMES[routed.outcome],
+            outputs=[jobs_pb2.RoutedOutput(step_id=step_id, boxes_recorded=True)],
+        )
+    else:
+        result = jobs_pb2.SlotResult(
+            slot_index=index,
+            outcome=_OUTCOMES[routed.outcome],
+            boxes=[box_to_proto(box) for box in routed.boxes],
+            outputs=[
+                jobs_pb2.RoutedOutput(step_id=step_id, boxes=[box_to_proto(b) for b in boxes])
+                for step_id, boxes in routed.outputs
+            ],
+        )
     result.frame_time.FromDatetime(frame_time.astimezone(datetime.UTC))
     if routed.outcome == "frame":
         result.upload_key = upload_key

@@ -686,13 +686,23 @@ class Processor:
         image = await asyncio.to_thread(encode_jpeg, frame)
         labels = [box for _, boxes in routed.outputs for box in boxes]
         boxes = [box_to_proto(box) for box in labels]
+        # The preview is recorded with `labels`: with one output, its item's boxes exactly,
+        # which a coordinator that takes recorded boxes then copies instead of receiving.
+        recorded = job.takes_recorded_boxes and len(routed.outputs) == 1
         if self.direct_writes:
             written = await self._publish_direct(job, index, moment, image, boxes)
             if written is not None:
                 key, digest = written
                 if not full or not routed.outputs:
                     return to_slot_result(index, moment, routed)
-                return to_slot_result(index, moment, routed, upload_key=key, upload_sha256=digest)
+                return to_slot_result(
+                    index,
+                    moment,
+                    routed,
+                    upload_key=key,
+                    upload_sha256=digest,
+                    boxes_recorded=recorded,
+                )
         published = await self._call(
             self.previews.PublishPreview,
             preview_pb2.PublishPreviewRequest(
@@ -714,6 +724,7 @@ class Processor:
                 routed,
                 upload_key=published.object_key,
                 upload_sha256=published.sha256,
+                boxes_recorded=recorded,
             )
         staged = await self._call(
             self.previews.StageUpload,

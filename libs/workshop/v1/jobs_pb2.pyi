@@ -122,6 +122,11 @@ class ClaimedJob(_message.Message):
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    TAKES_RECORDED_BOXES_FIELD_NUMBER: _builtins.int
+    takes_recorded_boxes: _builtins.bool
+    """True when this coordinator's Complete takes RoutedOutput.boxes_recorded: a coordinator of the previous
+    version answers false and needs every output's boxes in the result.
+    """
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseRef:
         """The lease; carry it in every later call about this job."""
@@ -150,10 +155,11 @@ class ClaimedJob(_message.Message):
         heartbeat_interval: _duration_pb2.Duration | None = ...,
         input: Global___JobInput | None = ...,
         snapshot: _snapshot_pb2.RunSnapshot | None = ...,
+        takes_recorded_boxes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "input", b"input", "lease", b"lease", "lease_expires_at", b"lease_expires_at", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "input", b"input", "lease", b"lease", "lease_expires_at", b"lease_expires_at", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "input", b"input", "lease", b"lease", "lease_expires_at", b"lease_expires_at", "snapshot", b"snapshot", "takes_recorded_boxes", b"takes_recorded_boxes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -510,7 +516,9 @@ class SlotResult(_message.Message):
 
     @_builtins.property
     def boxes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Box]:
-        """FRAME and DROPPED: every box the models produced on the frame, before rules."""
+        """FRAME and DROPPED: every box the models produced on the frame, before rules. Nothing stores them (they
+        count in the result's digest only); a FRAME whose output is boxes_recorded may leave them out.
+        """
 
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoutedOutput]:
@@ -545,8 +553,14 @@ class RoutedOutput(_message.Message):
 
     STEP_ID_FIELD_NUMBER: _builtins.int
     BOXES_FIELD_NUMBER: _builtins.int
+    BOXES_RECORDED_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """Output step id."""
+    boxes_recorded: _builtins.bool
+    """True: the item's labels are the boxes recorded with this slot's preview, which is the slot's upload
+    (upload_key), and `boxes` is empty. The commit copies them from the record instead of receiving them
+    again. Only in a full run, for a frame with exactly this one output; when ClaimedJob.takes_recorded_boxes.
+    """
     @_builtins.property
     def boxes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Box]:
         """Boxes that reached the step (after rules); they become the item's labels."""
@@ -556,10 +570,11 @@ class RoutedOutput(_message.Message):
         *,
         step_id: _builtins.str = ...,
         boxes: _abc.Iterable[_common_pb2.Box] | None = ...,
+        boxes_recorded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "step_id", b"step_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "boxes_recorded", b"boxes_recorded", "step_id", b"step_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

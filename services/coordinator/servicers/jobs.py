@@ -95,6 +95,7 @@ def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> p
             expires_at=convert.ts(job.expires_at),
         ),
         snapshot=frozen.snapshot,
+        takes_recorded_boxes=True,  # Complete copies boxes_recorded outputs' boxes (0021)
     )
 
 

@@ -1,0 +1,179 @@
+"""A full run's item takes the boxes recorded with its preview (RoutedOutput.boxes_recorded,
+migration 0021), on real Postgres over gRPC.
+
+The processor records each frame's preview with the boxes of the frame's one output
+before the job completes; its Complete then names the preview as the slot's upload and
+sends no boxes, and the commit copies the recorded ones. An output that claims recorded
+boxes the record cannot give (a staged upload, boxes sent as well, two outputs, a test
+run) is refused and commits nothing; the same result with its boxes sent commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import grpc
+import pytest
+
+from services.coordinator.convert import box_dict
+from services.coordinator.results import item_id
+from testbed.coordinator_leases import (
+    Setup,
+    claimed,
+    complete_request,
+    create_run,
+    empty_result,
+    leased,
+    on_behalf,
+    record_request,
+    setup,
+    stage_upload,
+)
+from testbed.coordinator_world import error_reason
+from testbed.harness.coordinator import CoordinatorHarness
+from workshop.v1 import common_pb2, jobs_pb2
+
+BOX = common_pb2.Box(class_name="person", score=0.9, x=0.1, y=0.1, w=0.2, h=0.3)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def recorded(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, slot: int) -> str:
+    """Slot `slot`'s preview recorded (with record_request's one box); its key."""
+    request = record_request(job, slot, test=False, data=b"frame-%d" % slot)
+    await c.publication.RecordPreview(request, metadata=on_behalf(s))
+    return request.object_key
+
+
+def frame(
+    job: jobs_pb2.ClaimedJob,
+    result: jobs_pb2.JobResult,
+    slot: int,
+    key: str,
+    sha256: str,
+    *,
+    outputs: tuple[str, ...] = ("save",),
+    boxes_too: bool = False,
+) -> None:
+    """Slot `slot` a frame uploaded as `key`, its outputs' boxes left to the record."""
+    out = result.slots[slot]
+    out.outcome = common_pb2.SLOT_OUTCOME_FRAME
+    out.frame_time.CopyFrom(job.input.slots[slot].start)
+    for step_id in outputs:
+        out.outputs.add(step_id=step_id, boxes_recorded=True, boxes=[BOX] if boxes_too else [])
+    out.upload_key = key
+    out.upload_sha256 = sha256
+
+
+async def item_boxes(c: CoordinatorHarness) -> dict[str, object]:
+    async with c.db.connection() as connection:
+        rows = await connection.fetch("SELECT item_id, boxes FROM bucket_items")
+    return {row["item_id"]: row["boxes"] for row in rows}
+
+
+async def refused_as_invalid(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, result: jobs_pb2.JobResult
+) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    code, reason, _ = error_reason(caught.value)
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "RESULT_INVALID")
+    assert await c.count("bucket_items") == 0
+    assert await c.count("receipts") == 0
+    return caught.value.details() or ""
+
+
+async def test_the_claim_says_recorded_boxes_are_taken(coordinator: CoordinatorHarness) -> None:
+    _, job = await leased(coordinator)
+    assert job.takes_recorded_boxes
+
+
+async def test_an_item_takes_the_boxes_its_preview_was_recorded_with(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """Slot 0 leaves its boxes to the record, slot 1 sends them: both items hold the same
+    boxes, and review groups both into sightings."""
+    c = coordinator
+    s, job = await leased(c)
+    result = empty_result(job)
+    frame(job, result, 0, await recorded(c, s, job, 0), digest(b"frame-0"))
+    key = await recorded(c, s, job, 1)
+    result.slots[1].CopyFrom(
+        jobs_pb2.SlotResult(
+            slot_index=1,
+            outcome=common_pb2.SLOT_OUTCOME_FRAME,
+            frame_time=job.input.slots[1].start,
+            boxes=[BOX],
+            outputs=[jobs_pb2.RoutedOutput(step_id="save", boxes=[BOX])],
+            upload_key=key,
+            upload_sha256=digest(b"frame-1"),
+        )
+    )
+    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    assert committed.receipt.items_saved == 2
+
+    boxes = await item_boxes(c)
+    sent = [box_dict(BOX)]
+    assert boxes == {item_id("r1", 0, 0, "save"): sent, item_id("r1", 0, 1, "save"): sent}
+    async with c.db.connection() as connection:
+        grouped = await connection.fetchval(
+            "SELECT count(*) FROM sighting_boxes WHERE sighting_id IS NOT NULL"
+        )
+    assert grouped == 2
+
+
+async def test_recorded_boxes_of_an_upload_staged_without_a_record_are_refused(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """A staged upload has no boxes to give: refused, nothing committed; the same frame
+    with its boxes sent commits."""
+    c = coordinator
+    s, job = await leased(c)
+    key, sha256 = await stage_upload(c, s, job, 0, b"frame-0")
+    result = empty_result(job)
+    frame(job, result, 0, key, sha256)
+    details = await refused_as_invalid(c, s, job, result)
+    assert "no recorded preview" in details
+
+    output = result.slots[0].outputs[0]
+    output.boxes_recorded = False
+    output.boxes.append(BOX)
+    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    assert committed.receipt.items_saved == 1
+    assert await item_boxes(c) == {item_id("r1", 0, 0, "save"): [box_dict(BOX)]}
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("boxes_too", "carries no boxes"),
+        ("two_outputs", "one output"),
+    ],
+)
+async def test_recorded_boxes_that_the_record_cannot_be_are_refused(
+    coordinator: CoordinatorHarness, case: str, expected: str
+) -> None:
+    c = coordinator
+    s = await setup(c, spec_kwargs={"drop_unmatched": False})  # "drop" is an output too
+    await create_run(c, s)
+    job = await claimed(c, s)
+    result = empty_result(job)
+    key = await recorded(c, s, job, 0)
+    if case == "boxes_too":
+        frame(job, result, 0, key, digest(b"frame-0"), boxes_too=True)
+    else:
+        frame(job, result, 0, key, digest(b"frame-0"), outputs=("save", "drop"))
+    assert expected in await refused_as_invalid(c, s, job, result)
+
+
+async def test_recorded_boxes_in_a_test_run_are_refused(coordinator: CoordinatorHarness) -> None:
+    c = coordinator
+    s, job = await leased(c, full=False)
+    result = empty_result(job)
+    slot = result.slots[0]
+    slot.outcome = common_pb2.SLOT_OUTCOME_FRAME
+    slot.frame_time.CopyFrom(job.input.slots[0].start)
+    slot.outputs.add(step_id="save", boxes_recorded=True)
+    assert "full run" in await refused_as_invalid(c, s, job, result)
