@@ -14,14 +14,22 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import grpc
+import pytest
+
+from services.coordinator.auth import Grant, ScopeName
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from testbed.coordinator_leases import create_run, setup
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import CountingStore, PreviewHarness, running_preview
 from testbed.harness.s3 import S3Bucket
+from testbed.harness.tcp_proxy import fault_proxy
+from workshop.kit.auth import bearer_metadata
 from workshop.kit.periodic import Periodic
+from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
+from workshop.v1 import publication_pb2 as pub
 
 PUT_THREADS = 16
 
@@ -142,3 +150,105 @@ async def test_the_loop_runs_a_pass_at_start_and_every_interval(
                 break
             await asyncio.sleep(0.05)
         assert await p.keys() == []
+
+
+async def held(c: CoordinatorHarness) -> list[str]:
+    """Keys a cleanup pass holds now (by the coordinator's clock)."""
+    async with c.db.connection() as connection:
+        rows = await connection.fetch(
+            "SELECT object_key FROM staged_objects WHERE gc_claimed_until > $1 ORDER BY 1",
+            c.clock.now(),
+        )
+    return [row["object_key"] for row in rows]
+
+
+async def test_a_pass_whose_store_is_unreachable_hands_its_batch_back(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket
+) -> None:
+    """The store refuses every connection while a pass runs: the pass fails UNAVAILABLE and
+    hands its batch back, so the next pass, with the store back and the coordinator's clock
+    not moved, deletes it instead of waiting for the batch's 5-minute hold to lapse."""
+    c = coordinator
+    keys = await collectable_objects(c, s3_bucket, "preview", 3)
+    host, port = s3_bucket.server.endpoint.rsplit(":", 1)
+    async with (
+        fault_proxy(host, int(port)) as proxy,
+        running_preview(c, s3_bucket, s3_endpoint=proxy.address) as p,
+    ):
+        proxy.refuse()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await cleanup(c, p)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert await held(c) == []
+        proxy.heal()
+        report = await cleanup(c, p)
+        assert report.previews_deleted == 3
+        assert await p.keys() == []
+    async with c.db.connection() as connection:
+        deleted = await connection.fetchval(
+            "SELECT count(*) FROM staged_objects WHERE object_key = ANY ($1) "
+            "AND deleted_at IS NOT NULL",
+            keys,
+        )
+    assert deleted == 3
+
+
+async def test_only_held_objects_not_yet_deleted_are_handed_back(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket
+) -> None:
+    """MarkObjectsDeleted's not_deleted_keys ends a pass's hold, and nothing else: a key
+    marked deleted stays deleted, a key nobody holds and an unknown key change nothing."""
+    c = coordinator
+    keys = await collectable_objects(c, s3_bucket, "preview", 3)
+    service = bearer_metadata(await c.key(Grant(ScopeName.SERVICE), name="cleaner"))
+    listed = await c.publication.ListCollectableObjects(
+        pub.ListCollectableObjectsRequest(kind=common_pb2.OBJECT_KIND_PREVIEW, limit=2),
+        metadata=service,
+    )
+    taken = sorted(one.object_key for one in listed.objects)
+    assert taken == keys[:2]
+    assert await held(c) == taken
+    await c.publication.MarkObjectsDeleted(
+        pub.MarkObjectsDeletedRequest(object_keys=[taken[0]]), metadata=service
+    )
+    reply = await c.publication.MarkObjectsDeleted(
+        pub.MarkObjectsDeletedRequest(not_deleted_keys=[*taken, keys[2], "previews/nowhere.jpg"]),
+        metadata=service,
+    )
+    assert (reply.marked, reply.released) == (0, 1)  # taken[1] only
+    assert await held(c) == [taken[0]]  # deleted: its row says so, never listed again
+    listed = await c.publication.ListCollectableObjects(
+        pub.ListCollectableObjectsRequest(kind=common_pb2.OBJECT_KIND_PREVIEW, limit=10),
+        metadata=service,
+    )
+    assert sorted(one.object_key for one in listed.objects) == [taken[1], keys[2]]
+
+
+async def test_more_than_1000_keys_in_all_are_refused_and_change_nothing(
+    coordinator: CoordinatorHarness, s3_bucket: S3Bucket
+) -> None:
+    c = coordinator
+    keys = await collectable_objects(c, s3_bucket, "preview", 2)
+    service = bearer_metadata(await c.key(Grant(ScopeName.SERVICE), name="cleaner"))
+    await c.publication.ListCollectableObjects(
+        pub.ListCollectableObjectsRequest(kind=common_pb2.OBJECT_KIND_PREVIEW, limit=2),
+        metadata=service,
+    )
+    padding = [f"previews/none/{n}.jpg" for n in range(999)]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await c.publication.MarkObjectsDeleted(
+            pub.MarkObjectsDeletedRequest(
+                object_keys=[keys[0]], not_deleted_keys=[*padding, keys[1]]
+            ),
+            metadata=service,
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "1000" in (caught.value.details() or "")
+    assert await held(c) == keys  # not handed back
+    async with c.db.connection() as connection:
+        assert (
+            await connection.fetchval(
+                "SELECT count(*) FROM staged_objects WHERE deleted_at IS NOT NULL"
+            )
+            == 0
+        )

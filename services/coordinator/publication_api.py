@@ -424,15 +424,22 @@ class PublicationApi:
             raise missing
         return recorded
 
-    async def mark_deleted(self, who: Principal, keys: list[str]) -> int:
+    async def mark_deleted(
+        self, who: Principal, keys: list[str], not_deleted: list[str]
+    ) -> tuple[int, int]:
+        """Marks `keys` deleted and hands back the held `not_deleted`; how many of each."""
         _require_service(who)
-        if len(keys) > MAX_COLLECT:
+        if len(keys) + len(not_deleted) > MAX_COLLECT:
             raise InvalidField(f"At most {MAX_COLLECT} keys per call.")
+        now = self.clock.now()
         async with self.db.connection() as connection:
-            rows = await connection.fetch(
-                sql("jobs", "objects_mark_deleted"), keys, self.clock.now()
+            marked = await connection.fetch(sql("jobs", "objects_mark_deleted"), keys, now)
+            released = (
+                await connection.fetch(sql("jobs", "objects_release_held"), not_deleted, now)
+                if not_deleted
+                else []
             )
-        return len(rows)
+        return len(marked), len(released)
 
     async def authorize_read(
         self, who: Principal, reader: Principal, run_id: str, item_id: str

@@ -7,7 +7,8 @@ coordinator says none remain) and at most one batch of 500 expired or
 abandoned uploads, oldest first; a backlog of uploads drains over later
 passes. The coordinator claims each batch it lists for this pass alone (5
 minutes), so preview replicas running passes at once get disjoint batches;
-a pass that dies releases its batch when the claim lapses. Bytes are deleted
+a pass that dies releases its batch when the claim lapses; one whose deletes fail
+hands back what it could not delete at once. Bytes are deleted
 before they are marked deleted, so a failure in between only repeats work:
 deleting a missing object succeeds.
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 PREVIEW_BATCH = 500
 UPLOAD_LIMIT = 500
 SETTLE_BATCH = 1000
+HAND_BACK_BATCH = 1000  # MarkObjectsDeleted's limit
 
 
 @dataclasses.dataclass
@@ -68,35 +70,54 @@ class Cleanup:
     async def run_pass(self) -> CleanupReport:
         async with self._one_pass_at_a_time:
             report = CleanupReport()
-            while True:
-                listed = await self.coordinator.collectable(
-                    common_pb2.OBJECT_KIND_PREVIEW, self.preview_batch
-                )
-                for sweep in listed.sweeps:
-                    report.unrecorded_previews_found += await self._settle(sweep)
-                count, size = await self._delete(listed.objects)
-                report.previews_deleted += count
-                report.bytes_deleted += size
-                # after sweeps, the objects they recorded wait in the next batches
-                if not listed.sweeps and (not listed.has_more or not listed.objects):
-                    break
-            listed = await self.coordinator.collectable(
-                common_pb2.OBJECT_KIND_UPLOAD, self.upload_limit
-            )
-            count, size = await self._delete(listed.objects)
-            report.uploads_deleted = count
-            report.bytes_deleted += size
-            report.uploads_remaining = listed.has_more
+            not_deleted: list[str] = []
+            try:
+                await self._pass(report, not_deleted)
+            finally:
+                # Handed back at the end, not batch by batch: within the pass a key the
+                # store keeps refusing would be listed again and again.
+                await self._hand_back(not_deleted)
         log.info(
             "cleanup pass: deleted %d previews (%d of them never recorded) and %d uploads "
-            "(%d bytes); uploads remaining: %s",
+            "(%d bytes); uploads remaining: %s; handed back %d it could not delete",
             report.previews_deleted,
             report.unrecorded_previews_found,
             report.uploads_deleted,
             report.bytes_deleted,
             "yes" if report.uploads_remaining else "no",
+            len(not_deleted),
         )
         return report
+
+    async def _pass(self, report: CleanupReport, not_deleted: list[str]) -> None:
+        while True:
+            listed = await self.coordinator.collectable(
+                common_pb2.OBJECT_KIND_PREVIEW, self.preview_batch
+            )
+            for sweep in listed.sweeps:
+                report.unrecorded_previews_found += await self._settle(sweep)
+            count, size = await self._delete(listed.objects, not_deleted)
+            report.previews_deleted += count
+            report.bytes_deleted += size
+            # after sweeps, the objects they recorded wait in the next batches
+            if not listed.sweeps and (not listed.has_more or not listed.objects):
+                break
+        listed = await self.coordinator.collectable(
+            common_pb2.OBJECT_KIND_UPLOAD, self.upload_limit
+        )
+        count, size = await self._delete(listed.objects, not_deleted)
+        report.uploads_deleted = count
+        report.bytes_deleted += size
+        report.uploads_remaining = listed.has_more
+
+    async def _hand_back(self, keys: list[str]) -> None:
+        """Ends the pass's hold of `keys`, so the next pass takes them again; best effort:
+        when the coordinator does not answer, the holds lapse after 5 minutes anyway."""
+        try:
+            for start in range(0, len(keys), HAND_BACK_BATCH):
+                await self.coordinator.mark_deleted([], keys[start : start + HAND_BACK_BATCH])
+        except Exception as error:  # the pass's own outcome (or error) stands
+            log.warning("cleanup: could not hand back %d objects: %s", len(keys), error)
 
     async def _settle(self, sweep: pub.Sweep) -> int:
         """Hands what is under a sweep's prefix to the coordinator; how many it did not know."""
@@ -111,14 +132,23 @@ class Cleanup:
             recorded += await self.coordinator.settle_sweep(sweep, chunk, done=done)
         return recorded
 
-    async def _delete(self, objects: Sequence[pub.CollectableObject]) -> tuple[int, int]:
-        """Deletes the objects' bytes and marks them deleted; (objects, bytes) deleted."""
+    async def _delete(
+        self, objects: Sequence[pub.CollectableObject], not_deleted: list[str]
+    ) -> tuple[int, int]:
+        """Deletes the objects' bytes and marks them deleted; (objects, bytes) deleted.
+        Adds the keys whose bytes it could not delete to `not_deleted`."""
         if not objects:
             return 0, 0
-        failures = await self.store.remove([item.object_key for item in objects])
+        keys = [item.object_key for item in objects]
+        try:
+            failures = await self.store.remove(keys)
+        except Exception:
+            not_deleted.extend(keys)  # the store is unreachable: none of them is known gone
+            raise
         failed = {failure.key for failure in failures}
         for failure in failures:
             log.warning("cleanup: could not delete %s: %s", failure.key, failure.problem)
+        not_deleted.extend(key for key in keys if key in failed)
         deleted = [item for item in objects if item.object_key not in failed]
         if deleted:
             await self.coordinator.mark_deleted([item.object_key for item in deleted])

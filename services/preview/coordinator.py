@@ -155,8 +155,11 @@ class CoordinatorClient:
         reply = await _call(self._publication.SettleSweep(request, metadata=self._service))
         return reply.recorded
 
-    async def mark_deleted(self, keys: Sequence[str]) -> int:
-        request = pub.MarkObjectsDeletedRequest(object_keys=list(keys))
+    async def mark_deleted(self, keys: Sequence[str], not_deleted: Sequence[str] = ()) -> int:
+        """Marks `keys` deleted and hands back `not_deleted`; how many were marked."""
+        request = pub.MarkObjectsDeletedRequest(
+            object_keys=list(keys), not_deleted_keys=list(not_deleted)
+        )
         reply = await _call(self._publication.MarkObjectsDeleted(request, metadata=self._service))
         return reply.marked
 

@@ -637,18 +637,26 @@ class MarkObjectsDeletedRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OBJECT_KEYS_FIELD_NUMBER: _builtins.int
+    NOT_DELETED_KEYS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def object_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Keys whose bytes were deleted (or found missing); at most 1000."""
+        """Keys whose bytes were deleted (or found missing); at most 1000 with not_deleted_keys."""
+
+    @_builtins.property
+    def not_deleted_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Keys of the pass's batch whose bytes it could not delete (the store refused or was unreachable):
+        handed back, so the next pass takes them again instead of after the batch's 5-minute hold.
+        """
 
     def __init__(
         self,
         *,
         object_keys: _abc.Iterable[_builtins.str] | None = ...,
+        not_deleted_keys: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_keys", b"object_keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_deleted_keys", b"not_deleted_keys", "object_keys", b"object_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -661,16 +669,20 @@ class MarkObjectsDeletedResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MARKED_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     marked: _builtins.int
     """Keys that were known and are now marked deleted."""
+    released: _builtins.int
+    """Keys of not_deleted_keys that were held and are now free for the next pass."""
     def __init__(
         self,
         *,
         marked: _builtins.int = ...,
+        released: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["marked", b"marked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["marked", b"marked", "released", b"released"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

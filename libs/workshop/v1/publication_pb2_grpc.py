@@ -161,7 +161,8 @@ class PublicationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def MarkObjectsDeleted(self, request, context):
-        """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored.
+        """Records that objects' bytes are gone, so they are never listed again, and hands back the keys of a
+        batch the pass could not delete. Unknown keys are ignored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -97,7 +97,9 @@ class PublicationServiceStub:
     and sweep is held for the calling pass for 5 minutes, so two cleaners never get the same one.
     """
     MarkObjectsDeleted: _grpc.UnaryUnaryMultiCallable[_publication_pb2.MarkObjectsDeletedRequest, _publication_pb2.MarkObjectsDeletedResponse]
-    """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored."""
+    """Records that objects' bytes are gone, so they are never listed again, and hands back the keys of a
+    batch the pass could not delete. Unknown keys are ignored.
+    """
     SettleSweep: _grpc.UnaryUnaryMultiCallable[_publication_pb2.SettleSweepRequest, _publication_pb2.SettleSweepResponse]
     """Settles a sweep with the objects found under its prefix: those no row records (bytes never recorded)
     are recorded as collectable previews, which later batches of ListCollectableObjects list like any
@@ -166,7 +168,9 @@ class PublicationServiceAsyncStub(PublicationServiceStub):
     and sweep is held for the calling pass for 5 minutes, so two cleaners never get the same one.
     """
     MarkObjectsDeleted: _aio.UnaryUnaryMultiCallable[_publication_pb2.MarkObjectsDeletedRequest, _publication_pb2.MarkObjectsDeletedResponse]  # type: ignore[assignment]
-    """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored."""
+    """Records that objects' bytes are gone, so they are never listed again, and hands back the keys of a
+    batch the pass could not delete. Unknown keys are ignored.
+    """
     SettleSweep: _aio.UnaryUnaryMultiCallable[_publication_pb2.SettleSweepRequest, _publication_pb2.SettleSweepResponse]  # type: ignore[assignment]
     """Settles a sweep with the objects found under its prefix: those no row records (bytes never recorded)
     are recorded as collectable previews, which later batches of ListCollectableObjects list like any
@@ -268,7 +272,9 @@ class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _publication_pb2.MarkObjectsDeletedRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_publication_pb2.MarkObjectsDeletedResponse, _abc.Awaitable[_publication_pb2.MarkObjectsDeletedResponse]]:
-        """Records that objects' bytes are gone, so they are never listed again. Unknown keys are ignored."""
+        """Records that objects' bytes are gone, so they are never listed again, and hands back the keys of a
+        batch the pass could not delete. Unknown keys are ignored.
+        """
 
     @_abc_1.abstractmethod
     def SettleSweep(

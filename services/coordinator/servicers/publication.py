@@ -171,8 +171,10 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     async def MarkObjectsDeleted(
         self, request: pb.MarkObjectsDeletedRequest, context: Context
     ) -> pb.MarkObjectsDeletedResponse:
-        marked = await self.api.mark_deleted(await self.who(context), list(request.object_keys))
-        return pb.MarkObjectsDeletedResponse(marked=marked)
+        marked, released = await self.api.mark_deleted(
+            await self.who(context), list(request.object_keys), list(request.not_deleted_keys)
+        )
+        return pb.MarkObjectsDeletedResponse(marked=marked, released=released)
 
     async def AuthorizeImageRead(
         self, request: pb.AuthorizeImageReadRequest, context: Context

@@ -94,6 +94,13 @@ UPDATE staged_objects SET deleted_at = $2
 WHERE object_key = ANY ($1::text[]) AND deleted_at IS NULL AND collectable_at <= $2
 RETURNING object_key;
 
+-- name: objects_release_held
+-- Ends the cleanup hold of objects a pass could not delete (still collectable, not
+-- deleted): the next pass takes them again instead of waiting for the hold to lapse.
+UPDATE staged_objects SET gc_claimed_until = NULL
+WHERE object_key = ANY ($1::text[]) AND deleted_at IS NULL AND gc_claimed_until > $2
+RETURNING object_key;
+
 -- name: image_for_read
 -- A preview (by its item id) or a bucket item of a run, with what reading it needs.
 -- A full run's preview that became its item's upload expired when the job committed.
