@@ -44,8 +44,12 @@ throughput. `--runs` scales the throughput phase and procrastinate's queue for q
 looks (default 20 runs: 20,000 jobs).
 
 The last line is `RESULT claim_cycles_per_s=<x> procrastinate_jobs_per_s=<y> ratio=<x/y>
-claim_p99_ms=<z> cpu_ratio=<c> grpc_floor_ms=<f> claim_alone_p99_ms=<a>`. Everything it
-starts is stopped on exit, also on error, Ctrl-C or SIGTERM.
+claim_p99_ms=<z> cpu_ratio=<c> grpc_floor_ms=<f> claim_alone_p99_ms=<a>
+durable_floor_ratio=<d>`: the last is the durable floor's cycles/s (bench.grpc_floor with a
+database: the cycle's calls, each with the one fenced statement it cannot do without, and
+nothing else) over procrastinate's jobs/s, the best ratio the prescribed cycle can reach
+in Python gRPC on this machine. Everything it starts is stopped on exit, also on error,
+Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ from testbed.harness.postgres import (
     quote_ident,
 )
 from testbed.harness.processes import ServiceProcess
+from tools.localstack.postgres import create_database
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.v1 import (
@@ -133,6 +138,7 @@ IN_FLIGHT = 3  # the processor's default in_flight
 WORKFLOW_ID = "bench-cycle"
 DATABASE = "bench_claim_cycle"
 PROCRASTINATE_DATABASE = "bench_procrastinate"
+FLOOR_DATABASE = "bench_floor"
 NOOP_TASK = "bench_noop"
 DEFER_BATCH = 1_000
 # A processor that finds nothing while its runtime still has unfinished jobs (the head
@@ -1149,6 +1155,17 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
         f"({procrastinate_ms:.2f} ms); best CPU ratio any such protocol can reach: "
         f"{procrastinate_ms / floor.total_ms:.2f}"
     )
+    durable = _durable_floor(ctx, cluster)
+    durable_per_s = durable.cycles / durable.wall_s
+    durable_ratio = durable_per_s / jobs_per_s
+    say(
+        f"durable floor: the same calls, each with the one fenced statement the cycle cannot "
+        f"do without (bench.grpc_floor with a database): {durable.cycles:,} cycles in "
+        f"{durable.wall_s:.2f} s = {durable_per_s:.0f} cycles/s, {durable_ratio:.2f} of "
+        f"procrastinate's jobs/s; CPU {durable.total_ms:.2f} ms per cycle (server and "
+        f"Postgres {durable.server_ms:.2f}, clients {durable.clients_ms:.2f}) against "
+        f"procrastinate's {procrastinate_ms:.2f}"
+    )
     loaded = [phase for phase in (*phases, worked) if _other_share(phase) > OTHER_LOAD_WARNING]
     if loaded:
         say(
@@ -1166,9 +1183,30 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
     say(
         f"RESULT claim_cycles_per_s={cycles_per_s:.0f} procrastinate_jobs_per_s={jobs_per_s:.0f} "
         f"ratio={ratio:.2f} claim_p99_ms={claim_p99:.1f} cpu_ratio={cpu_ratio:.2f} "
-        f"grpc_floor_ms={floor.total_ms:.2f} claim_alone_p99_ms={claim_alone_p99:.1f}"
+        f"grpc_floor_ms={floor.total_ms:.2f} claim_alone_p99_ms={claim_alone_p99:.1f} "
+        f"durable_floor_ratio={durable_ratio:.2f}"
     )
     return ratio, claim_p99
+
+
+def _durable_floor(ctx: SpawnContext, cluster: PostgresCluster) -> grpc_floor.Floor:
+    """The durable floor (bench.grpc_floor) in its own database of the same cluster, with
+    as many client processes as processors; every cycle's job must have completed."""
+    dsn = create_database(cluster, FLOOR_DATABASE)
+    jobs = PROCESSORS * (FLOOR_CYCLES + 1)  # each client's first claim, then its cycles
+    _run(lambda: grpc_floor.prepare_durable(dsn, jobs))
+    floor = grpc_floor.measure(
+        ctx,
+        processes=PROCESSORS,
+        cycles=FLOOR_CYCLES,
+        calls=FLOOR_CALLS_PER_CYCLE,
+        dsn=dsn,
+        database_cpu_s=lambda: _postgres_cpu_s(cluster),
+    )
+    completed = _run(lambda: grpc_floor.durable_completed(dsn))
+    if completed != floor.cycles:
+        raise AssertionError(f"durable floor: {completed} jobs completed, {floor.cycles} cycled")
+    return floor
 
 
 async def _prepare(dsn: str, port: int, prefix: str, runs: int) -> World:

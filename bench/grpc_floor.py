@@ -11,6 +11,15 @@ cycle, from /proc and getrusage: what any design that makes that many Python gRP
 per job spends before it does any work. `bench.claim_cycle` runs it beside procrastinate
 in the same run.
 
+With a database (`measure(..., dsn=...)`, which `bench.claim_cycle` uses beside
+procrastinate on its own Postgres) it is the **durable floor** instead: each call also
+runs the one Postgres statement that call of the cycle cannot do without, on a bare
+table of jobs (`prepare_durable`), and the clients carry the lease from answer to call:
+a progress report is an `UPDATE` fenced by the lease's token that renews it; the
+Complete is one statement that ends the job under its token and claims the next queued
+one (`FOR UPDATE SKIP LOCKED`). No authentication, receipts, events, snapshots, policy
+or metrics: what the prescribed cycle costs before any of the coordinator's own work.
+
 The last line is `RESULT floor_ms_per_cycle=<x> server_ms=<y> clients_ms=<z>`.
 """
 
@@ -24,21 +33,36 @@ import resource
 import signal
 import struct
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnContext
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
 
+import asyncpg
 import grpc
 import uvloop
 
 from bench.proc_stats import proc_times
+from services.coordinator.queries import parse_queries
 
 METHOD = "/bench.Echo/Call"
 # (request bytes, answer bytes) of the processor's short-job cycle over gRPC: two
 # ReportProgress calls and a Complete of 60 empty slots answering a claimed job.
 CYCLE_SIZES = ((160, 60), (160, 60), (900, 1700))
 READY_TIMEOUT_S = 60.0
+
+# The durable floor: a request is (answer size, operation, job id, lease token, percent),
+# an answer (job id, lease token) of the job the client holds next (id 0: none left).
+DURABLE_REQUEST = struct.Struct("<IBq16sI")
+DURABLE_ANSWER = struct.Struct("<q16s")
+CLAIM, PROGRESS, COMPLETE = range(3)
+DURABLE_POOL = 10  # the coordinator's pool size
+SQL = parse_queries(
+    Path(__file__).with_name("grpc_floor.sql").read_text(encoding="utf-8"), source="grpc_floor.sql"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +91,41 @@ def _answer(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> 
     return bytes(size)
 
 
-def _serve(ports: Queue[int]) -> None:
+def _durable_handler(pool: asyncpg.Pool) -> Callable[..., Any]:
+    """The durable floor's one method: each call's one statement, fenced by the token."""
+
+    async def answer(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        size, operation, job, token, percent = DURABLE_REQUEST.unpack_from(request)
+        lease = uuid.UUID(bytes=token)
+        if operation == PROGRESS:
+            row = await pool.fetchrow(SQL["progress"], job, lease, percent)
+        elif operation == COMPLETE:
+            row = await pool.fetchrow(SQL["complete"], job, lease)
+            if row is not None and row["done"] != 1:
+                row = None
+        else:
+            row = await pool.fetchrow(SQL["claim"])
+            if row is None:  # nothing queued: id 0
+                return DURABLE_ANSWER.pack(0, bytes(16)).ljust(size, b"\0")
+        if row is None:  # the fence refused: the lease does not hold
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "lease lost")
+        next_id = row["id"] or 0
+        next_token = row["token"].bytes if row["token"] is not None else bytes(16)
+        return DURABLE_ANSWER.pack(next_id, next_token).ljust(size, b"\0")
+
+    return answer
+
+
+def _serve(ports: Queue[int], dsn: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
 
     async def main() -> None:
         server = grpc.aio.server()
-        handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(_answer)
+        method: Callable[..., Any] = _answer
+        if dsn is not None:
+            pool = await asyncpg.create_pool(dsn, min_size=DURABLE_POOL, max_size=DURABLE_POOL)
+            method = _durable_handler(pool)
+        handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(method)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("bench.Echo", {"Call": handler}),)
         )
@@ -85,7 +138,13 @@ def _serve(ports: Queue[int]) -> None:
 
 
 def _client(
-    index: int, target: str, cycles: int, calls: int, go: Event, results: Queue[float]
+    index: int,
+    target: str,
+    cycles: int,
+    calls: int,
+    durable: bool,
+    go: Event,
+    results: Queue[float],
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -94,6 +153,8 @@ def _client(
             await asyncio.wait_for(channel.channel_ready(), READY_TIMEOUT_S)
             call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
             sizes = [CYCLE_SIZES[i % len(CYCLE_SIZES)] for i in range(calls)]
+            if durable:
+                return await _durable_cycles(call, sizes, cycles, go)
             requests = [struct.pack("<I", answer) + bytes(sent - 4) for sent, answer in sizes]
             await asyncio.to_thread(go.wait, READY_TIMEOUT_S)
             began = _self_cpu_s()
@@ -109,35 +170,96 @@ def _client(
         raise
 
 
+async def _durable_cycles(
+    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes],
+    sizes: list[tuple[int, int]],
+    cycles: int,
+    go: Event,
+) -> float:
+    """A claim, then `cycles` jobs of progress reports and a Complete that claims the next,
+    carrying each answer's lease into the next call; the CPU the cycles used."""
+
+    def request(size: tuple[int, int], operation: int, held: bytes, percent: int = 0) -> bytes:
+        sent, answer = size
+        job, token = DURABLE_ANSWER.unpack_from(held)
+        return DURABLE_REQUEST.pack(answer, operation, job, token, percent).ljust(sent, b"\0")
+
+    *reports, complete = sizes
+    held = await call(request(CYCLE_SIZES[-1], CLAIM, DURABLE_ANSWER.pack(0, bytes(16))))
+    await asyncio.to_thread(go.wait, READY_TIMEOUT_S)
+    began = _self_cpu_s()
+    for _ in range(cycles):
+        for number, size in enumerate(reports, start=1):
+            held = await call(request(size, PROGRESS, held, number * 100 // len(sizes)))
+        held = await call(request(complete, COMPLETE, held))
+    return _self_cpu_s() - began
+
+
+async def prepare_durable(dsn: str, jobs: int) -> None:
+    """The durable floor's table with `jobs` queued jobs, in the database `dsn`."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(SQL["drop_table"])
+        await connection.execute(SQL["create_table"])
+        await connection.execute(SQL["create_index"])
+        await connection.execute(SQL["queue"], jobs)
+        await connection.execute("VACUUM ANALYZE floor_jobs")
+    finally:
+        await connection.close()
+
+
+async def durable_completed(dsn: str) -> int:
+    """How many of the durable floor's jobs completed."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        done: int = await connection.fetchval(SQL["completed"])
+        return done
+    finally:
+        await connection.close()
+
+
 def _self_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(ctx: SpawnContext, *, processes: int = 8, cycles: int = 1000, calls: int = 3) -> Floor:
-    """Runs the echo server and the clients; stops every process it started."""
+def measure(
+    ctx: SpawnContext,
+    *,
+    processes: int = 8,
+    cycles: int = 1000,
+    calls: int = 3,
+    dsn: str | None = None,
+    database_cpu_s: Callable[[], float] | None = None,
+) -> Floor:
+    """Runs the echo server and the clients; stops every process it started. With `dsn`
+    (a database `prepare_durable` made, with at least processes x (cycles + 1) jobs) the
+    durable floor, whose database CPU `database_cpu_s` reads (counted with the server's)."""
     ports: Queue[int] = ctx.Queue()
     results: Queue[float] = ctx.Queue()
     go = ctx.Event()
-    server = ctx.Process(target=_serve, args=(ports,), daemon=True)
+    server = ctx.Process(target=_serve, args=(ports, dsn), daemon=True)
     clients = []
     server.start()
     try:
         target = f"127.0.0.1:{ports.get(timeout=READY_TIMEOUT_S)}"
         for index in range(processes):
             client = ctx.Process(
-                target=_client, args=(index, target, cycles, calls, go, results), daemon=True
+                target=_client,
+                args=(index, target, cycles, calls, dsn is not None, go, results),
+                daemon=True,
             )
             client.start()
             clients.append(client)
         time.sleep(1.0)  # channels connect before the release
         assert server.pid is not None
-        server_before = _process_cpu_s(server.pid)
+        database = database_cpu_s or (lambda: 0.0)
+        server_before = _process_cpu_s(server.pid) + database()
         released = time.monotonic()
         go.set()
         spent = [results.get(timeout=600) for _ in clients]
         wall = time.monotonic() - released
-        server_cpu = _process_cpu_s(server.pid) - server_before
+        server_cpu = _process_cpu_s(server.pid) + database() - server_before
         if min(spent) < 0:
             raise RuntimeError("an echo client failed")
         return Floor(processes * cycles, calls, wall, server_cpu, sum(spent))
