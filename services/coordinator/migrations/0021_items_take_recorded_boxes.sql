@@ -1,5 +1,5 @@
 -- Workshop coordinator: a commit takes an item's boxes from its preview's record
--- (docs/runs-and-jobs.md#completing-a-job).
+-- (docs/runs-and-jobs.md#completion-and-slot-accounting).
 --
 -- A full run's frame is recorded as a preview with its boxes before the job completes;
 -- the result then named the preview as the upload and sent every output's boxes again.
