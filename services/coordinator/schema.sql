@@ -932,6 +932,9 @@ BEGIN
 END;
 $$;
 
+COMMENT ON FUNCTION job_complete(text, integer, bigint, uuid, text, text, text, text, integer, timestamptz, integer, integer, integer, integer, text[], text[], integer[], text[], text[], integer[], text[], timestamptz[], text[], text[], text[], timestamptz) IS
+    'Takes an item''s boxes from its preview''s record when they are NULL (0021); coordinators answer ClaimedJob.takes_recorded_boxes once 0022 is applied.';
+
 -- Objects of a job that ended become garbage unless kept: unpublished
 -- staged objects always, published previews too for full runs (their items
 -- never came). Called when a job fails, is cancelled, expires or loses its lease.

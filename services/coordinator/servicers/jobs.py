@@ -70,7 +70,9 @@ def _slots(first_us: int, count: int, interval_us: int, window_end_us: int) -> t
     return tuple(slots)
 
 
-def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> pb.ClaimedJob:
+def claimed_job(
+    claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL, *, recorded_boxes: bool = False
+) -> pb.ClaimedJob:
     job, frozen = claimed.job, claimed.frozen
     slots = _slots(
         convert.micros(job.facts.first_slot_at),
@@ -95,17 +97,20 @@ def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> p
             expires_at=convert.ts(job.expires_at),
         ),
         snapshot=frozen.snapshot,
-        takes_recorded_boxes=True,  # Complete copies boxes_recorded outputs' boxes (0021)
+        takes_recorded_boxes=recorded_boxes,  # from post-migration 0022 on
     )
 
 
 def claim_response(
-    claimed: list[Claimed], interval: timedelta = HEARTBEAT_INTERVAL
+    claimed: list[Claimed],
+    interval: timedelta = HEARTBEAT_INTERVAL,
+    *,
+    recorded_boxes: bool = False,
 ) -> pb.ClaimResponse:
-    first, *more = claimed
-    return pb.ClaimResponse(
-        job=claimed_job(first, interval), more_jobs=[claimed_job(job, interval) for job in more]
-    )
+    """`recorded_boxes`: whether Complete may leave the recorded boxes out
+    (JobsApi.recorded_boxes_taken)."""
+    jobs = [claimed_job(one, interval, recorded_boxes=recorded_boxes) for one in claimed]
+    return pb.ClaimResponse(job=jobs[0], more_jobs=jobs[1:])
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
@@ -137,7 +142,11 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             while True:
                 claimed = await self.api.claim_many(plan)
                 if claimed:
-                    return claim_response(claimed, self.api.heartbeat_interval)
+                    return claim_response(
+                        claimed,
+                        self.api.heartbeat_interval,
+                        recorded_boxes=await self.api.recorded_boxes_taken(),
+                    )
                 left = until - loop.time()
                 if left <= 0:
                     break
@@ -230,7 +239,11 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             return None
         if not claimed:
             return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
-        return claim_response(claimed, self.api.heartbeat_interval)
+        return claim_response(
+            claimed,
+            self.api.heartbeat_interval,
+            recorded_boxes=await self.api.recorded_boxes_taken(),
+        )
 
     async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
         who = await self.who.cached(context)  # the credential before the request's fields

@@ -94,6 +94,10 @@ UPDATE staged_objects SET deleted_at = $2
 WHERE object_key = ANY ($1::text[]) AND deleted_at IS NULL AND collectable_at <= $2
 RETURNING object_key;
 
+-- name: recorded_boxes_taken
+-- Whether post-migration 0022 is applied: no coordinator older than 0021 serves any more.
+SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = 22);
+
 -- name: objects_release_held
 -- Ends the cleanup hold of objects a pass could not delete (still collectable, not
 -- deleted): the next pass takes them again instead of waiting for the hold to lapse.
