@@ -1,6 +1,7 @@
 """Session-wide fixtures: real Postgres, real S3 (SeaweedFS), real Triton, started on demand."""
 
 pytest_plugins = [
+    "testbed.harness.sigterm",
     "testbed.harness.postgres",
     "testbed.harness.s3",
     "testbed.harness.triton",
