@@ -275,6 +275,8 @@ async def test_the_previous_release_serves_beside_this_one_through_the_upgrade(
             # through N; N+1 answers the receipt again
             j1 = await claimed(b, s)
             assert (j1.lease.run_id, j1.lease.job_id) == ("r1", "j1")
+            # N may serve its Complete, so it must carry every box (0022 is a post-migration)
+            assert not j1.takes_recorded_boxes
             result = await frame_result(a, s, j1)
             renewed = await a.jobs.Heartbeat(
                 jobs_pb2.HeartbeatRequest(lease=j1.lease), metadata=s.processor
