@@ -663,11 +663,7 @@ async def _procrastinate_prepare(cluster: PostgresCluster, jobs: int) -> float:
         for start in range(0, jobs, DEFER_BATCH):
             await task.batch_defer_async(*({} for _ in range(min(DEFER_BATCH, jobs - start))))
         deferred_s = time.perf_counter() - began
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute("VACUUM ANALYZE")
-    finally:
-        await connection.close()
+    await _vacuum(dsn)
     return deferred_s
 
 
@@ -1194,6 +1190,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
 
 
 async def _vacuum(dsn: str) -> float:
+    """VACUUM (ANALYZE) of the database `dsn`; the seconds it took."""
     began = time.perf_counter()
     connection = await asyncpg.connect(dsn)
     try:

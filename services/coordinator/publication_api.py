@@ -433,7 +433,12 @@ class PublicationApi:
             raise InvalidField(f"At most {MAX_COLLECT} keys per call.")
         now = self.clock.now()
         async with self.db.connection() as connection:
-            marked = await connection.fetch(sql("jobs", "objects_mark_deleted"), keys, now)
+            # a cleanup pass's hand-back names only keys not deleted: no statement for none
+            marked = (
+                await connection.fetch(sql("jobs", "objects_mark_deleted"), keys, now)
+                if keys
+                else []
+            )
             released = (
                 await connection.fetch(sql("jobs", "objects_release_held"), not_deleted, now)
                 if not_deleted

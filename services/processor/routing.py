@@ -326,23 +326,14 @@ def to_slot_result(
         raise ValueError("an upload needs both its key and its digest")
     if boxes_recorded and (not upload_key or len(routed.outputs) != 1):
         raise ValueError("recorded boxes are those of an uploaded frame's one output")
+    result = jobs_pb2.SlotResult(slot_index=index, outcome=_OUTCOMES[routed.outcome])
     if boxes_recorded:
         ((step_id, _),) = routed.outputs
-        result = jobs_pb2.SlotResult(
-            slot_index=index,
-            outcome=_OUTCOMES[routed.outcome],
-            outputs=[jobs_pb2.RoutedOutput(step_id=step_id, boxes_recorded=True)],
-        )
+        result.outputs.add(step_id=step_id, boxes_recorded=True)
     else:
-        result = jobs_pb2.SlotResult(
-            slot_index=index,
-            outcome=_OUTCOMES[routed.outcome],
-            boxes=[box_to_proto(box) for box in routed.boxes],
-            outputs=[
-                jobs_pb2.RoutedOutput(step_id=step_id, boxes=[box_to_proto(b) for b in boxes])
-                for step_id, boxes in routed.outputs
-            ],
-        )
+        result.boxes.extend(box_to_proto(box) for box in routed.boxes)
+        for step_id, boxes in routed.outputs:
+            result.outputs.add(step_id=step_id, boxes=[box_to_proto(box) for box in boxes])
     result.frame_time.FromDatetime(frame_time.astimezone(datetime.UTC))
     if routed.outcome == "frame":
         result.upload_key = upload_key
