@@ -1,8 +1,12 @@
-"""convert.box_dict stores a box exactly as json_format.MessageToDict did."""
+"""convert.box_dict stores a box exactly as json_format.MessageToDict did, and
+convert.boxes_json writes the same values as JSON text."""
 
 from __future__ import annotations
 
+import json
 import random
+import struct
+from decimal import Decimal
 
 from google.protobuf import json_format
 
@@ -14,8 +18,8 @@ def _message_to_dict(box: common_pb2.Box) -> dict[str, object]:
     return json_format.MessageToDict(box, preserving_proto_field_name=True)
 
 
-def test_box_dict_is_message_to_dict_for_every_kind_of_value() -> None:
-    chosen = random.Random(17)
+def _boxes(seed: int) -> list[common_pb2.Box]:
+    chosen = random.Random(seed)
     floats = [0.0, -0.0, 1.0, 0.1, 0.87, 1e-38, 3.4e38, 1e-45, float("inf"), float("-inf")]
     boxes = [
         common_pb2.Box(),
@@ -36,7 +40,37 @@ def test_box_dict_is_message_to_dict_for_every_kind_of_value() -> None:
         if chosen.random() < 0.5:
             box.track_id = chosen.choice([0, 7, 2**62, -5])
         boxes.append(box)
+    return boxes
+
+
+def test_box_dict_is_message_to_dict_for_every_kind_of_value() -> None:
+    boxes = _boxes(17)
     for box in boxes:
         assert convert.box_dict(box) == _message_to_dict(box), box
     # the same JSON text too (key order included), as the rows store it
     assert [list(convert.box_dict(b)) for b in boxes] == [list(_message_to_dict(b)) for b in boxes]
+
+
+def _stored(text: str) -> object:
+    """JSON text as Postgres's jsonb keeps it: numbers as exact decimals."""
+    return json.loads(text, parse_float=Decimal, parse_int=Decimal)
+
+
+def test_boxes_json_holds_box_dicts_values_as_the_same_decimals() -> None:
+    boxes = _boxes(18)
+    for start in range(0, len(boxes), 3):  # a frame's few boxes at a time
+        frame = boxes[start : start + 3]
+        expected = json.dumps([convert.box_dict(box) for box in frame])
+        assert _stored(convert.boxes_json(frame)) == _stored(expected), frame
+    assert convert.boxes_json([]) == "[]"
+
+
+def test_boxes_json_prints_every_normal_float_as_protobuf_does() -> None:
+    """Random 32-bit patterns: numpy's shortest decimal is protobuf's (box_dict's) for each
+    normal float; the subnormals, where they differ, take box_dict's way."""
+    chosen = random.Random(19)
+    for _ in range(20_000):
+        [value] = struct.unpack("<f", chosen.getrandbits(32).to_bytes(4, "little"))
+        box = common_pb2.Box(x=value)
+        expected = json.dumps([convert.box_dict(box)])
+        assert _stored(convert.boxes_json([box])) == _stored(expected), value

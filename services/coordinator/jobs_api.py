@@ -11,7 +11,6 @@ commit verifies those facts under the job's lock.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -576,9 +575,8 @@ class JobsApi:
             [i.slot_index for i in items],
             [i.step_id for i in items],
             [i.frame_time for i in items],
-            # each item's boxes as JSON text (a list of lists would be read as a 2-D array);
             # NULL: the boxes recorded with the upload's preview
-            [None if i.boxes is None else json.dumps(i.boxes) for i in items],
+            [i.boxes for i in items],
             [i.object_key for i in items],
             [i.sha256 for i in items],
             self.clock.now(),

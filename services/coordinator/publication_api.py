@@ -11,7 +11,6 @@ round trip each; a batch of previews (group commit) is one statement.
 from __future__ import annotations
 
 import dataclasses
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -79,7 +78,7 @@ class PreviewRecord:
     byte_size: int
     content_type: str
     frame_time: datetime
-    boxes: list[dict[str, Any]]
+    boxes: str  # JSON text, as stored (convert.boxes_json)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -491,7 +490,7 @@ def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:
         preview.byte_size,
         preview.content_type,
         preview.frame_time,
-        json.dumps(preview.boxes),
+        preview.boxes,
         preview_item_id(preview.key),
     )
 

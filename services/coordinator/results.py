@@ -13,9 +13,8 @@ import dataclasses
 import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from services.coordinator.convert import box_dict
+from services.coordinator.convert import boxes_json
 from services.coordinator.errors import InvalidField, ResultInvalid
 from workshop.kit.hashing import sha256_hex
 from workshop.v1 import common_pb2, jobs_pb2
@@ -45,7 +44,7 @@ class Item:
     slot_index: int
     step_id: str
     frame_time: datetime
-    boxes: list[dict[str, Any]] | None  # None: the boxes recorded with the slot's preview
+    boxes: str | None  # JSON text (convert.boxes_json); None: those recorded with the preview
     object_key: str
     sha256: str
 
@@ -186,7 +185,7 @@ def _frame_items(
             slot_index=index,
             step_id=output.step_id,
             frame_time=moment,
-            boxes=None if output.boxes_recorded else [box_dict(box) for box in output.boxes],
+            boxes=None if output.boxes_recorded else boxes_json(output.boxes),
             object_key=slot.upload_key,
             sha256=slot.upload_sha256,
         )

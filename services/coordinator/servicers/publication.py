@@ -233,7 +233,7 @@ def _preview(request: pb.RecordPreviewRequest) -> PreviewRecord:
         byte_size=request.byte_size,
         content_type=request.content_type,
         frame_time=convert.from_ts("frame_time", request.frame_time),
-        boxes=[convert.box_dict(box) for box in request.boxes],
+        boxes=convert.boxes_json(request.boxes),
     )
 
 
