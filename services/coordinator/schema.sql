@@ -359,7 +359,6 @@ CREATE TABLE bucket_items (
     UNIQUE (run_id, job_index, slot_index, step_id),
     FOREIGN KEY (run_id, job_index) REFERENCES jobs (run_id, job_index)
 );
-CREATE INDEX bucket_items_by_bucket ON bucket_items (bucket_id, saved_at);
 CREATE INDEX bucket_items_by_recording ON bucket_items (recording_id);
 
 -- Whether a key still authenticates: not revoked, not expired, its user (if any) not
