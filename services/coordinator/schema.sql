@@ -1467,28 +1467,27 @@ ALTER TABLE bucket_items SET (fillfactor = 80);
 CREATE INDEX bucket_items_by_run_frame ON bucket_items (run_id, frame_time, item_id);
 CREATE INDEX bucket_items_by_bucket_frame ON bucket_items (bucket_id, frame_time, item_id);
 
--- Locks the timelines of the items `p_items` (in key order: the lock order every writer
--- of sightings keeps: timelines, then items and boxes, then the counters (class, bucket,
--- run, day), each in key order) and counts the items: what committing them into buckets
--- changes for the summary. Their boxes are added by review.group_committed, grouped, or
--- at commit by bucket_item_boxes (ungrouped). Returns the timelines.
-CREATE FUNCTION review_items_added(p_items text[])
-RETURNS TABLE (run_id text, bucket_id text, camera_id text)
-LANGUAGE plpgsql AS $$
+-- Every insert of bucket items locks their timelines (in key order: the lock order every
+-- writer of sightings keeps: timelines, then items and boxes, then the counters (class,
+-- bucket, run, day), each in key order) and counts them, whichever code inserts them:
+-- what committing them into buckets changes for the summary. The rows are read from the
+-- statement's transition table (migration 0023). The committing coordinator then adds
+-- their boxes grouped (review.group_committed), or bucket_items_boxes adds them ungrouped
+-- at commit (also for a coordinator of an older version during a rolling upgrade) and the
+-- maintenance pass groups them (migration 0019).
+CREATE FUNCTION bucket_items_added() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO sighting_timelines AS t (run_id, bucket_id, camera_id)
-    SELECT DISTINCT bi.run_id, bi.bucket_id, bi.camera_id
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    SELECT DISTINCT a.run_id, a.bucket_id, a.camera_id FROM added a
     ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
 
     -- new boxes are pending and not relabelled: their class as detected, no confirmation
     INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
                                             confirmations)
-    SELECT r.workflow_id, bi.bucket_id, coalesce(b.box ->> 'class_name', ''), count(*), 0
-    FROM bucket_items bi JOIN runs r ON r.run_id = bi.run_id
-    CROSS JOIN LATERAL jsonb_array_elements(bi.boxes) AS b (box)
-    WHERE bi.item_id = ANY (p_items)
+    SELECT r.workflow_id, a.bucket_id, coalesce(b.box ->> 'class_name', ''), count(*), 0
+    FROM added a JOIN runs r ON r.run_id = a.run_id
+    CROSS JOIN LATERAL jsonb_array_elements(a.boxes) AS b (box)
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
     SET detections = c.detections + EXCLUDED.detections,
@@ -1496,11 +1495,11 @@ BEGIN
 
     INSERT INTO bucket_counts AS c (bucket_id, recording_id, recording_generation, images, pending,
                                     accepted, rejected, last_added_at)
-    SELECT bi.bucket_id, bi.recording_id, bi.recording_generation, count(*),
-           count(*) FILTER (WHERE bi.review_state = 'pending'),
-           count(*) FILTER (WHERE bi.review_state = 'accepted'),
-           count(*) FILTER (WHERE bi.review_state = 'rejected'), max(bi.saved_at)
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    SELECT a.bucket_id, a.recording_id, a.recording_generation, count(*),
+           count(*) FILTER (WHERE a.review_state = 'pending'),
+           count(*) FILTER (WHERE a.review_state = 'accepted'),
+           count(*) FILTER (WHERE a.review_state = 'rejected'), max(a.saved_at)
+    FROM added a
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT bucket_counts_pkey DO UPDATE
     SET images = c.images + EXCLUDED.images, pending = c.pending + EXCLUDED.pending,
@@ -1508,37 +1507,21 @@ BEGIN
         last_added_at = greatest(c.last_added_at, EXCLUDED.last_added_at);
 
     INSERT INTO run_review_counts AS c (run_id, pending, accepted, rejected)
-    SELECT bi.run_id, count(*) FILTER (WHERE bi.review_state = 'pending'),
-           count(*) FILTER (WHERE bi.review_state = 'accepted'),
-           count(*) FILTER (WHERE bi.review_state = 'rejected')
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    SELECT a.run_id, count(*) FILTER (WHERE a.review_state = 'pending'),
+           count(*) FILTER (WHERE a.review_state = 'accepted'),
+           count(*) FILTER (WHERE a.review_state = 'rejected')
+    FROM added a
     GROUP BY 1 ORDER BY 1
     ON CONFLICT ON CONSTRAINT run_review_counts_pkey DO UPDATE
     SET pending = c.pending + EXCLUDED.pending, accepted = c.accepted + EXCLUDED.accepted,
         rejected = c.rejected + EXCLUDED.rejected;
 
     INSERT INTO workflow_day_counts AS c (workflow_id, bucket_id, quarter_start, images)
-    SELECT r.workflow_id, bi.bucket_id,
-           date_bin('15 minutes', bi.saved_at, timestamptz '2000-01-01 00:00:00+00'), count(*)
-    FROM bucket_items bi JOIN runs r ON r.run_id = bi.run_id
-    WHERE bi.item_id = ANY (p_items)
+    SELECT r.workflow_id, a.bucket_id,
+           date_bin('15 minutes', a.saved_at, timestamptz '2000-01-01 00:00:00+00'), count(*)
+    FROM added a JOIN runs r ON r.run_id = a.run_id
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_day_counts_pkey DO UPDATE SET images = c.images + EXCLUDED.images;
-
-    RETURN QUERY
-    SELECT DISTINCT bi.run_id, bi.bucket_id, bi.camera_id
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items) ORDER BY 1, 2, 3;
-END;
-$$;
-
--- Every insert of bucket items locks their timelines and counts them, whichever code
--- inserts them; the committing coordinator then adds their boxes grouped
--- (review.group_committed), or bucket_items_boxes adds them ungrouped at commit (also for
--- a coordinator of an older version during a rolling upgrade) and the maintenance pass
--- groups them (migration 0019).
-CREATE FUNCTION bucket_items_added() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM review_items_added(ARRAY(SELECT item_id FROM added));
     RETURN NULL;
 END;
 $$;

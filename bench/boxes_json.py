@@ -1,0 +1,83 @@
+"""What turning a frame's boxes into the JSON text Postgres stores costs the coordinator.
+
+Every recorded preview, and every item whose boxes a Complete sends, reaches the
+database as JSON text. `convert.boxes_json` writes it in one pass (numpy prints the
+32-bit floats the shortest way); the baseline is the way it replaced and still takes for
+NaN, infinities and subnormals: a dict per box (`convert.box_dict`, protobuf's shortest
+float search in Python) and `json.dumps`. Both write the same values (checked here, and
+for every kind of value in tests/test_coordinator_box_dict.py).
+
+Pure CPU in this process, no servers: `.venv/bin/python -m bench.boxes_json` (about
+10 s). Frames of `--boxes` detector-like boxes (a class, a score and four coordinates,
+no track). The two sides alternate, best of three rounds each. Last line:
+`RESULT boxes_json_us=<x> box_dict_json_us=<y> ratio=<x/y>`, per frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+from collections.abc import Callable
+from decimal import Decimal
+
+from bench.request_decoding import per_call_seconds
+from services.coordinator import convert
+from workshop.v1 import common_pb2
+
+FRAMES = 64  # different frames, so no float is printed from a warm cache only
+
+
+def frames(boxes: int, seed: int = 1) -> list[list[common_pb2.Box]]:
+    chosen = random.Random(seed)
+    return [
+        [
+            common_pb2.Box(
+                class_name=chosen.choice(["person", "car", "bicycle"]),
+                score=chosen.uniform(0.3, 1.0),
+                x=chosen.random(),
+                y=chosen.random(),
+                w=chosen.uniform(0.01, 0.3),
+                h=chosen.uniform(0.01, 0.3),
+            )
+            for _ in range(boxes)
+        ]
+        for _ in range(FRAMES)
+    ]
+
+
+def box_dict_json(boxes: list[common_pb2.Box]) -> str:
+    return json.dumps([convert.box_dict(box) for box in boxes])
+
+
+def _write_all(
+    write: Callable[[list[common_pb2.Box]], str], batch: list[list[common_pb2.Box]]
+) -> None:
+    for boxes in batch:
+        write(boxes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--boxes", type=int, default=3, help="boxes per frame")
+    parser.add_argument("--seconds", type=float, default=1.5, help="time budget per round")
+    args = parser.parse_args()
+    batch = frames(args.boxes)
+    for boxes in batch:
+        same = json.loads(convert.boxes_json(boxes), parse_float=Decimal)
+        assert same == json.loads(box_dict_json(boxes), parse_float=Decimal)
+    best = {"boxes_json": float("inf"), "box_dict_json": float("inf")}
+    for _ in range(3):
+        for name, write in (("boxes_json", convert.boxes_json), ("box_dict_json", box_dict_json)):
+            seconds = per_call_seconds(functools.partial(_write_all, write, batch), args.seconds)
+            best[name] = min(best[name], seconds / FRAMES)
+    new, old = best["boxes_json"] * 1e6, best["box_dict_json"] * 1e6
+    print(f"{args.boxes} boxes per frame, {FRAMES} frames, best of 3 alternating rounds:")
+    print(f"  convert.boxes_json                 {new:8.1f} us per frame")
+    print(f"  json.dumps of convert.box_dict     {old:8.1f} us per frame")
+    print(f"RESULT boxes_json_us={new:.1f} box_dict_json_us={old:.1f} ratio={new / old:.2f}")
+
+
+if __name__ == "__main__":
+    main()
