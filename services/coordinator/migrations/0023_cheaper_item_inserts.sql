@@ -7,9 +7,10 @@
 -- 2. The statement trigger that locks the new items' timelines and counts them reads the
 --    inserted rows from its transition table instead of looking each one up again in
 --    bucket_items, once per statement (six times per commit): same statements, same
---    order, same locks. review_items_added, which only that trigger called, is dropped.
--- A pre-migration: apply it at any time; a coordinator of the previous version uses
--- neither the index nor the function.
+--    order, same locks. review_items_added, which only that trigger called, is dropped by
+--    the post-migration 0024.
+-- A pre-migration: apply it at any time; a coordinator of the previous version does not
+-- use the index.
 DROP INDEX bucket_items_by_bucket;
 
 -- Every insert of bucket items locks their timelines (in key order: the lock order every
@@ -70,5 +71,3 @@ BEGIN
     RETURN NULL;
 END;
 $$;
-
-DROP FUNCTION review_items_added(text[]);
