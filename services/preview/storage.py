@@ -122,7 +122,14 @@ class ObjectStore:
         def ensure() -> bool:
             if self._client.bucket_exists(self.bucket):
                 return False
-            self._client.make_bucket(self.bucket)
+            try:
+                self._client.make_bucket(self.bucket)
+            except S3Error as error:
+                # Another replica created it since the check (two starting at once): the
+                # bucket is there and ours, which is all this asks.
+                if error.code == "BucketAlreadyOwnedByYou":
+                    return False
+                raise
             return True
 
         return await self._call(ensure)

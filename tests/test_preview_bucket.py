@@ -1,0 +1,46 @@
+"""The preview service's bucket at start: replicas that start at once all find it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from services.preview.settings import PreviewSettings
+from services.preview.storage import ObjectStore
+from testbed.harness.s3 import S3Server
+
+REPLICAS = 6
+
+
+def _store(server: S3Server, bucket: str) -> ObjectStore:
+    return ObjectStore(
+        PreviewSettings(
+            s3_endpoint=server.endpoint,
+            s3_access_key=server.access_key,
+            s3_secret_key=server.secret_key,
+            bucket=bucket,
+            coordinator_target="127.0.0.1:1",
+            service_key="unused",
+        )
+    )
+
+
+async def test_replicas_starting_at_once_all_find_their_bucket(s3_server: S3Server) -> None:
+    """Each replica checks for the bucket and creates it when missing; between one's check
+    and its create another may have created it (SeaweedFS answers BucketAlreadyOwnedByYou).
+    That is the bucket being there, not a failure to start (found by bench.chaos_soak)."""
+    client = s3_server.client()
+    for _ in range(5):
+        bucket = f"workshop-test-{uuid.uuid4().hex[:16]}"
+        stores = [_store(s3_server, bucket) for _ in range(REPLICAS)]
+        try:
+            created = await asyncio.gather(*(store.ensure_bucket() for store in stores))
+            assert any(created), "one of them created it"
+            assert client.bucket_exists(bucket)
+            # and a replica that starts later finds it without creating it
+            assert await stores[0].ensure_bucket() is False
+        finally:
+            for store in stores:
+                store.close()
+            if client.bucket_exists(bucket):
+                client.remove_bucket(bucket)
