@@ -148,8 +148,8 @@ async def _measure(sides: list[Side], rounds: int, items: int, existing: int) ->
                 side.cpu_s += _cpu(side.server_pid) - cpu_before
 
 
-async def _bench(cluster_dsn: tuple[str, str], args: argparse.Namespace) -> None:
-    head_dsn, before_dsn = cluster_dsn
+async def _bench(dsns: tuple[str, str], args: argparse.Namespace) -> None:
+    head_dsn, before_dsn = dsns
     sides = [
         await _side("head", head_dsn, args.existing, []),
         await _side("before 0023", before_dsn, args.existing, BEFORE_0023),

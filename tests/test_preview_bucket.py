@@ -5,24 +5,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from services.preview.settings import PreviewSettings
-from services.preview.storage import ObjectStore
+from testbed.harness.preview import object_store
 from testbed.harness.s3 import S3Server
 
 REPLICAS = 6
-
-
-def _store(server: S3Server, bucket: str) -> ObjectStore:
-    return ObjectStore(
-        PreviewSettings(
-            s3_endpoint=server.endpoint,
-            s3_access_key=server.access_key,
-            s3_secret_key=server.secret_key,
-            bucket=bucket,
-            coordinator_target="127.0.0.1:1",
-            service_key="unused",
-        )
-    )
 
 
 async def test_replicas_starting_at_once_all_find_their_bucket(s3_server: S3Server) -> None:
@@ -32,7 +18,7 @@ async def test_replicas_starting_at_once_all_find_their_bucket(s3_server: S3Serv
     client = s3_server.client()
     for _ in range(5):
         bucket = f"workshop-test-{uuid.uuid4().hex[:16]}"
-        stores = [_store(s3_server, bucket) for _ in range(REPLICAS)]
+        stores = [object_store(s3_server, bucket) for _ in range(REPLICAS)]
         try:
             created = await asyncio.gather(*(store.ensure_bucket() for store in stores))
             assert any(created), "one of them created it"

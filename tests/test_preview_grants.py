@@ -16,8 +16,6 @@ import pytest
 import urllib3
 
 from services.coordinator.auth import Grant, ScopeName
-from services.preview.settings import PreviewSettings
-from services.preview.storage import ObjectStore
 from testbed.coordinator_leases import (
     Setup,
     claimed,
@@ -28,7 +26,13 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE, error_reason
 from testbed.harness.coordinator import CoordinatorHarness
-from testbed.harness.preview import PreviewHarness, box, jpeg_bytes, running_preview
+from testbed.harness.preview import (
+    PreviewHarness,
+    box,
+    jpeg_bytes,
+    object_store,
+    running_preview,
+)
 from testbed.harness.s3 import S3Bucket
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.hashing import sha256_hex
@@ -274,17 +278,7 @@ async def test_grants_are_refused_for_leases_that_do_not_hold_and_for_bad_reques
 def test_grants_signed_together_carry_the_sdks_own_fields(s3_bucket: S3Bucket) -> None:
     """ObjectStore.post_policies signs many keys with one signing key: each key's fields are
     exactly what the SDK's presigned_post_policy writes for it at the same second."""
-    server = s3_bucket.server
-    store = ObjectStore(
-        PreviewSettings(
-            s3_endpoint=server.endpoint,
-            s3_access_key=server.access_key,
-            s3_secret_key=server.secret_key,
-            bucket=s3_bucket.name,
-            coordinator_target="127.0.0.1:1",
-            service_key="unused",
-        )
-    )
+    store = object_store(s3_bucket.server, s3_bucket.name)
     expires = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=60)
     keys = ["previews/r1/j0/1/0.jpg", 'workshop-tests/previews/r"1/j0/1/7.jpg']
     for _ in range(5):  # the SDK reads the clock itself: retry if a second passed between

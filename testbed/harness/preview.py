@@ -33,7 +33,7 @@ from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore, RemovalFailure
 from testbed.coordinator_world import CODE
 from testbed.harness.coordinator import CoordinatorHarness
-from testbed.harness.s3 import S3Bucket
+from testbed.harness.s3 import S3Bucket, S3Server
 from workshop.kit.channels import open_channel
 from workshop.kit.server import Server
 from workshop.v1 import common_pb2, jobs_pb2, preview_pb2, preview_pb2_grpc
@@ -100,6 +100,20 @@ def preview_settings(
     }
     values.update(overrides)
     return PreviewSettings(**values)
+
+
+def object_store(server: S3Server, bucket: str) -> ObjectStore:
+    """The preview service's store on `bucket`, alone: no coordinator behind it (close it)."""
+    return ObjectStore(
+        PreviewSettings(
+            s3_endpoint=server.endpoint,
+            s3_access_key=server.access_key,
+            s3_secret_key=server.secret_key,
+            bucket=bucket,
+            coordinator_target="127.0.0.1:1",
+            service_key="unused",
+        )
+    )
 
 
 @asynccontextmanager
