@@ -38,9 +38,10 @@ proto: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The web console's browser tests, which write docs/screenshots/*.png (the README's).
+# The web console's browser tests, told to write docs/screenshots/*.png (the README's);
+# without WORKSHOP_WRITE_SCREENSHOTS=1 (any other test run) they write them to a tmp dir.
 screenshots: $(STAMP)
-	$(BIN)/pytest -q tests/test_console.py tests/test_console_run.py tests/test_console_review.py
+	WORKSHOP_WRITE_SCREENSHOTS=1 $(BIN)/pytest -q tests/test_console.py tests/test_console_run.py tests/test_console_review.py
 
 # The whole system on this machine (Postgres, SeaweedFS, Triton, coordinator, preview,
 # processor) runs a 20-image test run and stops; ARGS=--keep keeps it running.

@@ -3,7 +3,8 @@ Playwright, on the real stack (the `gateway` fixture: a gateway on uvicorn in fr
 a coordinator on Postgres and a preview service on SeaweedFS). Nothing is mocked: the
 pages call the gateway's API as they do in production.
 
-Screenshots of the login and runs pages are written to docs/screenshots/. Without
+Screenshots of the login and runs pages are taken (into docs/screenshots/ under `make
+screenshots`, testbed/harness/browser.py). Without
 Chromium (scripts/system-deps.sh installs it) the tests skip, saying why; Playwright
 is in the dev lock, and is used only with that browser (it downloads none).
 """
@@ -11,13 +12,14 @@ is in the dev lock, and is used only with that browser (it downloads none).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from playwright.async_api import Page, expect
 
 from services.gateway.dispatch import SESSION_COOKIE
 from testbed.coordinator_world import World
-from testbed.harness.browser import SCREENSHOTS, needs_chromium
+from testbed.harness.browser import needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 
 ENDED = "Your session has ended; sign in again."
@@ -49,7 +51,7 @@ async def sign_in(page: Page, user_id: str, password: str) -> None:
 
 
 async def test_signing_in_lands_on_the_runs_page_listing_a_run(
-    gateway: GatewayHarness, gateway_world: World, page: Page
+    gateway: GatewayHarness, gateway_world: World, page: Page, screenshots: Path
 ) -> None:
     created_at = await create_run(gateway, gateway_world, "r-console")
     # the page's clock, 5 minutes after the run (the coordinator's clock is the harness's)
@@ -57,8 +59,7 @@ async def test_signing_in_lands_on_the_runs_page_listing_a_run(
     await page.goto("/")
     await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
     await expect(page.get_by_label("User id")).to_be_focused()
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(SCREENSHOTS / "login.png"))
+    await page.screenshot(path=str(screenshots / "login.png"))
 
     await sign_in(page, "ada", PASSWORD)
     await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
@@ -77,7 +78,7 @@ async def test_signing_in_lands_on_the_runs_page_listing_a_run(
         "5 min ago",
     ]
     await expect(page.get_by_text("Signed in as Ada")).to_be_visible()
-    await page.screenshot(path=str(SCREENSHOTS / "runs.png"), full_page=True)
+    await page.screenshot(path=str(screenshots / "runs.png"), full_page=True)
 
     # the workflow filter asks the API for that workflow's runs only
     await page.get_by_label("Workflow", exact=True).fill("other")

@@ -4,7 +4,8 @@ detector in Triton, the gateway serves the pages, and every check of what was st
 through the API. Nothing is mocked; the one interception (holding a decision's POST on
 its way to the gateway) only delays the real request, to see the page wait for it.
 
-Screenshots of the review and summary pages are written to docs/screenshots/.
+Screenshots of the review and summary pages are taken (into docs/screenshots/ under `make
+screenshots`, testbed/harness/browser.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from playwright.async_api import Page, Route, expect
 
-from testbed.harness.browser import SCREENSHOTS, needs_chromium
+from testbed.harness.browser import needs_chromium
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
@@ -84,6 +85,7 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     gateway: GatewayHarness,
     page: Page,
     tmp_path: Path,
+    screenshots: Path,
 ) -> None:
     await reviewed_run(coordinator, preview, triton_server, tmp_path)
     await gateway.user("ada")
@@ -174,8 +176,7 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(state).to_have_text(f"accepted as {relabel}")
     await expect(status).to_contain_text(f"now {relabel}")
     assert box_states(await review(gateway, api), sid) == [("accepted", relabel)] * count
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(SCREENSHOTS / "review.png"), full_page=True)
+    await page.screenshot(path=str(screenshots / "review.png"), full_page=True)
 
     # u: back to what each decision replaced, newest first
     await page.keyboard.press("u")
@@ -243,7 +244,7 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     assert sum(per_day) == items
     hidden_rows = workflow.locator(".visually-hidden table tbody tr")
     await expect(hidden_rows).to_have_count(30)
-    await page.screenshot(path=str(SCREENSHOTS / "summary.png"), full_page=True)
+    await page.screenshot(path=str(screenshots / "summary.png"), full_page=True)
 
     # a reader 14 hours ahead of UTC gets the days of their own zone
     assert page.context.browser is not None

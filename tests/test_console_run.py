@@ -4,7 +4,8 @@ on Postgres, preview service and recordings on SeaweedFS, the bundled Triton, th
 gateway on uvicorn. Nothing is mocked; the test reads what it compares the page with
 through the gateway's API.
 
-Writes docs/screenshots/runs-create.png (the form) and docs/screenshots/run.png.
+Takes the screenshots runs-create.png (the form) and run.png (into docs/screenshots/ under
+`make screenshots`, testbed/harness/browser.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from playwright.async_api import Dialog, Page, WebSocketRoute, expect
 
 from testbed.coordinator_world import save_workflow
-from testbed.harness.browser import SCREENSHOTS, needs_chromium
+from testbed.harness.browser import needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
@@ -62,6 +63,7 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
     triton_server: TritonServer,
     tmp_path: Path,
     page: Page,
+    screenshots: Path,
 ) -> None:
     c = gateway.c
     world = await build_world(c, preview, triton_server, tmp_path)
@@ -83,7 +85,6 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
         await dialog.accept()
 
     page.on("dialog", accept)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
 
     # Signing in from the run page comes back to it.
     await page.goto("/#/run/r-behind")
@@ -171,7 +172,7 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
         run_id_input = page.get_by_label("Run id")
         assert (await run_id_input.input_value()).startswith("yard-")
         await page.locator("details.create-run").screenshot(
-            path=str(SCREENSHOTS / "runs-create.png")
+            path=str(screenshots / "runs-create.png")
         )
         # A refused id shows the API's message and marks the field.
         await run_id_input.fill("-bad id")
@@ -231,7 +232,7 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
         await expect(
             panel.locator(f"li[data-recording-id='{recording['recording_id']}']")
         ).to_contain_text(f"generation {recording['generation']}")
-    await page.screenshot(path=str(SCREENSHOTS / "run.png"), full_page=True)
+    await page.screenshot(path=str(screenshots / "run.png"), full_page=True)
 
     # The runs page links each run to its page.
     await page.goto("/#/runs")

@@ -2,12 +2,14 @@
 browser tests: the `page` fixture is a page of a fresh browser profile on the `gateway`
 fixture's base URL. Playwright is used only with that browser (it downloads none);
 without it the tests that use `page` skip, saying why (scripts/system-deps.sh installs
-it)."""
+it). Screenshots go to docs/screenshots/ only under `make screenshots`
+(`screenshots` fixture)."""
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -27,13 +29,32 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-# The README shows the pages through these screenshots, which the console tests write.
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# The README shows the pages through these screenshots. The console tests write them
+# there only when `make screenshots` sets WORKSHOP_WRITE_SCREENSHOTS=1: a plain run never
+# changes a tracked file.
+DOCS_SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+WRITE_SCREENSHOTS = "WORKSHOP_WRITE_SCREENSHOTS"
 
 needs_chromium = pytest.mark.skipif(
     shutil.which(CHROMIUM) is None,
     reason=f"no Chromium at {CHROMIUM} (scripts/system-deps.sh installs Debian's chromium)",
 )
+
+
+def screenshot_folder(environ: Mapping[str, str], tmp_path: Path) -> Path:
+    """docs/screenshots/ when the environment asks for the README's screenshots, else a
+    folder of the test's own (the screenshots are still taken, so their code runs)."""
+    if environ.get(WRITE_SCREENSHOTS) == "1":
+        return DOCS_SCREENSHOTS
+    return tmp_path / "screenshots"
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    """Where a browser test writes its screenshots (see `screenshot_folder`), created."""
+    folder = screenshot_folder(os.environ, tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture
