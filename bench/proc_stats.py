@@ -2,12 +2,18 @@
 
 Reading /proc costs little and needs no agent in the measured processes; every figure is
 what the kernel accounts (utime + stime in clock ticks, VmHWM / VmRSS in kB).
+
+A process family's CPU (`family_cpu_s`, `CpuMeter`) counts each live member's own CPU and
+what it has reaped (cutime + cstime): a Postgres backend that exits during a pass keeps
+its CPU in the postmaster's reaped figure instead of vanishing from the sum.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -51,7 +57,7 @@ def parents_of_all() -> dict[int, int]:
     return parents
 
 
-def children(root: int, parents: dict[int, int] | None = None) -> list[int]:
+def children(root: int, parents: Mapping[int, int] | None = None) -> list[int]:
     """`root`'s descendants that are alive now."""
     parents = parents_of_all() if parents is None else parents
     family = {root}
@@ -63,6 +69,43 @@ def children(root: int, parents: dict[int, int] | None = None) -> list[int]:
                 family.add(pid)
                 grew = True
     return sorted(family - {root})
+
+
+def family_cpu_s(root: int | None, parents: Mapping[int, int] | None = None) -> float:
+    """CPU seconds of `root` and all its descendants, those that have exited included: each
+    live member's own CPU plus its reaped children's (a reaped child's cutime carries its
+    own reaped children in turn). A descendant reparented away from the family (its parent
+    exited first) is lost from then on; 0.0 when `root` is None or gone."""
+    if root is None:
+        return 0.0
+    total = 0.0
+    for pid in (root, *children(root, parents)):
+        times = proc_times(pid)
+        if times is not None:
+            total += times[0] + times[1]
+    return total
+
+
+def self_cpu_s() -> float:
+    """CPU seconds of this process (its threads included, not its children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMeter:
+    """CPU seconds of named process families (`family_cpu_s`) and, as "bench", of this
+    process: `mark()` before and after a pass, `delta(after, before)` for the pass."""
+
+    def __init__(self, roots: Mapping[str, int | None], *, this_process: bool = True) -> None:
+        self.roots = dict(roots)
+        self.this_process = this_process
+
+    def mark(self) -> dict[str, float]:
+        parents = parents_of_all()  # one pass over /proc for every family
+        marks = {name: family_cpu_s(root, parents) for name, root in self.roots.items()}
+        if self.this_process:
+            marks["bench"] = self_cpu_s()
+        return marks
 
 
 def thread_cpu(pid: int) -> dict[str, float]:

@@ -1,0 +1,70 @@
+"""The benchmarks' shared statistics and CPU meter (bench/stats.py, bench/proc_stats.py):
+one median rule, one percentile rule, and a process family's CPU that keeps what its
+exited children used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bench.proc_stats import CpuMeter, family_cpu_s
+from bench.stats import median, percentile
+
+BURN_S = 0.4
+# A parent that forks a child, which burns BURN_S of CPU and exits; the parent reaps it,
+# says so, and waits for its stdin to close (the way a postmaster outlives a backend).
+PARENT = f"""
+import os, sys, time
+child = os.fork()
+if child == 0:
+    end = time.process_time() + {BURN_S}
+    while time.process_time() < end:
+        pass
+    os._exit(0)
+os.waitpid(child, 0)
+print("reaped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_median_of_an_even_count_is_the_mean_of_the_two_middles() -> None:
+    # two baseline passes: neither the slower (40) nor the faster (50) alone
+    assert median([50.0, 40.0]) == 45.0
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4, 1, 3, 2]) == 2.5
+    with pytest.raises(ValueError, match="no values"):
+        median([])
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    samples = [float(n) for n in range(1, 101)]  # 1..100
+    assert percentile(samples, 0.99) == 99.0
+    assert percentile(samples, 0.5) == 50.0
+    assert percentile(samples, 1.0) == 100.0
+    assert percentile(samples[:99], 0.99) == 99.0  # 99 samples: the largest
+    assert percentile([7.0], 0.99) == 7.0
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 0.99)
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        percentile(samples, 0)
+
+
+def test_a_family_keeps_the_cpu_of_a_child_that_exited() -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdin is not None
+        assert parent.stdout is not None
+        meter = CpuMeter({"family": parent.pid}, this_process=False)
+        before = meter.mark()
+        assert parent.stdout.readline() == "reaped\n"
+        after = meter.mark()
+        alive = family_cpu_s(parent.pid)
+        parent.stdin.close()
+        parent.wait(timeout=30)
+    assert after["family"] - before["family"] >= BURN_S * 0.9
+    assert alive >= after["family"]
+    assert family_cpu_s(parent.pid) == 0.0  # gone
+    assert family_cpu_s(None) == 0.0
