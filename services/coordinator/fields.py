@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 
 from services.coordinator.errors import InvalidField
+from workshop.kit import limits
 
 # Always fullmatch: `$` (and `match` without it) would let a final newline in.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
 
 
 def check_id(field: str, value: str) -> str:
@@ -44,11 +43,20 @@ def check_sha256(field: str, value: str) -> str:
     return value
 
 
-def page_size(requested: int) -> int:
-    """The page size to use: the default when 0, never above the maximum."""
-    if requested == 0:
-        return DEFAULT_PAGE_SIZE
-    return min(requested, MAX_PAGE_SIZE)
+def page_size(requested: int, limit: limits.Limit = limits.PAGE) -> int:
+    """The page size to use (`limit`'s default for 0); above its maximum is refused."""
+    return bounded("page_size", requested, limit)
+
+
+def bounded(field: str, requested: int, limit: limits.Limit) -> int:
+    """A sizing field's value to use: the default for 0, refused above the maximum (the
+    schemas publish that maximum, so nothing above it is quietly lowered)."""
+    if requested > limit.maximum:
+        raise InvalidField(
+            f"{field} is at most {limit.maximum:,} (got {requested:,}).",
+            metadata={"field": field},
+        )
+    return limit.resolve(requested)
 
 
 def page_token(value: str) -> str | None:

@@ -23,12 +23,13 @@ from services.coordinator.fields import check_sha256
 from services.coordinator.jobs_api import Lease, job_id, lease_args, raise_for, reporter
 from services.coordinator.metrics import PREVIEWS_RECORDED
 from services.coordinator.snapshots import Frozen, SnapshotCache
-from workshop.kit import object_keys
+from workshop.kit import limits, object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError
 from workshop.kit.hashing import sha256_hex
 from workshop.kit.object_keys import EXTENSIONS
 
-MAX_COLLECT = 1000
+# ListCollectableObjects, MarkObjectsDeleted and SettleSweep: objects per call.
+MAX_COLLECT = limits.COLLECTABLE.maximum
 MAX_RECORD_BATCH = 256
 COLLECT_HOLD = timedelta(minutes=5)  # a pass that dies releases its objects after this
 # A job's preview prefix is swept this long after it ended: a write that was in flight

@@ -42,14 +42,13 @@ from services.coordinator.errors import (
 from services.coordinator.fields import check_id
 from services.coordinator.operator_api import BucketRow, CameraRow, ModelVersionRow, RuntimeRow
 from services.coordinator.status import RunCounts
+from workshop.kit import limits
 from workshop.kit.bounds import METADATA_MAX_BYTES
 from workshop.kit.errors import PayloadTooLarge
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2, workflow_pb2
 
 MAX_DOCUMENT_BYTES = 64 * 1024
-DEFAULT_IMAGE_LIMIT = 20
-MAX_IMAGE_LIMIT = 100
 TEST_RESULT_LIFETIME = timedelta(hours=1)
 RECENT_CHECK_IN = timedelta(minutes=2)
 PHOTO_PREFIX = "photo-"
@@ -227,10 +226,12 @@ def run_request(
     if revision < 1:
         raise InvalidField("revision must be the workflow's current revision (1 or more).")
     if mode == "test":
-        limit = DEFAULT_IMAGE_LIMIT if image_limit is None else image_limit
-        if not 1 <= limit <= MAX_IMAGE_LIMIT:
+        bounds = limits.IMAGE_LIMIT
+        limit = bounds.default if image_limit is None else image_limit
+        if not bounds.allows(limit):
             raise InvalidField(
-                f"image_limit must be from 1 to {MAX_IMAGE_LIMIT} for a test run (got {limit})."
+                f"image_limit must be from {bounds.minimum} to {bounds.maximum} for a test run "
+                f"(got {limit})."
             )
     elif mode == "full":
         if image_limit is not None:

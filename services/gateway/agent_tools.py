@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
 import re
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
-from pydantic import BaseModel, Field, ValidationError
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, Tool
+from pydantic import BaseModel, Field
 from starlette.requests import Request
 
 from services.gateway import jsonmap
@@ -33,8 +34,9 @@ from services.gateway.live import LiveHub
 from services.gateway.live_socket import CLOSE_GOING_AWAY
 from services.gateway.problems import problem_body
 from services.gateway.routes import OPERATIONS, Operation
+from services.gateway.tool_arguments import Own, RequestField, ToolArguments
 from services.gateway.upstream import Upstream, UpstreamError
-from workshop.kit import errors
+from workshop.kit import errors, limits
 from workshop.v1 import common_pb2, preview_pb2
 
 WATCH_DEFAULT_SECONDS = 25.0
@@ -43,6 +45,7 @@ PHOTO_DEFAULT_SECONDS = 20.0
 PHOTO_MAX_SECONDS = 60.0
 PHOTO_POLL_SECONDS = 0.2  # GetPhoto while a photo is being taken (it takes about a second)
 POLL_SECONDS = 1.0  # GetRun, when the live stream of a run is unavailable
+RUN_ACTIONS = ("create", "list", "get", "watch", "cancel")
 ACTIVE = ("queued", "running")  # run statuses as the JSON spells them
 _PHOTO_WAITING = (common_pb2.RUN_STATUS_QUEUED, common_pb2.RUN_STATUS_RUNNING)
 CURSOR = re.compile(r"w1\.(\d{1,3})\.([0-9a-f]{16})")
@@ -130,17 +133,6 @@ def _invalid(field: str, description: str) -> jsonmap.JsonInvalid:
     return jsonmap.JsonInvalid([jsonmap.FieldViolation(field, description)])
 
 
-def arguments_invalid(error: ValidationError) -> jsonmap.JsonInvalid:
-    """Arguments the tool's input schema refuses, as the field violations of INVALID_FIELD
-    (what a body the HTTP API cannot read gets)."""
-    return jsonmap.JsonInvalid(
-        [
-            jsonmap.FieldViolation(".".join(str(part) for part in problem["loc"]), problem["msg"])
-            for problem in error.errors()
-        ]
-    )
-
-
 def progress_percent(detail: dict[str, Any], final: bool) -> int:
     """Committed slots, plus each leased job's reported share of its own, over the
     expected slots; 100 once the run is final (whatever its status)."""
@@ -218,24 +210,33 @@ class AgentTools:
         if action == "cancel":
             answer = await self._call("cancelRun", {"run_id": run_id}, secret)
             return {"action": action, **jsonmap.to_json(answer)}
-        timeout = float(args.get("timeout_seconds") or WATCH_DEFAULT_SECONDS)
-        answer = await self.watch(secret, run_id, args.get("cursor"), timeout, report)
         limit = args.get("job_limit")
+        timeout = float(args["timeout_seconds"])
+        answer = await self.watch(secret, run_id, args.get("cursor"), timeout, report, limit)
         if limit and len(answer["detail"]["jobs"]) > limit:
-            # The hub's stream carries every job; the answer keeps the first `limit`.
+            # The hub's stream carries the first jobs (JOB_LIMIT's default); the answer
+            # keeps the first `limit`.
             answer["detail"] = {**answer["detail"], "jobs": answer["detail"]["jobs"][:limit]}
             answer["detail"]["jobs_truncated"] = True
         return answer
 
     async def watch(
-        self, secret: str, run_id: str, cursor: str | None, seconds: float, report: Report
+        self,
+        secret: str,
+        run_id: str,
+        cursor: str | None,
+        seconds: float,
+        report: Report,
+        job_limit: int | None = None,
     ) -> dict[str, Any]:
         """Waits until the run is final or `seconds` passed, reporting progress on
-        every update; the answer is the latest detail with a cursor for the next call."""
+        every update; the answer is the latest detail with a cursor for the next call.
+        The first read carries `job_limit`, so the coordinator checks it as for `get`."""
         floor, seen = read_cursor(cursor)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        first = await self._call("getRun", {"run_id": run_id}, secret)
+        asked = {"run_id": run_id, "job_limit": job_limit}
+        first = await self._call("getRun", asked, secret)
         detail: dict[str, Any] = jsonmap.to_json(first)["detail"]
         final = detail["run"]["status"] not in ACTIVE
         percent = max(floor, progress_percent(detail, final))
@@ -305,105 +306,141 @@ class AgentTools:
         return result, block
 
 
-def register(server: Any, tools: AgentTools) -> None:
-    """Adds `runs` and `footage` to the MCPServer `server`."""
+RUNS_ARGUMENTS = ToolArguments(
+    (
+        Own("action", "string", "What to do.", required=True, choices=RUN_ACTIONS),
+        RequestField(
+            "id",
+            "createRun",
+            "run_id",
+            "create: the client-chosen run id (required; the same id with the same arguments "
+            "returns the same run, with other arguments it is a conflict, ID_CONFLICT). get, "
+            "watch, cancel: the run.",
+        ),
+        RequestField(
+            "workflow_id",
+            "createRun",
+            "workflow_id",
+            "create: the workflow to run. list: only this workflow's runs.",
+        ),
+        RequestField("runtime_id", "createRun", "runtime_id", "create: the runtime."),
+        RequestField(
+            "revision", "createRun", "revision", "create: the workflow's current revision."
+        ),
+        RequestField("mode", "createRun", "mode", "create: test or full."),
+        RequestField(
+            "image_limit",
+            "createRun",
+            "image_limit",
+            f"create, test runs: expected slots, {limits.IMAGE_LIMIT.phrase()}.",
+        ),
+        RequestField("page_size", "listRuns", "page_size", f"list: {limits.PAGE.phrase()}."),
+        RequestField(
+            "page_token", "listRuns", "page_token", "list: next_page_token of the previous page."
+        ),
+        RequestField(
+            "job_limit",
+            "getRun",
+            "job_limit",
+            f"get, watch: most jobs in the detail, in job order; {limits.JOB_LIMIT.phrase()} "
+            f"(a watch follows the live channel, which carries the first "
+            f"{limits.JOB_LIMIT.default:,}).",
+        ),
+        Own("cursor", "string", "watch: the cursor the previous watch returned."),
+        Own(
+            "timeout_seconds",
+            "number",
+            "watch: return after this long if the run is not final yet.",
+            low=1,
+            high=WATCH_MAX_SECONDS,
+            default=WATCH_DEFAULT_SECONDS,
+        ),
+    )
+)
+FOOTAGE_ARGUMENTS = ToolArguments(
+    (
+        RequestField("camera_id", "requestPhoto", "camera_id", "The camera.", required=True),
+        RequestField(
+            "time",
+            "requestPhoto",
+            "time",
+            "The instant wanted: RFC 3339 with an offset, 2026-11-29T08:00:07Z.",
+            required=True,
+        ),
+        Own(
+            "timeout_seconds",
+            "number",
+            "Return after this long if the photo is not taken yet.",
+            low=1,
+            high=PHOTO_MAX_SECONDS,
+            default=PHOTO_DEFAULT_SECONDS,
+        ),
+    )
+)
 
-    async def runs(
-        ctx: Context,
-        action: Annotated[
-            Literal["create", "list", "get", "watch", "cancel"],
-            Field(description="What to do."),
-        ],
-        id: Annotated[
-            str | None,
-            Field(
-                description="create: the client-chosen run id (required; the same id with the "
-                "same arguments returns the same run, with other arguments it is a conflict, "
-                "ID_CONFLICT). get, watch, cancel: the run."
-            ),
-        ] = None,
-        workflow_id: Annotated[
-            str | None,
-            Field(description="create: the workflow to run. list: only this workflow's runs."),
-        ] = None,
-        runtime_id: Annotated[str | None, Field(description="create: the runtime.")] = None,
-        revision: Annotated[
-            int | None, Field(description="create: the workflow's current revision.")
-        ] = None,
-        mode: Annotated[Literal["test", "full"] | None, Field(description="create.")] = None,
-        image_limit: Annotated[
-            int | None, Field(description="create, test runs: expected slots, 1-100 (20).")
-        ] = None,
-        page_size: Annotated[int | None, Field(description="list: 1-200 (50).")] = None,
-        page_token: Annotated[
-            str | None, Field(description="list: next_page_token of the previous page.")
-        ] = None,
-        job_limit: Annotated[
-            int | None, Field(ge=0, description="get, watch: most jobs in the detail (all).")
-        ] = None,
-        cursor: Annotated[
-            str | None, Field(description="watch: the cursor the previous watch returned.")
-        ] = None,
-        timeout_seconds: Annotated[
-            float,
-            Field(
-                ge=1,
-                le=WATCH_MAX_SECONDS,
-                description="watch: return after this long if the run is not final yet.",
-            ),
-        ] = WATCH_DEFAULT_SECONDS,
-    ) -> Annotated[CallToolResult, RunsResult]:
-        """Workshop runs: create one (with a client-chosen id, safe to retry), list them,
-        get one (status, counts, jobs, and `waiting_behind`: the older runs a queued run
-        waits for), watch one until it finishes (bounded per call: call again with the
-        returned cursor; progress notifications 0-100 meanwhile), or cancel one."""
-        args = {
-            "id": id,
-            "workflow_id": workflow_id,
-            "runtime_id": runtime_id,
-            "revision": revision,
-            "mode": mode,
-            "image_limit": image_limit,
-            "page_size": page_size,
-            "page_token": page_token,
-            "job_limit": job_limit,
-            "cursor": cursor,
-            "timeout_seconds": timeout_seconds,
-        }
+Body = Callable[[Context, dict[str, Any]], Awaitable[CallToolResult]]
 
+
+@dataclasses.dataclass(frozen=True)
+class AgentTool:
+    """One tool: what tools/list says of it, and its body, which gets the arguments as
+    `arguments.read` returns them."""
+
+    name: str
+    description: str
+    arguments: ToolArguments
+    output: type[BaseModel]
+    body: Body
+
+    def listed(self) -> Tool:
+        return Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=self.arguments.schema(),
+            output_schema=self.output.model_json_schema(),
+        )
+
+
+def agent_tools(tools: AgentTools) -> tuple[AgentTool, ...]:
+    """`runs` and `footage` on `tools`."""
+
+    async def runs(ctx: Context, args: dict[str, Any]) -> CallToolResult:
         async def report(percent: int) -> None:
-            await ctx.report_progress(percent, 100, f"{id}: {percent}%")
+            await ctx.report_progress(percent, 100, f"{args['id']}: {percent}%")
 
         try:
-            answer = await tools.runs(secret_of(ctx), action, args, report)
+            answer = await tools.runs(secret_of(ctx), args["action"], args, report)
         except (UpstreamError, errors.WorkshopError) as error:
             return refused(error)
         return answered(RunsResult(**answer).model_dump(mode="json", exclude_none=True))
 
-    async def footage(
-        ctx: Context,
-        camera_id: Annotated[str, Field(description="The camera.")],
-        time: Annotated[
-            str,
-            Field(description="The instant wanted: RFC 3339 with an offset, 2026-11-29T08:00:07Z."),
-        ],
-        timeout_seconds: Annotated[
-            float,
-            Field(
-                ge=1,
-                le=PHOTO_MAX_SECONDS,
-                description="Return after this long if the photo is not taken yet.",
-            ),
-        ] = PHOTO_DEFAULT_SECONDS,
-    ) -> Annotated[CallToolResult, FootageResult]:
-        """A photo: one camera's frame at one instant, from its stored recordings. Waits
-        until it is taken and returns it as an image (JPEG) with when it expires."""
+    async def footage(ctx: Context, args: dict[str, Any]) -> CallToolResult:
         try:
-            result, block = await tools.footage(secret_of(ctx), camera_id, time, timeout_seconds)
+            result, block = await tools.footage(
+                secret_of(ctx), args["camera_id"], args["time"], args["timeout_seconds"]
+            )
         except (UpstreamError, errors.WorkshopError) as error:
             return refused(error)
         structured = FootageResult(**result).model_dump(mode="json", exclude_none=True)
         return answered(structured, *([block] if block is not None else []))
 
-    server.add_tool(runs, name="runs")
-    server.add_tool(footage, name="footage")
+    return (
+        AgentTool(
+            "runs",
+            "Workshop runs: create one (with a client-chosen id, safe to retry), list them, "
+            "get one (status, counts, jobs, and `waiting_behind`: the older runs a queued run "
+            "waits for), watch one until it finishes (bounded per call: call again with the "
+            "returned cursor; progress notifications 0-100 meanwhile), or cancel one.",
+            RUNS_ARGUMENTS,
+            RunsResult,
+            runs,
+        ),
+        AgentTool(
+            "footage",
+            "A photo: one camera's frame at one instant, from its stored recordings. Waits "
+            "until it is taken and returns it as an image (JPEG) with when it expires.",
+            FOOTAGE_ARGUMENTS,
+            FootageResult,
+            footage,
+        ),
+    )

@@ -57,6 +57,7 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from workshop.kit import limits
 from workshop.kit.bounds import shortened
 from workshop.kit.errors import InvalidArgument
 from workshop.kit.requests import (
@@ -627,6 +628,16 @@ def _duration_in(value: object) -> tuple[int, int]:
     return seconds, total - seconds * NANOS_PER_SECOND
 
 
+def describe(value: object) -> str:
+    """What a JSON value is, as a violation's text says it ("a string", "true", "20")."""
+    return _kind(value)
+
+
+def quote(text: object) -> str:
+    """A value the client sent, quoted as a violation's text quotes it."""
+    return _quote(text)
+
+
 def _kind(value: object) -> str:
     """What a JSON value is, for a violation's text."""
     if value is None:
@@ -745,6 +756,10 @@ class SchemaSet:
             schema: Schema = {"type": "integer", "minimum": low, "maximum": high}
             if kind in _INTEGER_FORMATS:
                 schema["format"] = _INTEGER_FORMATS[kind]
+            limit = limits.FIELDS.get(field.full_name)
+            if limit is not None and direction == "request":
+                # What the server takes (the type's range is wider): workshop.kit.limits.
+                schema.update(minimum=limit.minimum, maximum=limit.maximum, default=limit.default)
             return schema
         if kind == _F.TYPE_FLOAT:
             return {
@@ -803,6 +818,11 @@ def _component_name(
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: Schema) -> Schema:
+    """`schema` that also admits null (a request's way to say absent)."""
+    return _nullable(schema)
 
 
 def _nullable(schema: Schema) -> Schema:

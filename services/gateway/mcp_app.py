@@ -18,8 +18,8 @@ Wiring, and why (the SDK's pitfalls):
 Before the MCP layer sees a request, the `Gate` checks its Host and Origin, its bearer
 (with WhoAmI: no key or a rejected one is a 401) and its size, each refusal in the
 gateway's error body; what the key may do is decided by the coordinator on each tool
-call. Arguments a tool's input schema refuses are a structured INVALID_FIELD result
-(`WorkshopServer`), like a body the HTTP API cannot read.
+call. A tool's arguments are read as strictly as an HTTP body, by the same code
+(`tool_arguments`), and a refusal is a structured INVALID_FIELD result (`WorkshopServer`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
-from mcp_types import CallToolResult, InputRequiredResult
-from pydantic import ValidationError
+from mcp_types import CallToolResult, InputRequiredResult, Tool
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from services.gateway import jsonmap
-from services.gateway.agent_tools import AgentTools, arguments_invalid, refused, register
+from services.gateway.agent_tools import AgentTool, AgentTools, agent_tools, refused
 from services.gateway.dispatch import bearer_of, read_body
 from services.gateway.guard import CrossSiteRefused
 from services.gateway.live import LiveHub
@@ -77,27 +74,31 @@ def transport_security(allowed_hosts: str, allowed_origins: str) -> TransportSec
 
 
 class WorkshopServer(MCPServer[object]):
-    """The SDK's server, with arguments its input schema refuses, arguments it does not
-    take (the SDK would ignore them) and unknown tools answered like every other refusal:
-    a structured INVALID_FIELD (NOT_FOUND) result instead of the SDK's text-only error."""
+    """The SDK's server with the gateway's tools (`agent_tools.AgentTool`) in place of the
+    SDK's own: tools/list publishes their input schemas (`tool_arguments`), and a call
+    reads its raw arguments with `ToolArguments.read`, the strict JSON reading of the
+    HTTP routes, instead of the SDK's lax pydantic model. Every refusal is a structured
+    error result (INVALID_FIELD, NOT_FOUND for an unknown tool) like HTTP's."""
+
+    def __init__(self, tools: tuple[AgentTool, ...], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._agent_tools = {tool.name: tool for tool in tools}
+
+    async def list_tools(self) -> list[Tool]:
+        return [tool.listed() for tool in self._agent_tools.values()]
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[object, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
-        tool = next((tool for tool in await self.list_tools() if tool.name == name), None)
+        tool = self._agent_tools.get(name)
         if tool is None:
             return refused(errors.NotFound(f"No tool {name!r}; see tools/list."))
-        unknown = sorted(set(arguments) - set(tool.input_schema.get("properties", {})))
-        if unknown:
-            violations = [jsonmap.FieldViolation(key, "unknown argument") for key in unknown]
-            return refused(jsonmap.JsonInvalid(violations))
+        if context is None:
+            context = Context(mcp_server=self)
         try:
-            return await super().call_tool(name, arguments, context)
-        except ToolError as error:
-            cause = error.__cause__
-            if isinstance(error, UnexpectedToolError) or not isinstance(cause, ValidationError):
-                raise
-            return refused(arguments_invalid(cause))
+            return await tool.body(context, tool.arguments.read(arguments))
+        except Exception as error:  # a bug: the log has it, the caller a plain INTERNAL
+            return refused(error)
 
 
 class Gate:
@@ -167,8 +168,8 @@ class McpEndpoint:
         allowed_origins: str,
         max_body_bytes: int,
     ) -> None:
-        self.server = WorkshopServer(name="workshop", instructions=INSTRUCTIONS)
-        register(self.server, AgentTools(upstream, hub))
+        tools = agent_tools(AgentTools(upstream, hub))
+        self.server = WorkshopServer(tools, name="workshop", instructions=INSTRUCTIONS)
         # Builds the session manager (the app it returns is not used: see the docstring).
         # The Gate checks Host and Origin with the gateway's error body, so the SDK's own
         # check is off here.

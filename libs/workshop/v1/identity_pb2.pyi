@@ -274,7 +274,7 @@ class ListOwnKeysRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     INCLUDE_REVOKED_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     include_revoked: _builtins.bool

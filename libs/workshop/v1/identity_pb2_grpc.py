@@ -148,7 +148,7 @@ class IdentityServiceServicer:
 
     def ListOwnKeys(self, request, context):
         """Lists the calling session's user's keys (never their secrets), newest first; pages like
-        OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+        OperatorService.ListKeys (page_size 0 means 100, at most 1,000).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -79,7 +79,7 @@ class IdentityServiceStub:
     """
     ListOwnKeys: _grpc.UnaryUnaryMultiCallable[_identity_pb2.ListOwnKeysRequest, _identity_pb2.ListOwnKeysResponse]
     """Lists the calling session's user's keys (never their secrets), newest first; pages like
-    OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+    OperatorService.ListKeys (page_size 0 means 100, at most 1,000).
     """
     RevokeOwnKey: _grpc.UnaryUnaryMultiCallable[_identity_pb2.RevokeOwnKeyRequest, _identity_pb2.RevokeOwnKeyResponse]
     """Revokes one of the calling session's user's keys: it stops authenticating at once, and runs it created
@@ -138,7 +138,7 @@ class IdentityServiceAsyncStub(IdentityServiceStub):
     """
     ListOwnKeys: _aio.UnaryUnaryMultiCallable[_identity_pb2.ListOwnKeysRequest, _identity_pb2.ListOwnKeysResponse]  # type: ignore[assignment]
     """Lists the calling session's user's keys (never their secrets), newest first; pages like
-    OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+    OperatorService.ListKeys (page_size 0 means 100, at most 1,000).
     """
     RevokeOwnKey: _aio.UnaryUnaryMultiCallable[_identity_pb2.RevokeOwnKeyRequest, _identity_pb2.RevokeOwnKeyResponse]  # type: ignore[assignment]
     """Revokes one of the calling session's user's keys: it stops authenticating at once, and runs it created
@@ -224,7 +224,7 @@ class IdentityServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_identity_pb2.ListOwnKeysResponse, _abc.Awaitable[_identity_pb2.ListOwnKeysResponse]]:
         """Lists the calling session's user's keys (never their secrets), newest first; pages like
-        OperatorService.ListKeys (page_size 0 means 100, at most 1000).
+        OperatorService.ListKeys (page_size 0 means 100, at most 1,000).
         """
 
     @_abc_1.abstractmethod

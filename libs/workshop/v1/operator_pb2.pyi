@@ -249,7 +249,7 @@ class ListDevicesRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -374,7 +374,7 @@ class ListRuntimesRequest(_message.Message):
     device_id: _builtins.str
     """Only runtimes of this device; empty for all."""
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -479,7 +479,7 @@ class ListCamerasRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -662,7 +662,7 @@ class ListRecordingsRequest(_message.Message):
     camera_id: _builtins.str
     """Only recordings of this camera; empty for all."""
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     @_builtins.property
@@ -807,7 +807,7 @@ class ListModelVersionsRequest(_message.Message):
     name: _builtins.str
     """Only versions of this model; empty for all."""
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -962,7 +962,7 @@ class ListBucketsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -1379,7 +1379,7 @@ class ListKeysRequest(_message.Message):
     include_revoked: _builtins.bool
     """Include revoked and expired keys."""
     page_size: _builtins.int
-    """Page size; 0 means 100, at most 1000."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(

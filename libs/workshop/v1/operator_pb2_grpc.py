@@ -40,9 +40,9 @@ class OperatorServiceStub:
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
     they answer ABORTED reason ID_CONFLICT. Put calls replace.
-    List calls page with page_size (0 means 100, at most 1000) and page_token
-    (opaque; a malformed one is INVALID_ARGUMENT); an empty next_page_token
-    means the last page.
+    List calls page with page_size (0 means 100, at most 1,000; more is
+    INVALID_ARGUMENT reason INVALID_FIELD) and page_token (opaque; a malformed
+    one is INVALID_ARGUMENT); an empty next_page_token means the last page.
     """
 
     def __init__(self, channel):
@@ -198,9 +198,9 @@ class OperatorServiceServicer:
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
     they answer ABORTED reason ID_CONFLICT. Put calls replace.
-    List calls page with page_size (0 means 100, at most 1000) and page_token
-    (opaque; a malformed one is INVALID_ARGUMENT); an empty next_page_token
-    means the last page.
+    List calls page with page_size (0 means 100, at most 1,000; more is
+    INVALID_ARGUMENT reason INVALID_FIELD) and page_token (opaque; a malformed
+    one is INVALID_ARGUMENT); an empty next_page_token means the last page.
     """
 
     def RegisterDevice(self, request, context):
@@ -562,9 +562,9 @@ class OperatorService:
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
     they answer ABORTED reason ID_CONFLICT. Put calls replace.
-    List calls page with page_size (0 means 100, at most 1000) and page_token
-    (opaque; a malformed one is INVALID_ARGUMENT); an empty next_page_token
-    means the last page.
+    List calls page with page_size (0 means 100, at most 1,000; more is
+    INVALID_ARGUMENT reason INVALID_FIELD) and page_token (opaque; a malformed
+    one is INVALID_ARGUMENT); an empty next_page_token means the last page.
     """
 
     @staticmethod

@@ -44,9 +44,9 @@ class OperatorServiceStub:
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
     they answer ABORTED reason ID_CONFLICT. Put calls replace.
-    List calls page with page_size (0 means 100, at most 1000) and page_token
-    (opaque; a malformed one is INVALID_ARGUMENT); an empty next_page_token
-    means the last page.
+    List calls page with page_size (0 means 100, at most 1,000; more is
+    INVALID_ARGUMENT reason INVALID_FIELD) and page_token (opaque; a malformed
+    one is INVALID_ARGUMENT); an empty next_page_token means the last page.
     """
 
     @_typing.overload
@@ -156,9 +156,9 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
     they answer ABORTED reason ID_CONFLICT. Put calls replace.
-    List calls page with page_size (0 means 100, at most 1000) and page_token
-    (opaque; a malformed one is INVALID_ARGUMENT); an empty next_page_token
-    means the last page.
+    List calls page with page_size (0 means 100, at most 1,000; more is
+    INVALID_ARGUMENT reason INVALID_FIELD) and page_token (opaque; a malformed
+    one is INVALID_ARGUMENT); an empty next_page_token means the last page.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -264,9 +264,9 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
     they answer ABORTED reason ID_CONFLICT. Put calls replace.
-    List calls page with page_size (0 means 100, at most 1000) and page_token
-    (opaque; a malformed one is INVALID_ARGUMENT); an empty next_page_token
-    means the last page.
+    List calls page with page_size (0 means 100, at most 1,000; more is
+    INVALID_ARGUMENT reason INVALID_FIELD) and page_token (opaque; a malformed
+    one is INVALID_ARGUMENT); an empty next_page_token means the last page.
     """
 
     @_abc_1.abstractmethod

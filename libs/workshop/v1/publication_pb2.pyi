@@ -433,7 +433,7 @@ class ListCollectableObjectsRequest(_message.Message):
     kind: _common_pb2.ObjectKind.ValueType
     """Kind to list."""
     limit: _builtins.int
-    """Maximum number of objects, 1..1000; 0 means 500."""
+    """Maximum number of objects; 0 means 500, at most 1,000."""
     def __init__(
         self,
         *,
@@ -781,7 +781,7 @@ class ListExportItemsRequest(_message.Message):
     bucket_id: _builtins.str
     """Bucket id."""
     page_size: _builtins.int
-    """Items per page; 0 means 500, at most 1000."""
+    """Items per page; 0 means 500, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response with the same bucket and filter; empty for the first page."""
     @_builtins.property

@@ -199,7 +199,7 @@ class ListWorkflowsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """Page size; 0 means 50, at most 200."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -491,7 +491,7 @@ class CreateRunRequest(_message.Message):
     mode: _common_pb2.RunMode.ValueType
     """Test or full."""
     image_limit: _builtins.int
-    """Test runs: 1..100 expected slots; absent means 20. Must be absent for full runs."""
+    """Test runs: expected slots, 1 to 100, absent means 20. Must be absent for full runs."""
     validate_only: _builtins.bool
     """True: check and plan the run exactly as creating it would (validation, dates, model pins, recordings,
     limits) and answer the plan without creating anything; the id is checked for form only and capacity is
@@ -569,7 +569,7 @@ class GetRunRequest(_message.Message):
     run_id: _builtins.str
     """Run id."""
     job_limit: _builtins.int
-    """Maximum jobs to return; 0 means 10,000 (all)."""
+    """Maximum jobs to return, in job order; 0 means 100, at most 10,000."""
     def __init__(
         self,
         *,
@@ -620,7 +620,7 @@ class ListRunsRequest(_message.Message):
     workflow_id: _builtins.str
     """Only runs of this workflow; empty for all workflows."""
     page_size: _builtins.int
-    """Page size; 0 means 50, at most 200."""
+    """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -757,7 +757,7 @@ class WatchRunRequest(_message.Message):
     run_id: _builtins.str
     """Run id."""
     job_limit: _builtins.int
-    """Maximum jobs per message; 0 means 10,000 (all)."""
+    """Maximum jobs per message, in job order; 0 means 100, at most 10,000."""
     def __init__(
         self,
         *,
@@ -818,7 +818,7 @@ class GetRunSnapshotRequest(_message.Message):
     run_id: _builtins.str
     """Run id."""
     page_size: _builtins.int
-    """Recordings per page; 0 means 1000, at most 1000."""
+    """Recordings per page; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -882,7 +882,7 @@ class GetReviewRequest(_message.Message):
     run_id: _builtins.str
     """Run id."""
     page_size: _builtins.int
-    """Items per page; 0 means 1000, at most 1000."""
+    """Items per page; 0 means 1,000, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
     def __init__(
@@ -1093,7 +1093,7 @@ class ListBucketItemsRequest(_message.Message):
     bucket_id: _builtins.str
     """Bucket id."""
     page_size: _builtins.int
-    """Items per page; 0 means 100, at most 1000."""
+    """Items per page; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response with the same bucket and filter; empty for the first page."""
     @_builtins.property

@@ -42,7 +42,8 @@ class WorkshopServiceStub:
     INVALID_FIELD; a request over 64 KiB, reason PAYLOAD_TOO_LARGE), NOT_FOUND
     (named resource). Conflicts (HTTP 409) are always ABORTED.
     List calls page with page_size and page_token (opaque; a malformed one is
-    INVALID_ARGUMENT); an empty next_page_token means the last page.
+    INVALID_ARGUMENT); an empty next_page_token means the last page. A page_size
+    or job_limit above its maximum is INVALID_ARGUMENT reason INVALID_FIELD.
     """
 
     def __init__(self, channel):
@@ -165,7 +166,8 @@ class WorkshopServiceServicer:
     INVALID_FIELD; a request over 64 KiB, reason PAYLOAD_TOO_LARGE), NOT_FOUND
     (named resource). Conflicts (HTTP 409) are always ABORTED.
     List calls page with page_size and page_token (opaque; a malformed one is
-    INVALID_ARGUMENT); an empty next_page_token means the last page.
+    INVALID_ARGUMENT); an empty next_page_token means the last page. A page_size
+    or job_limit above its maximum is INVALID_ARGUMENT reason INVALID_FIELD.
     """
 
     def SaveWorkflow(self, request, context):
@@ -461,7 +463,8 @@ class WorkshopService:
     INVALID_FIELD; a request over 64 KiB, reason PAYLOAD_TOO_LARGE), NOT_FOUND
     (named resource). Conflicts (HTTP 409) are always ABORTED.
     List calls page with page_size and page_token (opaque; a malformed one is
-    INVALID_ARGUMENT); an empty next_page_token means the last page.
+    INVALID_ARGUMENT); an empty next_page_token means the last page. A page_size
+    or job_limit above its maximum is INVALID_ARGUMENT reason INVALID_FIELD.
     """
 
     @staticmethod

@@ -46,7 +46,8 @@ class WorkshopServiceStub:
     INVALID_FIELD; a request over 64 KiB, reason PAYLOAD_TOO_LARGE), NOT_FOUND
     (named resource). Conflicts (HTTP 409) are always ABORTED.
     List calls page with page_size and page_token (opaque; a malformed one is
-    INVALID_ARGUMENT); an empty next_page_token means the last page.
+    INVALID_ARGUMENT); an empty next_page_token means the last page. A page_size
+    or job_limit above its maximum is INVALID_ARGUMENT reason INVALID_FIELD.
     """
 
     @_typing.overload
@@ -161,7 +162,8 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     INVALID_FIELD; a request over 64 KiB, reason PAYLOAD_TOO_LARGE), NOT_FOUND
     (named resource). Conflicts (HTTP 409) are always ABORTED.
     List calls page with page_size and page_token (opaque; a malformed one is
-    INVALID_ARGUMENT); an empty next_page_token means the last page.
+    INVALID_ARGUMENT); an empty next_page_token means the last page. A page_size
+    or job_limit above its maximum is INVALID_ARGUMENT reason INVALID_FIELD.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -272,7 +274,8 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
     INVALID_FIELD; a request over 64 KiB, reason PAYLOAD_TOO_LARGE), NOT_FOUND
     (named resource). Conflicts (HTTP 409) are always ABORTED.
     List calls page with page_size and page_token (opaque; a malformed one is
-    INVALID_ARGUMENT); an empty next_page_token means the last page.
+    INVALID_ARGUMENT); an empty next_page_token means the last page. A page_size
+    or job_limit above its maximum is INVALID_ARGUMENT reason INVALID_FIELD.
     """
 
     @_abc_1.abstractmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.coordinator import convert, review
 from services.coordinator.auth import Principal, ScopeName, require
 from services.coordinator.errors import InvalidField
-from services.coordinator.fields import MAX_PAGE_SIZE
+from services.coordinator.fields import bounded, page_size
 from services.coordinator.publication_api import (
     MAX_RECORD_BATCH,
     PreviewRecord,
@@ -17,6 +17,7 @@ from services.coordinator.review import ReviewApi
 from services.coordinator.servicers import review as views
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.jobs import lease
+from workshop.kit import limits
 from workshop.kit.auth import bearer_secret
 from workshop.kit.errors import WorkshopError
 from workshop.kit.status import status_for
@@ -26,7 +27,6 @@ from workshop.v1 import publication_pb2 as pb
 ON_BEHALF_OF = "workshop-on-behalf-of"
 MODES = {"test": common_pb2.RUN_MODE_TEST, "full": common_pb2.RUN_MODE_FULL}
 KINDS = {"workflow": common_pb2.RUN_KIND_WORKFLOW, "photo": common_pb2.RUN_KIND_PHOTO}
-DEFAULT_COLLECT = 500
 OBJECT_KINDS = {common_pb2.OBJECT_KIND_PREVIEW: "preview", common_pb2.OBJECT_KIND_UPLOAD: "upload"}
 
 
@@ -137,7 +137,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         if kind is None:
             raise InvalidField("kind must be PREVIEW or UPLOAD.")
         rows, more, sweeps = await self.api.claim_collectable(
-            who, kind, request.limit or DEFAULT_COLLECT
+            who, kind, bounded("limit", request.limit, limits.COLLECTABLE)
         )
         return pb.ListCollectableObjectsResponse(
             objects=[
@@ -203,7 +203,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             request.bucket_id,
             wanted,
             after,
-            min(request.page_size or review.DEFAULT_EXPORT_PAGE, MAX_PAGE_SIZE),
+            page_size(request.page_size, limits.EXPORT_PAGE),
             with_classes=after is None,
         )
         response = pb.ListExportItemsResponse(

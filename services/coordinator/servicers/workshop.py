@@ -10,7 +10,7 @@ from services.coordinator import convert, review
 from services.coordinator.auth import Principal
 from services.coordinator.errors import InvalidField
 from services.coordinator.events import RunEvents
-from services.coordinator.fields import page_size
+from services.coordinator.fields import bounded, page_size
 from services.coordinator.jobs_api import job_id
 from services.coordinator.photos import PhotosApi, PhotoView
 from services.coordinator.review import ReviewApi
@@ -33,6 +33,7 @@ from services.coordinator.workshop_api import (
     run_request,
     spec_from_json,
 )
+from workshop.kit import limits
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2, workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as pb
 
@@ -59,9 +60,7 @@ FAILURE_REASONS = {
     "source_changed": common_pb2.FAILURE_REASON_SOURCE_CHANGED,
     "authority_lost": common_pb2.FAILURE_REASON_AUTHORITY_LOST,
 }
-DEFAULT_JOB_LIMIT = 100
 RECENT_IMAGES = 100
-MAX_JOB_LIMIT = 10_000
 
 
 def workflow(row: WorkflowRow) -> workflow_pb2.Workflow:
@@ -287,7 +286,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         return pb.CreateRunResponse(planned_snapshot=admission.snapshot, planned_jobs=jobs)
 
     async def GetRun(self, request: pb.GetRunRequest, context: Context) -> pb.GetRunResponse:
-        limit = min(request.job_limit or DEFAULT_JOB_LIMIT, MAX_JOB_LIMIT)
+        limit = bounded("job_limit", request.job_limit, limits.JOB_LIMIT)
         view = await self.api.get_run(
             await self.who(context), request.run_id, limit, images=RECENT_IMAGES
         )
@@ -346,7 +345,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     ) -> AsyncIterator[pb.WatchRunResponse]:
         """The run detail now, then after every change; ends once the run has finished."""
         who = await self.who(context)
-        limit = min(request.job_limit or DEFAULT_JOB_LIMIT, MAX_JOB_LIMIT)
+        limit = bounded("job_limit", request.job_limit, limits.JOB_LIMIT)
         async with self.events.subscribe(request.run_id) as changes:
             while True:
                 view = await self.api.get_run(who, request.run_id, limit, images=RECENT_IMAGES)
@@ -363,16 +362,13 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def GetReview(
         self, request: pb.GetReviewRequest, context: Context
     ) -> pb.GetReviewResponse:
-        if request.page_size > review.MAX_REVIEW_PAGE:
-            raise InvalidField(
-                f"page_size is at most {review.MAX_REVIEW_PAGE}.", metadata={"field": "page_size"}
-            )
+        limit = page_size(request.page_size, limits.REVIEW_PAGE)
         scope = views.scope_of_run(request.run_id)
         page = await self.review.review(
             await self.who(context),
             request.run_id,
             views.page_key(request.page_token, scope),
-            request.page_size or review.MAX_REVIEW_PAGE,
+            limit,
         )
         response = pb.GetReviewResponse(
             recordings=[snapshot_recording(row) for row in page.recordings],
