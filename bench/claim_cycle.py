@@ -64,7 +64,6 @@ import logging
 import multiprocessing
 import os
 import queue
-import resource
 import shutil
 import signal
 import subprocess
@@ -86,8 +85,9 @@ import asyncpg
 from procrastinate import App, PsycopgConnector
 
 from bench import grpc_floor
-from bench.proc_stats import busy_cores_s, proc_times
+from bench.proc_stats import busy_cores_s, family_cpu_s, self_cpu_s
 from bench.profiling import stack_counts
+from bench.stats import median, percentile
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
 from testbed.coordinator_leases import empty_result
@@ -224,11 +224,6 @@ class Report:
     error: str = ""
 
 
-def _self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _child(
     run: Callable[[Any, Callable[[], None]], Coroutine[Any, Any, Report]],
     config: ProcessorConfig | WorkerConfig,
@@ -266,7 +261,7 @@ async def _processor(
         report = Report(config.index)
         await asyncio.to_thread(released)
         report.started = time.monotonic()
-        cpu = _self_cpu_s()
+        cpu = self_cpu_s()
         clock = time.perf_counter
         while not config.max_cycles or report.cycles < config.max_cycles:
             if not held:
@@ -326,7 +321,7 @@ async def _processor(
             with completed.get_lock():
                 completed[config.runtime_index] += 1
         report.finished = time.monotonic()
-        report.cpu_s = _self_cpu_s() - cpu
+        report.cpu_s = self_cpu_s() - cpu
         # Jobs claimed for places not used before the last cycle go back, as a processor
         # that stops hands them back: left leased, they would hold their run at the head
         # of the queue and the other processor of the runtime would find nothing to claim.
@@ -380,7 +375,7 @@ async def _procrastinate_worker(config: WorkerConfig, released: Callable[[], Non
         report = Report(config.index)
         await asyncio.to_thread(released)
         report.started = time.monotonic()
-        cpu = _self_cpu_s()
+        cpu = self_cpu_s()
         await app.run_worker_async(
             name=f"bench-{config.index}",
             concurrency=config.concurrency,
@@ -388,7 +383,7 @@ async def _procrastinate_worker(config: WorkerConfig, released: Callable[[], Non
             install_signal_handlers=False,
         )
         report.finished = time.monotonic()
-        report.cpu_s = _self_cpu_s() - cpu
+        report.cpu_s = self_cpu_s() - cpu
         return report
 
 
@@ -415,23 +410,9 @@ def _worker_child(
 
 
 def _postgres_cpu_s(cluster: PostgresCluster) -> float:
-    """CPU of the postmaster, its live children and every child it has reaped."""
+    """CPU of the postmaster and its family, the backends it has reaped included."""
     pid_file = cluster.data_dir / "postmaster.pid"
-    postmaster = int(pid_file.read_text().split("\n", 1)[0])
-    total = 0.0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        times = proc_times(pid)
-        if times is None:
-            continue
-        own, reaped, parent = times
-        if pid == postmaster:
-            total += own + reaped
-        elif parent == postmaster:
-            total += own
-    return total
+    return family_cpu_s(int(pid_file.read_text().split("\n", 1)[0]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,11 +424,8 @@ class CpuMark:
 
 
 def _cpu_mark(cluster: PostgresCluster, coordinators: Sequence[ServiceProcess]) -> CpuMark:
-    own = 0.0
-    for coordinator in coordinators:
-        times = proc_times(coordinator.process.pid)
-        own += times[0] if times else 0.0
-    return CpuMark(own, _postgres_cpu_s(cluster), _self_cpu_s(), busy_cores_s())
+    own = sum(family_cpu_s(coordinator.process.pid) for coordinator in coordinators)
+    return CpuMark(own, _postgres_cpu_s(cluster), self_cpu_s(), busy_cores_s())
 
 
 # Running a group of children --------------------------------------------------------------
@@ -791,12 +769,8 @@ def _py_spy_report(path: Path, wall_s: float) -> None:
 
 
 def _percentile_ms(values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile, in milliseconds."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(fraction * len(ordered) + 0.5)))
-    return ordered[rank - 1] * 1000
+    """bench.stats' nearest-rank percentile, in milliseconds."""
+    return percentile(values, fraction) * 1000
 
 
 def _print_phases(phases: Sequence[Phase], procrastinate: Phase, label: str) -> None:
@@ -859,7 +833,7 @@ def _other_share(phase: Phase) -> float:
 def _pair(values: Sequence[float]) -> str:
     if not values:
         return "-"
-    return f"{_percentile_ms(values, 0.50):.1f} / {_percentile_ms(values, 0.99):.1f}"
+    return f"{median(values) * 1000:.1f} / {_percentile_ms(values, 0.99):.1f}"
 
 
 # Main -------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from types import FrameType
 import urllib3
 from minio import Minio
 
-from bench.proc_stats import proc_stat, status_kb
+from bench.proc_stats import CpuMeter, status_kb
 from bench.services import SeparateServices, separate_services
 from testbed.coordinator_world import DAY, build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
@@ -340,13 +340,8 @@ async def _export(
 
 
 def _cpu(preview: int, coordinator: int, weed: int | None) -> dict[str, float]:
-    marks = {
-        "preview": (proc_stat(preview) or (0.0, 0))[0],
-        "coordinator": (proc_stat(coordinator) or (0.0, 0))[0],
-    }
-    if weed is not None:
-        marks["seaweedfs"] = (proc_stat(weed) or (0.0, 0))[0]
-    return marks
+    roots = {"preview": preview, "coordinator": coordinator, "seaweedfs": weed}
+    return CpuMeter(roots, this_process=None).mark()
 
 
 def _check(data: bytes, dataset_format: str, images: list[bytes]) -> None:

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import dataclasses
 import multiprocessing
-import resource
 import signal
 import struct
 import time
@@ -45,7 +44,7 @@ import asyncpg
 import grpc
 import uvloop
 
-from bench.proc_stats import proc_times
+from bench.proc_stats import family_cpu_s, self_cpu_s
 from services.coordinator.queries import parse_queries
 
 METHOD = "/bench.Echo/Call"
@@ -157,11 +156,11 @@ def _client(
                 return await _durable_cycles(call, sizes, cycles, go)
             requests = [struct.pack("<I", answer) + bytes(sent - 4) for sent, answer in sizes]
             await asyncio.to_thread(go.wait, READY_TIMEOUT_S)
-            began = _self_cpu_s()
+            began = self_cpu_s()
             for _ in range(cycles):
                 for request in requests:
                     await call(request)
-            return _self_cpu_s() - began
+            return self_cpu_s() - began
 
     try:
         results.put(asyncio.run(main()))
@@ -187,12 +186,12 @@ async def _durable_cycles(
     *reports, complete = sizes
     held = await call(request(CYCLE_SIZES[-1], CLAIM, DURABLE_ANSWER.pack(0, bytes(16))))
     await asyncio.to_thread(go.wait, READY_TIMEOUT_S)
-    began = _self_cpu_s()
+    began = self_cpu_s()
     for _ in range(cycles):
         for number, size in enumerate(reports, start=1):
             held = await call(request(size, PROGRESS, held, number * 100 // len(sizes)))
         held = await call(request(complete, COMPLETE, held))
-    return _self_cpu_s() - began
+    return self_cpu_s() - began
 
 
 async def prepare_durable(dsn: str, jobs: int) -> None:
@@ -216,11 +215,6 @@ async def durable_completed(dsn: str) -> int:
         return done
     finally:
         await connection.close()
-
-
-def _self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def measure(
@@ -254,12 +248,12 @@ def measure(
         time.sleep(1.0)  # channels connect before the release
         assert server.pid is not None
         database = database_cpu_s or (lambda: 0.0)
-        server_before = _process_cpu_s(server.pid) + database()
+        server_before = family_cpu_s(server.pid) + database()
         released = time.monotonic()
         go.set()
         spent = [results.get(timeout=600) for _ in clients]
         wall = time.monotonic() - released
-        server_cpu = _process_cpu_s(server.pid) + database() - server_before
+        server_cpu = family_cpu_s(server.pid) + database() - server_before
         if min(spent) < 0:
             raise RuntimeError("an echo client failed")
         return Floor(processes * cycles, calls, wall, server_cpu, sum(spent))
@@ -271,11 +265,6 @@ def measure(
             if child.is_alive():
                 child.kill()
                 child.join()
-
-
-def _process_cpu_s(pid: int) -> float:
-    times = proc_times(pid)
-    return times[0] if times else 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 import grpc
 
 from bench import proc_stats
+from bench.stats import median, percentile
 from services.coordinator.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import coordinator_client
@@ -82,9 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 class Figure:
     def __init__(self, latencies: list[float], elapsed: float, cpu: dict[str, float]) -> None:
         self.rate = len(latencies) / elapsed
-        ordered = sorted(latencies)
-        self.p50_ms = statistics.median(ordered) * 1000
-        self.p99_ms = ordered[int(len(ordered) * 0.99) - 1] * 1000
+        self.p50_ms = median(latencies) * 1000
+        self.p99_ms = percentile(latencies, 0.99) * 1000
         self.calls = len(latencies)
         self.cpu = cpu
 
@@ -139,11 +138,10 @@ async def _bench(dsn: str, postgres: int, seconds: float, connections: int) -> d
 
 
 def _cpu(pids: dict[str, int]) -> dict[str, float]:
-    found: dict[str, float] = {}
-    for name, pid in pids.items():
-        members = [pid, *proc_stats.children(pid)] if name == "postgres" else [pid]
-        found[name] = sum(stat[0] for member in members if (stat := proc_stats.proc_stat(member)))
-    return found
+    """CPU seconds of each process family (Postgres's backends, exited ones included) and
+    of this process, the client (alone: the services are its children)."""
+    services = {name: pid for name, pid in pids.items() if name != "client"}
+    return proc_stats.CpuMeter(services, this_process="client").mark()
 
 
 async def _measure(

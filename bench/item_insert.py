@@ -35,13 +35,13 @@ import argparse
 import asyncio
 import json
 import re
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import asyncpg
 
 from bench.proc_stats import proc_stat
+from bench.stats import median
 from services.coordinator.migrate import MIGRATIONS_DIR
 from testbed.coordinator_world import build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import running_coordinator
@@ -168,7 +168,7 @@ async def _bench(dsns: tuple[str, str], args: argparse.Namespace) -> None:
     for side in sides:
         per_item[side.name] = side.cpu_s / (args.rounds * args.items) * 1e6
         print(
-            f"{side.name:<12} {statistics.median(side.wall_s) * 1e3:>12.2f} "
+            f"{side.name:<12} {median(side.wall_s) * 1e3:>12.2f} "
             f"{min(side.wall_s) * 1e3:>12.2f} {per_item[side.name]:>19.1f}"
         )
     head, before = per_item["head"], per_item["before 0023"]

@@ -50,10 +50,8 @@ import gc
 import json
 import multiprocessing
 import os
-import resource
 import signal
 import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -68,6 +66,7 @@ from typing import Any
 import httpx
 
 from bench import proc_stats
+from bench.stats import median, percentile
 from services.coordinator.auth import Grant, ScopeName
 from testbed.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
@@ -110,11 +109,6 @@ def say(line: str = "") -> None:
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def covered_upto(progress: Sequence[int]) -> int:
@@ -340,14 +334,14 @@ async def _client(
     measuring[0] = True
     lags: list[float] = []
     lag = asyncio.create_task(_lag_probe(lags))
-    cpu, began = _cpu_s(), time.monotonic()
+    cpu, began = proc_stats.self_cpu_s(), time.monotonic()
     await asyncio.to_thread(stop.wait)
-    report.cpu_s, report.wall_s = _cpu_s() - cpu, time.monotonic() - began
+    report.cpu_s, report.wall_s = proc_stats.self_cpu_s() - cpu, time.monotonic() - began
     measuring[0] = False
     lag.cancel()
     lags.sort()
     if lags:
-        report.lag_p99_ms = lags[int(0.99 * (len(lags) - 1))] * 1000
+        report.lag_p99_ms = percentile(lags, 0.99) * 1000
         report.lag_max_ms = lags[-1] * 1000
     for task in tasks:
         task.cancel()
@@ -395,14 +389,17 @@ class Marks:
 
     @staticmethod
     def read(gateway: int, coordinator: int, postmaster: int) -> Marks:
-        backends = [postmaster, *proc_stats.children(postmaster)]
-        postgres = sum(found[0] for pid in backends if (found := proc_stats.proc_stat(pid)))
-
-        def own(pid: int) -> float:
-            found = proc_stats.proc_stat(pid)
-            return found[0] if found else 0.0
-
-        return Marks(own(gateway), own(coordinator), postgres, _cpu_s(), proc_stats.busy_cores_s())
+        # process families: the postmaster's backends, exited ones included
+        cpu = proc_stats.CpuMeter(
+            {"gateway": gateway, "coordinator": coordinator, "postgres": postmaster}
+        ).mark()
+        return Marks(
+            cpu["gateway"],
+            cpu["coordinator"],
+            cpu["postgres"],
+            cpu["bench"],
+            proc_stats.busy_cores_s(),
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -674,9 +671,11 @@ def _figures(
         done = max(done, covered[seq])
     to_first.sort()
     spread = sorted(last - first for first, last in spans.values())
-    p50 = statistics.median(latencies) * 1000 if latencies else float("nan")
-    p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1000 if latencies else float("nan")
-    worst = latencies[-1] * 1000 if latencies else float("nan")
+    if not latencies:  # no RESULT without a measurement (never a nan in it)
+        raise RuntimeError("no event reached a watcher: nothing to measure")
+    p50 = median(latencies) * 1000
+    p99 = percentile(latencies, 0.99) * 1000
+    worst = latencies[-1] * 1000
     before, after = marks
     wall = config.seconds + TAIL_S
     gateway_cpu = after.gateway - before.gateway
@@ -758,7 +757,8 @@ def _gc(stats: tuple[dict[str, int], dict[str, int]]) -> str:
 
 
 def _ms(values: list[float], share: float) -> str:
-    return f"{values[int(share * (len(values) - 1))] * 1000:.1f}" if values else "nan"
+    """A percentile in ms for the printed table ("-" when there are no values)."""
+    return f"{percentile(values, share) * 1000:.1f}" if values else "-"
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -60,6 +59,7 @@ import httpx
 from google.protobuf import json_format
 from playwright.async_api import Page, WebSocketRoute, async_playwright
 
+from bench.stats import median
 from testbed.harness.browser import CHROMIUM, CHROMIUM_ARGS
 from tools.demo import script
 from tools.demo.footage import CAMERAS, Footage
@@ -243,11 +243,11 @@ async def _measure(stack: Stack, loads: int, live_run: str) -> dict[str, float]:
             await browser.close()
     print()
     print(f"{'page':<10}{'median ms':>12}{'max ms':>10}{'all images ms':>16}")
-    for name, (median, slowest, images) in (("run", run), ("review", review)):
+    for name, (middle, slowest, images) in (("run", run), ("review", review)):
         extra = f"{images:>16.0f}" if images else f"{'-':>16}"
-        target = "met" if median <= TARGETS_MS[name] else "missed"
+        target = "met" if middle <= TARGETS_MS[name] else "missed"
         goal = f"target {TARGETS_MS[name]:.0f}: {target}"
-        print(f"{name:<10}{median:>12.0f}{slowest:>10.0f}{extra}   {goal}")
+        print(f"{name:<10}{middle:>12.0f}{slowest:>10.0f}{extra}   {goal}")
     return {"run": run[0], "review": review[0], "dropped": dropped}
 
 
@@ -276,9 +276,9 @@ async def _loads(
             loaded.append(await page.evaluate("performance.now()"))
     painted, loaded = painted[1:], loaded[1:]
     return (
-        statistics.median(painted),
+        median(painted),
         max(painted),
-        statistics.median(loaded) if loaded else 0.0,
+        median(loaded) if loaded else 0.0,
     )
 
 

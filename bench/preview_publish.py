@@ -17,8 +17,8 @@ the preview service (its own `service` key, S3 timeouts of 5 s, cleanup loop off
   `python -m services.preview`, system clock), as they are deployed.
 
 Setup, not measured: gpu-box with its runtimes, cameras cam-a and cam-b with four
-one-hour recordings each (08:00-12:00), a workflow sampling both every 6 s, and one
-full run of 8 jobs x 600 slots, every job claimed by one workshop:run key. The image
+one-hour recordings each (08:00-12:00), a workflow sampling both every 4 s, and one
+full run of 8 jobs x 900 slots, every job claimed by one workshop:run key. The image
 is a real JPEG (PyAV) grown to `--size` bytes with comment segments.
 
 Measured (wall time from the first call to the last answer), each after a warm-up of
@@ -53,10 +53,7 @@ import asyncio
 import contextlib
 import dataclasses
 import io
-import os
-import resource
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -69,8 +66,9 @@ from typing import Any
 import urllib3
 from minio import Minio
 
-from bench.proc_stats import proc_stat
+from bench.proc_stats import CpuMeter
 from bench.services import separate_services
+from bench.stats import median, percentile
 from services.coordinator.auth import Grant, ScopeName
 from services.processor.direct_writes import DirectPreviews
 from testbed.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
@@ -212,7 +210,7 @@ async def _bench(
             f"claimed ({time.perf_counter() - began:.1f} s); image {len(image):,} bytes (JPEG); "
             f"services {'as their own processes' if args.processes else 'in this process'}"
         )
-        cpu = CpuMeter(cluster, s3, services.pids)
+        cpu = PhaseMeter({**services.pids, "seaweedfs": s3.pid, "postgres": cluster.pid})
         warm = [WARM_UP] * args.publishers
         await _direct(s3, image, warm, "warm")
         direct = await cpu.measure("direct put", lambda: _direct(s3, image, counts, "measured"))
@@ -472,41 +470,9 @@ async def _check(c: CoordinatorHarness, s3: S3Server, expected: int) -> None:
 # CPU time -----------------------------------------------------------------------------------
 
 
-class CpuMeter:
-    """CPU seconds of this process, the service processes, SeaweedFS and Postgres."""
-
-    def __init__(self, cluster: PostgresCluster, s3: S3Server, pids: dict[str, int]) -> None:
-        self.cluster = cluster
-        self.s3 = s3
-        self.pids = pids
-
-    def mark(self) -> dict[str, float]:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        marks = {"bench": usage.ru_utime + usage.ru_stime}
-        for name, pid in self.pids.items():
-            marks[name] = (proc_stat(pid) or (0.0, 0))[0]
-        marks["seaweedfs"] = self._family_cpu_s(self.s3.pid)
-        marks["postgres"] = self._family_cpu_s(self._postmaster())
-        return marks
-
-    def _postmaster(self) -> int | None:
-        try:
-            return int((self.cluster.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
-        except (OSError, ValueError):
-            return None
-
-    @staticmethod
-    def _family_cpu_s(root: int | None) -> float:
-        """CPU of `root` and its live children (Postgres backends)."""
-        if root is None:
-            return 0.0
-        total = 0.0
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                found = proc_stat(int(entry.name))
-                if found is not None and root in (int(entry.name), found[1]):
-                    total += found[0]
-        return total
+class PhaseMeter(CpuMeter):
+    """CPU seconds of this process and of each named process family
+    (bench.proc_stats.CpuMeter: Postgres's backends that exit during a phase included)."""
 
     async def measure(self, name: str, run: Callable[[], Awaitable[Result]]) -> Phase:
         before = self.mark()
@@ -526,9 +492,8 @@ def _print_table(phases: list[Phase], publishers: int, size: int) -> None:
         + " ".join(f"{name:>11}" for name in cpu_names)
     )
     for phase in phases:
-        ordered = sorted(phase.latencies_s)
-        p50 = statistics.median(ordered) * 1000
-        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+        p50 = median(phase.latencies_s) * 1000
+        p99 = percentile(phase.latencies_s, 0.99) * 1000
         say(
             f"{phase.name:>16} {phase.rate:>10.1f} {phase.wall_s:>7.2f} {p50:>7.1f} {p99:>7.1f}"
             "          " + " ".join(f"{phase.cpu_s[name]:>11.2f}" for name in cpu_names)

@@ -75,9 +75,9 @@ def family_cpu_s(root: int | None, parents: Mapping[int, int] | None = None) -> 
     """CPU seconds of `root` and all its descendants, those that have exited included: each
     live member's own CPU plus its reaped children's (a reaped child's cutime carries its
     own reaped children in turn). A descendant reparented away from the family (its parent
-    exited first) is lost from then on; 0.0 when `root` is None or gone."""
-    if root is None:
-        return 0.0
+    exited first) is lost from then on; 0.0 when `root` is None, 0 (not started) or gone."""
+    if not root:
+        return 0.0  # pid 0's "children" would be init and the kernel's threads
     total = 0.0
     for pid in (root, *children(root, parents)):
         times = proc_times(pid)
@@ -93,18 +93,21 @@ def self_cpu_s() -> float:
 
 
 class CpuMeter:
-    """CPU seconds of named process families (`family_cpu_s`) and, as "bench", of this
-    process: `mark()` before and after a pass, `delta(after, before)` for the pass."""
+    """CPU seconds of named process families (`family_cpu_s`) and of this process, named
+    `this_process` (None: left out): `mark()` before and after a pass, then `delta`. This
+    process is counted alone, never as a family: the services it started are its children."""
 
-    def __init__(self, roots: Mapping[str, int | None], *, this_process: bool = True) -> None:
+    def __init__(
+        self, roots: Mapping[str, int | None], *, this_process: str | None = "bench"
+    ) -> None:
         self.roots = dict(roots)
         self.this_process = this_process
 
     def mark(self) -> dict[str, float]:
         parents = parents_of_all()  # one pass over /proc for every family
         marks = {name: family_cpu_s(root, parents) for name, root in self.roots.items()}
-        if self.this_process:
-            marks["bench"] = self_cpu_s()
+        if self.this_process is not None:
+            marks[self.this_process] = self_cpu_s()
         return marks
 
 

@@ -20,8 +20,9 @@ services.coordinator`, scheduler and maintenance loops off), the preview service
 processor (`python -m services.processor`, PROCESSOR_IN_FLIGHT = `--in-flight`; `--set
 NAME=VALUE` adds PROCESSOR_NAME=VALUE, e.g. TRITON_SHARED_MEMORY=off).
 
-Measured, after a warm-up test run of two frames, `--repeat` times (baseline, plain,
-processor), then baseline and plain once more:
+Measured, after a warm-up test run of two frames, `--repeat` passes of each side,
+alternated so that a host whose speed drifts weighs on both alike: baseline, plain,
+processor, then processor, baseline, plain, and so on:
 - **baseline**: one plain loop in this process doing the work the processor does for a
   full run: it decodes the frames the run samples with PyAV (its default threading,
   forward decoding, rgb24 at the model's size), runs the same ONNX file with onnxruntime
@@ -42,10 +43,11 @@ processor), then baseline and plain once more:
 
 Each pass reports frames/s, the cores that other processes of the machine kept busy
 meanwhile (from /proc/stat), CPU ms per frame of every part (from /proc, each service's
-process and its children; this process by getrusage) and the rate the machine's cores
-would give at that CPU per frame ("CPU-bound"), which other work disturbs much less
-than wall time. `--profile` runs the processor under cProfile (its event-loop thread)
-and prints the top functions; the processor's per-thread CPU is always printed.
+process family, children that exited during the pass included; this process by
+getrusage) and the rate the machine's cores would give at that CPU per frame
+("CPU-bound"), which other work disturbs much less than wall time. `--profile` runs the
+processor under cProfile (its event-loop thread) and prints the top functions; the
+processor's per-thread CPU is always printed.
 `--profile-control` shows where the control plane's CPU goes in the first processor pass
 (`bench/profiling.py`): pg_stat_statements (the cluster restarted with it preloaded,
 nested statements tracked), py-spy samples of the coordinator and the preview service
@@ -59,9 +61,11 @@ today). Triton is a separate server: its peak is reported on its own, sampled ev
 0.5 s as the summed `VmRSS` of tritonserver and its python-backend stubs.
 
 The last line is `RESULT processor_fps=<x> baseline_fps=<y> ratio=<x/y> peak_rss_mb=<z>
-control_plane_ms_per_frame=<c> cpu_bound_ratio=<r> plain_fps=<p>` with the median pass of
-each side; `control_plane_ms_per_frame` is the CPU of the coordinator, the preview service
-and Postgres (their process families) per frame of the median processor pass. Targets:
+control_plane_ms_per_frame=<c> cpu_bound_ratio=<r> plain_fps=<p>`, each figure the median
+over its side's passes (`bench.stats.median`: with two passes their mean, never the slower
+or the faster alone); `control_plane_ms_per_frame` is the CPU of the coordinator, the
+preview service and Postgres (their process families, exited backends included) per frame
+of a processor pass. Targets:
 ratio >= 1.0 and CPU-bound ratio >= 0.9 against the storing baseline, peak RSS <= 1,500
 MB, control plane <= 0.5 ms per frame. `--check` exits 1 when one is missed. Results and
 analysis: docs/benchmarks.md.
@@ -76,14 +80,12 @@ import dataclasses
 import io
 import os
 import pstats
-import resource
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -107,17 +109,10 @@ from bench.footage import (
     sampled_frames,
     whole_ms,
 )
-from bench.proc_stats import (
-    MemoryWatch,
-    busy_cores_s,
-    children,
-    delta,
-    hwm_mb,
-    parents_of_all,
-    proc_stat,
-    thread_cpu,
-)
+from bench.proc_stats import CpuMeter, MemoryWatch, busy_cores_s, delta, hwm_mb, thread_cpu
+from bench.results import result_line
 from bench.services import separate_services
+from bench.stats import median
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.validation import MIN_INTERVAL_SECONDS
 from services.processor.images import JPEG, encode_jpeg
@@ -164,6 +159,7 @@ FROM jobs WHERE run_id = $1
 # control plane: at 0.1 s it was 0.04 ms of Postgres time per frame (pg_stat_statements).
 POLL_S = 0.25
 CORES = os.cpu_count() or 1
+SIDES = ("processor", "baseline", "plain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,9 +187,12 @@ class Figures:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    processor: Figures
-    baseline: Figures  # decode, infer, JPEG, put to S3
-    plain: Figures  # decode and infer only (the loop before the baseline stored frames)
+    """Medians over each side's passes."""
+
+    processor_fps: float
+    baseline_fps: float  # decode, infer, JPEG, put to S3
+    plain_fps: float  # decode and infer only (the loop before the baseline stored frames)
+    control_ms: float  # control plane CPU per frame of the processor passes
     peak_rss_mb: float
     cpu_ratio: float
 
@@ -226,9 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="route every frame to Do nothing: no previews or uploads (the processor's core)",
     )
-    parser.add_argument(
-        "--repeat", type=int, default=1, help="processor passes (baseline passes: one more)"
-    )
+    parser.add_argument("--repeat", type=int, default=1, help="passes of each side, alternated")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument(
         "--profile", action="store_true", help="run the processor under cProfile; print it"
@@ -291,13 +288,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (S3LaunchError, TritonStartError) as problem:
         say(f"cannot start a dependency: {problem}")
         return 2
-    processor, baseline, rss = outcome.processor, outcome.baseline, outcome.peak_rss_mb
-    ratio = processor.fps / baseline.fps
-    control = processor.control_plane_ms_per_frame
+    rss, control = outcome.peak_rss_mb, outcome.control_ms
+    ratio = outcome.processor_fps / outcome.baseline_fps
     say(
-        f"RESULT processor_fps={processor.fps:.1f} baseline_fps={baseline.fps:.1f} "
-        f"ratio={ratio:.2f} peak_rss_mb={rss:.0f} control_plane_ms_per_frame={control:.2f} "
-        f"cpu_bound_ratio={outcome.cpu_ratio:.2f} plain_fps={outcome.plain.fps:.1f}"
+        result_line(
+            {
+                "processor_fps": f"{outcome.processor_fps:.1f}",
+                "baseline_fps": f"{outcome.baseline_fps:.1f}",
+                "ratio": f"{ratio:.2f}",
+                "peak_rss_mb": f"{rss:.0f}",
+                "control_plane_ms_per_frame": f"{control:.2f}",
+                "cpu_bound_ratio": f"{outcome.cpu_ratio:.2f}",
+                "plain_fps": f"{outcome.plain_fps:.1f}",
+            }
+        )
     )
     missed = (
         ratio < TARGET_RATIO
@@ -354,14 +358,14 @@ async def _bench(
         env = _processor_env(c, s3, triton, pids["preview_port"], runtime_id, key, args, extra)
         profile = scratch / "processor.prof" if args.profile else None
         with _processor_process(env, scratch / "processor.log", profile) as processor:
-            meter = CpuMeter(
+            meter = PassMeter(
                 {
                     "processor": processor.pid,
                     "triton": triton.pid,
                     "coordinator": pids["coordinator"],
                     "preview": pids["preview"],
-                    "seaweedfs": s3.pid or 0,
-                    "postgres": cluster.pid or 0,
+                    "seaweedfs": s3.pid,
+                    "postgres": cluster.pid,
                 }
             )
             with MemoryWatch(processor.pid, triton.pid) as memory:
@@ -382,8 +386,7 @@ async def _bench(
                         )
                     )
 
-                for attempt in range(1, args.repeat + 1):
-                    await baselines()
+                async def processor_pass(attempt: int) -> None:
                     threads_before = thread_cpu(processor.pid)
                     profiled = args.profile_control and attempt == 1
                     profiler = _ControlProfile(dsn, pids, scratch) if profiled else None
@@ -408,7 +411,16 @@ async def _bench(
                         await profiler.report(frames)
                     for name, seconds in delta(thread_cpu(processor.pid), threads_before).items():
                         threads[name] = threads.get(name, 0.0) + seconds
-                await baselines()
+
+                # Equal passes, alternated: baseline first in odd attempts, the processor
+                # first in even ones, so neither side always runs on the fresher machine.
+                for attempt in range(1, args.repeat + 1):
+                    if attempt % 2:
+                        await baselines()
+                        await processor_pass(attempt)
+                    else:
+                        await processor_pass(attempt)
+                        await baselines()
             _check_alive(processor)
             peak = memory.processor_peak_mb()
             service_mb = {name: hwm_mb(pids[name]) for name in ("coordinator", "preview")}
@@ -430,16 +442,11 @@ async def _bench(
         "(server + python stubs, sampled); "
         f"coordinator {service_mb['coordinator']:.0f} MB; preview {service_mb['preview']:.0f} MB"
     )
-    run = _median("processor", [phase for phase in phases if phase.name == "processor"])
-    baseline = _median("baseline", [phase for phase in phases if phase.name == "baseline"])
-    plain = _median("plain", [phase for phase in phases if phase.name == "plain"])
-    ratio = run.fps / baseline.fps
-    cpu_bound = {
-        name: statistics.median(p.cpu_bound_fps for p in phases if p.name == name)
-        for name in ("processor", "baseline", "plain")
-    }
+    fps = {name: _median(phases, name, lambda p: p.fps) for name in SIDES}
+    cpu_bound = {name: _median(phases, name, lambda p: p.cpu_bound_fps) for name in SIDES}
+    ratio = fps["processor"] / fps["baseline"]
     cpu_ratio = cpu_bound["processor"] / cpu_bound["baseline"]
-    control = run.control_plane_ms_per_frame
+    control = _median(phases, "processor", lambda p: p.control_plane_ms_per_frame)
     say(
         f"CPU-bound ratio {cpu_ratio:.2f} (target >= {TARGET_CPU_RATIO}: "
         f"{'met' if cpu_ratio >= TARGET_CPU_RATIO else 'MISSED'}; median CPU-bound frames/s: "
@@ -449,7 +456,7 @@ async def _bench(
     say(
         f"ratio processor / baseline {ratio:.2f} (target >= {TARGET_RATIO}: "
         f"{'met' if ratio >= TARGET_RATIO else 'MISSED'}); processor / plain (no storage) "
-        f"{run.fps / plain.fps:.2f}; peak RSS {peak:.0f} MB "
+        f"{fps['processor'] / fps['plain']:.2f}; peak RSS {peak:.0f} MB "
         f"(target <= {TARGET_RSS_MB}: {'met' if peak <= TARGET_RSS_MB else 'MISSED'})"
     )
     say(
@@ -457,7 +464,7 @@ async def _bench(
         f"frame (target <= {TARGET_CONTROL_MS}: "
         f"{'met' if control <= TARGET_CONTROL_MS else 'MISSED'})"
     )
-    return Outcome(run, baseline, plain, peak, cpu_ratio)
+    return Outcome(fps["processor"], fps["baseline"], fps["plain"], control, peak, cpu_ratio)
 
 
 class _ControlProfile:
@@ -815,27 +822,14 @@ def _infer(session: ort.InferenceSession, batch: list[Any]) -> int:
     return int(counts.sum())
 
 
-def _median(name: str, phases: list[Figures]) -> Figures:
-    """The pass with the median rate (the lower middle one of an even count)."""
-    ordered = sorted(phases, key=lambda phase: phase.fps)
-    return dataclasses.replace(ordered[(len(ordered) - 1) // 2], name=name)
+def _median(phases: list[Figures], name: str, figure: Callable[[Figures], float]) -> float:
+    """The median of one figure over the passes of one side (bench.stats' rule)."""
+    return median(figure(phase) for phase in phases if phase.name == name)
 
 
-class CpuMeter:
-    """CPU seconds of this process and of each service's process family."""
-
-    def __init__(self, roots: dict[str, int]) -> None:
-        self.roots = roots
-
-    def mark(self) -> dict[str, float]:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        parents = parents_of_all()
-        marks = {}
-        for name, root in self.roots.items():
-            family = (root, *children(root, parents)) if root else ()
-            marks[name] = sum((proc_stat(pid) or (0.0, 0))[0] for pid in family)
-        marks["bench"] = usage.ru_utime + usage.ru_stime
-        return marks
+class PassMeter(CpuMeter):
+    """The CPU of every process family and this process (bench.proc_stats.CpuMeter), and
+    the cores other work kept busy, around one pass."""
 
     async def measure(self, name: str, run: Any) -> Figures:
         before, busy = self.mark(), busy_cores_s()
@@ -872,7 +866,7 @@ def _print_table(phases: list[Figures], args: argparse.Namespace, frames: int) -
         "others: cores busy with processes this benchmark did not start (other work on the "
         f"machine); CPU-bound: frames/s that {CORES} cores would give at that CPU per frame, "
         "which other work disturbs much less than wall time; the result takes the median "
-        "pass of each side"
+        "of each figure over its side's passes"
     )
 
 

@@ -28,7 +28,8 @@ S3 and preview service; see that module), whose RESULT line gives items/s and me
 `--quick` shrinks everything tenfold. Targets (2-core machine): page p99 <= 50 ms,
 decide p99 <= 50 ms, summary p99 <= 100 ms, export >= 500 items/s. The last line is
 `RESULT review_page_p99_ms=<x> review_deep_page_p99_ms=<x> decide_p99_ms=<y>
-summary_p99_ms=<z> export_items_per_s=<w>`.
+summary_p99_ms=<z> export_items_per_s=<w>` (p50 the median, p99 the nearest rank:
+`bench.stats`); `--no-export` leaves the export's figure out, and a failed export exits 1.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import asyncio
 import dataclasses
 import json
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -49,7 +49,9 @@ from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
-from bench import proc_stats
+from bench.proc_stats import CpuMeter, delta
+from bench.results import ResultError, last_result, parse_result, result_line
+from bench.stats import median, percentile
 from services.coordinator import review
 from services.coordinator.servicers.review import scope_of_run
 from testbed.coordinator_world import DAY, build_world, copy_recordings, run_request, save_workflow
@@ -81,21 +83,6 @@ COORDINATOR_ENV = {
     "JOB_CAPACITY": "10000000",
 }
 TARGETS = {"page": 50.0, "deep": 50.0, "decide": 50.0, "summary": 100.0, "export": 500.0}
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuOf:
-    """The processes whose CPU a figure is split into (per call, from /proc)."""
-
-    coordinator: int
-    postgres: int  # the postmaster: its backends are its children
-
-    def read(self) -> tuple[float, float, float]:
-        """CPU seconds so far of the coordinator, of Postgres' processes, and of this one."""
-        coordinator = proc_stats.proc_stat(self.coordinator)
-        backends = [self.postgres, *proc_stats.children(self.postgres)]
-        postgres = sum(found[0] for pid in backends if (found := proc_stats.proc_stat(pid)))
-        return (coordinator[0] if coordinator else 0.0), postgres, time.process_time()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,19 +127,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PostgresUnavailable as unavailable:
         say(f"cannot start a private Postgres cluster: {unavailable}")
         return 2
-    export = float("nan")
-    if not args.no_export:
+    fields = {
+        "review_page_p99_ms": f"{figures['page']:.1f}",
+        "review_deep_page_p99_ms": f"{figures['deep']:.1f}",
+        "decide_p99_ms": f"{figures['decide']:.1f}",
+        "summary_p99_ms": f"{figures['summary']:.1f}",
+    }
+    if not args.no_export:  # without the export its figure is left out, not printed as nan
         export = _export(args.export_items or scale.export_items)
-    figures["export"] = export
-    say(
-        f"RESULT review_page_p99_ms={figures['page']:.1f} "
-        f"review_deep_page_p99_ms={figures['deep']:.1f} decide_p99_ms={figures['decide']:.1f} "
-        f"summary_p99_ms={figures['summary']:.1f} export_items_per_s={export:.0f}"
-    )
+        if export is None:
+            return 1
+        figures["export"] = export
+        fields["export_items_per_s"] = f"{export:.0f}"
+    say(result_line(fields))
     missed = [
         name
         for name, target in TARGETS.items()
-        if (figures[name] < target if name == "export" else figures[name] > target)
+        if name in figures
+        and (figures[name] < target if name == "export" else figures[name] > target)
     ]
     return 1 if args.check and missed else 0
 
@@ -181,12 +173,13 @@ async def _bench(dsn: str, scale: Scale, samples: int, postgres: int) -> dict[st
         ) as (coordinator, serving),
     ):
         async with coordinator_client(dsn, int(serving["port"])) as c:
-            pids = CpuOf(coordinator=coordinator.pid, postgres=postgres)
+            # the postmaster's family: its backends, also those that exit between marks
+            pids = CpuMeter({"coordinator": coordinator.pid, "postgres": postgres})
             return await _bench_with(c, scale, samples, pids)
 
 
 async def _bench_with(
-    c: CoordinatorHarness, scale: Scale, samples: int, pids: CpuOf
+    c: CoordinatorHarness, scale: Scale, samples: int, pids: CpuMeter
 ) -> dict[str, float]:
     began = time.perf_counter()
     runtime = await _world(c, scale)
@@ -363,7 +356,7 @@ async def _summary_runs(c: CoordinatorHarness, runtime: str, scale: Scale) -> in
 
 
 async def _measure(
-    c: CoordinatorHarness, scale: Scale, samples: int, pids: CpuOf
+    c: CoordinatorHarness, scale: Scale, samples: int, pids: CpuMeter
 ) -> dict[str, float]:
     async with c.db.connection() as connection:
         deep = await connection.fetchrow(
@@ -407,38 +400,37 @@ async def _measure(
     )
     for name, call in calls.items():
         timings: list[float] = []
-        cpu_before = pids.read()
+        cpu_before = pids.mark()
         for n in range(samples):
             began = time.perf_counter()
             await call(n + 1)
             timings.append((time.perf_counter() - began) * 1000)
-        timings.sort()
-        p50 = timings[len(timings) // 2]
-        p99 = timings[min(len(timings) - 1, int(len(timings) * 0.99))]
+        p99 = percentile(timings, 0.99)
         figures[name] = p99
-        used = [
-            (after - before) / samples * 1000
-            for after, before in zip(pids.read(), cpu_before, strict=True)
-        ]
+        used = {part: ms / samples * 1000 for part, ms in delta(pids.mark(), cpu_before).items()}
         say(
-            f"{name:<10}{p50:>10.1f}{p99:>10.1f}{timings[-1]:>10.1f}"
-            f"{used[0]:>14.1f}{used[1]:>11.1f}{used[2]:>14.1f}"
+            f"{name:<10}{median(timings):>10.1f}{p99:>10.1f}{max(timings):>10.1f}"
+            f"{used['coordinator']:>14.1f}{used['postgres']:>11.1f}{used['bench']:>14.1f}"
         )
     return figures
 
 
-def _export(items: int) -> float:
-    """items/s of `bench.export` run in a subprocess, read from its RESULT line."""
+def _export(items: int) -> float | None:
+    """items/s of `bench.export` run in a subprocess, read from its RESULT line; None when
+    it failed (said, with its error output)."""
     command = [sys.executable, "-m", "bench.export", "--items", str(items)]
     say(f"export: {' '.join(command[1:])}")
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
     for line in done.stdout.splitlines():
         say(f"  {line}")
-    found = re.search(r"export_items_per_s=([0-9.]+)", done.stdout)
-    if done.returncode != 0 or found is None:
+    try:
+        rate = parse_result(last_result(done.stdout)).get("export_items_per_s")
+    except ResultError:
+        rate = None
+    if done.returncode != 0 or rate is None:
         say(f"export failed (exit {done.returncode}): {done.stderr[-2000:]}")
-        return float("nan")
-    return float(found.group(1))
+        return None
+    return float(rate)
 
 
 if __name__ == "__main__":

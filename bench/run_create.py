@@ -33,7 +33,6 @@ import dataclasses
 import io
 import pstats
 import signal
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
+from bench.stats import median
 from services.coordinator import queries
 from services.coordinator.auth import Grant, Principal, ScopeName
 from services.coordinator.db import Database
@@ -131,8 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PostgresUnavailable as unavailable:
         say(f"cannot start a private Postgres cluster: {unavailable}")
         return 2
-    create_s = statistics.median(figures.create_s)
-    retry_ms = statistics.median(figures.retry_s) * 1000
+    create_s = median(figures.create_s)
+    retry_ms = median(figures.retry_s) * 1000
     missed = create_s > TARGET_CREATE_S or retry_ms > TARGET_RETRY_MS
     say(f"RESULT run_create_10k_s={create_s:.3f} run_create_retry_ms={retry_ms:.1f}")
     return 1 if args.check and missed else 0
@@ -232,10 +232,10 @@ def _print_table(figures: Figures) -> None:
         zip(figures.create_s, figures.retry_s, strict=True), start=1
     ):
         say(f"{f'#{index}':>8} {create:>12.3f} {retry * 1000:>12.1f}")
-    for label, pick in (("median", statistics.median), ("min", min), ("max", max)):
+    for label, pick in (("median", median), ("min", min), ("max", max)):
         say(f"{label:>8} {pick(figures.create_s):>12.3f} {pick(figures.retry_s) * 1000:>12.1f}")
-    create = statistics.median(figures.create_s)
-    retry = statistics.median(figures.retry_s) * 1000
+    create = median(figures.create_s)
+    retry = median(figures.retry_s) * 1000
     say(
         f"targets: creation <= {TARGET_CREATE_S:.1f} s {_verdict(create <= TARGET_CREATE_S)}; "
         f"retry <= {TARGET_RETRY_MS:.0f} ms {_verdict(retry <= TARGET_RETRY_MS)}"

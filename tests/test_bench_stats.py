@@ -57,7 +57,7 @@ def test_a_family_keeps_the_cpu_of_a_child_that_exited() -> None:
     ) as parent:
         assert parent.stdin is not None
         assert parent.stdout is not None
-        meter = CpuMeter({"family": parent.pid}, this_process=False)
+        meter = CpuMeter({"family": parent.pid}, this_process=None)
         before = meter.mark()
         assert parent.stdout.readline() == "reaped\n"
         after = meter.mark()
