@@ -36,7 +36,7 @@ async def test_workflows_from_and_to_files(coordinator: CoordinatorHarness, tmp_
     assert valid.code == 0, valid.err
     assert "valid" in valid.out
     assert saved.code == 0, saved.err
-    assert (saved.json()["workflow_id"], saved.json()["revision"]) == ("yard", "1")
+    assert (saved.json()["workflow_id"], saved.json()["revision"]) == ("yard", 1)
 
     # get writes the document back; saving it again is revision 2 (its current one by default)
     copy = tmp_path / "yard.json"
@@ -45,7 +45,7 @@ async def test_workflows_from_and_to_files(coordinator: CoordinatorHarness, tmp_
     expected = json_format.Parse(EXAMPLE.read_text(), workflow_pb2.WorkflowSpec())
     assert json_format.Parse(copy.read_text(), workflow_pb2.WorkflowSpec()) == expected
     again = await workshop(c, "-o", "json", "workflows", "save", "yard", str(copy))
-    assert again.json()["revision"] == "2"
+    assert again.json()["revision"] == 2
 
     # a stale revision, a document that does not validate, a file that is not one
     bad = json.loads(EXAMPLE.read_text())
@@ -100,7 +100,7 @@ async def test_runs_dry_run_create_list_get_explain_cancel(
     first = await workshop(c, "-o", "json", *create, "r1", "--mode", "full")
     assert first.code == 0, first.err
     assert first.json()["created"] is True
-    assert first.json()["run"]["status"] == "RUN_STATUS_QUEUED"
+    assert first.json()["run"]["status"] == "queued"
     retry, conflict, second = await asyncio.gather(
         workshop(c, "-o", "json", *create, "r1", "--mode", "full"),
         workshop(c, *create, "r1", "--mode", "test"),
@@ -142,7 +142,7 @@ async def test_runs_dry_run_create_list_get_explain_cancel(
     assert watched.code == 4  # cancelled
     [last] = watched.lines()
     assert last["final"] is True
-    assert last["detail"]["run"]["status"] == "RUN_STATUS_CANCELLED"
+    assert last["detail"]["run"]["status"] == "cancelled"
 
     key_file = tmp_path / "admin.key"
     key_file.write_text(admin_secret(c) + "\n")
@@ -167,7 +167,7 @@ async def test_runs_dry_run_create_list_get_explain_cancel(
         workshop(None, env={"_WORKSHOP_COMPLETE": "source_bash"}),
     )
     assert from_file.json()["run"]["run_id"] == "r1"
-    assert (last.code, last.json()["run"]["status"]) == (4, "RUN_STATUS_CANCELLED")
+    assert (last.code, last.json()["run"]["status"]) == (4, "cancelled")
     assert completion.code == 0
     assert "_workshop_completion" in completion.out
     assert unknown.code == 1
@@ -207,7 +207,7 @@ async def test_watch_exit_codes_and_explain_names_the_fence(
     assert watcher.returncode == 0
     updates = [json.loads(line) for line in rest.decode().splitlines()]
     assert updates[-1]["final"] is True
-    assert updates[-1]["detail"]["run"]["status"] == "RUN_STATUS_COMPLETED"
+    assert updates[-1]["detail"]["run"]["status"] == "completed"
     table = await workshop(c, "runs", "watch", "r1")
     assert table.code == 0
     assert "run r1 completed" in table.out
@@ -225,7 +225,7 @@ async def test_watch_exit_codes_and_explain_names_the_fence(
         workshop(c, "runs", "explain", "r2"),
     )
     assert watched.code == 3
-    assert watched.lines()[-1]["detail"]["run"]["status"] == "RUN_STATUS_FAILED"
+    assert watched.lines()[-1]["detail"]["run"]["status"] == "failed"
     [failed] = explained.json()["failed_jobs"]
     assert (failed["job_id"], failed["reason"]) == ("j0", "source_changed")
     assert "cam-a-0 was deleted" in failed["message"]
@@ -237,4 +237,4 @@ async def test_watch_exit_codes_and_explain_names_the_fence(
     c.clock.advance(timedelta(hours=2))
     expired = await workshop(c, "-o", "jsonl", "runs", "watch", "r3")
     assert expired.code == 5
-    assert expired.lines()[-1]["detail"]["run"]["status"] == "RUN_STATUS_EXPIRED"
+    assert expired.lines()[-1]["detail"]["run"]["status"] == "expired"

@@ -47,8 +47,8 @@ async def test_watch_follows_a_real_run_to_completion(
     assert len(updates) >= 2  # progress arrives as it happens, not only the end
     assert [u["final"] for u in updates] == [False] * (len(updates) - 1) + [True]
     last = updates[-1]["detail"]
-    assert last["run"]["status"] == "RUN_STATUS_COMPLETED"
-    assert last["run"]["counts"]["slots_frame"] == "20"
+    assert last["run"]["status"] == "completed"
+    assert last["run"]["counts"]["slots_frame"] == 20
     for job in ("j0", "j1"):  # each job's progress only goes up
         seen = [
             j["progress_percent"]

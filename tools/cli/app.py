@@ -3,16 +3,19 @@
 Every command talks gRPC to the coordinator (and, for exports, the preview service) with
 `authorization: Bearer <key>` metadata, an admin key for operator commands. The address and
 key come from options or the environment, so a key need not appear in a shell's history.
+The global options may come before or after the command (tools/cli/command.py).
 """
 
 from __future__ import annotations
 
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import typer
 
 from tools.cli import doctor, operator, recordings, runs, workflows
+from tools.cli.command import GlobalOptionsGroup, build
 from tools.cli.context import Options
 from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
 
@@ -20,7 +23,10 @@ OUTPUTS = ("table", "json", "jsonl")
 
 app = typer.Typer(
     name="workshop",
-    help="Operate Workshop: runs, workflows, recordings, devices, models, keys, users, buckets.",
+    help="Operate Workshop: runs, workflows, recordings, devices, models, keys, users, buckets."
+    "\n\nThe options below may come before or after the command: `workshop runs list -o json`"
+    " is `workshop -o json runs list`.",
+    cls=GlobalOptionsGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # a bug shows a plain traceback; refusals never do
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -35,6 +41,17 @@ app.add_typer(operator.keys, name="keys")
 app.add_typer(operator.users, name="users")
 app.add_typer(operator.buckets, name="buckets")
 app.command("doctor")(doctor.doctor)
+
+
+def _version(shown: bool) -> None:
+    """`workshop X.Y.Z`: the installed package's version (pyproject.toml's)."""
+    if not shown:
+        return
+    try:
+        print(f"workshop {metadata.version('workshop')}")
+    except metadata.PackageNotFoundError:
+        print("workshop (not installed: `pip install -e .` records its version)")
+    raise typer.Exit()
 
 
 @app.callback()
@@ -59,6 +76,13 @@ def root(
         envvar="WORKSHOP_OUTPUT",
         help="table (for people), json, or jsonl (one object a line: watch updates, list rows)",
     ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_version,
+        help="print the version and exit",
+    ),
 ) -> None:
     if output not in OUTPUTS:
         raise typer.BadParameter(f"must be one of {', '.join(OUTPUTS)}", param_hint="--output")
@@ -72,7 +96,7 @@ EXIT_CTRL_C = 130  # the shells' code for a command ended by SIGINT
 
 def main() -> None:
     try:
-        app(prog_name="workshop")
+        build(app)(prog_name="workshop")
     except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (`runs watch` exits 6 itself)
         print("workshop: interrupted", file=sys.stderr)
         raise SystemExit(EXIT_CTRL_C) from None

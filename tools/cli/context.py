@@ -26,6 +26,11 @@ T = TypeVar("T")
 # Exit codes shared by every command (docs/cli.md); `runs watch` adds its own.
 EXIT_REFUSED = 1  # the server refused the call, or the input is bad
 EXIT_USAGE = 2  # missing or malformed options (typer's own code for usage errors)
+# Where each service's address comes from: option, environment variable, what it is.
+ADDRESS_SETTINGS = {
+    "coordinator": ("--coordinator", "WORKSHOP_COORDINATOR", "the coordinator's gRPC address"),
+    "preview": ("--preview", "WORKSHOP_PREVIEW", "the preview service's gRPC address"),
+}
 
 
 @dataclasses.dataclass
@@ -60,12 +65,13 @@ class Options:
     def target(self, service: str = "coordinator") -> str:
         address = self.preview if service == "preview" else self.coordinator
         if not address:
-            option = (
-                "--preview / WORKSHOP_PREVIEW"
-                if service == "preview"
-                else ("--coordinator / WORKSHOP_COORDINATOR")
+            option, variable, what = ADDRESS_SETTINGS[service]
+            fail(
+                "INVALID_FIELD",
+                f"no {service} address: set {variable} or pass {option} HOST:PORT ({what}; "
+                "`make demo ARGS=--keep` prints the demo's)",
+                code=EXIT_USAGE,
             )
-            fail("INVALID_FIELD", f"no {service} address: pass {option}", code=EXIT_USAGE)
         return address
 
 

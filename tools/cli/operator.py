@@ -54,6 +54,7 @@ REVIEW_STATES = {
     "accepted": common_pb2.REVIEW_STATE_ACCEPTED,
     "rejected": common_pb2.REVIEW_STATE_REJECTED,
 }
+REVIEW_NAMES = {value: name for name, value in REVIEW_STATES.items()}
 FORMATS = {"coco": run_pb2.DATASET_FORMAT_COCO, "yolo": run_pb2.DATASET_FORMAT_YOLO}
 
 
@@ -407,9 +408,7 @@ def bucket_items(
             "camera": i.camera_id,
             "frame": i.frame_time.ToJsonString(),
             "boxes": len(i.boxes),
-            "review": common_pb2.ReviewState.Name(i.review_state)
-            .removeprefix("REVIEW_STATE_")
-            .lower(),
+            "review": REVIEW_NAMES.get(i.review_state, "unspecified"),
         },
         f"bucket {bucket_id}",
     )
@@ -466,3 +465,69 @@ def bucket_export(
 
     written = run(opts, call, service="preview")
     emit(opts, written)
+    if not written["items"]:
+        _nothing_exported(opts, bucket_id, review, class_name, camera)
+
+
+def _nothing_exported(
+    opts: Options, bucket_id: str, review: list[str], class_name: str, camera: str
+) -> None:
+    """Says on stderr why an export holds no item and what would give it some: the review
+    states it took (accepted only, unless --review says otherwise) against those the
+    bucket's items are in, when the coordinator can tell."""
+    narrowed = "".join(
+        f" of {what} {value}"
+        for what, value in (("class", class_name), ("camera", camera))
+        if value
+    )
+    counts = _review_counts(opts, bucket_id, class_name, camera)
+    if counts is not None and not counts:
+        print(
+            f"workshop: nothing to export: bucket {bucket_id} holds no items{narrowed}; a full "
+            f"run (`workshop runs create RUN_ID --workflow ID --mode full`) of a workflow whose "
+            f"output step saves to {bucket_id} fills it",
+            file=sys.stderr,
+        )
+        return
+    took = review or ["accepted"]
+    why = "" if review else " (the export takes accepted items only unless --review says otherwise)"
+    wanted = " or ".join(took)
+    text = f"workshop: nothing to export: no {wanted} items in bucket {bucket_id}{narrowed}{why}"
+    others = {state: n for state, n in (counts or {}).items() if state not in took}
+    if others:
+        held = ", ".join(f"{n} {state}" for state, n in others.items())
+        flags = " ".join(f"--review {state}" for state in [*took, *others])
+        text += (
+            f"; it holds {held}: accept items in review (the web console's review page), "
+            f"or export them as they are with {flags}"
+        )
+    elif counts is None:
+        text += f"; `workshop buckets items {bucket_id}` lists its items and their review state"
+    print(text, file=sys.stderr)
+
+
+def _review_counts(
+    opts: Options, bucket_id: str, class_name: str, camera: str
+) -> dict[str, int] | None:
+    """Review state -> items of the bucket (of the first 1000); None when the coordinator
+    is not known or does not answer: the export itself needed only the preview service."""
+    if not opts.coordinator:
+        return None
+    request = ws.ListBucketItemsRequest(
+        bucket_id=bucket_id, filter=_filter([], class_name, camera), page_size=1000
+    )
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> dict[str, int] | None:
+        try:
+            reply = await workshop_pb2_grpc.WorkshopServiceStub(channel).ListBucketItems(
+                request, metadata=md
+            )
+        except grpc.aio.AioRpcError:
+            return None
+        counts: dict[str, int] = {}
+        for item in reply.items:
+            state = REVIEW_NAMES.get(item.review_state, "pending")
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    return run(opts, call)

@@ -1,4 +1,10 @@
-"""Printing answers: JSON (`--output json`, `jsonl`) or a rich table for people."""
+"""Printing answers: JSON (`--output json`, `jsonl`) or a rich table for people.
+
+The JSON of a message is the HTTP API's (services/gateway/jsonmap.py): one mapping for the
+gateway, its MCP tools and this command line, so a script reads `"status": "completed"` and
+`"revision": 2` whichever it asked. Tables fit a terminal's width; written anywhere else
+(a pipe, a file) they keep every value whole, however wide.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +13,29 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from services.gateway.jsonmap import to_json
 from tools.cli.context import Options
 
 Row = Mapping[str, Any]
 
 
+# Off a terminal nothing is cut: wider than any row (rich pads nothing to this width).
+UNBOUNDED_WIDTH = 1_000_000
+
+
 def as_dict(message: Message) -> dict[str, Any]:
-    """A message as the JSON the gateway speaks: proto field names, enums by name, every
-    field present (so scripts need not know proto3's defaults)."""
-    return json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    """A message as the HTTP API's JSON: proto field names, enums as lower-case words,
+    integers as numbers, every field without presence present (docs/http-api.md)."""
+    return to_json(message)
+
+
+def console() -> Console:
+    """stdout for people: a terminal's width, or unbounded when it is not a terminal."""
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else UNBOUNDED_WIDTH)
 
 
 def emit(opts: Options, value: Any, *, table: Sequence[Row] | None = None, title: str = "") -> None:
@@ -44,19 +57,19 @@ def emit(opts: Options, value: Any, *, table: Sequence[Row] | None = None, title
 
 def fields(value: Mapping[str, Any], *, title: str = "") -> None:
     """One `name: value` line per field."""
-    console = Console(soft_wrap=True)
+    out = console()
     if title:
-        console.print(title, style="bold")
+        out.print(title, style="bold")
     for name, item in value.items():
         text = item if isinstance(item, str) else json.dumps(item)
-        console.print(f"{name}: {text}", highlight=False, markup=False)
+        out.print(f"{name}: {text}", highlight=False, markup=False)
 
 
 def show_table(rows: Iterable[Row], *, title: str = "") -> None:
     rows = list(rows)
-    console = Console(soft_wrap=True)
+    out = console()
     if not rows:
-        console.print(f"{title}: none" if title else "none", highlight=False)
+        out.print(f"{title}: none" if title else "none", highlight=False)
         return
     table = Table(title=title or None, show_lines=False)
     columns = list(rows[0])
@@ -64,7 +77,7 @@ def show_table(rows: Iterable[Row], *, title: str = "") -> None:
         table.add_column(column)
     for row in rows:
         table.add_row(*(_cell(row.get(column)) for column in columns))
-    console.print(table)
+    out.print(table)
 
 
 def _cell(value: Any) -> str:
