@@ -100,8 +100,6 @@ async def test_the_gateways_openapi_and_mcp_schemas_state_the_limits(
             assert limit.phrase() in " ".join(described["description"].split())
             checked += 1
     assert checked >= 9
-    body = document["components"]["schemas"]["workshop.v1.CreateRunRequest-run_id.as.id"]
-    assert bounds(body["properties"]["image_limit"]) == expected(limits.IMAGE_LIMIT)
     async with mcp_client(gateway, await agent(gateway)) as session:
         tools = {tool.name: tool for tool in (await session.list_tools()).tools}
     arguments = tools["runs"].input_schema["properties"]
@@ -151,7 +149,7 @@ async def test_the_server_keeps_the_documented_page_size_and_job_limit(
         default, maximum = documented(document, "/v1/workshop/runs/{run_id}", "job_limit")
         detail = (await http.get("/v1/workshop/runs/big")).json()["detail"]
         assert len(detail["jobs"]) == min(MORE_THAN_A_PAGE, default)
-        assert detail["jobs_truncated"] is (MORE_THAN_A_PAGE > default)
+        assert detail["jobs_truncated"] is (default < MORE_THAN_A_PAGE)
         over = await http.get("/v1/workshop/runs/big", params={"job_limit": maximum + 1})
         assert (over.status_code, over.json()["reason"]) == (400, "INVALID_FIELD"), over.text
         assert over.json()["details"]["field_violations"][0]["field"] == "job_limit"

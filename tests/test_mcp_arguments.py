@@ -124,7 +124,7 @@ def same_refusal(http: dict[str, Any], mcp: dict[str, Any]) -> None:
 async def test_a_body_both_front_doors_take_gets_the_same_refusal(gateway: GatewayHarness) -> None:
     body = await create_body(gateway)
     secret = await agent(gateway)
-    wrong_creates = [
+    wrong_creates: list[dict[str, Any]] = [
         {"image_limit": "20"},
         {"image_limit": True},
         {"image_limit": 1.0},
@@ -138,7 +138,11 @@ async def test_a_body_both_front_doors_take_gets_the_same_refusal(gateway: Gatew
         {"id": 5},
         {"revision": "1", "image_limit": True, "workflow_id": {}},
     ]
-    wrong_photos = [{"time": "2026-11-29T08:00"}, {"time": 5}, {"camera_id": False}]
+    wrong_photos: list[dict[str, Any]] = [
+        {"time": "2026-11-29T08:00"},
+        {"time": 5},
+        {"camera_id": False},
+    ]
     async with (
         mcp_client(gateway, secret) as session,
         await gateway.agent(Grant(ScopeName.WORKSHOP)) as http,

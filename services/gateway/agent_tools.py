@@ -378,7 +378,7 @@ FOOTAGE_ARGUMENTS = ToolArguments(
     )
 )
 
-Body = Callable[[Context, dict[str, Any]], Awaitable[CallToolResult]]
+Body = Callable[[Context[Any, Any], dict[str, Any]], Awaitable[CallToolResult]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,7 +404,7 @@ class AgentTool:
 def agent_tools(tools: AgentTools) -> tuple[AgentTool, ...]:
     """`runs` and `footage` on `tools`."""
 
-    async def runs(ctx: Context, args: dict[str, Any]) -> CallToolResult:
+    async def runs(ctx: Context[Any, Any], args: dict[str, Any]) -> CallToolResult:
         async def report(percent: int) -> None:
             await ctx.report_progress(percent, 100, f"{args['id']}: {percent}%")
 
@@ -414,7 +414,7 @@ def agent_tools(tools: AgentTools) -> tuple[AgentTool, ...]:
             return refused(error)
         return answered(RunsResult(**answer).model_dump(mode="json", exclude_none=True))
 
-    async def footage(ctx: Context, args: dict[str, Any]) -> CallToolResult:
+    async def footage(ctx: Context[Any, Any], args: dict[str, Any]) -> CallToolResult:
         try:
             result, block = await tools.footage(
                 secret_of(ctx), args["camera_id"], args["time"], args["timeout_seconds"]

@@ -713,6 +713,22 @@ class SchemaSet:
         """The request schema of one value of `field` (what a query parameter holds)."""
         return self._value(field, "request")
 
+    def parameter_schema(self, field: FieldDescriptor) -> Schema:
+        """`value_schema`, narrowed for a field that sizes an answer to the bounds and
+        default the server keeps (workshop.kit.limits): the schema of a query parameter
+        or an MCP tool's argument. Body components keep the mapping's own range: they
+        describe what the JSON reading accepts, and the server checks meaning."""
+        schema = self.value_schema(field)
+        limit = limits.FIELDS.get(field.full_name)
+        if limit is None:
+            return schema
+        return {
+            **schema,
+            "minimum": limit.minimum,
+            "maximum": limit.maximum,
+            "default": limit.default,
+        }
+
     def _message(self, descriptor: Descriptor, layout: Layout, direction: Direction) -> Schema:
         properties = {key: self._property(slot, direction) for key, slot in layout.items()}
         schema: Schema = {
@@ -756,10 +772,6 @@ class SchemaSet:
             schema: Schema = {"type": "integer", "minimum": low, "maximum": high}
             if kind in _INTEGER_FORMATS:
                 schema["format"] = _INTEGER_FORMATS[kind]
-            limit = limits.FIELDS.get(field.full_name)
-            if limit is not None and direction == "request":
-                # What the server takes (the type's range is wider): workshop.kit.limits.
-                schema.update(minimum=limit.minimum, maximum=limit.maximum, default=limit.default)
             return schema
         if kind == _F.TYPE_FLOAT:
             return {

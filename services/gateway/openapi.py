@@ -226,7 +226,7 @@ def _query_parameter(
     operation: Operation, name: str, path: str, schemas: jsonmap.SchemaSet
 ) -> Schema:
     field = operation.field(path)
-    value = schemas.value_schema(field)
+    value = schemas.parameter_schema(field)
     repeated = field.is_repeated
     schema = {"type": "array", "items": value} if repeated else value
     parameter: Schema = {

@@ -3,7 +3,7 @@
 An argument that is a field of a /v1 request (a run's `revision`, `page_size`, a photo's
 `time`...) is read by that field's JSON mapping, `jsonmap.from_json`, the code that reads
 an HTTP body, and its input schema is that field's request schema
-(`jsonmap.SchemaSet.value_schema`, bounds from `workshop.kit.limits` included): the same
+(`jsonmap.SchemaSet.parameter_schema`, bounds from `workshop.kit.limits` included): the same
 value gets the same refusal, word for word, from both front doors. The few arguments of
 a tool's own (`action`, `cursor`, `timeout_seconds`) are checked as strictly by `Own`.
 Every argument is read before the tool does anything, whether its action uses it or
@@ -43,7 +43,7 @@ class RequestField:
     def schema(self) -> Schema:
         operation = _OPERATIONS[self.operation]
         schemas = jsonmap.SchemaSet()
-        value = schemas.value_schema(operation.field(self.field))
+        value = schemas.parameter_schema(operation.field(self.field))
         if "$ref" in value:  # an enum: inline, a tool's schema has no components
             value = dict(schemas.components()[value["$ref"].rsplit("/", 1)[1]])
         return {**value, "description": self.description}
