@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workshop.kit.auth import bearer_metadata, bearer_secret
+from workshop.kit.auth import MAX_SECRET_BYTES, bearer_metadata, bearer_secret
 from workshop.kit.errors import Unauthenticated
 
 
@@ -31,3 +31,16 @@ def test_refusals(metadata: list[tuple[str, str]], reason: str) -> None:
 def test_refuses_to_build_bad_metadata() -> None:
     with pytest.raises(ValueError, match="bearer secret"):
         bearer_metadata("two words")
+
+
+def test_a_secret_over_the_bound_is_malformed_and_says_its_length() -> None:
+    at_bound = "k" * MAX_SECRET_BYTES
+    assert bearer_secret(bearer_metadata(at_bound)) == at_bound
+    with pytest.raises(Unauthenticated) as caught:
+        bearer_secret(bearer_metadata(at_bound + "k"))
+    assert caught.value.reason == "CREDENTIAL_MALFORMED"
+    assert f"{MAX_SECRET_BYTES + 1} bytes" in caught.value.message
+    assert caught.value.metadata == {
+        "limit_bytes": str(MAX_SECRET_BYTES),
+        "length_bytes": str(MAX_SECRET_BYTES + 1),
+    }

@@ -9,6 +9,13 @@ all from the error catalog (`workshop.kit.status.REASONS`); `details.metadata` i
 ErrorInfo metadata as sent, `details.field_violations` lists each bad field of a body or
 query the gateway could not read (`field`, `description`), and `details.problems` the
 validation problems of a workflow (VALIDATION_FAILED). A 429 carries `Retry-After`.
+
+A credential that is missing or unusable is told in the terms of the route that read it:
+the services word it for gRPC callers ("send metadata 'authorization: Bearer <key>'"),
+`/v1` callers send an `Authorization` header, and people on the website (`cookie`: the
+`/api` routes) hold a session cookie, which signing in sets. A status that gRPC made on
+the way (no ErrorInfo) is answered by what it means (`UpstreamError.transport`): never a
+429, which tells a client to retry later.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from workshop.kit.status import INTERNAL, status_for
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_KEY = "retry_after_seconds"
+SIGN_IN_FIRST = "You are not signed in; sign in first (POST /api/session sets the session cookie)."
+SEND_BEARER = "Missing credential: send the header 'Authorization: Bearer <key>'."
 # A 64 KiB body can break thousands of rules; the first hundred say enough.
 VIOLATIONS_SHOWN = 100
 
@@ -54,13 +63,14 @@ def error_body(
     }
 
 
-def problem_response(error: BaseException) -> JSONResponse:
-    """The answer to `error`: a refusal from a service, one of the gateway's own, or a bug."""
-    body = problem_body(error)
+def problem_response(error: BaseException, *, cookie: bool = False) -> JSONResponse:
+    """The answer to `error`: a refusal from a service, one of the gateway's own, or a bug;
+    `cookie` on the routes whose credential is the session cookie."""
+    body = problem_body(error, cookie=cookie)
     return _json(body, body["status"], body["details"]["metadata"])
 
 
-def problem_body(error: BaseException) -> dict[str, Any]:
+def problem_body(error: BaseException, *, cookie: bool = False) -> dict[str, Any]:
     """The error body of `error` (what `problem_response` answers, and what an MCP tool's
     error result carries as its structured content)."""
     if isinstance(error, UpstreamError):
@@ -68,7 +78,7 @@ def problem_body(error: BaseException) -> dict[str, Any]:
             code=error.code.name,
             status=error.http_status,
             reason=error.reason,
-            message=error.message,
+            message=_worded(error.reason, error.message, error.metadata, cookie),
             metadata=error.metadata,
             violations=_field_of(error),
             problems=problems_metadata(error.metadata),
@@ -85,7 +95,7 @@ def problem_body(error: BaseException) -> dict[str, Any]:
             code=known.grpc_code.name,
             status=known.http_status,
             reason=error.reason,
-            message=error.message,
+            message=_worded(error.reason, error.message, error.metadata, cookie),
             metadata=error.metadata,
             violations=violations,
         )
@@ -96,6 +106,21 @@ def problem_body(error: BaseException) -> dict[str, Any]:
         reason="INTERNAL",
         message="internal error; the gateway log has the details",
     )
+
+
+def _worded(reason: str, message: str, metadata: dict[str, str], cookie: bool) -> str:
+    """`message`, or for a missing or malformed credential, what its HTTP caller sends."""
+    if reason == "CREDENTIAL_MISSING":
+        return SIGN_IN_FIRST if cookie else SEND_BEARER
+    if reason == "CREDENTIAL_MALFORMED" and cookie:
+        length, limit = metadata.get("length_bytes"), metadata.get("limit_bytes")
+        if length and limit:
+            return (
+                f"The session cookie is {length} bytes, longer than any this site sets (a "
+                f"credential is at most {limit}); sign in again."
+            )
+        return "The session cookie is not one this site sets; sign in again."
+    return message
 
 
 def _field_of(error: UpstreamError) -> list[dict[str, str]] | None:

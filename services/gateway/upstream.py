@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -19,9 +20,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from workshop.kit import errors
-from workshop.kit.auth import bearer_metadata
+from workshop.kit.auth import bearer_metadata, check_secret_length
 from workshop.kit.channels import open_channel
-from workshop.kit.status import status_of_reason
+from workshop.kit.status import status_of_reason, status_of_transport
 from workshop.kit.telemetry import client_interceptors
 from workshop.kit.tls import ClientTls
 from workshop.v1 import (
@@ -33,43 +34,76 @@ from workshop.v1 import (
 
 Metadata = tuple[tuple[str, str], ...]
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class UpstreamError(Exception):
-    """A service refused a call: its code, ErrorInfo reason and metadata, and message."""
+    """A call that did not succeed: a service's refusal (its code, ErrorInfo reason and
+    metadata, and message), or, with `transport`, a status gRPC made itself on the way
+    (no ErrorInfo), named by its code and answered by what it means
+    (`workshop.kit.status.TRANSPORT_STATUSES`)."""
 
     code: grpc.StatusCode
     reason: str
     message: str
     metadata: dict[str, str]
+    transport: bool = False
 
     @property
     def http_status(self) -> int:
+        if self.transport:
+            return status_of_transport(self.code).http_status
         return status_of_reason(self.reason, self.code).http_status
 
 
+# What the caller of the gateway is told of a transport status, by its reason; the
+# details (addresses, sizes) go to the gateway's log only.
+_TRANSPORT_MESSAGES = {
+    "UNAVAILABLE": "A service behind the gateway cannot be reached now; ask again shortly.",
+    "DEADLINE_EXCEEDED": "A service behind the gateway did not answer in time; ask again "
+    "shortly (every write is idempotent: asking again is safe).",
+}
+
+
 def upstream_error(error: grpc.aio.AioRpcError) -> UpstreamError:
-    """The refusal in `error`, read from its rich status (a status without details, e.g.
-    grpc's own DEADLINE_EXCEEDED or UNAVAILABLE, is named by its code)."""
+    """The refusal in `error`, read from its rich status; a status without ErrorInfo is
+    the transport's (see UpstreamError)."""
     code = error.code()
-    reason, metadata = code.name, {}
     status = rpc_status.from_call(error)
-    if status is not None:
-        for detail in status.details:
-            info = error_details_pb2.ErrorInfo()
-            if detail.Unpack(info):
-                reason, metadata = info.reason, dict(info.metadata)
-                break
-    message = error.details() or code.name
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not status:
-        message = "A service behind the gateway cannot be reached now; ask again shortly."
-    return UpstreamError(code, reason, message, metadata)
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return UpstreamError(
+                code, info.reason, error.details() or code.name, dict(info.metadata)
+            )
+    return transport_error(code, error.details() or "")
+
+
+def transport_error(code: grpc.StatusCode, details: str) -> UpstreamError:
+    reason = status_of_transport(code).reason
+    log.warning("a call behind the gateway ended with gRPC %s: %s", code.name, details[:500])
+    message = _TRANSPORT_MESSAGES.get(reason) or (
+        f"A service behind the gateway failed to answer (gRPC {code.name} on the way, not a "
+        "refusal of this request); the gateway's log has the details."
+    )
+    return UpstreamError(code, reason, message, {}, transport=True)
+
+
+def _answered(message: Any) -> Any:
+    """`message`, or BAD_GATEWAY when grpc.aio could not parse it (it gives None then)."""
+    if message is None:
+        raise transport_error(grpc.StatusCode.INTERNAL, "a response that does not parse")
+    return message
 
 
 def credential_metadata(secret: str) -> Metadata:
-    """Bearer metadata for `secret` ("" sends none: the service answers CREDENTIAL_MISSING)."""
+    """Bearer metadata for `secret` ("" sends none: the service answers CREDENTIAL_MISSING).
+    Every credential the gateway forwards comes through here, so this is where one is
+    bounded (workshop.kit.auth): an oversized one never meets gRPC's metadata limit."""
     if not secret:
         return ()
+    check_secret_length(secret)
     if not secret.isascii() or not secret.isprintable() or " " in secret:
         raise errors.Unauthenticated(
             "Malformed credential: expected 'Bearer <key>'.", reason="CREDENTIAL_MALFORMED"
@@ -113,9 +147,10 @@ class Upstream:
     async def call(self, service: str, name: str, request: Message, secret: str) -> Any:
         """One unary call with the caller's credential; UpstreamError when refused."""
         try:
-            return await self.method(service, name)(request, metadata=credential_metadata(secret))
+            answer = await self.method(service, name)(request, metadata=credential_metadata(secret))
         except grpc.aio.AioRpcError as error:
             raise upstream_error(error) from None
+        return _answered(answer)
 
     async def stream(
         self, service: str, name: str, request: Message, secret: str
@@ -124,7 +159,7 @@ class Upstream:
         call = self.method(service, name)(request, metadata=credential_metadata(secret))
         try:
             async for message in call:
-                yield message
+                yield _answered(message)
         except grpc.aio.AioRpcError as error:
             raise upstream_error(error) from None
         finally:

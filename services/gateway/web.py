@@ -42,6 +42,7 @@ from services.gateway.routes import API, IMAGE, OPERATIONS, TAR, V1, Operation
 from services.gateway.session import SessionRoutes
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Upstream, UpstreamError
+from services.gateway.ws_protocol import GatewayWebSocketProtocol
 from workshop.kit import errors, metrics
 from workshop.kit.server import announce
 from workshop.kit.telemetry import tracing_enabled
@@ -55,14 +56,16 @@ class UpgradeRequired(errors.InvalidArgument):
     reason = "UPGRADE_REQUIRED"
 
 
-def guarded(endpoint: Endpoint) -> Endpoint:
-    """`endpoint` with every error answered by the catalog (never a bare 500 page)."""
+def guarded(endpoint: Endpoint, *, cookie: bool = False) -> Endpoint:
+    """`endpoint` with every error answered by the catalog (never a bare 500 page);
+    `cookie` for a route whose credential is the session cookie (problems.py words a
+    refused credential for it)."""
 
     async def answer(request: Request) -> Response:
         try:
             return await endpoint(request)
         except Exception as error:
-            return problem_response(error)
+            return problem_response(error, cookie=cookie)
 
     return answer
 
@@ -113,9 +116,9 @@ class Gateway:
             Route("/healthz", healthz),
             Route("/", pages.entry, methods=["GET"]),
             Mount(pages.ASSETS_PATH, app=pages.assets(), name="console"),
-            Route("/api/session", guarded(self.session.login), methods=["POST"]),
-            Route("/api/session", guarded(self.session.current), methods=["GET"]),
-            Route("/api/session", guarded(self.session.logout), methods=["DELETE"]),
+            Route("/api/session", guarded(self.session.login, cookie=True), methods=["POST"]),
+            Route("/api/session", guarded(self.session.current, cookie=True), methods=["GET"]),
+            Route("/api/session", guarded(self.session.logout, cookie=True), methods=["DELETE"]),
             self.mcp.route(),
         ]
         if self.settings.http_metrics:
@@ -129,7 +132,7 @@ class Gateway:
                     routes.append(
                         Route(
                             f"/{prefix}{operation.path}",
-                            guarded(self._endpoint(operation, prefix)),
+                            guarded(self._endpoint(operation, prefix), cookie=prefix == API),
                             methods=[operation.method],
                             name=f"{prefix}_{operation.name}",
                         )
@@ -181,7 +184,7 @@ class Gateway:
                     "workshop", "GetRun", workshop_pb2.GetRunRequest(run_id=run_id), secret
                 )
             except Exception as error:
-                await _deny(websocket, problem_response(error))
+                await _deny(websocket, problem_response(error, cookie=prefix == API))
                 return
             await websocket.accept()
             await self.hub.serve(websocket, run_id, first, self._still_allowed(run_id, secret))
@@ -302,7 +305,8 @@ class HttpWorker:
             lifespan="on",  # the app's lifespan runs the MCP session manager
             log_config=None,
             access_log=False,
-            ws="websockets-sansio",
+            # websockets-sansio, answering a handshake it cannot read (ws_protocol.py)
+            ws=GatewayWebSocketProtocol,
             # Compression would cost each socket its own deflate of every update (87 us
             # a message instead of 25 in bench.live_fanout, and p99 342 ms against 161).
             ws_per_message_deflate=False,

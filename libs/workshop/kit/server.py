@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_prefix
 
+from workshop.kit.auth import MAX_METADATA_BYTES
 from workshop.kit.channels import KEEPALIVE_TIME_MS
 from workshop.kit.interceptors import ErrorMappingInterceptor
 from workshop.kit.metrics import MetricsEndpoint, ScrapeCollector
@@ -131,6 +132,11 @@ class Server:
             interceptors=_interceptors(self.label, limits),
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                # A call's metadata up to gRPC's hard limit reaches the handler, none
+                # dropped at random past the 8 KiB soft limit: an oversized credential is
+                # answered CREDENTIAL_MALFORMED every time (workshop.kit.auth).
+                ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+                ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
                 ("grpc.so_reuseport", 0),
                 # Clients ping a call that has been silent for 10 s (kit.channels keepalive);
                 # by default a server calls pings closer than 5 minutes apart without data

@@ -112,8 +112,8 @@ REASONS: dict[str, Status] = {
 # The standard library's own "cannot reach it now" errors (no reason of their own).
 _UNREACHABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
-# The HTTP status of a gRPC code whose reason the catalog does not know (a reason
-# from a newer service, or a status without ErrorInfo such as grpc's own DEADLINE_EXCEEDED).
+# The HTTP status of a gRPC code whose reason the catalog does not know (a reason from a
+# newer service). A status without ErrorInfo is gRPC's own: TRANSPORT_STATUSES below.
 HTTP_FOR_CODE: dict[grpc.StatusCode, int] = {
     _C.INVALID_ARGUMENT: 400,
     _C.OUT_OF_RANGE: 400,
@@ -130,6 +130,50 @@ HTTP_FOR_CODE: dict[grpc.StatusCode, int] = {
     _C.UNIMPLEMENTED: 501,
     _C.DATA_LOSS: 500,
 }
+
+
+class TransportStatus(NamedTuple):
+    reason: str
+    http_status: int
+
+
+_BAD_GATEWAY = TransportStatus("BAD_GATEWAY", 502)
+
+# What a status without ErrorInfo means to an HTTP caller. Every refusal of a Workshop
+# service carries an ErrorInfo (workshop.kit.interceptors), so a status without one was
+# made by gRPC itself, at the client or at the server: its code says what broke on the
+# way, not what a service decided, and the HTTP answer says that instead of the code's
+# usual status. These are the codes gRPC makes (grpc.io/docs/guides/status-codes); it
+# never makes the others (INVALID_ARGUMENT, NOT_FOUND, ...).
+TRANSPORT_STATUSES: dict[grpc.StatusCode, TransportStatus] = {
+    # Not reached, the connection lost, a keepalive unanswered, the server stopping:
+    # asking again shortly is the remedy.
+    _C.UNAVAILABLE: TransportStatus("UNAVAILABLE", 503),
+    _C.CANCELLED: TransportStatus("UNAVAILABLE", 503),
+    # No answer in time (a write may have been done: every write is idempotent, so asking
+    # again is safe).
+    _C.DEADLINE_EXCEEDED: TransportStatus("DEADLINE_EXCEEDED", 503),
+    # A message or metadata size limit, or a transport out of memory: never the rate or
+    # capacity limit of a service (429, "retry later"); asking again does not help.
+    _C.RESOURCE_EXHAUSTED: _BAD_GATEWAY,
+    # The server's handler failed outside the kit, or the status did not parse.
+    _C.UNKNOWN: _BAD_GATEWAY,
+    # An answer that does not parse, a protocol error.
+    _C.INTERNAL: _BAD_GATEWAY,
+    # No such method at that address: a wrong target, or an older service.
+    _C.UNIMPLEMENTED: _BAD_GATEWAY,
+    # The channel's own credentials (TLS, authority) failed, not the caller's.
+    _C.UNAUTHENTICATED: _BAD_GATEWAY,
+}
+
+
+def status_of_transport(code: grpc.StatusCode) -> TransportStatus:
+    """The reason and HTTP status of a status without ErrorInfo (TRANSPORT_STATUSES; a
+    code gRPC never makes is named by itself, with the status HTTP_FOR_CODE gives it)."""
+    known = TRANSPORT_STATUSES.get(code)
+    if known is not None:
+        return known
+    return TransportStatus(code.name, HTTP_FOR_CODE.get(code, 500))
 
 
 def status_of_reason(reason: str, code: grpc.StatusCode | None = None) -> Status:
