@@ -10,4 +10,5 @@ pytest_plugins = [
     "testbed.harness.gateway",
     "testbed.harness.browser",
     "tests.sweep.report",
+    "tests.durations",
 ]
