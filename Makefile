@@ -44,12 +44,14 @@ screenshots: $(STAMP)
 	WORKSHOP_WRITE_SCREENSHOTS=1 $(BIN)/pytest -q tests/test_console.py tests/test_console_run.py tests/test_console_review.py
 
 # The whole system on this machine (Postgres, SeaweedFS, Triton, coordinator, preview,
-# processor) runs a 20-image test run and stops; ARGS=--keep keeps it running.
+# gateway, processor) runs a 20-image test run and stops; ARGS=--keep keeps it running
+# and first prints how to use it (web console, CLI exports, metrics, doctor).
 demo: $(STAMP)
 	$(BIN)/python -m tools.demo $(ARGS)
 
-# Stops a demo kept running (`make demo ARGS=--keep`) and its stack; ARGS='--workdir DIR'
-# picks one, without it every demo of this user stops.
+# Stops a demo kept running (`make demo ARGS=--keep`) and its stack: without ARGS the one
+# of the default work directory ($TMPDIR/workshop-demo-$USER), naming any other demo that
+# still runs; ARGS='--workdir DIR' picks another.
 demo-stop: $(STAMP)
 	$(BIN)/python -m tools.demo stop $(ARGS)
 

@@ -1,7 +1,10 @@
 """`python -m tools.demo` end to end, twice in a row: each run exits 0, creates its run
 through the gateway, prints 20 frame rows with the scenes' detections and their previews,
-and leaves no process it started. A kept demo's printed gateway, Agent key and password
-work, and closing its terminal stops its stack.
+and leaves no process it started. A kept demo's hand-off, printed before its run starts,
+works as printed: the web console's address and the demo user's password, the exports
+with which `workshop runs list` works when pasted into a shell, every service's metrics
+endpoint, and `workshop doctor` against the demo's processor; closing its terminal stops
+its stack.
 
 The first run gets a new temporary work directory; the second reuses that one with
 `--workdir`, so a finished demo's directory and state do not break the next run.
@@ -9,6 +12,7 @@ The first run gets a new temporary work directory; the second reuses that one wi
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -51,6 +55,13 @@ IMAGE = re.compile(
 GATEWAY = re.compile(r"^  gateway      (http://127\.0\.0\.1:\d+) ", re.MULTILINE)
 USER = re.compile(r"^  demo user    demo  password (\S+) ", re.MULTILINE)
 AGENT_KEY = re.compile(r"^  agent key    (\S+) ", re.MULTILINE)
+CONSOLE = re.compile(r"^open (http://127\.0\.0\.1:\d+)/ and sign in as demo / (\S+)$", re.MULTILINE)
+CLI_BLOCK = re.compile(
+    r"^the command line.*\n((?:  export WORKSHOP_\w+=\S+\n)+)  (\S+ runs list)$", re.M
+)
+METRICS = re.compile(r"^  (\w+) +(http://127\.0\.0\.1:\d+/metrics)$", re.MULTILINE)
+DOCTOR = re.compile(r"^  (env PROCESSOR_.* doctor)$", re.MULTILINE)
+SERVICES = {"coordinator", "preview", "gateway", "processor", "triton"}
 
 
 @pytest.fixture(autouse=True)
@@ -164,12 +175,58 @@ def test_the_demo_runs_twice_and_leaves_nothing_running(tmp_path: Path) -> None:
     assert processes_mentioning(Path(workdir)) == []
 
 
+def check_handoff(printed: str) -> None:
+    """The hand-off comes before the run: the console's address and the demo user's
+    password first; the exports make `workshop runs list` work when pasted into a shell;
+    every service's metrics endpoint answers; `workshop doctor` passes on the demo's
+    processor with what it prints."""
+    ((console, _),) = CONSOLE.findall(printed)
+    assert printed.index(f"open {console}/") < printed.index("POST /v1/workshop/runs"), printed
+    (gateway,) = GATEWAY.findall(printed)
+    assert console == gateway
+    (exports, runs_list) = CLI_BLOCK.findall(printed)[0]
+    names = re.findall(r"export (WORKSHOP_\w+)=", exports)
+    assert {"WORKSHOP_COORDINATOR", "WORKSHOP_KEY", "WORKSHOP_PREVIEW"} <= set(names)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("WORKSHOP_", "PROCESSOR_"))}
+    pasted = subprocess.run(
+        ["bash", "-c", exports.replace("  export", "export") + runs_list],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert pasted.returncode == 0, pasted.stdout + pasted.stderr
+    assert "demo-run" in pasted.stdout, pasted.stdout
+    assert "completed" in pasted.stdout, pasted.stdout
+    endpoints = dict(METRICS.findall(printed))
+    assert set(endpoints) == SERVICES, printed
+    with httpx.Client(timeout=30) as http:
+        assert http.get(f"{console}/").status_code == 200
+        for service, url in endpoints.items():
+            scraped = http.get(url)
+            assert scraped.status_code == 200, (service, scraped.text)
+            assert "# TYPE " in scraped.text, service
+    (doctor,) = DOCTOR.findall(printed)
+    checked = subprocess.run(
+        ["bash", "-c", exports.replace("  export", "export") + doctor],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok   device registered" in checked.stdout, checked.stdout
+
+
 def check_kept_gateway(printed: str) -> None:
     """What a kept demo prints lets a person in: the Agent key lists the demo's run, the
     password signs the demo user in, and the OpenAPI document is served."""
     (gateway,) = GATEWAY.findall(printed)
     (password,) = USER.findall(printed)
     (key,) = AGENT_KEY.findall(printed)
+    assert CONSOLE.findall(printed)[0] == (gateway, password)
     assert f'curl -H "Authorization: Bearer $AGENT_KEY" {gateway}/v1/workshop/runs' in printed
     with httpx.Client(base_url=gateway, timeout=30) as http:
         runs = http.get("/v1/workshop/runs", headers={"Authorization": f"Bearer {key}"})
@@ -204,14 +261,14 @@ def test_a_kept_demo_stops_its_stack_when_its_terminal_closes(tmp_path: Path) ->
                 break
         printed = "".join(output)
         assert "the stack keeps running" in printed, printed
-        for line in demo.stdout:  # the rest of what it prints while it waits
-            output.append(line)
-            if "export ADMIN_KEY=" in line:
-                break
-        printed = "".join(output)
         pids = started_pids(printed)
         assert all(running(pid) for pid in pids)
+        check_handoff(printed)
         check_kept_gateway(printed)
+        # no --workdir: the default one, which `make demo-stop` without ARGS stops
+        (workdir,) = WORKDIR.findall(printed)
+        assert Path(workdir) == tmp_path / f"workshop-demo-{getpass.getuser()}"
+        assert "`make demo-stop` stops it" in printed, printed
         demo.send_signal(signal.SIGHUP)  # what closing its terminal sends
         rest, _ = demo.communicate(timeout=120)
     finally:

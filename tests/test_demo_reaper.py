@@ -8,6 +8,8 @@ stopped; its marked processes must go, and processes without its mark must stay.
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import os
 import signal
 import subprocess
@@ -68,7 +70,13 @@ def demo_stop(workdir: Path) -> str:
 
 @pytest.fixture
 def stand_in(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[int], Path]]:
-    workdir = tmp_path / "demo"
+    with stand_in_at(tmp_path / "demo") as started:
+        yield started
+
+
+@contextlib.contextmanager
+def stand_in_at(workdir: Path) -> Iterator[tuple[subprocess.Popen[str], list[int], Path]]:
+    """A stand-in demo running from `workdir`; killed with its children at the end."""
     demo = subprocess.Popen(
         [sys.executable, "-c", STAND_IN, str(workdir)],
         cwd=REPO,
@@ -108,7 +116,8 @@ def test_stop_ends_a_demos_marked_processes_and_nothing_else(
         assert f"stopping the demo from {workdir}" in demo_stop(workdir)
         assert wait_gone(children) == []
         assert alive(bystander.pid)
-        assert demo_stop(workdir).strip() == f"no demo stack runs from {workdir}"
+        # the first line; other demos of this user that run are named after it
+        assert demo_stop(workdir).splitlines()[0] == f"no demo stack runs from {workdir}"
     finally:
         bystander.kill()
         bystander.wait()
@@ -122,7 +131,7 @@ def test_a_second_demo_on_a_claimed_work_directory_is_told_who_holds_it(
         prepare_workdir(workdir)
     message = str(caught.value)
     assert f"a demo (pid {demo.pid}) runs from {workdir}" in message
-    assert f"python -m tools.demo stop --workdir {workdir}" in message
+    assert f"make demo-stop ARGS='--workdir {workdir}'" in message
 
 
 def test_a_stack_is_found_by_its_work_directory(
@@ -134,3 +143,31 @@ def test_a_stack_is_found_by_its_work_directory(
     # the watchdog carries no mark: it must outlive what it stops
     assert sorted(stacks[reaper.mark_for(workdir, demo.pid)]) == sorted(children)
     assert reaper.stacks_of(workdir.parent / "elsewhere") == {}
+
+
+def test_stop_without_a_work_directory_stops_the_default_ones_and_names_the_others(
+    tmp_path: Path,
+) -> None:
+    """`make demo-stop` without ARGS: the demo of the default work directory
+    ($TMPDIR/workshop-demo-$USER, where `--keep` runs without `--workdir`) stops; another
+    demo of this user keeps running and is named with the command that would stop it."""
+    default = tmp_path / f"workshop-demo-{getpass.getuser()}"
+    with (
+        stand_in_at(default) as (_, ours, _),
+        stand_in_at(tmp_path / "other") as (other, theirs, elsewhere),
+    ):
+        printed = subprocess.run(
+            [sys.executable, "-m", "tools.demo", "stop"],
+            cwd=REPO,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert f"stopping the demo from {default}" in printed, printed
+        assert wait_gone(ours) == []
+        assert all(alive(pid) for pid in [other.pid, *theirs]), printed
+        said = " ".join(printed.split())
+        assert f"still runs from {elsewhere} (pid {other.pid})" in said, printed
+        assert f"make demo-stop ARGS='--workdir {elsewhere}'" in said, printed

@@ -5,13 +5,18 @@ gateway and one processor; publishes the demo detector, imports synthetic record
 cameras and saves a workflow (as an operator, over gRPC), then as the demo user through the
 gateway (an Agent key) creates a test run of 20 images, follows it on its live WebSocket
 with a progress bar and reads its previews back; prints each frame's detections and preview,
-and stops everything it started. `--keep` leaves the stack running until
-Ctrl-C, SIGTERM, SIGHUP (its terminal closed) or `python -m tools.demo stop`; a watchdog
-stops the stack even when the demo is killed. Exit status: 0 when the run completed, 1 on
-a failure, 2 on bad usage, 130 when interrupted.
+and stops everything it started. Before the run it says where the web console is and how
+to sign in (tools/demo/handoff.py). `--keep` leaves the stack running until Ctrl-C,
+SIGTERM, SIGHUP (its terminal closed) or `python -m tools.demo stop`, and first hands it
+over: the command line's exports, the metrics endpoints, `workshop doctor` on its
+processor, every endpoint and key. Without `--workdir` a kept demo runs from the default
+work directory, $TMPDIR/workshop-demo-$USER. A watchdog stops the stack even when the demo
+is killed. Exit status: 0 when the run completed, 1 on a failure, 2 on bad usage, 130 when
+interrupted.
 
 `python -m tools.demo stop [--workdir DIR]` stops the demo running from DIR (without
---workdir: every demo of this user) and everything it started.
+--workdir: from the default work directory) and everything it started, and names the
+other demos of this user that still run.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import time
@@ -30,12 +34,19 @@ from types import FrameType
 
 import httpx
 
-from tools.demo import reaper, script
+from tools.demo import handoff, reaper, script
 from tools.demo.footage import Footage, make_footage
 from tools.demo.report import collect_frames, frame_table, previews_prefix
-from tools.demo.stack import PREVIEW_BUCKET, RECORDINGS_BUCKET, Stack, running_stack
+from tools.demo.stack import PREVIEW_BUCKET, Stack, running_stack
 from tools.demo.terminal import Console
-from tools.demo.workdir import WorkdirError, forget_pids, prepare_workdir, record_pids
+from tools.demo.workdir import (
+    WorkdirError,
+    default_workdir,
+    forget_pids,
+    prepare_workdir,
+    record_pids,
+    stop_hint,
+)
 from workshop.v1 import common_pb2, run_pb2
 
 
@@ -60,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         "--keep", action="store_true", help="keep the stack running after the run (Ctrl-C stops)"
     )
     parser.add_argument(
-        "--workdir", type=Path, help="work directory (default: a new temporary directory)"
+        "--workdir",
+        type=Path,
+        help="work directory (default: a new temporary directory; with --keep, and for stop, "
+        f"{default_workdir()})",
     )
     args = parser.parse_args(argv)
     if args.action == "stop":
@@ -70,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     # everything started is stopped first.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
+    chosen = args.workdir or (default_workdir() if args.keep else None)
     try:
-        workdir = prepare_workdir(args.workdir)
+        workdir = prepare_workdir(chosen)
     except WorkdirError as error:
         print(f"workshop demo: {error}", file=sys.stderr)
         return 2
@@ -103,6 +118,9 @@ def _demo(workdir: Path, console: Console, *, keep: bool) -> None:
         with running_stack(workdir, console) as stack:
             record_pids(workdir, stack.pids)
             console.line("stack pids: " + " ".join(f"{k}={v}" for k, v in stack.pids.items()))
+            console.line()
+            for line in handoff.full(stack) if keep else handoff.short(stack):
+                console.line(line)
             _scenario(stack, footage, console)
             if keep:
                 _keep_running(stack, console)
@@ -167,55 +185,7 @@ def _report(
 
 
 def _keep_running(stack: Stack, console: Console) -> None:
-    grpcurl = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or "grpcurl"
-    s3 = stack.s3
-    user = stack.user
-    gateway = stack.gateway
-    lines = [
-        "",
-        "the stack keeps running; Ctrl-C, SIGTERM, closing this terminal or "
-        f"`make demo-stop ARGS='--workdir {stack.workdir}'` stops it",
-        f"  coordinator  {stack.coordinator}  (OperatorService, WorkshopService, JobService)",
-        f"  preview      {stack.preview}  (PreviewService)",
-        f"  gateway      {gateway}  (HTTP API: /api with a session cookie, /v1 with an "
-        "Agent key; docs/http-api.md)",
-        f"  openapi      {gateway}/v1/openapi.json",
-        f"  demo user    {user.user_id}  password {user.password}  (sign in: POST /api/session)",
-        f"  agent key    {user.agent_key}  (user {user.user_id}, scope workshop)",
-        f"  processor    {stack.processor}  (health; runtime {stack.runtime_id})",
-        f"  triton       {stack.triton.grpc_url}  (gRPC), {stack.triton.http_url}",
-        f"  postgres     {stack.database_url}",
-        f"  s3           http://{s3.endpoint}  access key {s3.access_key}  "
-        f"secret key {s3.secret_key}  buckets {PREVIEW_BUCKET}, {RECORDINGS_BUCKET}",
-        f"  admin key    {stack.admin_key}",
-        f"  work dir     {stack.workdir}",
-        "",
-        "try:",
-        f"  export AGENT_KEY={user.agent_key}",
-        f'  curl -H "Authorization: Bearer $AGENT_KEY" {gateway}/v1/workshop/runs',
-        f'  curl -H "Authorization: Bearer $AGENT_KEY" {gateway}/v1/workshop/runs/{script.RUN_ID}',
-        f'  curl -H "Authorization: Bearer $AGENT_KEY" -H "Content-Type: application/json" '
-        f'-d \'{{"id": "demo-2", "workflow_id": "{script.WORKFLOW_ID}", '
-        f'"runtime_id": "{stack.runtime_id}", "revision": 1, "mode": "test", '
-        f'"image_limit": 10}}\' {gateway}/v1/workshop/runs',
-        f"  curl {gateway}/v1/openapi.json",
-        f"  export ADMIN_KEY={stack.admin_key}",
-        f"  {grpcurl} -plaintext {stack.coordinator} list",
-        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
-        f"{stack.coordinator} workshop.v1.WorkshopService/ListRuns",
-        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
-        f'-d \'{{"run_id": "{script.RUN_ID}"}}\' {stack.coordinator} '
-        "workshop.v1.WorkshopService/GetRun",
-        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
-        f'-d \'{{"run_id": "demo-3", "workflow_id": "{script.WORKFLOW_ID}", '
-        f'"runtime_id": "{stack.runtime_id}", "revision": 1, "mode": "RUN_MODE_TEST", '
-        f'"image_limit": 10}}\' {stack.coordinator} workshop.v1.WorkshopService/CreateRun',
-        f'  {grpcurl} -plaintext -H "authorization: Bearer $ADMIN_KEY" '
-        f'-d \'{{"run_id": "demo-3"}}\' {stack.coordinator} '
-        "workshop.v1.WorkshopService/WatchRun",
-    ]
-    for line in lines:
-        console.line(line)
+    console.line(handoff.kept(stack))
     try:
         while True:
             signal.pause()
@@ -224,14 +194,15 @@ def _keep_running(stack: Stack, console: Console) -> None:
 
 
 def stop(workdir: Path | None) -> int:
-    """Stops the demos run from `workdir` (None: all of this user's) and their stacks."""
-    stacks = reaper.stacks_of(workdir)
-    if not stacks:
-        print("no demo stack runs" + (f" from {workdir.resolve()}" if workdir else ""))
-        return 0
-    for mark, pids in stacks.items():
+    """Stops the demo run from `workdir` (None: the default work directory) and its stack;
+    names this user's other demos that still run, each with the command that stops it."""
+    chosen = (workdir or default_workdir()).resolve()
+    ours = reaper.stacks_of(chosen)
+    if not ours:
+        print(f"no demo stack runs from {chosen}")
+    for mark, pids in ours.items():
         demo = reaper.demo_pid_of(mark)
-        print(f"stopping the demo from {mark.rsplit('|', 1)[0]} ({len(pids)} processes)")
+        print(f"stopping the demo from {reaper.workdir_of(mark)} ({len(pids)} processes)")
         if _is_demo(demo):
             # The demo stops its stack in order itself; whatever is left goes below.
             os.kill(demo, signal.SIGTERM)
@@ -239,6 +210,12 @@ def stop(workdir: Path | None) -> int:
             while _is_demo(demo) and time.monotonic() < deadline:
                 time.sleep(0.2)
         reaper.stop_stack(mark)
+    for mark in sorted(reaper.stacks_of(None).keys() - ours.keys()):
+        other = reaper.workdir_of(mark)
+        print(
+            f"another demo still runs from {other} (pid {reaper.demo_pid_of(mark)}): "
+            f"`{stop_hint(other)}` stops it"
+        )
     return 0
 
 

@@ -106,6 +106,7 @@ class Service:
         self._console = console
         self.target = ""
         self.http = ""
+        self.metrics = ""  # its Prometheus endpoint, once it serves (when it has its own)
 
     @property
     def pid(self) -> int:
@@ -116,6 +117,8 @@ class Service:
         if not self.target:
             serving = self.process.wait_event("serving", timeout=READY_TIMEOUT_S)
             self.target = f"127.0.0.1:{serving['port']}"
+            if serving.get("metrics_port"):
+                self.metrics = f"http://127.0.0.1:{serving['metrics_port']}/metrics"
             elapsed = time.perf_counter() - self._began
             http = f", HTTP {self.http}" if self.http else ""
             self._console.line(

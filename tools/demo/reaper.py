@@ -43,6 +43,10 @@ def demo_pid_of(mark: str) -> int:
     return int(mark.rsplit("|", 1)[1])
 
 
+def workdir_of(mark: str) -> Path:
+    return Path(mark.rsplit("|", 1)[0])
+
+
 def mark_stack(workdir: Path) -> str:
     """Marks every process this one starts from now on as part of its stack."""
     mark = mark_for(workdir, os.getpid())
@@ -87,7 +91,7 @@ def stacks_of(workdir: Path | None) -> dict[str, list[int]]:
     """mark -> its live processes, for the demos run from `workdir` (None: every demo)."""
     stacks: dict[str, list[int]] = {}
     for pid, mark in marks_of_live_processes().items():
-        if workdir is None or mark.rsplit("|", 1)[0] == str(workdir.resolve()):
+        if workdir is None or workdir_of(mark) == workdir.resolve():
             stacks.setdefault(mark, []).append(pid)
     return stacks
 
@@ -95,7 +99,7 @@ def stacks_of(workdir: Path | None) -> dict[str, list[int]]:
 def stack_processes(mark: str) -> list[int]:
     """The live processes of the stack that `mark` names: marked or recorded."""
     marked = [pid for pid, found in marks_of_live_processes().items() if found == mark]
-    recorded = live_recorded_pids(Path(mark.rsplit("|", 1)[0]))
+    recorded = live_recorded_pids(workdir_of(mark))
     return sorted(set(marked) | set(recorded))
 
 

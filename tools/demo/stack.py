@@ -82,6 +82,10 @@ class Stack:
     device_id: str
     runtime_id: str
     pids: Mapping[str, int]
+    # Each service's Prometheus endpoint, by name (the gateway's is on its HTTP port).
+    metrics: Mapping[str, str]
+    # The processor's own settings (PROCESSOR_*), which `workshop doctor` checks a host with.
+    processor_env: Mapping[str, str]
 
     @property
     def admin(self) -> tuple[tuple[str, str]]:
@@ -129,25 +133,22 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
         preview.wait()
         gateway = _start_gateway(launch, coordinator.target, preview.target, keys.gateway)
         models = triton.result()
-        processor = launch.service(
-            "processor",
-            "services.processor",
-            {
-                "PROCESSOR_DEVICE_ID": DEVICE_ID,
-                "PROCESSOR_KEY": keys.processor,
-                "PROCESSOR_COORDINATOR_TARGET": coordinator.target,
-                "PROCESSOR_PREVIEW_TARGET": preview.target,
-                "PROCESSOR_TRITON_TARGET": models.grpc_url,
-                "PROCESSOR_MODEL_REPOSITORY": str(models.model_repository),
-                "PROCESSOR_S3_ENDPOINT": server.endpoint,
-                "PROCESSOR_S3_ACCESS_KEY": server.access_key,
-                "PROCESSOR_S3_SECRET_KEY": server.secret_key,
-                "PROCESSOR_RECORDINGS_BUCKET": RECORDINGS_BUCKET,
-                # a stop mid-job hands the job back after 3 s: within the launcher's and
-                # the reaper's bound before SIGKILL (the default drain is 30 s)
-                "PROCESSOR_JOB_GRACE_SECONDS": "3",
-            },
-        )
+        processor_env = {
+            "PROCESSOR_DEVICE_ID": DEVICE_ID,
+            "PROCESSOR_KEY": keys.processor,
+            "PROCESSOR_COORDINATOR_TARGET": coordinator.target,
+            "PROCESSOR_PREVIEW_TARGET": preview.target,
+            "PROCESSOR_TRITON_TARGET": models.grpc_url,
+            "PROCESSOR_MODEL_REPOSITORY": str(models.model_repository),
+            "PROCESSOR_S3_ENDPOINT": server.endpoint,
+            "PROCESSOR_S3_ACCESS_KEY": server.access_key,
+            "PROCESSOR_S3_SECRET_KEY": server.secret_key,
+            "PROCESSOR_RECORDINGS_BUCKET": RECORDINGS_BUCKET,
+            # a stop mid-job hands the job back after 3 s: within the launcher's and
+            # the reaper's bound before SIGKILL (the default drain is 30 s)
+            "PROCESSOR_JOB_GRACE_SECONDS": "3",
+        }
+        processor = launch.service("processor", "services.processor", processor_env)
         processor.wait()
         gateway_url = gateway.wait_http()
         gateway.wait()
@@ -175,6 +176,14 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
                 "gateway": gateway.pid,
                 "processor": processor.pid,
             },
+            metrics={
+                "coordinator": coordinator.metrics,
+                "preview": preview.metrics,
+                "gateway": f"{gateway_url}/metrics",  # GATEWAY_HTTP_METRICS: on its HTTP port
+                "processor": processor.metrics,
+                "triton": models.metrics_url,
+            },
+            processor_env=processor_env,
         )
 
 

@@ -1,8 +1,11 @@
 """The demo's work directory: logs, recordings, preview copies, and the stack's state.
 
-Without `--workdir` every run gets a new temporary directory, so runs never share state.
-A chosen directory is reused only when it is empty or was a demo's before and no stack of
-that demo still runs; its old contents are removed. A demo holds an exclusive lock on
+Without `--workdir` every run gets a new temporary directory, so runs never share state;
+a kept demo (`--keep`) runs from the default work directory, `$TMPDIR/workshop-demo-$USER`
+(`/tmp/workshop-demo-$USER`), the one `make demo-stop` without ARGS stops, so a second
+kept demo is told the first still runs. A chosen (or the default) directory is reused only
+when it is empty or was a demo's before and no stack of that demo still runs; its old
+contents are removed. A demo holds an exclusive lock on
 `.workshop-demo.lock` in its directory for as long as it runs, so two demos started on
 one directory at once cannot both claim it: the second is told who holds it.
 """
@@ -10,6 +13,7 @@ one directory at once cannot both claim it: the second is told who holds it.
 from __future__ import annotations
 
 import fcntl
+import getpass
 import json
 import os
 import shutil
@@ -20,13 +24,25 @@ from pathlib import Path
 MARKER = ".workshop-demo"
 LOCK_FILE = ".workshop-demo.lock"
 PIDS_FILE = "stack-pids.json"
-STOP_HINT = "python -m tools.demo stop --workdir {workdir} (or Ctrl-C in its terminal)"
 # The open lock file of this process's work directory: the claim lasts as long as it.
 _claims: list[int] = []
 
 
 class WorkdirError(RuntimeError):
     pass
+
+
+def default_workdir() -> Path:
+    """The work directory of a kept demo run without `--workdir`, and the one `demo stop`
+    without `--workdir` stops: one per user, under the temporary directory ($TMPDIR)."""
+    return Path(tempfile.gettempdir()) / f"workshop-demo-{getpass.getuser()}"
+
+
+def stop_hint(workdir: Path) -> str:
+    """The command that stops the demo running from `workdir`."""
+    if workdir == default_workdir().resolve():
+        return "make demo-stop"
+    return f"make demo-stop ARGS='--workdir {workdir}'"
 
 
 def prepare_workdir(chosen: Path | None) -> Path:
@@ -52,7 +68,7 @@ def _claim(workdir: Path) -> None:
         os.close(descriptor)
         raise WorkdirError(
             f"a demo (pid {holder}) runs from {workdir}: stop it first: "
-            + STOP_HINT.format(workdir=workdir)
+            f"{stop_hint(workdir)} (or Ctrl-C in its terminal)"
         ) from None
     os.ftruncate(descriptor, 0)
     os.write(descriptor, f"{os.getpid()}\n".encode())
@@ -75,7 +91,7 @@ def _clear_previous(workdir: Path) -> None:
     if alive:
         raise WorkdirError(
             f"a demo stack still runs from {workdir} (pids {', '.join(map(str, alive))}): "
-            f"stop it first: {STOP_HINT.format(workdir=workdir)}, or delete "
+            f"stop it first: {stop_hint(workdir)} (or Ctrl-C in its terminal), or delete "
             f"{workdir / PIDS_FILE} if those processes are not the demo's"
         )
     for entry in workdir.iterdir():

@@ -71,6 +71,7 @@ class TritonServer:
     model_repository: Path
     log_path: Path
     pid: int
+    metrics_url: str = ""  # Prometheus GET /metrics
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ def _start(
         model_repository=repo,
         log_path=log_path,
         pid=popen.pid,
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
     )
     return server, _Process(popen, shm_prefix)
 
