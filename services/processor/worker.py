@@ -220,7 +220,20 @@ class Processor:
         ended = max(0, began - len(self._running))
         self.drained += ended
         metrics.STOP_JOBS.labels("finished").inc(ended)
-        log.info("drained: %d job(s) ended, %d still running", ended, len(self._running))
+        log.info(
+            "drained: %d job(s) ended, %d still running (%s)",
+            ended,
+            len(self._running),
+            self._drain_end(),
+        )
+
+    def _drain_end(self) -> str:
+        """Why the drain ended, for its log line (which tests and operators read)."""
+        if not self._running:
+            return "none in flight"
+        if self._hurried.is_set():
+            return "cut short by a second stop signal"
+        return f"the grace of {self.job_grace_seconds:g} s ended"
 
     def hurry(self) -> None:
         """Ends a drain now (a second stop signal): stop() hands back what is running."""
