@@ -41,16 +41,20 @@ def run_body(run_id: str, runtime_id: str, image_limit: int) -> dict[str, Any]:
 
 
 async def drawn_boxes(page: Page) -> list[dict[str, Any]]:
-    """Each image's on-page rectangle and the rectangles and labels of its drawn boxes."""
+    """Each image's on-page rectangle, the rectangles of its drawn boxes with their labels'
+    text, and the rectangles of those labels."""
     result: list[dict[str, Any]] = await page.evaluate(
         """() => [...document.querySelectorAll('#images figure')].map((figure) => {
           const rect = (node) => { const r = node.getBoundingClientRect();
             return { x: r.x, y: r.y, w: r.width, h: r.height }; };
+          const label = (box) => figure.querySelector(
+            `.box-label[data-box-index="${box.dataset.boxIndex}"]`);
           return {
             item_id: figure.dataset.itemId,
             image: rect(figure.querySelector('img')),
             boxes: [...figure.querySelectorAll('.box')].map((box) => (
-              { ...rect(box), label: box.textContent })),
+              { ...rect(box), label: label(box).textContent })),
+            labels: [...figure.querySelectorAll('.box-label')].map(rect),
           };
         })"""
     )
@@ -221,7 +225,23 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
             assert abs(box["w"] - want["w"] * image["w"]) <= 1.5
             assert abs(box["h"] - want["h"] * image["h"]) <= 1.5
             boxes += 1
+        # no label covers another (boxes.js places them)
+        labels = shown["labels"]
+        for index, one in enumerate(labels):
+            for other in labels[index + 1 :]:
+                assert not (
+                    one["x"] < other["x"] + other["w"]
+                    and other["x"] < one["x"] + one["w"]
+                    and one["y"] < other["y"] + other["h"]
+                    and other["y"] < one["y"] + one["h"]
+                ), (shown["item_id"], one, other)
     assert boxes > 0
+    # shown by frame time, latest first, then by camera (the API's order is by when each
+    # was published)
+    order = [(images[d["item_id"]]["frame_time"], images[d["item_id"]]["camera_id"]) for d in drawn]
+    expected = sorted(order, key=lambda shown: shown[1])
+    expected.sort(key=lambda shown: datetime.fromisoformat(shown[0]), reverse=True)  # stable
+    assert order == expected
 
     # Provenance: the snapshot's pins as the API answers them.
     snapshot = (await ada.client.get("/api/workshop/runs/r-form/snapshot")).json()

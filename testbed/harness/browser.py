@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Page, async_playwright
+from playwright.async_api import ConsoleMessage, Page, Response, async_playwright
 
 from testbed.harness.gateway import GatewayHarness
 
@@ -55,6 +55,25 @@ def screenshots(tmp_path: Path) -> Path:
     folder = screenshot_folder(os.environ, tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def troubles(page: Page) -> list[str]:
+    """From now on, what would show a person or a developer that something went wrong on
+    `page`: console errors (Chromium logs every failed image load there) and answers of
+    400 or more. The list grows as they happen; a test asserts it stays empty."""
+    found: list[str] = []
+
+    def console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            found.append(f"console error: {message.text}")
+
+    def response(answer: Response) -> None:
+        if answer.status >= 400:
+            found.append(f"{answer.status} {answer.request.method} {answer.url}")
+
+    page.on("console", console)
+    page.on("response", response)
+    return found
 
 
 @pytest.fixture

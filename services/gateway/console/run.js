@@ -1,6 +1,6 @@
 // The run page (#/run/<run_id>): one run's status and counts, why it waits, its jobs as
-// strips of slots, its newest images with their boxes, its provenance, Cancel and a test
-// run's countdown. Live through the run's WebSocket (docs/live.md); when the socket
+// strips of slots, its newest images with their boxes (shown by frame time; a click shows
+// one full size), its provenance, Cancel and a test run's countdown. Live through the run's WebSocket (docs/live.md); when the socket
 // closes before the run finished, the page polls GET run and says so.
 //
 // Speed: a live message carries the whole detail (up to 100 images), often several per
@@ -8,7 +8,9 @@
 // every node it made for a job or an image: a message changes text and classes and
 // adds the new images, it never rebuilds the 100 that are already there.
 import { ApiError, api, currentSession } from "./api.js";
+import { drawBoxes, forgetBoxes, labelText } from "./boxes.js";
 import { h, show } from "./dom.js";
+import { FullSize } from "./full_size.js";
 import { sessionEnded } from "./nav.js";
 import { accountBar, age } from "./runs.js";
 
@@ -34,6 +36,28 @@ function runPath(runId) {
 function imagePath(runId, image) {
   const kind = image.source === "item" ? "items" : "previews";
   return `${runPath(runId)}/${kind}/${encodeURIComponent(image.item_id)}/image`;
+}
+
+/** The detail's images (its newest, by when they were published or saved) in the order
+ * the page shows them: by frame time, latest first; then by camera and item. */
+export function byFrameTime(images) {
+  return [...images].sort((a, b) => Date.parse(b.frame_time) - Date.parse(a.frame_time)
+    || a.camera_id.localeCompare(b.camera_id) || a.item_id.localeCompare(b.item_id));
+}
+
+/** Whether the detail already shows a preview unreadable, so the page must not ask for
+ * it: past its `expires_at`, or of a full run whose job is no longer leased (a full run's
+ * previews expire when their job ends; its saved items replace them). */
+export function previewExpired(image, { fullRun, jobStates, now }) {
+  if (image.source !== "preview") return false;
+  if (image.expires_at && Date.parse(image.expires_at) <= now) return true;
+  const state = jobStates.get(image.job_id);
+  return fullRun && state !== undefined && state !== "leased";
+}
+
+/** A frame's key: a full run's saved item takes over the node of its frame's preview. */
+function frameKey(image) {
+  return `${image.job_id}/${image.slot_index}`;
 }
 
 /** "59 min 12 s", "12 s" until `timestamp`; null once it passed. */
@@ -150,53 +174,102 @@ class JobView {
   }
 }
 
-/** One image with its boxes; the <img> is made once and kept. */
+/** One image with its boxes, a button that shows it full size; the <img> is made once
+ * and kept. An image the detail shows expired is never asked for: the node keeps it if
+ * it is already on screen, else shows a placeholder that says so. */
 class ImageView {
-  constructor(runId, image) {
-    this.img = h("img", {
-      alt: `${image.camera_id} at ${utc(image.frame_time)}`, decoding: "async",
-      src: imagePath(runId, image),
-    });
-    this.boxes = h("div", { class: "boxes" });
-    this.caption = h("figcaption", {});
-    this.frame = h("div", { class: "frame" }, this.img, this.boxes);
-    this.node = h("figure", { class: "image", "data-item-id": image.item_id }, this.frame, this.caption);
-    this.signature = "";
-    this.source = image.source;
+  constructor(runId, openFullSize) {
     this.runId = runId;
+    this.img = this.newImg();
+    this.layer = h("span", { class: "boxes" });
+    this.placeholder = h("span", { class: "placeholder" });
+    this.frame = h("button", { type: "button", class: "frame" });
+    this.caption = h("figcaption", {});
+    this.node = h("figure", { class: "image" }, this.frame, this.caption);
+    this.url = "";
+    this.failed = ""; // a URL that could not be loaded is not asked for again
+    this.signature = "";
+    this.image = null;
+    this.frame.addEventListener("click", () => openFullSize(this));
   }
 
-  update(image) {
-    if (image.source !== this.source) {
-      this.source = image.source;
-      this.img.src = imagePath(this.runId, image);
-    }
+  newImg() {
+    const img = h("img", { decoding: "async" });
+    // A request that lost a race with the image's expiry (answered 404) shows as such.
+    img.addEventListener("error", () => {
+      if (img !== this.img || !this.url) return; // the page let go of it
+      this.failed = this.url;
+      this.unavailable("Image not available");
+    });
+    return img;
+  }
+
+  /** Lets go of the <img> and its load, if one is under way. Chromium keeps showing, and
+   * so keeps loading, an image that is not complete yet even after its `src` changed, so
+   * the element itself is replaced: an expired preview's request is then cancelled. */
+  release() {
+    const old = this.img;
+    this.url = "";
+    if (!old.getAttribute("src")) return;
+    this.img = this.newImg();
+    if (old.parentNode) old.replaceWith(this.img);
+    old.removeAttribute("src");
+  }
+
+  /** Shows `image`; `expired`: the detail shows it unreadable (see previewExpired). */
+  update(image, expired) {
+    this.image = image;
+    this.node.dataset.itemId = image.item_id;
+    this.node.dataset.source = image.source;
+    const url = imagePath(this.runId, image);
+    const name = `${image.camera_id} at ${utc(image.frame_time)}`;
+    if (url === this.failed) this.unavailable("Image not available");
+    else if (!expired) this.showImage(url, name);
+    else if (!(url === this.url && this.loaded())) this.unavailable("Preview expired");
     const signature = JSON.stringify(image.boxes);
-    if (signature === this.signature) return;
-    this.signature = signature;
-    // Boxes are fractions of the frame; as percentages of the frame element, which is
-    // exactly the displayed image, they scale with it.
-    show(this.boxes, image.boxes.map((box, index) => {
-      const label = `${box.class_name} ${box.score.toFixed(2)}`;
-      // The label sits above the box, below it at the frame's top edge, and ends at the
-      // box's right edge near the frame's right side, so it stays on the image.
-      const where = [box.y < 0.08 ? "label-below" : "", box.x + box.w > 0.75 ? "label-right" : ""];
-      const node = h(
-        "div", { class: ["box", ...where].filter(Boolean).join(" "), "data-box-index": index },
-        h("span", { text: label }),
-      );
-      node.style.left = `${box.x * 100}%`;
-      node.style.top = `${box.y * 100}%`;
-      node.style.width = `${box.w * 100}%`;
-      node.style.height = `${box.h * 100}%`;
-      return node;
-    }));
-    const labels = image.boxes.map((b) => `${b.class_name} ${b.score.toFixed(2)}`);
+    if (signature !== this.signature) {
+      this.signature = signature;
+      // Boxes are fractions of the frame; as percentages of the layer, which covers
+      // exactly the displayed image, they scale with it (boxes.js places the labels).
+      drawBoxes(this.layer, image.boxes);
+    }
+    const labels = image.boxes.map(labelText);
     setText(
       this.caption,
       `${image.camera_id} · ${utc(image.frame_time)} · slot ${image.slot_index + 1} · ` +
         (labels.length ? labels.join(", ") : "no detections"),
     );
+  }
+
+  loaded() {
+    return this.img.complete && this.img.naturalWidth > 0;
+  }
+
+  showImage(url, name) {
+    if (url !== this.url) {
+      if (!this.loaded()) this.release(); // a loaded one stays on screen until the next is
+      this.url = url;
+      this.img.src = url;
+    }
+    this.img.alt = name;
+    this.frame.setAttribute("aria-label", `Show ${name} full size`);
+    this.frame.disabled = false;
+    if (this.frame.firstChild !== this.img) this.frame.replaceChildren(this.img, this.layer);
+  }
+
+  unavailable(why) {
+    this.release();
+    setText(this.placeholder, why);
+    this.frame.removeAttribute("aria-label");
+    this.frame.disabled = true;
+    if (this.frame.firstChild !== this.placeholder) this.frame.replaceChildren(this.placeholder);
+  }
+
+  /** Leaves the page: nothing more is loaded for it. */
+  drop() {
+    if (!this.loaded()) this.release();
+    forgetBoxes(this.layer);
+    this.node.remove();
   }
 }
 
@@ -280,7 +353,8 @@ export async function runView({ main, account, id, alive }) {
   const jobList = h("ol", { id: "jobs", class: "jobs" });
   const jobsNote = h("p", { class: "muted" });
   const gallery = h("div", { id: "images", class: "images" });
-  const imagesNote = h("p", { class: "muted" });
+  const imagesNote = h("p", { id: "images-note", class: "muted" });
+  const fullSize = new FullSize();
   const snapshotPanel = h("section", { id: "provenance", class: "panel", "aria-labelledby": "provenance-title" },
     h("h2", { id: "provenance-title", text: "Provenance" }), h("p", { class: "muted", text: "Loading…" }));
 
@@ -357,24 +431,67 @@ export async function runView({ main, account, id, alive }) {
       ? `Showing the first ${detail.jobs.length} of ${detail.run.counts.jobs_total} jobs.` : "");
   }
 
+  /** What previewExpired needs to know about the current detail, now. */
+  function expiryFacts() {
+    return {
+      fullRun: detail.run.mode === "full",
+      jobStates: new Map(detail.jobs.map((job) => [job.job_id, job.state])),
+      now: Date.now(),
+    };
+  }
+
   function paintImages() {
-    const images = detail.recent_images;
-    const seen = new Set();
+    const images = byFrameTime(detail.recent_images);
+    const wanted = new Set(images.map((image) => image.item_id));
+    // Previews that left the detail (a full run's, when their job committed), by frame:
+    // the frame's saved item takes the node over, so the page shows it in their place
+    // and a preview load still under way is cancelled rather than answered 404.
+    const leaving = new Map();
+    for (const [itemId, view] of imageViews) {
+      if (!wanted.has(itemId) && view.image.source === "preview") leaving.set(frameKey(view.image), itemId);
+    }
+    const now = expiryFacts();
     images.forEach((image, index) => {
-      seen.add(image.item_id);
       let view = imageViews.get(image.item_id);
-      if (!view) imageViews.set(image.item_id, (view = new ImageView(runId, image)));
-      view.update(image);
+      if (!view) {
+        const previous = image.source === "item" ? leaving.get(frameKey(image)) : undefined;
+        if (previous !== undefined) {
+          view = imageViews.get(previous);
+          imageViews.delete(previous);
+          leaving.delete(frameKey(image));
+        } else view = new ImageView(runId, openFullSize);
+        imageViews.set(image.item_id, view);
+      }
+      view.update(image, previewExpired(image, now));
       if (gallery.children[index] !== view.node) gallery.insertBefore(view.node, gallery.children[index] || null);
     });
     for (const [itemId, view] of imageViews) {
-      if (!seen.has(itemId)) { view.node.remove(); imageViews.delete(itemId); }
+      if (!wanted.has(itemId)) { view.drop(); imageViews.delete(itemId); }
     }
     const run = detail.run;
     setText(imagesNote, images.length
-      ? `The ${images.length} newest images, newest first.`
+      ? `The ${images.length} newest images, by frame time, latest first.`
       : run.mode !== "full" && run.status === "expired" ? "The run's hour is over: its images expired."
         : "No images yet.");
+  }
+
+  /** Previews whose expiry passed while the page was open: not asked for any more. */
+  function expireImages() {
+    const now = expiryFacts();
+    for (const view of imageViews.values()) {
+      if (previewExpired(view.image, now)) view.update(view.image, true);
+    }
+  }
+
+  function openFullSize(view) {
+    const image = view.image;
+    fullSize.open({
+      src: view.url,
+      alt: view.img.alt,
+      title: `${image.camera_id} · ${utc(image.frame_time)} · slot ${image.slot_index + 1}`,
+      boxes: image.boxes,
+      opener: view.frame,
+    });
   }
 
   function paintWaiting(run) {
@@ -410,6 +527,7 @@ export async function runView({ main, account, id, alive }) {
         : `Test run: results expired at ${utc(run.expires_at)}.`);
     } else setText(expiry, run.mode === "full" ? "Full run: results are saved into its buckets." : "");
     if (run.status === "queued" && run.waiting_behind.length) paintWaiting(run);
+    expireImages();
     return undefined;
   }
 
@@ -419,6 +537,8 @@ export async function runView({ main, account, id, alive }) {
     clearInterval(ticker);
     clearTimeout(pollTimer);
     if (socket) socket.close(1000, "page left");
+    for (const view of imageViews.values()) forgetBoxes(view.layer);
+    forgetBoxes(fullSize.layer);
   }
 
   async function poll() {
@@ -526,6 +646,7 @@ export async function runView({ main, account, id, alive }) {
     h("section", { "aria-labelledby": "images-title" },
       h("h2", { id: "images-title", text: "Recent images" }), imagesNote, gallery),
     snapshotPanel,
+    fullSize.node,
   );
   document.title = `Run ${runId} · Workshop`;
   paint();
