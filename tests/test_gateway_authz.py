@@ -131,7 +131,8 @@ OWN_KEYS_API = statuses(" 401  401  401  401  403  403  403  200  401")
 # Agent key of /v1 is refused too, so these /v1 routes never succeed for an Agent key.
 OWN_KEYS_V1 = statuses("  401  401  401  401  403  403  403  403  401")
 LOGIN = statuses("        200  200  200  200  200  200  200  200  200")
-SESSION_GET = statuses("  401  401  401  401  401  401  401  200  401")
+# Signed in or not, GET /api/session answers 200 (`signed_in`, and `ended`: checked below).
+SESSION_GET = statuses("  200  200  200  200  200  200  200  200  200")
 # Signing out revokes the cookie's session, whatever its state (already expired,
 # revoked, or of a disabled user: 204, idempotent); a key in the cookie is no session
 # (409 NOT_A_SESSION).
@@ -175,6 +176,31 @@ class Row:
     @property
     def writes(self) -> bool:
         return self.method in ("POST", "PUT", "PATCH", "DELETE")
+
+
+def signed_in(answer: httpx.Response) -> None:
+    assert answer.json()["signed_in"] is True, answer.text
+
+
+def never_signed_in(answer: httpx.Response) -> None:
+    assert answer.json() == {"signed_in": False, "ended": False}, answer.text
+
+
+def session_ended(answer: httpx.Response) -> None:
+    assert answer.json() == {"signed_in": False, "ended": True}, answer.text
+
+
+SESSION_GET_CHECKS = {
+    "none": never_signed_in,
+    "expired_session": session_ended,
+    "revoked_session": session_ended,
+    "disabled_user": session_ended,
+    "key_without_scope": never_signed_in,  # a key in the cookie is no session
+    "footage_other_camera": never_signed_in,
+    "processor_key": never_signed_in,
+    "valid": signed_in,
+    "wrong_transport": never_signed_in,
+}
 
 
 def no_items(answer: httpx.Response) -> None:
@@ -252,7 +278,7 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
             "/api/session",
             body={"user_id": "bob", "password": PASSWORD},
         ),
-        Row("GET", "/api/session", SESSION_GET, "/api/session"),
+        Row("GET", "/api/session", SESSION_GET, "/api/session", checks=SESSION_GET_CHECKS),
         Row("DELETE", "/api/session", LOGOUT, "/api/session", valid=sessions["leaving"]),
     ]
     for p in ("api", "v1"):
@@ -714,10 +740,10 @@ async def test_each_prefix_takes_any_secret_in_its_own_transport(gateway: Gatewa
     """Beyond the matrix: a prefix picks where the credential is read (the cookie, or the
     bearer header), and the coordinator decides by the secret itself. So an Agent key in
     the `workshop_session` cookie acts on `/api` as that key (no session: GET /api/session
-    and the own-key routes refuse it), and a session secret as bearer acts on `/v1` as the
-    session, own-key routes included. Neither adds authority (the holder of either can
-    already use it where it belongs), and a bearer header is never sent by a browser on
-    its own, so this is no cross-site path."""
+    says signed out, and the own-key routes refuse it), and a session secret as bearer acts
+    on `/v1` as the session, own-key routes included. Neither adds authority (the holder of
+    either can already use it where it belongs), and a bearer header is never sent by a
+    browser on its own, so this is no cross-site path."""
     await gateway.user("ada")
     session = await session_of(gateway, "ada")
     key = await gateway.c.key(Grant(ScopeName.WORKSHOP), name="agent")
@@ -727,7 +753,8 @@ async def test_each_prefix_takes_any_secret_in_its_own_transport(gateway: Gatewa
         assert (await client.get("/api/workshop/runs", headers=key_cookie)).status_code == 200
         me = await client.get("/api/workshop/me", headers=key_cookie)
         assert me.json()["kind"] == "key"
-        assert (await client.get("/api/session", headers=key_cookie)).status_code == 401
+        no_session = await client.get("/api/session", headers=key_cookie)
+        assert no_session.json() == {"signed_in": False, "ended": False}, no_session.text
         minted = await client.post(
             "/api/workshop/keys",
             json={"name": "k", "scopes": [{"scope": "workshop"}]},

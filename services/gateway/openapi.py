@@ -17,6 +17,7 @@ from google.protobuf.descriptor import Descriptor
 
 from services.gateway import jsonmap
 from services.gateway.routes import API, IMAGE, OPERATIONS, SERVICES, TAR, V1, Operation
+from workshop.kit.auth import MAX_SECRET_BYTES
 from workshop.kit.status import REASONS
 from workshop.v1 import identity_pb2, run_pb2
 
@@ -281,12 +282,28 @@ def live_message_schema(detail: Schema) -> Schema:
 
 SESSION_SCHEMA: Schema = {
     "type": "object",
-    "required": ["user_id", "expires_at", "csrf_token"],
+    "required": ["signed_in", "user_id", "expires_at", "csrf_token"],
     "properties": {
+        "signed_in": {"const": True},
         "user_id": {"type": "string"},
         "display_name": {"type": "string"},
         "expires_at": {"type": "string", "format": "date-time"},
         "csrf_token": {"type": "string", "description": "Send as X-CSRF-Token on changes."},
+    },
+}
+
+
+SIGNED_OUT_SCHEMA: Schema = {
+    "type": "object",
+    "required": ["signed_in", "ended"],
+    "additionalProperties": False,
+    "properties": {
+        "signed_in": {"const": False},
+        "ended": {
+            "type": "boolean",
+            "description": "The cookie names a session that ended (expired, signed out, "
+            "revoked, or of a disabled user), rather than none.",
+        },
     },
 }
 
@@ -311,8 +328,20 @@ def _session_paths(schemas: jsonmap.SchemaSet) -> dict[str, Any]:
         "get": {
             "operationId": "api_getSession",
             "tags": ["session"],
-            "summary": "The current session and its CSRF token",
-            "responses": {"200": session, **_errors([401, 503])},
+            "summary": "The current session and its CSRF token, or that there is none",
+            "description": "200 signed in or not; 401 only for a cookie that is no "
+            f"credential (malformed, or over {MAX_SECRET_BYTES} bytes).",
+            "responses": {
+                "200": {
+                    "description": "The session, or signed out",
+                    "content": {
+                        "application/json": {
+                            "schema": {"oneOf": [SESSION_SCHEMA, SIGNED_OUT_SCHEMA]}
+                        }
+                    },
+                },
+                **_errors([401, 503]),
+            },
         },
         "delete": {
             "operationId": "api_logout",

@@ -1,6 +1,13 @@
 """Website login: `POST /api/session` signs in, `GET /api/session` tells the page who it is
 (and its CSRF token), `DELETE /api/session` signs out.
 
+`GET /api/session` answers 200 whether or not the browser is signed in: `signed_in`, and
+when it is not, `ended`, whether its cookie names a session that ended (expired, signed
+out, revoked, or of a disabled user) rather than none at all. A page learns so without a
+failed request (a browser logs every 401 in its console), and tells a first visit apart
+from a session that ended. Only a cookie that is no credential at all (malformed, or
+over the bound of workshop.kit.auth) is refused, 401 CREDENTIAL_MALFORMED.
+
 The session secret lives only in an HttpOnly cookie (Secure unless
 GATEWAY_COOKIE_SECURE=0 for plain local HTTP; SameSite=Lax; Path=/), so page JavaScript
 never holds it. The coordinator checks the password (argon2id) and throttles failed
@@ -20,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from services.gateway import jsonmap
 from services.gateway.dispatch import SESSION_COOKIE, parse_json, read_body, session_secret
 from services.gateway.guard import check_csrf, check_origin, csrf_token
-from services.gateway.upstream import Upstream
+from services.gateway.upstream import Upstream, UpstreamError
 from workshop.kit import errors
 from workshop.v1 import identity_pb2
 
@@ -66,9 +73,18 @@ class SessionRoutes:
 
     async def current(self, request: Request) -> Response:
         secret = session_secret(request)
-        who = await self.upstream.call("identity", "WhoAmI", identity_pb2.WhoAmIRequest(), secret)
-        if who.session_id == "":
-            raise errors.Unauthenticated("Sign in first.", reason="CREDENTIAL_MISSING")
+        if not secret:
+            return _signed_out(ended=False)
+        try:
+            who = await self.upstream.call(
+                "identity", "WhoAmI", identity_pb2.WhoAmIRequest(), secret
+            )
+        except UpstreamError as refused:
+            if refused.reason == "CREDENTIAL_REJECTED":
+                return _signed_out(ended=True)
+            raise
+        if who.session_id == "":  # a key in the cookie: it was never a session
+            return _signed_out(ended=False)
         body = self._described(secret, who.user_id, who.expires_at.ToDatetime(tzinfo=UTC))
         body["display_name"] = who.display_name
         return JSONResponse(body, headers={"Cache-Control": "no-store"})
@@ -88,7 +104,12 @@ class SessionRoutes:
     @staticmethod
     def _described(secret: str, user_id: str, expires_at: datetime) -> dict[str, Any]:
         return {
+            "signed_in": True,
             "user_id": user_id,
             "expires_at": expires_at.isoformat().replace("+00:00", "Z"),
             "csrf_token": csrf_token(secret),
         }
+
+
+def _signed_out(*, ended: bool) -> JSONResponse:
+    return JSONResponse({"signed_in": False, "ended": ended}, headers={"Cache-Control": "no-store"})

@@ -12,13 +12,25 @@ export class ApiError extends Error {
   }
 }
 
+export class SignedOut extends ApiError {
+  /** No live session, learnt from GET /api/session (which answers 200 either way, so a
+   * signed-out page logs no failed request). `ended`: a session ended, the cookie's (it
+   * expired, was signed out or revoked) or this page's, rather than none ever. */
+  constructor(ended) {
+    super(401, { message: "Sign in first.", reason: "SIGNED_OUT" }, null);
+    this.ended = ended;
+  }
+}
+
 export class Unreachable extends Error {
   constructor() {
     super("The gateway cannot be reached; check the connection and try again.");
   }
 }
 
-let csrfToken = "";
+let csrfToken = ""; // the session's, while this page holds one
+let hadSession = false; // this page held a session (so a missing one has ended)
+let session = null; // the latest checkSession(): what currentSession() answers
 
 export async function api(method, path, { query, body } = {}) {
   const url = new URL(path, window.location.origin);
@@ -54,17 +66,35 @@ export async function api(method, path, { query, body } = {}) {
   return data;
 }
 
-/** Who the cookie belongs to (401 without a live session); keeps its CSRF token. */
-export async function currentSession() {
-  const session = await api("GET", "/api/session");
-  csrfToken = session.csrf_token;
+/** Who the cookie belongs to, asked anew (the router does, before each view); keeps its
+ * CSRF token. Rejects with SignedOut without a live session. */
+export function checkSession() {
+  session = readSession();
   return session;
 }
 
+/** The session the router checked for the view being shown (asked now if none was). */
+export function currentSession() {
+  return session || checkSession();
+}
+
+async function readSession() {
+  const answer = await api("GET", "/api/session");
+  if (!answer.signed_in) {
+    csrfToken = "";
+    throw new SignedOut(answer.ended || hadSession);
+  }
+  csrfToken = answer.csrf_token;
+  hadSession = true;
+  return answer;
+}
+
 export async function signIn(userId, password) {
-  const session = await api("POST", "/api/session", { body: { user_id: userId, password } });
-  csrfToken = session.csrf_token;
-  return session;
+  const answer = await api("POST", "/api/session", { body: { user_id: userId, password } });
+  csrfToken = answer.csrf_token;
+  hadSession = true;
+  session = null;
+  return answer;
 }
 
 export async function signOut() {
@@ -72,5 +102,6 @@ export async function signOut() {
     await api("DELETE", "/api/session");
   } finally {
     csrfToken = "";
+    session = null;
   }
 }

@@ -1,10 +1,13 @@
 // The console's router. Views live in the URL's fragment (nav.js), so the gateway
-// serves one entry page (/) for all of them. A view that finds no live session (any
-// 401) sends the user to #/login with a notice, and back after signing in.
-import { ApiError, Unreachable } from "./api.js";
+// serves one entry page (/) for all of them. Before any view but the login page it asks
+// whether the browser is signed in (GET /api/session, which answers 200 either way, so a
+// signed-out visit makes no request that fails); without a session it sends the user to
+// #/login, and back after signing in. The login page says "Your session has ended" only
+// when one did (that answer's `ended`, or any 401 later); a first visit gets it plainly.
+import { ApiError, SignedOut, Unreachable, checkSession } from "./api.js";
 import { h, show } from "./dom.js";
 import { loginView } from "./login.js";
-import { parseRoute, sessionEnded } from "./nav.js";
+import { parseRoute, sessionEnded, toLogin } from "./nav.js";
 import { reviewView } from "./review.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
@@ -26,9 +29,14 @@ async function render() {
   const { name, id, params } = parseRoute(window.location.hash);
   show(account());
   try {
+    if (name !== "login") await checkSession();
     await VIEWS[name]({ main: main(), account: account(), id, params, alive });
   } catch (error) {
     if (!alive()) return;
+    if (error instanceof SignedOut && !error.ended) {
+      toLogin();
+      return;
+    }
     if (error instanceof ApiError && error.status === 401) {
       sessionEnded();
       return;

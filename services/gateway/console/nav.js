@@ -36,10 +36,16 @@ export function go(fragment) {
   else window.location.hash = fragment;
 }
 
-/** To the login page, because the session is missing, expired or revoked; back here after. */
-export function sessionEnded() {
+/** To the login page, and back here after signing in; `notice` (login.js) says why. */
+export function toLogin(notice) {
   const here = window.location.hash.startsWith("#/") ? window.location.hash.slice(1) : "";
-  const params = new URLSearchParams({ notice: "ended" });
+  const params = new URLSearchParams(notice ? { notice } : {});
   if (here && parseRoute(`#${here}`).name !== "login") params.set("next", here);
-  go(`#/login?${params}`);
+  const query = params.toString();
+  go(query ? `#/login?${query}` : "#/login");
+}
+
+/** To the login page, because the session expired or was revoked; back here after. */
+export function sessionEnded() {
+  toLogin("ended");
 }
