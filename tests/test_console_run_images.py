@@ -110,12 +110,12 @@ async def leased_run(gateway: GatewayHarness, *, full: bool) -> tuple[Setup, job
 
 
 async def signed_in(page: Page) -> list[str]:
-    """Ada signed in on the runs page; from then on, the page's troubles (the first
-    visit's GET /api/session is a 401 by design, so it comes before)."""
+    """Ada signed in (on the runs page); the page's troubles from its first load on."""
+    seen = troubles(page)
     await page.goto("/")
     await sign_in(page, "ada", PASSWORD)
     await expect(page.get_by_role("heading", name="Runs")).to_be_focused()
-    return troubles(page)
+    return seen
 
 
 async def open_run_page(page: Page) -> None:
