@@ -225,10 +225,10 @@ async def test_box_labels_never_overlap_and_a_click_shows_the_image_full_size(
             assert abs(box["y"] - (frame["y"] + y * frame["h"])) <= 1.5
             assert abs(box["w"] - w * frame["w"]) <= 1.5
 
-    # A click on slot 2's image opens it full size, its boxes drawn and labelled the same
-    # way; Escape closes it and gives the focus back.
-    figure = page.locator("#images figure").filter(has_text="slot 3 ·")
-    opener = figure.get_by_role("button", name=re.compile("full size"))
+    # A click on slot 2's image (captioned slot 3) opens it full size, its boxes drawn and
+    # labelled the same way; Escape closes it and gives the focus back.
+    crowded = page.locator("#images figure").filter(has_text="slot 3 ·")
+    opener = crowded.get_by_role("button", name=re.compile("full size"))
     await opener.click()
     dialog = page.get_by_role("dialog")
     await expect(dialog).to_be_visible()

@@ -1,7 +1,8 @@
 // The run page (#/run/<run_id>): one run's status and counts, why it waits, its jobs as
 // strips of slots, its newest images with their boxes (shown by frame time; a click shows
-// one full size), its provenance, Cancel and a test run's countdown. Live through the run's WebSocket (docs/live.md); when the socket
-// closes before the run finished, the page polls GET run and says so.
+// one full size), its provenance, Cancel and a test run's countdown. Live through the
+// run's WebSocket (docs/live.md); when the socket closes before the run finished, the
+// page polls GET run and says so.
 //
 // Speed: a live message carries the whole detail (up to 100 images), often several per
 // second. The page keeps the latest and paints it once per animation frame, and reuses
