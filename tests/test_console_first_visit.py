@@ -8,43 +8,18 @@ routes speaks of signing in.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
-from playwright.async_api import ConsoleMessage, Page, Response, expect
+from playwright.async_api import Page, expect
 
 from services.gateway.dispatch import SESSION_COOKIE
 from services.gateway.guard import csrf_token
 from testbed.coordinator_world import World
-from testbed.harness.browser import needs_chromium
+from testbed.harness.browser import needs_chromium, troubles
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 
 pytestmark = pytest.mark.timeout(120)
 
 ENDED = "Your session has ended; sign in again."
-
-
-@contextmanager
-def complaints(page: Page) -> Iterator[list[str]]:
-    """Every console error or warning, and every answer of 400 or more, while inside."""
-    found: list[str] = []
-
-    def on_console(message: ConsoleMessage) -> None:
-        if message.type in ("error", "warning"):
-            found.append(f"console {message.type}: {message.text}")
-
-    def on_response(response: Response) -> None:
-        if response.status >= 400:
-            found.append(f"{response.status} {response.request.method} {response.url}")
-
-    page.on("console", on_console)
-    page.on("response", on_response)
-    try:
-        yield found
-    finally:
-        page.remove_listener("console", on_console)
-        page.remove_listener("response", on_response)
 
 
 async def sign_in(page: Page) -> None:
@@ -57,15 +32,16 @@ async def sign_in(page: Page) -> None:
 async def test_a_first_visit_shows_the_sign_in_page_plainly_without_errors(
     gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
-    with complaints(page) as found:
-        await page.goto("/")
-        await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
-        await expect(page.get_by_label("User id")).to_be_focused()
-        await page.wait_for_load_state("networkidle")
-        await expect(page.get_by_role("status")).to_have_count(0)
-        await expect(page.get_by_text(ENDED)).to_have_count(0)
+    found = troubles(page)
+    await page.goto("/")
+    await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
+    await expect(page.get_by_label("User id")).to_be_focused()
+    await page.wait_for_load_state("networkidle")
+    await expect(page.get_by_role("status")).to_have_count(0)
+    await expect(page.get_by_text(ENDED)).to_have_count(0)
     assert found == []
-    # the page's icon is the console's own (no request for a /favicon.ico that is not there)
+    # the page's icon is the console's own (Chromium asked for a /favicon.ico that was not
+    # there, a console error)
     icon = await page.locator("link[rel='icon']").get_attribute("href")
     assert icon is not None
     async with gateway.client() as client:
@@ -78,11 +54,11 @@ async def test_a_first_visit_shows_the_sign_in_page_plainly_without_errors(
 async def test_a_first_visit_to_a_view_signs_in_plainly_and_goes_there(
     gateway: GatewayHarness, gateway_world: World, page: Page
 ) -> None:
-    with complaints(page) as found:
-        await page.goto("/#/runs?workflow=night")
-        await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
-        await page.wait_for_load_state("networkidle")
-        await expect(page.get_by_role("status")).to_have_count(0)
+    found = troubles(page)
+    await page.goto("/#/runs?workflow=night")
+    await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
+    await page.wait_for_load_state("networkidle")
+    await expect(page.get_by_role("status")).to_have_count(0)
     assert found == []
     await sign_in(page)
     await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
@@ -103,11 +79,11 @@ async def test_a_session_that_ended_says_so_without_errors(
             "/api/session", headers={"x-csrf-token": csrf_token(cookie["value"])}
         )
         assert out.status_code == 204, out.text
-    with complaints(page) as found:
-        await page.reload()
-        await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
-        await expect(page.get_by_role("status")).to_have_text(ENDED)
-        await page.wait_for_load_state("networkidle")
+    found = troubles(page)
+    await page.reload()
+    await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
+    await expect(page.get_by_role("status")).to_have_text(ENDED)
+    await page.wait_for_load_state("networkidle")
     assert found == []
 
 

@@ -190,7 +190,7 @@ def session_ended(answer: httpx.Response) -> None:
     assert answer.json() == {"signed_in": False, "ended": True}, answer.text
 
 
-SESSION_GET_CHECKS = {
+SESSION_GET_CHECKS: dict[str, Callable[[httpx.Response], None]] = {
     "none": never_signed_in,
     "expired_session": session_ended,
     "revoked_session": session_ended,

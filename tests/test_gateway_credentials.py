@@ -169,7 +169,10 @@ async def test_a_direct_grpc_caller_with_an_oversized_credential_is_told_so(
 # The transport_upstream server's limits, small enough for a test to pass them.
 METADATA_LIMIT = 2048
 MESSAGE_LIMIT = 512
-SLOW_SECONDS = 3.0
+# The gateway's deadline in that test: long enough for a loaded machine's answers, and
+# the slow behaviour's sleep well past it.
+DEADLINE_SECONDS = 2.0
+SLOW_SECONDS = 10.0
 
 
 class _Behaviours(grpc.GenericRpcHandler):
@@ -178,7 +181,7 @@ class _Behaviours(grpc.GenericRpcHandler):
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        metadata = dict(handler_call_details.invocation_metadata or ())  # type: ignore[arg-type]
+        metadata = dict(handler_call_details.invocation_metadata or ())
         secret = str(metadata.get("authorization", "")).removeprefix("Bearer ")
         if secret == "wk_missing":
             return None  # no such method here: gRPC answers UNIMPLEMENTED itself
@@ -249,7 +252,7 @@ async def test_each_transport_status_is_answered_by_what_it_means(
         coordinator,
         closed_port(),  # the preview service cannot be reached: UNAVAILABLE
         coordinator_target=f"127.0.0.1:{transport_upstream}",
-        rpc_deadline_seconds=0.5,
+        rpc_deadline_seconds=DEADLINE_SECONDS,
     ) as gateway:
         client = gateway.client()
         wrong: list[str] = []
