@@ -7,10 +7,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(wildcard proto/workshop/v1/*.proto)
 PYTEST_ARGS ?=
+# pytest-xdist workers: one per core.
+TEST_WORKERS ?= auto
 # Arguments of `make demo`, e.g. `make demo ARGS=--keep`.
 ARGS ?=
 
-.PHONY: setup system-deps lock proto test screenshots demo demo-stop lint fmt clean
+.PHONY: setup system-deps lock proto test test-fast screenshots demo demo-stop lint fmt clean
 
 setup: $(STAMP)
 
@@ -31,17 +33,25 @@ lock: $(STAMP)
 	UV=$(BIN)/uv scripts/lock.sh
 
 # Generated contracts (+ .pyi stubs) live in libs/workshop/v1 and are committed;
-# tests/test_contracts.py fails when they differ from what this target writes.
+# tests/unit/test_contracts.py fails when they differ from what this target writes.
 proto: $(STAMP)
 	$(BIN)/python -m scripts.gen_proto
 
+# The tests marked `alone`, one after another on a quiet machine (pytest's exit 5, no
+# test selected, is no failure), then the rest on every core (pytest-xdist; each worker
+# starts its own Postgres, SeaweedFS and Triton). Both add to .test-results/durations.txt.
 test: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	WORKSHOP_DURATIONS_CONTINUE=1 $(BIN)/pytest -n $(TEST_WORKERS) -m "not alone" $(PYTEST_ARGS)
+
+# The edit-test loop: the unit and service layers (tests/unit, tests/service), in parallel.
+test-fast: $(STAMP)
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not alone" $(PYTEST_ARGS) tests/unit tests/service
 
 # The web console's browser tests, told to write docs/screenshots/*.png (the README's);
 # without WORKSHOP_WRITE_SCREENSHOTS=1 (any other test run) they write them to a tmp dir.
 screenshots: $(STAMP)
-	WORKSHOP_WRITE_SCREENSHOTS=1 $(BIN)/pytest -q tests/test_console.py tests/test_console_run.py tests/test_console_review.py
+	WORKSHOP_WRITE_SCREENSHOTS=1 $(BIN)/pytest -q tests/system/test_console.py tests/system/test_console_run.py tests/system/test_console_review.py
 
 # The whole system on this machine (Postgres, SeaweedFS, Triton, coordinator, preview,
 # gateway, processor) runs a 20-image test run and stops; ARGS=--keep keeps it running

@@ -5,7 +5,7 @@ database as JSON text. `convert.boxes_json` writes it in one pass (numpy prints 
 32-bit floats the shortest way); the baseline is the way it replaced and still takes for
 NaN, infinities and subnormals: a dict per box (`convert.box_dict`, protobuf's shortest
 float search in Python) and `json.dumps`. Both write the same values (checked here, and
-for every kind of value in tests/test_coordinator_box_dict.py).
+for every kind of value in tests/unit/test_coordinator_box_dict.py).
 
 Pure CPU in this process, no servers: `.venv/bin/python -m bench.boxes_json` (about
 10 s). Frames of `--boxes` detector-like boxes (a class, a score and four coordinates,

@@ -1,7 +1,7 @@
 """The README's settings table, from the services' settings dataclasses.
 
 `python -m scripts.settings_table` prints it; `--write` puts it into README.md
-between its markers. tests/test_readme.py checks that the README holds exactly
+between its markers. tests/unit/test_readme.py checks that the README holds exactly
 this text, so the table cannot drift from the code.
 """
 

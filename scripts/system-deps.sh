@@ -2,7 +2,7 @@
 # Installs the Debian packages Workshop's tests and demo need, when they are
 # missing: PostgreSQL 15 (throwaway clusters), a shared libpython3.11 (the
 # Triton python backend stub embeds it) and Chromium (the web console's browser
-# tests, tests/test_console.py, drive it through Playwright). Does nothing when all
+# tests, tests/system/test_console.py, drive it through Playwright). Does nothing when all
 # are present.
 set -euo pipefail
 

@@ -1,4 +1,4 @@
-"""Who may call each gRPC RPC: the declared policy that `tests/test_authz_matrix.py` checks.
+"""Who may call each gRPC RPC: the declared policy that `tests/service/test_authz_matrix.py` checks.
 
 The services enforce it in code (`services/coordinator/auth.py` `require` and the API
 modules that call it; the preview service forwards its caller's credential to the

@@ -6,10 +6,15 @@ moves it), so that the suite's growth can be compared run to run: each test's ti
 (setup + call + teardown, as pytest measured it on whichever xdist worker ran it),
 then each file's total. Only the process that reports the run writes it: with xdist
 that is the controller, which receives every worker's reports.
+
+`make test` runs the suite in two pytest runs (the tests that must run alone, then the
+rest in parallel); the second sets ``WORKSHOP_DURATIONS_CONTINUE=1`` to add its tests
+to the first's table (kept as JSON beside it) instead of replacing it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -34,6 +39,14 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A run that does not continue another starts a new table, even one that runs no
+    # test (so the next, continuing run never adds to an older run's figures).
+    if _is_xdist_worker(session.config) or os.environ.get("WORKSHOP_DURATIONS_CONTINUE") == "1":
+        return
+    durations_path().with_suffix(".json").unlink(missing_ok=True)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds[report.nodeid] += report.duration
     if report.when == "call" or report.outcome != "passed":
@@ -46,15 +59,24 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     path = durations_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    workers = config.getoption("numprocesses", default=None) or 1
-    path.write_text(
-        render(dict(_seconds), _outcomes, wall_s=time.time() - _began, workers=workers)
-    )
-    terminalreporter.write_line(f"durations of all {len(_seconds)} tests: {path}")
+    raw = path.with_suffix(".json")
+    seconds, outcomes = dict(_seconds), dict(_outcomes)
+    wall_s = time.time() - _began
+    workers = str(config.getoption("numprocesses", default=None) or 1)
+    if os.environ.get("WORKSHOP_DURATIONS_CONTINUE") == "1" and raw.exists():
+        earlier = json.loads(raw.read_text())
+        seconds = {**earlier["seconds"], **seconds}
+        outcomes = {**earlier["outcomes"], **outcomes}
+        wall_s += earlier["wall_s"]
+        workers = f"{earlier['workers']}, then {workers}"
+    record = {"seconds": seconds, "outcomes": outcomes, "wall_s": wall_s, "workers": workers}
+    raw.write_text(json.dumps(record))
+    path.write_text(render(seconds, outcomes, wall_s=wall_s, workers=workers))
+    terminalreporter.write_line(f"durations of all {len(seconds)} tests: {path}")
 
 
 def render(
-    seconds: dict[str, float], outcomes: dict[str, str], *, wall_s: float, workers: object
+    seconds: dict[str, float], outcomes: dict[str, str], *, wall_s: float, workers: str
 ) -> str:
     """The table: a header, every test slowest first, then every file slowest first."""
     by_file: dict[str, float] = defaultdict(float)

@@ -1,6 +1,6 @@
 """A reference model of one run's jobs, leases and fences (docs/runs-and-jobs.md), without I/O.
 
-`tests/test_coordinator_lease_model.py` drives the coordinator and this model with
+`tests/service/test_coordinator_lease_model.py` drives the coordinator and this model with
 the same steps and asserts they agree. The model is written from the spec and the
 JobService contract, not from the implementation:
 

@@ -263,7 +263,8 @@ def boxes_json(boxes: Sequence[common_pb2.Box]) -> str:
     boxes])`, each number the same decimal, at under half its cost (the largest part of
     the coordinator's Python per recorded preview). numpy prints a 32-bit float the
     shortest way that reads back the same, which is protobuf's own for every normal one
-    (tests/test_coordinator_box_dict.py); NaN, infinities and subnormals go through box_dict."""
+    (tests/unit/test_coordinator_box_dict.py); NaN, infinities and subnormals go through
+    box_dict."""
     if not boxes:
         return "[]"
     values = [getattr(box, name) for box in boxes for name in BOX_FLOATS]

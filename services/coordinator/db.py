@@ -135,7 +135,7 @@ class Row:
     does not declare are ignored, so a `SELECT *` feeds it). A field whose type is itself
     a `Row` is read from the same record: `RunRow.counts` is a `RunCounts` built from the
     run's count columns. A missing column is a KeyError naming it, in the one place that
-    reads it; tests/test_coordinator_rows.py checks every statement against its row
+    reads it; tests/service/test_coordinator_rows.py checks every statement against its row
     type without running it.
     """
 

@@ -1,5 +1,5 @@
 -- Workshop coordinator: the canonical schema, equal to applying every migration in order.
--- tests/test_coordinator_schema.py checks that they agree; change both together.
+-- tests/service/test_coordinator_schema.py checks that they agree; change both together.
 
 CREATE TABLE devices (
     device_id     text PRIMARY KEY,

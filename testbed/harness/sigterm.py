@@ -7,7 +7,7 @@ them running.
 
 A shell starts a background job (`make test &`, `nohup`) with SIGINT ignored, and every
 process the tests start inherits that: a `workshop runs watch` the CLI tests stop with
-SIGINT then never stops (tests/test_cli.py timed out this way). So an ignored SIGINT is
+SIGINT then never stops (tests/service/test_cli.py timed out this way). So an ignored SIGINT is
 given Python's default handler back for the run. Both handlers are installed when the
 run starts and put back when it ends.
 """

@@ -1,1 +1,1 @@
-"""The generated bad-input sweep's strategies and servers (tests/test_sweep.py)."""
+"""The generated bad-input sweep's strategies and servers (tests/service/test_sweep.py)."""

@@ -4,7 +4,7 @@
 
 The coordinator reads them here; the proto comments say `Limit.phrase` word for word, and
 the gateway's JSON Schemas (OpenAPI and the MCP tools' input schemas) take `minimum`,
-`maximum` and `default` from `FIELDS`; tests/test_limits_source.py fails when a comment,
+`maximum` and `default` from `FIELDS`; tests/service/test_limits_source.py fails when a comment,
 a schema or a page of docs/ says otherwise. A value above the maximum is refused
 (INVALID_FIELD naming the field), never quietly lowered, so what a schema publishes is
 what the server takes.

@@ -5,7 +5,7 @@ A `WorkshopError` carries a stable `reason` (the ErrorInfo reason clients read);
 class only chooses which reason it sends. The services answer gRPC with the code of
 their error's reason, and the gateway answers HTTP with the status of the reason it
 reads back from the ErrorInfo, so a reason means the same on both sides by
-construction. `tests/test_error_catalog.py` checks that every reason of
+construction. `tests/unit/test_error_catalog.py` checks that every reason of
 `workshop.v1.ErrorReason` and of every error class has its row, and that each row
 agrees with the kind of error its classes are (a subclass of `errors.Conflict` is 409).
 

@@ -33,7 +33,7 @@ from tools.localstack.triton import check_available as check_triton
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLASSES = {"person", "vehicle", "animal"}
 STACK = {"postgres", "seaweedfs", "triton", "coordinator", "preview", "gateway", "processor"}
 ROW = re.compile(r"^(\d+)\s+(\d\d:\d\d:\d\d)\s+(cam-[ab])\s+(.+?)\s+(\S+/\d+\.jpg)$")

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult, ImageContent
+from mcp_types import ImageContent
 
 from services.coordinator.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world as coordinator_world
@@ -25,47 +21,12 @@ from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import GatewayHarness, running_gateway
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
+from tests.mcp_session import agent, error, mcp_client, ok
 from tests.processor_gates import until
 from tests.processor_world import START, build_world, running_processor, yard_spec
 from workshop.v1 import operator_pb2 as op
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@asynccontextmanager
-async def mcp_client(gateway: GatewayHarness, secret: str) -> AsyncIterator[ClientSession]:
-    """An initialized SDK client session on /v1/mcp with `secret` as its bearer."""
-    headers = {"authorization": f"Bearer {secret}"} if secret else {}
-    timeout = httpx2.Timeout(30.0, read=120.0)
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
-        streamable_http_client(f"{gateway.url}/v1/mcp", http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
-async def agent(gateway: GatewayHarness) -> str:
-    return await gateway.c.key(Grant(ScopeName.WORKSHOP), name="agent")
-
-
-def structured(result: CallToolResult) -> dict[str, Any]:
-    content: dict[str, Any] | None = result.structured_content
-    assert content is not None, result
-    return content
-
-
-def ok(result: CallToolResult) -> dict[str, Any]:
-    assert not result.is_error, result.content
-    return structured(result)
-
-
-def error(result: CallToolResult) -> dict[str, Any]:
-    assert result.is_error, result
-    body = structured(result)
-    assert set(body) == {"code", "status", "reason", "message", "details"}, body
-    return body
 
 
 async def test_the_tools_are_listed_with_their_schemas(gateway: GatewayHarness) -> None:

@@ -18,7 +18,7 @@ from testbed.harness.preview import PreviewHarness
 from testbed.review_world import Frame, box, commit, review_world, start_run
 from tests.cli_runner import admin_secret, workshop
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "yard-watch.workflow.json"
 
 

@@ -161,7 +161,7 @@ async def test_a_transaction_whose_session_ends_under_it_is_unavailable(pg_dsn: 
     the rollback finds the connection closed, and asyncpg has already handed the
     connection back to the pool, so asking it is_closed() raises InterfaceError too: that
     is UNAVAILABLE, as any error on a closed connection is. It escaped as INTERNAL, which
-    the restart-under-load test (tests/test_restarts_under_load.py) met on a Complete."""
+    the restart-under-load test (tests/system/test_restarts_under_load.py) met on a Complete."""
     async with Database.open(pg_dsn, size=1) as db:
         with pytest.raises(DatabaseUnavailable):
             async with db.transaction() as connection:

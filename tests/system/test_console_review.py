@@ -26,7 +26,7 @@ from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
 from tests.processor_world import finished, one_camera_run, running_processor
-from tests.test_console import sign_in
+from tests.system.test_console import sign_in
 from workshop.v1 import common_pb2
 from workshop.v1 import operator_pb2 as op
 

@@ -21,7 +21,7 @@ import pytest
 from services.coordinator.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, save_workflow, workflow_spec
 from testbed.harness.gateway import GatewayHarness
-from tests.test_mcp import agent, error, mcp_client, ok
+from tests.mcp_session import agent, error, mcp_client, ok
 
 pytestmark = pytest.mark.timeout(120)
 

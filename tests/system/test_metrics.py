@@ -30,7 +30,7 @@ from testbed.harness.preview import PreviewHarness, running_preview
 from testbed.harness.s3 import S3Bucket
 from testbed.harness.triton import TritonServer
 from tests.processor_world import build_world, finished, run_key, running_processor, yard_spec
-from tests.test_preview_cleanup import cleanup, collectable_objects
+from tests.service.test_preview_cleanup import cleanup, collectable_objects
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.server import Server, ServerSettings
 from workshop.v1 import common_pb2, jobs_pb2

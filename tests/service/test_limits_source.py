@@ -25,14 +25,14 @@ from testbed.coordinator_world import (
     workflow_spec,
 )
 from testbed.harness.gateway import GatewayHarness
-from tests.test_mcp import agent, mcp_client
+from tests.mcp_session import agent, mcp_client
 from workshop.kit import limits
 from workshop.v1 import common_pb2
 from workshop.v1 import operator_pb2 as op
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATED = re.compile(r"0 means ([\d,]+)(?: \([a-z]+\))?, at most ([\d,]+)")
 # Names of the request fields that size an answer; each must be in limits.FIELDS.
 SIZING = ("page_size", "job_limit", "image_limit", "limit")

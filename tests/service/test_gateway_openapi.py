@@ -9,7 +9,7 @@ The gateway serves from this test's event loop, so schemathesis's synchronous cl
 hypothesis drawing the cases, `case.call`, `case.validate_response`) goes to a worker
 thread (`asyncio.to_thread`) while the loop keeps serving. Each operation gets a fixed,
 derandomized number of positive and negative examples, and first a few explicit calls
-with real ids of the world of tests/test_gateway_authz.py (random ids mostly find
+with real ids of the world of tests/service/test_gateway_authz.py (random ids mostly find
 nothing: 404), whose expected statuses are asserted too. Every credential is the valid
 one of its document (a session cookie with its CSRF token and `Sec-Fetch-Site:
 same-origin` on /api, a `workshop` Agent key on /v1), sent over whatever the case
@@ -52,7 +52,7 @@ from schemathesis.specs.openapi.checks import (
 
 from services.gateway.guard import csrf_token
 from testbed.harness.gateway import PASSWORD, GatewayHarness
-from tests.test_gateway_authz import SPEC, Ids, build, session_of
+from tests.service.test_gateway_authz import SPEC, Ids, build, session_of
 
 pytestmark = pytest.mark.timeout(240)
 

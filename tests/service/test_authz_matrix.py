@@ -45,8 +45,8 @@ from testbed.coordinator_world import CODE, run_request
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, publish_request, upload_request
 from tests.authz_policy import ALLOWED, CREDENTIALS, POLICY, Expectation
+from tests.service.test_sweep import SERVER_OF, workshop_services
 from tests.sweep.stack import Answer, Metadata, World, build_world, call, raw_channel
-from tests.test_sweep import SERVER_OF, workshop_services
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, operator_pb2, preview_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub

@@ -23,7 +23,7 @@ import pytest
 from tools.demo import reaper
 from tools.demo.workdir import WorkdirError, prepare_workdir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STAND_IN = """
 import subprocess, sys, time
 from pathlib import Path

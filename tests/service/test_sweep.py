@@ -26,7 +26,7 @@ the RPC wants, and with none. Every answer must hold:
 
 The default run is small and the same every time (derandomized); for a long one
 set WORKSHOP_SWEEP_EXAMPLES, e.g. `WORKSHOP_SWEEP_EXAMPLES=2000 pytest
-tests/test_sweep.py` (random examples, a different set on each run). A summary
+tests/service/test_sweep.py` (random examples, a different set on each run). A summary
 line (RPCs, calls, seconds, answers by code) is printed at the end.
 """
 

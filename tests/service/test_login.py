@@ -35,7 +35,7 @@ from workshop.v1 import workshop_pb2 as ws
 
 Code = grpc.StatusCode
 Metadata = tuple[tuple[str, str], ...]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 PASSWORD = "correct horse battery staple"
 WRONG = "incorrect horse battery"

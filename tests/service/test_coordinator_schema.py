@@ -25,7 +25,7 @@ from services.coordinator.workshop_api import spec_from_json
 from testbed.harness.postgres import PostgresCluster
 from workshop.v1 import snapshot_pb2
 
-SCHEMA = Path(__file__).resolve().parents[1] / "services" / "coordinator" / "schema.sql"
+SCHEMA = Path(__file__).resolve().parents[2] / "services" / "coordinator" / "schema.sql"
 
 
 # A device, a runtime and run1 on it, as rows (no API): what the schema tests build on.

@@ -452,7 +452,7 @@ def test_the_docs_list_every_route() -> None:
 
     from services.gateway.routes import OPERATIONS
 
-    text = (Path(__file__).parents[1] / "docs" / "http-api.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "http-api.md").read_text()
     assert [o.path for o in OPERATIONS if f"`{o.method} {o.path}`" not in text] == []
 
 

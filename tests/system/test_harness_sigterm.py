@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
 
 MODULE = """
@@ -39,7 +39,7 @@ def test_runs_until_killed(server):
 """
 
 
-# A test whose child process must be one SIGINT stops (as tests/test_cli.py's watch is).
+# A test whose child process must be one SIGINT stops (as tests/service/test_cli.py's watch is).
 CHILD_MODULE = """
 import signal
 import subprocess

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from testbed.harness.processes import GATEWAY_ALONE, PROCESSOR_ALONE, prefixed
 from testbed.harness.s3 import S3Server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"
 SERVICES = ("coordinator", "preview", "gateway", "processor")

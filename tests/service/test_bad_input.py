@@ -1,6 +1,6 @@
 """The defects a user's bad-input sweep found, each pinned on the real servers.
 
-The generated sweep (tests/test_sweep.py) proves no request crashes a handler; these
+The generated sweep (tests/service/test_sweep.py) proves no request crashes a handler; these
 say what the right answer is for each case it was built from: undecodable bytes,
 ids of 8,000 characters, ids ending in a newline, enum numbers outside their enum,
 a request over 64 KiB made of unknown fields, and wording meant for someone else.

@@ -28,7 +28,7 @@ from testbed.coordinator_world import CODE
 from testbed.harness.browser import needs_chromium, troubles
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness, jpeg_bytes
-from tests.test_console import sign_in
+from tests.system.test_console import sign_in
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import preview_pb2 as pb
 

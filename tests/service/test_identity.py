@@ -19,7 +19,7 @@ from workshop.kit.settings import EXIT_BAD_SETTINGS
 from workshop.v1 import common_pb2, identity_pb2
 from workshop.v1 import operator_pb2 as op
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WHO = identity_pb2.WhoAmIRequest()
 
 

@@ -1,5 +1,5 @@
 """The web console's first visit, in a real browser (Debian's Chromium driven by
-Playwright, as in tests/test_console.py) on the real stack: a visitor who never signed in
+Playwright, as in tests/system/test_console.py) on the real stack: a visitor who never signed in
 gets the sign-in page plainly, with no console error and no failed request; "Your
 session has ended" is said only after a session really ended. And on the HTTP side: `GET
 /api/session` tells a signed-out page so without failing, and a 401 on the cookie

@@ -7,7 +7,7 @@ items committed so far, a sighting must be the same on every page that shows it,
 when jobs commit in time order, no sighting id seen earlier may disappear.
 
 Hypothesis is synchronous and the harness is asyncio: examples run in a worker thread
-and schedule their calls on the test's loop (as tests/test_coordinator_lease_model.py).
+and schedule their calls on the test's loop (as tests/service/test_coordinator_lease_model.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from testbed.coordinator_world import CODE, run_request
 from testbed.harness.gateway import Browser, GatewayHarness
 from testbed.harness.preview import jpeg_bytes, publish_request
 from testbed.review_world import Frame, box, commit_images, review_world, start_run
-from tests.test_gateway_api import assert_error
+from tests.service.test_gateway_api import assert_error
 from workshop.v1 import jobs_pb2
 
 pytestmark = pytest.mark.timeout(120)

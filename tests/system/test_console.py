@@ -119,7 +119,7 @@ async def test_the_runs_page_without_a_session_shows_the_login_page(
 ) -> None:
     await page.goto("/#/runs?workflow=night")
     await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
-    # never signed in: no "session has ended" (tests/test_console_first_visit.py)
+    # never signed in: no "session has ended" (tests/system/test_console_first_visit.py)
     await expect(page.get_by_role("status")).to_have_count(0)
     # after signing in, back to the page the user asked for
     await sign_in(page, "ada", PASSWORD)

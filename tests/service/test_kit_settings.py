@@ -18,7 +18,7 @@ from workshop.kit.settings import (
     setting,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

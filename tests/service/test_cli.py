@@ -18,7 +18,7 @@ from testbed.harness.coordinator import CoordinatorHarness
 from tests.cli_runner import admin_secret, start, workshop
 from workshop.v1 import workflow_pb2
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "yard-watch.workflow.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "yard-watch.workflow.json"
 TABLES = ("runs", "jobs", "run_snapshots")
 
 

@@ -15,7 +15,7 @@ from packaging.requirements import Requirement
 
 from scripts.unlocked_packages import canonical, installed, pins
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOCKS = REPO / "requirements"
 SERVICE_EXTRAS = ("coordinator", "preview", "gateway", "processor", "triton")
 
