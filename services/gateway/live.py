@@ -120,6 +120,7 @@ class LiveHub:
                 "messages",
                 "slow_closes",
                 "sockets_served",
+                "rechecks",
             ),
             0,
         )
@@ -206,6 +207,7 @@ class LiveHub:
             if not await still_allowed():
                 socket.finish(CLOSE_POLICY, REVOKED_REASON)
                 return
+            self._counts["rechecks"] += 1
 
     async def close(self) -> None:
         """Shutdown: every socket gets its pending message, then 1001 (each within
@@ -234,7 +236,8 @@ class LiveHub:
         """runs (streamed or lingering), streams (open now), streams_opened (WatchRun calls),
         stream_messages (WatchRun messages received), sockets (open now), sockets_served,
         updates (emitted, each one seq), messages (sent, over all sockets), slow_closes
-        (1013), buffered_bytes (pending messages and transport buffers of all sockets)."""
+        (1013), rechecks (of a socket's credential, passed), buffered_bytes (pending
+        messages and transport buffers of all sockets)."""
         feeds = self._feeds.values()
         return {
             "runs": len(self._feeds),

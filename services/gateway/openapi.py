@@ -38,6 +38,8 @@ _ERROR_NAMES = {
     426: "This route is a WebSocket: connect with `Upgrade: websocket`.",
     429: "Too many requests or at capacity; see Retry-After.",
     500: "Stored data is no longer what was recorded (DATA_LOSS).",
+    502: "A service behind the gateway gave no answer of its own (its transport failed: "
+    "BAD_GATEWAY); the gateway's log has the detail.",
     503: "A service behind the gateway cannot be reached now; ask again.",
 }
 
@@ -257,7 +259,7 @@ def _live(prefix: str, schemas: jsonmap.SchemaSet) -> Schema:
         ],
         "responses": {
             "101": {"description": "Switching to the WebSocket protocol."},
-            **_errors([401, 403, 404, 426, 503]),
+            **_errors([401, 403, 404, 426, 502, 503]),
         },
         "x-live-message": live_message_schema(detail),
     }
@@ -323,7 +325,7 @@ def _session_paths(schemas: jsonmap.SchemaSet) -> dict[str, Any]:
             "logins are throttled per user and per client address (429, Retry-After).",
             "security": [],
             "requestBody": {"required": True, "content": {"application/json": {"schema": login}}},
-            "responses": {"200": session, **_errors([400, 401, 403, 413, 429, 503])},
+            "responses": {"200": session, **_errors([400, 401, 403, 413, 429, 502, 503])},
         },
         "get": {
             "operationId": "api_getSession",
@@ -340,7 +342,7 @@ def _session_paths(schemas: jsonmap.SchemaSet) -> dict[str, Any]:
                         }
                     },
                 },
-                **_errors([401, 503]),
+                **_errors([401, 502, 503]),
             },
         },
         "delete": {
@@ -350,7 +352,7 @@ def _session_paths(schemas: jsonmap.SchemaSet) -> dict[str, Any]:
             "parameters": [CSRF_PARAMETER],
             "responses": {
                 "204": {"description": "Signed out; the cookie is cleared."},
-                **_errors([401, 403, 503]),
+                **_errors([401, 403, 502, 503]),
             },
         },
     }

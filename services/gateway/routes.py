@@ -32,8 +32,9 @@ JSON, IMAGE, TAR = "json", "image", "tar"
 BOTH = (API, V1)
 
 # Statuses every operation may answer: a malformed query or body, no or a rejected
-# credential, a missing scope, a service that cannot be reached now.
-COMMON_ERRORS = (400, 401, 403, 503)
+# credential, a missing scope, a transport failure behind the gateway (502), a service
+# that cannot be reached now (503).
+COMMON_ERRORS = (400, 401, 403, 502, 503)
 
 
 @dataclasses.dataclass(frozen=True)

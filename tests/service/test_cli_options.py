@@ -11,12 +11,13 @@ import tomllib
 from pathlib import Path
 
 from services.coordinator.auth import Grant, ScopeName
-from testbed.coordinator_world import build_world
+from testbed.coordinator_world import build_world, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.review_world import Frame, box, commit, review_world, start_run
 from tests.cli_runner import admin_secret, workshop
+from workshop.kit.limits import PAGE
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "yard-watch.workflow.json"
@@ -180,3 +181,26 @@ async def test_an_export_that_finds_nothing_says_why_and_what_it_takes(
     assert no_preview.code == 2
     assert "WORKSHOP_PREVIEW" in no_preview.err
     assert "the preview service's gRPC address" in no_preview.err
+
+
+async def test_list_limits_are_the_servers_own(coordinator: CoordinatorHarness) -> None:
+    """`--limit` takes what the server takes (workshop.kit.limits): its default page by
+    default, refused above its maximum before any call, and its help says so."""
+    c = coordinator
+    await build_world(c)
+    for n in range(PAGE.default + 1):
+        await save_workflow(c, f"w{n:03}", workflow_spec())
+    listed, largest, too_many, helped = await asyncio.gather(
+        workshop(c, "workflows", "list", "-o", "json"),
+        workshop(c, "workflows", "list", "--limit", str(PAGE.maximum), "-o", "json"),
+        workshop(c, "runs", "list", "--limit", str(PAGE.maximum + 1)),
+        workshop(c, "recordings", "list", "--help"),
+    )
+    assert listed.code == 0, listed.err
+    assert len(listed.json()) == PAGE.default
+    assert largest.code == 0, largest.err
+    assert len(largest.json()) == PAGE.default + 1
+    assert too_many.code == 2
+    refusal = " ".join(too_many.err.replace("│", " ").split())
+    assert f"'--limit': Input should be less than or equal to {PAGE.maximum}" in refusal, refusal
+    assert f"(1..{PAGE.maximum:,})" in " ".join(helped.out.split()), helped.out

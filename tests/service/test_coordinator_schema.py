@@ -23,6 +23,7 @@ from services.coordinator.migrate import (
 )
 from services.coordinator.workshop_api import spec_from_json
 from testbed.harness.postgres import PostgresCluster
+from tests.processor_gates import until
 from workshop.v1 import snapshot_pb2
 
 SCHEMA = Path(__file__).resolve().parents[2] / "services" / "coordinator" / "schema.sql"
@@ -223,13 +224,22 @@ async def test_phase_post_waits_while_an_older_coordinator_is_connected(
         assert (await migrate(dsn, "pre", tmp_path)).pending == ["0002_drop_old"]
         assert await older.fetchval("SELECT f()") == 1
         waiting = asyncio.create_task(migrate(dsn, "post", tmp_path, wait_seconds=30))
-        await asyncio.sleep(0.3)
+        await until(lambda: current.fetchval(MIGRATOR_HOLDS_ITS_LOCK), "migrate waiting")
         assert not waiting.done()
         await older.close()  # its rollout finished
         assert (await waiting).applied == ["0002_drop_old"]
     finally:
         await older.close()
         await current.close()
+
+
+# Another session of this database holds an advisory lock: `migrate`'s, taken before it
+# reads what is applied and released only when it ends.
+MIGRATOR_HOLDS_ITS_LOCK = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND pid <> pg_backend_pid()"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+)
 
 
 async def test_a_coordinator_names_its_connections_after_its_newest_migration(

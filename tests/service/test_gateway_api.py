@@ -19,6 +19,7 @@ from services.coordinator.auth import Grant, ScopeName
 from testbed.coordinator_world import World
 from testbed.harness.gateway import PASSWORD, Browser, GatewayHarness, running_gateway
 from testbed.harness.preview import PreviewHarness
+from tests.processor_gates import until
 from tests.sweep.stack import table_digests
 
 pytestmark = pytest.mark.timeout(120)
@@ -511,7 +512,8 @@ async def test_a_live_socket_closes_once_its_session_is_revoked(
             url, additional_headers={"cookie": cookie}, origin=Origin(quick.url)
         ) as socket:
             json.loads(await socket.recv())
-            await asyncio.sleep(0.5)  # rechecks that pass keep it open
+            hub = quick.app.hub  # rechecks that pass keep it open
+            await until(lambda: hub.stats()["rechecks"] >= 2, "two rechecks passed")
             assert socket.state is websockets.protocol.State.OPEN
             assert (await browser.client.delete("/api/session")).status_code == 204
             await asyncio.wait_for(socket.wait_closed(), timeout=5)

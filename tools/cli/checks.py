@@ -27,6 +27,7 @@ from services.processor.manifest import code_sha256, manifest_for
 from services.processor.settings import ProcessorSettings
 from tools.cli.context import Options, channel_tls
 from tools.cli.output import emit
+from tools.cli.paging import WHOLE_PAGE
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.model_repository import RepositoryError, served_weights_sha256
@@ -98,7 +99,7 @@ class Doctor:
 
     async def device(self) -> str:
         device = self.settings.device_id
-        reply = await self._call("ListDevices", op.ListDevicesRequest(page_size=1000))
+        reply = await self._call("ListDevices", op.ListDevicesRequest(page_size=WHOLE_PAGE))
         if not any(d.device_id == device for d in reply.devices):
             raise Failed(
                 f"device {device!r} (PROCESSOR_DEVICE_ID) is not registered",
@@ -112,7 +113,7 @@ class Doctor:
     async def runtime(self) -> str:
         device, runtime_id, local = self.settings.device_id, self.runtime_id(), code_sha256()
         reply = await self._call(
-            "ListRuntimes", op.ListRuntimesRequest(device_id=device, page_size=1000)
+            "ListRuntimes", op.ListRuntimesRequest(device_id=device, page_size=WHOLE_PAGE)
         )
         found = next((r for r in reply.runtimes if r.runtime_id == runtime_id), None)
         if found is None:
@@ -158,7 +159,9 @@ class Doctor:
 
     async def triton(self) -> str:
         target, repository = self.settings.triton_target, self.settings.model_repository
-        reply = await self._call("ListModelVersions", op.ListModelVersionsRequest(page_size=1000))
+        reply = await self._call(
+            "ListModelVersions", op.ListModelVersionsRequest(page_size=WHOLE_PAGE)
+        )
         versions = [v for v in reply.model_versions if not self.models or v.name in self.models]
         client = triton.InferenceServerClient(target)
         try:

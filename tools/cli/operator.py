@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 
 from tools.cli.context import Options, fail, options, run
 from tools.cli.output import as_dict, emit
+from tools.cli.paging import WHOLE_PAGE, limit_option
 from workshop.kit.cli import Metadata
 from workshop.v1 import (
     common_pb2,
@@ -101,7 +102,7 @@ def device_register(
 @devices.command("list")
 def device_list(ctx: typer.Context) -> None:
     """List registered devices."""
-    reply = _unary(options(ctx), "ListDevices", op.ListDevicesRequest(page_size=1000))
+    reply = _unary(options(ctx), "ListDevices", op.ListDevicesRequest(page_size=WHOLE_PAGE))
     _listing(
         options(ctx),
         list(reply.devices),
@@ -134,7 +135,7 @@ def runtime_list(
 ) -> None:
     """List registered runtimes, with when each last checked in."""
     reply = _unary(
-        options(ctx), "ListRuntimes", op.ListRuntimesRequest(device_id=device, page_size=1000)
+        options(ctx), "ListRuntimes", op.ListRuntimesRequest(device_id=device, page_size=WHOLE_PAGE)
     )
     _listing(options(ctx), list(reply.runtimes), runtime_row, "runtimes")
 
@@ -166,7 +167,9 @@ def model_list(
     ctx: typer.Context, name: str = typer.Option("", help="only this model's versions")
 ) -> None:
     """List published model versions."""
-    reply = _unary(options(ctx), "ListModelVersions", op.ListModelVersionsRequest(page_size=1000))
+    reply = _unary(
+        options(ctx), "ListModelVersions", op.ListModelVersionsRequest(page_size=WHOLE_PAGE)
+    )
     versions = [v for v in reply.model_versions if not name or v.name == name]
     _listing(
         options(ctx),
@@ -269,7 +272,7 @@ def key_list(
     reply = _unary(
         options(ctx),
         "ListKeys",
-        op.ListKeysRequest(include_revoked=include_revoked, page_size=1000),
+        op.ListKeysRequest(include_revoked=include_revoked, page_size=WHOLE_PAGE),
     )
     _listing(options(ctx), list(reply.keys), key_row, "keys")
 
@@ -356,7 +359,7 @@ def bucket_create(
 @buckets.command("list")
 def bucket_list(ctx: typer.Context) -> None:
     """List buckets."""
-    reply = _unary(options(ctx), "ListBuckets", op.ListBucketsRequest(page_size=1000))
+    reply = _unary(options(ctx), "ListBuckets", op.ListBucketsRequest(page_size=WHOLE_PAGE))
     _listing(
         options(ctx),
         list(reply.buckets),
@@ -384,7 +387,7 @@ def bucket_items(
     review: list[str] = typer.Option([], help="pending, accepted or rejected (repeatable)"),
     class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
     camera: str = typer.Option("", help="only this camera's items"),
-    limit: int = typer.Option(100, help="at most this many, oldest frame first (1..1000)"),
+    limit: int = limit_option("oldest frame first"),
 ) -> None:
     """List a bucket's items (ListBucketItems)."""
     opts = options(ctx)
@@ -509,12 +512,12 @@ def _nothing_exported(
 def _review_counts(
     opts: Options, bucket_id: str, class_name: str, camera: str
 ) -> dict[str, int] | None:
-    """Review state -> items of the bucket (of the first 1000); None when the coordinator
+    """Review state -> items of the bucket (of the first page: WHOLE_PAGE); None when the coordinator
     is not known or does not answer: the export itself needed only the preview service."""
     if not opts.coordinator:
         return None
     request = ws.ListBucketItemsRequest(
-        bucket_id=bucket_id, filter=_filter([], class_name, camera), page_size=1000
+        bucket_id=bucket_id, filter=_filter([], class_name, camera), page_size=WHOLE_PAGE
     )
 
     async def call(channel: grpc.aio.Channel, md: Metadata) -> dict[str, int] | None:

@@ -13,6 +13,7 @@ import typer
 
 from tools.cli.context import Options, fail, options, run
 from tools.cli.output import as_dict, emit
+from tools.cli.paging import WHOLE_PAGE, limit_option
 from workshop.kit.cli import Metadata
 from workshop.v1 import operator_pb2 as op
 
@@ -161,7 +162,7 @@ async def _cameras(stub: operator_pb2_grpc.OperatorServiceAsyncStub, md: Metadat
     token = ""
     while True:
         page = await stub.ListCameras(
-            op.ListCamerasRequest(page_size=1000, page_token=token), metadata=md
+            op.ListCamerasRequest(page_size=WHOLE_PAGE, page_token=token), metadata=md
         )
         known.update(camera.camera_id for camera in page.cameras)
         token = page.next_page_token
@@ -173,7 +174,7 @@ async def _current(
     stub: operator_pb2_grpc.OperatorServiceAsyncStub, md: Metadata, item: Planned
 ) -> resources_pb2.Recording | None:
     """The live recording of that id, looked up around the file's own span."""
-    request = op.ListRecordingsRequest(camera_id=item.camera_id, page_size=1000)
+    request = op.ListRecordingsRequest(camera_id=item.camera_id, page_size=WHOLE_PAGE)
     request.overlaps_from.FromDatetime(item.start)
     request.overlaps_until.FromDatetime(item.start + item.probe.duration)
     page = await stub.ListRecordings(request, metadata=md)
@@ -277,7 +278,7 @@ def _recording_row(r: resources_pb2.Recording) -> dict[str, Any]:
 def list_recordings(
     ctx: typer.Context,
     camera: str = typer.Option("", help="only this camera's recordings"),
-    limit: int = typer.Option(100, help="at most this many, oldest start first (1..1000)"),
+    limit: int = limit_option("oldest start first"),
 ) -> None:
     """List live recordings (ListRecordings)."""
     opts = options(ctx)

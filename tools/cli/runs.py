@@ -11,6 +11,7 @@ from tools.cli import explain as explaining
 from tools.cli import watch as watching
 from tools.cli.context import Options, options, run
 from tools.cli.output import as_dict, emit
+from tools.cli.paging import IMAGE_LIMIT_HELP, limit_option
 from workshop.kit.cli import Metadata
 from workshop.v1 import common_pb2, run_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as ws
@@ -49,7 +50,7 @@ def create(
     ),
     revision: int = typer.Option(0, help="workflow revision; default: its current one"),
     mode: str = typer.Option("test", help="test (expiring previews) or full (saves to buckets)"),
-    image_limit: int | None = typer.Option(None, help="test runs: 1..100 images (default 20)"),
+    image_limit: int | None = typer.Option(None, help=IMAGE_LIMIT_HELP),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="print the jobs, slots and model pins; create nothing"
     ),
@@ -143,12 +144,10 @@ def _print_plan(opts: Options, reply: ws.CreateRunResponse) -> None:
 def list_runs(
     ctx: typer.Context,
     workflow: str = typer.Option("", "--workflow", "-w", help="only this workflow's runs"),
-    limit: int = typer.Option(50, help="at most this many, newest first (1..200)"),
+    limit: int = limit_option("newest first"),
 ) -> None:
     """List recent runs, newest first (ListRuns)."""
     opts = options(ctx)
-    if not 1 <= limit <= 200:
-        raise typer.BadParameter("must be from 1 to 200", param_hint="--limit")
 
     async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.ListRunsResponse:
         reply: ws.ListRunsResponse = await _stub(channel).ListRuns(

@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from tools.cli.context import fail, options, run
 from tools.cli.output import as_dict, emit
+from tools.cli.paging import limit_option
 from workshop.kit.cli import Metadata
 from workshop.v1 import workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as ws
@@ -155,7 +156,7 @@ def get(
 
 @app.command("list")
 def list_workflows(
-    ctx: typer.Context, limit: int = typer.Option(50, help="at most this many (1..200)")
+    ctx: typer.Context, limit: int = limit_option("most recently saved first")
 ) -> None:
     """List workflows, most recently saved first."""
     opts = options(ctx)
