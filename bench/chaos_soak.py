@@ -76,8 +76,8 @@ import httpx
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from bench.chaos_checks import QUERIES
 from bench.footage import DEFAULT_CACHE, cached_recordings
-from services.coordinator.queries import parse_queries
 from services.coordinator.status import RunCounts
 from tools.demo.script import MODEL, MODEL_VERSION, workflow_spec
 from tools.demo.stack import clean_environment
@@ -93,9 +93,6 @@ from workshop.v1 import operator_pb2 as op
 from workshop.v1 import preview_pb2 as pv
 
 T = TypeVar("T")
-QUERIES = parse_queries(
-    Path(__file__).with_name("chaos_soak.sql").read_text(encoding="utf-8"), source="chaos_soak.sql"
-)
 LEASE_SECONDS = 15.0
 DEFAULT_SECONDS = 540
 SHORT_SECONDS = 120

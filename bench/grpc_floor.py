@@ -45,7 +45,7 @@ import grpc
 import uvloop
 
 from bench.proc_stats import family_cpu_s, self_cpu_s
-from services.coordinator.queries import parse_queries
+from services.coordinator.platform.queries import parse_queries
 
 METHOD = "/bench.Echo/Call"
 # (request bytes, answer bytes) of the processor's short-job cycle over gRPC: two

@@ -42,7 +42,7 @@ import asyncpg
 
 from bench.proc_stats import proc_stat
 from bench.stats import median
-from services.coordinator.migrate import MIGRATIONS_DIR
+from services.coordinator.platform.versions import MIGRATIONS_DIR
 from testbed.coordinator_world import build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import running_coordinator
 from testbed.harness.postgres import (

@@ -41,9 +41,9 @@ from types import FrameType
 from typing import Any
 
 from bench.stats import median
-from services.coordinator import queries
 from services.coordinator.auth import Grant, Principal, ScopeName
-from services.coordinator.db import Database
+from services.coordinator.platform import queries
+from services.coordinator.platform.db import Database
 from services.coordinator.workshop_api import WorkshopApi
 from services.coordinator.workshop_api import run_request as api_run_request
 from testbed.coordinator_world import (

@@ -10,22 +10,20 @@ import os
 import sys
 from datetime import timedelta
 
-import asyncpg
 import grpc
 
 from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import Clock, StoredClock, SystemClock
-from services.coordinator.db import Database
-from services.coordinator.migrate import (
-    PHASES,
+from services.coordinator.operator_api import insert_key
+from services.coordinator.platform.clock import Clock, StoredClock, SystemClock
+from services.coordinator.platform.db import Database, PostgresError
+from services.coordinator.platform.migrate import (
     MigrationRefused,
-    Phase,
     SchemaBehind,
     check_pre_migrations,
     migrate,
 )
-from services.coordinator.operator_api import insert_key
+from services.coordinator.platform.versions import PHASES, Phase
 from services.coordinator.settings import PREFIX, CoordinatorSettings
 from workshop.kit.cli import (
     Metadata,
@@ -161,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     except SchemaBehind as behind:
         print(f"{LABEL}: cannot start: {behind}", file=sys.stderr)
         raise SystemExit(1) from None
-    except (OSError, asyncpg.PostgresError) as error:
+    except (OSError, PostgresError) as error:
         print(f"{LABEL}: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None
 

@@ -12,8 +12,6 @@ import dataclasses
 from datetime import timedelta
 
 from services.coordinator.auth import PRINCIPAL_CACHE_SECONDS
-from services.coordinator.clock import Clock, StoredClock
-from services.coordinator.db import Database
 from services.coordinator.events import RunEvents
 from services.coordinator.identity_api import IdentityApi, LoginLimits
 from services.coordinator.job_gauges import JobsByState
@@ -22,6 +20,8 @@ from services.coordinator.maintenance import Maintenance
 from services.coordinator.operator_api import OperatorApi
 from services.coordinator.passwords import Passwords
 from services.coordinator.photos import PhotosApi
+from services.coordinator.platform.clock import Clock, StoredClock
+from services.coordinator.platform.db import Database
 from services.coordinator.publication_api import PublicationApi
 from services.coordinator.review import ReviewApi
 from services.coordinator.scheduler import Scheduler

@@ -15,8 +15,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from services.coordinator.db import Connection, Row, fetch_one, sql
-from services.coordinator.errors import CredentialRejected, InvalidField, ScopeMissing
+from services.coordinator.platform.db import Connection, Row, fetch_one, sql
+from services.coordinator.platform.errors import CredentialRejected, InvalidField, ScopeMissing
 from workshop.kit.hashing import sha256_hex
 
 KEY_PREFIX = "wk_"

@@ -16,7 +16,6 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.errors import InvalidField
 from services.coordinator.operator_api import (
     BucketRow,
     CameraRow,
@@ -28,6 +27,7 @@ from services.coordinator.operator_api import (
     SessionRow,
     UserRow,
 )
+from services.coordinator.platform.errors import InvalidField
 from workshop.v1 import common_pb2, operator_pb2, resources_pb2
 
 SCOPE_TO_PROTO = {

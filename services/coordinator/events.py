@@ -22,9 +22,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
-import asyncpg
-
-from services.coordinator.migrate import application_name
+from services.coordinator.platform.db import connect
 
 CHANNEL = "workshop_run"
 JOBS_CHANNEL = "workshop_jobs"
@@ -126,9 +124,7 @@ class RunEvents:
 
     async def _listen_once(self) -> None:
         """LISTEN until the connection is lost."""
-        connection = await asyncpg.connect(
-            self._dsn, server_settings={"application_name": application_name()}
-        )
+        connection = await connect(self._dsn, named=True)
         try:
             lost = asyncio.Event()
             connection.add_termination_listener(lambda _connection: lost.set())

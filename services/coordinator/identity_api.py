@@ -32,16 +32,6 @@ from datetime import datetime, timedelta
 
 from services.coordinator import auth
 from services.coordinator.auth import Grant, Principal, ScopeName
-from services.coordinator.clock import Clock
-from services.coordinator.db import Database, Row, fetch_all, fetch_one, sql
-from services.coordinator.errors import (
-    InvalidField,
-    LoginFailed,
-    LoginThrottled,
-    NotFound,
-    ScopeMissing,
-)
-from services.coordinator.fields import check_id
 from services.coordinator.operator_api import (
     DEFAULT_SESSION_TTL,
     KeyRow,
@@ -52,6 +42,16 @@ from services.coordinator.operator_api import (
     login_subject,
 )
 from services.coordinator.passwords import Passwords, check_login_password
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import Database, Row, fetch_all, fetch_one, sql
+from services.coordinator.platform.errors import (
+    InvalidField,
+    LoginFailed,
+    LoginThrottled,
+    NotFound,
+    ScopeMissing,
+)
+from services.coordinator.platform.fields import check_id
 from workshop.kit.hashing import sha256_hex
 
 # Scopes a user may grant their own keys; never workshop:run, admin, service or gateway.

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from services.coordinator.db import Database, sql
+from services.coordinator.platform.db import Database, sql
 
 
 class JobsByState:

@@ -18,8 +18,8 @@ from typing import TypeVar
 
 from services.coordinator import auth, results, review
 from services.coordinator.auth import Principal, ScopeName
-from services.coordinator.clock import Clock
-from services.coordinator.db import (
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import (
     Connection,
     Database,
     InvalidAuthorizationSpecificationError,
@@ -28,7 +28,7 @@ from services.coordinator.db import (
     fetch_one,
     sql,
 )
-from services.coordinator.errors import (
+from services.coordinator.platform.errors import (
     FENCE_MESSAGES,
     InvalidField,
     NotFound,
@@ -37,8 +37,8 @@ from services.coordinator.errors import (
     ScopeMissing,
     fenced,
 )
-from services.coordinator.fields import check_request_id
-from services.coordinator.metrics import CLAIM_SECONDS
+from services.coordinator.platform.fields import check_request_id
+from services.coordinator.platform.metrics import CLAIM_SECONDS
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from services.coordinator.workshop_api import SnapshotRecordingRow
 from workshop.kit.metrics import timed

@@ -13,10 +13,10 @@ import logging
 from datetime import timedelta
 
 from services.coordinator import review
-from services.coordinator.clock import Clock
-from services.coordinator.db import Database, Row, fetch_all, sql
 from services.coordinator.identity_api import LOGIN_WINDOW
-from services.coordinator.metrics import LEASE_LAPSES
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import Database, Row, fetch_all, sql
+from services.coordinator.platform.metrics import LEASE_LAPSES
 from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)

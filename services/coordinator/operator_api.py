@@ -18,8 +18,9 @@ from typing import TypeVar
 
 from services.coordinator import auth
 from services.coordinator.auth import Grant, Principal, ScopeName
-from services.coordinator.clock import Clock
-from services.coordinator.db import (
+from services.coordinator.passwords import Passwords, check_new_password
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import (
     Connection,
     Database,
     ForeignKeyViolationError,
@@ -29,14 +30,13 @@ from services.coordinator.db import (
     fetch_one,
     sql,
 )
-from services.coordinator.errors import (
+from services.coordinator.platform.errors import (
     IdConflict,
     InvalidField,
     NotFound,
     StaleRevision,
 )
-from services.coordinator.fields import check_id, check_sha256
-from services.coordinator.passwords import Passwords, check_new_password
+from services.coordinator.platform.fields import check_id, check_sha256
 from workshop.kit.errors import FailedPrecondition
 from workshop.kit.hashing import canonical_json, runtime_manifest
 from workshop.kit.hashing import runtime_id as compute_runtime_id

@@ -21,7 +21,7 @@ import unicodedata
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-from services.coordinator.errors import InvalidField
+from services.coordinator.platform.errors import InvalidField
 
 MIN_PASSWORD_BYTES = 12
 MAX_PASSWORD_BYTES = 1024

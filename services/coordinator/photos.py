@@ -18,9 +18,9 @@ from google.protobuf import json_format
 
 from services.coordinator import auth, convert
 from services.coordinator.auth import Principal, ScopeName
-from services.coordinator.clock import Clock
-from services.coordinator.db import Connection, Database, Row, fetch_one, sql
-from services.coordinator.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import Connection, Database, Row, fetch_one, sql
+from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
 from services.coordinator.publication_api import may_read_camera
 from services.coordinator.workshop_api import (
     TEST_RESULT_LIFETIME,

@@ -38,7 +38,7 @@ import zoneinfo
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.coordinator import errors
+from services.coordinator.platform import errors
 from workshop.v1 import common_pb2, workflow_pb2
 
 MAX_JOBS_PER_RUN = 10_000

@@ -16,12 +16,12 @@ from typing import Any
 
 from services.coordinator import auth
 from services.coordinator.auth import Principal, ScopeName
-from services.coordinator.clock import Clock
-from services.coordinator.db import Database, Row, fetch_all, fetch_one, sql
-from services.coordinator.errors import Expired, InvalidField, NotFound
-from services.coordinator.fields import check_sha256
 from services.coordinator.jobs_api import Lease, job_id, lease_args, raise_for, reporter
-from services.coordinator.metrics import PREVIEWS_RECORDED
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import Database, Row, fetch_all, fetch_one, sql
+from services.coordinator.platform.errors import Expired, InvalidField, NotFound
+from services.coordinator.platform.fields import check_sha256
+from services.coordinator.platform.metrics import PREVIEWS_RECORDED
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from workshop.kit import limits, object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError

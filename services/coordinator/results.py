@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from services.coordinator.convert import boxes_json
-from services.coordinator.errors import InvalidField, ResultInvalid
+from services.coordinator.platform.errors import InvalidField, ResultInvalid
 from workshop.kit.hashing import sha256_hex
 from workshop.v1 import common_pb2, jobs_pb2
 

@@ -18,8 +18,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from services.coordinator import auth, sightings
 from services.coordinator.auth import Principal, ScopeName
-from services.coordinator.clock import Clock
-from services.coordinator.db import (
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import (
     Connection,
     Database,
     Row,
@@ -28,7 +28,7 @@ from services.coordinator.db import (
     fetch_one,
     sql,
 )
-from services.coordinator.errors import (
+from services.coordinator.platform.errors import (
     InvalidField,
     NotFound,
     TestRunNotReviewable,

@@ -17,8 +17,8 @@ import zoneinfo
 from datetime import datetime, time
 
 from services.coordinator.auth import SCHEDULER
-from services.coordinator.clock import Clock
-from services.coordinator.db import Connection, Database, Row, fetch_all, sql
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import Connection, Database, Row, fetch_all, sql
 from services.coordinator.workshop_api import RunRequest, WorkshopApi, choose_runtime
 from workshop.kit.errors import WorkshopError
 from workshop.kit.periodic import Periodic

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 from google.protobuf import json_format
 
-from services.coordinator.db import Database, sql
-from services.coordinator.errors import NotFound
+from services.coordinator.platform.db import Database, sql
+from services.coordinator.platform.errors import NotFound
 from workshop.v1 import common_pb2, snapshot_pb2
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.coordinator.db import Row
+from services.coordinator.platform.db import Row
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,8 +18,9 @@ from google.protobuf import json_format
 
 from services.coordinator import auth, convert, planning, validation
 from services.coordinator.auth import Principal, ScopeName
-from services.coordinator.clock import Clock
-from services.coordinator.db import (
+from services.coordinator.operator_api import BucketRow, CameraRow, ModelVersionRow, RuntimeRow
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import (
     Connection,
     Database,
     Row,
@@ -28,7 +29,7 @@ from services.coordinator.db import (
     fetch_one,
     sql,
 )
-from services.coordinator.errors import (
+from services.coordinator.platform.errors import (
     NEEDS_TRACKING_MESSAGE,
     AtCapacity,
     IdConflict,
@@ -39,8 +40,7 @@ from services.coordinator.errors import (
     StaleRevision,
     WorkflowInvalid,
 )
-from services.coordinator.fields import check_id
-from services.coordinator.operator_api import BucketRow, CameraRow, ModelVersionRow, RuntimeRow
+from services.coordinator.platform.fields import check_id
 from services.coordinator.status import RunCounts
 from workshop.kit import limits
 from workshop.kit.bounds import METADATA_MAX_BYTES

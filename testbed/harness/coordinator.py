@@ -19,9 +19,9 @@ import pytest
 
 from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import FrozenClock
-from services.coordinator.db import Database
 from services.coordinator.operator_api import insert_key
+from services.coordinator.platform.clock import FrozenClock
+from services.coordinator.platform.db import Database
 from testbed.harness.processes import ServiceProcess, running_service
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel

@@ -5,7 +5,7 @@ Fixtures:
 - ``pg_cluster`` (session): a private cluster from ``tools.localstack.postgres`` (free
   loopback port, trust auth, durability off); skips where this machine cannot run one.
 - ``pg_template`` (session): database ``workshop_template``, migrated with
-  ``services.coordinator.migrate.apply_migrations`` once that module exists.
+  ``services.coordinator.platform.migrate.apply_migrations`` once that module exists.
 - ``pg_database`` / ``pg_dsn`` (function): a database cloned from the template
   (``CREATE DATABASE ... TEMPLATE``), dropped with ``WITH (FORCE)`` afterwards;
   ``cloned_database(pg_template)`` makes one for a fixture of a wider scope.
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
+from services.coordinator.platform.migrate import apply_migrations
 from tools.localstack.postgres import (
     TIMINGS,
     PostgresCluster,
@@ -45,8 +46,6 @@ from tools.localstack.postgres import (
     StopMode,
     admin_execute,
     create_database,
-    create_migrated_database,
-    migrate_database,
     postgres_cluster,
     quote_ident,
     run_async,
@@ -72,6 +71,21 @@ __all__ = [
 ]
 
 TEMPLATE_DB = "workshop_template"
+
+
+# The migrated databases are built here, not in tools.localstack: applying the coordinator's
+# migrations in-process imports the coordinator, which a tool may not (docs/architecture.md,
+# "Import rules"); the demo runs `python -m services.coordinator migrate` instead.
+def create_migrated_database(cluster: PostgresCluster, name: str) -> str:
+    """Creates database `name` on the cluster, applies the migrations; returns its DSN."""
+    create_database(cluster, name)
+    migrate_database(cluster, name)
+    return cluster.dsn(name)
+
+
+def migrate_database(cluster: PostgresCluster, database: str) -> tuple[str, ...]:
+    """Applies the coordinator's migrations in this process; returns what they reported."""
+    return tuple(run_async(lambda: apply_migrations(cluster.dsn(database))))
 
 
 @dataclass(frozen=True)

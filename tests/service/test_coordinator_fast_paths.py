@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.db import Database, sql
 from services.coordinator.jobs_api import LEASE, JobsApi, SlotFacts, lease_from
+from services.coordinator.platform.db import Database, sql
 from services.coordinator.results import result_digest
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.snapshots import SnapshotCache

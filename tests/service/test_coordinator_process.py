@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from services.coordinator.migrate import list_migrations
+from services.coordinator.platform.versions import list_migrations
 from testbed.harness.processes import REPO, ServiceProcess
 from tools.localstack.postgres import admin_execute, run_async
 

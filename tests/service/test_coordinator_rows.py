@@ -1,6 +1,6 @@
 """Every typed row against the statement that feeds it, without running the statement.
 
-The store modules read each result into a `Row` (services/coordinator/db.py) by field
+The store modules read each result into a `Row` (services/coordinator/platform/db.py) by field
 name. Here each `fetch_one` / `fetch_all` / `fetch_column` call in the coordinator's
 source is found, its statement prepared on a migrated database, and the row's fields
 checked against the statement's result columns: every field has a column of that name
@@ -26,7 +26,7 @@ import asyncpg
 import pytest
 
 import services.coordinator
-from services.coordinator.db import Row, sql
+from services.coordinator.platform.db import Row, sql
 from services.coordinator.status import RunCounts
 
 SOURCE = Path(services.coordinator.__file__).parent

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.errors import NEEDS_TRACKING_MESSAGE, NO_MEDIA_MESSAGE
+from services.coordinator.platform.errors import NEEDS_TRACKING_MESSAGE, NO_MEDIA_MESSAGE
 from testbed.coordinator_world import (
     DAY,
     World,

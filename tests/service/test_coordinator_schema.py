@@ -12,14 +12,12 @@ import asyncpg
 import pytest
 from google.protobuf import json_format
 
-from services.coordinator.db import Database, sql
-from services.coordinator.migrate import (
+from services.coordinator.platform.db import Database, sql
+from services.coordinator.platform.migrate import MigrationRefused, apply_migrations, migrate
+from services.coordinator.platform.versions import (
     MIGRATIONS_DIR,
-    MigrationRefused,
     application_name,
-    apply_migrations,
     list_migrations,
-    migrate,
 )
 from services.coordinator.workshop_api import spec_from_json
 from testbed.harness.postgres import PostgresCluster

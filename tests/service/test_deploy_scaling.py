@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.coordinator.clock import FrozenClock
+from services.coordinator.platform.clock import FrozenClock
 from testbed.coordinator_leases import Setup, create_run, setup
 from testbed.coordinator_world import DAY, run_request, stamp
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator

@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.db import Record
 from services.coordinator.maintenance import Maintenance
+from services.coordinator.platform.db import Record
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from testbed.coordinator_leases import Setup, claim, complete_request, empty_result, setup

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import pytest
 
-from services.coordinator.db import Record
+from services.coordinator.platform.db import Record
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from testbed.coordinator_leases import (

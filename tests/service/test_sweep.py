@@ -54,7 +54,7 @@ from hypothesis import strategies as st
 
 import workshop.v1
 from services.coordinator.app import WORKSHOP_REQUEST_MAX_BYTES
-from services.coordinator.errors import FENCE_MESSAGES
+from services.coordinator.platform.errors import FENCE_MESSAGES
 from testbed.harness.postgres import PostgresTemplate, cloned_database
 from testbed.harness.processes import GATEWAY_ALONE, PROCESSOR_ALONE, ServiceProcess, prefixed
 from testbed.harness.s3 import S3Server, fresh_bucket

@@ -26,9 +26,9 @@ from cryptography.x509.oid import NameOID
 
 from services.coordinator.app import build
 from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.clock import FrozenClock
-from services.coordinator.db import Database
 from services.coordinator.operator_api import insert_key
+from services.coordinator.platform.clock import FrozenClock
+from services.coordinator.platform.db import Database
 from services.coordinator.settings import CoordinatorSettings
 from services.preview.settings import PREFIX as PREVIEW
 from services.preview.settings import PreviewSettings

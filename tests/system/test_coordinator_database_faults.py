@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Awaitable
 import grpc
 import pytest
 
-from services.coordinator.db import Database
-from services.coordinator.errors import DatabaseUnavailable
+from services.coordinator.platform.db import Database
+from services.coordinator.platform.errors import DatabaseUnavailable
 from testbed.coordinator_leases import Setup, claimed, leased, on_behalf, record_request
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
@@ -77,7 +77,7 @@ async def test_a_connection_the_server_dropped_while_idle_is_unavailable_not_int
             assert terminated >= 2  # the pool's connection and the run events' LISTEN
             await until(lambda: proxy.held == terminated, "every goodbye delivered, no end")
             await asyncio.sleep(0.1)  # one turn of the loop reads the FATAL; nothing ends it
-            with caplog.at_level(logging.WARNING, logger="services.coordinator.db"):
+            with caplog.at_level(logging.WARNING, logger="services.coordinator.platform.db"):
                 await unavailable(record_previews(c, s, job, 1))
             messages = [record.message for record in caplog.records]
             assert any("another operation (2) is in progress" in m for m in messages), messages

@@ -129,7 +129,7 @@ async def test_every_database_connection_terminated_mid_run_fails_no_job(
             previews.gate.set()
             await until(lambda: waiting_on_locks(pg_database), "a write waiting on a lock")
             sparing = [await locker.fetchval("SELECT pg_backend_pid()")]
-            with caplog.at_level(logging.WARNING, logger="services.coordinator.db"):
+            with caplog.at_level(logging.WARNING, logger="services.coordinator.platform.db"):
                 terminated = await terminate_connections(
                     pg_database.cluster, pg_database.name, sparing=sparing
                 )

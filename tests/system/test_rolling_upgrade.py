@@ -32,8 +32,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.coordinator.migrate import MIGRATIONS_DIR, MigrationRefused, list_migrations
-from services.coordinator.migrate import migrate as migrate_in_process
+from services.coordinator.platform.migrate import MigrationRefused
+from services.coordinator.platform.migrate import migrate as migrate_in_process
+from services.coordinator.platform.versions import MIGRATIONS_DIR, list_migrations
 from testbed.coordinator_leases import (
     Setup,
     claimed,

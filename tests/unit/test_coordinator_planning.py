@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.coordinator import errors
 from services.coordinator.planning import (
     MAX_JOBS_PER_RUN,
     MAX_SLOTS_PER_JOB,
@@ -22,6 +21,7 @@ from services.coordinator.planning import (
     slot_time,
     window_instants,
 )
+from services.coordinator.platform import errors
 from workshop.v1 import common_pb2, workflow_pb2
 
 UTC = dt.UTC

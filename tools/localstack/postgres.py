@@ -6,8 +6,9 @@ it and deletes its files. Debian's ``postgresql-15`` binaries when present, else
 ``pgserver`` wheel bundles. Postgres refuses to run as root, so as root the server runs as
 the ``postgres`` OS user (``runuser``).
 
-`create_database(cluster, name)` returns the DSN of a new, empty database;
-`create_migrated_database` also applies the coordinator's migrations in-process.
+`create_database(cluster, name)` returns the DSN of a new, empty database (the coordinator's
+migrations are applied by testbed.harness.postgres or by `python -m services.coordinator
+migrate`: tools import no service, docs/architecture.md "Import rules").
 `PostgresUnavailable` says this machine cannot run a cluster (the tests skip on it).
 """
 
@@ -32,7 +33,6 @@ from typing import Literal, TypeVar, cast
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
-from services.coordinator.migrate import apply_migrations
 from tools.localstack.host import free_ports, tail
 
 DEBIAN_BIN_DIR = Path("/usr/lib/postgresql/15/bin")
@@ -210,18 +210,6 @@ def create_database(cluster: PostgresCluster, name: str) -> str:
     """Creates the empty database `name` on the cluster; returns its DSN."""
     run_async(lambda: admin_execute(cluster.admin_dsn, f"CREATE DATABASE {quote_ident(name)}"))
     return cluster.dsn(name)
-
-
-def create_migrated_database(cluster: PostgresCluster, name: str) -> str:
-    """Creates database `name` on the cluster, applies the migrations; returns its DSN."""
-    create_database(cluster, name)
-    migrate_database(cluster, name)
-    return cluster.dsn(name)
-
-
-def migrate_database(cluster: PostgresCluster, database: str) -> tuple[str, ...]:
-    """Applies the coordinator's migrations in this process; returns what they reported."""
-    return tuple(run_async(lambda: apply_migrations(cluster.dsn(database))))
 
 
 def run_async(make: Callable[[], Awaitable[T]]) -> T:

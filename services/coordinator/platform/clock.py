@@ -13,8 +13,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from services.coordinator.db import Database, sql
-from services.coordinator.errors import ClockNotManual, InvalidField
+from services.coordinator.platform.db import Database, sql
+from services.coordinator.platform.errors import ClockNotManual, InvalidField
 
 CLOCK_CHANNEL = "workshop_clock"
 

@@ -44,13 +44,15 @@ from asyncpg.exceptions import (
     InterfaceError,
     InvalidAuthorizationSpecificationError,
     PostgresConnectionError,
+    PostgresError,
     TooManyConnectionsError,
+    UndefinedTableError,
     UniqueViolationError,
 )
 
-from services.coordinator import queries
-from services.coordinator.errors import DatabaseUnavailable
-from services.coordinator.migrate import application_name
+from services.coordinator.platform import queries
+from services.coordinator.platform.errors import DatabaseUnavailable
+from services.coordinator.platform.versions import application_name
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,12 @@ __all__ = [
     "ForeignKeyViolationError",
     "InvalidAuthorizationSpecificationError",
     "Pool",
+    "PostgresError",
     "Record",
     "Row",
+    "UndefinedTableError",
     "UniqueViolationError",
+    "connect",
     "fetch_all",
     "fetch_column",
     "fetch_one",
@@ -220,6 +225,16 @@ async def _init_connection(connection: Any) -> None:
 
 async def _no_session_reset(connection: Any) -> None:
     """Releases a pooled connection as it is: see the module docstring."""
+
+
+async def connect(dsn: str, *, named: bool) -> Connection:
+    """One connection outside the pool, for work that owns it whole (RunEvents' LISTEN,
+    migrate's advisory lock). `named` gives it the coordinator's application name, as the
+    pool's connections have; migrate's own connection stays unnamed, so phase "post" never
+    counts it among the coordinators it waits for."""
+    if not named:
+        return await asyncpg.connect(dsn)
+    return await asyncpg.connect(dsn, server_settings={"application_name": application_name()})
 
 
 class Database:

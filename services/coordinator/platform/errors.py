@@ -6,7 +6,7 @@ branch on `reason`, never on message text. Messages are for people.
 
 from __future__ import annotations
 
-from services.coordinator.metrics import FENCE_REFUSALS
+from services.coordinator.platform.metrics import FENCE_REFUSALS
 from workshop.kit import errors
 
 

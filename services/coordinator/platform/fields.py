@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from services.coordinator.errors import InvalidField
+from services.coordinator.platform.errors import InvalidField
 from workshop.kit import limits
 
 # Always fullmatch: `$` (and `match` without it) would let a final newline in.

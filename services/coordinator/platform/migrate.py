@@ -1,7 +1,7 @@
 """Forward-only schema migrations in two phases, applied under an advisory lock.
 
-Migrations are `migrations/NNNN_name.sql`, applied in number order, each in its
-own transaction together with its bookkeeping row. Several replicas may run
+Migrations are `migrations/NNNN_name.sql` (listed by `versions`), applied in number
+order, each in its own transaction together with its bookkeeping row. Several replicas may run
 `coordinator migrate` at once: the advisory lock makes the others wait, and
 they then find nothing left to do.
 
@@ -20,70 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
-import re
 import time
-from functools import cache
 from pathlib import Path
-from typing import Literal
 
-import asyncpg
-
-from services.coordinator import queries
-
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_PHASE_LINE = re.compile(r"^--\s*phase:\s*(\S*)\s*$")
-
-Phase = Literal["pre", "post"]
-PHASES: tuple[Phase, ...] = ("pre", "post")
-
-
-@dataclasses.dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    path: Path
-    phase: Phase = "pre"
-
-    @property
-    def label(self) -> str:
-        return f"{self.version:04d}_{self.name}"
-
-
-def _phase_of(path: Path) -> Phase:
-    """From a `-- phase: pre|post` line of the comment that opens the file; "pre" without."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    header = itertools.takewhile(lambda line: line.startswith("--") or not line.strip(), lines)
-    marks = [match.group(1) for line in header if (match := _PHASE_LINE.match(line))]
-    if not marks:
-        return "pre"
-    if len(marks) > 1 or marks[0] not in PHASES:
-        raise ValueError(f"{path.name}: at most one '-- phase: pre|post' line, found {marks}")
-    phase: Phase = marks[0]
-    return phase
-
-
-def list_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
-    """Every migration file in order; a misnamed file, a duplicate number or an unknown
-    phase is an error."""
-    found: dict[int, Migration] = {}
-    for path in sorted(directory.glob("*.sql")):
-        match = _FILE_NAME.match(path.name)
-        if match is None:
-            raise ValueError(f"{path.name}: migration files are named NNNN_name.sql")
-        version = int(match.group(1))
-        if version in found:
-            raise ValueError(f"{path.name}: migration number {version} is used twice")
-        found[version] = Migration(version, match.group(2), path, _phase_of(path))
-    return [found[version] for version in sorted(found)]
-
-
-@cache
-def application_name() -> str:
-    """What a coordinator names its database connections: the newest migration its code
-    knows (the `migration_coordinators` statement reads it back)."""
-    return f"workshop-coordinator schema={list_migrations()[-1].version:04d}"
+from services.coordinator.platform import queries
+from services.coordinator.platform.db import Connection, UndefinedTableError, connect
+from services.coordinator.platform.versions import (
+    MIGRATIONS_DIR,
+    PHASES,
+    Phase,
+    list_migrations,
+)
 
 
 class MigrationRefused(Exception):
@@ -94,12 +41,12 @@ class SchemaBehind(Exception):
     """The database lacks a pre-migration of this code: it cannot serve there yet."""
 
 
-async def check_pre_migrations(connection: asyncpg.Connection) -> None:
+async def check_pre_migrations(connection: Connection) -> None:
     """Raises SchemaBehind when a pre-migration of this code is not applied (a coordinator
     checks before it serves; pending post-migrations and newer ones are fine)."""
     try:
         rows = await connection.fetch(queries.load("migrate")["migration_list_applied"])
-    except asyncpg.UndefinedTableError:
+    except UndefinedTableError:
         rows = []
     applied = {int(row["version"]) for row in rows}
     missing = [m.label for m in list_migrations() if m.phase == "pre" and m.version not in applied]
@@ -125,7 +72,7 @@ async def migrate(
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
     sql = queries.load("migrate")
-    connection = await asyncpg.connect(dsn)
+    connection = await connect(dsn, named=False)
     try:
         await connection.execute(sql["migration_lock"])
         try:
@@ -156,7 +103,7 @@ async def migrate(
 
 
 async def _wait_for_older_coordinators(
-    connection: asyncpg.Connection, sql: dict[str, str], newest_post: int, wait_seconds: float
+    connection: Connection, sql: dict[str, str], newest_post: int, wait_seconds: float
 ) -> None:
     """Returns once no coordinator whose code predates migration `newest_post` is connected;
     raises MigrationRefused naming them after `wait_seconds`."""

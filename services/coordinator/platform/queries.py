@@ -12,7 +12,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-SQL_DIR = Path(__file__).with_name("sql")
+SQL_DIR = Path(__file__).parent.parent / "sql"
 _NAME_LINE = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
 
 

@@ -17,9 +17,9 @@ from services.coordinator.auth import (
     authenticate,
     rejected,
 )
-from services.coordinator.clock import Clock
-from services.coordinator.db import Database
-from services.coordinator.errors import InvalidField
+from services.coordinator.platform.clock import Clock
+from services.coordinator.platform.db import Database
+from services.coordinator.platform.errors import InvalidField
 from workshop.kit.auth import bearer_secret
 from workshop.kit.hashing import sha256_hex
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from services.coordinator import convert
 from services.coordinator.auth import SESSION_PREFIX, Principal
-from services.coordinator.errors import NotASession
-from services.coordinator.fields import page_size
 from services.coordinator.identity_api import IdentityApi
+from services.coordinator.platform.errors import NotASession
+from services.coordinator.platform.fields import page_size
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,

@@ -11,7 +11,6 @@ from functools import lru_cache
 from google.protobuf.duration_pb2 import Duration
 
 from services.coordinator import convert
-from services.coordinator.errors import InvalidField
 from services.coordinator.events import RunEvents
 from services.coordinator.jobs_api import (
     HEARTBEAT_INTERVAL,
@@ -23,6 +22,7 @@ from services.coordinator.jobs_api import (
     job_id,
     lease_from,
 )
+from services.coordinator.platform.errors import InvalidField
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.workshop import snapshot_recording
 from workshop.v1 import common_pb2, jobs_pb2_grpc

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC
 
 from services.coordinator import convert
-from services.coordinator.errors import InvalidField
-from services.coordinator.fields import page_size, page_token
 from services.coordinator.operator_api import OperatorApi
+from services.coordinator.platform.errors import InvalidField
+from services.coordinator.platform.fields import page_size, page_token
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,

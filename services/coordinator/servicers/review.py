@@ -9,8 +9,8 @@ from datetime import datetime
 from google.protobuf import json_format
 
 from services.coordinator import convert, review
-from services.coordinator.errors import InvalidField
 from services.coordinator.jobs_api import job_id
+from services.coordinator.platform.errors import InvalidField
 from services.coordinator.review import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow
 from services.coordinator.servicers.common import split_token
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2

@@ -8,11 +8,11 @@ from google.protobuf import json_format
 
 from services.coordinator import convert, review
 from services.coordinator.auth import Principal
-from services.coordinator.errors import InvalidField
 from services.coordinator.events import RunEvents
-from services.coordinator.fields import bounded, page_size
 from services.coordinator.jobs_api import job_id
 from services.coordinator.photos import PhotosApi, PhotoView
+from services.coordinator.platform.errors import InvalidField
+from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.review import ReviewApi
 from services.coordinator.servicers import review as views
 from services.coordinator.servicers.common import (
