@@ -116,10 +116,9 @@ from bench.stats import median
 from services.coordinator.auth import Grant, ScopeName
 from services.coordinator.validation import MIN_INTERVAL_SECONDS
 from services.processor.images import JPEG, encode_jpeg
-from services.processor.manifest import registration
 from testbed.coordinator_world import save_workflow, stamp, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
-from tools.localstack.postgres import (
+from testbed.harness.postgres import (
     PostgresCluster,
     PostgresUnavailable,
     create_migrated_database,
@@ -130,6 +129,7 @@ from tools.localstack.s3 import S3LaunchError, S3Server, running_s3_server
 from tools.localstack.triton import TritonServer, TritonStartError, running_triton
 from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
 from tools.model_repository.repository import publish_version
+from workshop.kit.processor_manifest import registration
 from workshop.v1 import common_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws

@@ -19,7 +19,6 @@ import grpc
 
 from services.coordinator.auth import Grant, ScopeName
 from services.processor.inference import ModelServer
-from services.processor.manifest import code_sha256, registration
 from services.processor.recordings import RecordingStore
 from services.processor.worker import Processor
 from testbed.coordinator_world import DAY, run_request, save_workflow, stamp, workflow_spec
@@ -30,6 +29,7 @@ from tools.demo.scenes import Scene, random_scene, write_recording
 from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
 from tools.model_repository.repository import publish_version
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.processor_manifest import code_sha256, registration
 from workshop.v1 import common_pb2, jobs_pb2_grpc, preview_pb2_grpc, run_pb2, workflow_pb2
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws

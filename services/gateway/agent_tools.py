@@ -28,7 +28,6 @@ from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, T
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 
-from services.gateway import jsonmap
 from services.gateway.dispatch import bearer_of
 from services.gateway.live import LiveHub
 from services.gateway.live_socket import CLOSE_GOING_AWAY
@@ -36,7 +35,7 @@ from services.gateway.problems import problem_body
 from services.gateway.routes import OPERATIONS, Operation
 from services.gateway.tool_arguments import Own, RequestField, ToolArguments
 from services.gateway.upstream import Upstream, UpstreamError
-from workshop.kit import errors, limits
+from workshop.kit import errors, jsonmap, limits
 from workshop.v1 import common_pb2, preview_pb2
 
 WATCH_DEFAULT_SECONDS = 25.0

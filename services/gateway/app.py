@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterable
 
-from services.gateway import jsonmap
 from services.gateway.live import LiveHub
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Upstream, credential_metadata
 from services.gateway.web import Gateway, HttpWorker
+from workshop.kit import jsonmap
 from workshop.kit.tls import client_tls
 from workshop.v1 import workshop_pb2
 

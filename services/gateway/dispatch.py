@@ -16,9 +16,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from starlette.requests import Request
 
-from services.gateway import jsonmap
 from services.gateway.routes import Operation
-from workshop.kit import errors
+from workshop.kit import errors, jsonmap
 from workshop.kit.auth import bearer_secret
 
 SESSION_COOKIE = "workshop_session"

@@ -15,8 +15,8 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor
 
-from services.gateway import jsonmap
 from services.gateway.routes import API, IMAGE, OPERATIONS, SERVICES, TAR, V1, Operation
+from workshop.kit import jsonmap
 from workshop.kit.auth import MAX_SECRET_BYTES
 from workshop.kit.status import REASONS
 from workshop.v1 import identity_pb2, run_pb2

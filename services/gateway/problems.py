@@ -25,9 +25,9 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from services.gateway.jsonmap import JsonInvalid
 from services.gateway.upstream import UpstreamError, problems_metadata
 from workshop.kit import errors
+from workshop.kit.jsonmap import JsonInvalid
 from workshop.kit.status import INTERNAL, status_for
 
 log = logging.getLogger(__name__)

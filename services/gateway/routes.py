@@ -4,7 +4,7 @@ Every operation is served twice: under `/api` for the website (the session cooki
 under `/v1` for Agent keys (the bearer header), unless `prefixes` says otherwise. The
 request message is built from the path parameters, the query parameters and the JSON
 body (see `services.gateway.dispatch`); the answer is the response message as JSON
-(`services.gateway.jsonmap`). The OpenAPI documents are generated from this table, so a
+(`workshop.kit.jsonmap`). The OpenAPI documents are generated from this table, so a
 route exists in them exactly when it is served.
 """
 

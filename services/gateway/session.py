@@ -24,11 +24,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.gateway import jsonmap
 from services.gateway.dispatch import SESSION_COOKIE, parse_json, read_body, session_secret
 from services.gateway.guard import check_csrf, check_origin, csrf_token
 from services.gateway.upstream import Upstream, UpstreamError
-from workshop.kit import errors
+from workshop.kit import errors, jsonmap
 from workshop.v1 import identity_pb2
 
 

@@ -23,8 +23,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from services.gateway import jsonmap
 from services.gateway.routes import OPERATIONS
+from workshop.kit import jsonmap
 
 Schema = dict[str, Any]
 _OPERATIONS = {operation.name: operation for operation in OPERATIONS}

@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from services.gateway import jsonmap, media, pages
+from services.gateway import media, pages
 from services.gateway.dispatch import build_request, credential, parse_json, read_body
 from services.gateway.guard import check_csrf, check_origin
 from services.gateway.live import LiveHub
@@ -43,7 +43,7 @@ from services.gateway.session import SessionRoutes
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Upstream, UpstreamError
 from services.gateway.ws_protocol import GatewayWebSocketProtocol
-from workshop.kit import errors, metrics
+from workshop.kit import errors, jsonmap, metrics
 from workshop.kit.server import announce
 from workshop.kit.telemetry import tracing_enabled
 from workshop.v1 import workshop_pb2

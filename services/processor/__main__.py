@@ -13,7 +13,6 @@ import grpc
 
 from services.processor.decode import gpu_available
 from services.processor.inference import ModelServer, SharedMemoryMode
-from services.processor.manifest import code_sha256, manifest_for, registration
 from services.processor.recordings import RecordingStore
 from services.processor.settings import PREFIX, ProcessorSettings
 from services.processor.worker import Processor
@@ -26,6 +25,7 @@ from workshop.kit.cli import (
     check_coordinator_arguments,
 )
 from workshop.kit.identity import KeyRefused, check_own_key, has_scope
+from workshop.kit.processor_manifest import code_sha256, manifest_for, registration
 from workshop.kit.server import serve
 from workshop.kit.settings import EXIT_BAD_SETTINGS, settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from bench.chaos_soak import QUERIES
+from bench.chaos_checks import QUERIES
 from testbed.coordinator_leases import complete_request, frame_result, leased
 from testbed.harness.coordinator import CoordinatorHarness
 

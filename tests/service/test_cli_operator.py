@@ -10,12 +10,12 @@ import tarfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from services.processor.manifest import manifest_for
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness
 from tests.cli_runner import workshop
 from tools.demo.scenes import random_scene, write_recording
 from tools.model_repository.detector import build_detector, weights_sha256
+from workshop.kit.processor_manifest import manifest_for
 from workshop.v1 import operator_pb2 as op
 
 START = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)

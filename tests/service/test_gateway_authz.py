@@ -63,7 +63,6 @@ from starlette.staticfiles import StaticFiles
 from websockets.typing import Origin
 
 from services.coordinator.auth import Grant, ScopeName
-from services.gateway import jsonmap
 from services.gateway.guard import csrf_token
 from testbed.coordinator_world import CODE, DAY, run_request, save_workflow, stamp
 from testbed.harness.gateway import PASSWORD, GatewayHarness
@@ -78,6 +77,7 @@ from testbed.review_world import (
     watch_spec,
 )
 from tests.sweep.stack import table_digests
+from workshop.kit import jsonmap
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, identity_pb2, jobs_pb2, workshop_pb2
 from workshop.v1 import operator_pb2 as op

@@ -14,7 +14,6 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from services.coordinator.auth import Grant, ScopeName
-from services.gateway import jsonmap
 from services.gateway.routes import OPERATIONS
 from testbed.coordinator_world import (
     DAY,
@@ -26,7 +25,7 @@ from testbed.coordinator_world import (
 )
 from testbed.harness.gateway import GatewayHarness
 from tests.mcp_session import agent, mcp_client
-from workshop.kit import limits
+from workshop.kit import jsonmap, limits
 from workshop.v1 import common_pb2
 from workshop.v1 import operator_pb2 as op
 

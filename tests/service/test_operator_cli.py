@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from services.processor.manifest import manifest_for
 from testbed.harness.coordinator import CoordinatorHarness
 from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
 from workshop.kit.model_repository import served_weights_sha256
+from workshop.kit.processor_manifest import manifest_for
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import resources_pb2
 

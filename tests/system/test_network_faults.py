@@ -33,7 +33,6 @@ from typing import Any
 import pytest
 
 from services.coordinator.maintenance import Maintenance
-from services.processor.manifest import code_sha256
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, running_preview
 from testbed.harness.processes import ServiceProcess
@@ -51,6 +50,7 @@ from tests.processor_world import (
     running_processor,
 )
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.processor_manifest import code_sha256
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import preview_pb2 as pv
 

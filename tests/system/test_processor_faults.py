@@ -24,7 +24,6 @@ import pytest
 from services.coordinator.maintenance import Maintenance
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
-from services.processor.manifest import code_sha256
 from testbed.coordinator_world import error_reason, run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, running_preview
@@ -46,6 +45,7 @@ from tests.processor_world import (
 )
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.hashing import sha256_hex
+from workshop.kit.processor_manifest import code_sha256
 from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2_grpc
 from workshop.v1 import preview_pb2 as pv
 from workshop.v1 import workshop_pb2 as ws

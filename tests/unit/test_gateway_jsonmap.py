@@ -1,4 +1,4 @@
-"""services.gateway.jsonmap: protobuf <-> JSON for the HTTP API, and its JSON Schema.
+"""workshop.kit.jsonmap: protobuf <-> JSON for the HTTP API, and its JSON Schema.
 
 Every message of the contracts (descriptors.binpb) round-trips through JSON and its
 response body validates against its schema; a synthetic contract built here covers
@@ -36,9 +36,9 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gateway import jsonmap
-from services.gateway.jsonmap import FieldViolation, JsonInvalid, SchemaSet, from_json, to_json
+from workshop.kit import jsonmap
 from workshop.kit.errors import InvalidArgument
+from workshop.kit.jsonmap import FieldViolation, JsonInvalid, SchemaSet, from_json, to_json
 from workshop.v1 import workshop_pb2
 
 F = FieldDescriptor

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from services.processor import manifest
+from workshop.kit import processor_manifest
 from workshop.kit.hashing import canonical_json, runtime_id, sha256_hex, tree_sha256
 
 
@@ -48,13 +48,13 @@ def test_processor_manifest_changes_when_its_source_changes(tmp_path: Path) -> N
     (root / "loop.py").write_text("x = 1\n")
     (root / "__pycache__").mkdir()
     (root / "__pycache__" / "loop.cpython-311.pyc").write_bytes(b"cache")
-    before = manifest.manifest_for("gpu-box", root)
+    before = processor_manifest.manifest_for("gpu-box", root)
     (root / "__pycache__" / "loop.cpython-311.pyc").write_bytes(b"other cache")
-    assert manifest.manifest_for("gpu-box", root) == before
+    assert processor_manifest.manifest_for("gpu-box", root) == before
     (root / "loop.py").write_text("x = 2\n")
-    after = manifest.manifest_for("gpu-box", root)
+    after = processor_manifest.manifest_for("gpu-box", root)
     assert after["code_sha256"] != before["code_sha256"]
     assert after["runtime_id"] != before["runtime_id"]
     assert after["runtime_id"] == runtime_id(
-        engine=manifest.ENGINE, device_id="gpu-box", code_sha256=after["code_sha256"]
+        engine=processor_manifest.ENGINE, device_id="gpu-box", code_sha256=after["code_sha256"]
     )

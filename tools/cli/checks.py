@@ -13,7 +13,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +23,30 @@ from minio import Minio
 from minio.error import MinioException, S3Error
 from tritonclient.utils import InferenceServerException
 
-from services.processor.manifest import code_sha256, manifest_for
-from services.processor.settings import ProcessorSettings
+# The one import of a service by a tool (docs/architecture.md, "Import rules"): the doctor
+# reads PROCESSOR_* through the processor's own settings class, so it meets exactly the
+# names, defaults and checks the processor will; a copy in the kit would drift from them.
+from services.processor.settings import PREFIX, ProcessorSettings
 from tools.cli.context import Options, channel_tls
 from tools.cli.output import emit
 from tools.cli.paging import WHOLE_PAGE
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.model_repository import RepositoryError, served_weights_sha256
+from workshop.kit.processor_manifest import code_sha256, manifest_for
+from workshop.kit.settings import load_settings
 from workshop.v1 import common_pb2, identity_pb2, identity_pb2_grpc, operator_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 
 SHM = Path("/dev/shm")
 SHM_MIN_FREE = 64 * 1024 * 1024  # a few batches of 640x360 frames for Triton's shared memory
 CHECK_SECONDS = 5.0
+
+
+def processor_settings(environ: Mapping[str, str]) -> ProcessorSettings:
+    """The processor's settings from `environ`, read as `python -m services.processor` reads
+    them; SettingsError lists every variable that is missing or wrong."""
+    return load_settings(ProcessorSettings, PREFIX, environ)
 
 
 @dataclasses.dataclass

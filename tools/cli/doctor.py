@@ -27,13 +27,12 @@ def doctor(
     """Check this processor host: device registered, local code_sha256 equals the registered
     runtime's, PROCESSOR_KEY is workshop:run for this device, Triton serves the published
     versions with their weights, S3 reachable, /dev/shm usable. Exit 1 if any check fails."""
-    from services.processor.settings import PREFIX, ProcessorSettings
-    from tools.cli.checks import Check, Doctor, report
-    from workshop.kit.settings import SettingsError, load_settings
+    from tools.cli.checks import Check, Doctor, processor_settings, report
+    from workshop.kit.settings import SettingsError
 
     opts: Options = options(ctx)
     try:
-        settings = load_settings(ProcessorSettings, PREFIX, os.environ)
+        settings = processor_settings(os.environ)
     except SettingsError as error:
         problems = "; ".join(f"{variable}: {problem}" for variable, problem in error.problems)
         checks = [Check("processor settings", False, problems, "set the PROCESSOR_* variables")]

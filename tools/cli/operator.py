@@ -146,7 +146,7 @@ def runtime_register(
 ) -> None:
     """Register this checkout's processor code on a device (what `python -m services.processor
     register-runtime` does)."""
-    from services.processor.manifest import registration  # the processor's own manifest
+    from workshop.kit.processor_manifest import registration  # the processor's own manifest
 
     reply = _unary(options(ctx), "RegisterRuntime", registration(device))
     emit(
@@ -512,8 +512,9 @@ def _nothing_exported(
 def _review_counts(
     opts: Options, bucket_id: str, class_name: str, camera: str
 ) -> dict[str, int] | None:
-    """Review state -> items of the bucket (of the first page: WHOLE_PAGE); None when the coordinator
-    is not known or does not answer: the export itself needed only the preview service."""
+    """Review state -> items of the bucket (of the first page: WHOLE_PAGE); None when the
+    coordinator is not known or does not answer: the export itself needed only the preview
+    service."""
     if not opts.coordinator:
         return None
     request = ws.ListBucketItemsRequest(

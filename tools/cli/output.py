@@ -1,6 +1,6 @@
 """Printing answers: JSON (`--output json`, `jsonl`) or a rich table for people.
 
-The JSON of a message is the HTTP API's (services/gateway/jsonmap.py): one mapping for the
+The JSON of a message is the HTTP API's (libs/workshop/kit/jsonmap.py): one mapping for the
 gateway, its MCP tools and this command line, so a script reads `"status": "completed"` and
 `"revision": 2` whichever it asked. Tables fit a terminal's width; written anywhere else
 (a pipe, a file) they keep every value whole, however wide.
@@ -17,8 +17,8 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from services.gateway.jsonmap import to_json
 from tools.cli.context import Options
+from workshop.kit.jsonmap import to_json
 
 Row = Mapping[str, Any]
 

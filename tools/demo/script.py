@@ -21,12 +21,12 @@ from google.protobuf import json_format
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from services.gateway.jsonmap import from_json
 from tools.demo.footage import Footage
 from tools.demo.stack import CALL_TIMEOUT_S, RECORDINGS_BUCKET, Stack
 from tools.demo.terminal import Console
 from tools.localstack.host import tail
 from tools.localstack.processes import run_module
+from workshop.kit.jsonmap import from_json
 from workshop.v1 import common_pb2, run_pb2, workflow_pb2
 
 MODEL = "demo_detector"

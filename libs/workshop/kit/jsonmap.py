@@ -1,5 +1,10 @@
 """Protobuf messages to and from the HTTP API's JSON, and the JSON Schema of that mapping.
 
+It lives in the kit, not in the gateway, because three programs must spell a message the
+same way: the gateway (its bodies, OpenAPI documents and MCP tools), the `workshop`
+command line (`--json` output, tools/cli/output.py) and the demo (tools/demo/script.py);
+tools never import a service (docs/architecture.md, "Import rules").
+
 The gateway's bodies are the messages of `workshop.v1`, spelled as JSON by these rules
 (docs/http-api.md, "JSON conventions", says the same for API users):
 
