@@ -13,7 +13,7 @@ every 60 s, one workshop:run key per processor, and 20 full runs (5 per runtime)
 Measured:
 - throughput: 8 processor processes (multiprocessing, spawn), 2 per runtime, each on
   its own loopback gRPC channel (`workshop.kit.channels.open_channel`), run the cycle
-  the processor runs for short jobs (services/processor/worker.py), one job at a time
+  the processor runs for short jobs (services/processor/leases.py), one job at a time
   with `--in-flight` places (default 3, the processor's): a Claim batched to its free
   places (max_jobs, a fresh request_id each) when it holds no job, then per job
   ReportProgress x2 (each renews the lease, so no Heartbeat is due) -> Complete (all 60
@@ -88,7 +88,7 @@ from bench import grpc_floor
 from bench.proc_stats import busy_cores_s, family_cpu_s, self_cpu_s
 from bench.profiling import stack_counts
 from bench.stats import median, percentile
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
 from testbed.coordinator_leases import empty_result
 from testbed.coordinator_world import (

@@ -29,9 +29,9 @@ import grpc
 import pytest
 from minio.error import S3Error
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.preview.storage import ObjectStore
-from services.processor import worker
+from services.processor import publishing
 from services.processor.direct_writes import DirectPreviews
 from testbed.coordinator_leases import complete_request, empty_result
 from testbed.coordinator_world import (
@@ -351,7 +351,7 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
     HELD.clear()
     GATE.clear()
     direct = path == "direct"
-    monkeypatch.setattr(worker, "DirectPreviews", HeldPosts)
+    monkeypatch.setattr(publishing, "DirectPreviews", HeldPosts)
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     server = s3_bucket.server
     log: list[Call] = []

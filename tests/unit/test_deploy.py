@@ -17,9 +17,9 @@ from services.gateway.settings import PREFIX as GATEWAY
 from services.gateway.settings import GatewaySettings
 from services.preview.settings import PREFIX as PREVIEW
 from services.preview.settings import PreviewSettings
+from services.processor.leases import RELEASE_SECONDS
 from services.processor.settings import PREFIX as PROCESSOR
 from services.processor.settings import ProcessorSettings
-from services.processor.worker import RELEASE_SECONDS
 from tests.deploy_render import (
     OVERLAYS,
     WORKLOADS,
