@@ -65,10 +65,13 @@ demo: $(STAMP)
 demo-stop: $(STAMP)
 	$(BIN)/python -m tools.demo stop $(ARGS)
 
+# lint-imports checks the import rules of pyproject.toml's [tool.importlinter]
+# (docs/architecture.md, "Import rules"); it takes well under a second, so no cache dir.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/buf lint
 
 fmt: $(STAMP)
