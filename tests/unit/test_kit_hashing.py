@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import services.processor
 from workshop.kit import processor_manifest
 from workshop.kit.hashing import canonical_json, runtime_id, sha256_hex, tree_sha256
 
@@ -58,3 +59,13 @@ def test_processor_manifest_changes_when_its_source_changes(tmp_path: Path) -> N
     assert after["runtime_id"] == runtime_id(
         engine=processor_manifest.ENGINE, device_id="gpu-box", code_sha256=after["code_sha256"]
     )
+
+
+def test_processor_manifest_hashes_the_installed_processor_package() -> None:
+    # The manifest lives in the kit, so its default root is found by name, not beside it.
+    package = Path(services.processor.__file__).resolve().parent
+    assert processor_manifest.package_root() == package
+    assert processor_manifest.code_sha256() == processor_manifest.code_sha256(package)
+    digest = tree_sha256(package, processor_manifest.source_files(package))
+    assert processor_manifest.manifest_for("gpu-box")["code_sha256"] == digest
+    assert processor_manifest.registration("gpu-box").code_sha256 == digest
