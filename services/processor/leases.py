@@ -78,6 +78,61 @@ class Held:
     renewed_at: float
 
 
+class Renewals:
+    """The leases held by jobs at work, and their renewal: every third of the shortest
+    interval, one batched Heartbeat renews those not renewed for an interval (a progress
+    report renews its own); a job whose lease is lost stops, the others go on."""
+
+    def __init__(
+        self, jobs: jobs_pb2_grpc.JobServiceAsyncStub, call: Caller, heartbeat_seconds: float
+    ) -> None:
+        self._jobs = jobs
+        self._call = call
+        self._heartbeat_seconds = heartbeat_seconds  # 0: the interval Claim hands out
+        self._held: dict[str, Held] = {}  # by run/job/generation
+
+    def hold(self, job: jobs_pb2.ClaimedJob, work: asyncio.Task[None]) -> Held:
+        """Renews the job's lease while `work` runs under it, until let_go()."""
+        interval = (
+            self._heartbeat_seconds or job.heartbeat_interval.ToTimedelta().total_seconds() or 45.0
+        )
+        held = Held(job.lease, work, interval, asyncio.get_running_loop().time())
+        self._held[_lease_key(job.lease)] = held
+        return held
+
+    def let_go(self, lease: common_pb2.LeaseRef) -> None:
+        """No more renewals: the job ended, or its Complete's own answer decides now."""
+        self._held.pop(_lease_key(lease), None)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            tick = min((held.interval for held in self._held.values()), default=1.0) / 3
+            await asyncio.sleep(tick)
+            now = loop.time()
+            due = [held for held in self._held.values() if now - held.renewed_at >= held.interval]
+            if not due:
+                continue
+            try:
+                reply = await self._call(
+                    self._jobs.Heartbeat,
+                    jobs_pb2.HeartbeatRequest(leases=[held.lease for held in due]),
+                )
+            except (Refused, ServiceUnavailable) as error:  # try again next beat
+                log.warning("heartbeat failed: %s", error)
+                continue
+            for held, renewal in zip(due, reply.renewals, strict=True):
+                if renewal.renewed:
+                    held.renewed_at = now
+                    continue
+                log.info(
+                    "lease of %s/%s lost: %s", held.lease.run_id, held.lease.job_id, renewal.reason
+                )
+                if self._held.get(_lease_key(held.lease)) is held:
+                    # still working under it (not in its Complete, whose answer decides)
+                    held.work.cancel()
+
+
 @dataclasses.dataclass
 class LeaseLoop:
     """Claims jobs for one runtime and runs each under its lease (see the module)."""
@@ -99,12 +154,15 @@ class LeaseLoop:
     _hurried: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _running: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
     _claim_pause: float = 0.0  # seconds the loop waits before its next claim (after hand-backs)
-    _held: dict[str, Held] = dataclasses.field(default_factory=dict)  # by run/job/generation
+    _renewals: Renewals = dataclasses.field(init=False)
     completed: int = 0
     failed: int = 0
     handed_back: int = 0
     drained: int = 0  # jobs in flight when a drain began that ended during it
     released_at_stop: int = 0  # jobs still running at a stop, handed back
+
+    def __post_init__(self) -> None:
+        self._renewals = Renewals(self.jobs, self.call, self.heartbeat_seconds)
 
     @property
     def running_jobs(self) -> set[asyncio.Task[None]]:
@@ -121,7 +179,7 @@ class LeaseLoop:
             self._draining.clear()
             self._hurried.clear()
             slots = asyncio.Semaphore(self.in_flight)
-            self._beating = asyncio.create_task(self._heartbeats(), name="heartbeats")
+            self._beating = asyncio.create_task(self._renewals.run(), name="heartbeats")
             self._claiming = asyncio.create_task(self._claims(slots), name="claim-loop")
 
     async def drain(self) -> None:
@@ -301,12 +359,8 @@ class LeaseLoop:
         lease = job.lease
         work = asyncio.current_task()
         assert work is not None
-        key = _lease_key(lease)
-        interval = (
-            self.heartbeat_seconds or job.heartbeat_interval.ToTimedelta().total_seconds() or 45.0
-        )
         loop = asyncio.get_running_loop()
-        held = self._held[key] = Held(lease, work, interval, loop.time())
+        held = self._renewals.hold(job, work)
 
         async def progress(percent: int) -> None:
             await self.call(
@@ -320,7 +374,7 @@ class LeaseLoop:
             result, decoder = await self.work(job, progress)
             # Complete's own answer decides now: a heartbeat racing it would find the job
             # finished and stop it between the commit and its answer
-            self._held.pop(key, None)
+            self._renewals.let_go(lease)
             complete = jobs_pb2.CompleteRequest(
                 lease=lease,
                 code_sha256=self.code_sha256,
@@ -360,7 +414,7 @@ class LeaseLoop:
                 await self._release_now(lease)
             raise
         finally:
-            self._held.pop(key, None)
+            self._renewals.let_go(lease)
             _release(slots, 1 - len(following))
             for claimed in following:
                 self._start(claimed, slots)
@@ -403,37 +457,6 @@ class LeaseLoop:
         )
         with contextlib.suppress(LeaseLost, ServiceUnavailable, Refused):
             await self.call(self.jobs.Release, jobs_pb2.ReleaseRequest(lease=lease))
-
-    async def _heartbeats(self) -> None:
-        """Renews, every third of an interval, the leases not renewed for an interval (a
-        progress report renews its own), all in one Heartbeat; a job whose lease is lost
-        stops, the others go on."""
-        loop = asyncio.get_running_loop()
-        while True:
-            tick = min((held.interval for held in self._held.values()), default=1.0) / 3
-            await asyncio.sleep(tick)
-            now = loop.time()
-            due = [held for held in self._held.values() if now - held.renewed_at >= held.interval]
-            if not due:
-                continue
-            try:
-                reply = await self.call(
-                    self.jobs.Heartbeat,
-                    jobs_pb2.HeartbeatRequest(leases=[held.lease for held in due]),
-                )
-            except (Refused, ServiceUnavailable) as error:  # try again next beat
-                log.warning("heartbeat failed: %s", error)
-                continue
-            for held, renewal in zip(due, reply.renewals, strict=True):
-                if renewal.renewed:
-                    held.renewed_at = now
-                    continue
-                log.info(
-                    "lease of %s/%s lost: %s", held.lease.run_id, held.lease.job_id, renewal.reason
-                )
-                if self._held.get(_lease_key(held.lease)) is held:
-                    # still working under it (not in its Complete, whose answer decides)
-                    held.work.cancel()
 
 
 def _release(slots: asyncio.Semaphore, places: int) -> None:
