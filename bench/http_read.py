@@ -36,7 +36,7 @@ import grpc
 
 from bench import proc_stats
 from bench.stats import median, percentile
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import coordinator_client
 from testbed.harness.postgres import PostgresUnavailable, create_migrated_database, postgres_cluster

@@ -67,7 +67,7 @@ import httpx
 
 from bench import proc_stats
 from bench.stats import median, percentile
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
 from testbed.harness.postgres import (

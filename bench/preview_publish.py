@@ -69,7 +69,7 @@ from minio import Minio
 from bench.proc_stats import CpuMeter
 from bench.services import separate_services
 from bench.stats import median, percentile
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.processor.direct_writes import DirectPreviews
 from testbed.coordinator_world import CODE, build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator

@@ -113,7 +113,7 @@ from bench.proc_stats import CpuMeter, MemoryWatch, busy_cores_s, delta, hwm_mb,
 from bench.results import result_line
 from bench.services import separate_services
 from bench.stats import median
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.validation import MIN_INTERVAL_SECONDS
 from services.processor.images import JPEG, encode_jpeg
 from testbed.coordinator_world import save_workflow, stamp, workflow_spec

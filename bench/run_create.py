@@ -41,7 +41,7 @@ from types import FrameType
 from typing import Any
 
 from bench.stats import median
-from services.coordinator.auth import Grant, Principal, ScopeName
+from services.coordinator.identity.auth import Grant, Principal, ScopeName
 from services.coordinator.platform import queries
 from services.coordinator.platform.db import Database
 from services.coordinator.workshop_api import WorkshopApi
@@ -257,12 +257,12 @@ class Timed:
 
 
 class StatementClock:
-    """asyncpg query logger: each statement's client-side time, named as in sql/*.sql."""
+    """asyncpg query logger: each statement's client-side time, named as in its .sql files."""
 
     def __init__(self) -> None:
         self.names = {
             text: f"{path.stem}.{name}"
-            for path in sorted(queries.SQL_DIR.glob("*.sql"))
+            for path in queries.sql_files()
             for name, text in queries.load(path.stem).items()
         }
         self.timed: list[Timed] = []

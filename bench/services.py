@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
 from tools.localstack.processes import ServiceProcess, running_service
 from tools.localstack.s3 import S3Server

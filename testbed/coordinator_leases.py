@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.results import result_digest
 from testbed.coordinator_world import (
     CODE,

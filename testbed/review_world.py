@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_leases import Setup, complete_request, empty_result, stage_upload
 from testbed.coordinator_world import (
     CODE,

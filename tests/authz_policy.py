@@ -1,6 +1,6 @@
 """Who may call each gRPC RPC: the declared policy that `tests/service/test_authz_matrix.py` checks.
 
-The services enforce it in code (`services/coordinator/auth.py` `require` and the API
+The services enforce it in code (`services/coordinator/identity/auth.py` `require` and the API
 modules that call it; the preview service forwards its caller's credential to the
 coordinator); this table says the same thing in one place, so a change to either shows
 up as a failing cell. Every RPC of every Workshop service needs a row: a new RPC

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import grpc
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.processor.inference import ModelServer
 from services.processor.recordings import RecordingStore
 from services.processor.worker import Processor

@@ -13,8 +13,8 @@ from datetime import timedelta
 import grpc
 
 from services.coordinator.app import build
-from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.operator_api import insert_key
+from services.coordinator.identity.accounts import insert_key
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.clock import Clock, StoredClock, SystemClock
 from services.coordinator.platform.db import Database, PostgresError
 from services.coordinator.platform.migrate import (

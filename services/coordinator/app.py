@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-from services.coordinator.auth import PRINCIPAL_CACHE_SECONDS
 from services.coordinator.events import RunEvents
-from services.coordinator.identity_api import IdentityApi, LoginLimits
+from services.coordinator.identity.accounts import Accounts
+from services.coordinator.identity.auth import PRINCIPAL_CACHE_SECONDS
+from services.coordinator.identity.passwords import Passwords
+from services.coordinator.identity.signin import IdentityApi, LoginLimits
 from services.coordinator.job_gauges import JobsByState
 from services.coordinator.jobs_api import LEASE, JobsApi
 from services.coordinator.maintenance import Maintenance
-from services.coordinator.operator_api import OperatorApi
-from services.coordinator.passwords import Passwords
+from services.coordinator.operator_api import OperatorApi, check_grant_targets
 from services.coordinator.photos import PhotosApi
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
@@ -104,12 +105,15 @@ def grpc_services(
 ) -> list[GrpcService]:
     snapshots = SnapshotCache(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
-    operator = OperatorServicer(OperatorApi(db, clock, passwords), authenticate)
+    accounts = Accounts(db, clock, check_grant_targets, passwords)
+    operator = OperatorServicer(OperatorApi(db, clock), accounts, authenticate)
     reviews = ReviewApi(db, clock)
     workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), reviews, authenticate, events)
     jobs = JobServicer(JobsApi(db, clock, snapshots, lease=lease), authenticate, events)
     publication = PublicationServicer(PublicationApi(db, clock, snapshots), reviews, authenticate)
-    identity = IdentityServicer(authenticate, IdentityApi(db, clock, passwords, login_limits))
+    identity = IdentityServicer(
+        authenticate, IdentityApi(db, clock, passwords, check_grant_targets, login_limits)
+    )
     return [
         GrpcService(
             "workshop.v1.IdentityService",

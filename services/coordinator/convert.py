@@ -15,17 +15,15 @@ from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.accounts import KeyRow, SessionRow, UserRow
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.operator_api import (
     BucketRow,
     CameraRow,
     DeviceRow,
-    KeyRow,
     ModelVersionRow,
     RecordingRow,
     RuntimeRow,
-    SessionRow,
-    UserRow,
 )
 from services.coordinator.platform.errors import InvalidField
 from workshop.v1 import common_pb2, operator_pb2, resources_pb2

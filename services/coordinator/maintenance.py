@@ -13,7 +13,7 @@ import logging
 from datetime import timedelta
 
 from services.coordinator import review
-from services.coordinator.identity_api import LOGIN_WINDOW
+from services.coordinator.identity.signin import LOGIN_WINDOW, forget_login_failures
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Database, Row, fetch_all, sql
 from services.coordinator.platform.metrics import LEASE_LAPSES
@@ -99,9 +99,7 @@ class Maintenance(Periodic):
                     if len(rescued) < BATCH:
                         break
                 grouped = await review.group_backlog(self.db)
-                pruned = await connection.execute(
-                    sql("auth", "login_failures_prune"), now - self.login_window
-                )
+                forgotten = await forget_login_failures(connection, now - self.login_window)
             finally:
                 await connection.execute(sql("jobs", "maintenance_unlock"))
         return Pass(
@@ -109,5 +107,5 @@ class Maintenance(Periodic):
             exhausted=exhausted,
             expired=expired,
             grouped=grouped,
-            logins_forgotten=int(pruned.split()[-1]),  # the status "DELETE <count>"
+            logins_forgotten=forgotten,
         )

@@ -1,11 +1,12 @@
 """Operator tasks (docs/concepts.md, docs/operations.md): devices, runtimes, cameras,
-recordings, models, buckets, users, sessions, keys, the policy revision and the manual clock.
+recordings, models, buckets and the manual clock (users, sessions, keys and the policy
+revision are the identity room's: services/coordinator/identity/accounts.py).
 
 Every function takes the caller's principal and checks it holds `admin`, but for listing
 devices and runtimes and registering a runtime, which `workshop` (a website session, an
 Agent key) may do too.
 Results are the typed rows below (devices, runtimes, cameras, recordings, model
-versions, buckets, users, sessions, keys); the servicer renders them. Workshop, photo
+versions, buckets); the servicer renders them. Workshop, photo
 and scheduler code read the same resources through these rows.
 """
 
@@ -16,9 +17,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from services.coordinator import auth
-from services.coordinator.auth import Grant, Principal, ScopeName
-from services.coordinator.passwords import Passwords, check_new_password
+from services.coordinator.identity import auth
+from services.coordinator.identity.auth import Grant, Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,
@@ -34,16 +34,12 @@ from services.coordinator.platform.errors import (
     IdConflict,
     InvalidField,
     NotFound,
-    StaleRevision,
 )
 from services.coordinator.platform.fields import check_id, check_sha256
-from workshop.kit.errors import FailedPrecondition
 from workshop.kit.hashing import canonical_json, runtime_manifest
 from workshop.kit.hashing import runtime_id as compute_runtime_id
 
 RECORDING_RETENTION = timedelta(days=40)
-DEFAULT_SESSION_TTL = timedelta(hours=12)
-MAX_SESSION_TTL = timedelta(days=30)
 TRACKING_CAPABILITY = "workshop-v3"
 
 R = TypeVar("R", bound="Row")
@@ -116,40 +112,6 @@ class BucketRow(Row):
     deleted_at: datetime | None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class UserRow(Row):
-    user_id: str
-    display_name: str
-    created_at: datetime
-    disabled_at: datetime | None
-    has_password: bool  # never the hash itself
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SessionRow(Row):
-    session_id: str
-    user_id: str
-    created_at: datetime
-    expires_at: datetime
-    revoked_at: datetime | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeyRow(Row):
-    key_id: str
-    name: str
-    user_id: str | None
-    scopes: list[dict[str, object]]  # Grant.to_json of each grant (jsonb)
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None
-    last_used_at: datetime | None
-
-    @property
-    def grants(self) -> tuple[Grant, ...]:
-        return tuple(Grant.from_json(value) for value in self.scopes)
-
-
 def _require_admin(principal: Principal) -> None:
     auth.require(principal, ScopeName.ADMIN)
 
@@ -159,16 +121,10 @@ def _require_workshop(principal: Principal) -> None:
     auth.require(principal, ScopeName.WORKSHOP)
 
 
-def login_subject(user_id: str) -> str:
-    """The throttle's subject for a user's failed logins (table login_failures)."""
-    return f"user:{user_id}"
-
-
 class OperatorApi:
-    def __init__(self, db: Database, clock: Clock, passwords: Passwords | None = None) -> None:
+    def __init__(self, db: Database, clock: Clock) -> None:
         self.db = db
         self.clock = clock
-        self.passwords = passwords or Passwords()
 
     # devices and runtimes ---------------------------------------------------------
 
@@ -464,122 +420,6 @@ class OperatorApi:
         _require_admin(who)
         return await self._all(BucketRow, sql("resources", "bucket_list"), after, limit)
 
-    # principals ---------------------------------------------------------------------------
-
-    async def create_user(self, who: Principal, user_id: str, display_name: str) -> UserRow:
-        _require_admin(who)
-        check_id("user_id", user_id)
-        row = await self._one(
-            UserRow, sql("auth", "user_create"), user_id, display_name, self.clock.now()
-        )
-        if row is not None:
-            return row
-        existing = await self._one(UserRow, sql("auth", "user_get"), user_id)
-        assert existing is not None  # the insert found it
-        if existing.display_name != display_name:
-            raise IdConflict(f"User {user_id!r} exists with another display name.")
-        return existing
-
-    async def disable_user(self, who: Principal, user_id: str) -> UserRow:
-        _require_admin(who)
-        row = await self._one(UserRow, sql("auth", "user_disable"), user_id, self.clock.now())
-        if row is None:
-            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
-        return row
-
-    async def set_user_password(self, who: Principal, user_id: str, password: str) -> UserRow:
-        """Stores the argon2id hash of a new password and clears the user's counted login
-        failures. The password is never logged, stored or quoted."""
-        _require_admin(who)
-        check_new_password(password)
-        if await self._one(UserRow, sql("auth", "user_get"), user_id) is None:
-            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
-        digest = await self.passwords.hash(password)
-        row = await self._one(
-            UserRow, sql("auth", "user_set_password"), user_id, digest, login_subject(user_id)
-        )
-        if row is None:  # gone meanwhile (users are never deleted today)
-            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
-        return row
-
-    async def create_session(
-        self, who: Principal, user_id: str, ttl: timedelta | None
-    ) -> tuple[SessionRow, str]:
-        _require_admin(who)
-        lifetime = ttl if ttl else DEFAULT_SESSION_TTL
-        if not timedelta(0) < lifetime <= MAX_SESSION_TTL:
-            raise InvalidField("A session's ttl must be positive and at most 30 days.")
-        user = await self._one(UserRow, sql("auth", "user_get"), user_id)
-        if user is None:
-            raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
-        if user.disabled_at is not None:
-            raise FailedPrecondition(f"User {user_id!r} is disabled.", reason="AUTHORITY_REVOKED")
-        async with self.db.connection() as connection:
-            return await insert_session(connection, user_id, lifetime, self.clock.now())
-
-    async def revoke_session(self, who: Principal, session_id: str) -> SessionRow:
-        _require_admin(who)
-        row = await self._one(
-            SessionRow, sql("auth", "session_revoke"), session_id, self.clock.now()
-        )
-        if row is None:
-            raise NotFound("session", session_id, f"Session {session_id!r} does not exist.")
-        return row
-
-    async def create_key(
-        self,
-        who: Principal,
-        *,
-        name: str,
-        grants: Sequence[Grant],
-        user_id: str,
-        ttl: timedelta | None,
-    ) -> tuple[KeyRow, str]:
-        _require_admin(who)
-        checked = auth.validate_grants(grants)
-        if ttl is not None and ttl <= timedelta(0):
-            raise InvalidField("ttl must be positive.")
-        async with self.db.transaction() as connection:
-            await check_grant_targets(connection, checked, user_id)
-            return await insert_key(connection, name, checked, user_id, ttl, self.clock.now())
-
-    async def revoke_key(self, who: Principal, key_id: str) -> KeyRow:
-        _require_admin(who)
-        row = await self._one(KeyRow, sql("auth", "key_revoke"), key_id, self.clock.now())
-        if row is None:
-            raise NotFound("key", key_id, f"Key {key_id!r} does not exist.")
-        return row
-
-    async def list_keys(
-        self,
-        who: Principal,
-        include_revoked: bool,
-        after: tuple[datetime, str] | None,
-        limit: int,
-    ) -> list[KeyRow]:
-        _require_admin(who)
-        after_at, after_id = after if after else (None, None)
-        return await self._all(
-            KeyRow, sql("auth", "key_list"), include_revoked, after_at, after_id, limit
-        )
-
-    async def policy_revision(self, who: Principal) -> int:
-        _require_admin(who)
-        revision = await self._revision(sql("auth", "policy_get"))
-        assert revision is not None  # the policy table holds its one row
-        return revision
-
-    async def raise_policy_revision(self, who: Principal, expected: int | None) -> int:
-        _require_admin(who)
-        revision = await self._revision(sql("auth", "policy_raise"), expected)
-        if revision is None:
-            current = await self._revision(sql("auth", "policy_get"))
-            raise StaleRevision(
-                f"The policy revision is {current}, not {expected}.",
-                metadata={"current_revision": str(current)},
-            )
-        return int(revision)
-
     # clock ------------------------------------------------------------------------------------
 
     async def get_clock(self, who: Principal) -> tuple[datetime, bool]:
@@ -606,19 +446,10 @@ class OperatorApi:
         async with self.db.connection() as connection:
             return await fetch_one(connection, row, query, *args)
 
-    async def _revision(self, query: str, *args: object) -> int | None:
-        """The policy revision `query` answers (None: a raise that found another)."""
-        async with self.db.connection() as connection:
-            revision: int | None = await connection.fetchval(query, *args)
-            return revision
 
-
-async def check_grant_targets(
-    connection: Connection, grants: Sequence[Grant], user_id: str
-) -> None:
-    """NotFound unless the user and every device and camera the grants name exist."""
-    if user_id and await connection.fetchrow(sql("auth", "user_get"), user_id) is None:
-        raise NotFound("user", user_id, f"User {user_id!r} does not exist.")
+async def check_grant_targets(connection: Connection, grants: Sequence[Grant]) -> None:
+    """NotFound unless every device and camera the grants name exist (identity's
+    `GrantTargets`: it asks before it stores a key)."""
     cameras = set(await fetch_column(connection, str, sql("resources", "camera_ids_all")))
     for grant in grants:
         if grant.device_id and (
@@ -630,50 +461,3 @@ async def check_grant_targets(
         missing = sorted(set(grant.camera_ids) - cameras)
         if missing:
             raise NotFound("camera", missing[0], f"Unknown cameras in scope: {', '.join(missing)}.")
-
-
-async def insert_session(
-    connection: Connection, user_id: str, lifetime: timedelta, now: datetime
-) -> tuple[SessionRow, str]:
-    """Stores a new session of `user_id` (checked to exist and be enabled by the caller);
-    returns its row and its secret (shown once). CreateSession and Login both make their
-    sessions here."""
-    session_id, secret, digest = auth.new_credential(auth.SESSION_PREFIX)
-    row = await fetch_one(
-        connection,
-        SessionRow,
-        sql("auth", "session_create"),
-        session_id,
-        user_id,
-        digest,
-        now,
-        now + lifetime,
-    )
-    assert row is not None  # an insert returns its row
-    return row, secret
-
-
-async def insert_key(
-    connection: Connection,
-    name: str,
-    grants: Sequence[Grant],
-    user_id: str,
-    ttl: timedelta | None,
-    now: datetime,
-) -> tuple[KeyRow, str]:
-    """Stores a new key; returns its row and its secret (shown once)."""
-    key_id, secret, digest = auth.new_credential(auth.KEY_PREFIX)
-    row = await fetch_one(
-        connection,
-        KeyRow,
-        sql("auth", "key_create"),
-        key_id,
-        name,
-        user_id or None,
-        digest,
-        [grant.to_json() for grant in grants],
-        now,
-        now + ttl if ttl else None,
-    )
-    assert row is not None  # an insert returns its row
-    return row, secret

@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf import json_format
 
-from services.coordinator import auth, convert
-from services.coordinator.auth import Principal, ScopeName
+from services.coordinator import convert
+from services.coordinator.identity import auth
+from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, Row, fetch_one, sql
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound

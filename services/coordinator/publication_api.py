@@ -14,8 +14,8 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
-from services.coordinator import auth
-from services.coordinator.auth import Principal, ScopeName
+from services.coordinator.identity import auth
+from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.jobs_api import Lease, job_id, lease_args, raise_for, reporter
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Database, Row, fetch_all, fetch_one, sql

@@ -16,8 +16,9 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from services.coordinator import auth, sightings
-from services.coordinator.auth import Principal, ScopeName
+from services.coordinator import sightings
+from services.coordinator.identity import auth
+from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,

@@ -16,7 +16,7 @@ import logging
 import zoneinfo
 from datetime import datetime, time
 
-from services.coordinator.auth import SCHEDULER
+from services.coordinator.identity.auth import SCHEDULER
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, Row, fetch_all, sql
 from services.coordinator.workshop_api import RunRequest, WorkshopApi, choose_runtime

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-from services.coordinator.auth import PRINCIPAL_CACHE_MAX_SECONDS, PRINCIPAL_CACHE_SECONDS
-from services.coordinator.identity_api import (
+from services.coordinator.identity.auth import PRINCIPAL_CACHE_MAX_SECONDS, PRINCIPAL_CACHE_SECONDS
+from services.coordinator.identity.signin import (
     LOGIN_ADDRESS_FAILURES,
     LOGIN_USER_FAILURES,
     LOGIN_WINDOW,

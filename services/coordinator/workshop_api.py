@@ -16,8 +16,9 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from services.coordinator import auth, convert, planning, validation
-from services.coordinator.auth import Principal, ScopeName
+from services.coordinator import convert, planning, validation
+from services.coordinator.identity import auth
+from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.operator_api import BucketRow, CameraRow, ModelVersionRow, RuntimeRow
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (

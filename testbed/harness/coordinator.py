@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from services.coordinator.app import build
-from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.operator_api import insert_key
+from services.coordinator.identity.accounts import insert_key
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.clock import FrozenClock
 from services.coordinator.platform.db import Database
 from testbed.harness.processes import ServiceProcess, running_service

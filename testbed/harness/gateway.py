@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.gateway.app import GatewayApp, build
 from services.gateway.settings import GatewaySettings
 from testbed.coordinator_world import World, build_world, save_workflow, workflow_spec

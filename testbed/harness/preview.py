@@ -27,7 +27,7 @@ import av
 import numpy as np
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.preview.app import PreviewApp, build
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore, RemovalFailure

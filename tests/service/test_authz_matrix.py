@@ -39,7 +39,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_leases import complete_request, empty_result
 from testbed.coordinator_world import CODE, run_request
 from testbed.harness.coordinator import CoordinatorHarness

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.preview.errors import StorageMisconfigured
 from services.preview.storage import ObjectStore
 from testbed.coordinator_leases import leased, setup

@@ -10,7 +10,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import GatewayHarness

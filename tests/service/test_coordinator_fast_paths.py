@@ -19,7 +19,7 @@ from datetime import UTC, timedelta
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.jobs_api import LEASE, JobsApi, SlotFacts, lease_from
 from services.coordinator.platform.db import Database, sql
 from services.coordinator.results import result_digest

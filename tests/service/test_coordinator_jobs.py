@@ -12,7 +12,7 @@ from datetime import UTC, timedelta
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
 from testbed.coordinator_leases import (
     Setup,

@@ -61,7 +61,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.results import result_digest
 from testbed.coordinator_leases import Metadata, Setup, on_behalf, setup

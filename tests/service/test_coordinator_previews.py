@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_leases import (
     Metadata,
     Setup,

@@ -10,7 +10,7 @@ import asyncpg
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.errors import NEEDS_TRACKING_MESSAGE, NO_MEDIA_MESSAGE
 from testbed.coordinator_world import (
     DAY,

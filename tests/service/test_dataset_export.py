@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from pycocotools.coco import COCO
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.preview import exporting
 from testbed.coordinator_leases import Setup
 from testbed.coordinator_world import error_reason

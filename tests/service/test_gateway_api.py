@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import World
 from testbed.harness.gateway import PASSWORD, Browser, GatewayHarness, running_gateway
 from testbed.harness.preview import PreviewHarness

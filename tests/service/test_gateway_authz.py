@@ -62,7 +62,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from websockets.typing import Origin
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.gateway.guard import csrf_token
 from testbed.coordinator_world import CODE, DAY, run_request, save_workflow, stamp
 from testbed.harness.gateway import PASSWORD, GatewayHarness

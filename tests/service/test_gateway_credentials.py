@@ -28,7 +28,7 @@ import pytest
 import websockets
 from websockets.typing import Origin
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import GatewayHarness, running_gateway
 from workshop.kit.auth import MAX_SECRET_BYTES

@@ -25,7 +25,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.gateway import live_socket
 from services.gateway.live import UNAVAILABLE_REASON, LiveHub
 from testbed.coordinator_leases import (

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_leases import Setup
 from testbed.coordinator_world import CODE, run_request
 from testbed.harness.gateway import Browser, GatewayHarness

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import websockets
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.processes import ServiceProcess, prefixed

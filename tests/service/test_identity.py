@@ -11,7 +11,7 @@ import grpc
 import pytest
 from minio import Minio
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.s3 import S3Server
 from workshop.kit.auth import bearer_metadata

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.gateway.routes import OPERATIONS
 from testbed.coordinator_world import (
     DAY,

@@ -23,7 +23,7 @@ import pytest
 from argon2 import PasswordHasher
 from google.protobuf.duration_pb2 import Duration
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
 from testbed.coordinator_leases import create_run, setup
 from testbed.coordinator_world import error_reason

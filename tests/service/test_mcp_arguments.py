@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, save_workflow, workflow_spec
 from testbed.harness.gateway import GatewayHarness
 from tests.mcp_session import agent, error, mcp_client, ok

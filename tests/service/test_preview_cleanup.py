@@ -17,7 +17,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from testbed.coordinator_leases import create_run, setup

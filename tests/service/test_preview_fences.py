@@ -19,7 +19,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.maintenance import Maintenance
 from services.coordinator.platform.db import Record
 from services.preview.settings import PreviewSettings

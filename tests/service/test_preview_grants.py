@@ -15,7 +15,7 @@ import grpc
 import pytest
 import urllib3
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_leases import (
     Setup,
     claimed,

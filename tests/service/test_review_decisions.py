@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from services.coordinator import review
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_leases import Setup, on_behalf, record_request, refused
 from testbed.coordinator_world import CODE, DAY, put_recording, run_request
 from testbed.harness.coordinator import CoordinatorHarness

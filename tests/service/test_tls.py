@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from services.coordinator.app import build
-from services.coordinator.auth import Grant, ScopeName
-from services.coordinator.operator_api import insert_key
+from services.coordinator.identity.accounts import insert_key
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.clock import FrozenClock
 from services.coordinator.platform.db import Database
 from services.coordinator.settings import CoordinatorSettings

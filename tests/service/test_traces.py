@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world, save_workflow, workflow_spec
 from testbed.harness.coordinator import coordinator_client
 from testbed.harness.processes import ServiceProcess, prefixed

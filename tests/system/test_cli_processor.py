@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import CODE, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness

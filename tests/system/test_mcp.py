@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mcp_types import ImageContent
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import build_world as coordinator_world
 from testbed.coordinator_world import save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness

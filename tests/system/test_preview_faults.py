@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from services.coordinator.auth import Grant, ScopeName
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.preview.coordinator import refused
 from testbed.coordinator_leases import Setup, claim, create_run, setup
 from testbed.coordinator_world import error_reason

@@ -180,7 +180,8 @@ async def catalog(dsn: str, query: str) -> set[str]:
 def functions_called(tree: Path) -> set[str]:
     """Names that `tree`'s coordinator SQL calls and its migrations define."""
     coordinator = tree / "services" / "coordinator"
-    text = "\n".join(p.read_text(encoding="utf-8") for p in (coordinator / "sql").glob("*.sql"))
+    named = [p for p in coordinator.glob("*/*.sql") if p.parent.name != "migrations"]  # sql/, rooms
+    text = "\n".join(p.read_text(encoding="utf-8") for p in named)
     called = set(re.findall(r"\b([a-z_][a-z0-9_]*)\s*\(", re.sub(r"--[^\n]*", "", text)))
     migrations = "\n".join(
         p.read_text(encoding="utf-8") for p in (coordinator / "migrations").glob("*.sql")

@@ -30,10 +30,10 @@ import unicodedata
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from services.coordinator import auth
-from services.coordinator.auth import Grant, Principal, ScopeName
-from services.coordinator.operator_api import (
+from services.coordinator.identity import auth
+from services.coordinator.identity.accounts import (
     DEFAULT_SESSION_TTL,
+    GrantTargets,
     KeyRow,
     SessionRow,
     check_grant_targets,
@@ -41,9 +41,10 @@ from services.coordinator.operator_api import (
     insert_session,
     login_subject,
 )
-from services.coordinator.passwords import Passwords, check_login_password
+from services.coordinator.identity.auth import Grant, Principal, ScopeName
+from services.coordinator.identity.passwords import Passwords, check_login_password
 from services.coordinator.platform.clock import Clock
-from services.coordinator.platform.db import Database, Row, fetch_all, fetch_one, sql
+from services.coordinator.platform.db import Connection, Database, Row, fetch_all, fetch_one, sql
 from services.coordinator.platform.errors import (
     InvalidField,
     LoginFailed,
@@ -96,6 +97,13 @@ class BlockingFailure(Row):
     blocking_at: datetime | None
 
 
+async def forget_login_failures(connection: Connection, before: datetime) -> int:
+    """Deletes the failed logins recorded before `before` (maintenance's pass, on its own
+    connection); returns how many."""
+    status = await connection.execute(sql("auth", "login_failures_prune"), before)
+    return int(status.split()[-1])  # the status "DELETE <count>"
+
+
 def address_subject(client_address: str) -> str:
     return f"address:{client_address}"
 
@@ -135,11 +143,13 @@ class IdentityApi:
         db: Database,
         clock: Clock,
         passwords: Passwords,
+        grant_targets: GrantTargets,
         limits: LoginLimits | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
         self.passwords = passwords
+        self.grant_targets = grant_targets
         self.limits = limits or LoginLimits()
 
     # signing in and out -----------------------------------------------------------------
@@ -248,7 +258,7 @@ class IdentityApi:
                 "ttl must be positive and at most 365 days.", metadata={"field": "ttl"}
             )
         async with self.db.transaction() as connection:
-            await check_grant_targets(connection, checked, who.user_id)
+            await check_grant_targets(connection, checked, who.user_id, self.grant_targets)
             return await insert_key(
                 connection, name, checked, who.user_id, lifetime, self.clock.now()
             )

@@ -1,4 +1,8 @@
-"""Named SQL blocks loaded from the `.sql` files beside this module.
+"""Named SQL blocks loaded from the coordinator's `.sql` files.
+
+A room keeps its statements beside its modules (`identity/auth.sql`); statements not yet
+moved into a room live in `sql/`. A file stem names one file across both places, so
+call sites say `sql("auth", "key_revoke")` wherever the file lives.
 
 A file holds blocks that start with `-- name: entity_verb`; the text up to the
 next such line is the statement. Python code refers to statements by name only,
@@ -12,7 +16,8 @@ import re
 from functools import cache
 from pathlib import Path
 
-SQL_DIR = Path(__file__).parent.parent / "sql"
+COORDINATOR_DIR = Path(__file__).parent.parent
+SQL_DIR = COORDINATOR_DIR / "sql"
 _NAME_LINE = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
@@ -32,8 +37,26 @@ def parse_queries(text: str, *, source: str = "<sql>") -> dict[str, str]:
     return queries
 
 
+def sql_files() -> list[Path]:
+    """Every file of named statements: the rooms' and those in sql/."""
+    return sorted(
+        path for path in COORDINATOR_DIR.glob("*/*.sql") if path.parent.name != "migrations"
+    )
+
+
+def sql_file(file_stem: str) -> Path:
+    """The one file `<room>/<file_stem>.sql` or `sql/<file_stem>.sql`."""
+    found = [path for path in sql_files() if path.stem == file_stem]
+    if len(found) != 1:
+        raise FileNotFoundError(
+            f"SQL file stem {file_stem!r}: expected one file in a room or sql/, found "
+            f"{[str(path) for path in found]}"
+        )
+    return found[0]
+
+
 @cache
 def load(file_stem: str) -> dict[str, str]:
-    """The named statements of `sql/<file_stem>.sql`, parsed once per process."""
-    path = SQL_DIR / f"{file_stem}.sql"
+    """The named statements of the file `file_stem`, parsed once per process."""
+    path = sql_file(file_stem)
     return parse_queries(path.read_text(encoding="utf-8"), source=str(path))

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from services.coordinator.auth import (
+from services.coordinator.identity.auth import (
     KEY_ADVICE,
     PRINCIPAL_CACHE_SECONDS,
     SESSION_ADVICE,

@@ -4,8 +4,8 @@ and sign-out, and a user's own keys; translates the contract to IdentityApi and 
 from __future__ import annotations
 
 from services.coordinator import convert
-from services.coordinator.auth import SESSION_PREFIX, Principal
-from services.coordinator.identity_api import IdentityApi
+from services.coordinator.identity.auth import SESSION_PREFIX, Principal
+from services.coordinator.identity.signin import IdentityApi
 from services.coordinator.platform.errors import NotASession
 from services.coordinator.platform.fields import page_size
 from services.coordinator.servicers.common import (

@@ -1,10 +1,12 @@
-"""OperatorService: translates the contract to OperatorApi calls and back."""
+"""OperatorService: translates the contract to calls of OperatorApi (resources, the clock)
+and identity's Accounts (users, sessions, keys, the policy revision), and back."""
 
 from __future__ import annotations
 
 from datetime import UTC
 
 from services.coordinator import convert
+from services.coordinator.identity.accounts import Accounts
 from services.coordinator.operator_api import OperatorApi
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import page_size, page_token
@@ -20,8 +22,9 @@ from workshop.v1 import operator_pb2_grpc
 
 
 class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
-    def __init__(self, api: OperatorApi, authenticate: Authenticator) -> None:
+    def __init__(self, api: OperatorApi, accounts: Accounts, authenticate: Authenticator) -> None:
         self.api = api
+        self.accounts = accounts
         self.who = authenticate
 
     async def RegisterDevice(
@@ -198,7 +201,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def CreateUser(
         self, request: pb.CreateUserRequest, context: Context
     ) -> pb.CreateUserResponse:
-        row = await self.api.create_user(
+        row = await self.accounts.create_user(
             await self.who(context), request.user_id, request.display_name
         )
         return pb.CreateUserResponse(user=convert.user(row))
@@ -206,14 +209,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def DisableUser(
         self, request: pb.DisableUserRequest, context: Context
     ) -> pb.DisableUserResponse:
-        row = await self.api.disable_user(await self.who(context), request.user_id)
+        row = await self.accounts.disable_user(await self.who(context), request.user_id)
         self.who.forget()  # cached principals of the user's keys and sessions
         return pb.DisableUserResponse(user=convert.user(row))
 
     async def SetUserPassword(
         self, request: pb.SetUserPasswordRequest, context: Context
     ) -> pb.SetUserPasswordResponse:
-        row = await self.api.set_user_password(
+        row = await self.accounts.set_user_password(
             await self.who(context), request.user_id, request.password
         )
         return pb.SetUserPasswordResponse(user=convert.user(row))
@@ -221,7 +224,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: Context
     ) -> pb.CreateSessionResponse:
-        row, secret = await self.api.create_session(
+        row, secret = await self.accounts.create_session(
             await self.who(context), request.user_id, convert.from_duration(request.ttl)
         )
         return pb.CreateSessionResponse(session=convert.session(row), secret=secret)
@@ -229,14 +232,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def RevokeSession(
         self, request: pb.RevokeSessionRequest, context: Context
     ) -> pb.RevokeSessionResponse:
-        row = await self.api.revoke_session(await self.who(context), request.session_id)
+        row = await self.accounts.revoke_session(await self.who(context), request.session_id)
         self.who.forget()
         return pb.RevokeSessionResponse(session=convert.session(row))
 
     async def CreateKey(
         self, request: pb.CreateKeyRequest, context: Context
     ) -> pb.CreateKeyResponse:
-        row, secret = await self.api.create_key(
+        row, secret = await self.accounts.create_key(
             await self.who(context),
             name=request.name,
             grants=[convert.grant_from_proto(scope) for scope in request.scopes],
@@ -248,13 +251,13 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def RevokeKey(
         self, request: pb.RevokeKeyRequest, context: Context
     ) -> pb.RevokeKeyResponse:
-        row = await self.api.revoke_key(await self.who(context), request.key_id)
+        row = await self.accounts.revoke_key(await self.who(context), request.key_id)
         self.who.forget()
         return pb.RevokeKeyResponse(key=convert.key(row))
 
     async def ListKeys(self, request: pb.ListKeysRequest, context: Context) -> pb.ListKeysResponse:
         limit = page_size(request.page_size)
-        rows = await self.api.list_keys(
+        rows = await self.accounts.list_keys(
             await self.who(context),
             request.include_revoked,
             time_and_id_token(request.page_token),
@@ -268,14 +271,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def GetPolicyRevision(
         self, request: pb.GetPolicyRevisionRequest, context: Context
     ) -> pb.GetPolicyRevisionResponse:
-        revision = await self.api.policy_revision(await self.who(context))
+        revision = await self.accounts.policy_revision(await self.who(context))
         return pb.GetPolicyRevisionResponse(revision=revision)
 
     async def RaisePolicyRevision(
         self, request: pb.RaisePolicyRevisionRequest, context: Context
     ) -> pb.RaisePolicyRevisionResponse:
         expected = request.expected_revision if request.HasField("expected_revision") else None
-        revision = await self.api.raise_policy_revision(await self.who(context), expected)
+        revision = await self.accounts.raise_policy_revision(await self.who(context), expected)
         return pb.RaisePolicyRevisionResponse(revision=revision)
 
     async def GetClock(self, request: pb.GetClockRequest, context: Context) -> pb.GetClockResponse:

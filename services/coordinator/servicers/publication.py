@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.coordinator import convert, review
-from services.coordinator.auth import Principal, ScopeName, require
+from services.coordinator.identity.auth import Principal, ScopeName, require
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.publication_api import (

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from google.protobuf import json_format
 
 from services.coordinator import convert, review
-from services.coordinator.auth import Principal
 from services.coordinator.events import RunEvents
+from services.coordinator.identity.auth import Principal
 from services.coordinator.jobs_api import job_id
 from services.coordinator.photos import PhotosApi, PhotoView
 from services.coordinator.platform.errors import InvalidField
