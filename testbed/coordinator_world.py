@@ -13,7 +13,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from services.coordinator.operator_api import RECORDING_RETENTION
+from services.coordinator.resources.registry import RECORDING_RETENTION
 from testbed.harness.coordinator import CoordinatorHarness
 from workshop.v1 import common_pb2, workflow_pb2
 from workshop.v1 import operator_pb2 as op

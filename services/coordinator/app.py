@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
+from services.coordinator.clock_control import ClockControl
 from services.coordinator.events import RunEvents
 from services.coordinator.identity.accounts import Accounts
 from services.coordinator.identity.auth import PRINCIPAL_CACHE_SECONDS
@@ -19,11 +20,11 @@ from services.coordinator.identity.signin import IdentityApi, LoginLimits
 from services.coordinator.job_gauges import JobsByState
 from services.coordinator.jobs_api import LEASE, JobsApi
 from services.coordinator.maintenance import Maintenance
-from services.coordinator.operator_api import OperatorApi, check_grant_targets
 from services.coordinator.photos import PhotosApi
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
 from services.coordinator.publication_api import PublicationApi
+from services.coordinator.resources.registry import Resources, check_grant_targets
 from services.coordinator.review import ReviewApi
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.servicers.common import Authenticator
@@ -106,7 +107,7 @@ def grpc_services(
     snapshots = SnapshotCache(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
     accounts = Accounts(db, clock, check_grant_targets, passwords)
-    operator = OperatorServicer(OperatorApi(db, clock), accounts, authenticate)
+    operator = OperatorServicer(Resources(db, clock), accounts, ClockControl(clock), authenticate)
     reviews = ReviewApi(db, clock)
     workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), reviews, authenticate, events)
     jobs = JobServicer(JobsApi(db, clock, snapshots, lease=lease), authenticate, events)

@@ -17,7 +17,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.coordinator.identity.accounts import KeyRow, SessionRow, UserRow
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.operator_api import (
+from services.coordinator.platform.errors import InvalidField
+from services.coordinator.resources.registry import (
     BucketRow,
     CameraRow,
     DeviceRow,
@@ -25,7 +26,6 @@ from services.coordinator.operator_api import (
     RecordingRow,
     RuntimeRow,
 )
-from services.coordinator.platform.errors import InvalidField
 from workshop.v1 import common_pb2, operator_pb2, resources_pb2
 
 SCOPE_TO_PROTO = {

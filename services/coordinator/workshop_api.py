@@ -19,7 +19,6 @@ from google.protobuf import json_format
 from services.coordinator import convert, planning, validation
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
-from services.coordinator.operator_api import BucketRow, CameraRow, ModelVersionRow, RuntimeRow
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,
@@ -42,6 +41,12 @@ from services.coordinator.platform.errors import (
     WorkflowInvalid,
 )
 from services.coordinator.platform.fields import check_id
+from services.coordinator.resources.registry import (
+    BucketRow,
+    CameraRow,
+    ModelVersionRow,
+    RuntimeRow,
+)
 from services.coordinator.status import RunCounts
 from workshop.kit import limits
 from workshop.kit.bounds import METADATA_MAX_BYTES

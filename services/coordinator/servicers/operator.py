@@ -1,15 +1,17 @@
-"""OperatorService: translates the contract to calls of OperatorApi (resources, the clock)
-and identity's Accounts (users, sessions, keys, the policy revision), and back."""
+"""OperatorService: translates the contract to calls of the resources room (`Resources`),
+identity's `Accounts` (users, sessions, keys, the policy revision) and `ClockControl`,
+and back."""
 
 from __future__ import annotations
 
 from datetime import UTC
 
 from services.coordinator import convert
+from services.coordinator.clock_control import ClockControl
 from services.coordinator.identity.accounts import Accounts
-from services.coordinator.operator_api import OperatorApi
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import page_size, page_token
+from services.coordinator.resources.registry import Resources
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,
@@ -22,15 +24,22 @@ from workshop.v1 import operator_pb2_grpc
 
 
 class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
-    def __init__(self, api: OperatorApi, accounts: Accounts, authenticate: Authenticator) -> None:
-        self.api = api
+    def __init__(
+        self,
+        resources: Resources,
+        accounts: Accounts,
+        clock_control: ClockControl,
+        authenticate: Authenticator,
+    ) -> None:
+        self.resources = resources
         self.accounts = accounts
+        self.clock_control = clock_control
         self.who = authenticate
 
     async def RegisterDevice(
         self, request: pb.RegisterDeviceRequest, context: Context
     ) -> pb.RegisterDeviceResponse:
-        row = await self.api.register_device(
+        row = await self.resources.register_device(
             await self.who(context), request.device_id, request.description
         )
         return pb.RegisterDeviceResponse(device=convert.device(row))
@@ -39,7 +48,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: pb.ListDevicesRequest, context: Context
     ) -> pb.ListDevicesResponse:
         limit = page_size(request.page_size)
-        rows = await self.api.list_devices(
+        rows = await self.resources.list_devices(
             await self.who(context), page_token(request.page_token), limit
         )
         return pb.ListDevicesResponse(
@@ -50,7 +59,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def RegisterRuntime(
         self, request: pb.RegisterRuntimeRequest, context: Context
     ) -> pb.RegisterRuntimeResponse:
-        row, manifest = await self.api.register_runtime(
+        row, manifest = await self.resources.register_runtime(
             await self.who(context),
             device_id=request.device_id,
             engine=request.engine,
@@ -65,7 +74,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: pb.ListRuntimesRequest, context: Context
     ) -> pb.ListRuntimesResponse:
         limit = page_size(request.page_size)
-        rows = await self.api.list_runtimes(
+        rows = await self.resources.list_runtimes(
             await self.who(context),
             request.device_id,
             time_and_id_token(request.page_token),
@@ -81,14 +90,16 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def PutCamera(
         self, request: pb.PutCameraRequest, context: Context
     ) -> pb.PutCameraResponse:
-        row = await self.api.put_camera(await self.who(context), request.camera_id, request.name)
+        row = await self.resources.put_camera(
+            await self.who(context), request.camera_id, request.name
+        )
         return pb.PutCameraResponse(camera=convert.camera(row))
 
     async def ListCameras(
         self, request: pb.ListCamerasRequest, context: Context
     ) -> pb.ListCamerasResponse:
         limit = page_size(request.page_size)
-        rows = await self.api.list_cameras(
+        rows = await self.resources.list_cameras(
             await self.who(context), page_token(request.page_token), limit
         )
         return pb.ListCamerasResponse(
@@ -100,7 +111,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: pb.PutRecordingRequest, context: Context
     ) -> pb.PutRecordingResponse:
         who = await self.who(context)
-        row = await self.api.put_recording(
+        row = await self.resources.put_recording(
             who,
             recording_id=request.recording_id,
             camera_id=request.camera_id,
@@ -116,7 +127,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def DeleteRecording(
         self, request: pb.DeleteRecordingRequest, context: Context
     ) -> pb.DeleteRecordingResponse:
-        row = await self.api.delete_recording(await self.who(context), request.recording_id)
+        row = await self.resources.delete_recording(await self.who(context), request.recording_id)
         return pb.DeleteRecordingResponse(recording=convert.recording(row))
 
     async def ListRecordings(
@@ -124,7 +135,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     ) -> pb.ListRecordingsResponse:
         limit = page_size(request.page_size)
         after = time_and_id_token(request.page_token)
-        rows = await self.api.list_recordings(
+        rows = await self.resources.list_recordings(
             await self.who(context),
             camera_id=request.camera_id,
             overlaps_from=convert.from_optional_ts(
@@ -144,7 +155,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def PublishModelVersion(
         self, request: pb.PublishModelVersionRequest, context: Context
     ) -> pb.PublishModelVersionResponse:
-        row, created = await self.api.publish_model_version(
+        row, created = await self.resources.publish_model_version(
             await self.who(context),
             name=request.name,
             version=request.version,
@@ -166,7 +177,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             if not token[1].isdigit():
                 raise InvalidField("page_token is malformed.")
             after = (token[0], int(token[1]))
-        rows = await self.api.list_model_versions(
+        rows = await self.resources.list_model_versions(
             await self.who(context), request.name, after, limit
         )
         return pb.ListModelVersionsResponse(
@@ -177,20 +188,24 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def CreateBucket(
         self, request: pb.CreateBucketRequest, context: Context
     ) -> pb.CreateBucketResponse:
-        row = await self.api.create_bucket(await self.who(context), request.bucket_id, request.name)
+        row = await self.resources.create_bucket(
+            await self.who(context), request.bucket_id, request.name
+        )
         return pb.CreateBucketResponse(bucket=convert.bucket(row))
 
     async def DeleteBucket(
         self, request: pb.DeleteBucketRequest, context: Context
     ) -> pb.DeleteBucketResponse:
-        cancelled, items = await self.api.delete_bucket(await self.who(context), request.bucket_id)
+        cancelled, items = await self.resources.delete_bucket(
+            await self.who(context), request.bucket_id
+        )
         return pb.DeleteBucketResponse(cancelled_run_ids=cancelled, items_deleted=items)
 
     async def ListBuckets(
         self, request: pb.ListBucketsRequest, context: Context
     ) -> pb.ListBucketsResponse:
         limit = page_size(request.page_size)
-        rows = await self.api.list_buckets(
+        rows = await self.resources.list_buckets(
             await self.who(context), page_token(request.page_token), limit
         )
         return pb.ListBucketsResponse(
@@ -282,7 +297,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         return pb.RaisePolicyRevisionResponse(revision=revision)
 
     async def GetClock(self, request: pb.GetClockRequest, context: Context) -> pb.GetClockResponse:
-        now, manual = await self.api.get_clock(await self.who(context))
+        now, manual = await self.clock_control.get_clock(await self.who(context))
         return pb.GetClockResponse(now=convert.ts(now), manual=manual)
 
     async def AdvanceClock(
@@ -292,5 +307,5 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         target = request.WhichOneof("target")
         by = request.by.ToTimedelta() if target == "by" else None
         to = request.to.ToDatetime(tzinfo=UTC) if target == "to" else None
-        now = await self.api.advance_clock(who, by, to)
+        now = await self.clock_control.advance_clock(who, by, to)
         return pb.AdvanceClockResponse(now=convert.ts(now))

@@ -1,13 +1,12 @@
-"""Operator tasks (docs/concepts.md, docs/operations.md): devices, runtimes, cameras,
-recordings, models, buckets and the manual clock (users, sessions, keys and the policy
-revision are the identity room's: services/coordinator/identity/accounts.py).
+"""The registry of resources (docs/concepts.md, docs/operations.md): devices, runtimes,
+cameras, recordings, model versions and buckets, as the `Resources` service keeps them.
 
 Every function takes the caller's principal and checks it holds `admin`, but for listing
 devices and runtimes and registering a runtime, which `workshop` (a website session, an
 Agent key) may do too.
 Results are the typed rows below (devices, runtimes, cameras, recordings, model
-versions, buckets); the servicer renders them. Workshop, photo
-and scheduler code read the same resources through these rows.
+versions, buckets); the servicer renders them. Workshop, photo and scheduler code read
+the same resources through these rows.
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ def _require_workshop(principal: Principal) -> None:
     auth.require(principal, ScopeName.WORKSHOP)
 
 
-class OperatorApi:
+class Resources:
     def __init__(self, db: Database, clock: Clock) -> None:
         self.db = db
         self.clock = clock
@@ -419,22 +418,6 @@ class OperatorApi:
     async def list_buckets(self, who: Principal, after: str | None, limit: int) -> list[BucketRow]:
         _require_admin(who)
         return await self._all(BucketRow, sql("resources", "bucket_list"), after, limit)
-
-    # clock ------------------------------------------------------------------------------------
-
-    async def get_clock(self, who: Principal) -> tuple[datetime, bool]:
-        _require_admin(who)
-        return await self.clock.current(), self.clock.manual
-
-    async def advance_clock(
-        self, who: Principal, by: timedelta | None, to: datetime | None
-    ) -> datetime:
-        _require_admin(who)
-        if to is not None:
-            by = to - await self.clock.current()
-        if by is None:
-            raise InvalidField("Give either 'by' (a duration) or 'to' (a time).")
-        return await self.clock.forward(by)
 
     # helpers ----------------------------------------------------------------------------------
 
