@@ -12,7 +12,7 @@ loopback gRPC. Set-up (not measured, timed and printed):
   table's trigger adds their boxes and counts them, as in a commit): 100,000 items, one
   box each, in 2,000 sightings: camera 0 holds 20 sightings of 500 items, the others
   220 of about 45. The timelines are then grouped with the commit path's code
-  (`review.group_backlog`, which runs a commit's `group_timeline`), timed: that is
+  (`reviews.group_backlog`, which runs a commit's `group_timeline`), timed: that is
   what a 10,000-frame Complete adds;
 - 90 more full runs of 5 workflows over the same cameras, 1,000 items per job inserted
   the same way with one commit time per job spread over 90 days, so 1,000,000 items
@@ -52,7 +52,7 @@ from types import FrameType
 from bench.proc_stats import CpuMeter, delta
 from bench.results import ResultError, last_result, parse_result, result_line
 from bench.stats import median, percentile
-from services.coordinator import review
+from services.coordinator.review import reviews
 from services.coordinator.servicers.review import scope_of_run
 from testbed.coordinator_world import DAY, build_world, copy_recordings, run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
@@ -315,8 +315,8 @@ def _boxes(lengths: list[int], slots: int) -> list[str]:  # JSON text each: see 
 
 async def _group(c: CoordinatorHarness) -> None:
     """Groups every ungrouped timeline with the code a commit and the maintenance pass use
-    (`review.group_backlog`: each timeline under its lock, in its own transaction)."""
-    while await review.group_backlog(c.db):
+    (`reviews.group_backlog`: each timeline under its lock, in its own transaction)."""
+    while await reviews.group_backlog(c.db):
         pass
 
 

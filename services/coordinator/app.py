@@ -25,7 +25,7 @@ from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
 from services.coordinator.publication_api import PublicationApi
 from services.coordinator.resources.registry import Resources, check_grant_targets
-from services.coordinator.review import ReviewApi
+from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.identity import IdentityServicer

@@ -16,7 +16,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from services.coordinator import results, review
+from services.coordinator import results
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
@@ -40,6 +40,7 @@ from services.coordinator.platform.errors import (
 )
 from services.coordinator.platform.fields import check_request_id
 from services.coordinator.platform.metrics import CLAIM_SECONDS
+from services.coordinator.review import reviews
 from services.coordinator.snapshots import Frozen, SnapshotCache
 from services.coordinator.workshop_api import SnapshotRecordingRow
 from workshop.kit.metrics import timed
@@ -539,11 +540,11 @@ class JobsApi:
         if not items:  # job_complete alone is one statement: no transaction round trips
             return await self._answer("job_complete", CommitAnswer, lease, *args)
         # One transaction with the sightings and counters of the items it saves
-        # (review.group_committed), so no read ever sees items without them.
+        # (reviews.group_committed), so no read ever sees items without them.
         async with self.db.transaction() as connection:
             answer = await self._answer_on(connection, "job_complete", CommitAnswer, lease, *args)
             if answer.reason == "" and items:
-                await review.group_committed(connection, [i.item_id for i in items])
+                await reviews.group_committed(connection, [i.item_id for i in items])
         return answer
 
     def _commit_args(

@@ -12,11 +12,11 @@ import dataclasses
 import logging
 from datetime import timedelta
 
-from services.coordinator import review
 from services.coordinator.identity.signin import LOGIN_WINDOW, forget_login_failures
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Database, Row, fetch_all, sql
 from services.coordinator.platform.metrics import LEASE_LAPSES
+from services.coordinator.review import reviews
 from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Maintenance(Periodic):
                     count_lapses(rescued)
                     if len(rescued) < BATCH:
                         break
-                grouped = await review.group_backlog(self.db)
+                grouped = await reviews.group_backlog(self.db)
                 forgotten = await forget_login_failures(connection, now - self.login_window)
             finally:
                 await connection.execute(sql("jobs", "maintenance_unlock"))

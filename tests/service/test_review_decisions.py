@@ -16,8 +16,8 @@ from zoneinfo import ZoneInfo
 import grpc
 import pytest
 
-from services.coordinator import review
 from services.coordinator.identity.auth import Grant, ScopeName
+from services.coordinator.review import reviews
 from testbed.coordinator_leases import Setup, on_behalf, record_request, refused
 from testbed.coordinator_world import CODE, DAY, put_recording, run_request
 from testbed.harness.coordinator import CoordinatorHarness
@@ -307,7 +307,7 @@ async def test_items_saved_before_sightings_are_grouped_by_maintenance(
     before = await all_sightings(c, "r1")
     async with c.db.connection() as connection:
         await connection.execute("UPDATE sighting_boxes SET sighting_id = ''")
-    assert await review.group_backlog(c.db) == 1
+    assert await reviews.group_backlog(c.db) == 1
     assert await all_sightings(c, "r1") == before
 
 
@@ -585,7 +585,7 @@ async def test_a_commit_writes_each_box_once_and_other_inserts_get_theirs_at_com
         added = [row["item_id"] for row in await connection.fetch(COPY_ITEMS)]
         assert await connection.fetchval("SELECT count(*) FROM sighting_boxes") == boxes
         before = await connection.fetchrow(WRITES)  # this backend's writes not yet reported
-        await review.group_committed(connection, added)
+        await reviews.group_committed(connection, added)
         after = await connection.fetchrow(WRITES)
     # each box inserted once, grouped; nothing updated
     assert (after[0] - before[0], after[1] - before[1]) == (boxes, 0)
@@ -606,5 +606,5 @@ async def test_a_commit_writes_each_box_once_and_other_inserts_get_theirs_at_com
             "SELECT count(*) FROM sighting_boxes WHERE sighting_id = ''"
         )
     assert ungrouped == boxes  # added at commit by the deferred trigger
-    assert await review.group_backlog(c.db) == 1
+    assert await reviews.group_backlog(c.db) == 1
     assert await all_sightings(c, "r1") == later

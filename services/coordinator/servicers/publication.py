@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.coordinator import convert, review
+from services.coordinator import convert
 from services.coordinator.identity.auth import Principal, ScopeName, require
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
@@ -13,7 +13,8 @@ from services.coordinator.publication_api import (
     Recorded,
     Sweep,
 )
-from services.coordinator.review import ReviewApi
+from services.coordinator.review import reviews
+from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.servicers import review as views
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.jobs import lease
@@ -218,7 +219,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
                 frame_time=convert.ts(row.item.frame_time),
                 review_state=views.STATES[row.item.review_state],
             )
-            for box in review.reviewed_boxes(page.boxes.get(row.item.item_id, ())):
+            for box in reviews.reviewed_boxes(page.boxes.get(row.item.item_id, ())):
                 views.fill_box_row(item.boxes.add(), box)
         return response
 

@@ -8,10 +8,11 @@ from datetime import datetime
 
 from google.protobuf import json_format
 
-from services.coordinator import convert, review
+from services.coordinator import convert
 from services.coordinator.jobs_api import job_id
 from services.coordinator.platform.errors import InvalidField
-from services.coordinator.review import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow
+from services.coordinator.review import reviews
+from services.coordinator.review.reviews import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow
 from services.coordinator.servicers.common import split_token
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
 
@@ -81,9 +82,9 @@ def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
             "filter.frame_time_to must be after filter.frame_time_from.",
             metadata={"field": "filter.frame_time_to"},
         )
-    if len(value.class_name) > review.MAX_CLASS_LENGTH:
+    if len(value.class_name) > reviews.MAX_CLASS_LENGTH:
         raise InvalidField(
-            f"filter.class_name is at most {review.MAX_CLASS_LENGTH} characters.",
+            f"filter.class_name is at most {reviews.MAX_CLASS_LENGTH} characters.",
             metadata={"field": "filter.class_name"},
         )
     return ItemFilter(

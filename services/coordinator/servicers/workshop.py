@@ -6,14 +6,15 @@ from collections.abc import AsyncIterator
 
 from google.protobuf import json_format
 
-from services.coordinator import convert, review
+from services.coordinator import convert
 from services.coordinator.events import RunEvents
 from services.coordinator.identity.auth import Principal
 from services.coordinator.jobs_api import job_id
 from services.coordinator.photos import PhotosApi, PhotoView
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
-from services.coordinator.review import ReviewApi
+from services.coordinator.review import reviews
+from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.servicers import review as views
 from services.coordinator.servicers.common import (
     Authenticator,
@@ -483,7 +484,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         return pb.GetPhotoResponse(photo=photo(view))
 
 
-def review_counts(row: review.RunReviewCounts | None) -> run_pb2.ReviewCounts:
+def review_counts(row: reviews.RunReviewCounts | None) -> run_pb2.ReviewCounts:
     if row is None:
         return run_pb2.ReviewCounts()
     return run_pb2.ReviewCounts(pending=row.pending, accepted=row.accepted, rejected=row.rejected)
@@ -492,7 +493,7 @@ def review_counts(row: review.RunReviewCounts | None) -> run_pb2.ReviewCounts:
 def decision(request: pb.DecideSightingRequest) -> tuple[str, str | None]:
     """The review state and relabel class a decision sets."""
     if request.decision == pb.REVIEW_DECISION_RELABEL:
-        return "accepted", review.check_class(request.class_name)
+        return "accepted", reviews.check_class(request.class_name)
     if request.class_name:
         raise InvalidField(
             "class_name is only for RELABEL; leave it empty for CONFIRM and NONE.",

@@ -16,7 +16,6 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from services.coordinator import sightings
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
@@ -34,6 +33,7 @@ from services.coordinator.platform.errors import (
     NotFound,
     TestRunNotReviewable,
 )
+from services.coordinator.review import sightings
 from services.coordinator.workshop_api import RunRow, SnapshotRecordingRow
 from workshop.kit import errors
 
