@@ -23,7 +23,7 @@ from services.coordinator.maintenance import Maintenance
 from services.coordinator.photos import PhotosApi
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
-from services.coordinator.publication_api import PublicationApi
+from services.coordinator.previews.publication import PublicationApi
 from services.coordinator.resources.registry import Resources, check_grant_targets
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.scheduler import Scheduler

@@ -239,7 +239,7 @@ class Receipt:
     items_saved: int
 
 
-def raise_for(reason: str, lease: Lease) -> None:
+def raise_for(reason: str | None, lease: Lease) -> None:
     """Turns a database function's refusal into the error the processor hears."""
     if not reason:
         return
@@ -607,6 +607,35 @@ class JobsApi:
 def lease_args(lease: Lease) -> tuple[str, int, int, uuid.UUID]:
     """A lease as the leading arguments of every lease function."""
     return (lease.run_id, lease.job_index, lease.generation, lease.token)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseFacts(Row):
+    """What CheckLease tells the preview service about a held lease (job_lease_facts)."""
+
+    lease_expires_at: datetime
+    mode: str
+    kind: str
+    camera_id: str
+    slot_count: int
+
+
+async def check_lease(
+    connection: Connection, lease: Lease, reporter: str, code_sha256: str, now: datetime
+) -> tuple[str | None, LeaseFacts | None]:
+    """The fences' refusal of a lease (None: held) and, when held, its facts; the previews
+    room's CheckLease asks here, in its transaction. The caller raises (`raise_for`) only
+    after that transaction commits: a permanent refusal ends the job in the fence
+    (workshop_fence), and that end must stay."""
+    reason = await connection.fetchval(
+        sql("jobs", "job_check_lease"), *lease_args(lease), reporter, code_sha256, now
+    )
+    if reason:
+        return reason, None
+    facts = await fetch_one(
+        connection, LeaseFacts, sql("jobs", "job_lease_facts"), lease.run_id, lease.job_index
+    )
+    return None, facts
 
 
 def _claimable_cameras(who: Principal, device_id: str) -> list[str] | None:

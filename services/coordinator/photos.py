@@ -22,7 +22,6 @@ from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, Row, fetch_one, sql
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
-from services.coordinator.publication_api import may_read_camera
 from services.coordinator.workshop_api import (
     TEST_RESULT_LIFETIME,
     CurrentRecording,
@@ -76,7 +75,7 @@ class PhotosApi:
         self, who: Principal, camera_id: str, moment: datetime
     ) -> tuple[PhotoView, bool]:
         auth.require(who, ScopeName.WORKSHOP)
-        if not may_read_camera(who, camera_id):
+        if not auth.may_read_camera(who, camera_id):
             raise PermissionDenied(f"This credential may not take photos of {camera_id!r}.")
         now = self.clock.now()
         run_id = photo_id(camera_id, moment, now)

@@ -214,6 +214,12 @@ def cameras_reached(who: Principal, *scopes: ScopeName) -> frozenset[str] | None
     return frozenset(cameras)
 
 
+def may_read_camera(reader: Principal, camera_id: str) -> bool:
+    """Sessions, admin keys, workshop keys covering the camera, footage:read for it."""
+    reach = cameras_reached(reader, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
+    return reach is None or camera_id in reach
+
+
 def validate_grants(grants: Iterable[Grant]) -> tuple[Grant, ...]:
     """The grants of a new key, checked for shape (existence is the store's job)."""
     checked = tuple(grants)

@@ -6,7 +6,7 @@ from services.coordinator import convert
 from services.coordinator.identity.auth import Principal, ScopeName, require
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
-from services.coordinator.publication_api import (
+from services.coordinator.previews.publication import (
     MAX_RECORD_BATCH,
     PreviewRecord,
     PublicationApi,

@@ -16,7 +16,15 @@ from typing import Any
 
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
-from services.coordinator.jobs_api import Lease, job_id, lease_args, raise_for, reporter
+from services.coordinator.jobs_api import (
+    Lease,
+    LeaseFacts,
+    check_lease,
+    job_id,
+    lease_args,
+    raise_for,
+    reporter,
+)
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Database, Row, fetch_all, fetch_one, sql
 from services.coordinator.platform.errors import Expired, InvalidField, NotFound
@@ -54,17 +62,6 @@ def object_key(kind: str, lease: Lease, slot: int, *, test: bool, content_type: 
 def preview_item_id(key: str) -> str:
     """A preview's id in image URLs: stable per object key, and free of slashes."""
     return "pv_" + sha256_hex(key.encode())[:24]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LeaseFacts(Row):
-    """What CheckLease tells the preview service about a held lease (job_lease_facts)."""
-
-    lease_expires_at: datetime
-    mode: str
-    kind: str
-    camera_id: str
-    slot_count: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,23 +186,8 @@ class PublicationApi:
     ) -> LeaseFacts:
         _require_service(who)
         async with self.db.transaction() as connection:
-            reason = await connection.fetchval(
-                sql("jobs", "job_check_lease"),
-                *lease_args(lease),
-                reporter(processor),
-                code_sha256,
-                self.clock.now(),
-            )
-            facts = (
-                None
-                if reason
-                else await fetch_one(
-                    connection,
-                    LeaseFacts,
-                    sql("jobs", "job_lease_facts"),
-                    lease.run_id,
-                    lease.job_index,
-                )
+            reason, facts = await check_lease(
+                connection, lease, reporter(processor), code_sha256, self.clock.now()
             )
         # Refused only after the commit: a permanent refusal ended the job (workshop_fence).
         raise_for(reason, lease)
@@ -236,7 +218,7 @@ class PublicationApi:
             answer = await fetch_one(
                 connection,
                 StageAnswer,
-                sql("jobs", "object_stage"),
+                sql("previews", "object_stage"),
                 *lease_args(lease),
                 reporter(processor),
                 service,
@@ -291,7 +273,7 @@ class PublicationApi:
             answers = await fetch_all(
                 connection,
                 PreviewAnswer,
-                sql("jobs", "previews_record"),
+                sql("previews", "previews_record"),
                 *columns[:4],
                 reporting,
                 service,
@@ -348,20 +330,20 @@ class PublicationApi:
             rows = await fetch_all(
                 connection,
                 CollectableObject,
-                sql("jobs", "objects_claim_collectable"),
+                sql("previews", "objects_claim_collectable"),
                 kind,
                 limit,
                 now,
                 COLLECT_HOLD,
             )
             more: bool = await connection.fetchval(
-                sql("jobs", "objects_collectable_remaining"), kind, now
+                sql("previews", "objects_collectable_remaining"), kind, now
             )
             swept = (
                 await fetch_all(
                     connection,
                     SweepTarget,
-                    sql("jobs", "preview_sweeps_claim"),
+                    sql("previews", "preview_sweeps_claim"),
                     limit,
                     now,
                     SWEEP_GRACE,
@@ -412,7 +394,7 @@ class PublicationApi:
                 column.append(value)
         async with self.db.connection() as connection:
             recorded: int | None = await connection.fetchval(
-                sql("jobs", "preview_sweep_settle"),
+                sql("previews", "preview_sweep_settle"),
                 sweep.run_id,
                 sweep.job_index,
                 *columns,
@@ -435,12 +417,12 @@ class PublicationApi:
         async with self.db.connection() as connection:
             # a cleanup pass's hand-back names only keys not deleted: no statement for none
             marked = (
-                await connection.fetch(sql("jobs", "objects_mark_deleted"), keys, now)
+                await connection.fetch(sql("previews", "objects_mark_deleted"), keys, now)
                 if keys
                 else []
             )
             released = (
-                await connection.fetch(sql("jobs", "objects_release_held"), not_deleted, now)
+                await connection.fetch(sql("previews", "objects_release_held"), not_deleted, now)
                 if not_deleted
                 else []
             )
@@ -456,11 +438,11 @@ class PublicationApi:
         auth.require(reader, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
         async with self.db.connection() as connection:
             row = await fetch_one(
-                connection, ImageLocation, sql("jobs", "image_for_read"), run_id, item_id
+                connection, ImageLocation, sql("previews", "image_for_read"), run_id, item_id
             )
         if row is None:
             raise NotFound("image", f"{run_id}/{item_id}", "No such image in this run.")
-        if not may_read_camera(reader, row.camera_id):
+        if not auth.may_read_camera(reader, row.camera_id):
             raise PermissionDenied(
                 f"This credential may not read images of camera {row.camera_id!r}."
             )
@@ -472,12 +454,6 @@ class PublicationApi:
                     metadata={"kind": "image", "id": f"{run_id}/{item_id}"},
                 )
         return row
-
-
-def may_read_camera(reader: Principal, camera_id: str) -> bool:
-    """Sessions, admin keys, workshop keys covering the camera, footage:read for it."""
-    reach = auth.cameras_reached(reader, ScopeName.WORKSHOP, ScopeName.FOOTAGE_READ)
-    return reach is None or camera_id in reach
 
 
 def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:
