@@ -601,6 +601,10 @@ async def committed(dsn: str) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]
     return {tuple(row) for row in receipts}, {tuple(row) for row in items}
 
 
+# Alone: the outage must meet the load (a quarter of the fleet's jobs done, calls in
+# flight), which another worker's tests on the same cores can starve (seen at a load
+# average of 11: the fleet finished before the stop, "no call met the outage").
+@pytest.mark.alone
 async def test_postgres_restarted_while_eight_processors_cycle_and_previews_flow(
     pg_database: PostgresDatabase,
     s3_bucket: S3Bucket,
