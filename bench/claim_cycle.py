@@ -89,7 +89,7 @@ from bench.proc_stats import busy_cores_s, family_cpu_s, self_cpu_s
 from bench.profiling import stack_counts
 from bench.stats import median, percentile
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.results import result_digest
+from services.coordinator.leases.results import result_digest
 from testbed.coordinator_leases import empty_result
 from testbed.coordinator_world import (
     CODE,

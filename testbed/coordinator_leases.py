@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.results import result_digest
+from services.coordinator.leases.results import result_digest
 from testbed.coordinator_world import (
     CODE,
     World,

@@ -17,9 +17,9 @@ from services.coordinator.identity.accounts import Accounts
 from services.coordinator.identity.auth import PRINCIPAL_CACHE_SECONDS
 from services.coordinator.identity.passwords import Passwords
 from services.coordinator.identity.signin import IdentityApi, LoginLimits
-from services.coordinator.job_gauges import JobsByState
-from services.coordinator.jobs_api import LEASE, JobsApi
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.gauges import JobsByState
+from services.coordinator.leases.jobs import LEASE, JobsApi
+from services.coordinator.leases.maintenance import Maintenance
 from services.coordinator.photos import PhotosApi
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database

@@ -12,7 +12,7 @@ from services.coordinator.identity.signin import (
     LOGIN_WINDOW,
     LoginLimits,
 )
-from services.coordinator.jobs_api import LEASE
+from services.coordinator.leases.jobs import LEASE
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from testbed.coordinator_leases import (
     Setup,
     claimed,

@@ -42,8 +42,8 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.maintenance import MAX_LAPSES, Maintenance, Pass
-from services.coordinator.results import result_digest
+from services.coordinator.leases.maintenance import MAX_LAPSES, Maintenance, Pass
+from services.coordinator.leases.results import result_digest
 from testbed.coordinator_leases import complete_request, empty_result
 from testbed.coordinator_world import (
     CODE,

@@ -62,8 +62,8 @@ from hypothesis.stateful import (
 )
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.maintenance import Maintenance
-from services.coordinator.results import result_digest
+from services.coordinator.leases.maintenance import Maintenance
+from services.coordinator.leases.results import result_digest
 from testbed.coordinator_leases import Metadata, Setup, on_behalf, setup
 from testbed.coordinator_world import (
     CODE,

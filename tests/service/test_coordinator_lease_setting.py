@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from services.coordinator.jobs_api import JobsApi, heartbeat_interval, lease_from
+from services.coordinator.leases.jobs import JobsApi, heartbeat_interval, lease_from
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.jobs import claim_response
 from services.coordinator.settings import PREFIX, CoordinatorSettings

@@ -7,7 +7,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE
 from testbed.coordinator_leases import (
     Setup,

@@ -18,8 +18,8 @@ from typing import Any
 import grpc
 import pytest
 
-from services.coordinator.maintenance import Maintenance
-from services.coordinator.results import item_id
+from services.coordinator.leases.maintenance import Maintenance
+from services.coordinator.leases.results import item_id
 from testbed.coordinator_leases import (
     Metadata,
     Setup,

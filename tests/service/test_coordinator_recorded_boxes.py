@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from services.coordinator.convert import box_dict
-from services.coordinator.results import item_id
+from services.coordinator.leases.results import item_id
 from testbed.coordinator_leases import (
     Setup,
     claimed,

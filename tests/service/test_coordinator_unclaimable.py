@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from testbed.coordinator_leases import (
     Setup,
     claim,

@@ -24,7 +24,7 @@ from argon2 import PasswordHasher
 from google.protobuf.duration_pb2 import Duration
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from testbed.coordinator_leases import create_run, setup
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import EPOCH, CoordinatorHarness

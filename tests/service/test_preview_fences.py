@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from services.coordinator.platform.db import Record
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from testbed.coordinator_leases import claimed, create_run, refused, setup
 from testbed.coordinator_world import save_workflow
 from testbed.harness.coordinator import CoordinatorHarness

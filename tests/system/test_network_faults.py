@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, running_preview
 from testbed.harness.processes import ServiceProcess

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from services.coordinator.maintenance import Maintenance
+from services.coordinator.leases.maintenance import Maintenance
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
 from testbed.coordinator_world import error_reason, run_request, save_workflow

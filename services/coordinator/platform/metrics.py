@@ -1,5 +1,5 @@
 """The coordinator's own series (docs/metrics.md); RPC series come from the kit, and
-the jobs gauge is read at scrape time (services/coordinator/job_gauges.py)."""
+the jobs gauge is read at scrape time (services/coordinator/leases/gauges.py)."""
 
 from __future__ import annotations
 

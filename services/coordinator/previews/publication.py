@@ -16,7 +16,7 @@ from typing import Any
 
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
-from services.coordinator.jobs_api import (
+from services.coordinator.leases.jobs import (
     Lease,
     LeaseFacts,
     check_lease,

@@ -12,7 +12,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from services.coordinator import convert
 from services.coordinator.events import RunEvents
-from services.coordinator.jobs_api import (
+from services.coordinator.leases.jobs import (
     HEARTBEAT_INTERVAL,
     PHASES,
     Claimed,

@@ -9,7 +9,7 @@ from datetime import datetime
 from google.protobuf import json_format
 
 from services.coordinator import convert
-from services.coordinator.jobs_api import job_id
+from services.coordinator.leases.jobs import job_id
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.review import reviews
 from services.coordinator.review.reviews import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow

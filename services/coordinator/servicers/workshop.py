@@ -9,7 +9,7 @@ from google.protobuf import json_format
 from services.coordinator import convert
 from services.coordinator.events import RunEvents
 from services.coordinator.identity.auth import Principal
-from services.coordinator.jobs_api import job_id
+from services.coordinator.leases.jobs import job_id
 from services.coordinator.photos import PhotosApi, PhotoView
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size

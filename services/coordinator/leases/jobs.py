@@ -16,9 +16,9 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from services.coordinator import results
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
+from services.coordinator.leases import results
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,
