@@ -4,6 +4,6 @@
 `queries` (the named-SQL loader), `versions` and `migrate` (which migrations this code
 knows; applying them), `clock` (the injectable, optionally manual clock), `errors` (the
 coordinator's error classes), `metrics` (its own series) and `fields` (checks on request
-fields every RPC shares). Platform modules import nothing of the domains
-(docs/architecture.md).
+fields every RPC shares), with their SQL (`migrate.sql`, `clock.sql`). Platform modules
+import nothing of the rooms (docs/architecture.md).
 """
