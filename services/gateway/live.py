@@ -232,6 +232,11 @@ class LiveHub:
         for feed in list(self._feeds.values()):
             self._drop(feed)
 
+    @property
+    def window_seconds(self) -> float:
+        """How long after a quiet period's first update later ones are merged."""
+        return self._window
+
     def stats(self) -> dict[str, int]:
         """runs (streamed or lingering), streams (open now), streams_opened (WatchRun calls),
         stream_messages (WatchRun messages received), sockets (open now), sockets_served,
