@@ -17,7 +17,7 @@ import av
 
 import tools.demo.scenes as scenes_module
 from services.coordinator.planning import interval_ms, slot_time
-from services.coordinator.validation import MILLISECOND_TOLERANCE
+from services.coordinator.workflows.validation import MILLISECOND_TOLERANCE
 from services.processor import decode
 from testbed.coordinator_world import DAY
 from tools.demo.scenes import random_scene, write_recording

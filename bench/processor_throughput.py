@@ -114,7 +114,7 @@ from bench.results import result_line
 from bench.services import separate_services
 from bench.stats import median
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.validation import MIN_INTERVAL_SECONDS
+from services.coordinator.workflows.validation import MIN_INTERVAL_SECONDS
 from services.processor.images import JPEG, encode_jpeg
 from testbed.coordinator_world import save_workflow, stamp, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness

@@ -34,7 +34,8 @@ from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
 from services.coordinator.snapshots import SnapshotCache
-from services.coordinator.workshop_api import WorkshopApi
+from services.coordinator.workflows.documents import Workflows
+from services.coordinator.workshop_api import WorkshopApi, cancel_workflow_runs
 from workshop.kit.metrics import ScrapeCollector
 from workshop.kit.server import GrpcService, Worker
 from workshop.v1 import (
@@ -109,7 +110,14 @@ def grpc_services(
     accounts = Accounts(db, clock, check_grant_targets, passwords)
     operator = OperatorServicer(Resources(db, clock), accounts, ClockControl(clock), authenticate)
     reviews = ReviewApi(db, clock)
-    workshop = WorkshopServicer(workshop_api, PhotosApi(db, clock), reviews, authenticate, events)
+    workshop = WorkshopServicer(
+        Workflows(db, clock, cancel_workflow_runs),
+        workshop_api,
+        PhotosApi(db, clock),
+        reviews,
+        authenticate,
+        events,
+    )
     jobs = JobServicer(JobsApi(db, clock, snapshots, lease=lease), authenticate, events)
     publication = PublicationServicer(PublicationApi(db, clock, snapshots), reviews, authenticate)
     identity = IdentityServicer(

@@ -22,11 +22,8 @@ from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, Row, fetch_one, sql
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
-from services.coordinator.workshop_api import (
-    TEST_RESULT_LIFETIME,
-    CurrentRecording,
-    choose_runtime,
-)
+from services.coordinator.resources.registry import choose_runtime
+from services.coordinator.workshop_api import TEST_RESULT_LIFETIME, CurrentRecording
 from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2

@@ -11,27 +11,20 @@ created for the current local day only.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import zoneinfo
-from datetime import datetime, time
+from datetime import datetime
 
 from services.coordinator.identity.auth import SCHEDULER
 from services.coordinator.platform.clock import Clock
-from services.coordinator.platform.db import Connection, Database, Row, fetch_all, sql
-from services.coordinator.workshop_api import RunRequest, WorkshopApi, choose_runtime
+from services.coordinator.platform.db import Connection, Database, sql
+from services.coordinator.resources.registry import choose_runtime
+from services.coordinator.workflows.documents import scheduled_workflows
+from services.coordinator.workshop_api import RunRequest, WorkshopApi
 from workshop.kit.errors import WorkshopError
 from workshop.kit.periodic import Periodic
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScheduledWorkflow(Row):
-    workflow_id: str
-    revision: int
-    schedule_time: time  # local time of day
-    time_zone: str
 
 
 def run_id_for(workflow_id: str, day: str) -> str:
@@ -51,12 +44,12 @@ class Scheduler(Periodic):
     async def run_once(self) -> list[str]:
         """One pass; returns the ids of the runs it created."""
         async with self.db.session() as connection:
-            if not await connection.fetchval(sql("workflows", "scheduler_try_lock")):
+            if not await connection.fetchval(sql("runs", "scheduler_try_lock")):
                 return []
             try:
                 due = await self._due(connection, self.clock.now())
             finally:
-                await connection.execute(sql("workflows", "scheduler_unlock"))
+                await connection.execute(sql("runs", "scheduler_unlock"))
         created = []
         for request in due:
             try:
@@ -73,10 +66,7 @@ class Scheduler(Periodic):
         """The runs that are due now and do not exist yet."""
         requests = []
         runtime = None
-        scheduled = await fetch_all(
-            connection, ScheduledWorkflow, sql("workflows", "workflow_scheduled_list")
-        )
-        for row in scheduled:
+        for row in await scheduled_workflows(connection):
             local = now.astimezone(zoneinfo.ZoneInfo(row.time_zone or "UTC"))
             if local.time() < row.schedule_time:
                 continue

@@ -1,4 +1,5 @@
-"""Workflows and runs for the website and agents (docs/workflows.md, docs/runs-and-jobs.md).
+"""Runs for the website and agents (docs/runs-and-jobs.md); workflow documents are the
+workflows room's (`workflows.documents`).
 
 CreateRun is the heart of admission: it validates the workflow at the asked
 revision, resolves the day and the models, lists the input recordings into jobs
@@ -9,14 +10,12 @@ one transaction that re-checks the revision under a row lock.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime, time, timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 from google.protobuf import json_format
 
-from services.coordinator import convert, planning, validation
+from services.coordinator import convert, planning
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
@@ -35,50 +34,20 @@ from services.coordinator.platform.errors import (
     IdConflict,
     InvalidField,
     NeedsTracking,
-    NoRuntime,
     NotFound,
-    StaleRevision,
-    WorkflowInvalid,
 )
 from services.coordinator.platform.fields import check_id
-from services.coordinator.resources.registry import (
-    BucketRow,
-    CameraRow,
-    ModelVersionRow,
-    RuntimeRow,
-)
+from services.coordinator.resources import registry
+from services.coordinator.resources.registry import ModelVersionRow, RuntimeRow
 from services.coordinator.status import RunCounts
+from services.coordinator.workflows import documents, validation
+from services.coordinator.workflows.documents import STALE_RUN, spec_from_json
 from workshop.kit import limits
-from workshop.kit.bounds import METADATA_MAX_BYTES
-from workshop.kit.errors import PayloadTooLarge
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2, workflow_pb2
 
-MAX_DOCUMENT_BYTES = 64 * 1024
 TEST_RESULT_LIFETIME = timedelta(hours=1)
-RECENT_CHECK_IN = timedelta(minutes=2)
 PHOTO_PREFIX = "photo-"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkflowRow(Row):
-    workflow_id: str
-    revision: int
-    spec: dict[str, object]  # the WorkflowSpec as JSON (spec_from_json reads it)
-    schedule_time: time | None
-    time_zone: str
-    created_at: datetime
-    updated_at: datetime
-    updated_by: dict[str, str]  # the saving Principal.to_json
-    deleted_at: datetime | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkflowRevision(Row):
-    """A workflow's revision as CreateRun locks it."""
-
-    revision: int
-    deleted_at: datetime | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,16 +158,6 @@ class CurrentRecording(Row):
 
 
 @dataclasses.dataclass(frozen=True)
-class CatalogRows:
-    """What GetCatalog lists."""
-
-    cameras: list[CameraRow]
-    buckets: list[BucketRow]
-    models: list[ModelVersionRow]
-    runtimes: list[RuntimeRow]
-
-
-@dataclasses.dataclass(frozen=True)
 class RunRequest:
     run_id: str
     workflow_id: str
@@ -250,229 +209,11 @@ def run_request(
     return RunRequest(run_id, workflow_id, runtime_id, revision, mode, limit)
 
 
-def spec_to_json(spec: workflow_pb2.WorkflowSpec) -> dict[str, Any]:
-    return json_format.MessageToDict(spec, preserving_proto_field_name=True)
-
-
-def spec_from_json(value: Mapping[str, Any]) -> workflow_pb2.WorkflowSpec:
-    return json_format.ParseDict(dict(value), workflow_pb2.WorkflowSpec())
-
-
-def _schedule_time(spec: workflow_pb2.WorkflowSpec) -> time | None:
-    if not spec.HasField("schedule"):
-        return None
-    at = spec.schedule.time_of_day
-    return time(at.hours, at.minutes, at.seconds)
-
-
-# Errors travel in gRPC trailers, which peers cap at 8-16 KiB: the error names
-# the first problems and their total, and ValidateWorkflow returns every one. The
-# problems take the kit's metadata budget but for 1 KiB left to the other entries.
-ERROR_PROBLEMS_BUDGET_BYTES = METADATA_MAX_BYTES - 1024
-ERROR_MESSAGE_PROBLEMS = 5
-
-
-def _invalid(result: validation.Validation) -> WorkflowInvalid:
-    problems: list[dict[str, str]] = []
-    used = 0
-    for problem in result.problems:
-        entry = {
-            "kind": workflow_pb2.ValidationProblemKind.Name(
-                workflow_pb2.ValidationProblemKind.ValueType(problem.kind)
-            ),
-            "path": problem.path,
-            "step_id": problem.step_id,
-            "message": problem.message,
-        }
-        used += len(json.dumps(entry))
-        if used > ERROR_PROBLEMS_BUDGET_BYTES:
-            break
-        problems.append(entry)
-    total = len(result.problems)
-    shown = [problem.message for problem in result.problems[:ERROR_MESSAGE_PROBLEMS]]
-    message = f"The workflow has {total} problem{'s' if total != 1 else ''}: " + " ".join(shown)
-    if total > len(shown):
-        message += f" (and {total - len(shown)} more: ValidateWorkflow lists every problem)"
-    return WorkflowInvalid(
-        message, metadata={"problems": json.dumps(problems), "problems_total": str(total)}
-    )
-
-
-async def load_catalog(connection: Connection) -> validation.Catalog:
-    cameras = frozenset(await fetch_column(connection, str, sql("resources", "camera_ids_all")))
-    buckets = frozenset(await fetch_column(connection, str, sql("resources", "bucket_ids_live")))
-    models: dict[str, dict[int, tuple[str, ...]]] = {}
-    for row in await fetch_all(connection, ModelVersionRow, sql("resources", "model_version_all")):
-        models.setdefault(row.name, {})[row.version] = tuple(row.classes)
-    return validation.Catalog(camera_ids=cameras, bucket_ids=buckets, models=models)
-
-
 class WorkshopApi:
     def __init__(self, db: Database, clock: Clock, *, capacity: int = 1_000_000) -> None:
         self.db = db
         self.clock = clock
         self.capacity = capacity
-
-    # workflows --------------------------------------------------------------------------
-
-    async def save_workflow(
-        self,
-        who: Principal,
-        workflow_id: str,
-        expected_revision: int,
-        spec: workflow_pb2.WorkflowSpec,
-    ) -> WorkflowRow:
-        auth.require(who, ScopeName.WORKSHOP)
-        check_id("workflow_id", workflow_id)
-        if spec.ByteSize() > MAX_DOCUMENT_BYTES:
-            raise PayloadTooLarge(
-                f"The workflow document is {spec.ByteSize()} bytes; the limit is "
-                f"{MAX_DOCUMENT_BYTES}."
-            )
-        now = self.clock.now()
-        async with self.db.transaction() as connection:
-            result = validation.validate_workflow(spec, await load_catalog(connection))
-            if not result.valid:
-                raise _invalid(result)
-            document = spec_to_json(spec)
-            schedule = _schedule_time(spec)
-            if expected_revision == 0:
-                row = await fetch_one(
-                    connection,
-                    WorkflowRow,
-                    sql("workflows", "workflow_insert"),
-                    workflow_id,
-                    document,
-                    schedule,
-                    spec.time_zone,
-                    now,
-                    who.to_json(),
-                )
-            else:
-                row = await fetch_one(
-                    connection,
-                    WorkflowRow,
-                    sql("workflows", "workflow_update"),
-                    workflow_id,
-                    expected_revision,
-                    document,
-                    schedule,
-                    spec.time_zone,
-                    now,
-                    who.to_json(),
-                )
-            if row is not None:
-                return row
-            current = await fetch_one(
-                connection, WorkflowRow, sql("workflows", "workflow_get"), workflow_id
-            )
-        if current is None:
-            raise NotFound(
-                "workflow",
-                workflow_id,
-                f"Workflow {workflow_id!r} does not exist; save it with revision 0.",
-            )
-        if current.deleted_at is not None:
-            raise IdConflict(
-                f"Workflow id {workflow_id!r} belonged to a deleted workflow; choose another id."
-            )
-        raise _stale(workflow_id, expected_revision, current.revision, STALE_SAVE)
-
-    async def get_workflow(self, who: Principal, workflow_id: str) -> WorkflowRow:
-        auth.require(who, ScopeName.WORKSHOP)
-        async with self.db.connection() as connection:
-            row = await fetch_one(
-                connection, WorkflowRow, sql("workflows", "workflow_get"), workflow_id
-            )
-        if row is None or row.deleted_at is not None:
-            raise NotFound("workflow", workflow_id, f"Workflow {workflow_id!r} does not exist.")
-        return row
-
-    async def list_workflows(
-        self, who: Principal, after: tuple[datetime, str] | None, limit: int
-    ) -> list[WorkflowRow]:
-        auth.require(who, ScopeName.WORKSHOP)
-        after_at, after_id = after if after else (None, None)
-        async with self.db.connection() as connection:
-            return await fetch_all(
-                connection,
-                WorkflowRow,
-                sql("workflows", "workflow_list"),
-                after_at,
-                after_id,
-                limit,
-            )
-
-    async def delete_workflow(
-        self, who: Principal, workflow_id: str, expected_revision: int | None
-    ) -> list[str]:
-        """Deletes the workflow and cancels its unfinished runs; returns those runs."""
-        auth.require(who, ScopeName.WORKSHOP)
-        now = self.clock.now()
-        async with self.db.transaction() as connection:
-            row = await connection.fetchrow(
-                sql("workflows", "workflow_delete"), workflow_id, expected_revision, now
-            )
-            if row is None:
-                current = await fetch_one(
-                    connection, WorkflowRow, sql("workflows", "workflow_get"), workflow_id
-                )
-                if current is None or current.deleted_at is not None:
-                    raise NotFound(
-                        "workflow", workflow_id, f"Workflow {workflow_id!r} does not exist."
-                    )
-                raise _stale(workflow_id, expected_revision or 0, current.revision, STALE_DELETE)
-            return await fetch_column(
-                connection, str, sql("runs", "runs_cancel_for_workflow"), workflow_id, now
-            )
-
-    async def validate(
-        self, who: Principal, spec: workflow_pb2.WorkflowSpec
-    ) -> validation.Validation:
-        auth.require(who, ScopeName.WORKSHOP)
-        async with self.db.connection() as connection:
-            return validation.validate_workflow(spec, await load_catalog(connection))
-
-    async def catalog(self, who: Principal) -> CatalogRows:
-        auth.require(who, ScopeName.WORKSHOP)
-        async with self.db.connection() as connection:
-            return CatalogRows(
-                cameras=await fetch_all(
-                    connection, CameraRow, sql("resources", "camera_list"), None, 10_000
-                ),
-                buckets=await fetch_all(
-                    connection, BucketRow, sql("resources", "bucket_list"), None, 10_000
-                ),
-                models=await fetch_all(
-                    connection,
-                    ModelVersionRow,
-                    sql("resources", "model_version_list"),
-                    None,
-                    None,
-                    None,
-                    10_000,
-                ),
-                runtimes=await fetch_all(
-                    connection,
-                    RuntimeRow,
-                    sql("resources", "runtime_list"),
-                    None,
-                    None,
-                    None,
-                    10_000,
-                ),
-            )
-
-    async def choose_runtime(self, who: Principal, workflow_id: str, recent: bool) -> RuntimeRow:
-        """The website's rule (recent=True) or the schedules' and agents' rule.
-
-        Both rules are in docs/runs-and-jobs.md (choosing a runtime).
-        """
-        auth.require(who, ScopeName.WORKSHOP)
-        workflow = await self.get_workflow(who, workflow_id)
-        needed = validation.required_capabilities(spec_from_json(workflow.spec))
-        async with self.db.connection() as connection:
-            return await choose_runtime(connection, self.clock.now(), list(needed), recent)
 
     # runs ---------------------------------------------------------------------------------
 
@@ -490,17 +231,9 @@ class WorkshopApi:
         async with self.db.transaction() as connection:
             admission = await self._admit(connection, who, request, now)
             # The revision again, under a row lock, in the transaction that inserts.
-            locked = await fetch_one(
-                connection, WorkflowRevision, sql("workflows", "workflow_lock"), request.workflow_id
-            )
-            if locked is None or locked.deleted_at is not None:
-                raise NotFound(
-                    "workflow",
-                    request.workflow_id,
-                    f"Workflow {request.workflow_id!r} does not exist.",
-                )
-            if locked.revision != request.revision:
-                raise _stale(request.workflow_id, request.revision, locked.revision, STALE_RUN)
+            locked = await documents.lock_revision(connection, request.workflow_id)
+            if locked != request.revision:
+                raise documents.stale(request.workflow_id, request.revision, locked, STALE_RUN)
             unfinished = await connection.fetchval(sql("runs", "unfinished_job_count"))
             if unfinished + len(admission.jobs) > self.capacity:
                 raise AtCapacity(
@@ -531,15 +264,11 @@ class WorkshopApi:
     async def _admit(
         self, connection: Connection, who: Principal, request: RunRequest, now: datetime
     ) -> Admission:
-        workflow = await fetch_one(
-            connection, WorkflowRow, sql("workflows", "workflow_get"), request.workflow_id
-        )
-        if workflow is None or workflow.deleted_at is not None:
-            raise NotFound(
-                "workflow", request.workflow_id, f"Workflow {request.workflow_id!r} does not exist."
-            )
+        workflow = await documents.live_workflow(connection, request.workflow_id)
         if workflow.revision != request.revision:
-            raise _stale(request.workflow_id, request.revision, workflow.revision, STALE_RUN)
+            raise documents.stale(
+                request.workflow_id, request.revision, workflow.revision, STALE_RUN
+            )
         runtime = await fetch_one(
             connection, RuntimeRow, sql("resources", "runtime_get"), request.runtime_id
         )
@@ -548,10 +277,10 @@ class WorkshopApi:
                 "runtime", request.runtime_id, f"Runtime {request.runtime_id!r} is not registered."
             )
         spec = spec_from_json(workflow.spec)
-        catalog = await load_catalog(connection)
+        catalog = await documents.load_catalog(connection)
         result = validation.validate_workflow(spec, catalog)
         if not result.valid:
-            raise _invalid(result)
+            raise documents.invalid(result)
         missing = set(result.required_capabilities) - set(runtime.capabilities)
         if missing:
             raise NeedsTracking(NEEDS_TRACKING_MESSAGE, metadata={"runtime_id": runtime.runtime_id})
@@ -813,7 +542,7 @@ async def admit(
 
 
 async def _model_rows(connection: Connection) -> dict[tuple[str, int], ModelVersionRow]:
-    rows = await fetch_all(connection, ModelVersionRow, sql("resources", "model_version_all"))
+    rows = await registry.model_versions(connection)
     return {(r.name, r.version): r for r in rows}
 
 
@@ -870,19 +599,6 @@ def _past(moment: datetime | None, now: datetime) -> bool:
     return moment is not None and moment <= now
 
 
-# What the caller of each kind of stale call can do about it.
-STALE_SAVE = "reload it and apply your change again"
-STALE_DELETE = "reload it and delete it again if you still mean to"
-STALE_RUN = "look at what changed, then create the run against the current revision"
-
-
-def _stale(workflow_id: str, expected: int, current: int, advice: str) -> StaleRevision:
-    return StaleRevision(
-        f"Workflow {workflow_id!r} is at revision {current}, not {expected}; {advice}.",
-        metadata={"current_revision": str(current), "workflow_id": workflow_id},
-    )
-
-
 def _settle_existing(run_id: str, stored: str, asked: str) -> tuple[str, bool]:
     if stored != asked:
         raise IdConflict(
@@ -897,23 +613,11 @@ def principal_proto(who: Principal) -> common_pb2.Principal:
     return convert.principal(who.to_json())
 
 
-async def choose_runtime(
-    connection: Connection, now: datetime, needed: list[str], recent: bool
-) -> RuntimeRow:
-    if recent:
-        row = await fetch_one(
-            connection,
-            RuntimeRow,
-            sql("resources", "runtime_newest_capable"),
-            now - RECENT_CHECK_IN,
-            needed,
-        )
-        rule = "checked in within the last 2 minutes" + (
-            f" with capabilities {', '.join(needed)}" if needed else ""
-        )
-    else:
-        row = await fetch_one(connection, RuntimeRow, sql("resources", "runtime_newest_seen"))
-        rule = "ever checked in"
-    if row is None:
-        raise NoRuntime(f"No runtime {rule}; start a processor for this device first.")
-    return row
+async def cancel_workflow_runs(
+    connection: Connection, workflow_id: str, now: datetime
+) -> list[str]:
+    """Cancels a deleted workflow's unfinished runs in its deleting transaction (the
+    workflows room's `CancelRuns`, wired in app.py); returns their ids."""
+    return await fetch_column(
+        connection, str, sql("runs", "runs_cancel_for_workflow"), workflow_id, now
+    )

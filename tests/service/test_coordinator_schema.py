@@ -19,7 +19,7 @@ from services.coordinator.platform.versions import (
     application_name,
     list_migrations,
 )
-from services.coordinator.workshop_api import spec_from_json
+from services.coordinator.workflows.documents import spec_from_json
 from testbed.harness.postgres import PostgresCluster
 from tests.processor_gates import until
 from workshop.v1 import snapshot_pb2

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.coordinator.validation import (
+from services.coordinator.workflows.validation import (
     MAX_STEPS,
     TRACKING_CAPABILITY,
     Catalog,

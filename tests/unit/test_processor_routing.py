@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from services.coordinator.validation import Catalog, validate_workflow
+from services.coordinator.workflows.validation import Catalog, validate_workflow
 from services.processor.routing import (
     Box,
     JobRouter,

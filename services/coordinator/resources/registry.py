@@ -32,6 +32,7 @@ from services.coordinator.platform.db import (
 from services.coordinator.platform.errors import (
     IdConflict,
     InvalidField,
+    NoRuntime,
     NotFound,
 )
 from services.coordinator.platform.fields import check_id, check_sha256
@@ -39,6 +40,7 @@ from workshop.kit.hashing import canonical_json, runtime_manifest
 from workshop.kit.hashing import runtime_id as compute_runtime_id
 
 RECORDING_RETENTION = timedelta(days=40)
+RECENT_CHECK_IN = timedelta(minutes=2)  # the website's rule for choosing a runtime
 TRACKING_CAPABILITY = "workshop-v3"
 
 R = TypeVar("R", bound="Row")
@@ -444,3 +446,78 @@ async def check_grant_targets(connection: Connection, grants: Sequence[Grant]) -
         missing = sorted(set(grant.camera_ids) - cameras)
         if missing:
             raise NotFound("camera", missing[0], f"Unknown cameras in scope: {', '.join(missing)}.")
+
+
+# What other rooms read of the registry, inside their own transactions ---------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogRows:
+    """What GetCatalog lists: the resources a workflow may name."""
+
+    cameras: list[CameraRow]
+    buckets: list[BucketRow]
+    models: list[ModelVersionRow]
+    runtimes: list[RuntimeRow]
+
+
+async def catalog_rows(connection: Connection) -> CatalogRows:
+    return CatalogRows(
+        cameras=await fetch_all(
+            connection, CameraRow, sql("resources", "camera_list"), None, 10_000
+        ),
+        buckets=await fetch_all(
+            connection, BucketRow, sql("resources", "bucket_list"), None, 10_000
+        ),
+        models=await fetch_all(
+            connection,
+            ModelVersionRow,
+            sql("resources", "model_version_list"),
+            None,
+            None,
+            None,
+            10_000,
+        ),
+        runtimes=await fetch_all(
+            connection, RuntimeRow, sql("resources", "runtime_list"), None, None, None, 10_000
+        ),
+    )
+
+
+async def camera_ids(connection: Connection) -> list[str]:
+    """Every camera's id (a workflow's input names cameras)."""
+    return await fetch_column(connection, str, sql("resources", "camera_ids_all"))
+
+
+async def live_bucket_ids(connection: Connection) -> list[str]:
+    """The ids of the buckets not deleted (a workflow's outputs name buckets)."""
+    return await fetch_column(connection, str, sql("resources", "bucket_ids_live"))
+
+
+async def model_versions(connection: Connection) -> list[ModelVersionRow]:
+    """Every published model version (validation reads their classes, runs pin them)."""
+    return await fetch_all(connection, ModelVersionRow, sql("resources", "model_version_all"))
+
+
+async def choose_runtime(
+    connection: Connection, now: datetime, needed: list[str], recent: bool
+) -> RuntimeRow:
+    """The website's rule (recent: checked in lately with the capabilities needed) or the
+    schedules' and agents' rule (the newest ever seen); docs/runs-and-jobs.md."""
+    if recent:
+        row = await fetch_one(
+            connection,
+            RuntimeRow,
+            sql("resources", "runtime_newest_capable"),
+            now - RECENT_CHECK_IN,
+            needed,
+        )
+        rule = "checked in within the last 2 minutes" + (
+            f" with capabilities {', '.join(needed)}" if needed else ""
+        )
+    else:
+        row = await fetch_one(connection, RuntimeRow, sql("resources", "runtime_newest_seen"))
+        rule = "ever checked in"
+    if row is None:
+        raise NoRuntime(f"No runtime {rule}; start a processor for this device first.")
+    return row

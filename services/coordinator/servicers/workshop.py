@@ -1,4 +1,5 @@
-"""WorkshopService: translates the contract to WorkshopApi calls and back."""
+"""WorkshopService: translates the contract to calls of the workflows room (`Workflows`),
+the runs (`WorkshopApi`), photos and review, and back."""
 
 from __future__ import annotations
 
@@ -23,16 +24,15 @@ from services.coordinator.servicers.common import (
     split_token,
     time_and_id_token,
 )
+from services.coordinator.workflows.documents import WorkflowRow, Workflows, spec_from_json
 from services.coordinator.workshop_api import (
     JobRow,
     RunImageRow,
     RunRequest,
     RunView,
     SnapshotRecordingRow,
-    WorkflowRow,
     WorkshopApi,
     run_request,
-    spec_from_json,
 )
 from workshop.kit import limits
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2, workflow_pb2, workshop_pb2_grpc
@@ -165,12 +165,14 @@ def detail(view: RunView, job_limit: int) -> run_pb2.RunDetail:
 class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     def __init__(
         self,
+        workflows: Workflows,
         api: WorkshopApi,
         photos: PhotosApi,
         reviews: ReviewApi,
         authenticate: Authenticator,
         events: RunEvents,
     ) -> None:
+        self.workflows = workflows
         self.api = api
         self.photos = photos
         self.review = reviews
@@ -180,7 +182,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def SaveWorkflow(
         self, request: pb.SaveWorkflowRequest, context: Context
     ) -> pb.SaveWorkflowResponse:
-        row = await self.api.save_workflow(
+        row = await self.workflows.save_workflow(
             await self.who(context), request.workflow_id, request.expected_revision, request.spec
         )
         return pb.SaveWorkflowResponse(workflow=workflow(row))
@@ -188,7 +190,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def GetWorkflow(
         self, request: pb.GetWorkflowRequest, context: Context
     ) -> pb.GetWorkflowResponse:
-        row = await self.api.get_workflow(await self.who(context), request.workflow_id)
+        row = await self.workflows.get_workflow(await self.who(context), request.workflow_id)
         return pb.GetWorkflowResponse(workflow=workflow(row))
 
     async def ListWorkflows(
@@ -196,7 +198,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     ) -> pb.ListWorkflowsResponse:
         limit = page_size(request.page_size)
         after = time_and_id_token(request.page_token)
-        rows = await self.api.list_workflows(await self.who(context), after, limit)
+        rows = await self.workflows.list_workflows(await self.who(context), after, limit)
         return pb.ListWorkflowsResponse(
             workflows=[workflow(row) for row in rows],
             next_page_token=next_token(rows, limit, lambda row: (row.updated_at, row.workflow_id)),
@@ -206,7 +208,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self, request: pb.DeleteWorkflowRequest, context: Context
     ) -> pb.DeleteWorkflowResponse:
         expected = request.expected_revision if request.HasField("expected_revision") else None
-        cancelled = await self.api.delete_workflow(
+        cancelled = await self.workflows.delete_workflow(
             await self.who(context), request.workflow_id, expected
         )
         return pb.DeleteWorkflowResponse(cancelled_run_ids=cancelled)
@@ -214,7 +216,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def ValidateWorkflow(
         self, request: pb.ValidateWorkflowRequest, context: Context
     ) -> pb.ValidateWorkflowResponse:
-        result = await self.api.validate(await self.who(context), request.spec)
+        result = await self.workflows.validate(await self.who(context), request.spec)
         return pb.ValidateWorkflowResponse(
             valid=result.valid,
             problems=[problem.to_proto() for problem in result.problems],
@@ -224,7 +226,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def GetCatalog(
         self, request: pb.GetCatalogRequest, context: Context
     ) -> pb.GetCatalogResponse:
-        found = await self.api.catalog(await self.who(context))
+        found = await self.workflows.catalog(await self.who(context))
         return pb.GetCatalogResponse(
             cameras=[convert.camera(row) for row in found.cameras],
             buckets=[convert.bucket(row) for row in found.buckets],
@@ -238,7 +240,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         who = await self.who(context)  # an unknown caller hears 401 before any 400
         if request.choice == pb.RUNTIME_CHOICE_UNSPECIFIED:
             raise InvalidField("choice must be RECENT_CAPABLE (website) or NEWEST (agents).")
-        row = await self.api.choose_runtime(
+        row = await self.workflows.choose_runtime(
             who,
             request.workflow_id,
             recent=request.choice == pb.RUNTIME_CHOICE_RECENT_CAPABLE,

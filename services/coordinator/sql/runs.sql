@@ -136,3 +136,10 @@ LEFT JOIN staged_objects so
 WHERE r.run_id = $1 AND r.kind = 'photo'
 ORDER BY so.published_at DESC NULLS LAST
 LIMIT 1;
+
+-- name: scheduler_try_lock
+-- One scheduler pass at a time across replicas (session lock, released after the pass).
+SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.scheduler'));
+
+-- name: scheduler_unlock
+SELECT pg_advisory_unlock(hashtext('workshop.coordinator.scheduler'));

@@ -38,10 +38,3 @@ SELECT workflow_id, revision, spec, schedule_time, time_zone
 FROM workflows
 WHERE schedule_time IS NOT NULL AND deleted_at IS NULL
 ORDER BY workflow_id;
-
--- name: scheduler_try_lock
--- One scheduler pass at a time across replicas (session lock, released after the pass).
-SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.scheduler'));
-
--- name: scheduler_unlock
-SELECT pg_advisory_unlock(hashtext('workshop.coordinator.scheduler'));
