@@ -78,7 +78,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from bench.chaos_checks import QUERIES
 from bench.footage import DEFAULT_CACHE, cached_recordings
-from services.coordinator.status import RunCounts
+from services.coordinator.runs.status import RunCounts
 from tools.demo.script import MODEL, MODEL_VERSION, workflow_spec
 from tools.demo.stack import clean_environment
 from tools.localstack.host import free_ports

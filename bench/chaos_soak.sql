@@ -153,7 +153,7 @@ WHERE h.new_lapses > h.old_lapses
 ORDER BY h.at;
 
 -- name: run_states
--- Each run's jobs by state, for the status check (services/coordinator/status.py's order).
+-- Each run's jobs by state, for the status check (services/coordinator/runs/status.py's order).
 SELECT r.run_id, r.kind,
        count(*) FILTER (WHERE j.state = 'leased') AS leased,
        count(*) FILTER (WHERE j.state = 'queued') AS queued,

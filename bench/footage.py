@@ -16,7 +16,7 @@ from pathlib import Path
 import av
 
 import tools.demo.scenes as scenes_module
-from services.coordinator.planning import interval_ms, slot_time
+from services.coordinator.runs.planning import interval_ms, slot_time
 from services.coordinator.workflows.validation import MILLISECOND_TOLERANCE
 from services.processor import decode
 from testbed.coordinator_world import DAY

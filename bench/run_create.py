@@ -14,7 +14,7 @@ Measured, with time.perf_counter() around the RPC as a client sees it:
   10,000 jobs (600,000 slots), and each finds the previous ones' jobs unfinished;
 - retry: `--samples` CreateRun calls repeating the first run's id and body (created=false).
 
-Then, unmeasured, one more creation in process (WorkshopApi.create_run plus the
+Then, unmeasured, one more creation in process (Runs.create_run plus the
 get_run the RPC answers with) on a one-connection pool whose statements are timed by
 asyncpg's query logger: the split between SQL round trips and Python. `--profile` adds
 EXPLAIN ANALYZE of the big statements (in a rolled-back transaction) and cProfile over
@@ -44,8 +44,8 @@ from bench.stats import median
 from services.coordinator.identity.auth import Grant, Principal, ScopeName
 from services.coordinator.platform import queries
 from services.coordinator.platform.db import Database
-from services.coordinator.workshop_api import WorkshopApi
-from services.coordinator.workshop_api import run_request as api_run_request
+from services.coordinator.runs.admission import run_request as api_run_request
+from services.coordinator.runs.runs import Runs
 from testbed.coordinator_world import (
     DAY,
     build_world,
@@ -286,7 +286,7 @@ async def _phases(
     dsn: str, c: CoordinatorHarness, runtime_id: str, samples: int, *, profile: bool
 ) -> None:
     async with Database.open(dsn, size=1) as db:  # one connection: every statement is timed
-        api = WorkshopApi(db, c.clock, capacity=JOB_CAPACITY)
+        api = Runs(db, c.clock, capacity=JOB_CAPACITY)
         # Warm the connection (type introspection, prepared statements) with a 1-job test run.
         warm = dataclasses.replace(
             _api_request("bench-warm", runtime_id), mode="test", image_limit=1
@@ -315,7 +315,7 @@ async def _phases(
 
 
 async def _split(
-    title: str, api: WorkshopApi, request: Any, clock: StatementClock, *, created: bool
+    title: str, api: Runs, request: Any, clock: StatementClock, *, created: bool
 ) -> None:
     """Times create_run plus the get_run the RPC answers with; prints where the time went."""
     clock.timed.clear()
@@ -422,7 +422,7 @@ async def _explain(db: Database, creation: Sequence[Timed]) -> None:
         pass
 
 
-async def _profile(api: WorkshopApi, runtime_id: str) -> None:
+async def _profile(api: Runs, runtime_id: str) -> None:
     run_id = "bench-profile"
     request = _api_request(run_id, runtime_id)
     profiler = cProfile.Profile()

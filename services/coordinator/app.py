@@ -12,7 +12,6 @@ import dataclasses
 from datetime import timedelta
 
 from services.coordinator.clock_control import ClockControl
-from services.coordinator.events import RunEvents
 from services.coordinator.identity.accounts import Accounts
 from services.coordinator.identity.auth import PRINCIPAL_CACHE_SECONDS
 from services.coordinator.identity.passwords import Passwords
@@ -20,22 +19,23 @@ from services.coordinator.identity.signin import IdentityApi, LoginLimits
 from services.coordinator.leases.gauges import JobsByState
 from services.coordinator.leases.jobs import LEASE, JobsApi
 from services.coordinator.leases.maintenance import Maintenance
-from services.coordinator.photos import PhotosApi
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
 from services.coordinator.previews.publication import PublicationApi
 from services.coordinator.resources.registry import Resources, check_grant_targets
 from services.coordinator.review.reviews import ReviewApi
-from services.coordinator.scheduler import Scheduler
+from services.coordinator.runs.events import RunEvents
+from services.coordinator.runs.photos import PhotosApi
+from services.coordinator.runs.runs import Runs, cancel_bucket_runs, cancel_workflow_runs
+from services.coordinator.runs.scheduler import Scheduler
+from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.identity import IdentityServicer
 from services.coordinator.servicers.jobs import JobServicer
 from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
-from services.coordinator.snapshots import SnapshotCache
 from services.coordinator.workflows.documents import Workflows
-from services.coordinator.workshop_api import WorkshopApi, cancel_workflow_runs
 from workshop.kit.metrics import ScrapeCollector
 from workshop.kit.server import GrpcService, Worker
 from workshop.v1 import (
@@ -71,13 +71,11 @@ def build(
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)."""
     limits = login_limits or LoginLimits()
-    workshop_api = WorkshopApi(db, clock, capacity=job_capacity)
+    runs = Runs(db, clock, capacity=job_capacity)
     events = RunEvents(db.dsn, followers=[clock] if isinstance(clock, StoredClock) else [])
     workers: list[Worker] = [events]
     if scheduler_interval_seconds > 0:
-        workers.append(
-            Scheduler(db, clock, workshop_api, interval_seconds=scheduler_interval_seconds)
-        )
+        workers.append(Scheduler(db, clock, runs, interval_seconds=scheduler_interval_seconds))
     if maintenance_interval_seconds > 0:
         workers.append(
             Maintenance(
@@ -89,7 +87,7 @@ def build(
         )
     authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
     return Coordinator(
-        grpc_services(db, clock, workshop_api, events, authenticate, limits, lease=lease),
+        grpc_services(db, clock, runs, events, authenticate, limits, lease=lease),
         workers,
         [JobsByState(db)],
     )
@@ -98,7 +96,7 @@ def build(
 def grpc_services(
     db: Database,
     clock: Clock,
-    workshop_api: WorkshopApi,
+    runs: Runs,
     events: RunEvents,
     authenticate: Authenticator,
     login_limits: LoginLimits,
@@ -108,11 +106,13 @@ def grpc_services(
     snapshots = SnapshotCache(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
     accounts = Accounts(db, clock, check_grant_targets, passwords)
-    operator = OperatorServicer(Resources(db, clock), accounts, ClockControl(clock), authenticate)
+    operator = OperatorServicer(
+        Resources(db, clock, cancel_bucket_runs), accounts, ClockControl(clock), authenticate
+    )
     reviews = ReviewApi(db, clock)
     workshop = WorkshopServicer(
         Workflows(db, clock, cancel_workflow_runs),
-        workshop_api,
+        runs,
         PhotosApi(db, clock),
         reviews,
         authenticate,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -37,11 +37,6 @@ SCOPE_TO_PROTO = {
     ScopeName.GATEWAY: common_pb2.SCOPE_GATEWAY,
 }
 SCOPE_FROM_PROTO = {value: key for key, value in SCOPE_TO_PROTO.items()}
-PRINCIPAL_KINDS = {
-    "session": common_pb2.PRINCIPAL_KIND_SESSION,
-    "key": common_pb2.PRINCIPAL_KIND_KEY,
-    "scheduler": common_pb2.PRINCIPAL_KIND_SCHEDULER,
-}
 
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -320,13 +315,3 @@ def fill_box(box: common_pb2.Box, value: dict[str, Any]) -> None:
     track = value.get("track_id")
     if track is not None:
         box.track_id = int(track)  # int64 is a JSON string
-
-
-def principal(value: Mapping[str, str]) -> common_pb2.Principal:
-    return common_pb2.Principal(
-        kind=PRINCIPAL_KINDS.get(value.get("kind", ""), common_pb2.PRINCIPAL_KIND_UNSPECIFIED),
-        user_id=value.get("user_id", ""),
-        session_id=value.get("session_id", ""),
-        key_id=value.get("key_id", ""),
-        display_name=value.get("display_name", ""),
-    )

@@ -23,8 +23,8 @@ from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.leases.jobs import LEASE, JobsApi, SlotFacts, lease_from
 from services.coordinator.leases.results import result_digest
 from services.coordinator.platform.db import Database, sql
+from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
-from services.coordinator.snapshots import SnapshotCache
 from testbed.coordinator_leases import (
     Setup,
     claim,

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 
 from services.coordinator.leases.jobs import JobsApi, heartbeat_interval, lease_from
+from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.jobs import claim_response
 from services.coordinator.settings import PREFIX, CoordinatorSettings
-from services.coordinator.snapshots import SnapshotCache
 from testbed.coordinator_leases import create_run, setup
 from testbed.coordinator_world import CODE
 from testbed.harness.coordinator import CoordinatorHarness

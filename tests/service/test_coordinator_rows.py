@@ -27,7 +27,7 @@ import pytest
 
 import services.coordinator
 from services.coordinator.platform.db import Row, sql
-from services.coordinator.status import RunCounts
+from services.coordinator.runs.status import RunCounts
 
 SOURCE = Path(services.coordinator.__file__).parent
 

@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from services.coordinator.scheduler import Scheduler
-from services.coordinator.workshop_api import WorkshopApi
+from services.coordinator.runs.runs import Runs
+from services.coordinator.runs.scheduler import Scheduler
 from testbed.coordinator_world import World, build_world, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
 from workshop.v1 import common_pb2, workflow_pb2
@@ -19,7 +19,7 @@ PREVIOUS_DAY = workflow_pb2.INPUT_DAY_PREVIOUS_DAY
 
 
 def scheduler(c: CoordinatorHarness) -> Scheduler:
-    return Scheduler(c.db, c.clock, WorkshopApi(c.db, c.clock), interval_seconds=60)
+    return Scheduler(c.db, c.clock, Runs(c.db, c.clock), interval_seconds=60)
 
 
 async def seen(c: CoordinatorHarness, runtime_id: str, minutes_ago: int = 0) -> None:
@@ -112,7 +112,7 @@ async def test_worker_runs_passes_until_stopped(
     c = coordinator
     await seen(c, world.tracking_runtime)
     c.clock.advance(timedelta(hours=2))
-    worker = Scheduler(c.db, c.clock, WorkshopApi(c.db, c.clock), interval_seconds=0.05)
+    worker = Scheduler(c.db, c.clock, Runs(c.db, c.clock), interval_seconds=0.05)
     await worker.start()
     try:
         for _ in range(200):

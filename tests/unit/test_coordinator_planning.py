@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.coordinator.planning import (
+from services.coordinator.platform import errors
+from services.coordinator.runs.planning import (
     MAX_JOBS_PER_RUN,
     MAX_SLOTS_PER_JOB,
     JobPlan,
@@ -21,7 +22,6 @@ from services.coordinator.planning import (
     slot_time,
     window_instants,
 )
-from services.coordinator.platform import errors
 from workshop.v1 import common_pb2, workflow_pb2
 
 UTC = dt.UTC

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from services.coordinator.platform.db import Connection, Row, fetch_one, sql
 from services.coordinator.platform.errors import CredentialRejected, InvalidField, ScopeMissing
 from workshop.kit.hashing import sha256_hex
+from workshop.v1 import common_pb2
 
 KEY_PREFIX = "wk_"
 SESSION_PREFIX = "ws_"
@@ -235,3 +236,30 @@ def validate_grants(grants: Iterable[Grant]) -> tuple[Grant, ...]:
         if grant.scope is ScopeName.GATEWAY and grant.camera_ids:
             raise InvalidField("Scope 'gateway' takes no cameras.")
     return checked
+
+
+# A principal as the contract shows it (who created a run, saved a workflow, decided a
+# sighting): rooms freeze it into snapshots, and servicers render stored principals.
+PRINCIPAL_KINDS = {
+    "session": common_pb2.PRINCIPAL_KIND_SESSION,
+    "key": common_pb2.PRINCIPAL_KIND_KEY,
+    "scheduler": common_pb2.PRINCIPAL_KIND_SCHEDULER,
+}
+
+
+def principal_proto(value: Mapping[str, str]) -> common_pb2.Principal:
+    """A stored principal (`Principal.to_json`) as the contract's Principal."""
+    return common_pb2.Principal(
+        kind=PRINCIPAL_KINDS.get(value.get("kind", ""), common_pb2.PRINCIPAL_KIND_UNSPECIFIED),
+        user_id=value.get("user_id", ""),
+        session_id=value.get("session_id", ""),
+        key_id=value.get("key_id", ""),
+        display_name=value.get("display_name", ""),
+    )
+
+
+async def policy_revision_for_run(connection: Connection) -> int:
+    """The policy revision a new run records, read FOR SHARE so that raising it waits for
+    the admitting transaction (runs and photos call this inside their insert)."""
+    revision: int = await connection.fetchval(sql("auth", "policy_revision_share"))
+    return revision

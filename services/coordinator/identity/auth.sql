@@ -129,6 +129,10 @@ WHERE (subject = ANY($1::text[]) AND attempt_id = $2) OR subject = $3;
 -- Failures that left the window ($1: its start); the maintenance pass.
 DELETE FROM login_failures WHERE failed_at <= $1;
 
+-- name: policy_revision_share
+-- Inside run admission: the revision a new run's snapshot records, held until it commits.
+SELECT revision FROM policy FOR SHARE;
+
 -- name: policy_get
 SELECT revision FROM policy;
 

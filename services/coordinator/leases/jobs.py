@@ -41,8 +41,8 @@ from services.coordinator.platform.errors import (
 from services.coordinator.platform.fields import check_request_id
 from services.coordinator.platform.metrics import CLAIM_SECONDS
 from services.coordinator.review import reviews
-from services.coordinator.snapshots import Frozen, SnapshotCache
-from services.coordinator.workshop_api import SnapshotRecordingRow
+from services.coordinator.runs.rows import SnapshotRecordingRow
+from services.coordinator.runs.snapshots import Frozen, SnapshotCache
 from workshop.kit.metrics import timed
 from workshop.v1 import jobs_pb2
 

@@ -124,7 +124,7 @@ def _closed(connection: Any) -> bool:
 
 
 def sql(file_stem: str, name: str) -> str:
-    """The statement `name` of `sql/<file_stem>.sql`."""
+    """The statement `name` of the room's `<file_stem>.sql`."""
     return queries.load(file_stem)[name]
 
 

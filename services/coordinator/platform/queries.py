@@ -1,8 +1,8 @@
 """Named SQL blocks loaded from the coordinator's `.sql` files.
 
-A room keeps its statements beside its modules (`identity/auth.sql`); statements not yet
-moved into a room live in `sql/`. A file stem names one file across both places, so
-call sites say `sql("auth", "key_revoke")` wherever the file lives.
+A room keeps its statements beside its modules (`identity/auth.sql`, `runs/runs.sql`). A
+file stem names one file across the rooms, so call sites say `sql("auth", "key_revoke")`
+without naming the room.
 
 A file holds blocks that start with `-- name: entity_verb`; the text up to the
 next such line is the statement. Python code refers to statements by name only,
@@ -38,18 +38,18 @@ def parse_queries(text: str, *, source: str = "<sql>") -> dict[str, str]:
 
 
 def sql_files() -> list[Path]:
-    """Every file of named statements: the rooms' and those in sql/."""
+    """Every file of named statements, in every room (migrations are not named blocks)."""
     return sorted(
         path for path in COORDINATOR_DIR.glob("*/*.sql") if path.parent.name != "migrations"
     )
 
 
 def sql_file(file_stem: str) -> Path:
-    """The one file `<room>/<file_stem>.sql` or `sql/<file_stem>.sql`."""
+    """The one file `<room>/<file_stem>.sql`."""
     found = [path for path in sql_files() if path.stem == file_stem]
     if len(found) != 1:
         raise FileNotFoundError(
-            f"SQL file stem {file_stem!r}: expected one file in a room or sql/, found "
+            f"SQL file stem {file_stem!r}: expected one file in a room, found "
             f"{[str(path) for path in found]}"
         )
     return found[0]

@@ -30,7 +30,7 @@ from services.coordinator.platform.db import Database, Row, fetch_all, fetch_one
 from services.coordinator.platform.errors import Expired, InvalidField, NotFound
 from services.coordinator.platform.fields import check_sha256
 from services.coordinator.platform.metrics import PREVIEWS_RECORDED
-from services.coordinator.snapshots import Frozen, SnapshotCache
+from services.coordinator.runs.snapshots import Frozen, SnapshotCache
 from workshop.kit import limits, object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError
 from workshop.kit.hashing import sha256_hex

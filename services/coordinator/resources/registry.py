@@ -12,7 +12,7 @@ the same resources through these rows.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -44,6 +44,11 @@ RECENT_CHECK_IN = timedelta(minutes=2)  # the website's rule for choosing a runt
 TRACKING_CAPABILITY = "workshop-v3"
 
 R = TypeVar("R", bound="Row")
+
+# Deleting a bucket cancels the unfinished runs writing into it, in the same transaction.
+# Runs sit above resources, so the deletion is given the runs room's cancellation (app.py
+# wires it): (connection, bucket_id, now) -> the ids of the runs cancelled.
+CancelBucketRuns = Callable[[Connection, str, datetime], Awaitable[list[str]]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,9 +128,10 @@ def _require_workshop(principal: Principal) -> None:
 
 
 class Resources:
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, cancel_runs: CancelBucketRuns) -> None:
         self.db = db
         self.clock = clock
+        self.cancel_runs = cancel_runs
 
     # devices and runtimes ---------------------------------------------------------
 
@@ -409,9 +415,7 @@ class Resources:
             row = await connection.fetchrow(sql("resources", "bucket_delete"), bucket_id, now)
             if row is None:
                 raise NotFound("bucket", bucket_id, f"Bucket {bucket_id!r} does not exist.")
-            cancelled = await fetch_column(
-                connection, str, sql("runs", "runs_cancel_for_bucket"), bucket_id, now
-            )
+            cancelled = await self.cancel_runs(connection, bucket_id, now)
             items: int = await connection.fetchval(
                 sql("resources", "bucket_items_delete"), bucket_id, now
             )
@@ -521,3 +525,54 @@ async def choose_runtime(
     if row is None:
         raise NoRuntime(f"No runtime {rule}; start a processor for this device first.")
     return row
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CurrentRecording(Row):
+    """A current recording (not deleted, not expired) as runs and photos admit it."""
+
+    recording_id: str
+    camera_id: str
+    generation: int
+    start_at: datetime
+    end_at: datetime
+    fps: float
+    object_key: str
+    sha256: str
+    byte_size: int
+    expires_at: datetime
+
+
+async def runtime(connection: Connection, runtime_id: str) -> RuntimeRow | None:
+    return await fetch_one(connection, RuntimeRow, sql("resources", "runtime_get"), runtime_id)
+
+
+async def camera_exists(connection: Connection, camera_id: str) -> bool:
+    return await connection.fetchrow(sql("resources", "camera_get"), camera_id) is not None
+
+
+async def recordings_for_input(
+    connection: Connection,
+    now: datetime,
+    camera_ids: Sequence[str],
+    window: tuple[datetime, datetime],
+) -> list[CurrentRecording]:
+    """The current recordings of the cameras that overlap the window [start, end)."""
+    return await fetch_all(
+        connection,
+        CurrentRecording,
+        sql("resources", "recording_list_for_input"),
+        now,
+        list(camera_ids),
+        window[0],
+        window[1],
+    )
+
+
+async def recording_covering(
+    connection: Connection, camera_id: str, moment: datetime, now: datetime
+) -> CurrentRecording | None:
+    """The newest current recording of the camera that covers the instant (photos)."""
+    return await fetch_one(
+        connection, CurrentRecording, sql("resources", "recording_covering"), camera_id, moment, now
+    )

@@ -91,6 +91,15 @@ FROM recordings
 WHERE camera_id = ANY($2::text[]) AND deleted_at IS NULL AND expires_at > $1
   AND end_at > $3 AND start_at < $4;
 
+-- name: recording_covering
+-- The newest current recording of a camera that covers the instant $2 (photos).
+SELECT recording_id, camera_id, generation, start_at, end_at, fps, object_key, sha256, byte_size,
+       expires_at
+FROM recordings
+WHERE camera_id = $1 AND start_at <= $2 AND end_at > $2 AND deleted_at IS NULL AND expires_at > $3
+ORDER BY put_at DESC, recording_id
+LIMIT 1;
+
 -- name: model_version_publish
 INSERT INTO model_versions (name, version, weights_sha256, classes, input_shape, published_at)
 VALUES ($1, $2, $3, $4, $5, $6)

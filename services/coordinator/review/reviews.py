@@ -34,7 +34,7 @@ from services.coordinator.platform.errors import (
     TestRunNotReviewable,
 )
 from services.coordinator.review import sightings
-from services.coordinator.workshop_api import RunRow, SnapshotRecordingRow
+from services.coordinator.runs.rows import RunRow, SnapshotRecordingRow
 from workshop.kit import errors
 
 P = TypeVar("P")

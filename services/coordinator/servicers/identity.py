@@ -4,7 +4,7 @@ and sign-out, and a user's own keys; translates the contract to IdentityApi and 
 from __future__ import annotations
 
 from services.coordinator import convert
-from services.coordinator.identity.auth import SESSION_PREFIX, Principal
+from services.coordinator.identity.auth import PRINCIPAL_KINDS, SESSION_PREFIX, Principal
 from services.coordinator.identity.signin import IdentityApi
 from services.coordinator.platform.errors import NotASession
 from services.coordinator.platform.fields import page_size
@@ -89,7 +89,7 @@ class IdentityServicer(identity_pb2_grpc.IdentityServiceServicer):
 
 def who_am_i(principal: Principal) -> identity_pb2.WhoAmIResponse:
     reply = identity_pb2.WhoAmIResponse(
-        kind=convert.PRINCIPAL_KINDS.get(principal.kind, common_pb2.PRINCIPAL_KIND_UNSPECIFIED),
+        kind=PRINCIPAL_KINDS.get(principal.kind, common_pb2.PRINCIPAL_KIND_UNSPECIFIED),
         user_id=principal.user_id,
         key_id=principal.key_id,
         session_id=principal.session_id,

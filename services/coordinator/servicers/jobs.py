@@ -11,7 +11,6 @@ from functools import lru_cache
 from google.protobuf.duration_pb2 import Duration
 
 from services.coordinator import convert
-from services.coordinator.events import RunEvents
 from services.coordinator.leases.jobs import (
     HEARTBEAT_INTERVAL,
     PHASES,
@@ -23,6 +22,7 @@ from services.coordinator.leases.jobs import (
     lease_from,
 )
 from services.coordinator.platform.errors import InvalidField
+from services.coordinator.runs.events import RunEvents
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.workshop import snapshot_recording
 from workshop.v1 import common_pb2, jobs_pb2_grpc

@@ -9,6 +9,7 @@ from datetime import datetime
 from google.protobuf import json_format
 
 from services.coordinator import convert
+from services.coordinator.identity import auth
 from services.coordinator.leases.jobs import job_id
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.review import reviews
@@ -154,7 +155,7 @@ def sighting(row: SightingRow) -> run_pb2.Sighting:
         relabel_class=row.relabel_class if state == "accepted" else None,
         pending_items=row.pending,
         decided_at=convert.opt_ts(row.decided_at),
-        decided_by=convert.principal(row.decided_by) if row.decided_by else None,
+        decided_by=auth.principal_proto(row.decided_by) if row.decided_by else None,
     )
 
 

@@ -1,5 +1,5 @@
 """WorkshopService: translates the contract to calls of the workflows room (`Workflows`),
-the runs (`WorkshopApi`), photos and review, and back."""
+the runs (`Runs`), photos and review, and back."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ from collections.abc import AsyncIterator
 from google.protobuf import json_format
 
 from services.coordinator import convert
-from services.coordinator.events import RunEvents
+from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal
 from services.coordinator.leases.jobs import job_id
-from services.coordinator.photos import PhotosApi, PhotoView
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.review import reviews
 from services.coordinator.review.reviews import ReviewApi
+from services.coordinator.runs.admission import RunRequest, run_request
+from services.coordinator.runs.events import RunEvents
+from services.coordinator.runs.photos import PhotosApi, PhotoView
+from services.coordinator.runs.rows import JobRow, RunImageRow, SnapshotRecordingRow
+from services.coordinator.runs.runs import Runs, RunView
 from services.coordinator.servicers import review as views
 from services.coordinator.servicers.common import (
     Authenticator,
@@ -25,15 +29,6 @@ from services.coordinator.servicers.common import (
     time_and_id_token,
 )
 from services.coordinator.workflows.documents import WorkflowRow, Workflows, spec_from_json
-from services.coordinator.workshop_api import (
-    JobRow,
-    RunImageRow,
-    RunRequest,
-    RunView,
-    SnapshotRecordingRow,
-    WorkshopApi,
-    run_request,
-)
 from workshop.kit import limits
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2, workflow_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as pb
@@ -71,7 +66,7 @@ def workflow(row: WorkflowRow) -> workflow_pb2.Workflow:
         spec=spec_from_json(row.spec),
         created_at=convert.ts(row.created_at),
         updated_at=convert.ts(row.updated_at),
-        updated_by=convert.principal(row.updated_by),
+        updated_by=auth.principal_proto(row.updated_by),
     )
 
 
@@ -105,7 +100,7 @@ def run(view: RunView) -> run_pb2.Run:
             items_saved=counts.items_saved,
         ),
         waiting_behind=view.waiting_behind,
-        created_by=convert.principal(row.created_by),
+        created_by=auth.principal_proto(row.created_by),
         created_at=convert.ts(row.created_at),
         finished_at=convert.opt_ts(row.last_job_update) if finished else None,
         expires_at=convert.opt_ts(row.expires_at),
@@ -166,7 +161,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     def __init__(
         self,
         workflows: Workflows,
-        api: WorkshopApi,
+        api: Runs,
         photos: PhotosApi,
         reviews: ReviewApi,
         authenticate: Authenticator,

@@ -6,9 +6,6 @@ SELECT run_id, fingerprint FROM runs WHERE run_id = $1;
 -- name: unfinished_job_count
 SELECT count(*) FROM jobs WHERE state IN ('queued', 'leased');
 
--- name: policy_revision_share
-SELECT revision FROM policy FOR SHARE;
-
 -- name: run_insert
 INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id, image_limit,
                   fingerprint, created_by, policy_revision, created_at, expires_at, code_sha256)
@@ -109,15 +106,6 @@ SELECT * FROM (
 ) images
 ORDER BY published_at DESC, item_id
 LIMIT $3;
-
--- name: recording_covering
--- The newest current recording of a camera that covers the instant $2 (photos).
-SELECT recording_id, camera_id, generation, start_at, end_at, fps, object_key, sha256, byte_size,
-       expires_at
-FROM recordings
-WHERE camera_id = $1 AND start_at <= $2 AND end_at > $2 AND deleted_at IS NULL AND expires_at > $3
-ORDER BY put_at DESC, recording_id
-LIMIT 1;
 
 -- name: photo_job_insert
 INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,

@@ -19,8 +19,9 @@ from services.coordinator.identity.auth import SCHEDULER
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, sql
 from services.coordinator.resources.registry import choose_runtime
+from services.coordinator.runs.admission import RunRequest
+from services.coordinator.runs.runs import Runs
 from services.coordinator.workflows.documents import scheduled_workflows
-from services.coordinator.workshop_api import RunRequest, WorkshopApi
 from workshop.kit.errors import WorkshopError
 from workshop.kit.periodic import Periodic
 
@@ -32,9 +33,7 @@ def run_id_for(workflow_id: str, day: str) -> str:
 
 
 class Scheduler(Periodic):
-    def __init__(
-        self, db: Database, clock: Clock, api: WorkshopApi, *, interval_seconds: float
-    ) -> None:
+    def __init__(self, db: Database, clock: Clock, api: Runs, *, interval_seconds: float) -> None:
         super().__init__("scheduler", self.run_once, interval_seconds=interval_seconds)
         self.db = db
         self.clock = clock

@@ -16,14 +16,14 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf import json_format
 
-from services.coordinator import convert
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, Row, fetch_one, sql
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
+from services.coordinator.resources import registry
 from services.coordinator.resources.registry import choose_runtime
-from services.coordinator.workshop_api import TEST_RESULT_LIFETIME, CurrentRecording
+from services.coordinator.runs.runs import TEST_RESULT_LIFETIME
 from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2
@@ -93,16 +93,14 @@ class PhotosApi:
         now: datetime,
     ) -> bool:
         """Creates the photo run; False when a concurrent request created it first."""
-        if await db.fetchrow(sql("resources", "camera_get"), camera_id) is None:
+        if not await registry.camera_exists(db, camera_id):
             raise NotFound("camera", camera_id, f"Camera {camera_id!r} does not exist.")
-        recording = await fetch_one(
-            db, CurrentRecording, sql("runs", "recording_covering"), camera_id, moment, now
-        )
+        recording = await registry.recording_covering(db, camera_id, moment, now)
         if recording is None:
             raise NoMedia(NO_MEDIA_MESSAGE)
         runtime = await choose_runtime(db, now, [], recent=False)
         expires = now + TEST_RESULT_LIFETIME
-        policy = await db.fetchval(sql("runs", "policy_revision_share"))
+        policy = await auth.policy_revision_for_run(db)
         fingerprint = sha256_hex(canonical_json({"camera_id": camera_id, "time": _rfc3339(moment)}))
         seq = await db.fetchval(
             sql("runs", "run_insert"),
@@ -129,7 +127,7 @@ class PhotosApi:
             image_limit=1,
             runtime_id=runtime.runtime_id,
             code_sha256=runtime.code_sha256,
-            created_by=convert.principal(who.to_json()),
+            created_by=auth.principal_proto(who.to_json()),
             policy_revision=policy,
             recording_count=1,
             sampling=snapshot_pb2.Sampling(interval_seconds=SLOT.total_seconds()),
