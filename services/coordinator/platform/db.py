@@ -271,6 +271,17 @@ class Database:
             yield connection
 
     @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Any]:
+        """A read-only transaction whose statements all see one snapshot (REPEATABLE
+        READ): for a view read in several statements that must agree with each other
+        (a run's status and counts with its jobs' states and progress)."""
+        async with (
+            self._acquired() as connection,
+            connection.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield connection
+
+    @asynccontextmanager
     async def session(self) -> AsyncIterator[Any]:
         """A pooled connection for work that leaves session state (advisory locks).
 

@@ -181,7 +181,10 @@ class Runs:
         The gateway's key reads any run too: it serves one WatchRun stream per run to every
         client it authorized with the client's own credential."""
         auth.require(who, ScopeName.WORKSHOP, ScopeName.GATEWAY)
-        async with self.db.connection() as connection:
+        # One snapshot for the run's counts and its jobs: read apart, a claim and a
+        # progress report committed between the two reads showed a job's progress in a
+        # run still "queued".
+        async with self.db.snapshot() as connection:
             row = await fetch_one(connection, RunRow, sql("runs", "run_get"), run_id)
             if row is None:
                 raise NotFound("run", run_id, f"Run {run_id!r} does not exist.")
