@@ -143,11 +143,12 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(state).to_have_text("pending")
 
     # c, with the POST held on its way: the page shows it saving, not decided
-    release = asyncio.Event()
+    release, arrived = asyncio.Event(), asyncio.Event()
     held: list[str] = []
 
     async def hold(route: Route) -> None:
         held.append(route.request.url)
+        arrived.set()
         await release.wait()
         await route.continue_()
 
@@ -156,6 +157,8 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(row.locator(".saving")).to_have_text("saving…")
     await expect(row).to_have_attribute("aria-busy", "true")
     await expect(state).to_have_text("pending")
+    # the page shows "saving" when it sends; the route sees the request a moment later
+    await asyncio.wait_for(arrived.wait(), timeout=10)
     assert held
     assert held[0].endswith(f"/sightings/{sid}/decision")
     assert set(box_states(await review(gateway, api), sid)) == {("pending", None)}
