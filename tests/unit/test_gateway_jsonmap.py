@@ -670,7 +670,7 @@ def test_enum_names() -> None:
     assert to_json(create(mode=1))["mode"] == "test"
     decision = descriptor_pool.Default().FindEnumTypeByName("workshop.v1.ReviewDecision")
     assert (
-        jsonmap._enum_out(decision, decision.values_by_name["REVIEW_DECISION_CONFIRM"].number)
+        jsonmap.enum_word(decision, decision.values_by_name["REVIEW_DECISION_CONFIRM"].number)
         == "confirm"
     )
     assert to_json(kinds(color=2))["color"] == "dark_blue"

@@ -512,9 +512,9 @@ def _nothing_exported(
 def _review_counts(
     opts: Options, bucket_id: str, class_name: str, camera: str
 ) -> dict[str, int] | None:
-    """Review state -> items of the bucket (of the first page: WHOLE_PAGE); None when the
-    coordinator is not known or does not answer: the export itself needed only the preview
-    service."""
+    """Review state -> items of the bucket (of the first 1,000, the server's largest
+    page); None when the coordinator is not known or does not answer: the export itself
+    needed only the preview service."""
     if not opts.coordinator:
         return None
     request = ws.ListBucketItemsRequest(

@@ -13,6 +13,7 @@ from tools.cli.context import Options, options, run
 from tools.cli.output import as_dict, emit
 from tools.cli.paging import IMAGE_LIMIT_HELP, limit_option
 from workshop.kit.cli import Metadata
+from workshop.kit.jsonmap import enum_word
 from workshop.v1 import common_pb2, run_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as ws
 
@@ -31,8 +32,8 @@ def run_row(run: run_pb2.Run) -> dict[str, Any]:
     done = c.jobs_completed + c.jobs_failed + c.jobs_cancelled + c.jobs_expired
     return {
         "run": run.run_id,
-        "status": common_pb2.RunStatus.Name(run.status).removeprefix("RUN_STATUS_").lower(),
-        "mode": common_pb2.RunMode.Name(run.mode).removeprefix("RUN_MODE_").lower(),
+        "status": enum_word(common_pb2.RunStatus.DESCRIPTOR, run.status),
+        "mode": enum_word(common_pb2.RunMode.DESCRIPTOR, run.mode),
         "workflow": f"{run.workflow_id}@{run.workflow_revision}",
         "jobs done": f"{done}/{c.jobs_total}",
         "slots": c.slots_expected,

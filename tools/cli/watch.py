@@ -16,6 +16,7 @@ from tools.cli.context import Options, channel_tls, fail, refused
 from tools.cli.output import as_dict
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
+from workshop.kit.jsonmap import enum_word
 from workshop.v1 import common_pb2, run_pb2, workshop_pb2_grpc
 from workshop.v1 import workshop_pb2 as ws
 
@@ -30,15 +31,15 @@ EXIT_INTERRUPTED = 6  # the stream ended before the run did (connection lost, Ct
 
 
 def state_name(state: common_pb2.JobState.ValueType) -> str:
-    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()
+    return enum_word(common_pb2.JobState.DESCRIPTOR, state)
 
 
 def status_name(status: common_pb2.RunStatus.ValueType) -> str:
-    return common_pb2.RunStatus.Name(status).removeprefix("RUN_STATUS_").lower()
+    return enum_word(common_pb2.RunStatus.DESCRIPTOR, status)
 
 
 def job_row(job: run_pb2.JobSummary) -> dict[str, Any]:
-    phase = common_pb2.JobPhase.Name(job.phase).removeprefix("JOB_PHASE_").lower()
+    phase = enum_word(common_pb2.JobPhase.DESCRIPTOR, job.phase)
     return {
         "job": job.job_id,
         "camera": job.camera_id,

@@ -47,6 +47,7 @@ from tools.demo.workdir import (
     record_pids,
     stop_hint,
 )
+from workshop.kit.jsonmap import enum_word
 from workshop.v1 import common_pb2, run_pb2
 
 
@@ -157,7 +158,7 @@ def _report(
     began: float,
     console: Console,
 ) -> None:
-    status = common_pb2.RunStatus.Name(detail.run.status).removeprefix("RUN_STATUS_").lower()
+    status = enum_word(common_pb2.RunStatus.DESCRIPTOR, detail.run.status)
     console.line(f"run {status} in {time.perf_counter() - began:.1f} s")
     if detail.run.status != common_pb2.RUN_STATUS_COMPLETED:
         failures = [

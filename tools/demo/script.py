@@ -26,7 +26,7 @@ from tools.demo.stack import CALL_TIMEOUT_S, RECORDINGS_BUCKET, Stack
 from tools.demo.terminal import Console
 from tools.localstack.host import tail
 from tools.localstack.processes import run_module
-from workshop.kit.jsonmap import from_json
+from workshop.kit.jsonmap import enum_word, from_json
 from workshop.v1 import common_pb2, run_pb2, workflow_pb2
 
 MODEL = "demo_detector"
@@ -285,7 +285,7 @@ def _draw(console: Console, detail: run_pb2.RunDetail) -> None:
     # Previews appear frame by frame; slots are committed per job, when the job completes.
     done = max(committed, counts.previews_published)
     finished = counts.jobs_completed + counts.jobs_failed + counts.jobs_cancelled
-    status = common_pb2.RunStatus.Name(run.status).removeprefix("RUN_STATUS_").lower()
+    status = enum_word(common_pb2.RunStatus.DESCRIPTOR, run.status)
     console.progress(
         f"run {RUN_ID}",
         int(done),

@@ -291,7 +291,9 @@ def _enum_names(enum: EnumDescriptor) -> Mapping[int, str]:
     return found
 
 
-def _enum_out(enum: EnumDescriptor, number: int) -> str:
+def enum_word(enum: EnumDescriptor, number: int) -> str:
+    """The word a response says for `number` of `enum` (RUN_STATUS_COMPLETED: "completed"),
+    for whatever shows an enum as the HTTP API does (the CLI's tables)."""
     names = _enum_names(enum)
     return names.get(number) or names[enum.values[0].number]
 
@@ -328,7 +330,7 @@ def _converter(field: FieldDescriptor) -> Callable[[Any], Any] | None:
     if field.message_type is not None:
         return _message_out
     if field.enum_type is not None:
-        return functools.partial(_enum_out, field.enum_type)
+        return functools.partial(enum_word, field.enum_type)
     if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
         return functools.partial(_finite_out, field.full_name)
     if field.type == _F.TYPE_BYTES:
@@ -806,7 +808,7 @@ class SchemaSet:
         name = enum.full_name
         if name not in self._schemas:
             values = "\n".join(
-                f"- `{_enum_out(enum, value.number)}`: {_description(f'{name}.{value.name}')}"
+                f"- `{enum_word(enum, value.number)}`: {_description(f'{name}.{value.name}')}"
                 for value in enum.values
             )
             self._schemas[name] = {
