@@ -90,20 +90,6 @@ async def test_the_claim_says_recorded_boxes_are_taken(coordinator: CoordinatorH
     assert job.takes_recorded_boxes
 
 
-async def test_before_post_migration_0022_the_claim_says_send_every_box(
-    coordinator: CoordinatorHarness,
-) -> None:
-    """Until 0022 (a post-migration: no coordinator older than 0021 serves) is applied, a
-    Complete might reach a coordinator that ignores boxes_recorded: the claim says no."""
-    c = coordinator
-    s = await setup(c)
-    await create_run(c, s)
-    async with c.db.connection() as connection:
-        await connection.execute("DELETE FROM schema_migrations WHERE version = 22")
-    job = await claimed(c, s)
-    assert not job.takes_recorded_boxes
-
-
 async def test_an_item_takes_the_boxes_its_preview_was_recorded_with(
     coordinator: CoordinatorHarness,
 ) -> None:

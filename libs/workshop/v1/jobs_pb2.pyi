@@ -124,8 +124,8 @@ class ClaimedJob(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     TAKES_RECORDED_BOXES_FIELD_NUMBER: _builtins.int
     takes_recorded_boxes: _builtins.bool
-    """True when every coordinator's Complete takes RoutedOutput.boxes_recorded (post-migration 0022 applied);
-    false before, and from a coordinator of the previous version: send every output's boxes.
+    """True: Complete takes RoutedOutput.boxes_recorded. Every coordinator of release 0.1 and later says true;
+    false only from a pre-release coordinator: then send every output's boxes.
     """
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseRef:

@@ -11,7 +11,6 @@ commit verifies those facts under the job's lock.
 from __future__ import annotations
 
 import dataclasses
-import time
 import uuid
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -47,8 +46,6 @@ from workshop.kit.metrics import timed
 from workshop.v1 import jobs_pb2
 
 LEASE = timedelta(minutes=5)  # COORDINATOR_LEASE_SECONDS
-# How often a coordinator asks whether post-migration 0022 is applied, until it is.
-RECORDED_BOXES_RECHECK_S = 30.0
 HEARTBEAT_INTERVAL = timedelta(seconds=45)
 MAX_FAILURE_MESSAGE = 2000
 PHASES = ("downloading", "decoding", "labeling", "publishing", "committing")
@@ -278,23 +275,6 @@ class JobsApi:
         self.heartbeat_interval = heartbeat_interval(lease)
         self._runtimes: dict[str, RuntimeIdentity] = {}
         self._facts: dict[tuple[str, int], SlotFacts] = {}
-        self._recorded_boxes = False
-        self._recorded_boxes_asked: float | None = None  # time.monotonic()
-
-    async def recorded_boxes_taken(self) -> bool:
-        """Whether claims may answer takes_recorded_boxes: once post-migration 0022 is
-        applied (no coordinator older than 0021 serves), for good; asked of the database
-        at most every RECORDED_BOXES_RECHECK_S until then."""
-        now = time.monotonic()
-        asked = self._recorded_boxes_asked
-        if self._recorded_boxes or (asked is not None and now - asked < RECORDED_BOXES_RECHECK_S):
-            return self._recorded_boxes
-        async with self.db.connection() as connection:
-            self._recorded_boxes = bool(
-                await connection.fetchval(sql("jobs", "recorded_boxes_taken"))
-            )
-        self._recorded_boxes_asked = now
-        return self._recorded_boxes
 
     async def _runtime(self, runtime_id: str) -> RuntimeIdentity:
         # Identity fields of a runtime never change: cache them.

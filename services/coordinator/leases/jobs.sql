@@ -64,7 +64,3 @@ SELECT * FROM jobs_rescue_lapsed($1, $2, $3);
 
 -- name: jobs_expire
 SELECT * FROM jobs_expire($1, $2);
-
--- name: recorded_boxes_taken
--- Whether post-migration 0022 is applied: no coordinator older than 0021 serves any more.
-SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = 22);

@@ -70,9 +70,7 @@ def _slots(first_us: int, count: int, interval_us: int, window_end_us: int) -> t
     return tuple(slots)
 
 
-def claimed_job(
-    claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL, *, recorded_boxes: bool = False
-) -> pb.ClaimedJob:
+def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> pb.ClaimedJob:
     job, frozen = claimed.job, claimed.frozen
     slots = _slots(
         convert.micros(job.facts.first_slot_at),
@@ -97,19 +95,14 @@ def claimed_job(
             expires_at=convert.ts(job.expires_at),
         ),
         snapshot=frozen.snapshot,
-        takes_recorded_boxes=recorded_boxes,  # from post-migration 0022 on
+        takes_recorded_boxes=True,  # every coordinator of release 0.1 on takes them
     )
 
 
 def claim_response(
-    claimed: list[Claimed],
-    interval: timedelta = HEARTBEAT_INTERVAL,
-    *,
-    recorded_boxes: bool = False,
+    claimed: list[Claimed], interval: timedelta = HEARTBEAT_INTERVAL
 ) -> pb.ClaimResponse:
-    """`recorded_boxes`: whether Complete may leave the recorded boxes out
-    (JobsApi.recorded_boxes_taken)."""
-    jobs = [claimed_job(one, interval, recorded_boxes=recorded_boxes) for one in claimed]
+    jobs = [claimed_job(one, interval) for one in claimed]
     return pb.ClaimResponse(job=jobs[0], more_jobs=jobs[1:])
 
 
@@ -142,11 +135,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             while True:
                 claimed = await self.api.claim_many(plan)
                 if claimed:
-                    return claim_response(
-                        claimed,
-                        self.api.heartbeat_interval,
-                        recorded_boxes=await self.api.recorded_boxes_taken(),
-                    )
+                    return claim_response(claimed, self.api.heartbeat_interval)
                 left = until - loop.time()
                 if left <= 0:
                     break
@@ -239,11 +228,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             return None
         if not claimed:
             return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
-        return claim_response(
-            claimed,
-            self.api.heartbeat_interval,
-            recorded_boxes=await self.api.recorded_boxes_taken(),
-        )
+        return claim_response(claimed, self.api.heartbeat_interval)
 
     async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
         who = await self.who.cached(context)  # the credential before the request's fields
