@@ -18,6 +18,7 @@ from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.clock import Clock, StoredClock, SystemClock
 from services.coordinator.platform.db import Database, PostgresError
 from services.coordinator.platform.migrate import (
+    ForeignHistory,
     MigrationRefused,
     SchemaBehind,
     check_pre_migrations,
@@ -153,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         runner = run_server(settings)
     try:
         run_event_loop(runner)
-    except MigrationRefused as refused:
-        print(f"{LABEL}: migrate: {refused}", file=sys.stderr)
+    except (MigrationRefused, ForeignHistory) as refused:
+        print(f"{LABEL}: {args.command or 'serve'}: {refused}", file=sys.stderr)
         raise SystemExit(1) from None
     except SchemaBehind as behind:
         print(f"{LABEL}: cannot start: {behind}", file=sys.stderr)

@@ -1,31 +1,30 @@
-"""Migrations, schema.sql and the immutable snapshot, on real Postgres."""
+"""Migrations (release 0.1's baseline and the rules for later ones) and the immutable
+snapshot, on real Postgres."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import asyncpg
 import pytest
-from google.protobuf import json_format
 
-from services.coordinator.platform.db import Database, sql
-from services.coordinator.platform.migrate import MigrationRefused, apply_migrations, migrate
+from services.coordinator.platform.db import Database
+from services.coordinator.platform.migrate import (
+    ForeignHistory,
+    MigrationRefused,
+    apply_migrations,
+    check_pre_migrations,
+    migrate,
+)
 from services.coordinator.platform.versions import (
     MIGRATIONS_DIR,
     application_name,
     list_migrations,
 )
-from services.coordinator.workflows.documents import spec_from_json
 from testbed.harness.postgres import PostgresCluster
 from tests.processor_gates import until
-from workshop.v1 import snapshot_pb2
-
-SCHEMA = Path(__file__).resolve().parents[2] / "services" / "coordinator" / "schema.sql"
-
 
 # A device, a runtime and run1 on it, as rows (no API): what the schema tests build on.
 A_RUN = """
@@ -71,66 +70,48 @@ def _dump(cluster: PostgresCluster, database: str) -> str:
     )
 
 
-async def test_migrations_equal_schema_sql(pg_cluster: PostgresCluster) -> None:
-    migrated = await _fresh_database(pg_cluster, "schema_from_migrations")
-    canonical = await _fresh_database(pg_cluster, "schema_from_schema_sql")
-    applied = await apply_migrations(migrated)
-    assert applied == [f"{m.version:04d}_{m.name}" for m in list_migrations()]
-    connection = await asyncpg.connect(canonical)
-    try:
-        await connection.execute(SCHEMA.read_text())
-    finally:
-        await connection.close()
-    assert _dump(pg_cluster, "schema_from_migrations") == _dump(
-        pg_cluster, "schema_from_schema_sql"
-    ), "services/coordinator/schema.sql differs from the migrations"
-
-
-async def test_whole_second_jobs_and_documents_survive_the_move_to_milliseconds(
-    pg_cluster: PostgresCluster, tmp_path: Path
+async def test_a_new_database_takes_the_baseline_one_room_after_another(
+    pg_cluster: PostgresCluster,
 ) -> None:
-    """0005 turns a job's 6 s into 6000 ms; stored proto JSON with a whole number of
-    seconds (the uint32 days) still loads into the double interval_seconds."""
-    dsn = await _fresh_database(pg_cluster, "schema_interval_ms")
-    before = [m for m in list_migrations() if m.version < 5]
-    for migration in before:
-        shutil.copy(migration.path, tmp_path / migration.path.name)
-    assert await apply_migrations(dsn, tmp_path) == [f"{m.version:04d}_{m.name}" for m in before]
-    sampling = {"step_id": "s", "interval_seconds": 6}
-    spec = {"graph": {"steps": [{"step_id": "s", "sample": {"interval_seconds": 6}}]}}
+    dsn = await _fresh_database(pg_cluster, "schema_from_migrations")
+    migrations = list_migrations()
+    assert migrations[0].label == "0001_release_0_1"
+    assert [path.name for path in migrations[0].files()] == [
+        "1_platform.sql",
+        "2_identity.sql",
+        "3_resources.sql",
+        "4_workflows.sql",
+        "5_runs.sql",
+        "6_review.sql",
+        "7_leases.sql",
+        "8_previews.sql",
+    ]
+    assert await apply_migrations(dsn) == [m.label for m in migrations]
+    assert await apply_migrations(dsn) == []
+
+
+async def test_a_database_made_before_release_0_1_is_refused(
+    pg_cluster: PostgresCluster,
+) -> None:
+    """A pre-release database recorded migrations 0001_initial ... 0024: neither migrate
+    nor a starting coordinator takes it for release 0.1's baseline, and nothing is
+    applied."""
+    dsn = await _fresh_database(pg_cluster, "schema_pre_release")
     connection = await asyncpg.connect(dsn)
     try:
         await connection.execute(
-            A_RUN
-            + """
-            INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
-                              recording_generation, first_slot_at, interval_seconds, slot_count,
-                              expires_at, updated_at)
-                VALUES ('run1', 0, 1, 'r', 'cam', 'rec', 1, now(), 6, 10, now(), now());
-            """
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now());"
+            "INSERT INTO schema_migrations (version, name) VALUES (1, 'initial'), (2, 'execution')"
         )
-        await connection.execute(
-            "INSERT INTO run_snapshots VALUES ('run1', $1::jsonb)",
-            json.dumps({"run_id": "run1", "sampling": sampling}),
-        )
-        await connection.execute(
-            "INSERT INTO workflows VALUES ('w', 1, $1::jsonb, NULL, 'UTC', now(), now(), '{}')",
-            json.dumps(spec),
-        )
+        with pytest.raises(ForeignHistory, match=r"migration 0001_initial where this version"):
+            await migrate(dsn, "post")
+        with pytest.raises(ForeignHistory, match=r"before release 0\.1"):
+            await check_pre_migrations(connection)
+        assert await connection.fetchval("SELECT count(*) FROM schema_migrations") == 2
+        assert await connection.fetchval("SELECT to_regclass('jobs') IS NULL")
     finally:
         await connection.close()
-    assert (await apply_migrations(dsn))[0] == "0005_interval_ms"  # and any later ones
-    connection = await asyncpg.connect(dsn)
-    try:
-        facts = await connection.fetchrow(sql("jobs", "job_facts"), "run1", 0)
-        snapshot = await connection.fetchval("SELECT snapshot::text FROM run_snapshots")
-        stored_spec = await connection.fetchval("SELECT spec::text FROM workflows")
-    finally:
-        await connection.close()
-    assert facts["interval_ms"] == 6000
-    frozen = json_format.ParseDict(json.loads(snapshot), snapshot_pb2.RunSnapshot())
-    assert frozen.sampling.interval_seconds == 6.0
-    assert spec_from_json(json.loads(stored_spec)).graph.steps[0].sample.interval_seconds == 6.0
 
 
 async def test_migrate_is_idempotent_and_safe_concurrently(pg_cluster: PostgresCluster) -> None:
@@ -152,6 +133,15 @@ def test_migration_files_are_numbered(tmp_path: Path) -> None:
     (tmp_path / "2-bad.sql").write_text("SELECT 1;")
     with pytest.raises(ValueError, match=r"NNNN_name\.sql"):
         list_migrations(tmp_path)
+    (tmp_path / "2-bad.sql").unlink()
+    (tmp_path / "0002_folder").mkdir()
+    with pytest.raises(ValueError, match=r"0002_folder: a migration folder holds \.sql files"):
+        list_migrations(tmp_path)
+    (tmp_path / "0002_folder" / "2_second.sql").write_text("-- phase: post\nSELECT 2;")
+    (tmp_path / "0002_folder" / "1_first.sql").write_text("-- first\nSELECT 1;")
+    folder = list_migrations(tmp_path)[1]
+    assert (folder.label, folder.phase) == ("0002_folder", "pre")  # its first file says
+    assert folder.sql() == "-- first\nSELECT 1;\n-- phase: post\nSELECT 2;"
 
 
 def test_a_migration_is_pre_unless_it_says_post(tmp_path: Path) -> None:

@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 from services.coordinator.platform import queries
-from services.coordinator.platform.db import Connection, UndefinedTableError, connect
+from services.coordinator.platform.db import Connection, Record, UndefinedTableError, connect
 from services.coordinator.platform.versions import (
     MIGRATIONS_DIR,
     PHASES,
+    Migration,
     Phase,
     list_migrations,
 )
@@ -41,6 +42,28 @@ class SchemaBehind(Exception):
     """The database lacks a pre-migration of this code: it cannot serve there yet."""
 
 
+class ForeignHistory(Exception):
+    """The database's applied migrations are not this code's: made before release 0.1
+    (whose baseline replaced migrations 0001-0024) or by another branch."""
+
+
+def _check_history(rows: list[Record], known: list[Migration]) -> set[int]:
+    """The versions applied, once each is this code's migration of that number; raises
+    ForeignHistory naming the first that is not."""
+    labels = {migration.version: migration.label for migration in known}
+    for row in rows:
+        version, name = int(row["version"]), str(row["name"])
+        label = f"{version:04d}_{name}"
+        if version in labels and labels[version] != label:
+            raise ForeignHistory(
+                f"the database has migration {label} where this version has "
+                f"{labels[version]}: it was made before release 0.1 (whose baseline "
+                "replaced the pre-release migrations) or by another branch. Move its data "
+                "to a new database (docs/upgrading.md#before-release-01)"
+            )
+    return {int(row["version"]) for row in rows}
+
+
 async def check_pre_migrations(connection: Connection) -> None:
     """Raises SchemaBehind when a pre-migration of this code is not applied (a coordinator
     checks before it serves; pending post-migrations and newer ones are fine)."""
@@ -48,7 +71,7 @@ async def check_pre_migrations(connection: Connection) -> None:
         rows = await connection.fetch(queries.load("migrate")["migration_list_applied"])
     except UndefinedTableError:
         rows = []
-    applied = {int(row["version"]) for row in rows}
+    applied = _check_history(rows, list_migrations())
     missing = [m.label for m in list_migrations() if m.phase == "pre" and m.version not in applied]
     if missing:
         raise SchemaBehind(
@@ -78,8 +101,9 @@ async def migrate(
         try:
             await connection.execute(sql["migration_table_create"])
             rows = await connection.fetch(sql["migration_list_applied"])
-            applied = {int(row["version"]) for row in rows}
-            todo = [m for m in list_migrations(directory) if m.version not in applied]
+            known = list_migrations(directory)
+            applied = _check_history(rows, known)
+            todo = [m for m in known if m.version not in applied]
             post = [m.version for m in todo if m.phase == "post"]
             if phase == "post" and post:
                 await _wait_for_older_coordinators(connection, sql, max(post), wait_seconds)
@@ -90,7 +114,7 @@ async def migrate(
                     pending.append(migration.label)
                     continue
                 async with connection.transaction():
-                    await connection.execute(migration.path.read_text(encoding="utf-8"))
+                    await connection.execute(migration.sql())
                     await connection.execute(
                         sql["migration_record"], migration.version, migration.name
                     )

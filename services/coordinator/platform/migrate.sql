@@ -15,7 +15,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 );
 
 -- name: migration_list_applied
-SELECT version FROM schema_migrations ORDER BY version;
+SELECT version, name FROM schema_migrations ORDER BY version;
 
 -- name: migration_record
 INSERT INTO schema_migrations (version, name) VALUES ($1, $2);

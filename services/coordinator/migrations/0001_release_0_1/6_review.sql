@@ -1,17 +1,40 @@
--- Workshop coordinator: review, sightings and the summary's counters (docs/review.md).
---
--- Every box of a bucket item (or the item itself when it has no boxes, box_index -1)
--- gets one row in sighting_boxes: the sighting it belongs to and its review. The
--- coordinator groups boxes into sightings when it commits them, per timeline (run,
--- bucket, camera); a timeline's row in sighting_timelines is the lock that every change
--- to its sightings takes first, so a decision never meets a half-grouped sighting.
--- Boxes not grouped yet carry sighting_id ''. Items saved before this migration are
--- added that way, and the coordinator's maintenance pass groups them.
---
--- The summary reads counters kept in the committing and deciding transactions, never
--- the items: bucket_counts per (bucket, recording, generation), so "saved" follows
--- recording replacements without an update; workflow_class_counts and
--- workflow_day_counts per bucket, so deleting a bucket deletes its share.
+-- Release 0.1, room review: its tables, indexes, triggers and functions.
+
+-- A full run's labeled frames, committed a whole job at a time.
+CREATE TABLE bucket_items (
+    item_id              text PRIMARY KEY,
+    bucket_id            text NOT NULL REFERENCES buckets (bucket_id),
+    run_id               text NOT NULL,
+    job_index            integer NOT NULL,
+    slot_index           integer NOT NULL,
+    step_id              text NOT NULL,
+    camera_id            text NOT NULL,
+    recording_id         text NOT NULL,
+    recording_generation bigint NOT NULL,
+    frame_time           timestamptz NOT NULL,
+    boxes                jsonb NOT NULL,
+    object_key           text NOT NULL,
+    sha256               text NOT NULL,
+    review_state         text NOT NULL DEFAULT 'pending'
+        CHECK (review_state IN ('pending', 'accepted', 'rejected')),
+    relabel_class        text,
+    saved_at             timestamptz NOT NULL,
+    reviewed_at          timestamptz,
+    UNIQUE (run_id, job_index, slot_index, step_id)
+    -- and the job that made it (run_id, job_index) exists: 7_leases.sql, where jobs is made
+);
+
+CREATE INDEX bucket_items_by_recording ON bucket_items (recording_id);
+
+-- Bucket items with `output_current`: false once the source recording was
+-- replaced (a newer generation) or deleted since the item was made (docs/leases-and-fences.md).
+CREATE VIEW bucket_items_current AS
+SELECT bi.*,
+       (rec.generation = bi.recording_generation AND rec.deleted_at IS NULL) AS output_current
+FROM bucket_items bi
+JOIN recordings rec ON rec.recording_id = bi.recording_id;
+
+-- Review, sightings and the summary's counters (docs/review.md).
 
 CREATE TABLE sighting_timelines (
     run_id    text NOT NULL,
@@ -44,9 +67,14 @@ CREATE TABLE sighting_boxes (
     decided_at    timestamptz,
     PRIMARY KEY (item_id, box_index)
 ) WITH (fillfactor = 70);
+
 CREATE INDEX sighting_boxes_by_sighting ON sighting_boxes (sighting_id, frame_time, item_id);
+
 CREATE INDEX sighting_boxes_by_timeline
     ON sighting_boxes (run_id, bucket_id, camera_id, frame_time, item_id);
+
+CREATE INDEX sighting_boxes_by_run_frame ON sighting_boxes (run_id, frame_time, item_id);
+
 CREATE INDEX sighting_boxes_ungrouped ON sighting_boxes (run_id, bucket_id, camera_id)
     WHERE sighting_id = '';
 
@@ -61,6 +89,7 @@ CREATE TABLE sighting_decisions (
     decided_at    timestamptz NOT NULL,
     items_updated integer NOT NULL
 );
+
 CREATE INDEX sighting_decisions_by_sighting ON sighting_decisions (run_id, sighting_id);
 
 CREATE TABLE bucket_counts (
@@ -105,43 +134,32 @@ CREATE TABLE workflow_day_counts (
 -- Room in every page for a decision's new row versions: review columns are not indexed,
 -- so with free space an update stays on its page and touches no index (a HOT update).
 ALTER TABLE bucket_items SET (fillfactor = 80);
+
 CREATE INDEX bucket_items_by_run_frame ON bucket_items (run_id, frame_time, item_id);
+
 CREATE INDEX bucket_items_by_bucket_frame ON bucket_items (bucket_id, frame_time, item_id);
 
--- Adds the boxes of the items `p_items` to their timelines, ungrouped, and
--- counts the items: what committing them into buckets changes for review and the summary.
--- Locks the timelines first, in key order (the lock order every writer of sightings
--- keeps: timelines, then items and boxes, then the counters (class, bucket, run, day),
--- each in key order).
--- Returns the timelines to group.
-CREATE FUNCTION review_items_added(p_items text[])
-RETURNS TABLE (run_id text, bucket_id text, camera_id text)
-LANGUAGE plpgsql AS $$
+-- Every insert of bucket items locks their timelines (in key order: the lock order every
+-- writer of sightings keeps: timelines, then items and boxes, then the counters (class,
+-- bucket, run, day), each in key order) and counts them, whichever code inserts them:
+-- what committing them into buckets changes for the summary. The rows are read from the
+-- statement's transition table (migration 0023). The committing coordinator then adds
+-- their boxes grouped (review.group_committed), or bucket_items_boxes adds them ungrouped
+-- at commit (also for a coordinator of an older version during a rolling upgrade) and the
+-- maintenance pass groups them (migration 0019).
+CREATE FUNCTION bucket_items_added() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO sighting_timelines AS t (run_id, bucket_id, camera_id)
-    SELECT DISTINCT bi.run_id, bi.bucket_id, bi.camera_id
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    SELECT DISTINCT a.run_id, a.bucket_id, a.camera_id FROM added a
     ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
 
-    INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id, frame_time,
-                                class_name, score, x, y, w, h, track_id, sighting_id)
-    SELECT bi.item_id, coalesce(b.ordinal - 1, -1)::integer, bi.run_id, bi.bucket_id, bi.camera_id,
-           bi.frame_time, coalesce(b.box ->> 'class_name', ''),
-           coalesce((b.box ->> 'score')::real, 0),
-           coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
-           coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0),
-           (b.box ->> 'track_id')::bigint, ''
-    FROM bucket_items bi
-    LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal) ON true
-    WHERE bi.item_id = ANY (p_items);
-
+    -- new boxes are pending and not relabelled: their class as detected, no confirmation
     INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
                                             confirmations)
-    SELECT r.workflow_id, sb.bucket_id, coalesce(sb.relabel_class, sb.class_name), count(*),
-           count(*) FILTER (WHERE sb.review_state = 'accepted')
-    FROM sighting_boxes sb JOIN runs r ON r.run_id = sb.run_id
-    WHERE sb.item_id = ANY (p_items) AND sb.box_index >= 0
+    SELECT r.workflow_id, a.bucket_id, coalesce(b.box ->> 'class_name', ''), count(*), 0
+    FROM added a JOIN runs r ON r.run_id = a.run_id
+    CROSS JOIN LATERAL jsonb_array_elements(a.boxes) AS b (box)
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
     SET detections = c.detections + EXCLUDED.detections,
@@ -149,11 +167,11 @@ BEGIN
 
     INSERT INTO bucket_counts AS c (bucket_id, recording_id, recording_generation, images, pending,
                                     accepted, rejected, last_added_at)
-    SELECT bi.bucket_id, bi.recording_id, bi.recording_generation, count(*),
-           count(*) FILTER (WHERE bi.review_state = 'pending'),
-           count(*) FILTER (WHERE bi.review_state = 'accepted'),
-           count(*) FILTER (WHERE bi.review_state = 'rejected'), max(bi.saved_at)
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    SELECT a.bucket_id, a.recording_id, a.recording_generation, count(*),
+           count(*) FILTER (WHERE a.review_state = 'pending'),
+           count(*) FILTER (WHERE a.review_state = 'accepted'),
+           count(*) FILTER (WHERE a.review_state = 'rejected'), max(a.saved_at)
+    FROM added a
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT bucket_counts_pkey DO UPDATE
     SET images = c.images + EXCLUDED.images, pending = c.pending + EXCLUDED.pending,
@@ -161,35 +179,21 @@ BEGIN
         last_added_at = greatest(c.last_added_at, EXCLUDED.last_added_at);
 
     INSERT INTO run_review_counts AS c (run_id, pending, accepted, rejected)
-    SELECT bi.run_id, count(*) FILTER (WHERE bi.review_state = 'pending'),
-           count(*) FILTER (WHERE bi.review_state = 'accepted'),
-           count(*) FILTER (WHERE bi.review_state = 'rejected')
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items)
+    SELECT a.run_id, count(*) FILTER (WHERE a.review_state = 'pending'),
+           count(*) FILTER (WHERE a.review_state = 'accepted'),
+           count(*) FILTER (WHERE a.review_state = 'rejected')
+    FROM added a
     GROUP BY 1 ORDER BY 1
     ON CONFLICT ON CONSTRAINT run_review_counts_pkey DO UPDATE
     SET pending = c.pending + EXCLUDED.pending, accepted = c.accepted + EXCLUDED.accepted,
         rejected = c.rejected + EXCLUDED.rejected;
 
     INSERT INTO workflow_day_counts AS c (workflow_id, bucket_id, quarter_start, images)
-    SELECT r.workflow_id, bi.bucket_id,
-           date_bin('15 minutes', bi.saved_at, timestamptz '2000-01-01 00:00:00+00'), count(*)
-    FROM bucket_items bi JOIN runs r ON r.run_id = bi.run_id
-    WHERE bi.item_id = ANY (p_items)
+    SELECT r.workflow_id, a.bucket_id,
+           date_bin('15 minutes', a.saved_at, timestamptz '2000-01-01 00:00:00+00'), count(*)
+    FROM added a JOIN runs r ON r.run_id = a.run_id
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_day_counts_pkey DO UPDATE SET images = c.images + EXCLUDED.images;
-
-    RETURN QUERY
-    SELECT DISTINCT bi.run_id, bi.bucket_id, bi.camera_id
-    FROM bucket_items bi WHERE bi.item_id = ANY (p_items) ORDER BY 1, 2, 3;
-END;
-$$;
-
--- Every insert of bucket items adds their boxes and counts them, whichever code inserts
--- them (also a coordinator of an older version during a rolling upgrade); the
--- committing coordinator then groups them, or the maintenance pass does.
-CREATE FUNCTION bucket_items_added() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM review_items_added(ARRAY(SELECT item_id FROM added));
     RETURN NULL;
 END;
 $$;
@@ -197,6 +201,33 @@ $$;
 CREATE TRIGGER bucket_items_review
     AFTER INSERT ON bucket_items REFERENCING NEW TABLE AS added
     FOR EACH STATEMENT EXECUTE FUNCTION bucket_items_added();
+
+-- At commit, for each inserted item: its boxes (sighting_id '', ungrouped) if nothing
+-- added them in the transaction (group_committed does, grouped) and the item is still there.
+CREATE FUNCTION bucket_item_boxes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM sighting_boxes sb WHERE sb.item_id = NEW.item_id) THEN
+        INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id,
+                                    frame_time, class_name, score, x, y, w, h, track_id,
+                                    sighting_id)
+        SELECT bi.item_id, coalesce(b.ordinal - 1, -1)::integer, bi.run_id, bi.bucket_id,
+               bi.camera_id, bi.frame_time, coalesce(b.box ->> 'class_name', ''),
+               coalesce((b.box ->> 'score')::real, 0),
+               coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
+               coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0),
+               (b.box ->> 'track_id')::bigint, ''
+        FROM bucket_items bi
+        LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal)
+            ON true
+        WHERE bi.item_id = NEW.item_id;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE CONSTRAINT TRIGGER bucket_items_boxes
+    AFTER INSERT ON bucket_items DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION bucket_item_boxes();
 
 -- Locks the timeline of the box (p_item, p_box) of run p_run and answers, read after the
 -- lock, the sighting the box belongs to now and whether the timeline has boxes to group.
@@ -340,7 +371,7 @@ $$;
 -- Deletes a bucket's items and releases their uploads to garbage collection; its
 -- sightings and its share of the counters go with them. Takes the bucket's timelines
 -- first, like every other writer of sightings.
-CREATE OR REPLACE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz) RETURNS integer
+CREATE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     deleted integer;
@@ -377,7 +408,3 @@ BEGIN
     RETURN deleted;
 END;
 $$;
-
--- Items saved before this migration: their boxes wait for the maintenance pass to group
--- them, and the counters start from them.
-SELECT count(*) FROM review_items_added(ARRAY(SELECT item_id FROM bucket_items));
