@@ -1,9 +1,9 @@
 """What turning a frame's boxes into the JSON text Postgres stores costs the coordinator.
 
 Every recorded preview, and every item whose boxes a Complete sends, reaches the
-database as JSON text. `convert.boxes_json` writes it in one pass (numpy prints the
+database as JSON text. `leases.boxes.boxes_json` writes it in one pass (numpy prints the
 32-bit floats the shortest way); the baseline is the way it replaced and still takes for
-NaN, infinities and subnormals: a dict per box (`convert.box_dict`, protobuf's shortest
+NaN, infinities and subnormals: a dict per box (`leases.boxes.box_dict`, protobuf's shortest
 float search in Python) and `json.dumps`. Both write the same values (checked here, and
 for every kind of value in tests/unit/test_coordinator_box_dict.py).
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from bench.request_decoding import per_call_seconds
-from services.coordinator import convert
+from services.coordinator.leases.boxes import box_dict, boxes_json
 from workshop.v1 import common_pb2
 
 FRAMES = 64  # different frames, so no float is printed from a warm cache only
@@ -48,7 +48,7 @@ def frames(boxes: int, seed: int = 1) -> list[list[common_pb2.Box]]:
 
 
 def box_dict_json(boxes: list[common_pb2.Box]) -> str:
-    return json.dumps([convert.box_dict(box) for box in boxes])
+    return json.dumps([box_dict(box) for box in boxes])
 
 
 def _write_all(
@@ -65,17 +65,17 @@ def main() -> None:
     args = parser.parse_args()
     batch = frames(args.boxes)
     for boxes in batch:
-        same = json.loads(convert.boxes_json(boxes), parse_float=Decimal)
+        same = json.loads(boxes_json(boxes), parse_float=Decimal)
         assert same == json.loads(box_dict_json(boxes), parse_float=Decimal)
     best = {"boxes_json": float("inf"), "box_dict_json": float("inf")}
     for _ in range(3):
-        for name, write in (("boxes_json", convert.boxes_json), ("box_dict_json", box_dict_json)):
+        for name, write in (("boxes_json", boxes_json), ("box_dict_json", box_dict_json)):
             seconds = per_call_seconds(functools.partial(_write_all, write, batch), args.seconds)
             best[name] = min(best[name], seconds / FRAMES)
     new, old = best["boxes_json"] * 1e6, best["box_dict_json"] * 1e6
     print(f"{args.boxes} boxes per frame, {FRAMES} frames, best of 3 alternating rounds:")
-    print(f"  convert.boxes_json                 {new:8.1f} us per frame")
-    print(f"  json.dumps of convert.box_dict     {old:8.1f} us per frame")
+    print(f"  leases.boxes.boxes_json            {new:8.1f} us per frame")
+    print(f"  json.dumps of leases.boxes.box_dict {old:8.1f} us per frame")
     print(f"RESULT boxes_json_us={new:.1f} box_dict_json_us={old:.1f} ratio={new / old:.2f}")
 
 

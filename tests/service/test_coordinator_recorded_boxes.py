@@ -15,7 +15,7 @@ import hashlib
 import grpc
 import pytest
 
-from services.coordinator.convert import box_dict
+from services.coordinator.leases.boxes import box_dict
 from services.coordinator.leases.results import item_id
 from testbed.coordinator_leases import (
     Setup,

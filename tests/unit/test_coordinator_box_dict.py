@@ -1,5 +1,5 @@
-"""convert.box_dict stores a box exactly as json_format.MessageToDict did, and
-convert.boxes_json writes the same values as JSON text."""
+"""leases.boxes.box_dict stores a box exactly as json_format.MessageToDict did, and
+leases.boxes.boxes_json writes the same values as JSON text."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from google.protobuf import json_format
 
-from services.coordinator import convert
+from services.coordinator.leases.boxes import box_dict, boxes_json
 from workshop.v1 import common_pb2
 
 
@@ -46,9 +46,9 @@ def _boxes(seed: int) -> list[common_pb2.Box]:
 def test_box_dict_is_message_to_dict_for_every_kind_of_value() -> None:
     boxes = _boxes(17)
     for box in boxes:
-        assert convert.box_dict(box) == _message_to_dict(box), box
+        assert box_dict(box) == _message_to_dict(box), box
     # the same JSON text too (key order included), as the rows store it
-    assert [list(convert.box_dict(b)) for b in boxes] == [list(_message_to_dict(b)) for b in boxes]
+    assert [list(box_dict(b)) for b in boxes] == [list(_message_to_dict(b)) for b in boxes]
 
 
 def _stored(text: str) -> object:
@@ -60,9 +60,9 @@ def test_boxes_json_holds_box_dicts_values_as_the_same_decimals() -> None:
     boxes = _boxes(18)
     for start in range(0, len(boxes), 3):  # a frame's few boxes at a time
         frame = boxes[start : start + 3]
-        expected = json.dumps([convert.box_dict(box) for box in frame])
-        assert _stored(convert.boxes_json(frame)) == _stored(expected), frame
-    assert convert.boxes_json([]) == "[]"
+        expected = json.dumps([box_dict(box) for box in frame])
+        assert _stored(boxes_json(frame)) == _stored(expected), frame
+    assert boxes_json([]) == "[]"
 
 
 def test_boxes_json_prints_every_normal_float_as_protobuf_does() -> None:
@@ -72,5 +72,5 @@ def test_boxes_json_prints_every_normal_float_as_protobuf_does() -> None:
     for _ in range(20_000):
         [value] = struct.unpack("<f", chosen.getrandbits(32).to_bytes(4, "little"))
         box = common_pb2.Box(x=value)
-        expected = json.dumps([convert.box_dict(box)])
-        assert _stored(convert.boxes_json([box])) == _stored(expected), value
+        expected = json.dumps([box_dict(box)])
+        assert _stored(boxes_json([box])) == _stored(expected), value

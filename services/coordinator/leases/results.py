@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
-from services.coordinator.convert import boxes_json
+from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.platform.errors import InvalidField, ResultInvalid
 from workshop.kit.hashing import sha256_hex
 from workshop.v1 import common_pb2, jobs_pb2
@@ -44,7 +44,7 @@ class Item:
     slot_index: int
     step_id: str
     frame_time: datetime
-    boxes: str | None  # JSON text (convert.boxes_json); None: those recorded with the preview
+    boxes: str | None  # JSON text (boxes.boxes_json); None: those recorded with the preview
     object_key: str
     sha256: str
 

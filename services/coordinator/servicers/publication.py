@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.coordinator import convert
 from services.coordinator.identity.auth import Principal, ScopeName, require
+from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.previews.publication import (
@@ -234,7 +235,7 @@ def _preview(request: pb.RecordPreviewRequest) -> PreviewRecord:
         byte_size=request.byte_size,
         content_type=request.content_type,
         frame_time=convert.from_ts("frame_time", request.frame_time),
-        boxes=convert.boxes_json(request.boxes),
+        boxes=boxes_json(request.boxes),
     )
 
 
