@@ -53,7 +53,7 @@ from bench.proc_stats import CpuMeter, delta
 from bench.results import ResultError, last_result, parse_result, result_line
 from bench.stats import median, percentile
 from services.coordinator.review import reviews
-from services.coordinator.servicers.review import scope_of_run
+from services.coordinator.servicers.views import scope_of_run
 from testbed.coordinator_world import DAY, build_world, copy_recordings, run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
 from testbed.harness.postgres import (

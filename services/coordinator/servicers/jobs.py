@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from datetime import timedelta
 from functools import lru_cache
 
@@ -17,14 +16,12 @@ from services.coordinator.leases.jobs import (
     Claimed,
     ClaimPlan,
     JobsApi,
-    Lease,
     job_id,
-    lease_from,
 )
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.servicers.common import Authenticator, Context
-from services.coordinator.servicers.workshop import snapshot_recording
+from services.coordinator.servicers.views import lease, leases, snapshot_recording
 from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
 
@@ -34,21 +31,6 @@ NO_JOB_RETRY_AFTER = timedelta(seconds=2)
 MAX_CLAIM_WAIT_SECONDS = 60
 # A waiting Claim answers this long before the call's deadline, so the answer arrives.
 DEADLINE_MARGIN_SECONDS = 1.0
-
-
-def lease(ref: common_pb2.LeaseRef) -> Lease:
-    return lease_from(ref.run_id, ref.job_id, ref.generation, ref.token)
-
-
-def leases(refs: Sequence[common_pb2.LeaseRef]) -> list[Lease]:
-    """A batch's leases, a malformed one named by its position."""
-    out = []
-    for position, ref in enumerate(refs):
-        try:
-            out.append(lease(ref))
-        except InvalidField as error:
-            raise InvalidField(f"leases[{position}]: {error.message}") from None
-    return out
 
 
 def duration(value: timedelta) -> Duration:

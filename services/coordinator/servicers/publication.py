@@ -16,9 +16,9 @@ from services.coordinator.previews.publication import (
 )
 from services.coordinator.review import reviews
 from services.coordinator.review.reviews import ReviewApi
-from services.coordinator.servicers import review as views
+from services.coordinator.servicers import views
 from services.coordinator.servicers.common import Authenticator, Context
-from services.coordinator.servicers.jobs import lease
+from services.coordinator.servicers.views import lease
 from workshop.kit import limits
 from workshop.kit.auth import bearer_secret
 from workshop.kit.errors import WorkshopError

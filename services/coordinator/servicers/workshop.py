@@ -18,9 +18,9 @@ from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.runs.admission import RunRequest, run_request
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.photos import PhotosApi, PhotoView
-from services.coordinator.runs.rows import JobRow, RunImageRow, SnapshotRecordingRow
+from services.coordinator.runs.rows import JobRow, RunImageRow
 from services.coordinator.runs.runs import Runs, RunView
-from services.coordinator.servicers import review as views
+from services.coordinator.servicers import views
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,
@@ -324,7 +324,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         )
         return pb.GetRunSnapshotResponse(
             snapshot=json_format.ParseDict(snapshot, snapshot_pb2.RunSnapshot()),
-            recordings=[snapshot_recording(row) for row in rows],
+            recordings=[views.snapshot_recording(row) for row in rows],
             next_page_token=next_token(rows, limit, lambda row: (row.job_index,)),
         )
 
@@ -369,7 +369,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             limit,
         )
         response = pb.GetReviewResponse(
-            recordings=[snapshot_recording(row) for row in page.recordings],
+            recordings=[views.snapshot_recording(row) for row in page.recordings],
             models=views.pinned_models(page.run.snapshot),
             sightings=[views.sighting(row) for row in page.sightings],
             has_more=page.next_key is not None,
@@ -515,21 +515,4 @@ def photo(view: PhotoView) -> run_pb2.Photo:
         frame_time=convert.opt_ts(row.frame_time),
         created_at=convert.ts(row.created_at),
         expires_at=convert.ts(row.expires_at),
-    )
-
-
-def snapshot_recording(row: SnapshotRecordingRow) -> snapshot_pb2.SnapshotRecording:
-    return snapshot_pb2.SnapshotRecording(
-        job_id=job_id(row.job_index),
-        job_index=row.job_index,
-        recording_id=row.recording_id,
-        camera_id=row.camera_id,
-        generation=row.generation,
-        sha256=row.sha256,
-        byte_size=row.byte_size,
-        object_key=row.object_key,
-        start=convert.ts(row.start_at),
-        end=convert.ts(row.end_at),
-        fps=row.fps,
-        slot_count=row.slot_count,
     )

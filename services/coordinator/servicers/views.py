@@ -1,4 +1,9 @@
-"""Review, summary and bucket listings as contract messages, and their page tokens."""
+"""Conversions more than one servicer shares: a lease reference, a recording as the
+snapshot lists it, and review's items, sightings, filters and page tokens.
+
+The servicer modules (identity, jobs, operator, publication, workshop) import this,
+`common` and `convert`, never each other (pyproject.toml, contract
+`coordinator-servicers-independent`)."""
 
 from __future__ import annotations
 
@@ -10,12 +15,46 @@ from google.protobuf import json_format
 
 from services.coordinator import convert
 from services.coordinator.identity import auth
-from services.coordinator.leases.jobs import job_id
+from services.coordinator.leases.jobs import Lease, job_id, lease_from
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.review import reviews
 from services.coordinator.review.reviews import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow
+from services.coordinator.runs.rows import SnapshotRecordingRow
 from services.coordinator.servicers.common import split_token
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
+
+
+def lease(ref: common_pb2.LeaseRef) -> Lease:
+    return lease_from(ref.run_id, ref.job_id, ref.generation, ref.token)
+
+
+def leases(refs: Sequence[common_pb2.LeaseRef]) -> list[Lease]:
+    """A batch's leases, a malformed one named by its position."""
+    out = []
+    for position, ref in enumerate(refs):
+        try:
+            out.append(lease(ref))
+        except InvalidField as error:
+            raise InvalidField(f"leases[{position}]: {error.message}") from None
+    return out
+
+
+def snapshot_recording(row: SnapshotRecordingRow) -> snapshot_pb2.SnapshotRecording:
+    return snapshot_pb2.SnapshotRecording(
+        job_id=job_id(row.job_index),
+        job_index=row.job_index,
+        recording_id=row.recording_id,
+        camera_id=row.camera_id,
+        generation=row.generation,
+        sha256=row.sha256,
+        byte_size=row.byte_size,
+        object_key=row.object_key,
+        start=convert.ts(row.start_at),
+        end=convert.ts(row.end_at),
+        fps=row.fps,
+        slot_count=row.slot_count,
+    )
+
 
 STATES = {
     "pending": common_pb2.REVIEW_STATE_PENDING,
