@@ -67,11 +67,14 @@ demo-stop: $(STAMP)
 
 # lint-imports checks the import rules of pyproject.toml's [tool.importlinter]
 # (docs/architecture.md, "Import rules"); it takes well under a second, so no cache dir.
+# gen_sql_params --check fails when a generated SQL parameter module (<room>/<stem>_params.py)
+# is stale: `python -m scripts.gen_sql_params` rewrites them.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
+	$(BIN)/python -m scripts.gen_sql_params --check
 	$(BIN)/buf lint
 
 fmt: $(STAMP)

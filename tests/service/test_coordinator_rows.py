@@ -26,7 +26,7 @@ import asyncpg
 import pytest
 
 import services.coordinator
-from services.coordinator.platform.db import Row, sql
+from services.coordinator.platform.db import Params, Row, sql
 from services.coordinator.runs.status import RunCounts
 
 SOURCE = Path(services.coordinator.__file__).parent
@@ -39,6 +39,11 @@ ROW_CALL = re.compile(
     r'sql\(\s*"(\w+)",\s*"(\w+)"\s*\)'
 )
 ANSWER_CALL = re.compile(r'\b_answer(?:_on)?\(\s*(?:\w+,\s*)?"(\w+)",\s*([A-Z]\w+),')
+# A statement with named parameters, bound through its generated class, which names it:
+# fetch_one(connection, KeyRow, *bind(KeyCreate(...))), self._one(RecordingRow, *bind(...))
+BOUND_CALL = re.compile(
+    r"\b(?:fetch_one|fetch_all|_one|_all)\(\s*(?:\w+,\s*)?([A-Z]\w+),\s*\*bind\(\s*([A-Z]\w+)\("
+)
 COLUMN_CALL = re.compile(r'\bfetch_column\(\s*\w+,\s*(\w+),\s*sql\(\s*"(\w+)",\s*"(\w+)"\s*\)')
 
 # Postgres result types -> the Python types asyncpg decodes them to (jsonb: our codec).
@@ -85,6 +90,10 @@ def _uses() -> list[Use]:
             found.append(Use(name, file, statement, getattr(module, row)))
         for statement, row in ANSWER_CALL.findall(text):
             found.append(Use(name, "jobs", statement, getattr(module, row)))
+        for row, params in BOUND_CALL.findall(text):
+            kind = getattr(module, params)
+            assert issubclass(kind, Params), f"{name}: {params} is no parameter class"
+            found.append(Use(name, kind.FILE, kind.NAME, getattr(module, row)))
         for kind, file, statement in COLUMN_CALL.findall(text):
             found.append(Use(name, file, statement, {"str": str, "int": int}[kind]))
     return list({(use.file, use.statement, use.row): use for use in found}.values())

@@ -18,12 +18,14 @@ from typing import TypeVar
 
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Grant, Principal, ScopeName
+from services.coordinator.identity.auth_params import KeyCreate
 from services.coordinator.identity.passwords import Passwords, check_new_password
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,
     Database,
     Row,
+    bind,
     fetch_all,
     fetch_one,
     sql,
@@ -273,14 +275,17 @@ async def insert_key(
     row = await fetch_one(
         connection,
         KeyRow,
-        sql("auth", "key_create"),
-        key_id,
-        name,
-        user_id or None,
-        digest,
-        [grant.to_json() for grant in grants],
-        now,
-        now + ttl if ttl else None,
+        *bind(
+            KeyCreate(
+                key_id=key_id,
+                name=name,
+                user_id=user_id or None,
+                secret_hash=digest,
+                scopes=[grant.to_json() for grant in grants],
+                created_at=now,
+                expires_at=now + ttl if ttl else None,
+            )
+        ),
     )
     assert row is not None  # an insert returns its row
     return row, secret

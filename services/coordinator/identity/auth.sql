@@ -63,8 +63,10 @@ UPDATE sessions SET revoked_at = coalesce(revoked_at, $2) WHERE session_id = $1 
 UPDATE sessions SET revoked_at = coalesce(revoked_at, $2) WHERE secret_hash = $1 RETURNING *;
 
 -- name: key_create
+-- nullable: user_id, expires_at
 INSERT INTO keys (key_id, name, user_id, secret_hash, scopes, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+VALUES (:key_id::text, :name::text, :user_id::text, :secret_hash::text, :scopes::jsonb,
+        :created_at::timestamptz, :expires_at::timestamptz)
 RETURNING *;
 
 -- name: key_revoke
@@ -79,14 +81,16 @@ ORDER BY created_at DESC, key_id DESC
 LIMIT $4;
 
 -- name: key_list_of_user
--- A user's own keys, newest first; without $2, only the live ones (neither revoked nor
--- expired at $6). The page token is the (created_at, key_id) of the last row.
+-- A user's own keys, newest first; without include_revoked, only the live ones (neither
+-- revoked nor expired at now). The page token is the (created_at, key_id) of the last row.
+-- nullable: after_at, after_id
 SELECT * FROM keys
-WHERE user_id = $1
-  AND ($2 OR (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $6)))
-  AND ($3::timestamptz IS NULL OR (created_at, key_id) < ($3, $4::text))
+WHERE user_id = :user_id::text
+  AND (:include_revoked::boolean
+       OR (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now::timestamptz)))
+  AND (:after_at::timestamptz IS NULL OR (created_at, key_id) < (:after_at, :after_id::text))
 ORDER BY created_at DESC, key_id DESC
-LIMIT $5;
+LIMIT :limit::bigint;
 
 -- name: key_revoke_of_user
 -- Only a key of user $2: another user's key is not found.

@@ -42,9 +42,18 @@ from services.coordinator.identity.accounts import (
     login_subject,
 )
 from services.coordinator.identity.auth import Grant, Principal, ScopeName
+from services.coordinator.identity.auth_params import KeyListOfUser
 from services.coordinator.identity.passwords import Passwords, check_login_password
 from services.coordinator.platform.clock import Clock
-from services.coordinator.platform.db import Connection, Database, Row, fetch_all, fetch_one, sql
+from services.coordinator.platform.db import (
+    Connection,
+    Database,
+    Row,
+    bind,
+    fetch_all,
+    fetch_one,
+    sql,
+)
 from services.coordinator.platform.errors import (
     InvalidField,
     LoginFailed,
@@ -276,13 +285,16 @@ class IdentityApi:
             return await fetch_all(
                 connection,
                 KeyRow,
-                sql("auth", "key_list_of_user"),
-                who.user_id,
-                include_revoked,
-                after_at,
-                after_id,
-                limit,
-                self.clock.now(),
+                *bind(
+                    KeyListOfUser(
+                        user_id=who.user_id,
+                        include_revoked=include_revoked,
+                        now=self.clock.now(),
+                        after_at=after_at,
+                        after_id=after_id,
+                        limit=limit,
+                    )
+                ),
             )
 
     async def revoke_own_key(self, who: Principal, key_id: str) -> KeyRow:

@@ -1,7 +1,10 @@
 """The coordinator's only door to Postgres (asyncpg).
 
 Statements come from the named `.sql` files (see `queries`); callers name them
-as `sql("runs", "run_insert")`. jsonb columns travel as Python values.
+as `sql("runs", "run_get")`, or, for a statement with named parameters, bind its
+generated parameter class: `connection.fetchrow(*bind(KeyCreate(key_id=..., ...)))`
+(`queries.bind`: the statement's text, then the values in order; `fetch_one` and
+`fetch_all` take them the same way). jsonb columns and parameters travel as Python values.
 
 Pooled connections carry no session state, so releasing one costs no round trip:
 asyncpg's default reset (`pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET
@@ -52,6 +55,7 @@ from asyncpg.exceptions import (
 
 from services.coordinator.platform import queries
 from services.coordinator.platform.errors import DatabaseUnavailable
+from services.coordinator.platform.queries import Bound, Params, bind
 from services.coordinator.platform.versions import application_name
 
 log = logging.getLogger(__name__)
@@ -63,16 +67,19 @@ Pool: TypeAlias = asyncpg.Pool
 Record: TypeAlias = asyncpg.Record
 
 __all__ = [
+    "Bound",
     "Connection",
     "Database",
     "ForeignKeyViolationError",
     "InvalidAuthorizationSpecificationError",
+    "Params",
     "Pool",
     "PostgresError",
     "Record",
     "Row",
     "UndefinedTableError",
     "UniqueViolationError",
+    "bind",
     "connect",
     "fetch_all",
     "fetch_column",

@@ -24,6 +24,7 @@ from services.coordinator.platform.db import (
     Database,
     ForeignKeyViolationError,
     Row,
+    bind,
     fetch_all,
     fetch_column,
     fetch_one,
@@ -36,6 +37,12 @@ from services.coordinator.platform.errors import (
     NotFound,
 )
 from services.coordinator.platform.fields import check_id, check_sha256
+from services.coordinator.resources.resources_params import (
+    ModelVersionPublish,
+    RecordingList,
+    RecordingPut,
+    RuntimeRegister,
+)
 from workshop.kit.hashing import canonical_json, runtime_manifest
 from workshop.kit.hashing import runtime_id as compute_runtime_id
 
@@ -189,13 +196,16 @@ class Resources:
             row = await fetch_one(
                 connection,
                 RegisteredRuntime,
-                sql("resources", "runtime_register"),
-                runtime,
-                device_id,
-                engine,
-                code_sha256,
-                sorted(set(capabilities)),
-                self.clock.now(),
+                *bind(
+                    RuntimeRegister(
+                        runtime_id=runtime,
+                        device_id=device_id,
+                        engine=engine,
+                        code_sha256=code_sha256,
+                        capabilities=sorted(set(capabilities)),
+                        registered_at=self.clock.now(),
+                    )
+                ),
             )
         assert row is not None  # an upsert always returns its row
         return row, canonical_json(manifest).decode()
@@ -262,17 +272,20 @@ class Resources:
         try:
             row = await self._one(
                 RecordingRow,
-                sql("resources", "recording_put"),
-                recording_id,
-                camera_id,
-                start,
-                end,
-                fps,
-                object_key,
-                sha256,
-                byte_size,
-                now,
-                now + RECORDING_RETENTION,
+                *bind(
+                    RecordingPut(
+                        recording_id=recording_id,
+                        camera_id=camera_id,
+                        start_at=start,
+                        end_at=end,
+                        fps=fps,
+                        object_key=object_key,
+                        sha256=sha256,
+                        byte_size=byte_size,
+                        put_at=now,
+                        expires_at=now + RECORDING_RETENTION,
+                    )
+                ),
             )
         except ForeignKeyViolationError:
             raise NotFound(
@@ -312,14 +325,17 @@ class Resources:
         after_start, after_id = after if after else (None, None)
         return await self._all(
             RecordingRow,
-            sql("resources", "recording_list"),
-            self.clock.now(),
-            camera_id or None,
-            overlaps_from,
-            overlaps_until,
-            after_start,
-            after_id,
-            limit,
+            *bind(
+                RecordingList(
+                    now=self.clock.now(),
+                    camera_id=camera_id or None,
+                    overlaps_from=overlaps_from,
+                    overlaps_until=overlaps_until,
+                    after_start=after_start,
+                    after_id=after_id,
+                    limit=limit,
+                )
+            ),
         )
 
     # models and buckets -----------------------------------------------------------------
@@ -347,13 +363,16 @@ class Resources:
             )
         row = await self._one(
             ModelVersionRow,
-            sql("resources", "model_version_publish"),
-            name,
-            version,
-            weights_sha256,
-            list(classes),
-            list(input_shape),
-            self.clock.now(),
+            *bind(
+                ModelVersionPublish(
+                    name=name,
+                    version=version,
+                    weights_sha256=weights_sha256,
+                    classes=list(classes),
+                    input_shape=list(input_shape),
+                    published_at=self.clock.now(),
+                )
+            ),
         )
         if row is not None:
             return row, True

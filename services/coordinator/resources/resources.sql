@@ -14,7 +14,8 @@ SELECT * FROM devices WHERE $1::text IS NULL OR device_id > $1 ORDER BY device_i
 -- name: runtime_register
 -- Same manifest again: the union of old and new capabilities.
 INSERT INTO runtimes (runtime_id, device_id, engine, code_sha256, capabilities, registered_at)
-VALUES ($1, $2, $3, $4, $5, $6)
+VALUES (:runtime_id::text, :device_id::text, :engine::text, :code_sha256::text,
+        :capabilities::text[], :registered_at::timestamptz)
 ON CONFLICT (runtime_id) DO UPDATE
     SET capabilities = ARRAY(
         SELECT DISTINCT c FROM unnest(runtimes.capabilities || EXCLUDED.capabilities) AS c ORDER BY c)
@@ -56,7 +57,9 @@ SELECT camera_id FROM cameras;
 -- Every put is a new generation, even of identical bytes; a recording keeps its camera.
 INSERT INTO recordings (recording_id, camera_id, generation, start_at, end_at, fps, object_key,
                         sha256, byte_size, put_at, expires_at)
-VALUES ($1, $2, 1, $3, $4, $5, $6, $7, $8, $9, $10)
+VALUES (:recording_id::text, :camera_id::text, 1, :start_at::timestamptz, :end_at::timestamptz,
+        :fps::double precision, :object_key::text, :sha256::text, :byte_size::bigint,
+        :put_at::timestamptz, :expires_at::timestamptz)
 ON CONFLICT (recording_id) DO UPDATE
     SET generation = recordings.generation + 1, start_at = EXCLUDED.start_at,
         end_at = EXCLUDED.end_at, fps = EXCLUDED.fps, object_key = EXCLUDED.object_key,
@@ -74,14 +77,16 @@ WHERE recording_id = $1 AND deleted_at IS NULL
 RETURNING *;
 
 -- name: recording_list
+-- nullable: camera_id, overlaps_from, overlaps_until, after_start, after_id
 SELECT * FROM recordings
-WHERE deleted_at IS NULL AND expires_at > $1
-  AND ($2::text IS NULL OR camera_id = $2)
-  AND ($3::timestamptz IS NULL OR end_at > $3)
-  AND ($4::timestamptz IS NULL OR start_at < $4)
-  AND ($5::timestamptz IS NULL OR (start_at, recording_id) > ($5, $6::text))
+WHERE deleted_at IS NULL AND expires_at > :now::timestamptz
+  AND (:camera_id::text IS NULL OR camera_id = :camera_id)
+  AND (:overlaps_from::timestamptz IS NULL OR end_at > :overlaps_from)
+  AND (:overlaps_until::timestamptz IS NULL OR start_at < :overlaps_until)
+  AND (:after_start::timestamptz IS NULL
+       OR (start_at, recording_id) > (:after_start, :after_id::text))
 ORDER BY start_at, recording_id
-LIMIT $7;
+LIMIT :limit::bigint;
 
 -- name: recording_list_for_input
 -- Current recordings of the cameras $2 that overlap the window [$3, $4).
@@ -102,7 +107,8 @@ LIMIT 1;
 
 -- name: model_version_publish
 INSERT INTO model_versions (name, version, weights_sha256, classes, input_shape, published_at)
-VALUES ($1, $2, $3, $4, $5, $6)
+VALUES (:name::text, :version::bigint, :weights_sha256::text, :classes::text[],
+        :input_shape::bigint[], :published_at::timestamptz)
 ON CONFLICT (name, version) DO NOTHING
 RETURNING *;
 

@@ -25,6 +25,7 @@ from services.coordinator.platform.db import (
     Connection,
     Database,
     Row,
+    bind,
     fetch_all,
     fetch_one,
     sql,
@@ -39,6 +40,7 @@ from services.coordinator.platform.fields import check_id
 from services.coordinator.resources import registry
 from services.coordinator.resources.registry import CatalogRows, RuntimeRow
 from services.coordinator.workflows import validation
+from services.coordinator.workflows.workflows_params import WorkflowInsert, WorkflowUpdate
 from workshop.kit.bounds import METADATA_MAX_BYTES
 from workshop.kit.errors import PayloadTooLarge
 from workshop.v1 import workflow_pb2
@@ -177,26 +179,32 @@ class Workflows:
                 row = await fetch_one(
                     connection,
                     WorkflowRow,
-                    sql("workflows", "workflow_insert"),
-                    workflow_id,
-                    document,
-                    schedule,
-                    spec.time_zone,
-                    now,
-                    who.to_json(),
+                    *bind(
+                        WorkflowInsert(
+                            workflow_id=workflow_id,
+                            spec=document,
+                            schedule_time=schedule,
+                            time_zone=spec.time_zone,
+                            saved_at=now,
+                            saved_by=who.to_json(),
+                        )
+                    ),
                 )
             else:
                 row = await fetch_one(
                     connection,
                     WorkflowRow,
-                    sql("workflows", "workflow_update"),
-                    workflow_id,
-                    expected_revision,
-                    document,
-                    schedule,
-                    spec.time_zone,
-                    now,
-                    who.to_json(),
+                    *bind(
+                        WorkflowUpdate(
+                            spec=document,
+                            schedule_time=schedule,
+                            time_zone=spec.time_zone,
+                            saved_at=now,
+                            saved_by=who.to_json(),
+                            workflow_id=workflow_id,
+                            expected_revision=expected_revision,
+                        )
+                    ),
                 )
             if row is not None:
                 return row

@@ -4,17 +4,22 @@
 SELECT * FROM workflows WHERE workflow_id = $1;
 
 -- name: workflow_insert
+-- nullable: schedule_time
 INSERT INTO workflows (workflow_id, revision, spec, schedule_time, time_zone, created_at,
                        updated_at, updated_by)
-VALUES ($1, 1, $2, $3, $4, $5, $5, $6)
+VALUES (:workflow_id::text, 1, :spec::jsonb, :schedule_time::time, :time_zone::text,
+        :saved_at::timestamptz, :saved_at, :saved_by::jsonb)
 ON CONFLICT (workflow_id) DO NOTHING
 RETURNING *;
 
 -- name: workflow_update
+-- nullable: schedule_time
 UPDATE workflows
-SET revision = revision + 1, spec = $3, schedule_time = $4, time_zone = $5, updated_at = $6,
-    updated_by = $7
-WHERE workflow_id = $1 AND revision = $2 AND deleted_at IS NULL
+SET revision = revision + 1, spec = :spec::jsonb, schedule_time = :schedule_time::time,
+    time_zone = :time_zone::text, updated_at = :saved_at::timestamptz,
+    updated_by = :saved_by::jsonb
+WHERE workflow_id = :workflow_id::text AND revision = :expected_revision::bigint
+  AND deleted_at IS NULL
 RETURNING *;
 
 -- name: workflow_list
