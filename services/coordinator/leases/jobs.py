@@ -10,7 +10,9 @@ commit verifies those facts under the job's lock.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import uuid
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -40,6 +42,7 @@ from services.coordinator.platform.errors import (
 from services.coordinator.platform.fields import check_request_id
 from services.coordinator.platform.metrics import CLAIM_SECONDS
 from services.coordinator.review import reviews
+from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.rows import SnapshotRecordingRow
 from services.coordinator.runs.snapshots import Frozen, SnapshotCache
 from workshop.kit.metrics import timed
@@ -52,6 +55,8 @@ PHASES = ("downloading", "decoding", "labeling", "publishing", "committing")
 # Slot facts kept from claims: a few per processor are in flight at a time.
 FACTS_CACHE_SIZE = 20_000
 # The most jobs one Claim leases, and leases one Heartbeat renews (docs/leases-and-fences.md).
+log = logging.getLogger(__name__)
+
 MAX_CLAIM_JOBS = 100
 MAX_HEARTBEAT_LEASES = 1000
 
@@ -212,6 +217,16 @@ class ClaimPlan:
     max_jobs: int
 
 
+@dataclasses.dataclass(frozen=True)
+class ClaimAsk:
+    """A Claim as the processor asks it (Claim, or Complete's next claim)."""
+
+    runtime_id: str
+    code_sha256: str
+    request_id: str = ""
+    max_jobs: int = 1
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CommitAnswer(Row):
     """job_complete's answer: a refusal or '', and the receipt it settled on."""
@@ -296,6 +311,33 @@ class JobsApi:
         plan = await self.plan_claim(who, runtime_id, code_sha256, request_id)
         claimed = await self.claim_many(plan)
         return claimed[0] if claimed else None
+
+    async def claim_waiting(
+        self, who: Principal, ask: ClaimAsk, wait_seconds: float, events: RunEvents
+    ) -> list[Claimed]:
+        """Claim: leases up to `ask.max_jobs` jobs, waiting up to `wait_seconds` for one to
+        be queued; [] when none came.
+
+        Subscribed before the first try, so a job queued between a try and the wait still
+        wakes it; every try carries the same request id, so a lease taken by a try whose
+        answer is lost is answered again."""
+        plan = await self.plan_claim(
+            who, ask.runtime_id, ask.code_sha256, ask.request_id, ask.max_jobs
+        )
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_seconds
+        async with events.claimable(ask.runtime_id) as queued:
+            while True:
+                claimed = await self.claim_many(plan)
+                if claimed:
+                    return claimed
+                left = until - loop.time()
+                if left <= 0:
+                    return []
+                try:
+                    await asyncio.wait_for(queued.wait(), left)
+                except TimeoutError:
+                    return []
 
     async def plan_claim(
         self,
@@ -472,6 +514,46 @@ class JobsApi:
             return _receipt(lease, digest, answer.receipt), True
         raise_for(reason, lease)
         raise AssertionError(f"job_complete answered {reason!r}")  # pragma: no cover
+
+    async def complete_then_claim(
+        self,
+        who: Principal,
+        lease: Lease,
+        *,
+        code_sha256: str,
+        result: jobs_pb2.JobResult,
+        result_sha256: str,
+        decoder: str,
+        then: ClaimAsk | None,
+    ) -> tuple[Receipt, bool, list[Claimed] | None]:
+        """Complete (see `complete`), then with `then` the next claim: the receipt, whether
+        it was already committed, and the jobs claimed ([] none queued; None when not
+        asked or when that claim failed).
+
+        The next claim is checked before the commit, so a malformed one commits nothing;
+        it runs after the commit, and a failure there must not hide the receipt, so it
+        answers None and the next Claim hears why."""
+        plan = None
+        if then is not None:
+            plan = await self.plan_claim(
+                who, then.runtime_id, then.code_sha256, then.request_id, then.max_jobs
+            )
+        receipt, already = await self.complete(
+            who,
+            lease,
+            code_sha256=code_sha256,
+            result=result,
+            result_sha256=result_sha256,
+            decoder=decoder,
+        )
+        if plan is None:
+            return receipt, already, None
+        try:
+            claimed = await self.claim_many(plan)
+        except Exception:
+            log.warning("the claim after a commit failed", exc_info=True)
+            return receipt, already, None
+        return receipt, already, claimed
 
     async def _facts_or_receipt(
         self, lease: Lease, digest: str

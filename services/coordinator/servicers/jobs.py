@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from datetime import timedelta
 from functools import lru_cache
 
@@ -13,8 +11,8 @@ from services.coordinator import convert
 from services.coordinator.leases.jobs import (
     HEARTBEAT_INTERVAL,
     PHASES,
+    ClaimAsk,
     Claimed,
-    ClaimPlan,
     JobsApi,
     job_id,
 )
@@ -24,8 +22,6 @@ from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.views import lease, leases, snapshot_recording
 from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 NO_JOB_RETRY_AFTER = timedelta(seconds=2)
 MAX_CLAIM_WAIT_SECONDS = 60
@@ -101,30 +97,18 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         if request.wait_seconds > MAX_CLAIM_WAIT_SECONDS:
             raise InvalidField(f"wait_seconds must be 0..{MAX_CLAIM_WAIT_SECONDS}.")
         who = await self.who.cached(context)
-        plan = await self.api.plan_claim(
-            who, request.runtime_id, request.code_sha256, request.request_id, request.max_jobs
-        )
         wait = float(request.wait_seconds)
         remaining = context.time_remaining()
         if remaining is not None:
             wait = min(wait, remaining - DEADLINE_MARGIN_SECONDS)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + wait
-        # Subscribed before the first try, so a job queued between a try and the wait
-        # still wakes it; every try carries the same request id, so a lease taken by a
-        # try whose answer is lost is answered again.
-        async with self.events.claimable(request.runtime_id) as queued:
-            while True:
-                claimed = await self.api.claim_many(plan)
-                if claimed:
-                    return claim_response(claimed, self.api.heartbeat_interval)
-                left = until - loop.time()
-                if left <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(queued.wait(), left)
-                except TimeoutError:
-                    break
+        claimed = await self.api.claim_waiting(
+            who,
+            ClaimAsk(request.runtime_id, request.code_sha256, request.request_id, request.max_jobs),
+            wait,
+            self.events,
+        )
+        if claimed:
+            return claim_response(claimed, self.api.heartbeat_interval)
         # after a wait, the next Claim may come at once: it waits in turn
         retry_after = timedelta(0) if request.wait_seconds else NO_JOB_RETRY_AFTER
         return pb.ClaimResponse(retry_after=duration(retry_after))
@@ -170,22 +154,20 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
     async def Complete(self, request: pb.CompleteRequest, context: Context) -> pb.CompleteResponse:
         who = await self.who.cached(context)
-        plan: ClaimPlan | None = None
+        then = None
         if request.HasField("then_claim"):
-            # checked before the commit, so a malformed next claim commits nothing
-            then = request.then_claim
-            if then.wait_seconds:
+            ask = request.then_claim
+            if ask.wait_seconds:
                 raise InvalidField("then_claim.wait_seconds must be 0: Complete does not wait.")
-            plan = await self.api.plan_claim(
-                who, then.runtime_id, then.code_sha256, then.request_id, then.max_jobs
-            )
-        receipt, already = await self.api.complete(
+            then = ClaimAsk(ask.runtime_id, ask.code_sha256, ask.request_id, ask.max_jobs)
+        receipt, already, claimed = await self.api.complete_then_claim(
             who,
             lease(request.lease),
             code_sha256=request.code_sha256,
             result=request.result,
             result_sha256=request.result_sha256,
             decoder=request.decoder,
+            then=then,
         )
         return pb.CompleteResponse(
             receipt=pb.Receipt(
@@ -197,17 +179,11 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 items_saved=receipt.items_saved,
             ),
             already_committed=already,
-            claimed=await self._then_claim(plan) if plan is not None else None,
+            claimed=None if claimed is None else self._claimed(claimed),
         )
 
-    async def _then_claim(self, plan: ClaimPlan) -> pb.ClaimResponse | None:
-        """Complete's next claim, after its commit: a failure here must not hide the
-        receipt, so it leaves `claimed` unset and the next Claim hears why."""
-        try:
-            claimed = await self.api.claim_many(plan)
-        except Exception:
-            log.warning("the claim after a commit failed", exc_info=True)
-            return None
+    def _claimed(self, claimed: list[Claimed]) -> pb.ClaimResponse:
+        """Complete's next claim: its jobs, or when none was queued when to ask again."""
         if not claimed:
             return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
         return claim_response(claimed, self.api.heartbeat_interval)
