@@ -85,7 +85,7 @@ def test_the_generator_types_fields_from_their_casts() -> None:
         """-- nullable: e, k
 SELECT :a::text, :b::bigint, :c::integer, :d::boolean, :e::timestamptz, :f::uuid,
        :g::double precision, :h::numeric, :i::bytea, :j::jsonb, :k::text[], :l::int[],
-       :m::time, :a"""
+       :m::time, :n::double precision[], :a"""
     )
     fields = [
         line.strip() for line in module.splitlines() if line.startswith("    ") and ": " in line
@@ -106,6 +106,7 @@ SELECT :a::text, :b::bigint, :c::integer, :d::boolean, :e::timestamptz, :f::uuid
         "k: Sequence[str] | None",
         "l: Sequence[int]",
         "m: time",
+        "n: Sequence[float]",
     ]
     assert "class ThingDo(Params):" in module
     assert "do not edit" in module
@@ -187,8 +188,6 @@ NOT_YET_NAMED = {
     *("previews.object_stage", "previews.previews_record", "previews.preview_sweep_settle"),
     *("review.sighting_decide", "review.review_previews_page", "review.review_page_boxes"),
     "review.bucket_items_page",
-    *("runs.run_insert", "runs.snapshot_recordings_insert", "runs.jobs_insert"),
-    "runs.photo_job_insert",
 }
 
 

@@ -140,7 +140,7 @@ _TOKENS = re.compile(
               | ::
       )
     | (?<![\w:]) :(?P<name>[a-z_][a-z0-9_]*)\b
-      (?:\s*::\s*(?P<cast>double\s+precision|[a-z_][a-z0-9_]*(?:\s*\[\])?))?
+      (?:\s*::\s*(?P<cast>(?:double\s+precision|[a-z_][a-z0-9_]*)(?:\s*\[\])?))?
     | \$(?P<number>[0-9]+)
     """,
     re.VERBOSE | re.DOTALL,

@@ -19,11 +19,16 @@ from google.protobuf import json_format
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
-from services.coordinator.platform.db import Connection, Database, Row, fetch_one, sql
+from services.coordinator.platform.db import Connection, Database, Row, bind, fetch_one, sql
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
 from services.coordinator.resources import registry
 from services.coordinator.resources.registry import choose_runtime
 from services.coordinator.runs.runs import TEST_RESULT_LIFETIME
+from services.coordinator.runs.runs_params import (
+    PhotoJobInsert,
+    RunInsert,
+    SnapshotRecordingsInsert,
+)
 from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2
@@ -103,20 +108,23 @@ class PhotosApi:
         policy = await auth.policy_revision_for_run(db)
         fingerprint = sha256_hex(canonical_json({"camera_id": camera_id, "time": _rfc3339(moment)}))
         seq = await db.fetchval(
-            sql("runs", "run_insert"),
-            run_id,
-            "photo",
-            "test",
-            "",
-            0,
-            runtime.runtime_id,
-            1,
-            fingerprint,
-            who.to_json(),
-            policy,
-            now,
-            expires,
-            runtime.code_sha256,
+            *bind(
+                RunInsert(
+                    run_id=run_id,
+                    kind="photo",
+                    mode="test",
+                    workflow_id="",
+                    workflow_revision=0,
+                    runtime_id=runtime.runtime_id,
+                    image_limit=1,
+                    fingerprint=fingerprint,
+                    created_by=who.to_json(),
+                    policy_revision=policy,
+                    created_at=now,
+                    expires_at=expires,
+                    code_sha256=runtime.code_sha256,
+                )
+            )
         )
         if seq is None:  # the same photo requested at once: that request's run stands
             return False
@@ -143,32 +151,38 @@ class PhotosApi:
             json_format.MessageToDict(snapshot, preserving_proto_field_name=True),
         )
         await db.execute(
-            sql("runs", "snapshot_recordings_insert"),
-            run_id,
-            [0],
-            [recording.recording_id],
-            [camera_id],
-            [recording.generation],
-            [recording.sha256],
-            [recording.byte_size],
-            [recording.object_key],
-            [recording.start_at],
-            [recording.end_at],
-            [recording.fps],
-            [1],
+            *bind(
+                SnapshotRecordingsInsert(
+                    run_id=run_id,
+                    job_index=[0],
+                    recording_id=[recording.recording_id],
+                    camera_id=[camera_id],
+                    generation=[recording.generation],
+                    sha256=[recording.sha256],
+                    byte_size=[recording.byte_size],
+                    object_key=[recording.object_key],
+                    start_at=[recording.start_at],
+                    end_at=[recording.end_at],
+                    fps=[recording.fps],
+                    slot_count=[1],
+                )
+            )
         )
         await db.execute(
-            sql("runs", "photo_job_insert"),
-            run_id,
-            seq,
-            runtime.runtime_id,
-            camera_id,
-            recording.recording_id,
-            recording.generation,
-            moment,
-            SLOT_MS,
-            min(expires, recording.expires_at),
-            now,
+            *bind(
+                PhotoJobInsert(
+                    run_id=run_id,
+                    run_seq=seq,
+                    runtime_id=runtime.runtime_id,
+                    camera_id=camera_id,
+                    recording_id=recording.recording_id,
+                    recording_generation=recording.generation,
+                    first_slot_at=moment,
+                    interval_ms=SLOT_MS,
+                    expires_at=min(expires, recording.expires_at),
+                    updated_at=now,
+                )
+            )
         )
         return True
 

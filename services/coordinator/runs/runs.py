@@ -9,7 +9,7 @@ capacity; the same run id with the same request answers the run already made.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from datetime import datetime, timedelta
 
 from google.protobuf import json_format
@@ -20,6 +20,7 @@ from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,
     Database,
+    bind,
     fetch_all,
     fetch_column,
     fetch_one,
@@ -31,6 +32,7 @@ from services.coordinator.platform.errors import (
     NotFound,
 )
 from services.coordinator.runs.admission import Admission, RunRequest, admission_for
+from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.rows import (
     JobRow,
     RunFingerprint,
@@ -38,6 +40,7 @@ from services.coordinator.runs.rows import (
     RunRow,
     SnapshotRecordingRow,
 )
+from services.coordinator.runs.runs_params import JobsInsert, RunInsert, SnapshotRecordingsInsert
 from services.coordinator.workflows import documents
 from services.coordinator.workflows.documents import STALE_RUN
 
@@ -94,7 +97,14 @@ class Runs:
         (CreateRun validate_only): the id is not looked up and capacity is not checked."""
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.transaction() as connection:
-            return await admission_for(connection, request, self.clock.now())
+            admission = await admission_for(connection, request, self.clock.now())
+        admission.snapshot.run_id = request.run_id  # the snapshot the run would freeze
+        return admission
+
+    async def create_run_view(self, who: Principal, request: RunRequest) -> tuple[RunView, bool]:
+        """create_run, answered with the run as it stands after (no jobs listed)."""
+        run_id, created = await self.create_run(who, request)
+        return await self.get_run(who, run_id, 0), created
 
     async def _insert(
         self,
@@ -108,20 +118,23 @@ class Runs:
     ) -> bool:
         expires_at = now + TEST_RESULT_LIFETIME if request.mode == "test" else None
         seq = await connection.fetchval(
-            sql("runs", "run_insert"),
-            request.run_id,
-            "workflow",
-            request.mode,
-            request.workflow_id,
-            request.revision,
-            request.runtime_id,
-            request.image_limit,
-            fingerprint,
-            who.to_json(),
-            policy_revision,
-            now,
-            expires_at,
-            admission.snapshot.code_sha256,
+            *bind(
+                RunInsert(
+                    run_id=request.run_id,
+                    kind="workflow",
+                    mode=request.mode,
+                    workflow_id=request.workflow_id,
+                    workflow_revision=request.revision,
+                    runtime_id=request.runtime_id,
+                    image_limit=request.image_limit,
+                    fingerprint=fingerprint,
+                    created_by=who.to_json(),
+                    policy_revision=policy_revision,
+                    created_at=now,
+                    expires_at=expires_at,
+                    code_sha256=admission.snapshot.code_sha256,
+                )
+            )
         )
         if seq is None:
             return False
@@ -140,37 +153,45 @@ class Runs:
         jobs = admission.jobs
         recordings = [job.recording for job in jobs]
         await connection.execute(
-            sql("runs", "snapshot_recordings_insert"),
-            request.run_id,
-            [job.job_index for job in jobs],
-            [r.recording_id for r in recordings],
-            [r.camera_id for r in recordings],
-            [r.generation for r in recordings],
-            [r.sha256 for r in recordings],
-            [r.byte_size for r in recordings],
-            [r.object_key for r in recordings],
-            [r.start for r in recordings],
-            [r.end for r in recordings],
-            [r.fps for r in recordings],
-            [job.slot_count for job in jobs],
+            *bind(
+                SnapshotRecordingsInsert(
+                    run_id=request.run_id,
+                    job_index=[job.job_index for job in jobs],
+                    recording_id=[r.recording_id for r in recordings],
+                    camera_id=[r.camera_id for r in recordings],
+                    generation=[r.generation for r in recordings],
+                    sha256=[r.sha256 for r in recordings],
+                    byte_size=[r.byte_size for r in recordings],
+                    object_key=[r.object_key for r in recordings],
+                    start_at=[r.start for r in recordings],
+                    end_at=[r.end for r in recordings],
+                    fps=[r.fps for r in recordings],
+                    slot_count=[job.slot_count for job in jobs],
+                )
+            )
         )
         await connection.execute(
-            sql("runs", "jobs_insert"),
-            request.run_id,
-            seq,
-            request.runtime_id,
-            admission.interval_ms,
-            now,
-            [job.job_index for job in jobs],
-            [r.camera_id for r in recordings],
-            [r.recording_id for r in recordings],
-            [r.generation for r in recordings],
-            [job.first_slot_at for job in jobs],
-            [job.slot_count for job in jobs],
-            [
-                _job_expiry(admission.recording_expiry[job.recording.recording_id], expires_at)
-                for job in jobs
-            ],
+            *bind(
+                JobsInsert(
+                    run_id=request.run_id,
+                    run_seq=seq,
+                    runtime_id=request.runtime_id,
+                    interval_ms=admission.interval_ms,
+                    updated_at=now,
+                    job_index=[job.job_index for job in jobs],
+                    camera_id=[r.camera_id for r in recordings],
+                    recording_id=[r.recording_id for r in recordings],
+                    recording_generation=[r.generation for r in recordings],
+                    first_slot_at=[job.first_slot_at for job in jobs],
+                    slot_count=[job.slot_count for job in jobs],
+                    expires_at=[
+                        _job_expiry(
+                            admission.recording_expiry[job.recording.recording_id], expires_at
+                        )
+                        for job in jobs
+                    ],
+                )
+            )
         )
         return True
 
@@ -238,6 +259,25 @@ class Runs:
             )
         return cancelled
 
+    async def cancel_run_view(self, who: Principal, run_id: str) -> tuple[RunView, int]:
+        """cancel_run, answered with the run as it stands after and how many jobs ended."""
+        cancelled = await self.cancel_run(who, run_id)
+        return await self.get_run(who, run_id, 0), cancelled
+
+    async def watch_run(
+        self, who: Principal, run_id: str, job_limit: int, images: int, events: RunEvents
+    ) -> AsyncGenerator[RunView, None]:
+        """The run now (get_run), then again after every change, until it has finished:
+        the last view yielded is `final`. Subscribed before the first read, so no change
+        between a read and the wait is missed."""
+        async with events.subscribe(run_id) as changes:
+            while True:
+                view = await self.get_run(who, run_id, job_limit, images=images)
+                yield view
+                if view.final:
+                    return
+                await changes.wait()
+
     async def run_snapshot(
         self, who: Principal, run_id: str, after_index: int, limit: int
     ) -> tuple[dict[str, object], list[SnapshotRecordingRow]]:
@@ -268,6 +308,20 @@ class RunView:
     waiting_behind: list[str]
     jobs: list[JobRow]
     images: list[RunImageRow] = dataclasses.field(default_factory=list)
+
+    @property
+    def final(self) -> bool:
+        """The run has finished: its status changes no more (WatchRun ends here)."""
+        return self.status not in ("queued", "running")
+
+    @property
+    def finished_at(self) -> datetime | None:
+        """When its last job ended, once no job is queued or leased (an expired test run
+        may still have some)."""
+        counts = self.row.counts
+        if counts.jobs_queued == 0 and counts.jobs_leased == 0:
+            return self.row.last_job_update
+        return None
 
 
 def _job_expiry(recording_expiry: datetime, run_expiry: datetime | None) -> datetime:

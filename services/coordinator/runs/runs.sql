@@ -7,9 +7,13 @@ SELECT run_id, fingerprint FROM runs WHERE run_id = $1;
 SELECT count(*) FROM jobs WHERE state IN ('queued', 'leased');
 
 -- name: run_insert
+-- nullable: expires_at
 INSERT INTO runs (run_id, kind, mode, workflow_id, workflow_revision, runtime_id, image_limit,
                   fingerprint, created_by, policy_revision, created_at, expires_at, code_sha256)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+VALUES (:run_id::text, :kind::text, :mode::text, :workflow_id::text, :workflow_revision::bigint,
+        :runtime_id::text, :image_limit::integer, :fingerprint::text, :created_by::jsonb,
+        :policy_revision::bigint, :created_at::timestamptz, :expires_at::timestamptz,
+        :code_sha256::text)
 ON CONFLICT (run_id) DO NOTHING
 RETURNING seq;
 
@@ -17,20 +21,26 @@ RETURNING seq;
 INSERT INTO run_snapshots (run_id, snapshot) VALUES ($1, $2);
 
 -- name: snapshot_recordings_insert
+-- One row per job: each array holds its column's values, in job order.
 INSERT INTO snapshot_recordings (run_id, job_index, recording_id, camera_id, generation, sha256,
                                  byte_size, object_key, start_at, end_at, fps, slot_count)
-SELECT $1, * FROM unnest($2::integer[], $3::text[], $4::text[], $5::bigint[], $6::text[],
-                         $7::bigint[], $8::text[], $9::timestamptz[], $10::timestamptz[],
-                         $11::double precision[], $12::integer[]);
+SELECT :run_id::text, *
+FROM unnest(:job_index::integer[], :recording_id::text[], :camera_id::text[],
+            :generation::bigint[], :sha256::text[], :byte_size::bigint[], :object_key::text[],
+            :start_at::timestamptz[], :end_at::timestamptz[], :fps::double precision[],
+            :slot_count::integer[]);
 
 -- name: jobs_insert
+-- One row per job: each array holds its column's values, in job order.
 INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
                   recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
                   updated_at)
-SELECT $1, u.job_index, $2, $3, u.camera_id, u.recording_id, u.generation, u.first_slot_at, $4,
-       u.slot_count, u.expires_at, $5
-FROM unnest($6::integer[], $7::text[], $8::text[], $9::bigint[], $10::timestamptz[],
-            $11::integer[], $12::timestamptz[])
+SELECT :run_id::text, u.job_index, :run_seq::bigint, :runtime_id::text, u.camera_id,
+       u.recording_id, u.generation, u.first_slot_at, :interval_ms::integer, u.slot_count,
+       u.expires_at, :updated_at::timestamptz
+FROM unnest(:job_index::integer[], :camera_id::text[], :recording_id::text[],
+            :recording_generation::bigint[], :first_slot_at::timestamptz[],
+            :slot_count::integer[], :expires_at::timestamptz[])
      AS u (job_index, camera_id, recording_id, generation, first_slot_at, slot_count, expires_at);
 
 -- name: run_get
@@ -111,7 +121,9 @@ LIMIT $3;
 INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
                   recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
                   updated_at, is_photo)
-VALUES ($1, 0, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, true);
+VALUES (:run_id::text, 0, :run_seq::bigint, :runtime_id::text, :camera_id::text,
+        :recording_id::text, :recording_generation::bigint, :first_slot_at::timestamptz,
+        :interval_ms::integer, 1, :expires_at::timestamptz, :updated_at::timestamptz, true);
 
 -- name: photo_get
 -- A photo with its job, and its frame once published.
