@@ -4,6 +4,7 @@ the runs (`Runs`), photos and review, and back."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from google.protobuf import json_format
 
@@ -73,8 +74,6 @@ def workflow(row: WorkflowRow) -> workflow_pb2.Workflow:
 def run(view: RunView) -> run_pb2.Run:
     row, counts = view.row, view.row.counts
     kind = common_pb2.RUN_KIND_PHOTO if row.kind == "photo" else common_pb2.RUN_KIND_WORKFLOW
-    # finished once no job is queued or leased (an expired test run may still have some)
-    finished = counts.jobs_queued == 0 and counts.jobs_leased == 0
     return run_pb2.Run(
         run_id=row.run_id,
         kind=kind,
@@ -102,7 +101,7 @@ def run(view: RunView) -> run_pb2.Run:
         waiting_behind=view.waiting_behind,
         created_by=auth.principal_proto(row.created_by),
         created_at=convert.ts(row.created_at),
-        finished_at=convert.opt_ts(row.last_job_update) if finished else None,
+        finished_at=convert.opt_ts(view.finished_at),
         expires_at=convert.opt_ts(row.expires_at),
     )
 
@@ -256,14 +255,12 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         )
         if request.validate_only:
             return await self._plan(who, asked)
-        run_id, created = await self.api.create_run(who, asked)
-        view = await self.api.get_run(who, run_id, 0)
+        view, created = await self.api.create_run_view(who, asked)
         return pb.CreateRunResponse(run=run(view), created=created)
 
     async def _plan(self, who: Principal, asked: RunRequest) -> pb.CreateRunResponse:
         """CreateRun validate_only: the snapshot and jobs the run would get."""
         admission = await self.api.plan_run(who, asked)
-        admission.snapshot.run_id = asked.run_id
         jobs = [
             snapshot_pb2.SnapshotRecording(
                 job_id=job_id(job.job_index),
@@ -331,9 +328,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
     async def CancelRun(
         self, request: pb.CancelRunRequest, context: Context
     ) -> pb.CancelRunResponse:
-        who = await self.who(context)
-        cancelled = await self.api.cancel_run(who, request.run_id)
-        view = await self.api.get_run(who, request.run_id, 0)
+        view, cancelled = await self.api.cancel_run_view(await self.who(context), request.run_id)
         return pb.CancelRunResponse(run=run(view), jobs_cancelled=cancelled)
 
     # Live following, review and the summary.
@@ -344,18 +339,14 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         """The run detail now, then after every change; ends once the run has finished."""
         who = await self.who(context)
         limit = bounded("job_limit", request.job_limit, limits.JOB_LIMIT)
-        async with self.events.subscribe(request.run_id) as changes:
-            while True:
-                view = await self.api.get_run(who, request.run_id, limit, images=RECENT_IMAGES)
-                final = view.status not in ("queued", "running")
+        watched = self.api.watch_run(who, request.run_id, limit, RECENT_IMAGES, self.events)
+        async with aclosing(watched) as views:  # a call that ends unsubscribes at once
+            async for view in views:
                 yield pb.WatchRunResponse(
                     detail=detail(view, limit),
                     sent_at=convert.ts(self.api.clock.now()),
-                    final=final,
+                    final=view.final,
                 )
-                if final:
-                    return
-                await changes.wait()
 
     async def GetReview(
         self, request: pb.GetReviewRequest, context: Context
