@@ -656,6 +656,53 @@ async def _procrastinate_done(dsn: str) -> dict[str, int]:
     return {row[0]: row[1] for row in rows}
 
 
+def procrastinate_side(
+    ctx: SpawnContext,
+    cluster: PostgresCluster,
+    jobs: int,
+    workers: int = PROCESSORS,
+    concurrency: int = 1,
+) -> Phase:
+    """procrastinate's side as this benchmark runs it, for a benchmark that runs it beside
+    its own in one run (`bench.grpc_floor --stream`): its database made afresh (one left by
+    an earlier pass dropped), `jobs` jobs of the no-op task deferred (not measured), then
+    `workers` worker processes of `concurrency` each until the queue is empty. The phase's
+    cycles are the jobs that succeeded; its CPU is Postgres', the workers' and this
+    process's."""
+
+    async def drop() -> None:
+        admin = await asyncpg.connect(cluster.admin_dsn)
+        try:
+            await admin.execute(
+                f"DROP DATABASE IF EXISTS {quote_ident(PROCRASTINATE_DATABASE)} WITH (FORCE)"
+            )
+        finally:
+            await admin.close()
+
+    _run(drop)
+    _run(lambda: _procrastinate_prepare(cluster, jobs))
+    dsn = cluster.dsn(PROCRASTINATE_DATABASE)
+    ready: Queue[int] = ctx.Queue()
+    go = ctx.Event()
+    reports: Queue[Report] = ctx.Queue()
+    worked = _run_children(
+        ctx,
+        f"procrastinate ({workers} x concurrency {concurrency})",
+        _worker_child,
+        [(WorkerConfig(index, dsn, concurrency), ready, go, reports) for index in range(workers)],
+        cluster,
+        [],
+        ready,
+        go,
+        reports,
+    )
+    statuses = _run(lambda: _procrastinate_done(dsn))
+    done = statuses.get("succeeded", 0)
+    if done != jobs:
+        raise AssertionError(f"procrastinate: {statuses}, expected {jobs} done")
+    return dataclasses.replace(worked, reports=[*worked.reports, Report(-1, cycles=done)])
+
+
 def _psycopg_impl() -> str:
     import psycopg
 

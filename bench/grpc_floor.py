@@ -21,6 +21,17 @@ one (`FOR UPDATE SKIP LOCKED`). No authentication, receipts, events, snapshots, 
 or metrics: what the prescribed cycle costs before any of the coordinator's own work.
 
 The last line is `RESULT floor_ms_per_cycle=<x> server_ms=<y> clients_ms=<z>`.
+
+    .venv/bin/python -m bench.grpc_floor --stream [--repeat 2] [--jobs 8000] [--progress 0]
+
+`--stream` measures the floor of issue 34's session stream instead (bench/stream_floor.py,
+whose docstring says what and how): each client process holds one bidirectional stream,
+a short job is one message each way, published frames go K to a message, every message
+with the one fenced statement it needs, in a throwaway Postgres cluster with
+procrastinate beside it (`bench.claim_cycle.procrastinate_side`), passes alternated. Its
+last line starts with this mode's `floor_ms_per_cycle` (3 calls, `--jobs` / `--processes`
+cycles a client; `--cycles` and `--calls` do not apply) and goes on with the stream's
+figures.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from multiprocessing.context import SpawnContext
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import asyncpg
@@ -267,7 +279,13 @@ def measure(
                 child.join()
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # every `finally` runs: the cluster and children stop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from bench import stream_floor  # it imports this module
+
     parser = argparse.ArgumentParser(
         prog="python -m bench.grpc_floor",
         description=__doc__,
@@ -276,9 +294,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=8, help="client processes")
     parser.add_argument("--cycles", type=int, default=1000, help="cycles per client")
     parser.add_argument("--calls", type=int, default=3, help="unary calls per cycle")
+    stream = parser.add_argument_group(
+        "the session stream's floor (bench/stream_floor.py), with a Postgres cluster and "
+        "procrastinate beside it"
+    )
+    stream.add_argument(
+        "--stream", action="store_true", help="one bidirectional stream per client process"
+    )
+    stream.add_argument(
+        "--jobs",
+        type=int,
+        default=stream_floor.JOBS,
+        help=f"short-job cycles, and procrastinate's jobs, per pass (default {stream_floor.JOBS})",
+    )
+    stream.add_argument(
+        "--progress", type=int, default=0, help="progress messages per short job (default 0)"
+    )
+    stream.add_argument(
+        "--batches",
+        default=",".join(map(str, stream_floor.BATCHES)),
+        help="frame records per message, one frame floor each (default "
+        f"{','.join(map(str, stream_floor.BATCHES))})",
+    )
+    stream.add_argument(
+        "--frames-per-job",
+        type=int,
+        default=stream_floor.FRAMES_PER_JOB,
+        help=f"frames published per job (default {stream_floor.FRAMES_PER_JOB})",
+    )
+    stream.add_argument(
+        "--frame-jobs",
+        type=int,
+        default=stream_floor.FRAME_JOBS,
+        help="jobs per client at 1 frame a message, (1 + log2 K) times as many at K "
+        f"(default {stream_floor.FRAME_JOBS})",
+    )
+    stream.add_argument(
+        "--repeat",
+        type=int,
+        default=stream_floor.REPEAT,
+        help=f"passes of each side, in alternating order (default {stream_floor.REPEAT})",
+    )
     args = parser.parse_args(argv)
     if min(args.processes, args.cycles, args.calls) < 1:
         parser.error("--processes, --cycles and --calls must be at least 1")
+    if args.stream:
+        try:
+            batches = tuple(int(k) for k in args.batches.split(","))
+        except ValueError:
+            parser.error("--batches takes whole numbers separated by commas")
+        if min(args.jobs, args.frames_per_job, args.frame_jobs, args.repeat, *batches) < 1:
+            parser.error("--jobs, --frames-per-job, --frame-jobs, --repeat and --batches >= 1")
+        if args.progress < 0:
+            parser.error("--progress must be at least 0")
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        return stream_floor.main(
+            multiprocessing.get_context("spawn"),
+            stream_floor.Options(
+                processes=args.processes,
+                jobs=args.jobs,
+                progress=args.progress,
+                batches=batches,
+                frames_per_job=args.frames_per_job,
+                frame_jobs=args.frame_jobs,
+                repeat=args.repeat,
+            ),
+        )
     floor = measure(
         multiprocessing.get_context("spawn"),
         processes=args.processes,
