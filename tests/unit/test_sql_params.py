@@ -186,8 +186,6 @@ NOT_YET_NAMED = {
     *("jobs.job_claim", "jobs.job_heartbeat", "jobs.job_heartbeat_many", "jobs.job_progress"),
     *("jobs.job_fail", "jobs.job_release", "jobs.job_complete", "jobs.job_check_lease"),
     *("previews.object_stage", "previews.previews_record", "previews.preview_sweep_settle"),
-    *("review.sighting_decide", "review.review_previews_page", "review.review_page_boxes"),
-    "review.bucket_items_page",
 }
 
 

@@ -81,14 +81,16 @@ WHERE sighting_id = '' LIMIT $1;
 SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock($1, $2, $3);
 
 -- name: sighting_decide
-SELECT sighting_decide($1, $2, $3, $4, $5, $6);
+-- nullable: relabel_class
+SELECT sighting_decide(p_run => :run_id::text, p_sighting => :sighting_id::text,
+                       p_state => :review_state::text, p_relabel => :relabel_class::text,
+                       p_by => :decided_by::jsonb, p_now => :now::timestamptz);
 
 -- name: review_run
 -- (only the snapshot's models: the page needs their class lists)
 SELECT r.run_id, r.mode, r.kind, r.expires_at,
        jsonb_build_object('models', coalesce(s.snapshot -> 'models', '[]'::jsonb)) AS snapshot
-FROM runs r JOIN run_snapshots s ON s.run_id = r.run_id
-WHERE r.run_id = $1;
+FROM run_facts($1) r CROSS JOIN run_snapshot($1) s;
 
 -- name: review_items_page
 -- A page of a full run's bucket items, oldest frame first, after the key ($3, $4) (the
@@ -105,27 +107,30 @@ ORDER BY bi.frame_time, bi.item_id
 LIMIT $5;
 
 -- name: review_previews_page
--- A page of a test run's published previews still readable at $5, oldest frame first.
-SELECT so.item_id, '' AS bucket_id, so.run_id, so.job_index, so.slot_index, j.camera_id,
-       j.recording_id, j.recording_generation,
-       (rec.generation = j.recording_generation AND rec.deleted_at IS NULL) AS output_current,
+-- A page of a test run's published previews still readable at now, oldest frame first,
+-- after the key (after_frame_time, after_item_id); cameras as in review_items_page.
+-- (runs' run_published_previews, which leases implement; resources' recording_state)
+-- nullable: cameras
+SELECT so.item_id, '' AS bucket_id, :run_id::text AS run_id, so.job_index, so.slot_index,
+       so.camera_id, so.recording_id, so.recording_generation,
+       (rec.generation = so.recording_generation AND rec.deleted_at IS NULL) AS output_current,
        so.frame_time, so.boxes, 'pending' AS review_state, NULL::text AS relabel_class,
        so.published_at AS saved_at, NULL::timestamptz AS reviewed_at
-FROM staged_objects so
-JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
-JOIN recordings rec ON rec.recording_id = j.recording_id
-WHERE so.run_id = $1 AND so.item_id IS NOT NULL AND so.published_at IS NOT NULL
-  AND so.deleted_at IS NULL AND (so.collectable_at IS NULL OR so.collectable_at > $5)
-  AND ($2::text[] IS NULL OR j.camera_id = ANY ($2))
-  AND (so.frame_time, so.item_id) > ($3::timestamptz, $4::text)
+FROM run_published_previews(:run_id) so
+CROSS JOIN LATERAL recording_state(so.recording_id) rec
+WHERE so.item_id IS NOT NULL
+  AND so.deleted_at IS NULL
+  AND (so.collectable_at IS NULL OR so.collectable_at > :now::timestamptz)
+  AND (:cameras::text[] IS NULL OR so.camera_id = ANY (:cameras))
+  AND (so.frame_time, so.item_id) > (:after_frame_time::timestamptz, :after_item_id::text)
 ORDER BY so.frame_time, so.item_id
-LIMIT $6;
+LIMIT :limit::bigint;
 
 -- name: review_recordings
 SELECT job_index, recording_id, camera_id, generation, sha256, byte_size, object_key,
        start_at, end_at, fps, slot_count
-FROM snapshot_recordings
-WHERE run_id = $1 AND ($2::text[] IS NULL OR camera_id = ANY ($2))
+FROM snapshot_recordings_of($1)
+WHERE ($2::text[] IS NULL OR camera_id = ANY ($2))
 ORDER BY job_index;
 
 -- name: items_boxes
@@ -138,16 +143,18 @@ WHERE item_id = ANY ($1::text[])
 ORDER BY item_id, box_index;
 
 -- name: review_page_boxes
--- The boxes of a review page, whose items are the run's range [($2, $3), ($4, $5)] in
--- (frame_time, item_id) order, with their reviews (box_index -1: an item without
--- boxes); one scan of sighting_boxes_by_run_frame. Cameras as in review_items_page.
+-- The boxes of a review page, whose items are the run's range [(first_frame_time,
+-- first_item_id), (last_frame_time, last_item_id)] in (frame_time, item_id) order, with
+-- their reviews (box_index -1: an item without boxes); one scan of
+-- sighting_boxes_by_run_frame. Cameras as in review_items_page.
+-- nullable: cameras
 SELECT item_id, box_index, class_name, score, x, y, w, h, track_id, sighting_id, review_state,
        relabel_class
 FROM sighting_boxes
-WHERE run_id = $1
-  AND (frame_time, item_id) >= ($2::timestamptz, $3::text)
-  AND (frame_time, item_id) <= ($4::timestamptz, $5::text)
-  AND ($6::text[] IS NULL OR camera_id = ANY ($6))
+WHERE run_id = :run_id::text
+  AND (frame_time, item_id) >= (:first_frame_time::timestamptz, :first_item_id::text)
+  AND (frame_time, item_id) <= (:last_frame_time::timestamptz, :last_item_id::text)
+  AND (:cameras::text[] IS NULL OR camera_id = ANY (:cameras))
 ORDER BY item_id, box_index;
 
 -- name: sightings_get
@@ -170,29 +177,31 @@ GROUP BY sb.sighting_id
 ORDER BY min(sb.frame_time), sb.sighting_id;
 
 -- name: bucket_exists
-SELECT bucket_id FROM buckets WHERE bucket_id = $1 AND deleted_at IS NULL;
+SELECT bucket_id FROM buckets_live() WHERE bucket_id = $1;
 
 -- name: bucket_items_page
--- A page of a bucket's items, oldest frame first, after the key ($8, $9), filtered by
--- review states ($2), class after relabels ($3), camera ($4, or the cameras $5 the
--- reader may see) and frame time [$6, $7).
+-- A page of a bucket's items, oldest frame first, after the key (after_frame_time,
+-- after_item_id), filtered by review states, class after relabels, camera (camera_id, or
+-- the cameras the reader may see) and frame time [frame_time_from, frame_time_to).
+-- nullable: review_states, class_name, camera_id, cameras, frame_time_from, frame_time_to
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
        NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
        bi.object_key, bi.sha256
 FROM bucket_items_current bi
-WHERE bi.bucket_id = $1
-  AND ($2::text[] IS NULL OR bi.review_state = ANY ($2))
-  AND ($3::text IS NULL OR EXISTS (
+WHERE bi.bucket_id = :bucket_id::text
+  AND (:review_states::text[] IS NULL OR bi.review_state = ANY (:review_states))
+  AND (:class_name::text IS NULL OR EXISTS (
           SELECT 1 FROM sighting_boxes sb
-          WHERE sb.item_id = bi.item_id AND coalesce(sb.relabel_class, sb.class_name) = $3))
-  AND ($4::text IS NULL OR bi.camera_id = $4)
-  AND ($5::text[] IS NULL OR bi.camera_id = ANY ($5))
-  AND ($6::timestamptz IS NULL OR bi.frame_time >= $6)
-  AND ($7::timestamptz IS NULL OR bi.frame_time < $7)
-  AND (bi.frame_time, bi.item_id) > ($8::timestamptz, $9::text)
+          WHERE sb.item_id = bi.item_id
+            AND coalesce(sb.relabel_class, sb.class_name) = :class_name))
+  AND (:camera_id::text IS NULL OR bi.camera_id = :camera_id)
+  AND (:cameras::text[] IS NULL OR bi.camera_id = ANY (:cameras))
+  AND (:frame_time_from::timestamptz IS NULL OR bi.frame_time >= :frame_time_from)
+  AND (:frame_time_to::timestamptz IS NULL OR bi.frame_time < :frame_time_to)
+  AND (bi.frame_time, bi.item_id) > (:after_frame_time::timestamptz, :after_item_id::text)
 ORDER BY bi.frame_time, bi.item_id
-LIMIT $10;
+LIMIT :limit::bigint;
 
 -- name: bucket_classes
 -- Every class the bucket's boxes carry after relabels.
@@ -210,29 +219,24 @@ SELECT b.bucket_id, b.name,
            WHERE rec.generation = c.recording_generation AND rec.deleted_at IS NULL), 0)::bigint
            AS saved,
        max(c.last_added_at) AS last_added_at
-FROM buckets b
+FROM buckets_live() b
 LEFT JOIN bucket_counts c ON c.bucket_id = b.bucket_id AND c.images > 0
-LEFT JOIN recordings rec ON rec.recording_id = c.recording_id
-WHERE b.deleted_at IS NULL
+LEFT JOIN LATERAL recording_state(c.recording_id) rec ON true
 GROUP BY b.bucket_id, b.name
 ORDER BY b.bucket_id;
 
 -- name: summary_workflows
 -- Workflows with their run count and newest run (photos are not workflow runs).
-SELECT w.workflow_id, w.spec ->> 'name' AS name,
-       (SELECT count(*) FROM runs r WHERE r.workflow_id = w.workflow_id AND r.kind = 'workflow')
-           AS runs,
-       (SELECT r.run_id FROM runs r WHERE r.workflow_id = w.workflow_id AND r.kind = 'workflow'
-        ORDER BY r.seq DESC LIMIT 1) AS last_run_id
-FROM workflows w
-WHERE w.deleted_at IS NULL
+SELECT w.workflow_id, w.name, s.runs, s.last_run_id
+FROM workflows_live() w
+CROSS JOIN LATERAL workflow_run_stats(w.workflow_id) s
 ORDER BY w.workflow_id;
 
 -- name: summary_classes
 SELECT c.workflow_id, c.class_name, sum(c.detections)::bigint AS detections,
        sum(c.confirmations)::bigint AS confirmations
 FROM workflow_class_counts c
-JOIN buckets b ON b.bucket_id = c.bucket_id AND b.deleted_at IS NULL
+JOIN buckets_live() b ON b.bucket_id = c.bucket_id
 GROUP BY c.workflow_id, c.class_name
 HAVING sum(c.detections) > 0
 ORDER BY c.workflow_id, c.class_name;
@@ -243,7 +247,7 @@ ORDER BY c.workflow_id, c.class_name;
 SELECT c.workflow_id, width_bucket(c.quarter_start, $1::timestamptz[]) AS day,
        sum(c.images)::bigint AS images
 FROM workflow_day_counts c
-JOIN buckets b ON b.bucket_id = c.bucket_id AND b.deleted_at IS NULL
+JOIN buckets_live() b ON b.bucket_id = c.bucket_id
 WHERE c.quarter_start >= $1[1] AND c.quarter_start < $1[cardinality($1)]
 GROUP BY 1, 2
 ORDER BY 1, 2;
