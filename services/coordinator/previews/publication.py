@@ -146,6 +146,11 @@ class ImageLocation(Row):
     expires_at: datetime | None
     run_expires_at: datetime | None
 
+    @property
+    def readable_until(self) -> datetime | None:
+        """When reading it ends: the image's own expiry, else its run's (None: never)."""
+        return self.expires_at or self.run_expires_at
+
 
 def _require_service(who: Principal) -> str:
     """The service's key id (staging and publishing check it is still live)."""

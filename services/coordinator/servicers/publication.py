@@ -14,7 +14,6 @@ from services.coordinator.previews.publication import (
     Recorded,
     Sweep,
 )
-from services.coordinator.review import reviews
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.servicers import views
 from services.coordinator.servicers.common import Authenticator, Context
@@ -190,7 +189,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             frame_time=convert.ts(image.frame_time),
             camera_id=image.camera_id,
             sha256=image.sha256,
-            expires_at=convert.opt_ts(image.expires_at or image.run_expires_at),
+            expires_at=convert.opt_ts(image.readable_until),
         )
 
     async def ListExportItems(
@@ -200,13 +199,12 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         wanted = views.item_filter(request.filter)
         scope = wanted.fingerprint(request.bucket_id)
         after = views.page_key(request.page_token, scope)
-        page = await self.review.bucket_items(
+        page = await self.review.export_items(
             reader,
             request.bucket_id,
             wanted,
             after,
             page_size(request.page_size, limits.EXPORT_PAGE),
-            with_classes=after is None,
         )
         response = pb.ListExportItemsResponse(
             next_page_token=views.page_token(scope, page.next_key), classes=page.classes
@@ -220,7 +218,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
                 frame_time=convert.ts(row.item.frame_time),
                 review_state=views.STATES[row.item.review_state],
             )
-            for box in reviews.reviewed_boxes(page.boxes.get(row.item.item_id, ())):
+            for box in page.boxes.get(row.item.item_id, ()):
                 views.fill_box_row(item.boxes.add(), box)
         return response
 
