@@ -23,6 +23,7 @@ from services.coordinator.platform.db import (
     Connection,
     Database,
     Row,
+    bind,
     fetch_all,
     fetch_column,
     fetch_one,
@@ -34,6 +35,12 @@ from services.coordinator.platform.errors import (
     TestRunNotReviewable,
 )
 from services.coordinator.review import sightings
+from services.coordinator.review.review_params import (
+    BucketItemsPage,
+    ReviewPageBoxes,
+    ReviewPreviewsPage,
+    SightingDecide,
+)
 from services.coordinator.runs.rows import RunRow, SnapshotRecordingRow
 from workshop.kit import errors
 
@@ -521,12 +528,16 @@ class ReviewApi:
                 items = await fetch_all(
                     connection,
                     ItemRow,
-                    sql("review", "review_previews_page"),
-                    run_id,
-                    camera_list,
-                    *key,
-                    self.clock.now(),
-                    limit + 1,
+                    *bind(
+                        ReviewPreviewsPage(
+                            run_id=run_id,
+                            now=self.clock.now(),
+                            cameras=camera_list,
+                            after_frame_time=key[0],
+                            after_item_id=key[1],
+                            limit=limit + 1,
+                        )
+                    ),
                 )
             items, next_key = _page(items, limit, lambda item: item)
             boxes = await page_boxes(connection, run_id, items, camera_list)
@@ -600,13 +611,16 @@ class ReviewApi:
                     metadata={"field": "decision"},
                 )
             updated: int = await connection.fetchval(
-                sql("review", "sighting_decide"),
-                run_id,
-                locked.sighting_id,
-                state,
-                relabel,
-                who.to_json(),
-                self.clock.now(),
+                *bind(
+                    SightingDecide(
+                        run_id=run_id,
+                        sighting_id=locked.sighting_id,
+                        review_state=state,
+                        relabel_class=relabel,
+                        decided_by=who.to_json(),
+                        now=self.clock.now(),
+                    )
+                )
             )
             found = await fetch_one(
                 connection, SightingRow, sql("review", "sightings_get"), [locked.sighting_id]
@@ -687,17 +701,20 @@ class ReviewApi:
             rows = await fetch_all(
                 connection,
                 StoredItemRow,
-                sql("review", "bucket_items_page"),
-                bucket_id,
-                list(wanted.review_states) or None,
-                wanted.class_name or None,
-                wanted.camera_id or None,
-                sorted(cameras) if cameras is not None else None,
-                wanted.frame_time_from,
-                wanted.frame_time_to,
-                (after or FIRST_KEY).frame_time,
-                (after or FIRST_KEY).item_id,
-                limit + 1,
+                *bind(
+                    BucketItemsPage(
+                        bucket_id=bucket_id,
+                        review_states=list(wanted.review_states) or None,
+                        class_name=wanted.class_name or None,
+                        camera_id=wanted.camera_id or None,
+                        cameras=sorted(cameras) if cameras is not None else None,
+                        frame_time_from=wanted.frame_time_from,
+                        frame_time_to=wanted.frame_time_to,
+                        after_frame_time=(after or FIRST_KEY).frame_time,
+                        after_item_id=(after or FIRST_KEY).item_id,
+                        limit=limit + 1,
+                    )
+                ),
             )
             rows, next_key = _page(rows, limit, lambda row: row.item)
             boxes = await items_boxes(connection, [row.item.item_id for row in rows])
@@ -764,13 +781,16 @@ async def page_boxes(
         for box in await fetch_all(
             connection,
             BoxRow,
-            sql("review", "review_page_boxes"),
-            run_id,
-            first.frame_time,
-            first.item_id,
-            last.frame_time,
-            last.item_id,
-            cameras,
+            *bind(
+                ReviewPageBoxes(
+                    run_id=run_id,
+                    first_frame_time=first.frame_time,
+                    first_item_id=first.item_id,
+                    last_frame_time=last.frame_time,
+                    last_item_id=last.item_id,
+                    cameras=cameras,
+                )
+            ),
         ):
             if (listed := found.get(box.item_id)) is not None:
                 listed.append(box)
