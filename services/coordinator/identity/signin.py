@@ -58,6 +58,7 @@ from services.coordinator.platform.errors import (
     InvalidField,
     LoginFailed,
     LoginThrottled,
+    NotASession,
     NotFound,
     ScopeMissing,
 )
@@ -234,7 +235,16 @@ class IdentityApi:
             return await fetch_one(connection, LoginUser, sql("auth", "user_login"), user_id)
 
     async def logout(self, secret: str) -> SessionRow:
-        """Revokes the session whose secret this is (already revoked or expired: as it is)."""
+        """Revokes the session whose secret this is (already revoked or expired: as it is).
+        A key's secret is refused: a valid key with NOT_A_SESSION (a key is revoked
+        instead), any other as authenticate refuses it."""
+        if not secret.startswith(auth.SESSION_PREFIX):
+            async with self.db.connection() as connection:
+                await auth.authenticate(connection, secret, self.clock.now())
+            raise NotASession(
+                "Logout ends a website session; a key is revoked instead "
+                "(IdentityService.RevokeOwnKey or OperatorService.RevokeKey)."
+            )
         async with self.db.connection() as connection:
             row = await fetch_one(
                 connection,

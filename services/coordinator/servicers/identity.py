@@ -4,9 +4,8 @@ and sign-out, and a user's own keys; translates the contract to IdentityApi and 
 from __future__ import annotations
 
 from services.coordinator import convert
-from services.coordinator.identity.auth import PRINCIPAL_KINDS, SESSION_PREFIX, Principal
+from services.coordinator.identity.auth import PRINCIPAL_KINDS, Principal
 from services.coordinator.identity.signin import IdentityApi
-from services.coordinator.platform.errors import NotASession
 from services.coordinator.platform.fields import page_size
 from services.coordinator.servicers.common import (
     Authenticator,
@@ -44,14 +43,7 @@ class IdentityServicer(identity_pb2_grpc.IdentityServiceServicer):
     async def Logout(
         self, request: identity_pb2.LogoutRequest, context: Context
     ) -> identity_pb2.LogoutResponse:
-        secret = bearer_secret(context.invocation_metadata())
-        if not secret.startswith(SESSION_PREFIX):
-            await self._authenticate.principal(secret)  # an invalid key is UNAUTHENTICATED
-            raise NotASession(
-                "Logout ends a website session; a key is revoked instead "
-                "(IdentityService.RevokeOwnKey or OperatorService.RevokeKey)."
-            )
-        row = await self.api.logout(secret)
+        row = await self.api.logout(bearer_secret(context.invocation_metadata()))
         self._authenticate.forget()  # a cached principal of this session
         return identity_pb2.LogoutResponse(session=convert.session(row))
 
