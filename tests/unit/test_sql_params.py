@@ -185,7 +185,6 @@ def test_the_committed_modules_are_current() -> None:
 NOT_YET_NAMED = {
     *("jobs.job_claim", "jobs.job_heartbeat", "jobs.job_heartbeat_many", "jobs.job_progress"),
     *("jobs.job_fail", "jobs.job_release", "jobs.job_complete", "jobs.job_check_lease"),
-    *("previews.object_stage", "previews.previews_record", "previews.preview_sweep_settle"),
 }
 
 

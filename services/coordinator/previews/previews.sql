@@ -4,18 +4,36 @@
 -- round trip.
 
 -- name: object_stage
-SELECT * FROM object_stage($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
+SELECT * FROM object_stage(
+    p_run => :run_id::text, p_job => :job_index::integer, p_generation => :generation::bigint,
+    p_token => :lease_token::uuid, p_reporter => :reporter::text, p_service => :service::text,
+    p_code => :code_sha256::text, p_kind => :kind::text, p_slot => :slot::integer,
+    p_sha256 => :sha256::text, p_byte_size => :byte_size::bigint,
+    p_content_type => :content_type::text, p_key => :object_key::text,
+    p_now => :now::timestamptz);
 
 -- name: previews_record
--- One row per preview, in the order of the arrays.
-SELECT * FROM previews_record($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                              $15, $16) ORDER BY ordinal;
+-- One row per preview, in the order of the arrays (one element per preview each).
+SELECT * FROM previews_record(
+    p_runs => :run_ids::text[], p_jobs => :job_indexes::integer[],
+    p_generations => :generations::bigint[], p_tokens => :lease_tokens::uuid[],
+    p_reporter => :reporter::text, p_service => :service::text,
+    p_codes => :code_sha256s::text[], p_keys => :object_keys::text[],
+    p_slots => :slots::integer[], p_sha256 => :sha256s::text[], p_sizes => :byte_sizes::bigint[],
+    p_content_types => :content_types::text[], p_frame_times => :frame_times::timestamptz[],
+    p_boxes => :boxes::text[], p_item_ids => :item_ids::text[], p_now => :now::timestamptz)
+ORDER BY ordinal;
 
 -- name: preview_sweeps_claim
 SELECT * FROM preview_sweeps_claim($1, $2, $3, $4);
 
 -- name: preview_sweep_settle
-SELECT preview_sweep_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+-- The objects found under the job's prefix: one element per object in each array.
+SELECT preview_sweep_settle(
+    p_run => :run_id::text, p_job => :job_index::integer, p_keys => :object_keys::text[],
+    p_sizes => :byte_sizes::bigint[], p_generations => :generations::bigint[],
+    p_slots => :slots::integer[], p_content_types => :content_types::text[],
+    p_done => :done::boolean, p_now => :now::timestamptz, p_hold => :hold::interval);
 
 -- name: objects_claim_collectable
 SELECT * FROM objects_claim_collectable($1, $2, $3, $4) ORDER BY collectable_at, object_key;

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import Any
 
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
@@ -21,15 +20,19 @@ from services.coordinator.leases.jobs import (
     LeaseFacts,
     check_lease,
     job_id,
-    lease_args,
     raise_for,
     reporter,
 )
 from services.coordinator.platform.clock import Clock
-from services.coordinator.platform.db import Database, Row, fetch_all, fetch_one, sql
+from services.coordinator.platform.db import Database, Row, bind, fetch_all, fetch_one, sql
 from services.coordinator.platform.errors import Expired, InvalidField, NotFound
 from services.coordinator.platform.fields import check_sha256
 from services.coordinator.platform.metrics import PREVIEWS_RECORDED
+from services.coordinator.previews.previews_params import (
+    ObjectStage,
+    PreviewsRecord,
+    PreviewSweepSettle,
+)
 from services.coordinator.runs.snapshots import Frozen, SnapshotCache
 from workshop.kit import limits, object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError
@@ -223,18 +226,24 @@ class PublicationApi:
             answer = await fetch_one(
                 connection,
                 StageAnswer,
-                sql("previews", "object_stage"),
-                *lease_args(lease),
-                reporter(processor),
-                service,
-                code_sha256,
-                kind,
-                slot,
-                sha256,
-                byte_size,
-                content_type,
-                key,
-                self.clock.now(),
+                *bind(
+                    ObjectStage(
+                        run_id=lease.run_id,
+                        job_index=lease.job_index,
+                        generation=lease.generation,
+                        lease_token=lease.token,
+                        reporter=reporter(processor),
+                        service=service,
+                        code_sha256=code_sha256,
+                        kind=kind,
+                        slot=slot,
+                        sha256=sha256,
+                        byte_size=byte_size,
+                        content_type=content_type,
+                        object_key=key,
+                        now=self.clock.now(),
+                    )
+                ),
             )
         assert answer is not None  # object_stage answers one row
         _raise_refusal(answer.reason, lease, slot)
@@ -273,17 +282,31 @@ class PublicationApi:
                 outcomes.append(None)
         if not checked:
             return [outcome for outcome in outcomes if outcome is not None]
-        columns = list(zip(*(_preview_row(preview) for preview in checked), strict=True))
+        leases = [preview.lease for preview in checked]
         async with self.db.connection() as connection:
             answers = await fetch_all(
                 connection,
                 PreviewAnswer,
-                sql("previews", "previews_record"),
-                *columns[:4],
-                reporting,
-                service,
-                *columns[4:],
-                self.clock.now(),
+                *bind(
+                    PreviewsRecord(
+                        run_ids=[lease.run_id for lease in leases],
+                        job_indexes=[lease.job_index for lease in leases],
+                        generations=[lease.generation for lease in leases],
+                        lease_tokens=[lease.token for lease in leases],
+                        reporter=reporting,
+                        service=service,
+                        code_sha256s=[preview.code_sha256 for preview in checked],
+                        object_keys=[preview.key for preview in checked],
+                        slots=[preview.slot for preview in checked],
+                        sha256s=[preview.sha256 for preview in checked],
+                        byte_sizes=[preview.byte_size for preview in checked],
+                        content_types=[preview.content_type for preview in checked],
+                        frame_times=[preview.frame_time for preview in checked],
+                        boxes=[preview.boxes for preview in checked],
+                        item_ids=[preview_item_id(preview.key) for preview in checked],
+                        now=self.clock.now(),
+                    )
+                ),
             )
         PREVIEWS_RECORDED.inc(sum(not answer.reason for answer in answers))
         recorded = iter(zip(checked, answers, strict=True))
@@ -385,28 +408,30 @@ class PublicationApi:
         prefix = object_keys.job_prefix("preview", sweep.run_id, job, test=not frozen.full_run)
         if sweep.prefix != prefix:
             raise InvalidField(f"The sweep of job {job} has prefix {prefix!r}.")
-        columns: list[list[Any]] = [[], [], [], [], []]
-        for key, size in objects:
+        generations: list[int] = []
+        slots: list[int] = []
+        content_types: list[str] = []
+        for key, _ in objects:
             if not key.startswith(prefix):
                 raise InvalidField(f"Object {key!r} is not under the sweep's prefix {prefix!r}.")
             parts = object_keys.parts_under(prefix, key)
-            values = (
-                (parts.generation, parts.slot, parts.content_type)
-                if parts
-                else (-1, -1, object_keys.UNKNOWN_CONTENT_TYPE)
-            )
-            for column, value in zip(columns, (key, size, *values), strict=True):
-                column.append(value)
+            generations.append(parts.generation if parts else -1)
+            slots.append(parts.slot if parts else -1)
+            content_types.append(parts.content_type if parts else object_keys.UNKNOWN_CONTENT_TYPE)
+        params = PreviewSweepSettle(
+            run_id=sweep.run_id,
+            job_index=sweep.job_index,
+            object_keys=[key for key, _ in objects],
+            byte_sizes=[size for _, size in objects],
+            generations=generations,
+            slots=slots,
+            content_types=content_types,
+            done=done,
+            now=self.clock.now(),
+            hold=COLLECT_HOLD,
+        )
         async with self.db.connection() as connection:
-            recorded: int | None = await connection.fetchval(
-                sql("previews", "preview_sweep_settle"),
-                sweep.run_id,
-                sweep.job_index,
-                *columns,
-                done,
-                self.clock.now(),
-                COLLECT_HOLD,
-            )
+            recorded: int | None = await connection.fetchval(*bind(params))
         if recorded is None:
             raise missing
         return recorded
@@ -459,22 +484,6 @@ class PublicationApi:
                     metadata={"kind": "image", "id": f"{run_id}/{item_id}"},
                 )
         return row
-
-
-def _preview_row(preview: PreviewRecord) -> tuple[Any, ...]:
-    """One preview's values in the column order of previews_record's arrays."""
-    return (
-        *lease_args(preview.lease),
-        preview.code_sha256,
-        preview.key,
-        preview.slot,
-        preview.sha256,
-        preview.byte_size,
-        preview.content_type,
-        preview.frame_time,
-        preview.boxes,
-        preview_item_id(preview.key),
-    )
 
 
 def _recorded(preview: PreviewRecord, answer: PreviewAnswer) -> Recorded | WorkshopError:
