@@ -234,10 +234,13 @@ class Runs:
             )
             return [await self._view(connection, row, []) for row in rows]
 
-    async def view(self, row: RunRow) -> RunView:
-        """A run row with its status and the runs it waits behind."""
+    async def views(self, rows: Sequence[RunRow]) -> dict[str, RunView]:
+        """Run rows read elsewhere (the summary's last runs) with their status and the runs
+        they wait behind, by run id."""
+        if not rows:
+            return {}
         async with self.db.connection() as connection:
-            return await self._view(connection, row, [])
+            return {row.run_id: await self._view(connection, row, []) for row in rows}
 
     async def _view(self, connection: Connection, row: RunRow, jobs: Sequence[JobRow]) -> RunView:
         status = row.counts.status(expired_by_time=_past(row.expires_at, self.clock.now()))

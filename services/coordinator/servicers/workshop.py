@@ -395,6 +395,9 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self, request: pb.GetSummaryRequest, context: Context
     ) -> pb.GetSummaryResponse:
         found = await self.review.summary(await self.who(context), request.time_zone, request.days)
+        last_runs = await self.api.views(
+            [entry.last_run for entry in found.workflows if entry.last_run]
+        )
         return pb.GetSummaryResponse(
             buckets=[
                 run_pb2.BucketSummary(
@@ -414,7 +417,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
                     workflow_id=entry.row.workflow_id,
                     name=entry.row.name,
                     runs=entry.row.runs,
-                    last_run=run(await self.api.view(entry.last_run)) if entry.last_run else None,
+                    last_run=run(last_runs[entry.last_run.run_id]) if entry.last_run else None,
                     classes=[
                         run_pb2.ClassCount(
                             class_name=count.class_name,
