@@ -370,7 +370,7 @@ class Pass:
     server_s: float
     postgres_s: float
     clients_s: float
-    other_s: float
+    other_s: float | None = None  # CPU of processes not ours meanwhile; None: not read
 
     def ms(self, cpu_s: float) -> float:
         return cpu_s * 1000 / self.units
@@ -389,8 +389,8 @@ class Pass:
         return self.units / self.wall_s
 
     @property
-    def other_cores(self) -> float:
-        return self.other_s / self.wall_s
+    def other_cores(self) -> str:
+        return "-" if self.other_s is None else f"{self.other_s / self.wall_s:.2f}"
 
 
 def postgres_cpu_s(cluster: PostgresCluster) -> float:
@@ -508,9 +508,9 @@ def _run_side(
     from bench import claim_cycle  # its product imports only where procrastinate runs
 
     cycles = max(1, options.jobs // options.processes)
-    if name == "unary":
+    if name == "unary":  # bench.grpc_floor's own measure: no reading of other load
         floor = grpc_floor.measure(ctx, processes=options.processes, cycles=cycles, calls=3)
-        return Pass(floor.cycles, floor.wall_s, floor.server_cpu_s, 0.0, floor.clients_cpu_s, 0)
+        return Pass(floor.cycles, floor.wall_s, floor.server_cpu_s, 0.0, floor.clients_cpu_s)
     if name == "bare":
         return measure(ctx, Work(cycles, options.progress), processes=options.processes)
     if name == "procrastinate":
@@ -561,7 +561,7 @@ def _print_pass(name: str, number: int, done: Pass) -> None:
         f"  pass {number} {name:<13} {done.units:>7,} {unit}s in {done.wall_s:6.2f} s = "
         f"{done.per_s:7.0f}/s; CPU ms per {unit}: server {done.ms(done.server_s):.3f} "
         f"postgres {done.ms(done.postgres_s):.3f} clients {done.ms(done.clients_s):.3f} "
-        f"total {done.total_ms:.3f}; other {done.other_cores:.2f} cores"
+        f"total {done.total_ms:.3f}; other {done.other_cores} cores"
     )
 
 
