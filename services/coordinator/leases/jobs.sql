@@ -3,7 +3,7 @@
 -- folded in.
 
 -- name: runtime_identity
-SELECT runtime_id, device_id, code_sha256 FROM runtimes WHERE runtime_id = $1;
+SELECT runtime_id, device_id, code_sha256 FROM runtime_identity($1);
 
 -- name: job_claim
 -- $6: the Claim's request id (NULL: none); the same one again answers its held leases.
@@ -37,7 +37,7 @@ SELECT j.slot_count, j.first_slot_at, j.interval_ms, j.state, r.mode,
        rc.generation AS receipt_generation, rc.result_sha256 AS receipt_sha256,
        rc.committed_at AS receipt_committed_at, rc.items_saved AS receipt_items_saved
 FROM jobs j
-JOIN runs r ON r.run_id = j.run_id
+CROSS JOIN LATERAL run_facts(j.run_id) r
 LEFT JOIN receipts rc ON rc.run_id = j.run_id AND rc.job_index = j.job_index
 WHERE j.run_id = $1 AND j.job_index = $2;
 
@@ -50,7 +50,7 @@ SELECT workshop_fence($1, $2, $3, $4, $5, $6, $7) AS reason;
 
 -- name: job_lease_facts
 SELECT j.lease_expires_at, j.camera_id, j.slot_count, r.mode, r.kind
-FROM jobs j JOIN runs r ON r.run_id = j.run_id
+FROM jobs j CROSS JOIN LATERAL run_facts(j.run_id) r
 WHERE j.run_id = $1 AND j.job_index = $2;
 
 -- name: maintenance_try_lock

@@ -39,48 +39,33 @@ SELECT preview_sweep_settle(
 SELECT * FROM objects_claim_collectable($1, $2, $3, $4) ORDER BY collectable_at, object_key;
 
 -- name: objects_collectable_remaining
-SELECT EXISTS (
-    SELECT 1 FROM staged_objects
-    WHERE kind = $1 AND deleted_at IS NULL AND collectable_at <= $2
-      AND (gc_claimed_until IS NULL OR gc_claimed_until <= $2));
+SELECT objects_collectable_remaining($1, $2);
 
 -- name: objects_mark_deleted
 -- Only objects that were collectable: bytes of a live object are never forgotten.
-UPDATE staged_objects SET deleted_at = $2
-WHERE object_key = ANY ($1::text[]) AND deleted_at IS NULL AND collectable_at <= $2
-RETURNING object_key;
+SELECT object_key FROM objects_mark_deleted($1, $2);
 
 -- name: objects_release_held
 -- Ends the cleanup hold of objects a pass could not delete (still collectable, not
 -- deleted): the next pass takes them again instead of waiting for the hold to lapse.
-UPDATE staged_objects SET gc_claimed_until = NULL
-WHERE object_key = ANY ($1::text[]) AND deleted_at IS NULL AND gc_claimed_until > $2
-RETURNING object_key;
+SELECT object_key FROM objects_release_held($1, $2);
 
 -- name: image_for_read
 -- A preview (by its item id) or a bucket item of a run, with what reading it needs.
 -- A full run's preview that became its item's upload expired when the job committed.
+-- (runs' run_facts and run_published_previews, which leases implement; review's
+-- bucket_item_for_read, its boxes after review relabels; leases' staged_object.)
 SELECT 'preview' AS source, so.object_key, so.content_type, so.boxes, so.frame_time,
-       j.camera_id, so.sha256,
+       so.camera_id, so.sha256,
        CASE WHEN so.kind = 'upload' THEN so.published_at ELSE so.collectable_at END
            AS expires_at,
        r.expires_at AS run_expires_at
-FROM staged_objects so
-JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
-JOIN runs r ON r.run_id = so.run_id
-WHERE so.run_id = $1 AND so.item_id = $2
-  AND so.published_at IS NOT NULL AND so.deleted_at IS NULL
+FROM run_published_previews($1) so
+CROSS JOIN run_facts($1) r
+WHERE so.item_id = $2 AND so.deleted_at IS NULL
 UNION ALL
-SELECT 'item', bi.object_key, upload.content_type,
-       -- the boxes after review relabels (docs/review.md)
-       (SELECT coalesce(jsonb_agg(
-                   CASE WHEN sb.relabel_class IS NULL THEN b.box
-                        ELSE jsonb_set(b.box, '{class_name}', to_jsonb(sb.relabel_class)) END
-                   ORDER BY b.ordinal), '[]'::jsonb)
-        FROM jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal)
-        LEFT JOIN sighting_boxes sb ON sb.item_id = bi.item_id AND sb.box_index = b.ordinal - 1),
-       bi.frame_time, bi.camera_id, bi.sha256, NULL, r.expires_at
-FROM bucket_items bi
-JOIN runs r ON r.run_id = bi.run_id
-JOIN staged_objects upload ON upload.object_key = bi.object_key
-WHERE bi.run_id = $1 AND bi.item_id = $2;
+SELECT 'item', bi.object_key, upload.content_type, bi.boxes, bi.frame_time, bi.camera_id,
+       bi.sha256, NULL, r.expires_at
+FROM bucket_item_for_read($1, $2) bi
+CROSS JOIN run_facts($1) r
+CROSS JOIN LATERAL staged_object(bi.object_key) upload;

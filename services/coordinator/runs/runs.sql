@@ -4,7 +4,7 @@
 SELECT run_id, fingerprint FROM runs WHERE run_id = $1;
 
 -- name: unfinished_job_count
-SELECT count(*) FROM jobs WHERE state IN ('queued', 'leased');
+SELECT jobs_unfinished_count();
 
 -- name: run_insert
 -- nullable: expires_at
@@ -32,16 +32,12 @@ FROM unnest(:job_index::integer[], :recording_id::text[], :camera_id::text[],
 
 -- name: jobs_insert
 -- One row per job: each array holds its column's values, in job order.
-INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
-                  recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
-                  updated_at)
-SELECT :run_id::text, u.job_index, :run_seq::bigint, :runtime_id::text, u.camera_id,
-       u.recording_id, u.generation, u.first_slot_at, :interval_ms::integer, u.slot_count,
-       u.expires_at, :updated_at::timestamptz
-FROM unnest(:job_index::integer[], :camera_id::text[], :recording_id::text[],
-            :recording_generation::bigint[], :first_slot_at::timestamptz[],
-            :slot_count::integer[], :expires_at::timestamptz[])
-     AS u (job_index, camera_id, recording_id, generation, first_slot_at, slot_count, expires_at);
+-- The jobs are leases' (run_jobs_enqueue: an interface runs declares, 5_runs.sql).
+SELECT run_jobs_enqueue(
+    :run_id::text, :run_seq::bigint, :runtime_id::text, :interval_ms::integer,
+    :updated_at::timestamptz, :job_index::integer[], :camera_id::text[], :recording_id::text[],
+    :recording_generation::bigint[], :first_slot_at::timestamptz[], :slot_count::integer[],
+    :expires_at::timestamptz[]);
 
 -- name: run_get
 SELECT * FROM run_status WHERE run_id = $1;
@@ -56,14 +52,14 @@ ORDER BY seq DESC
 LIMIT $3;
 
 -- name: run_jobs
-SELECT * FROM jobs WHERE run_id = $1 ORDER BY job_index LIMIT $2;
+SELECT * FROM run_jobs_of($1) ORDER BY job_index LIMIT $2;
 
 -- name: run_waiting_behind
 -- Up to five older runs on the same runtime that still have queued or leased jobs.
 SELECT r.run_id
 FROM runs r
 WHERE r.runtime_id = $1 AND r.seq < $2 AND r.kind = 'workflow'
-  AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.run_id AND j.state IN ('queued', 'leased'))
+  AND EXISTS (SELECT 1 FROM run_unfinished_jobs(r.run_id))
 ORDER BY r.seq
 LIMIT 5;
 
@@ -82,7 +78,7 @@ SELECT run_id FROM (
     SELECT r.run_id, run_cancel(r.run_id, $2) AS cancelled
     FROM runs r
     WHERE r.workflow_id = $1 AND r.kind = 'workflow'
-      AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.run_id AND j.state IN ('queued', 'leased'))
+      AND EXISTS (SELECT 1 FROM run_unfinished_jobs(r.run_id))
     ORDER BY r.run_id
 ) c
 WHERE cancelled > 0;
@@ -93,7 +89,7 @@ SELECT run_id FROM (
     SELECT s.run_id, run_cancel(s.run_id, $2) AS cancelled
     FROM run_snapshots s
     WHERE s.snapshot -> 'outputs' @> jsonb_build_array(jsonb_build_object('bucket_id', $1::text))
-      AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = s.run_id AND j.state IN ('queued', 'leased'))
+      AND EXISTS (SELECT 1 FROM run_unfinished_jobs(s.run_id))
     ORDER BY s.run_id
 ) c
 WHERE cancelled > 0;
@@ -101,38 +97,33 @@ WHERE cancelled > 0;
 -- name: run_recent_images
 -- Up to $3 newest images of a run: published previews still readable at $2, and
 -- its bucket items.
+-- (the previews are leases', the items review's: interfaces runs declares, 5_runs.sql)
 SELECT * FROM (
-    SELECT so.item_id, 'preview' AS source, so.job_index, so.slot_index, j.camera_id,
-           so.frame_time, so.boxes, '' AS bucket_id, so.published_at, so.collectable_at AS expires_at
-    FROM staged_objects so
-    JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
-    WHERE so.run_id = $1 AND so.kind = 'preview' AND so.published_at IS NOT NULL
-      AND so.deleted_at IS NULL AND (so.collectable_at IS NULL OR so.collectable_at > $2)
+    SELECT p.item_id, 'preview' AS source, p.job_index, p.slot_index, p.camera_id,
+           p.frame_time, p.boxes, '' AS bucket_id, p.published_at, p.collectable_at AS expires_at
+    FROM run_published_previews($1) p
+    WHERE p.kind = 'preview' AND p.deleted_at IS NULL
+      AND (p.collectable_at IS NULL OR p.collectable_at > $2)
     UNION ALL
-    SELECT bi.item_id, 'item', bi.job_index, bi.slot_index, bi.camera_id, bi.frame_time,
-           bi.boxes, bi.bucket_id, bi.saved_at, NULL
-    FROM bucket_items bi
-    WHERE bi.run_id = $1
+    SELECT * FROM run_recent_items($1)
 ) images
 ORDER BY published_at DESC, item_id
 LIMIT $3;
 
 -- name: photo_job_insert
-INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
-                  recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
-                  updated_at, is_photo)
-VALUES (:run_id::text, 0, :run_seq::bigint, :runtime_id::text, :camera_id::text,
-        :recording_id::text, :recording_generation::bigint, :first_slot_at::timestamptz,
-        :interval_ms::integer, 1, :expires_at::timestamptz, :updated_at::timestamptz, true);
+-- Its one job is leases' (photo_job_enqueue: an interface runs declares, 5_runs.sql).
+SELECT photo_job_enqueue(
+    :run_id::text, :run_seq::bigint, :runtime_id::text, :camera_id::text, :recording_id::text,
+    :recording_generation::bigint, :first_slot_at::timestamptz, :interval_ms::integer,
+    :expires_at::timestamptz, :updated_at::timestamptz);
 
 -- name: photo_get
 -- A photo with its job, and its frame once published.
 SELECT r.run_id, r.created_at, r.expires_at, j.camera_id, j.recording_id, j.first_slot_at,
        j.state, so.item_id, so.frame_time
 FROM runs r
-JOIN jobs j ON j.run_id = r.run_id AND j.job_index = 0
-LEFT JOIN staged_objects so
-       ON so.run_id = r.run_id AND so.kind = 'preview' AND so.published_at IS NOT NULL
+JOIN run_jobs_of(r.run_id) j ON j.job_index = 0
+LEFT JOIN run_published_previews(r.run_id) so ON so.kind = 'preview'
 WHERE r.run_id = $1 AND r.kind = 'photo'
 ORDER BY so.published_at DESC NULLS LAST
 LIMIT 1;

@@ -15,3 +15,12 @@ CREATE TABLE workflows (
 
 CREATE INDEX workflows_scheduled ON workflows (workflow_id)
     WHERE schedule_time IS NOT NULL AND deleted_at IS NULL;
+
+-- The room's public SQL. No other room names workflows.
+
+-- The workflows not deleted, with their names.
+-- public: review (summary_workflows)
+CREATE FUNCTION workflows_live() RETURNS TABLE (workflow_id text, name text)
+LANGUAGE sql STABLE AS $$
+    SELECT w.workflow_id, w.spec ->> 'name' FROM workflows w WHERE w.deleted_at IS NULL
+$$;

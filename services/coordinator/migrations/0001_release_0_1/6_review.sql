@@ -32,7 +32,7 @@ CREATE VIEW bucket_items_current AS
 SELECT bi.*,
        (rec.generation = bi.recording_generation AND rec.deleted_at IS NULL) AS output_current
 FROM bucket_items bi
-JOIN recordings rec ON rec.recording_id = bi.recording_id;
+CROSS JOIN LATERAL recording_state(bi.recording_id) rec;
 
 -- Review, sightings and the summary's counters (docs/review.md).
 
@@ -158,7 +158,7 @@ BEGIN
     INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
                                             confirmations)
     SELECT r.workflow_id, a.bucket_id, coalesce(b.box ->> 'class_name', ''), count(*), 0
-    FROM added a JOIN runs r ON r.run_id = a.run_id
+    FROM added a CROSS JOIN LATERAL run_facts(a.run_id) r
     CROSS JOIN LATERAL jsonb_array_elements(a.boxes) AS b (box)
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
@@ -191,7 +191,7 @@ BEGIN
     INSERT INTO workflow_day_counts AS c (workflow_id, bucket_id, quarter_start, images)
     SELECT r.workflow_id, a.bucket_id,
            date_bin('15 minutes', a.saved_at, timestamptz '2000-01-01 00:00:00+00'), count(*)
-    FROM added a JOIN runs r ON r.run_id = a.run_id
+    FROM added a CROSS JOIN LATERAL run_facts(a.run_id) r
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_day_counts_pkey DO UPDATE SET images = c.images + EXCLUDED.images;
     RETURN NULL;
@@ -271,7 +271,7 @@ DECLARE
     run_accepted bigint;
     run_rejected bigint;
 BEGIN
-    SELECT r.workflow_id INTO workflow FROM runs r WHERE r.run_id = p_run;
+    SELECT r.workflow_id INTO workflow FROM run_facts(p_run) r;
     SELECT count(DISTINCT sb.item_id) INTO changed FROM sighting_boxes sb
     WHERE sb.sighting_id = p_sighting
       AND (sb.review_state, sb.relabel_class) IS DISTINCT FROM (p_state, p_relabel);
@@ -368,13 +368,85 @@ BEGIN
 END;
 $$;
 
--- Deletes a bucket's items and releases their uploads to garbage collection; its
--- sightings and its share of the counters go with them. Takes the bucket's timelines
--- first, like every other writer of sightings.
-CREATE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz) RETURNS integer
+-- The room's public SQL and its interfaces. No other room names bucket_items,
+-- sighting_timelines, sighting_boxes, sighting_decisions or the counters.
+
+-- Inserts a committed job's bucket items (leases' job_complete, in the committing
+-- transaction, after its fences): one per element of the arrays, each with its boxes
+-- (JSON), of the job's camera and recording at the generation it was admitted at. The
+-- statement trigger counts them (bucket_items_review), the commit adds their boxes
+-- (bucket_items_boxes) unless group_committed did.
+-- public: leases (job_complete)
+CREATE FUNCTION bucket_items_insert(
+    p_run text, p_job integer, p_camera text, p_recording text, p_recording_generation bigint,
+    p_item_ids text[], p_item_buckets text[], p_item_slots integer[], p_item_steps text[],
+    p_item_times timestamptz[], p_item_boxes jsonb[], p_item_keys text[],
+    p_item_sha256 text[], p_now timestamptz
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO bucket_items (item_id, bucket_id, run_id, job_index, slot_index, step_id,
+                              camera_id, recording_id, recording_generation, frame_time, boxes,
+                              object_key, sha256, saved_at)
+    SELECT u.item_id, u.bucket_id, p_run, p_job, u.slot, u.step_id, p_camera, p_recording,
+           p_recording_generation, u.frame_time, u.boxes, u.object_key, u.sha256, p_now
+    FROM unnest(p_item_ids, p_item_buckets, p_item_slots, p_item_steps, p_item_times,
+                p_item_boxes, p_item_keys, p_item_sha256)
+         AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256);
+END;
+$$;
+
+-- A run's bucket item by its id, as reading its image needs it: its boxes after review
+-- relabels (docs/review.md). No row: the run has no such item.
+-- public: previews (image_for_read)
+CREATE FUNCTION bucket_item_for_read(p_run text, p_item text)
+RETURNS TABLE (object_key text, boxes jsonb, frame_time timestamptz, camera_id text,
+               sha256 text)
+LANGUAGE sql STABLE AS $$
+    SELECT bi.object_key,
+           (SELECT coalesce(jsonb_agg(
+                       CASE WHEN sb.relabel_class IS NULL THEN b.box
+                            ELSE jsonb_set(b.box, '{class_name}', to_jsonb(sb.relabel_class)) END
+                       ORDER BY b.ordinal), '[]'::jsonb)
+            FROM jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal)
+            LEFT JOIN sighting_boxes sb
+                ON sb.item_id = bi.item_id AND sb.box_index = b.ordinal - 1),
+           bi.frame_time, bi.camera_id, bi.sha256
+    FROM bucket_items bi
+    WHERE bi.run_id = p_run AND bi.item_id = p_item
+$$;
+
+-- Implements runs' run_recent_items (5_runs.sql): a run's bucket items as its recent
+-- images show them.
+CREATE OR REPLACE FUNCTION run_recent_items(p_run text)
+RETURNS TABLE (item_id text, source text, job_index integer, slot_index integer,
+               camera_id text, frame_time timestamptz, boxes jsonb, bucket_id text,
+               published_at timestamptz, expires_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT bi.item_id, 'item', bi.job_index, bi.slot_index, bi.camera_id, bi.frame_time,
+           bi.boxes, bi.bucket_id, bi.saved_at, NULL::timestamptz
+    FROM bucket_items bi
+    WHERE bi.run_id = p_run
+$$;
+
+-- Releases uploads to garbage collection (bucket_items_delete: those no item shows any
+-- more). The uploads are staged objects, leases'.
+-- interface: implemented by leases
+CREATE FUNCTION objects_release(p_keys text[], p_now timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'objects_release is implemented by leases (7_leases.sql)';
+END;
+$$;
+
+-- Implements resources' bucket_items_delete (3_resources.sql): deletes a bucket's items
+-- and releases their uploads to garbage collection (objects_release); its sightings and
+-- its share of the counters go with them. Takes the bucket's timelines first, like every
+-- other writer of sightings.
+CREATE OR REPLACE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     deleted integer;
+    released text[];
 BEGIN
     PERFORM 1 FROM sighting_timelines t WHERE t.bucket_id = p_bucket
     ORDER BY t.run_id, t.bucket_id, t.camera_id FOR UPDATE;
@@ -391,16 +463,18 @@ BEGIN
               FROM gone GROUP BY gone.run_id) g
         WHERE c.run_id = g.run_id
         RETURNING 1
-    ), released AS (
-        -- an upload another bucket still shows stays
-        UPDATE staged_objects s SET collectable_at = p_now
-        FROM gone
-        WHERE s.object_key = gone.object_key AND s.collectable_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM bucket_items other
-                          WHERE other.object_key = s.object_key AND other.bucket_id <> p_bucket)
-        RETURNING 1
     )
-    SELECT count(*) INTO deleted FROM gone;
+    -- an upload another bucket still shows stays
+    SELECT count(*),
+           coalesce(array_agg(DISTINCT gone.object_key) FILTER (
+               WHERE NOT EXISTS (SELECT 1 FROM bucket_items other
+                                 WHERE other.object_key = gone.object_key
+                                   AND other.bucket_id <> p_bucket)), '{}')
+    INTO deleted, released
+    FROM gone;
+    IF cardinality(released) > 0 THEN
+        PERFORM objects_release(released, p_now);
+    END IF;
     DELETE FROM sighting_timelines WHERE bucket_id = p_bucket;
     DELETE FROM bucket_counts WHERE bucket_id = p_bucket;
     DELETE FROM workflow_class_counts WHERE bucket_id = p_bucket;

@@ -158,11 +158,11 @@ CREATE FUNCTION workshop_fence_reason(
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     j jobs%ROWTYPE;
-    r runs%ROWTYPE;
-    creator_kind text;
-    creator_user text;
+    run_policy bigint;
+    run_creator jsonb;
+    run_code text;
     device text;
-    reporter_user text;
+    refused text;
 BEGIN
     SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job FOR UPDATE;
     IF NOT FOUND THEN
@@ -179,67 +179,21 @@ BEGIN
        OR j.lease_token IS DISTINCT FROM p_token OR j.lease_expires_at <= p_now THEN
         RETURN 'LEASE_MISMATCH';
     END IF;
-    -- fence 2: the source recording at the admitted generation
-    PERFORM 1 FROM recordings
-    WHERE recording_id = j.recording_id AND generation = j.recording_generation
-      AND deleted_at IS NULL
-    FOR SHARE;
-    IF NOT FOUND THEN
+    -- fence 2: the source recording at the admitted generation (resources' lock)
+    IF NOT recording_hold(j.recording_id, j.recording_generation) THEN
         RETURN 'SOURCE_CHANGED';
     END IF;
-    -- fence 3: the policy revision, then the creating principal's authority
-    SELECT * INTO r FROM runs WHERE run_id = p_run;
-    PERFORM 1 FROM policy WHERE revision = r.policy_revision FOR SHARE;
-    IF NOT FOUND THEN
-        RETURN 'POLICY_CHANGED';
+    -- fences 3 and 4 (identity's locks): the policy revision, then the creating
+    -- principal's authority; the reporting key is still a workshop:run key for the
+    -- runtime's device (or an admin key) of an enabled user; then the code is the snapshot's
+    SELECT r.policy_revision, r.created_by, r.code_sha256 INTO run_policy, run_creator, run_code
+    FROM run_facts(p_run) r;
+    SELECT rt.device_id INTO device FROM runtime_identity(j.runtime_id) rt;
+    refused := fence_authority(run_policy, run_creator, p_reporter, device, p_now);
+    IF refused <> '' THEN
+        RETURN refused;
     END IF;
-    creator_kind := r.created_by ->> 'kind';
-    creator_user := nullif(r.created_by ->> 'user_id', '');
-    IF creator_kind = 'key' THEN
-        PERFORM 1 FROM keys
-        WHERE key_id = r.created_by ->> 'key_id' AND revoked_at IS NULL
-          AND (expires_at IS NULL OR expires_at > p_now)
-        FOR SHARE;
-        IF NOT FOUND THEN
-            RETURN 'AUTHORITY_REVOKED';
-        END IF;
-    ELSIF creator_kind = 'session' THEN
-        PERFORM 1 FROM sessions
-        WHERE session_id = r.created_by ->> 'session_id' AND revoked_at IS NULL
-          AND expires_at > p_now
-        FOR SHARE;
-        IF NOT FOUND THEN
-            RETURN 'AUTHORITY_REVOKED';
-        END IF;
-    ELSIF creator_kind <> 'scheduler' THEN
-        RETURN 'AUTHORITY_REVOKED';
-    END IF;
-    IF creator_user IS NOT NULL THEN
-        PERFORM 1 FROM users WHERE user_id = creator_user AND disabled_at IS NULL FOR SHARE;
-        IF NOT FOUND THEN
-            RETURN 'AUTHORITY_REVOKED';
-        END IF;
-    END IF;
-    -- fence 4: the reporting key is still a workshop:run key for the runtime's
-    -- device (or an admin key) of an enabled user, and the code is the snapshot's
-    SELECT device_id INTO device FROM runtimes WHERE runtime_id = j.runtime_id;
-    SELECT k.user_id INTO reporter_user FROM keys k
-    WHERE k.key_id = p_reporter AND k.revoked_at IS NULL
-      AND (k.expires_at IS NULL OR k.expires_at > p_now)
-      AND (k.scopes @> jsonb_build_array(jsonb_build_object('scope', 'workshop:run',
-                                                            'device_id', device))
-           OR k.scopes @> '[{"scope": "admin"}]')
-    FOR SHARE;
-    IF NOT FOUND THEN
-        RETURN 'REPORTER_NOT_AUTHORIZED';
-    END IF;
-    IF reporter_user IS NOT NULL THEN
-        PERFORM 1 FROM users WHERE user_id = reporter_user AND disabled_at IS NULL FOR SHARE;
-        IF NOT FOUND THEN
-            RETURN 'REPORTER_NOT_AUTHORIZED';
-        END IF;
-    END IF;
-    IF p_code IS NOT NULL AND p_code <> r.code_sha256 THEN
+    IF p_code IS NOT NULL AND p_code <> run_code THEN
         RETURN 'CODE_MISMATCH';
     END IF;
     RETURN '';
@@ -284,24 +238,15 @@ DECLARE
     why text;
     message text;
 BEGIN
+    -- runs', identity's and resources' public reads, inlined into this one query
     SELECT rec.generation AS source_generation, rec.deleted_at AS source_deleted,
-           r.policy_revision, pol.revision AS policy_now, r.created_by ->> 'kind' AS kind,
+           r.policy_revision, a.policy_now, r.created_by ->> 'kind' AS kind,
            nullif(r.created_by ->> 'user_id', '') AS creator_user,
-           k.key_id IS NOT NULL AS key_ok, s.session_id IS NOT NULL AS session_ok,
-           u.user_id IS NOT NULL AS user_ok
+           a.key_ok, a.session_ok, a.user_ok
     INTO f
-    FROM runs r
-    CROSS JOIN policy pol
-    LEFT JOIN recordings rec ON rec.recording_id = p_job.recording_id
-    LEFT JOIN keys k
-        ON r.created_by ->> 'kind' = 'key' AND k.key_id = r.created_by ->> 'key_id'
-       AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > p_now)
-    LEFT JOIN sessions s
-        ON r.created_by ->> 'kind' = 'session' AND s.session_id = r.created_by ->> 'session_id'
-       AND s.revoked_at IS NULL AND s.expires_at > p_now
-    LEFT JOIN users u
-        ON u.user_id = nullif(r.created_by ->> 'user_id', '') AND u.disabled_at IS NULL
-    WHERE r.run_id = p_job.run_id;
+    FROM run_facts(p_job.run_id) r
+    CROSS JOIN LATERAL creator_authority(r.created_by, p_now) a
+    LEFT JOIN LATERAL recording_state(p_job.recording_id) rec ON true;
     why := 'source_changed';
     IF f.source_generation IS NULL OR f.source_deleted IS NOT NULL THEN
         message := format('Recording %s was deleted after the run was admitted.',
@@ -455,8 +400,8 @@ CREATE FUNCTION job_claim_answer(p_job jobs) RETURNS TABLE (
 BEGIN
     RETURN QUERY
         SELECT p_job, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
-        FROM snapshot_recordings sr
-        WHERE sr.run_id = p_job.run_id AND sr.job_index = p_job.job_index;
+        FROM snapshot_recordings_of(p_job.run_id) sr
+        WHERE sr.job_index = p_job.job_index;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job %/% has no snapshot recording', p_job.run_id, p_job.job_index;
     END IF;
@@ -661,16 +606,16 @@ BEGIN
         WHERE object_key = ANY (p_upload_keys);
     END IF;
     IF cardinality(p_item_ids) > 0 THEN
-        INSERT INTO bucket_items (item_id, bucket_id, run_id, job_index, slot_index, step_id,
-                                  camera_id, recording_id, recording_generation, frame_time, boxes,
-                                  object_key, sha256, saved_at)
-        SELECT u.item_id, u.bucket_id, p_run, p_job, u.slot, u.step_id, j.camera_id, j.recording_id,
-               j.recording_generation, u.frame_time, coalesce(u.boxes::jsonb, s.boxes),
-               u.object_key, u.sha256, p_now
-        FROM unnest(p_item_ids, p_item_buckets, p_item_slots, p_item_steps, p_item_times,
-                    p_item_boxes, p_item_keys, p_item_sha256)
-             AS u (item_id, bucket_id, slot, step_id, frame_time, boxes, object_key, sha256)
-        LEFT JOIN staged_objects s ON u.boxes IS NULL AND s.object_key = u.object_key;
+        -- the items are review's (bucket_items_insert), each with its boxes: as sent, or
+        -- those recorded with its upload's preview
+        PERFORM bucket_items_insert(
+            p_run, p_job, j.camera_id, j.recording_id, j.recording_generation, p_item_ids,
+            p_item_buckets, p_item_slots, p_item_steps, p_item_times,
+            ARRAY(SELECT coalesce(u.boxes::jsonb, s.boxes)
+                  FROM unnest(p_item_boxes, p_item_keys) WITH ORDINALITY AS u (boxes, object_key, o)
+                  LEFT JOIN staged_objects s ON u.boxes IS NULL AND s.object_key = u.object_key
+                  ORDER BY u.o),
+            p_item_keys, p_item_sha256, p_now);
     END IF;
     -- What the commit does not keep is garbage now: objects staged but never
     -- published or named (refused previews, unnamed uploads), and a full run's
@@ -702,7 +647,7 @@ BEGIN
     UPDATE staged_objects s SET collectable_at = p_now
     WHERE s.run_id = p_run AND s.job_index = p_job AND s.collectable_at IS NULL
       AND (s.published_at IS NULL
-           OR (s.kind = 'preview' AND (SELECT r.mode FROM runs r WHERE r.run_id = p_run) = 'full'));
+           OR (s.kind = 'preview' AND (SELECT r.mode FROM run_facts(p_run) r) = 'full'));
 END;
 $$;
 
@@ -781,30 +726,494 @@ BEGIN
 END;
 $$;
 
--- A run with the counts its status and detail are worked out from (docs/runs-and-jobs.md).
-CREATE VIEW run_status AS
-SELECT r.*, c.*, rs.*, pv.*
-FROM runs r
-CROSS JOIN LATERAL (
-    SELECT count(*) AS jobs_total,
-           count(*) FILTER (WHERE state = 'queued') AS jobs_queued,
-           count(*) FILTER (WHERE state = 'leased') AS jobs_leased,
-           count(*) FILTER (WHERE state = 'completed') AS jobs_completed,
-           count(*) FILTER (WHERE state = 'failed') AS jobs_failed,
-           count(*) FILTER (WHERE state = 'cancelled') AS jobs_cancelled,
-           count(*) FILTER (WHERE state = 'expired') AS jobs_expired,
-           coalesce(sum(slot_count), 0) AS slots_expected,
-           max(updated_at) AS last_job_update
-    FROM jobs j WHERE j.run_id = r.run_id
-) c
-CROSS JOIN LATERAL (
-    SELECT coalesce(sum(frames), 0) AS slots_frame, coalesce(sum(empties), 0) AS slots_empty,
-           coalesce(sum(dropped), 0) AS slots_dropped, coalesce(sum(items_saved), 0) AS items_saved
-    FROM receipts rc WHERE rc.run_id = r.run_id
-) rs
-CROSS JOIN LATERAL (
-    -- every preview ever recorded has an item id, also one that became an upload
-    SELECT count(*) AS previews_published
+
+-- The room's public SQL and the interfaces it implements. No other room names jobs,
+-- receipts or staged_objects.
+
+-- Implements runs' run_cancel (5_runs.sql): queued and leased jobs of the run become
+-- cancelled, so writes under their leases are refused from now on; completed jobs keep
+-- their results.
+CREATE OR REPLACE FUNCTION run_cancel(p_run text, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    cancelled integer := 0;
+    job record;
+BEGIN
+    FOR job IN
+        UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL,
+                        updated_at = p_now
+        WHERE run_id = p_run AND state IN ('queued', 'leased')
+        RETURNING job_index
+    LOOP
+        PERFORM job_objects_abandon(p_run, job.job_index, p_now);
+        cancelled := cancelled + 1;
+    END LOOP;
+    IF cancelled > 0 THEN
+        PERFORM pg_notify('workshop_run', p_run);
+    END IF;
+    RETURN cancelled;
+END;
+$$;
+
+-- Implements runs' run_jobs_enqueue (5_runs.sql).
+CREATE OR REPLACE FUNCTION run_jobs_enqueue(
+    p_run text, p_seq bigint, p_runtime text, p_interval_ms integer, p_now timestamptz,
+    p_job_indexes integer[], p_cameras text[], p_recordings text[], p_generations bigint[],
+    p_first_slots timestamptz[], p_slot_counts integer[], p_expiries timestamptz[]
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
+                      recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
+                      updated_at)
+    SELECT p_run, u.job_index, p_seq, p_runtime, u.camera_id, u.recording_id, u.generation,
+           u.first_slot_at, p_interval_ms, u.slot_count, u.expires_at, p_now
+    FROM unnest(p_job_indexes, p_cameras, p_recordings, p_generations, p_first_slots,
+                p_slot_counts, p_expiries)
+         AS u (job_index, camera_id, recording_id, generation, first_slot_at, slot_count,
+               expires_at);
+END;
+$$;
+
+-- Implements runs' photo_job_enqueue (5_runs.sql).
+CREATE OR REPLACE FUNCTION photo_job_enqueue(
+    p_run text, p_seq bigint, p_runtime text, p_camera text, p_recording text,
+    p_generation bigint, p_first_slot_at timestamptz, p_interval_ms integer,
+    p_expires_at timestamptz, p_now timestamptz
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO jobs (run_id, job_index, run_seq, runtime_id, camera_id, recording_id,
+                      recording_generation, first_slot_at, interval_ms, slot_count, expires_at,
+                      updated_at, is_photo)
+    VALUES (p_run, 0, p_seq, p_runtime, p_camera, p_recording, p_generation, p_first_slot_at,
+            p_interval_ms, 1, p_expires_at, p_now, true);
+END;
+$$;
+
+-- Implements runs' run_jobs_of (5_runs.sql). Single-SELECT STABLE SQL functions like
+-- this one are inlined by the planner where a query uses them.
+CREATE OR REPLACE FUNCTION run_jobs_of(p_run text)
+RETURNS TABLE (run_id text, job_index integer, camera_id text, recording_id text,
+               recording_generation bigint, first_slot_at timestamptz, state text,
+               phase text, progress integer, slot_count integer, generation bigint,
+               failure_reason text, failure_message text, decoder text,
+               updated_at timestamptz, lease_expires_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT j.run_id, j.job_index, j.camera_id, j.recording_id, j.recording_generation,
+           j.first_slot_at, j.state, j.phase, j.progress, j.slot_count, j.generation,
+           j.failure_reason, j.failure_message, j.decoder, j.updated_at, j.lease_expires_at
+    FROM jobs j WHERE j.run_id = p_run
+$$;
+
+-- Implements runs' run_unfinished_jobs (5_runs.sql).
+CREATE OR REPLACE FUNCTION run_unfinished_jobs(p_run text) RETURNS TABLE (job_index integer)
+LANGUAGE sql STABLE AS $$
+    SELECT j.job_index FROM jobs j WHERE j.run_id = p_run AND j.state IN ('queued', 'leased')
+$$;
+
+-- Implements runs' jobs_unfinished_count (5_runs.sql).
+CREATE OR REPLACE FUNCTION jobs_unfinished_count() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM jobs WHERE state IN ('queued', 'leased')
+$$;
+
+-- Implements runs' run_job_counts (5_runs.sql), which its view run_status joins to each run.
+CREATE OR REPLACE FUNCTION run_job_counts(p_run text)
+RETURNS TABLE (jobs_total bigint, jobs_queued bigint, jobs_leased bigint,
+               jobs_completed bigint, jobs_failed bigint, jobs_cancelled bigint,
+               jobs_expired bigint, slots_expected bigint, last_job_update timestamptz,
+               slots_frame bigint, slots_empty bigint, slots_dropped bigint,
+               items_saved bigint, previews_published bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT c.*, rs.*, pv.*
+    FROM (
+        SELECT count(*) AS jobs_total,
+               count(*) FILTER (WHERE state = 'queued') AS jobs_queued,
+               count(*) FILTER (WHERE state = 'leased') AS jobs_leased,
+               count(*) FILTER (WHERE state = 'completed') AS jobs_completed,
+               count(*) FILTER (WHERE state = 'failed') AS jobs_failed,
+               count(*) FILTER (WHERE state = 'cancelled') AS jobs_cancelled,
+               count(*) FILTER (WHERE state = 'expired') AS jobs_expired,
+               coalesce(sum(slot_count), 0) AS slots_expected,
+               max(updated_at) AS last_job_update
+        FROM jobs j WHERE j.run_id = p_run
+    ) c
+    CROSS JOIN (
+        SELECT coalesce(sum(frames), 0) AS slots_frame, coalesce(sum(empties), 0) AS slots_empty,
+               coalesce(sum(dropped), 0) AS slots_dropped,
+               coalesce(sum(items_saved), 0) AS items_saved
+        FROM receipts rc WHERE rc.run_id = p_run
+    ) rs
+    CROSS JOIN (
+        -- every preview ever recorded has an item id, also one that became an upload
+        SELECT count(*) AS previews_published
+        FROM staged_objects so
+        WHERE so.run_id = p_run AND so.item_id IS NOT NULL
+    ) pv
+$$;
+
+-- Implements runs' run_published_previews (5_runs.sql).
+CREATE OR REPLACE FUNCTION run_published_previews(p_run text)
+RETURNS TABLE (object_key text, kind text, item_id text, job_index integer,
+               slot_index integer, camera_id text, recording_id text,
+               recording_generation bigint, frame_time timestamptz, boxes jsonb,
+               content_type text, sha256 text, published_at timestamptz,
+               collectable_at timestamptz, deleted_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT so.object_key, so.kind, so.item_id, so.job_index, so.slot_index, j.camera_id,
+           j.recording_id, j.recording_generation, so.frame_time, so.boxes, so.content_type,
+           so.sha256, so.published_at, so.collectable_at, so.deleted_at
     FROM staged_objects so
-    WHERE so.run_id = r.run_id AND so.item_id IS NOT NULL
-) pv;
+    JOIN jobs j ON j.run_id = so.run_id AND j.job_index = so.job_index
+    WHERE so.run_id = p_run AND so.published_at IS NOT NULL
+$$;
+
+-- Implements review's objects_release (6_review.sql): uploads no item shows any more
+-- become collectable.
+CREATE OR REPLACE FUNCTION objects_release(p_keys text[], p_now timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE staged_objects SET collectable_at = p_now
+    WHERE object_key = ANY (p_keys) AND collectable_at IS NULL;
+END;
+$$;
+
+-- A staged object by its key (no row: none), as reading an item's upload needs it.
+-- public: previews (image_for_read)
+CREATE FUNCTION staged_object(p_key text)
+RETURNS TABLE (object_key text, content_type text) LANGUAGE sql STABLE AS $$
+    SELECT so.object_key, so.content_type FROM staged_objects so WHERE so.object_key = p_key
+$$;
+
+-- Staged objects and previews (docs/previews-and-uploads.md): the preview service's
+-- writes, each under the job's lease and fences, and its garbage collection. The
+-- publication room (previews) calls them; they live here because they write leases'
+-- rows: a job's preview slot and sweep, and staged objects, which the commit
+-- (job_complete) consumes and every end of a job abandons (job_objects_abandon).
+
+-- Whether collectable objects of a kind are left, not held by a cleanup pass.
+-- public: previews (objects_collectable_remaining)
+CREATE FUNCTION objects_collectable_remaining(p_kind text, p_now timestamptz)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM staged_objects
+        WHERE kind = p_kind AND deleted_at IS NULL AND collectable_at <= p_now
+          AND (gc_claimed_until IS NULL OR gc_claimed_until <= p_now))
+$$;
+
+-- Records the deletion of objects' bytes; only objects that were collectable: bytes of
+-- a live object are never forgotten. Answers the keys it recorded.
+-- public: previews (objects_mark_deleted)
+CREATE FUNCTION objects_mark_deleted(p_keys text[], p_now timestamptz)
+RETURNS TABLE (object_key text) LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE staged_objects s SET deleted_at = p_now
+    WHERE s.object_key = ANY (p_keys) AND s.deleted_at IS NULL AND s.collectable_at <= p_now
+    RETURNING s.object_key;
+END;
+$$;
+
+-- Ends the cleanup hold of objects a pass could not delete (still collectable, not
+-- deleted): the next pass takes them again instead of waiting for the hold to lapse.
+-- Answers the keys it released.
+-- public: previews (objects_release_held)
+CREATE FUNCTION objects_release_held(p_keys text[], p_now timestamptz)
+RETURNS TABLE (object_key text) LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE staged_objects s SET gc_claimed_until = NULL
+    WHERE s.object_key = ANY (p_keys) AND s.deleted_at IS NULL AND s.gc_claimed_until > p_now
+    RETURNING s.object_key;
+END;
+$$;
+
+-- Stages an object for one slot under the fences; the key is unique per run,
+-- job, lease generation, slot and kind, so a retry under the same lease reuses it.
+-- The calling service's key must still be live (SERVICE_NOT_AUTHORIZED). Answers
+-- when the object becomes collectable if nothing commits it: when this lease
+-- lapses, unless renewed.
+-- public: previews (object_stage)
+CREATE FUNCTION object_stage(
+    p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
+    p_service text, p_code text, p_kind text, p_slot integer, p_sha256 text,
+    p_byte_size bigint, p_content_type text, p_key text, p_now timestamptz
+) RETURNS TABLE (reason text, collectable_after timestamptz) LANGUAGE plpgsql AS $$
+DECLARE
+    fenced text;
+    j jobs%ROWTYPE;
+BEGIN
+    IF NOT key_live(p_service, p_now) THEN
+        RETURN QUERY SELECT 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz;
+        RETURN;
+    END IF;
+    fenced := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    IF fenced <> '' THEN
+        RETURN QUERY SELECT fenced, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+    IF p_slot < 0 OR p_slot >= j.slot_count THEN
+        RETURN QUERY SELECT 'SLOT_NOT_EXPECTED', NULL::timestamptz;
+        RETURN;
+    END IF;
+    INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
+                                sha256, byte_size, content_type, staged_at)
+    VALUES (p_key, p_kind, p_run, p_job, p_generation, p_slot, p_sha256, p_byte_size,
+            p_content_type, p_now)
+    ON CONFLICT (object_key) DO UPDATE
+        SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
+            content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
+            published_at = NULL, frame_time = NULL, boxes = NULL, item_id = NULL;
+    RETURN QUERY SELECT '', j.lease_expires_at;
+END;
+$$;
+
+-- Records one preview whose bytes are written under p_key (the caller checked that the
+-- key is this lease's key for the slot). A refusal by a fence, the slot order or the
+-- slot range leaves a collectable row for the bytes, unless a live row already holds the key.
+CREATE FUNCTION preview_record(
+    p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
+    p_code text, p_key text, p_slot integer, p_sha256 text, p_byte_size bigint,
+    p_content_type text, p_frame_time timestamptz, p_boxes jsonb, p_item_id text,
+    p_now timestamptz
+) RETURNS TABLE (reason text, expires_at timestamptz) LANGUAGE plpgsql AS $$
+DECLARE
+    refused text;
+    j jobs%ROWTYPE;
+    run_expiry timestamptz;
+BEGIN
+    refused := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    IF refused = 'NOT_FOUND' THEN
+        RETURN QUERY SELECT refused, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
+    IF refused = '' AND (p_slot < 0 OR p_slot >= j.slot_count) THEN
+        refused := 'SLOT_NOT_EXPECTED';
+    END IF;
+    -- previews of an attempt are published in slot order (the same slot again is a retry)
+    IF refused = '' AND j.preview_slot > p_slot THEN
+        refused := 'PREVIEW_OUT_OF_ORDER';
+    END IF;
+    IF refused <> '' THEN
+        INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
+                                    sha256, byte_size, content_type, staged_at, collectable_at)
+        VALUES (p_key, 'preview', p_run, p_job, p_generation, p_slot, p_sha256, p_byte_size,
+                p_content_type, p_now, p_now)
+        ON CONFLICT (object_key) DO UPDATE
+            SET collectable_at = p_now, gc_claimed_until = NULL, deleted_at = NULL
+            WHERE staged_objects.deleted_at IS NOT NULL;
+        RETURN QUERY SELECT refused, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT r.expires_at INTO run_expiry FROM run_facts(p_run) r;
+    INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
+                                sha256, byte_size, content_type, staged_at, published_at,
+                                item_id, frame_time, boxes, collectable_at)
+    VALUES (p_key, 'preview', p_run, p_job, p_generation, p_slot, p_sha256, p_byte_size,
+            p_content_type, p_now, p_now, p_item_id, p_frame_time, p_boxes, run_expiry)
+    ON CONFLICT (object_key) DO UPDATE
+        SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
+            content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
+            published_at = EXCLUDED.published_at, item_id = EXCLUDED.item_id,
+            frame_time = EXCLUDED.frame_time, boxes = EXCLUDED.boxes,
+            collectable_at = EXCLUDED.collectable_at, gc_claimed_until = NULL,
+            deleted_at = NULL;
+    UPDATE jobs SET preview_slot = p_slot
+    WHERE run_id = p_run AND job_index = p_job AND preview_slot IS DISTINCT FROM p_slot;
+    PERFORM pg_notify('workshop_run', p_run);
+    RETURN QUERY SELECT '', run_expiry;
+END;
+$$;
+
+-- Records a batch of previews for one processor (group commit) in one statement, set
+-- based: the fences are checked once per lease of the batch (in (run, job) order, so
+-- concurrent batches lock job rows in the same order and never deadlock), then each
+-- lease's rows are written with one INSERT per outcome, its job's preview_slot moved
+-- once and its run notified once. A row is refused as preview_record would refuse it
+-- (the lease's fence, SLOT_NOT_EXPECTED, PREVIEW_OUT_OF_ORDER against the slot the job
+-- had before the batch) and still recorded, as collectable. A slot before the job's
+-- preview_slot whose key this lease already published with the same digest is a retry
+-- whose answer was lost: answered as the first time, its row left as it is. The same
+-- key twice in a batch is written once, as its last occurrence. The calling service's key must still
+-- be live (SERVICE_NOT_AUTHORIZED for all). p_boxes holds each preview's labels as
+-- JSON text. Answers one row per preview with its 1-based position.
+-- public: previews (previews_record)
+CREATE FUNCTION previews_record(
+    p_runs text[], p_jobs integer[], p_generations bigint[], p_tokens uuid[],
+    p_reporter text, p_service text, p_codes text[], p_keys text[], p_slots integer[],
+    p_sha256 text[], p_sizes bigint[], p_content_types text[], p_frame_times timestamptz[],
+    p_boxes text[], p_item_ids text[], p_now timestamptz
+) RETURNS TABLE (ordinal integer, reason text, expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    lease record;
+    refused text;
+    j jobs%ROWTYPE;
+    run_expiry timestamptz;
+    members integer[];
+    newest integer;
+BEGIN
+    IF NOT key_live(p_service, p_now) THEN
+        RETURN QUERY SELECT o::integer, 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz
+                     FROM generate_subscripts(p_runs, 1) AS o;
+        RETURN;
+    END IF;
+    FOR lease IN
+        SELECT p_runs[o] AS run, p_jobs[o] AS job, p_generations[o] AS generation,
+               p_tokens[o] AS token, p_codes[o] AS code, array_agg(o ORDER BY o) AS positions
+        FROM generate_subscripts(p_runs, 1) AS o
+        GROUP BY 1, 2, 3, 4, 5
+        ORDER BY 1, 2, 3, 4, 5
+    LOOP
+        members := lease.positions;
+        refused := workshop_fence(lease.run, lease.job, lease.generation, lease.token,
+                                  p_reporter, lease.code, p_now);
+        IF refused = 'NOT_FOUND' THEN
+            RETURN QUERY SELECT m::integer, refused, NULL::timestamptz FROM unnest(members) AS m;
+            CONTINUE;
+        END IF;
+        SELECT * INTO j FROM jobs WHERE run_id = lease.run AND job_index = lease.job;
+        SELECT r.expires_at INTO run_expiry FROM run_facts(lease.run) r;
+        RETURN QUERY
+        WITH batch AS (
+            SELECT m AS o,
+                   CASE WHEN refused <> '' THEN refused
+                        WHEN p_slots[m] < 0 OR p_slots[m] >= j.slot_count
+                            THEN 'SLOT_NOT_EXPECTED'
+                        WHEN j.preview_slot > p_slots[m] AND NOT EXISTS (
+                            SELECT 1 FROM staged_objects s
+                            WHERE s.object_key = p_keys[m] AND s.run_id = lease.run
+                              AND s.job_index = lease.job AND s.generation = lease.generation
+                              AND s.sha256 = p_sha256[m] AND s.published_at IS NOT NULL
+                              AND s.deleted_at IS NULL)
+                            THEN 'PREVIEW_OUT_OF_ORDER'
+                        ELSE '' END AS why,
+                   coalesce(j.preview_slot > p_slots[m], false) AS again
+            FROM unnest(members) AS m
+        ), last AS (
+            SELECT DISTINCT ON (p_keys[b.o]) b.o, b.why, b.again
+            FROM batch b ORDER BY p_keys[b.o], b.o DESC
+        ), garbage AS (
+            INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation,
+                                        slot_index, sha256, byte_size, content_type,
+                                        staged_at, collectable_at)
+            SELECT p_keys[l.o], 'preview', lease.run, lease.job, lease.generation,
+                   p_slots[l.o], p_sha256[l.o], p_sizes[l.o], p_content_types[l.o], p_now, p_now
+            FROM last l WHERE l.why <> ''
+            ON CONFLICT (object_key) DO UPDATE
+                SET collectable_at = p_now, gc_claimed_until = NULL, deleted_at = NULL
+                WHERE staged_objects.deleted_at IS NOT NULL
+            RETURNING 1
+        ), published AS (
+            INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation,
+                                        slot_index, sha256, byte_size, content_type,
+                                        staged_at, published_at, item_id, frame_time, boxes,
+                                        collectable_at)
+            SELECT p_keys[l.o], 'preview', lease.run, lease.job, lease.generation,
+                   p_slots[l.o], p_sha256[l.o], p_sizes[l.o], p_content_types[l.o], p_now,
+                   p_now, p_item_ids[l.o], p_frame_times[l.o], p_boxes[l.o]::jsonb, run_expiry
+            FROM last l WHERE l.why = '' AND NOT l.again
+            ON CONFLICT (object_key) DO UPDATE
+                SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
+                    content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
+                    published_at = EXCLUDED.published_at, item_id = EXCLUDED.item_id,
+                    frame_time = EXCLUDED.frame_time, boxes = EXCLUDED.boxes,
+                    collectable_at = EXCLUDED.collectable_at, gc_claimed_until = NULL,
+                    deleted_at = NULL
+            RETURNING 1
+        )
+        SELECT b.o::integer, b.why, CASE WHEN b.why = '' THEN run_expiry END FROM batch b;
+        IF refused = '' THEN
+            SELECT max(p_slots[m]) INTO newest FROM unnest(members) AS m
+            WHERE p_slots[m] >= 0 AND p_slots[m] < j.slot_count
+              AND (j.preview_slot IS NULL OR p_slots[m] >= j.preview_slot);
+            IF newest IS NOT NULL THEN
+                UPDATE jobs SET preview_slot = newest
+                WHERE run_id = lease.run AND job_index = lease.job
+                  AND preview_slot IS DISTINCT FROM newest;
+                PERFORM pg_notify('workshop_run', lease.run);
+            END IF;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- Jobs whose previews have all expired (a full run's when the job ended, a test run's
+-- when its hour passed) and whose preview prefix was never swept, at least p_grace
+-- after the job ended (a write still in flight then has long finished); held for the
+-- calling pass until p_now + p_hold.
+-- public: previews (preview_sweeps_claim)
+CREATE FUNCTION preview_sweeps_claim(
+    p_limit integer, p_now timestamptz, p_grace interval, p_hold interval
+) RETURNS TABLE (run_id text, job_index integer, mode text) LANGUAGE sql AS $$
+    UPDATE jobs j SET sweep_claimed_until = p_now + p_hold
+    FROM jobs m CROSS JOIN LATERAL run_facts(m.run_id) r
+    WHERE m.run_id = j.run_id AND m.job_index = j.job_index AND (j.run_id, j.job_index) IN (
+        SELECT l.run_id, l.job_index FROM jobs l CROSS JOIN LATERAL run_facts(l.run_id) lr
+        WHERE l.previews_swept_at IS NULL
+          AND l.state IN ('completed', 'failed', 'cancelled', 'expired')
+          AND l.updated_at <= p_now - p_grace
+          AND (lr.mode = 'full' OR lr.expires_at <= p_now)
+          AND (l.sweep_claimed_until IS NULL OR l.sweep_claimed_until <= p_now)
+        ORDER BY l.updated_at, l.run_id, l.job_index
+        LIMIT p_limit
+        FOR UPDATE OF l SKIP LOCKED)
+    RETURNING j.run_id, j.job_index, r.mode;
+$$;
+
+-- Settles a sweep: objects found under the job's preview prefix that no row records
+-- become collectable previews, and so do rows whose bytes were deleted before this
+-- sweep was claimed (p_hold ago from sweep_claimed_until) and are back: a row deleted
+-- after that may be one another pass deleted after this one listed the prefix. With
+-- p_done the sweep is finished. Answers how many objects it recorded (NULL: no such job).
+-- public: previews (preview_sweep_settle)
+CREATE FUNCTION preview_sweep_settle(
+    p_run text, p_job integer, p_keys text[], p_sizes bigint[], p_generations bigint[],
+    p_slots integer[], p_content_types text[], p_done boolean, p_now timestamptz,
+    p_hold interval
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    claimed_at timestamptz;
+    recorded integer;
+BEGIN
+    SELECT j.sweep_claimed_until - p_hold INTO claimed_at
+    FROM jobs j WHERE j.run_id = p_run AND j.job_index = p_job;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO staged_objects AS s (object_key, kind, run_id, job_index, generation,
+                                     slot_index, sha256, byte_size, content_type, staged_at,
+                                     collectable_at)
+    SELECT u.object_key, 'preview', p_run, p_job, u.generation, u.slot_index, '', u.byte_size,
+           u.content_type, p_now, p_now
+    FROM unnest(p_keys, p_sizes, p_generations, p_slots, p_content_types)
+         AS u (object_key, byte_size, generation, slot_index, content_type)
+    ON CONFLICT (object_key) DO UPDATE
+        SET collectable_at = p_now, gc_claimed_until = NULL, deleted_at = NULL
+        WHERE s.deleted_at < claimed_at;
+    GET DIAGNOSTICS recorded = ROW_COUNT;
+    IF p_done THEN
+        UPDATE jobs SET previews_swept_at = p_now, sweep_claimed_until = NULL
+        WHERE run_id = p_run AND job_index = p_job;
+    END IF;
+    RETURN recorded;
+END;
+$$;
+
+-- Hands a cleanup pass up to p_limit collectable objects of one kind, oldest
+-- first, and holds them for p_hold so a second preview replica gets others.
+-- public: previews (objects_claim_collectable)
+CREATE FUNCTION objects_claim_collectable(
+    p_kind text, p_limit integer, p_now timestamptz, p_hold interval
+) RETURNS TABLE (object_key text, byte_size bigint, collectable_at timestamptz)
+LANGUAGE sql AS $$
+    UPDATE staged_objects s SET gc_claimed_until = p_now + p_hold
+    WHERE s.object_key IN (
+        SELECT c.object_key FROM staged_objects c
+        WHERE c.kind = p_kind AND c.deleted_at IS NULL AND c.collectable_at <= p_now
+          AND (c.gc_claimed_until IS NULL OR c.gc_claimed_until <= p_now)
+        ORDER BY c.collectable_at, c.object_key
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED)
+    RETURNING s.object_key, s.byte_size, s.collectable_at;
+$$;

@@ -1,0 +1,274 @@
+"""No room of the coordinator reads or writes another room's tables through its own SQL
+(docs/architecture.md, "The rooms' SQL").
+
+A table or view belongs to the room whose baseline file creates it
+(`migrations/0001_release_0_1/<n>_<room>.sql`, rooms in layer order, bottom up), or whose
+named statements create it (platform's `schema_migrations`); a function belongs to the
+room whose baseline file first creates it. A room's SQL is its named statements
+(`<room>/*.sql`) and the bodies of the functions, views and triggers of its baseline file.
+It names its own tables and views, and reaches another room only through that room's
+public surface, downwards:
+
+- a function or view marked `-- public: <who calls it>` in the comment above it, of a
+  room below;
+- an interface: a function a room declares (`-- interface: implemented by <room>`) for
+  a room above it to implement in its own baseline file (`CREATE OR REPLACE FUNCTION`),
+  the SQL form of a callable given to a lower room (as `app.py` gives runs'
+  cancellation to workflows). The declaring room calls it; the implementation is the
+  implementing room's SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from services.coordinator.platform import queries
+
+BASELINE = queries.COORDINATOR_DIR / "migrations" / "0001_release_0_1"
+_BASELINE_FILE = re.compile(r"^(\d+)_([a-z]+)\.sql$")
+
+_CREATE_TABLE = re.compile(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
+_CREATE_VIEW = re.compile(
+    r"^CREATE\s+(OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\b(.*?);\s*$", re.I | re.S | re.M
+)
+_CREATE_FUNCTION = re.compile(
+    r"^CREATE\s+(OR\s+REPLACE\s+)?FUNCTION\s+(\w+)\s*\((.*?)\$\$(.*?)\$\$", re.I | re.S | re.M
+)
+_CREATE_TRIGGER = re.compile(
+    r"^CREATE\s+(?:CONSTRAINT\s+)?TRIGGER\s+(\w+)(.*?);\s*$", re.I | re.S | re.M
+)
+_TRIGGER_TABLE = re.compile(r"\bON\s+(\w+)", re.I)
+_PUBLIC = re.compile(r"^--\s*public:", re.M)
+_INTERFACE = re.compile(r"^--\s*interface:\s*implemented by\s+(\w+)", re.M)
+# a comment, a string literal (its quotes doubled inside), or a quoted identifier
+_NOT_CODE = re.compile(r"--[^\n]*|'(?:[^']|'')*'|\"[^\"]*\"")
+
+
+@dataclasses.dataclass(frozen=True)
+class Relation:
+    name: str
+    room: str
+    kind: str  # "table" | "view"
+    public: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Function:
+    name: str
+    room: str  # the declaring room
+    public: bool
+    implemented_by: str | None  # an interface: the room above that implements it
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """SQL of one room: a named statement, or a body in its baseline file."""
+
+    room: str
+    where: str
+    sql: str
+
+
+def _rooms() -> dict[str, tuple[int, Path]]:
+    rooms = {}
+    for path in sorted(BASELINE.glob("*.sql")):
+        match = _BASELINE_FILE.match(path.name)
+        assert match, f"{path.name}: baseline files are <n>_<room>.sql"
+        rooms[match.group(2)] = (int(match.group(1)), path)
+    return rooms
+
+
+ROOMS = _rooms()
+
+
+def _layer(room: str) -> int:
+    return ROOMS[room][0]
+
+
+def _comment_above(text: str, start: int) -> str:
+    """The comment lines right above position `start` (the opening of a CREATE)."""
+    lines = text[:start].rstrip("\n").split("\n")
+    above: list[str] = []
+    for line in reversed(lines):
+        if not line.startswith("--"):
+            break
+        above.append(line)
+    return "\n".join(reversed(above))
+
+
+def _code(sql: str) -> str:
+    """`sql` without comments and string literals (names in them are not references)."""
+    return _NOT_CODE.sub(lambda match: "''" if match.group(0)[0] == "'" else " ", sql)
+
+
+def _names(sql: str) -> set[str]:
+    """Identifiers used as names: not after a dot (a column of an alias) nor after AS
+    (an alias or a column's name)."""
+    code = _code(sql)
+    code = re.sub(r"(?<!:):[a-z_]\w*", " ", code, flags=re.I)  # a named parameter
+    code = re.sub(r"\bAS\s+\w+", " ", code, flags=re.I)
+    code = re.sub(r"\.\s*\w+", " ", code)
+    return {word.lower() for word in re.findall(r"\b[a-z_][a-z0-9_]*\b", code, re.I)}
+
+
+def _calls(sql: str) -> set[str]:
+    code = _code(sql)
+    return {match.lower() for match in re.findall(r"\b([a-z_][a-z0-9_]*)\s*\(", code, re.I)}
+
+
+@dataclasses.dataclass
+class Schema:
+    relations: dict[str, Relation]
+    functions: dict[str, Function]
+    implementations: list[tuple[str, str]]  # (function, implementing room)
+    texts: list[Text]
+    triggers: list[tuple[str, str, str]]  # (room, trigger, table)
+
+
+def _schema() -> Schema:
+    relations: dict[str, Relation] = {}
+    functions: dict[str, Function] = {}
+    implementations: list[tuple[str, str]] = []
+    texts: list[Text] = []
+    triggers: list[tuple[str, str, str]] = []
+    for room, (_, path) in ROOMS.items():
+        text = path.read_text(encoding="utf-8")
+        for match in _CREATE_TABLE.finditer(_code(text)):
+            assert match.group(1) not in relations, f"table {match.group(1)} created twice"
+            relations[match.group(1)] = Relation(match.group(1), room, "table", public=False)
+        for match in _CREATE_VIEW.finditer(text):
+            name = match.group(2)
+            public = bool(_PUBLIC.search(_comment_above(text, match.start())))
+            relations[name] = Relation(name, room, "view", public)
+            texts.append(Text(room, f"{path.name}: view {name}", match.group(3)))
+        for match in _CREATE_FUNCTION.finditer(text):
+            replace, name, signature, body = match.groups()
+            comment = _comment_above(text, match.start())
+            if replace:
+                implementations.append((name, room))
+            else:
+                assert name not in functions, f"function {name} declared twice"
+                interface = _INTERFACE.search(comment)
+                functions[name] = Function(
+                    name,
+                    room,
+                    public=bool(_PUBLIC.search(comment)),
+                    implemented_by=interface.group(1) if interface else None,
+                )
+            texts.append(Text(room, f"{path.name}: function {name}", signature + body))
+        for match in _CREATE_TRIGGER.finditer(text):
+            table = _TRIGGER_TABLE.search(match.group(2))
+            assert table, f"{path.name}: trigger {match.group(1)} names no table"
+            triggers.append((room, match.group(1), table.group(1)))
+            texts.append(Text(room, f"{path.name}: trigger {match.group(1)}", match.group(2)))
+    for path in queries.sql_files():
+        room = path.parent.name
+        for name, statement in queries.parse_queries(path.read_text(encoding="utf-8")).items():
+            texts.append(Text(room, f"{room}/{path.name}: {name}", statement))
+            for match in _CREATE_TABLE.finditer(_code(statement)):
+                relations.setdefault(match.group(1), Relation(match.group(1), room, "table", False))
+    return Schema(relations, functions, implementations, texts, triggers)
+
+
+SCHEMA = _schema()
+
+# Crossings not removed yet, as (where, name): each one is a room's SQL naming another
+# room's table or calling a function it may not call. Empty once every room keeps to its
+# own; a new crossing is never added here.
+KNOWN_CROSSINGS: set[tuple[str, str]] = set()
+
+
+def _crossings() -> list[tuple[str, str, str]]:
+    """(where, name, why) for every reference across rooms that the rules above forbid."""
+    found = []
+    for text in SCHEMA.texts:
+        for name in sorted(_names(text.sql)):
+            relation = SCHEMA.relations.get(name)
+            if relation is None or relation.room == text.room:
+                continue
+            if relation.public and _layer(relation.room) < _layer(text.room):
+                continue
+            why = f"{text.room} names {relation.room}'s {relation.kind}" + (
+                " (public, but to rooms above it)" if relation.public else ""
+            )
+            found.append((text.where, name, why))
+        for name in sorted(_calls(text.sql)):
+            function = SCHEMA.functions.get(name)
+            if function is None or function.room == text.room:
+                continue
+            if function.public and _layer(function.room) < _layer(text.room):
+                continue
+            found.append((text.where, name, f"{text.room} calls {function.room}'s function {name}"))
+    return found
+
+
+def test_rooms_are_the_layers() -> None:
+    assert list(ROOMS) == [
+        "platform",
+        "identity",
+        "resources",
+        "workflows",
+        "runs",
+        "review",
+        "leases",
+        "previews",
+    ]
+    assert {path.parent.name for path in queries.sql_files()} <= set(ROOMS)
+
+
+def test_every_table_has_a_room() -> None:
+    rooms = {name: relation.room for name, relation in SCHEMA.relations.items()}
+    assert rooms["schema_migrations"] == "platform"
+    assert rooms["keys"] == "identity"
+    assert rooms["recordings"] == "resources"
+    assert rooms["workflows"] == "workflows"
+    assert rooms["runs"] == "runs"
+    assert rooms["bucket_items"] == "review"
+    assert rooms["jobs"] == "leases"
+
+
+def test_no_room_names_another_rooms_tables() -> None:
+    found = _crossings()
+    new = [
+        f"{where}: {name} ({why})"
+        for where, name, why in found
+        if (where, name) not in KNOWN_CROSSINGS
+    ]
+    assert not new, "SQL across rooms:\n" + "\n".join(new)
+    gone = KNOWN_CROSSINGS - {(where, name) for where, name, _ in found}
+    assert not gone, f"crossings removed: drop them from KNOWN_CROSSINGS: {sorted(gone)}"
+
+
+def test_triggers_are_on_their_rooms_tables() -> None:
+    wrong = [
+        f"{room}: trigger {trigger} on {SCHEMA.relations[table].room}'s {table}"
+        for room, trigger, table in SCHEMA.triggers
+        if SCHEMA.relations[table].room != room
+    ]
+    assert not wrong
+
+
+def test_interfaces_are_implemented_above_by_their_room() -> None:
+    implemented: dict[str, list[str]] = {}
+    for name, room in SCHEMA.implementations:
+        function = SCHEMA.functions.get(name)
+        assert function is not None, f"{room} replaces {name}, which no room declares"
+        assert function.implemented_by == room, (
+            f"{room} replaces {function.room}'s {name}, which is not an interface it implements"
+        )
+        implemented.setdefault(name, []).append(room)
+    for function in SCHEMA.functions.values():
+        if function.implemented_by is None:
+            continue
+        assert function.implemented_by in ROOMS, (
+            f"{function.name}: no room {function.implemented_by}"
+        )
+        assert _layer(function.implemented_by) > _layer(function.room), (
+            f"{function.name}: {function.room}'s interface must be implemented by a room above it"
+        )
+        assert implemented.get(function.name) == [function.implemented_by], (
+            f"{function.room}'s interface {function.name} is implemented "
+            f"{implemented.get(function.name, [])}, not once by {function.implemented_by}"
+        )
