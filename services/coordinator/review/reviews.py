@@ -199,6 +199,11 @@ class SightingRow(Row):
             return "rejected"
         return "pending"
 
+    @property
+    def accepted_as(self) -> str | None:
+        """The class its items were relabelled to, while the sighting is accepted."""
+        return self.relabel_class if self.review_state == "accepted" else None
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LockedBox(Row):

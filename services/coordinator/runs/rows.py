@@ -55,6 +55,16 @@ class JobRow(Row):
     updated_at: datetime
     lease_expires_at: datetime | None
 
+    @property
+    def leased_phase(self) -> str | None:
+        """The phase it reported, which means something only while the job is leased."""
+        return self.phase if self.state == "leased" else None
+
+    @property
+    def lease_held_until(self) -> datetime | None:
+        """When its lease ends, while the job is leased (None otherwise)."""
+        return self.lease_expires_at if self.state == "leased" else None
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunImageRow(Row):

@@ -181,7 +181,6 @@ def fill_box_row(target: common_pb2.Box, box: BoxRow) -> None:
 
 
 def sighting(row: SightingRow) -> run_pb2.Sighting:
-    state = row.review_state
     return run_pb2.Sighting(
         sighting_id=row.sighting_id,
         bucket_id=row.bucket_id,
@@ -190,8 +189,8 @@ def sighting(row: SightingRow) -> run_pb2.Sighting:
         item_ids=row.item_ids,
         first_frame_time=convert.ts(row.first_frame_time),
         last_frame_time=convert.ts(row.last_frame_time),
-        review_state=STATES[state],
-        relabel_class=row.relabel_class if state == "accepted" else None,
+        review_state=STATES[row.review_state],
+        relabel_class=row.accepted_as,
         pending_items=row.pending,
         decided_at=convert.opt_ts(row.decided_at),
         decided_by=auth.principal_proto(row.decided_by) if row.decided_by else None,

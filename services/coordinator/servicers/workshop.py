@@ -114,9 +114,8 @@ def job(row: JobRow) -> run_pb2.JobSummary:
         recording_id=row.recording_id,
         recording_generation=row.recording_generation,
         state=JOB_STATES[row.state],
-        # a phase means something only while the job is leased
-        phase=common_pb2.JobPhase.Value(f"JOB_PHASE_{row.phase.upper()}")
-        if row.phase and row.state == "leased"
+        phase=common_pb2.JobPhase.Value(f"JOB_PHASE_{row.leased_phase.upper()}")
+        if row.leased_phase
         else common_pb2.JOB_PHASE_UNSPECIFIED,
         progress_percent=row.progress,
         slot_count=row.slot_count,
@@ -127,7 +126,7 @@ def job(row: JobRow) -> run_pb2.JobSummary:
         failure_message=row.failure_message or "",
         decoder=row.decoder or "",
         updated_at=convert.ts(row.updated_at),
-        lease_expires_at=convert.opt_ts(row.lease_expires_at) if row.state == "leased" else None,
+        lease_expires_at=convert.opt_ts(row.lease_held_until),
     )
 
 
