@@ -45,6 +45,8 @@ from services.coordinator.workflows import documents
 from services.coordinator.workflows.documents import STALE_RUN
 
 TEST_RESULT_LIFETIME = timedelta(hours=1)
+# The recent images a run's detail shows (GetRun, WatchRun).
+DETAIL_IMAGES = 100
 
 
 class Runs:
@@ -267,15 +269,19 @@ class Runs:
         cancelled = await self.cancel_run(who, run_id)
         return await self.get_run(who, run_id, 0), cancelled
 
+    async def run_detail(self, who: Principal, run_id: str, job_limit: int) -> RunView:
+        """A run's detail: get_run with up to `job_limit` jobs and DETAIL_IMAGES images."""
+        return await self.get_run(who, run_id, job_limit, images=DETAIL_IMAGES)
+
     async def watch_run(
-        self, who: Principal, run_id: str, job_limit: int, images: int, events: RunEvents
+        self, who: Principal, run_id: str, job_limit: int, events: RunEvents
     ) -> AsyncGenerator[RunView, None]:
-        """The run now (get_run), then again after every change, until it has finished:
+        """The run's detail now (run_detail), then after every change, until it has finished:
         the last view yielded is `final`. Subscribed before the first read, so no change
         between a read and the wait is missed."""
         async with events.subscribe(run_id) as changes:
             while True:
-                view = await self.get_run(who, run_id, job_limit, images=images)
+                view = await self.run_detail(who, run_id, job_limit)
                 yield view
                 if view.final:
                     return

@@ -57,7 +57,6 @@ FAILURE_REASONS = {
     "source_changed": common_pb2.FAILURE_REASON_SOURCE_CHANGED,
     "authority_lost": common_pb2.FAILURE_REASON_AUTHORITY_LOST,
 }
-RECENT_IMAGES = 100
 
 
 def workflow(row: WorkflowRow) -> workflow_pb2.Workflow:
@@ -281,9 +280,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
 
     async def GetRun(self, request: pb.GetRunRequest, context: Context) -> pb.GetRunResponse:
         limit = bounded("job_limit", request.job_limit, limits.JOB_LIMIT)
-        view = await self.api.get_run(
-            await self.who(context), request.run_id, limit, images=RECENT_IMAGES
-        )
+        view = await self.api.run_detail(await self.who(context), request.run_id, limit)
         return pb.GetRunResponse(detail=detail(view, limit))
 
     async def ListRuns(self, request: pb.ListRunsRequest, context: Context) -> pb.ListRunsResponse:
@@ -338,7 +335,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         """The run detail now, then after every change; ends once the run has finished."""
         who = await self.who(context)
         limit = bounded("job_limit", request.job_limit, limits.JOB_LIMIT)
-        watched = self.api.watch_run(who, request.run_id, limit, RECENT_IMAGES, self.events)
+        watched = self.api.watch_run(who, request.run_id, limit, self.events)
         async with aclosing(watched) as views:  # a call that ends unsubscribes at once
             async for view in views:
                 yield pb.WatchRunResponse(
