@@ -6,7 +6,8 @@ module `<stem>_params.py` with one frozen, slotted, keyword-only dataclass per s
 statement: `JobComplete` for `job_complete`, its fields the parameters in `$` order. A
 field's type comes from the cast on the parameter's first use (`:lease_token::uuid` is a
 `uuid.UUID`, `:labels::text[]` a `Sequence[str]`, jsonb any value the pool's JSON codec
-encodes), `| None` where a comment line `-- nullable: a, b` in the block names it.
+encodes), `| None` where a comment line `-- nullable: a, b` in the block names it (`b[]`:
+its elements, `Sequence[X | None]`).
 
 `--check` writes nothing and fails when a generated module differs from what this would
 write, or a `_params.py` beside a file has no named statement left (`make lint` runs it).
@@ -59,7 +60,11 @@ def python_type(param: Param, *, where: str) -> tuple[str, set[str]]:
         raise ValueError(f"{where}: parameter :{param.name}: no Python type for {param.cast!r}")
     annotation, needs = _SCALARS[element]
     imports = {needs} - {""}
+    if param.nullable_elements and element == param.cast:
+        raise ValueError(f"{where}: parameter :{param.name} is no array: its elements cannot be")
     if element != param.cast:
+        if param.nullable_elements:
+            annotation += " | None"
         annotation = f"Sequence[{annotation}]"
         imports.add(_SEQUENCE)
     if param.nullable:

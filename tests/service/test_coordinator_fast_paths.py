@@ -20,9 +20,10 @@ import grpc
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.leases.jobs import LEASE, JobsApi, SlotFacts, lease_from
+from services.coordinator.leases.jobs import LEASE, JobsApi, SlotFacts, lease_fields, lease_from
+from services.coordinator.leases.jobs_params import JobComplete
 from services.coordinator.leases.results import result_digest
-from services.coordinator.platform.db import Database, sql
+from services.coordinator.platform.db import Database, bind
 from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
 from testbed.coordinator_leases import (
@@ -244,33 +245,33 @@ async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
 
         async def commit(facts: SlotFacts) -> str:
             reason: str = await connection.fetchval(
-                sql("jobs", "job_complete"),
-                lease.run_id,
-                lease.job_index,
-                lease.generation,
-                lease.token,
-                key_id,
-                CODE,
-                result_digest(result),
-                "pyav",
-                facts.slot_count,
-                facts.first_slot_at,
-                facts.interval_ms,
-                0,
-                slot_count,
-                0,
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                c.clock.now(),
+                *bind(
+                    JobComplete(
+                        **lease_fields(lease),
+                        reporter=key_id,
+                        code_sha256=CODE,
+                        result_sha256=result_digest(result),
+                        decoder="pyav",
+                        slot_count=facts.slot_count,
+                        first_slot_at=facts.first_slot_at,
+                        interval_ms=facts.interval_ms,
+                        frames=0,
+                        empties=slot_count,
+                        dropped=0,
+                        upload_keys=[],
+                        upload_sha256s=[],
+                        upload_slots=[],
+                        item_ids=[],
+                        item_buckets=[],
+                        item_slots=[],
+                        item_steps=[],
+                        item_times=[],
+                        item_boxes=[],
+                        item_keys=[],
+                        item_sha256s=[],
+                        now=c.clock.now(),
+                    )
+                )
             )
             return reason
 

@@ -31,14 +31,16 @@ from services.coordinator.runs.status import RunCounts
 
 SOURCE = Path(services.coordinator.__file__).parent
 
-# fetch_one(connection, RunRow, sql("runs", "run_get"), ...), the operator API's
-# self._one(DeviceRow, sql(...)), and the lease functions'
-# self._answer("job_heartbeat", Renewal, ...)
+# fetch_one(connection, RunRow, sql("runs", "run_get"), ...) and the operator API's
+# self._one(DeviceRow, sql(...))
 ROW_CALL = re.compile(
     r"\b(?:fetch_one|fetch_all|_one|_all)\(\s*(?:\w+,\s*)?([A-Z]\w+),\s*"
     r'sql\(\s*"(\w+)",\s*"(\w+)"\s*\)'
 )
-ANSWER_CALL = re.compile(r'\b_answer(?:_on)?\(\s*(?:\w+,\s*)?"(\w+)",\s*([A-Z]\w+),')
+# The lease functions' self._answer(Renewal, JobHeartbeat(...)), or of parameters made
+# before it in the module: complete = JobComplete(...); self._answer(CommitAnswer, complete)
+ANSWER_CALL = re.compile(r"\b_answer(?:_on)?\(\s*(?:\w+,\s*)?([A-Z]\w+),\s*(\w+)\b")
+MADE = re.compile(r"\b([a-z]\w*) = ([A-Z]\w+)\(")
 # A statement with named parameters, bound through its generated class, which names it:
 # fetch_one(connection, KeyRow, *bind(KeyCreate(...))), self._one(RecordingRow, *bind(...))
 BOUND_CALL = re.compile(
@@ -88,8 +90,16 @@ def _uses() -> list[Use]:
         name = module.__name__
         for row, file, statement in ROW_CALL.findall(text):
             found.append(Use(name, file, statement, getattr(module, row)))
-        for statement, row in ANSWER_CALL.findall(text):
-            found.append(Use(name, "jobs", statement, getattr(module, row)))
+        made: dict[str, set[str]] = {}
+        for variable, kind_name in MADE.findall(text):
+            made.setdefault(variable, set()).add(kind_name)
+        for row, params in ANSWER_CALL.findall(text):
+            if params[0].islower():  # a variable: the one class it is made of
+                assert len(made.get(params, ())) == 1, f"{name}: {params} = ?"
+                (params,) = made[params]
+            kind = getattr(module, params)
+            assert issubclass(kind, Params), f"{name}: {params} is no parameter class"
+            found.append(Use(name, kind.FILE, kind.NAME, getattr(module, row)))
         for row, params in BOUND_CALL.findall(text):
             kind = getattr(module, params)
             assert issubclass(kind, Params), f"{name}: {params} is no parameter class"

@@ -15,17 +15,29 @@ import dataclasses
 import logging
 import uuid
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.leases import results
+from services.coordinator.leases.jobs_params import (
+    JobCheckLease,
+    JobClaim,
+    JobComplete,
+    JobFail,
+    JobHeartbeat,
+    JobHeartbeatMany,
+    JobProgress,
+    JobRelease,
+)
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,
     Database,
     InvalidAuthorizationSpecificationError,
+    Params,
     Row,
+    bind,
     fetch_all,
     fetch_one,
     sql,
@@ -371,14 +383,17 @@ class JobsApi:
                 jobs = await fetch_all(
                     connection,
                     ClaimedJob,
-                    sql("jobs", "job_claim"),
-                    plan.runtime_id,
-                    plan.claimer,
-                    plan.cameras,
-                    self.clock.now(),
-                    self.lease,
-                    plan.request_id,
-                    plan.max_jobs,
+                    *bind(
+                        JobClaim(
+                            runtime_id=plan.runtime_id,
+                            claimer=plan.claimer,
+                            cameras=plan.cameras,
+                            now=self.clock.now(),
+                            lease=self.lease,
+                            request_id=plan.request_id,
+                            max_jobs=plan.max_jobs,
+                        )
+                    ),
                 )
         except InvalidAuthorizationSpecificationError:
             # The key was revoked (or expired, or its user disabled) after this
@@ -397,7 +412,13 @@ class JobsApi:
 
     async def heartbeat(self, who: Principal, lease: Lease) -> datetime:
         renewal = await self._answer(
-            "job_heartbeat", Renewal, lease, reporter(who), self.clock.now(), self.lease
+            Renewal,
+            JobHeartbeat(
+                **lease_fields(lease),
+                reporter=reporter(who),
+                now=self.clock.now(),
+                lease=self.lease,
+            ),
         )
         raise_for(renewal.reason, lease)
         assert renewal.lease_expires_at is not None  # set whenever nothing refused
@@ -420,14 +441,17 @@ class JobsApi:
             rows = await fetch_all(
                 connection,
                 LeaseRenewal,
-                sql("jobs", "job_heartbeat_many"),
-                [lease.run_id for lease in ordered],
-                [lease.job_index for lease in ordered],
-                [lease.generation for lease in ordered],
-                [lease.token for lease in ordered],
-                key,
-                self.clock.now(),
-                self.lease,
+                *bind(
+                    JobHeartbeatMany(
+                        run_ids=[lease.run_id for lease in ordered],
+                        job_indexes=[lease.job_index for lease in ordered],
+                        generations=[lease.generation for lease in ordered],
+                        lease_tokens=[lease.token for lease in ordered],
+                        reporter=key,
+                        now=self.clock.now(),
+                        lease=self.lease,
+                    )
+                ),
             )
         answers: list[tuple[str, datetime | None]] = [("", None)] * len(leases)
         for row in rows:
@@ -442,14 +466,15 @@ class JobsApi:
         if not 0 <= percent <= 100:
             raise InvalidField(f"percent must be 0..100 (got {percent}).")
         answer = await self._answer(
-            "job_progress",
             ProgressAnswer,
-            lease,
-            reporter(who),
-            percent,
-            phase,
-            self.clock.now(),
-            self.lease,
+            JobProgress(
+                **lease_fields(lease),
+                reporter=reporter(who),
+                percent=percent,
+                phase=phase,
+                now=self.clock.now(),
+                lease=self.lease,
+            ),
         )
         raise_for(answer.reason, lease)
         # set whenever nothing refused
@@ -459,12 +484,19 @@ class JobsApi:
 
     async def fail(self, who: Principal, lease: Lease, message: str) -> None:
         reason = await self._reason(
-            "job_fail", lease, reporter(who), message[:MAX_FAILURE_MESSAGE], self.clock.now()
+            JobFail(
+                **lease_fields(lease),
+                reporter=reporter(who),
+                message=message[:MAX_FAILURE_MESSAGE],
+                now=self.clock.now(),
+            )
         )
         raise_for(reason, lease)
 
     async def release(self, who: Principal, lease: Lease) -> None:
-        reason = await self._reason("job_release", lease, reporter(who), self.clock.now())
+        reason = await self._reason(
+            JobRelease(**lease_fields(lease), reporter=reporter(who), now=self.clock.now())
+        )
         raise_for(reason, lease)
 
     async def complete(
@@ -598,77 +630,78 @@ class JobsApi:
         checked: results.CheckedResult,
     ) -> CommitAnswer:
         items = checked.items
-        args = self._commit_args(key, code_sha256, digest, decoder, facts, checked)
+        uploads = checked.uploads
+        complete = JobComplete(
+            **lease_fields(lease),
+            reporter=key,
+            code_sha256=code_sha256,
+            result_sha256=digest,
+            decoder=decoder,
+            slot_count=facts.slot_count,
+            first_slot_at=facts.first_slot_at,
+            interval_ms=facts.interval_ms,
+            frames=checked.frames,
+            empties=checked.empties,
+            dropped=checked.dropped,
+            upload_keys=[u.object_key for u in uploads],
+            upload_sha256s=[u.sha256 for u in uploads],
+            upload_slots=[u.slot_index for u in uploads],
+            item_ids=[i.item_id for i in items],
+            item_buckets=[i.bucket_id for i in items],
+            item_slots=[i.slot_index for i in items],
+            item_steps=[i.step_id for i in items],
+            item_times=[i.frame_time for i in items],
+            # NULL: the boxes recorded with the upload's preview
+            item_boxes=[i.boxes for i in items],
+            item_keys=[i.object_key for i in items],
+            item_sha256s=[i.sha256 for i in items],
+            now=self.clock.now(),
+        )
         if not items:  # job_complete alone is one statement: no transaction round trips
-            return await self._answer("job_complete", CommitAnswer, lease, *args)
+            return await self._answer(CommitAnswer, complete)
         # One transaction with the sightings and counters of the items it saves
         # (reviews.group_committed), so no read ever sees items without them.
         async with self.db.transaction() as connection:
-            answer = await self._answer_on(connection, "job_complete", CommitAnswer, lease, *args)
+            answer = await self._answer_on(connection, CommitAnswer, complete)
             if answer.reason == "" and items:
                 await reviews.group_committed(connection, [i.item_id for i in items])
         return answer
 
-    def _commit_args(
-        self,
-        key: str,
-        code_sha256: str,
-        digest: str,
-        decoder: str,
-        facts: SlotFacts,
-        checked: results.CheckedResult,
-    ) -> tuple[object, ...]:
-        """job_complete's arguments after the lease's."""
-        items = checked.items
-        return (
-            key,
-            code_sha256,
-            digest,
-            decoder,
-            facts.slot_count,
-            facts.first_slot_at,
-            facts.interval_ms,
-            checked.frames,
-            checked.empties,
-            checked.dropped,
-            [u.object_key for u in checked.uploads],
-            [u.sha256 for u in checked.uploads],
-            [u.slot_index for u in checked.uploads],
-            [i.item_id for i in items],
-            [i.bucket_id for i in items],
-            [i.slot_index for i in items],
-            [i.step_id for i in items],
-            [i.frame_time for i in items],
-            # NULL: the boxes recorded with the upload's preview
-            [i.boxes for i in items],
-            [i.object_key for i in items],
-            [i.sha256 for i in items],
-            self.clock.now(),
-        )
-
-    async def _answer(self, name: str, answer: type[A], lease: Lease, *args: object) -> A:
-        """The one-row answer of the lease function `name`."""
+    async def _answer(self, answer: type[A], params: Params) -> A:
+        """The one-row answer of the lease function `params` call."""
         async with self.db.connection() as connection:
-            return await self._answer_on(connection, name, answer, lease, *args)
+            return await self._answer_on(connection, answer, params)
 
     @staticmethod
-    async def _answer_on(
-        connection: Connection, name: str, answer: type[A], lease: Lease, *args: object
-    ) -> A:
-        row = await fetch_one(connection, answer, sql("jobs", name), *lease_args(lease), *args)
-        assert row is not None, f"{name} answers one row"
+    async def _answer_on(connection: Connection, answer: type[A], params: Params) -> A:
+        row = await fetch_one(connection, answer, *bind(params))
+        assert row is not None, f"{params.NAME} answers one row"
         return row
 
-    async def _reason(self, name: str, lease: Lease, *args: object) -> str:
-        """The refusal ('' for none) that the lease function `name` answers."""
+    async def _reason(self, params: Params) -> str:
+        """The refusal ('' for none) that the lease function `params` calls answers."""
         async with self.db.connection() as connection:
-            reason: str = await connection.fetchval(sql("jobs", name), *lease_args(lease), *args)
+            reason: str = await connection.fetchval(*bind(params))
             return reason
 
 
-def lease_args(lease: Lease) -> tuple[str, int, int, uuid.UUID]:
-    """A lease as the leading arguments of every lease function."""
-    return (lease.run_id, lease.job_index, lease.generation, lease.token)
+class LeaseFields(TypedDict):
+    """A lease as the leading parameters of every lease function's statement."""
+
+    run_id: str
+    job_index: int
+    generation: int
+    lease_token: uuid.UUID
+
+
+def lease_fields(lease: Lease) -> LeaseFields:
+    """A lease as the parameters that name it: `JobFail(**lease_fields(lease), ...)`."""
+    return {
+        "run_id": lease.run_id,
+        "job_index": lease.job_index,
+        "generation": lease.generation,
+        "lease_token": lease.token,
+    }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -690,7 +723,11 @@ async def check_lease(
     after that transaction commits: a permanent refusal ends the job in the fence
     (workshop_fence), and that end must stay."""
     reason = await connection.fetchval(
-        sql("jobs", "job_check_lease"), *lease_args(lease), reporter, code_sha256, now
+        *bind(
+            JobCheckLease(
+                **lease_fields(lease), reporter=reporter, code_sha256=code_sha256, now=now
+            )
+        )
     )
     if reason:
         return reason, None

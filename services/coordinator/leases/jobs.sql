@@ -6,29 +6,56 @@
 SELECT runtime_id, device_id, code_sha256 FROM runtime_identity($1);
 
 -- name: job_claim
--- $6: the Claim's request id (NULL: none); the same one again answers its held leases.
--- $7: how many jobs to lease at most (migration 0015); one row per job, in claim order.
+-- request_id: the Claim's request id (NULL: none); the same one again answers its held
+-- leases. max_jobs: how many jobs to lease at most; one row per job, in claim order.
+-- cameras: those the key may claim (NULL: all).
+-- nullable: cameras, request_id
 SELECT (c.job).*, c.recording_sha256 AS sha256, c.recording_byte_size AS byte_size,
        c.recording_object_key AS object_key, c.recording_start_at AS start_at,
        c.recording_end_at AS end_at, c.recording_fps AS fps
-FROM job_claim_many($1, $2, $3, $4, $5, $6, $7) c;
+FROM job_claim_many(
+    p_runtime => :runtime_id::text, p_claimer => :claimer::text, p_cameras => :cameras::text[],
+    p_now => :now::timestamptz, p_lease => :lease::interval, p_request_id => :request_id::text,
+    p_max => :max_jobs::integer) c;
 
 -- name: job_heartbeat
-SELECT * FROM job_heartbeat($1, $2, $3, $4, $5, $6, $7);
+SELECT * FROM job_heartbeat(
+    p_run => :run_id::text, p_job => :job_index::integer,
+    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+    p_reporter => :reporter::text,
+    p_now => :now::timestamptz, p_lease => :lease::interval);
 
 -- name: job_heartbeat_many
--- One row per lease of the arrays, by its 1-based ordinal.
-SELECT * FROM job_heartbeat_many($1, $2, $3, $4, $5, $6, $7) ORDER BY ordinal;
+-- One row per lease of the arrays (one element per lease each), by its 1-based ordinal.
+SELECT * FROM job_heartbeat_many(
+    p_runs => :run_ids::text[], p_jobs => :job_indexes::integer[],
+    p_generations => :generations::bigint[], p_tokens => :lease_tokens::uuid[],
+    p_reporter => :reporter::text, p_now => :now::timestamptz, p_lease => :lease::interval)
+ORDER BY ordinal;
 
 -- name: job_progress
--- $9: the lease interval: a progress report renews its lease (migration 0015).
-SELECT * FROM job_progress($1, $2, $3, $4, $5, $6, $7, $8, $9);
+-- lease: the lease interval: a progress report renews its lease.
+-- nullable: phase
+SELECT * FROM job_progress(
+    p_run => :run_id::text, p_job => :job_index::integer,
+    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+    p_reporter => :reporter::text,
+    p_percent => :percent::integer, p_phase => :phase::text, p_now => :now::timestamptz,
+    p_lease => :lease::interval);
 
 -- name: job_fail
-SELECT job_fail($1, $2, $3, $4, $5, $6, $7);
+SELECT job_fail(
+    p_run => :run_id::text, p_job => :job_index::integer,
+    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+    p_reporter => :reporter::text,
+    p_message => :message::text, p_now => :now::timestamptz);
 
 -- name: job_release
-SELECT job_release($1, $2, $3, $4, $5, $6);
+SELECT job_release(
+    p_run => :run_id::text, p_job => :job_index::integer,
+    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+    p_reporter => :reporter::text,
+    p_now => :now::timestamptz);
 
 -- name: job_facts
 -- What Complete checks a result against, and the receipt if the job was committed
@@ -42,11 +69,31 @@ LEFT JOIN receipts rc ON rc.run_id = j.run_id AND rc.job_index = j.job_index
 WHERE j.run_id = $1 AND j.job_index = $2;
 
 -- name: job_complete
-SELECT * FROM job_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                           $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26);
+-- The slot facts the result was checked against (job_complete verifies them), the
+-- result's counts, its uploads and its items: one element per upload, per item, in each
+-- array. An item's boxes NULL: those recorded with its upload's preview.
+-- nullable: item_boxes[]
+SELECT * FROM job_complete(
+    p_run => :run_id::text, p_job => :job_index::integer,
+    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+    p_reporter => :reporter::text,
+    p_code => :code_sha256::text, p_result_sha256 => :result_sha256::text,
+    p_decoder => :decoder::text, p_slot_count => :slot_count::integer,
+    p_first_slot_at => :first_slot_at::timestamptz, p_interval_ms => :interval_ms::integer,
+    p_frames => :frames::integer, p_empties => :empties::integer, p_dropped => :dropped::integer,
+    p_upload_keys => :upload_keys::text[], p_upload_sha256 => :upload_sha256s::text[],
+    p_upload_slots => :upload_slots::integer[], p_item_ids => :item_ids::text[],
+    p_item_buckets => :item_buckets::text[], p_item_slots => :item_slots::integer[],
+    p_item_steps => :item_steps::text[], p_item_times => :item_times::timestamptz[],
+    p_item_boxes => :item_boxes::text[], p_item_keys => :item_keys::text[],
+    p_item_sha256 => :item_sha256s::text[], p_now => :now::timestamptz);
 
 -- name: job_check_lease
-SELECT workshop_fence($1, $2, $3, $4, $5, $6, $7) AS reason;
+SELECT workshop_fence(
+    p_run => :run_id::text, p_job => :job_index::integer,
+    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+    p_reporter => :reporter::text,
+    p_code => :code_sha256::text, p_now => :now::timestamptz) AS reason;
 
 -- name: job_lease_facts
 SELECT j.lease_expires_at, j.camera_id, j.slot_count, r.mode, r.kind

@@ -16,7 +16,8 @@ keeps it so). A name is a lowercase identifier after a colon that is not part of
 names to `$1..$n` in order of first appearance, once per process (the same name again is
 the same `$k`), so asyncpg and Postgres see an ordinary statement. The first use of each
 name carries a cast that gives its type (`:lease_token::uuid`, `:labels::text[]`); a
-comment line `-- nullable: a, b` in the block says which may be NULL.
+comment line `-- nullable: a, b` in the block says which may be NULL (`b[]`: an array
+whose elements may be NULL).
 
 `python -m scripts.gen_sql_params` writes, for each file with named statements, a module
 `<room>/<stem>_params.py` holding one frozen, slotted, keyword-only dataclass per named
@@ -103,11 +104,13 @@ def parse_statements(text: str, *, source: str = "<sql>") -> dict[str, Statement
 @dataclasses.dataclass(frozen=True, slots=True)
 class Param:
     """A named parameter: its name and the type its first use casts it to ("uuid",
-    "text[]"; None: no cast), and whether the block declares it nullable."""
+    "text[]"; None: no cast), and whether the block declares it nullable (`-- nullable:
+    name`) or, for an array, its elements (`-- nullable: name[]`)."""
 
     name: str
     cast: str | None
     nullable: bool
+    nullable_elements: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,9 +182,9 @@ def rewrite(body: str, *, name: str = "<statement>", source: str = "<sql>") -> S
         for word in line.split(",")
         if word.strip()
     }
-    if unknown := sorted(nullable - order.keys()):
+    if unknown := sorted({word.removesuffix("[]") for word in nullable} - order.keys()):
         raise ValueError(f"{where}: nullable names no parameter: {', '.join(unknown)}")
-    params = tuple(Param(key, casts[key], key in nullable) for key in order)
+    params = tuple(Param(key, casts[key], key in nullable, f"{key}[]" in nullable) for key in order)
     return Statement(name, "".join(parts), params, max(numbers, default=0))
 
 
