@@ -1147,8 +1147,7 @@ CREATE FUNCTION preview_sweeps_claim(
     p_limit integer, p_now timestamptz, p_grace interval, p_hold interval
 ) RETURNS TABLE (run_id text, job_index integer, mode text) LANGUAGE sql AS $$
     UPDATE jobs j SET sweep_claimed_until = p_now + p_hold
-    FROM jobs m CROSS JOIN LATERAL run_facts(m.run_id) r
-    WHERE m.run_id = j.run_id AND m.job_index = j.job_index AND (j.run_id, j.job_index) IN (
+    WHERE (j.run_id, j.job_index) IN (
         SELECT l.run_id, l.job_index FROM jobs l CROSS JOIN LATERAL run_facts(l.run_id) lr
         WHERE l.previews_swept_at IS NULL
           AND l.state IN ('completed', 'failed', 'cancelled', 'expired')
@@ -1158,7 +1157,7 @@ CREATE FUNCTION preview_sweeps_claim(
         ORDER BY l.updated_at, l.run_id, l.job_index
         LIMIT p_limit
         FOR UPDATE OF l SKIP LOCKED)
-    RETURNING j.run_id, j.job_index, r.mode;
+    RETURNING j.run_id, j.job_index, (SELECT r.mode FROM run_facts(j.run_id) r);
 $$;
 
 -- Settles a sweep: objects found under the job's preview prefix that no row records
