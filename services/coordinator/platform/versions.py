@@ -4,9 +4,9 @@ Migrations are `migrations/NNNN_name.sql` (beside the coordinator package), or a
 `migrations/NNNN_name/` of `.sql` files applied in name order as one migration: release
 0.1's baseline is such a folder, one file per room, so that each room's tables and
 functions read apart. A migration is a pre-migration unless the comment that opens its
-(first) file has the line `-- phase: post` (docs/upgrading.md). Kept apart from `migrate` (which applies them) because `db` names its
-connections after the newest migration (`application_name()`) and `migrate` connects
-through `db`.
+(first) file has the line `-- phase: post` (docs/upgrading.md). Kept apart from
+`migrate` (which applies them) because `db` names its connections after the newest
+migration (`application_name()`) and `migrate` connects through `db`.
 """
 
 from __future__ import annotations
