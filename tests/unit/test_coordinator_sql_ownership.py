@@ -20,6 +20,7 @@ public surface, downwards:
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from pathlib import Path
@@ -298,3 +299,50 @@ def test_interfaces_are_implemented_above_by_their_room() -> None:
             f"{function.room}'s interface {function.name} is implemented "
             f"{implemented.get(function.name, [])}, not once by {function.implemented_by}"
         )
+
+
+def _params_room(module: str) -> str:
+    """The room of a generated `services.coordinator.<room>.<stem>_params` module, or ''."""
+    parts = module.split(".")
+    is_params = parts[:2] == ["services", "coordinator"] and len(parts) == 4
+    return parts[2] if is_params and parts[3].endswith("_params") else ""
+
+
+def _statements_used(module: Path) -> tuple[set[str], set[str]]:
+    """The `.sql` file stems a module runs (`sql("jobs", ...)`, `load("jobs")`) and the rooms
+    whose generated `<stem>_params` modules it imports."""
+    stems: set[str] = set()
+    params: set[str] = set()
+    for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            first = node.args[0] if node.args else None
+            if name in {"sql", "load", "statements"} and isinstance(first, ast.Constant):
+                stems.add(str(first.value))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            params.update(_params_room(name) for name in names if _params_room(name))
+        elif isinstance(node, ast.Import):
+            params.update(_params_room(a.name) for a in node.names if _params_room(a.name))
+    return stems, params
+
+
+def test_each_room_runs_only_its_own_statements() -> None:
+    """A room's Python runs the statements of its own `.sql` files only (by file stem, or
+    through the generated `<stem>_params` classes of its own package)."""
+    owners = {path.stem: path.parent.name for path in queries.sql_files()}
+    wrong = []
+    for room in ROOMS:
+        for module in sorted((queries.COORDINATOR_DIR / room).glob("*.py")):
+            stems, params = _statements_used(module)
+            wrong += [
+                f"{room}/{module.name} runs {owners[stem]}'s {stem}.sql"
+                for stem in sorted(stems)
+                if owners.get(stem, room) != room
+            ]
+            wrong += [
+                f"{room}/{module.name} binds {owner}'s statements"
+                for owner in sorted(params)
+                if owner != room
+            ]
+    assert not wrong, "\n".join(wrong)
