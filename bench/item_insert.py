@@ -1,32 +1,24 @@
-"""What saving bucket items costs Postgres, at this version and as it was before migration 0023.
+"""What saving bucket items costs Postgres.
 
     .venv/bin/python -m bench.item_insert [--rounds 40] [--items 120] [--existing 100000]
 
 A Complete of a full run inserts one bucket item per frame that reaches an output, in one
-statement whose triggers lock the items' timelines and count them for the summary. 0023
-dropped an index no query reads (`bucket_items_by_bucket`) and made that statement
-trigger read the inserted rows from its transition table instead of looking each one up
-again in `bucket_items` for each of its six statements (`review_items_added`).
+statement whose triggers lock the items' timelines and count them for the summary.
 
-One throwaway Postgres cluster, two databases with the same world (built through an
-in-process coordinator: a full run over an hour of one camera, bucket `yard`):
+One throwaway Postgres cluster and a database with a world built through an in-process
+coordinator (a full run over an hour of one camera, bucket `yard`). It first gets
+`--existing` committed items of one job (so that lookups are index probes into a table
+of realistic size, as in a deployment), three boxes each. Then `--rounds` times, on one
+long-lived connection: one statement inserts `--items` more items of that job with their
+boxes (what a Complete of that many frames inserts, its foreign keys and statement
+trigger included; the boxes' deferred trigger runs at commit), then rolls back. Measured
+per round: the wall time around the statement and the server process's CPU (/proc,
+summed over the rounds). The first two rounds warm the plans and are not counted.
 
-- **head**: every migration;
-- **before 0023**: the same, then the index and the trigger function put back as 0012
-  and 0019 wrote them (taken from those migrations' files).
-
-Each first gets `--existing` committed items of one job (so that lookups are index
-probes into a table of realistic size, as in a deployment), three boxes each. Then
-`--rounds` times, alternating between the two databases on one long-lived connection
-each: one statement inserts `--items` more items of that job with their boxes (what a
-Complete of that many frames inserts, its foreign keys and statement trigger included;
-the boxes' deferred trigger runs at commit and is the same on both sides), then rolls
-back. Measured per round: the wall time around the statement and the server process's
-CPU (/proc, summed over the rounds). The first two rounds of each side warm its plans
-and are not counted.
-
-Last line: `RESULT head_us_per_item=<x> before_us_per_item=<y> ratio=<x/y>` from the
-server processes' CPU.
+Until release 0.1 it also measured the schema before migration 0023 beside it (ratio
+0.71, docs/benchmarks.md); release 0.1's baseline squashed those migrations, so only this
+version is measured now. Last line: `RESULT head_us_per_item=<x>` from the server
+process's CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -42,7 +33,6 @@ import asyncpg
 
 from bench.proc_stats import proc_stat
 from bench.stats import median
-from services.coordinator.platform.versions import MIGRATIONS_DIR
 from testbed.coordinator_world import build_world, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import running_coordinator
 from testbed.harness.postgres import (
@@ -83,25 +73,6 @@ class Side:
     server_pid: int
     wall_s: list[float] = field(default_factory=list)
     cpu_s: float = 0.0
-
-
-def _function_text(migration: str, pattern: str) -> str:
-    """A function's definition as a migration file wrote it (migrations never change)."""
-    [path] = MIGRATIONS_DIR.glob(f"{migration}_*.sql")
-    found = re.search(pattern + r".*?\n\$\$;", path.read_text(encoding="utf-8"), re.DOTALL)
-    assert found is not None, f"{pattern} not in {path.name}"
-    return found.group(0)
-
-
-BEFORE_0023 = [
-    "CREATE INDEX bucket_items_by_bucket ON bucket_items (bucket_id, saved_at)",
-    _function_text("0019", r"CREATE OR REPLACE FUNCTION review_items_added\(").replace(
-        "CREATE OR REPLACE", "CREATE", 1
-    ),
-    _function_text("0012", r"CREATE FUNCTION bucket_items_added\(\)").replace(
-        "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1
-    ),
-]
 
 
 async def _world(dsn: str) -> None:
@@ -148,34 +119,21 @@ async def _measure(sides: list[Side], rounds: int, items: int, existing: int) ->
                 side.cpu_s += _cpu(side.server_pid) - cpu_before
 
 
-async def _bench(dsns: tuple[str, str], args: argparse.Namespace) -> None:
-    head_dsn, before_dsn = dsns
-    sides = [
-        await _side("head", head_dsn, args.existing, []),
-        await _side("before 0023", before_dsn, args.existing, BEFORE_0023),
-    ]
+async def _bench(dsn: str, args: argparse.Namespace) -> None:
+    side = await _side("head", dsn, args.existing, [])
     try:
-        await _measure(sides, args.rounds, args.items, args.existing)
+        await _measure([side], args.rounds, args.items, args.existing)
     finally:
-        for side in sides:
-            await side.connection.close()
+        await side.connection.close()
     print(
-        f"{args.rounds} rounds each, alternating; {args.items} items a statement into a table of "
-        f"{args.existing:,}:"
+        f"{args.rounds} rounds; {args.items} items a statement into a table of {args.existing:,}:"
     )
-    print(f"{'side':<12} {'wall p50 ms':>12} {'wall min ms':>12} {'server CPU us/item':>19}")
-    per_item = {}
-    for side in sides:
-        per_item[side.name] = side.cpu_s / (args.rounds * args.items) * 1e6
-        print(
-            f"{side.name:<12} {median(side.wall_s) * 1e3:>12.2f} "
-            f"{min(side.wall_s) * 1e3:>12.2f} {per_item[side.name]:>19.1f}"
-        )
-    head, before = per_item["head"], per_item["before 0023"]
+    per_item = side.cpu_s / (args.rounds * args.items) * 1e6
     print(
-        f"RESULT head_us_per_item={head:.1f} before_us_per_item={before:.1f} "
-        f"ratio={head / before:.2f}"
+        f"wall p50 {median(side.wall_s) * 1e3:.2f} ms, min {min(side.wall_s) * 1e3:.2f} ms; "
+        f"server CPU {per_item:.1f} us/item"
     )
+    print(f"RESULT head_us_per_item={per_item:.1f}")
 
 
 def main() -> int:
@@ -186,11 +144,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         with postgres_cluster() as cluster:
-            dsns = (
-                create_migrated_database(cluster, "items_head"),
-                create_migrated_database(cluster, "items_before_0023"),
-            )
-            asyncio.run(_bench(dsns, args))
+            asyncio.run(_bench(create_migrated_database(cluster, "items_head"), args))
     except PostgresUnavailable as unavailable:
         print(f"cannot start a private Postgres cluster: {unavailable}")
         return 2
