@@ -3,7 +3,7 @@
 -- folded in.
 
 -- name: runtime_identity
-SELECT runtime_id, device_id, code_sha256 FROM runtime_identity($1);
+SELECT runtime_id, device_id, code_sha256 FROM runtime_identity_v1($1);
 
 -- name: job_claim
 -- request_id: the Claim's request id (NULL: none); the same one again answers its held
@@ -13,13 +13,13 @@ SELECT runtime_id, device_id, code_sha256 FROM runtime_identity($1);
 SELECT (c.job).*, c.recording_sha256 AS sha256, c.recording_byte_size AS byte_size,
        c.recording_object_key AS object_key, c.recording_start_at AS start_at,
        c.recording_end_at AS end_at, c.recording_fps AS fps
-FROM job_claim_many(
+FROM job_claim_many_v1(
     p_runtime => :runtime_id::text, p_claimer => :claimer::text, p_cameras => :cameras::text[],
     p_now => :now::timestamptz, p_lease => :lease::interval, p_request_id => :request_id::text,
     p_max => :max_jobs::integer) c;
 
 -- name: job_heartbeat
-SELECT * FROM job_heartbeat(
+SELECT * FROM job_heartbeat_v1(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
@@ -27,7 +27,7 @@ SELECT * FROM job_heartbeat(
 
 -- name: job_heartbeat_many
 -- One row per lease of the arrays (one element per lease each), by its 1-based ordinal.
-SELECT * FROM job_heartbeat_many(
+SELECT * FROM job_heartbeat_many_v1(
     p_runs => :run_ids::text[], p_jobs => :job_indexes::integer[],
     p_generations => :generations::bigint[], p_tokens => :lease_tokens::uuid[],
     p_reporter => :reporter::text, p_now => :now::timestamptz, p_lease => :lease::interval)
@@ -36,7 +36,7 @@ ORDER BY ordinal;
 -- name: job_progress
 -- lease: the lease interval: a progress report renews its lease.
 -- nullable: phase
-SELECT * FROM job_progress(
+SELECT * FROM job_progress_v1(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
@@ -44,14 +44,14 @@ SELECT * FROM job_progress(
     p_lease => :lease::interval);
 
 -- name: job_fail
-SELECT job_fail(
+SELECT job_fail_v1(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
     p_message => :message::text, p_now => :now::timestamptz);
 
 -- name: job_release
-SELECT job_release(
+SELECT job_release_v1(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
@@ -64,7 +64,7 @@ SELECT j.slot_count, j.first_slot_at, j.interval_ms, j.state, r.mode,
        rc.generation AS receipt_generation, rc.result_sha256 AS receipt_sha256,
        rc.committed_at AS receipt_committed_at, rc.items_saved AS receipt_items_saved
 FROM jobs j
-CROSS JOIN LATERAL run_facts(j.run_id) r
+CROSS JOIN LATERAL run_facts_v1(j.run_id) r
 LEFT JOIN receipts rc ON rc.run_id = j.run_id AND rc.job_index = j.job_index
 WHERE j.run_id = $1 AND j.job_index = $2;
 
@@ -73,7 +73,7 @@ WHERE j.run_id = $1 AND j.job_index = $2;
 -- result's counts, its uploads and its items: one element per upload, per item, in each
 -- array. An item's boxes NULL: those recorded with its upload's preview.
 -- nullable: item_boxes[]
-SELECT * FROM job_complete(
+SELECT * FROM job_complete_v1(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
@@ -89,7 +89,7 @@ SELECT * FROM job_complete(
     p_item_sha256 => :item_sha256s::text[], p_now => :now::timestamptz);
 
 -- name: job_check_lease
-SELECT workshop_fence(
+SELECT workshop_fence_v1(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
@@ -97,7 +97,7 @@ SELECT workshop_fence(
 
 -- name: job_lease_facts
 SELECT j.lease_expires_at, j.camera_id, j.slot_count, r.mode, r.kind
-FROM jobs j CROSS JOIN LATERAL run_facts(j.run_id) r
+FROM jobs j CROSS JOIN LATERAL run_facts_v1(j.run_id) r
 WHERE j.run_id = $1 AND j.job_index = $2;
 
 -- name: maintenance_try_lock
@@ -107,7 +107,7 @@ SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.maintenance'));
 SELECT pg_advisory_unlock(hashtext('workshop.coordinator.maintenance'));
 
 -- name: jobs_rescue_lapsed
-SELECT * FROM jobs_rescue_lapsed($1, $2, $3);
+SELECT * FROM jobs_rescue_lapsed_v1($1, $2, $3);
 
 -- name: jobs_expire
-SELECT * FROM jobs_expire($1, $2);
+SELECT * FROM jobs_expire_v1($1, $2);

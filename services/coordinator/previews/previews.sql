@@ -4,7 +4,7 @@
 -- round trip.
 
 -- name: object_stage
-SELECT * FROM object_stage(
+SELECT * FROM object_stage_v1(
     p_run => :run_id::text, p_job => :job_index::integer, p_generation => :generation::bigint,
     p_token => :lease_token::uuid, p_reporter => :reporter::text, p_service => :service::text,
     p_code => :code_sha256::text, p_kind => :kind::text, p_slot => :slot::integer,
@@ -14,7 +14,7 @@ SELECT * FROM object_stage(
 
 -- name: previews_record
 -- One row per preview, in the order of the arrays (one element per preview each).
-SELECT * FROM previews_record(
+SELECT * FROM previews_record_v1(
     p_runs => :run_ids::text[], p_jobs => :job_indexes::integer[],
     p_generations => :generations::bigint[], p_tokens => :lease_tokens::uuid[],
     p_reporter => :reporter::text, p_service => :service::text,
@@ -25,30 +25,30 @@ SELECT * FROM previews_record(
 ORDER BY ordinal;
 
 -- name: preview_sweeps_claim
-SELECT * FROM preview_sweeps_claim($1, $2, $3, $4);
+SELECT * FROM preview_sweeps_claim_v1($1, $2, $3, $4);
 
 -- name: preview_sweep_settle
 -- The objects found under the job's prefix: one element per object in each array.
-SELECT preview_sweep_settle(
+SELECT preview_sweep_settle_v1(
     p_run => :run_id::text, p_job => :job_index::integer, p_keys => :object_keys::text[],
     p_sizes => :byte_sizes::bigint[], p_generations => :generations::bigint[],
     p_slots => :slots::integer[], p_content_types => :content_types::text[],
     p_done => :done::boolean, p_now => :now::timestamptz, p_hold => :hold::interval);
 
 -- name: objects_claim_collectable
-SELECT * FROM objects_claim_collectable($1, $2, $3, $4) ORDER BY collectable_at, object_key;
+SELECT * FROM objects_claim_collectable_v1($1, $2, $3, $4) ORDER BY collectable_at, object_key;
 
 -- name: objects_collectable_remaining
-SELECT objects_collectable_remaining($1, $2);
+SELECT objects_collectable_remaining_v1($1, $2);
 
 -- name: objects_mark_deleted
 -- Only objects that were collectable: bytes of a live object are never forgotten.
-SELECT object_key FROM objects_mark_deleted($1, $2);
+SELECT object_key FROM objects_mark_deleted_v1($1, $2);
 
 -- name: objects_release_held
 -- Ends the cleanup hold of objects a pass could not delete (still collectable, not
 -- deleted): the next pass takes them again instead of waiting for the hold to lapse.
-SELECT object_key FROM objects_release_held($1, $2);
+SELECT object_key FROM objects_release_held_v1($1, $2);
 
 -- name: image_for_read
 -- A preview (by its item id) or a bucket item of a run, with what reading it needs.
@@ -60,12 +60,12 @@ SELECT 'preview' AS source, so.object_key, so.content_type, so.boxes, so.frame_t
        CASE WHEN so.kind = 'upload' THEN so.published_at ELSE so.collectable_at END
            AS expires_at,
        r.expires_at AS run_expires_at
-FROM run_published_previews($1) so
-CROSS JOIN run_facts($1) r
+FROM run_published_previews_v1($1) so
+CROSS JOIN run_facts_v1($1) r
 WHERE so.item_id = $2 AND so.deleted_at IS NULL
 UNION ALL
 SELECT 'item', bi.object_key, upload.content_type, bi.boxes, bi.frame_time, bi.camera_id,
        bi.sha256, NULL, r.expires_at
-FROM bucket_item_for_read($1, $2) bi
-CROSS JOIN run_facts($1) r
-CROSS JOIN LATERAL staged_object(bi.object_key) upload;
+FROM bucket_item_for_read_v1($1, $2) bi
+CROSS JOIN run_facts_v1($1) r
+CROSS JOIN LATERAL staged_object_v1(bi.object_key) upload;

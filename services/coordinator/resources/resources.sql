@@ -145,7 +145,7 @@ ORDER BY bucket_id LIMIT $2;
 SELECT bucket_id FROM buckets WHERE deleted_at IS NULL;
 
 -- name: bucket_items_delete
-SELECT bucket_items_delete($1, $2);
+SELECT bucket_items_delete_v1($1, $2);
 
 -- name: camera_get
 SELECT * FROM cameras WHERE camera_id = $1;

@@ -78,11 +78,11 @@ SELECT DISTINCT run_id, bucket_id, camera_id FROM sighting_boxes
 WHERE sighting_id = '' LIMIT $1;
 
 -- name: sighting_lock
-SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock($1, $2, $3);
+SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock_v1($1, $2, $3);
 
 -- name: sighting_decide
 -- nullable: relabel_class
-SELECT sighting_decide(p_run => :run_id::text, p_sighting => :sighting_id::text,
+SELECT sighting_decide_v1(p_run => :run_id::text, p_sighting => :sighting_id::text,
                        p_state => :review_state::text, p_relabel => :relabel_class::text,
                        p_by => :decided_by::jsonb, p_now => :now::timestamptz);
 
@@ -90,7 +90,7 @@ SELECT sighting_decide(p_run => :run_id::text, p_sighting => :sighting_id::text,
 -- (only the snapshot's models: the page needs their class lists)
 SELECT r.run_id, r.mode, r.kind, r.expires_at,
        jsonb_build_object('models', coalesce(s.snapshot -> 'models', '[]'::jsonb)) AS snapshot
-FROM run_facts($1) r CROSS JOIN run_snapshot($1) s;
+FROM run_facts_v1($1) r CROSS JOIN run_snapshot_v1($1) s;
 
 -- name: review_items_page
 -- A page of a full run's bucket items, oldest frame first, after the key ($3, $4) (the
@@ -116,8 +116,8 @@ SELECT so.item_id, '' AS bucket_id, :run_id::text AS run_id, so.job_index, so.sl
        (rec.generation = so.recording_generation AND rec.deleted_at IS NULL) AS output_current,
        so.frame_time, so.boxes, 'pending' AS review_state, NULL::text AS relabel_class,
        so.published_at AS saved_at, NULL::timestamptz AS reviewed_at
-FROM run_published_previews(:run_id) so
-CROSS JOIN LATERAL recording_state(so.recording_id) rec
+FROM run_published_previews_v1(:run_id) so
+CROSS JOIN LATERAL recording_state_v1(so.recording_id) rec
 WHERE so.item_id IS NOT NULL
   AND so.deleted_at IS NULL
   AND (so.collectable_at IS NULL OR so.collectable_at > :now::timestamptz)
@@ -129,7 +129,7 @@ LIMIT :limit::bigint;
 -- name: review_recordings
 SELECT job_index, recording_id, camera_id, generation, sha256, byte_size, object_key,
        start_at, end_at, fps, slot_count
-FROM snapshot_recordings_of($1)
+FROM snapshot_recordings_of_v1($1)
 WHERE ($2::text[] IS NULL OR camera_id = ANY ($2))
 ORDER BY job_index;
 
@@ -177,7 +177,7 @@ GROUP BY sb.sighting_id
 ORDER BY min(sb.frame_time), sb.sighting_id;
 
 -- name: bucket_exists
-SELECT bucket_id FROM buckets_live() WHERE bucket_id = $1;
+SELECT bucket_id FROM buckets_live_v1() WHERE bucket_id = $1;
 
 -- name: bucket_items_page
 -- A page of a bucket's items, oldest frame first, after the key (after_frame_time,
@@ -219,24 +219,24 @@ SELECT b.bucket_id, b.name,
            WHERE rec.generation = c.recording_generation AND rec.deleted_at IS NULL), 0)::bigint
            AS saved,
        max(c.last_added_at) AS last_added_at
-FROM buckets_live() b
+FROM buckets_live_v1() b
 LEFT JOIN bucket_counts c ON c.bucket_id = b.bucket_id AND c.images > 0
-LEFT JOIN LATERAL recording_state(c.recording_id) rec ON true
+LEFT JOIN LATERAL recording_state_v1(c.recording_id) rec ON true
 GROUP BY b.bucket_id, b.name
 ORDER BY b.bucket_id;
 
 -- name: summary_workflows
 -- Workflows with their run count and newest run (photos are not workflow runs).
 SELECT w.workflow_id, w.name, s.runs, s.last_run_id
-FROM workflows_live() w
-CROSS JOIN LATERAL workflow_run_stats(w.workflow_id) s
+FROM workflows_live_v1() w
+CROSS JOIN LATERAL workflow_run_stats_v1(w.workflow_id) s
 ORDER BY w.workflow_id;
 
 -- name: summary_classes
 SELECT c.workflow_id, c.class_name, sum(c.detections)::bigint AS detections,
        sum(c.confirmations)::bigint AS confirmations
 FROM workflow_class_counts c
-JOIN buckets_live() b ON b.bucket_id = c.bucket_id
+JOIN buckets_live_v1() b ON b.bucket_id = c.bucket_id
 GROUP BY c.workflow_id, c.class_name
 HAVING sum(c.detections) > 0
 ORDER BY c.workflow_id, c.class_name;
@@ -247,7 +247,7 @@ ORDER BY c.workflow_id, c.class_name;
 SELECT c.workflow_id, width_bucket(c.quarter_start, $1::timestamptz[]) AS day,
        sum(c.images)::bigint AS images
 FROM workflow_day_counts c
-JOIN buckets_live() b ON b.bucket_id = c.bucket_id
+JOIN buckets_live_v1() b ON b.bucket_id = c.bucket_id
 WHERE c.quarter_start >= $1[1] AND c.quarter_start < $1[cardinality($1)]
 GROUP BY 1, 2
 ORDER BY 1, 2;

@@ -4,7 +4,7 @@
 SELECT run_id, fingerprint FROM runs WHERE run_id = $1;
 
 -- name: unfinished_job_count
-SELECT jobs_unfinished_count();
+SELECT jobs_unfinished_count_v1();
 
 -- name: run_insert
 -- nullable: expires_at
@@ -33,7 +33,7 @@ FROM unnest(:job_index::integer[], :recording_id::text[], :camera_id::text[],
 -- name: jobs_insert
 -- One row per job: each array holds its column's values, in job order.
 -- The jobs are leases' (run_jobs_enqueue: an interface runs declares, 5_runs.sql).
-SELECT run_jobs_enqueue(
+SELECT run_jobs_enqueue_v1(
     :run_id::text, :run_seq::bigint, :runtime_id::text, :interval_ms::integer,
     :updated_at::timestamptz, :job_index::integer[], :camera_id::text[], :recording_id::text[],
     :recording_generation::bigint[], :first_slot_at::timestamptz[], :slot_count::integer[],
@@ -52,14 +52,14 @@ ORDER BY seq DESC
 LIMIT $3;
 
 -- name: run_jobs
-SELECT * FROM run_jobs_of($1) ORDER BY job_index LIMIT $2;
+SELECT * FROM run_jobs_of_v1($1) ORDER BY job_index LIMIT $2;
 
 -- name: run_waiting_behind
 -- Up to five older runs on the same runtime that still have queued or leased jobs.
 SELECT r.run_id
 FROM runs r
 WHERE r.runtime_id = $1 AND r.seq < $2 AND r.kind = 'workflow'
-  AND EXISTS (SELECT 1 FROM run_unfinished_jobs(r.run_id))
+  AND EXISTS (SELECT 1 FROM run_unfinished_jobs_v1(r.run_id))
 ORDER BY r.seq
 LIMIT 5;
 
@@ -70,15 +70,15 @@ SELECT snapshot FROM run_snapshots WHERE run_id = $1;
 SELECT * FROM snapshot_recordings WHERE run_id = $1 AND job_index > $2 ORDER BY job_index LIMIT $3;
 
 -- name: run_cancel
-SELECT run_cancel($1, $2);
+SELECT run_cancel_v1($1, $2);
 
 -- name: runs_cancel_for_workflow
 -- Cancels the unfinished runs of a workflow; returns those that had jobs to cancel.
 SELECT run_id FROM (
-    SELECT r.run_id, run_cancel(r.run_id, $2) AS cancelled
+    SELECT r.run_id, run_cancel_v1(r.run_id, $2) AS cancelled
     FROM runs r
     WHERE r.workflow_id = $1 AND r.kind = 'workflow'
-      AND EXISTS (SELECT 1 FROM run_unfinished_jobs(r.run_id))
+      AND EXISTS (SELECT 1 FROM run_unfinished_jobs_v1(r.run_id))
     ORDER BY r.run_id
 ) c
 WHERE cancelled > 0;
@@ -86,10 +86,10 @@ WHERE cancelled > 0;
 -- name: runs_cancel_for_bucket
 -- Cancels the unfinished runs whose snapshot writes into the bucket.
 SELECT run_id FROM (
-    SELECT s.run_id, run_cancel(s.run_id, $2) AS cancelled
+    SELECT s.run_id, run_cancel_v1(s.run_id, $2) AS cancelled
     FROM run_snapshots s
     WHERE s.snapshot -> 'outputs' @> jsonb_build_array(jsonb_build_object('bucket_id', $1::text))
-      AND EXISTS (SELECT 1 FROM run_unfinished_jobs(s.run_id))
+      AND EXISTS (SELECT 1 FROM run_unfinished_jobs_v1(s.run_id))
     ORDER BY s.run_id
 ) c
 WHERE cancelled > 0;
@@ -101,18 +101,18 @@ WHERE cancelled > 0;
 SELECT * FROM (
     SELECT p.item_id, 'preview' AS source, p.job_index, p.slot_index, p.camera_id,
            p.frame_time, p.boxes, '' AS bucket_id, p.published_at, p.collectable_at AS expires_at
-    FROM run_published_previews($1) p
+    FROM run_published_previews_v1($1) p
     WHERE p.kind = 'preview' AND p.deleted_at IS NULL
       AND (p.collectable_at IS NULL OR p.collectable_at > $2)
     UNION ALL
-    SELECT * FROM run_recent_items($1)
+    SELECT * FROM run_recent_items_v1($1)
 ) images
 ORDER BY published_at DESC, item_id
 LIMIT $3;
 
 -- name: photo_job_insert
 -- Its one job is leases' (photo_job_enqueue: an interface runs declares, 5_runs.sql).
-SELECT photo_job_enqueue(
+SELECT photo_job_enqueue_v1(
     :run_id::text, :run_seq::bigint, :runtime_id::text, :camera_id::text, :recording_id::text,
     :recording_generation::bigint, :first_slot_at::timestamptz, :interval_ms::integer,
     :expires_at::timestamptz, :updated_at::timestamptz);
@@ -122,8 +122,8 @@ SELECT photo_job_enqueue(
 SELECT r.run_id, r.created_at, r.expires_at, j.camera_id, j.recording_id, j.first_slot_at,
        j.state, so.item_id, so.frame_time
 FROM runs r
-JOIN run_jobs_of(r.run_id) j ON j.job_index = 0
-LEFT JOIN run_published_previews(r.run_id) so ON so.kind = 'preview'
+JOIN run_jobs_of_v1(r.run_id) j ON j.job_index = 0
+LEFT JOIN run_published_previews_v1(r.run_id) so ON so.kind = 'preview'
 WHERE r.run_id = $1 AND r.kind = 'photo'
 ORDER BY so.published_at DESC NULLS LAST
 LIMIT 1;

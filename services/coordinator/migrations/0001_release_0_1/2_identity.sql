@@ -66,7 +66,7 @@ INSERT INTO policy (singleton, revision) VALUES (true, 1);
 -- disabled. The same rules as the coordinator's authentication, read fresh.
 -- public: leases (job_claim_many: the claiming key; object_stage, previews_record: the
 -- calling service's key)
-CREATE FUNCTION key_live(p_key text, p_now timestamptz) RETURNS boolean
+CREATE FUNCTION key_live_v1(p_key text, p_now timestamptz) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN EXISTS (
@@ -85,7 +85,7 @@ $$;
 -- creator's key or session and user, and the reporting key and its user are taken FOR
 -- SHARE, so a concurrent revocation or policy raise waits for the caller's commit.
 -- public: leases (workshop_fence_reason)
-CREATE FUNCTION fence_authority(
+CREATE FUNCTION fence_authority_v1(
     p_policy_revision bigint, p_created_by jsonb, p_reporter text, p_device text,
     p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
@@ -148,7 +148,7 @@ $$;
 -- its session and its (enabled) user. One row. Inlined where it is used (a single-SELECT
 -- STABLE SQL function), so the read costs what the join it replaced did.
 -- public: leases (job_end_unfenced)
-CREATE FUNCTION creator_authority(p_created_by jsonb, p_now timestamptz)
+CREATE FUNCTION creator_authority_v1(p_created_by jsonb, p_now timestamptz)
 RETURNS TABLE (policy_now bigint, key_ok boolean, session_ok boolean, user_ok boolean)
 LANGUAGE sql STABLE AS $$
     SELECT pol.revision, k.key_id IS NOT NULL, s.session_id IS NOT NULL, u.user_id IS NOT NULL

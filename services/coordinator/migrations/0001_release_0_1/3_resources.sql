@@ -72,7 +72,7 @@ CREATE TABLE buckets (
 -- plpgsql are plpgsql too: a LANGUAGE sql function called with PERFORM is planned
 -- again on every call, a plpgsql body keeps its plans for the session.
 -- public: leases (job_claim_many, job_heartbeat, job_progress)
-CREATE FUNCTION runtime_seen(p_runtime text, p_now timestamptz) RETURNS void
+CREATE FUNCTION runtime_seen_v1(p_runtime text, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE runtimes SET last_seen_at = p_now
@@ -85,7 +85,7 @@ $$;
 -- generation a job was admitted at, taken FOR SHARE so a concurrent replacement or
 -- deletion waits for the caller's commit.
 -- public: leases (workshop_fence_reason)
-CREATE FUNCTION recording_hold(p_recording text, p_generation bigint) RETURNS boolean
+CREATE FUNCTION recording_hold_v1(p_recording text, p_generation bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM recordings
@@ -100,14 +100,14 @@ $$;
 -- planner where a query uses them: the read is the join it replaced.
 -- public: review (bucket_items_current, summary_buckets), leases (job_end_unfenced,
 -- review's previews of a test run)
-CREATE FUNCTION recording_state(p_recording text)
+CREATE FUNCTION recording_state_v1(p_recording text)
 RETURNS TABLE (generation bigint, deleted_at timestamptz) LANGUAGE sql STABLE AS $$
     SELECT rec.generation, rec.deleted_at FROM recordings rec WHERE rec.recording_id = p_recording
 $$;
 
 -- A runtime's device and code (no row: no such runtime).
 -- public: leases (workshop_fence_reason's fence 4, the runtime_identity statement)
-CREATE FUNCTION runtime_identity(p_runtime text)
+CREATE FUNCTION runtime_identity_v1(p_runtime text)
 RETURNS TABLE (runtime_id text, device_id text, code_sha256 text) LANGUAGE sql STABLE AS $$
     SELECT rt.runtime_id, rt.device_id, rt.code_sha256 FROM runtimes rt
     WHERE rt.runtime_id = p_runtime
@@ -115,7 +115,7 @@ $$;
 
 -- The buckets not deleted.
 -- public: review (bucket_exists, the summary)
-CREATE FUNCTION buckets_live() RETURNS TABLE (bucket_id text, name text)
+CREATE FUNCTION buckets_live_v1() RETURNS TABLE (bucket_id text, name text)
 LANGUAGE sql STABLE AS $$
     SELECT b.bucket_id, b.name FROM buckets b WHERE b.deleted_at IS NULL
 $$;
@@ -126,7 +126,7 @@ $$;
 -- needs, and review implements it (6_review.sql), as Resources is given the
 -- cancellation of the bucket's runs as a callable.
 -- interface: implemented by review
-CREATE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz) RETURNS integer
+CREATE FUNCTION bucket_items_delete_v1(p_bucket text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'bucket_items_delete is implemented by review (6_review.sql)';

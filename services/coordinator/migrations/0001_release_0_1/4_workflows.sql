@@ -20,7 +20,7 @@ CREATE INDEX workflows_scheduled ON workflows (workflow_id)
 
 -- The workflows not deleted, with their names.
 -- public: review (summary_workflows)
-CREATE FUNCTION workflows_live() RETURNS TABLE (workflow_id text, name text)
+CREATE FUNCTION workflows_live_v1() RETURNS TABLE (workflow_id text, name text)
 LANGUAGE sql STABLE AS $$
     SELECT w.workflow_id, w.spec ->> 'name' FROM workflows w WHERE w.deleted_at IS NULL
 $$;

@@ -47,7 +47,7 @@ CREATE TABLE snapshot_recordings (
     PRIMARY KEY (run_id, job_index)
 );
 
-CREATE FUNCTION refuse_snapshot_change() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION refuse_snapshot_change_v1() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'run snapshots are immutable: % on % refused', TG_OP, TG_TABLE_NAME
         USING ERRCODE = 'restrict_violation';
@@ -56,19 +56,19 @@ $$;
 
 CREATE TRIGGER run_snapshots_immutable
     BEFORE UPDATE OR DELETE ON run_snapshots
-    FOR EACH ROW EXECUTE FUNCTION refuse_snapshot_change();
+    FOR EACH ROW EXECUTE FUNCTION refuse_snapshot_change_v1();
 
 CREATE TRIGGER run_snapshots_no_truncate
     BEFORE TRUNCATE ON run_snapshots
-    FOR EACH STATEMENT EXECUTE FUNCTION refuse_snapshot_change();
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_snapshot_change_v1();
 
 CREATE TRIGGER snapshot_recordings_immutable
     BEFORE UPDATE OR DELETE ON snapshot_recordings
-    FOR EACH ROW EXECUTE FUNCTION refuse_snapshot_change();
+    FOR EACH ROW EXECUTE FUNCTION refuse_snapshot_change_v1();
 
 CREATE TRIGGER snapshot_recordings_no_truncate
     BEFORE TRUNCATE ON snapshot_recordings
-    FOR EACH STATEMENT EXECUTE FUNCTION refuse_snapshot_change();
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_snapshot_change_v1();
 
 -- The room's public SQL: what rooms above read of a run in their own statements and
 -- functions (no other room names runs, run_snapshots or snapshot_recordings), and the
@@ -83,7 +83,7 @@ CREATE TRIGGER snapshot_recordings_no_truncate
 -- public: review (bucket_items_added, sighting_decide, review_run), leases (fences,
 -- job_objects_abandon, job_facts, job_lease_facts, previews' functions), previews
 -- (image_for_read)
-CREATE FUNCTION run_facts(p_run text)
+CREATE FUNCTION run_facts_v1(p_run text)
 RETURNS TABLE (run_id text, kind text, mode text, workflow_id text, runtime_id text,
                policy_revision bigint, created_by jsonb, code_sha256 text,
                expires_at timestamptz)
@@ -95,21 +95,21 @@ $$;
 
 -- A run's snapshot (no row: no such run).
 -- public: review (review_run)
-CREATE FUNCTION run_snapshot(p_run text) RETURNS TABLE (snapshot jsonb)
+CREATE FUNCTION run_snapshot_v1(p_run text) RETURNS TABLE (snapshot jsonb)
 LANGUAGE sql STABLE AS $$
     SELECT s.snapshot FROM run_snapshots s WHERE s.run_id = p_run
 $$;
 
 -- The input recordings of a run's snapshot, one per job.
 -- public: leases (job_claim_answer), review (review_recordings)
-CREATE FUNCTION snapshot_recordings_of(p_run text) RETURNS SETOF snapshot_recordings
+CREATE FUNCTION snapshot_recordings_of_v1(p_run text) RETURNS SETOF snapshot_recordings
 LANGUAGE sql STABLE AS $$
     SELECT * FROM snapshot_recordings sr WHERE sr.run_id = p_run
 $$;
 
 -- A workflow's runs (photos are not workflow runs): how many, and the newest.
 -- public: review (summary_workflows)
-CREATE FUNCTION workflow_run_stats(p_workflow text)
+CREATE FUNCTION workflow_run_stats_v1(p_workflow text)
 RETURNS TABLE (runs bigint, last_run_id text) LANGUAGE sql STABLE AS $$
     SELECT (SELECT count(*) FROM runs r WHERE r.workflow_id = p_workflow AND r.kind = 'workflow'),
            (SELECT r.run_id FROM runs r WHERE r.workflow_id = p_workflow AND r.kind = 'workflow'
@@ -119,7 +119,7 @@ $$;
 -- Queues a run's jobs (admission, in the transaction that inserts the run), one per
 -- element of the arrays.
 -- interface: implemented by leases
-CREATE FUNCTION run_jobs_enqueue(
+CREATE FUNCTION run_jobs_enqueue_v1(
     p_run text, p_seq bigint, p_runtime text, p_interval_ms integer, p_now timestamptz,
     p_job_indexes integer[], p_cameras text[], p_recordings text[], p_generations bigint[],
     p_first_slots timestamptz[], p_slot_counts integer[], p_expiries timestamptz[]
@@ -131,7 +131,7 @@ $$;
 
 -- Queues a photo's one job (index 0, one slot).
 -- interface: implemented by leases
-CREATE FUNCTION photo_job_enqueue(
+CREATE FUNCTION photo_job_enqueue_v1(
     p_run text, p_seq bigint, p_runtime text, p_camera text, p_recording text,
     p_generation bigint, p_first_slot_at timestamptz, p_interval_ms integer,
     p_expires_at timestamptz, p_now timestamptz
@@ -143,7 +143,7 @@ $$;
 
 -- A run's jobs as its detail shows them.
 -- interface: implemented by leases
-CREATE FUNCTION run_jobs_of(p_run text)
+CREATE FUNCTION run_jobs_of_v1(p_run text)
 RETURNS TABLE (run_id text, job_index integer, camera_id text, recording_id text,
                recording_generation bigint, first_slot_at timestamptz, state text,
                phase text, progress integer, slot_count integer, generation bigint,
@@ -157,7 +157,7 @@ $$;
 
 -- A run's queued and leased jobs (no row: the run has none unfinished).
 -- interface: implemented by leases
-CREATE FUNCTION run_unfinished_jobs(p_run text) RETURNS TABLE (job_index integer)
+CREATE FUNCTION run_unfinished_jobs_v1(p_run text) RETURNS TABLE (job_index integer)
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'run_unfinished_jobs is implemented by leases (7_leases.sql)';
@@ -166,7 +166,7 @@ $$;
 
 -- How many jobs of every run are queued or leased (admission's capacity check).
 -- interface: implemented by leases
-CREATE FUNCTION jobs_unfinished_count() RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE FUNCTION jobs_unfinished_count_v1() RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'jobs_unfinished_count is implemented by leases (7_leases.sql)';
 END;
@@ -176,7 +176,7 @@ $$;
 -- writes under their leases are refused from now on; completed jobs keep their results.
 -- Answers how many jobs it cancelled.
 -- interface: implemented by leases
-CREATE FUNCTION run_cancel(p_run text, p_now timestamptz) RETURNS integer
+CREATE FUNCTION run_cancel_v1(p_run text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'run_cancel is implemented by leases (7_leases.sql)';
@@ -186,7 +186,7 @@ $$;
 -- The counts a run's status and detail are worked out from (docs/runs-and-jobs.md): its
 -- jobs by state and slots expected, its receipts' slots and items, its previews. One row.
 -- interface: implemented by leases
-CREATE FUNCTION run_job_counts(p_run text)
+CREATE FUNCTION run_job_counts_v1(p_run text)
 RETURNS TABLE (jobs_total bigint, jobs_queued bigint, jobs_leased bigint,
                jobs_completed bigint, jobs_failed bigint, jobs_cancelled bigint,
                jobs_expired bigint, slots_expected bigint, last_job_update timestamptz,
@@ -202,7 +202,7 @@ $$;
 -- committed item's upload (kind 'upload'), with their job's camera and recording.
 -- interface: implemented by leases
 -- public: review (review_previews_page), previews (image_for_read)
-CREATE FUNCTION run_published_previews(p_run text)
+CREATE FUNCTION run_published_previews_v1(p_run text)
 RETURNS TABLE (object_key text, kind text, item_id text, job_index integer,
                slot_index integer, camera_id text, recording_id text,
                recording_generation bigint, frame_time timestamptz, boxes jsonb,
@@ -216,7 +216,7 @@ $$;
 
 -- A full run's bucket items as its recent images show them.
 -- interface: implemented by review
-CREATE FUNCTION run_recent_items(p_run text)
+CREATE FUNCTION run_recent_items_v1(p_run text)
 RETURNS TABLE (item_id text, source text, job_index integer, slot_index integer,
                camera_id text, frame_time timestamptz, boxes jsonb, bucket_id text,
                published_at timestamptz, expires_at timestamptz)
@@ -231,4 +231,4 @@ $$;
 CREATE VIEW run_status AS
 SELECT r.*, c.*
 FROM runs r
-CROSS JOIN LATERAL run_job_counts(r.run_id) c;
+CROSS JOIN LATERAL run_job_counts_v1(r.run_id) c;

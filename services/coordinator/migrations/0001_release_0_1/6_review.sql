@@ -32,7 +32,7 @@ CREATE VIEW bucket_items_current AS
 SELECT bi.*,
        (rec.generation = bi.recording_generation AND rec.deleted_at IS NULL) AS output_current
 FROM bucket_items bi
-CROSS JOIN LATERAL recording_state(bi.recording_id) rec;
+CROSS JOIN LATERAL recording_state_v1(bi.recording_id) rec;
 
 -- Review, sightings and the summary's counters (docs/review.md).
 
@@ -147,7 +147,7 @@ CREATE INDEX bucket_items_by_bucket_frame ON bucket_items (bucket_id, frame_time
 -- their boxes grouped (review.group_committed), or bucket_items_boxes adds them ungrouped
 -- at commit (also for a coordinator of an older version during a rolling upgrade) and the
 -- maintenance pass groups them (migration 0019).
-CREATE FUNCTION bucket_items_added() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION bucket_items_added_v1() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO sighting_timelines AS t (run_id, bucket_id, camera_id)
     SELECT DISTINCT a.run_id, a.bucket_id, a.camera_id FROM added a
@@ -158,7 +158,7 @@ BEGIN
     INSERT INTO workflow_class_counts AS c (workflow_id, bucket_id, class_name, detections,
                                             confirmations)
     SELECT r.workflow_id, a.bucket_id, coalesce(b.box ->> 'class_name', ''), count(*), 0
-    FROM added a CROSS JOIN LATERAL run_facts(a.run_id) r
+    FROM added a CROSS JOIN LATERAL run_facts_v1(a.run_id) r
     CROSS JOIN LATERAL jsonb_array_elements(a.boxes) AS b (box)
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_class_counts_pkey DO UPDATE
@@ -191,7 +191,7 @@ BEGIN
     INSERT INTO workflow_day_counts AS c (workflow_id, bucket_id, quarter_start, images)
     SELECT r.workflow_id, a.bucket_id,
            date_bin('15 minutes', a.saved_at, timestamptz '2000-01-01 00:00:00+00'), count(*)
-    FROM added a CROSS JOIN LATERAL run_facts(a.run_id) r
+    FROM added a CROSS JOIN LATERAL run_facts_v1(a.run_id) r
     GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT ON CONSTRAINT workflow_day_counts_pkey DO UPDATE SET images = c.images + EXCLUDED.images;
     RETURN NULL;
@@ -200,11 +200,11 @@ $$;
 
 CREATE TRIGGER bucket_items_review
     AFTER INSERT ON bucket_items REFERENCING NEW TABLE AS added
-    FOR EACH STATEMENT EXECUTE FUNCTION bucket_items_added();
+    FOR EACH STATEMENT EXECUTE FUNCTION bucket_items_added_v1();
 
 -- At commit, for each inserted item: its boxes (sighting_id '', ungrouped) if nothing
 -- added them in the transaction (group_committed does, grouped) and the item is still there.
-CREATE FUNCTION bucket_item_boxes() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION bucket_item_boxes_v1() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM sighting_boxes sb WHERE sb.item_id = NEW.item_id) THEN
         INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id,
@@ -227,12 +227,12 @@ $$;
 
 CREATE CONSTRAINT TRIGGER bucket_items_boxes
     AFTER INSERT ON bucket_items DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW EXECUTE FUNCTION bucket_item_boxes();
+    FOR EACH ROW EXECUTE FUNCTION bucket_item_boxes_v1();
 
 -- Locks the timeline of the box (p_item, p_box) of run p_run and answers, read after the
 -- lock, the sighting the box belongs to now and whether the timeline has boxes to group.
 -- No row: the run has no such box.
-CREATE FUNCTION sighting_lock(p_run text, p_item text, p_box integer)
+CREATE FUNCTION sighting_lock_v1(p_run text, p_item text, p_box integer)
 RETURNS TABLE (bucket_id text, camera_id text, sighting_id text, ungrouped boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -260,7 +260,7 @@ $$;
 -- changes, and the counters, under the timeline lock sighting_lock took. An item's state
 -- follows its boxes: pending while any box is pending, else accepted when any box is
 -- accepted, else rejected. Returns the number of items whose review changed.
-CREATE FUNCTION sighting_decide(
+CREATE FUNCTION sighting_decide_v1(
     p_run text, p_sighting text, p_state text, p_relabel text, p_by jsonb, p_now timestamptz
 ) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -271,7 +271,7 @@ DECLARE
     run_accepted bigint;
     run_rejected bigint;
 BEGIN
-    SELECT r.workflow_id INTO workflow FROM run_facts(p_run) r;
+    SELECT r.workflow_id INTO workflow FROM run_facts_v1(p_run) r;
     SELECT count(DISTINCT sb.item_id) INTO changed FROM sighting_boxes sb
     WHERE sb.sighting_id = p_sighting
       AND (sb.review_state, sb.relabel_class) IS DISTINCT FROM (p_state, p_relabel);
@@ -377,7 +377,7 @@ $$;
 -- statement trigger counts them (bucket_items_review), the commit adds their boxes
 -- (bucket_items_boxes) unless group_committed did.
 -- public: leases (job_complete)
-CREATE FUNCTION bucket_items_insert(
+CREATE FUNCTION bucket_items_insert_v1(
     p_run text, p_job integer, p_camera text, p_recording text, p_recording_generation bigint,
     p_item_ids text[], p_item_buckets text[], p_item_slots integer[], p_item_steps text[],
     p_item_times timestamptz[], p_item_boxes jsonb[], p_item_keys text[],
@@ -398,7 +398,7 @@ $$;
 -- A run's bucket item by its id, as reading its image needs it: its boxes after review
 -- relabels (docs/review.md). No row: the run has no such item.
 -- public: previews (image_for_read)
-CREATE FUNCTION bucket_item_for_read(p_run text, p_item text)
+CREATE FUNCTION bucket_item_for_read_v1(p_run text, p_item text)
 RETURNS TABLE (object_key text, boxes jsonb, frame_time timestamptz, camera_id text,
                sha256 text)
 LANGUAGE sql STABLE AS $$
@@ -415,9 +415,9 @@ LANGUAGE sql STABLE AS $$
     WHERE bi.run_id = p_run AND bi.item_id = p_item
 $$;
 
--- Implements runs' run_recent_items (5_runs.sql): a run's bucket items as its recent
+-- Implements runs' run_recent_items_v1 (5_runs.sql): a run's bucket items as its recent
 -- images show them.
-CREATE OR REPLACE FUNCTION run_recent_items(p_run text)
+CREATE OR REPLACE FUNCTION run_recent_items_v1(p_run text)
 RETURNS TABLE (item_id text, source text, job_index integer, slot_index integer,
                camera_id text, frame_time timestamptz, boxes jsonb, bucket_id text,
                published_at timestamptz, expires_at timestamptz)
@@ -431,18 +431,18 @@ $$;
 -- Releases uploads to garbage collection (bucket_items_delete: those no item shows any
 -- more). The uploads are staged objects, leases'.
 -- interface: implemented by leases
-CREATE FUNCTION objects_release(p_keys text[], p_now timestamptz) RETURNS void
+CREATE FUNCTION objects_release_v1(p_keys text[], p_now timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'objects_release is implemented by leases (7_leases.sql)';
 END;
 $$;
 
--- Implements resources' bucket_items_delete (3_resources.sql): deletes a bucket's items
+-- Implements resources' bucket_items_delete_v1 (3_resources.sql): deletes a bucket's items
 -- and releases their uploads to garbage collection (objects_release); its sightings and
 -- its share of the counters go with them. Takes the bucket's timelines first, like every
 -- other writer of sightings.
-CREATE OR REPLACE FUNCTION bucket_items_delete(p_bucket text, p_now timestamptz)
+CREATE OR REPLACE FUNCTION bucket_items_delete_v1(p_bucket text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     deleted integer;
@@ -473,7 +473,7 @@ BEGIN
     INTO deleted, released
     FROM gone;
     IF cardinality(released) > 0 THEN
-        PERFORM objects_release(released, p_now);
+        PERFORM objects_release_v1(released, p_now);
     END IF;
     DELETE FROM sighting_timelines WHERE bucket_id = p_bucket;
     DELETE FROM bucket_counts WHERE bucket_id = p_bucket;

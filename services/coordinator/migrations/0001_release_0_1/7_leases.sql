@@ -32,7 +32,7 @@ CREATE TABLE jobs (
     result_sha256        text,
     committed_at         timestamptz,
     -- the last slot published as a preview under the current lease (NULL: none yet);
-    -- a claim clears it, preview_record keeps previews in slot order with it
+    -- a claim clears it, previews_record_v1 keeps previews in slot order with it
     preview_slot         integer,
     -- the key that took the latest lease and that Claim's request id (NULL: none sent);
     -- a Claim by the same key with the same id answers that lease again while it is held
@@ -79,7 +79,7 @@ CREATE INDEX jobs_preview_sweeps ON jobs (updated_at)
 -- ended (which may make its runtime's next run the one Claims lease from) is announced
 -- on `workshop_jobs` with its runtime id, so Claims waiting for that runtime try again;
 -- identical notifications of one transaction are folded into one.
-CREATE FUNCTION jobs_announce_claimable() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION jobs_announce_claimable_v1() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('workshop_jobs', NEW.runtime_id);
     RETURN NULL;
@@ -89,7 +89,7 @@ $$;
 CREATE TRIGGER jobs_claimable_announced
     AFTER INSERT OR UPDATE OF state ON jobs
     FOR EACH ROW WHEN (NEW.state <> 'leased')
-    EXECUTE FUNCTION jobs_announce_claimable();
+    EXECUTE FUNCTION jobs_announce_claimable_v1();
 
 -- One receipt per committed completion (docs/leases-and-fences.md).
 CREATE TABLE receipts (
@@ -152,7 +152,7 @@ CREATE INDEX staged_objects_recorded_previews ON staged_objects (run_id)
 -- FOR SHARE, so a concurrent replacement, revocation or policy raise waits for our
 -- commit. Fence 4 also refuses a reporting key whose user was disabled: a principal
 -- the coordinator holds in cache must not outlive it.
-CREATE FUNCTION workshop_fence_reason(
+CREATE FUNCTION workshop_fence_reason_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
@@ -180,16 +180,16 @@ BEGIN
         RETURN 'LEASE_MISMATCH';
     END IF;
     -- fence 2: the source recording at the admitted generation (resources' lock)
-    IF NOT recording_hold(j.recording_id, j.recording_generation) THEN
+    IF NOT recording_hold_v1(j.recording_id, j.recording_generation) THEN
         RETURN 'SOURCE_CHANGED';
     END IF;
     -- fences 3 and 4 (identity's locks): the policy revision, then the creating
     -- principal's authority; the reporting key is still a workshop:run key for the
     -- runtime's device (or an admin key) of an enabled user; then the code is the snapshot's
     SELECT r.policy_revision, r.created_by, r.code_sha256 INTO run_policy, run_creator, run_code
-    FROM run_facts(p_run) r;
-    SELECT rt.device_id INTO device FROM runtime_identity(j.runtime_id) rt;
-    refused := fence_authority(run_policy, run_creator, p_reporter, device, p_now);
+    FROM run_facts_v1(p_run) r;
+    SELECT rt.device_id INTO device FROM runtime_identity_v1(j.runtime_id) rt;
+    refused := fence_authority_v1(run_policy, run_creator, p_reporter, device, p_now);
     IF refused <> '' THEN
         RETURN refused;
     END IF;
@@ -207,18 +207,18 @@ $$;
 -- (heartbeat, progress, preview, staging, lease check, complete, fail, release): failed
 -- with source_changed or authority_lost (job_end_unfenced), so its run does not wait for
 -- the lease to lapse. The caller holds the job's row lock (workshop_fence_reason took it).
-CREATE FUNCTION workshop_fence(
+CREATE FUNCTION workshop_fence_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
-    refused text := workshop_fence_reason(p_run, p_job, p_generation, p_token, p_reporter,
+    refused text := workshop_fence_reason_v1(p_run, p_job, p_generation, p_token, p_reporter,
                                           p_code, p_now);
     j jobs%ROWTYPE;
 BEGIN
     IF refused IN ('SOURCE_CHANGED', 'POLICY_CHANGED', 'AUTHORITY_REVOKED') THEN
         SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
-        PERFORM job_end_unfenced(j, p_now);
+        PERFORM job_end_unfenced_v1(j, p_now);
     END IF;
     RETURN refused;
 END;
@@ -231,7 +231,7 @@ $$;
 -- them under locks): the recording at the admitted generation, else failure_reason
 -- 'source_changed'; the policy revision and the run creator's authority, else
 -- 'authority_lost'; with a message for people. The snapshot pins what failed.
-CREATE FUNCTION job_end_unfenced(p_job jobs, p_now timestamptz) RETURNS boolean
+CREATE FUNCTION job_end_unfenced_v1(p_job jobs, p_now timestamptz) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     f record;
@@ -244,9 +244,9 @@ BEGIN
            nullif(r.created_by ->> 'user_id', '') AS creator_user,
            a.key_ok, a.session_ok, a.user_ok
     INTO f
-    FROM run_facts(p_job.run_id) r
-    CROSS JOIN LATERAL creator_authority(r.created_by, p_now) a
-    LEFT JOIN LATERAL recording_state(p_job.recording_id) rec ON true;
+    FROM run_facts_v1(p_job.run_id) r
+    CROSS JOIN LATERAL creator_authority_v1(r.created_by, p_now) a
+    LEFT JOIN LATERAL recording_state_v1(p_job.recording_id) rec ON true;
     why := 'source_changed';
     IF f.source_generation IS NULL OR f.source_deleted IS NOT NULL THEN
         message := format('Recording %s was deleted after the run was admitted.',
@@ -276,7 +276,7 @@ BEGIN
     SET state = 'failed', failure_reason = why, failure_message = message,
         lease_token = NULL, lease_expires_at = NULL, updated_at = p_now
     WHERE run_id = p_job.run_id AND job_index = p_job.job_index;
-    PERFORM job_objects_abandon(p_job.run_id, p_job.job_index, p_now);
+    PERFORM job_objects_abandon_v1(p_job.run_id, p_job.job_index, p_now);
     PERFORM pg_notify('workshop_run', p_job.run_id);
     RETURN true;
 END;
@@ -299,7 +299,7 @@ $$;
 -- earlier claim with that id is answered again, unchanged, while its lease is held
 -- (a retry after a lost answer); the id is stored with the lease, and forgotten when
 -- it comes again after that lease ended, so no other function has to clear it.
-CREATE FUNCTION job_claim_many(
+CREATE FUNCTION job_claim_many_v1(
     p_runtime text, p_claimer text, p_cameras text[], p_now timestamptz, p_lease interval,
     p_request_id text, p_max integer
 ) RETURNS TABLE (
@@ -315,11 +315,11 @@ DECLARE
     taken_runs text[] := '{}';
     ended boolean := false;
 BEGIN
-    IF NOT key_live(p_claimer, p_now) THEN
+    IF NOT key_live_v1(p_claimer, p_now) THEN
         RAISE EXCEPTION 'the claiming key was revoked or expired, or its user disabled'
             USING ERRCODE = 'invalid_authorization_specification';
     END IF;
-    PERFORM runtime_seen(p_runtime, p_now);
+    PERFORM runtime_seen_v1(p_runtime, p_now);
     IF p_request_id IS NOT NULL THEN
         ids := ARRAY[p_request_id]
                || ARRAY(SELECT p_request_id || '#' || k FROM generate_series(1, p_max - 1) k);
@@ -337,7 +337,7 @@ BEGIN
             -- answered again only while held (fence 1 would refuse a lapsed lease)
             IF picked.state = 'leased' AND picked.lease_token IS NOT NULL
                AND picked.lease_expires_at > p_now AND picked.runtime_id = p_runtime THEN
-                RETURN QUERY SELECT * FROM job_claim_answer(picked);
+                RETURN QUERY SELECT * FROM job_claim_answer_v1(picked);
                 taken_runs := taken_runs || picked.run_id;
             ELSE
                 ended := true;
@@ -372,7 +372,7 @@ BEGIN
             END IF;
             -- fences 2 and 3 for the picked job only: one that can never commit is failed
             -- (it may have been the head run's last, so the head is looked up again)
-            CONTINUE WHEN job_end_unfenced(picked, p_now);
+            CONTINUE WHEN job_end_unfenced_v1(picked, p_now);
             UPDATE jobs
             SET state = 'leased', generation = generation + 1, lease_token = gen_random_uuid(),
                 lease_expires_at = least(p_now + p_lease, expires_at), updated_at = p_now,
@@ -381,7 +381,7 @@ BEGIN
                                         ELSE p_request_id || '#' || cardinality(taken_runs) END
             WHERE run_id = picked.run_id AND job_index = picked.job_index
             RETURNING * INTO picked;
-            RETURN QUERY SELECT * FROM job_claim_answer(picked);
+            RETURN QUERY SELECT * FROM job_claim_answer_v1(picked);
             taken_runs := taken_runs || picked.run_id;
         END LOOP;
         PERFORM pg_notify('workshop_run', r) FROM (SELECT DISTINCT unnest(taken_runs) AS r) t;
@@ -392,7 +392,7 @@ $$;
 -- A leased job as a Claim answers it: with its recording's facts, read after the lease
 -- (one primary-key probe). A leased job without its recording is a broken snapshot: the
 -- claim fails and its lease is rolled back.
-CREATE FUNCTION job_claim_answer(p_job jobs) RETURNS TABLE (
+CREATE FUNCTION job_claim_answer_v1(p_job jobs) RETURNS TABLE (
     job jobs, recording_sha256 text, recording_byte_size bigint, recording_object_key text,
     recording_start_at timestamptz, recording_end_at timestamptz,
     recording_fps double precision
@@ -400,7 +400,7 @@ CREATE FUNCTION job_claim_answer(p_job jobs) RETURNS TABLE (
 BEGIN
     RETURN QUERY
         SELECT p_job, sr.sha256, sr.byte_size, sr.object_key, sr.start_at, sr.end_at, sr.fps
-        FROM snapshot_recordings_of(p_job.run_id) sr
+        FROM snapshot_recordings_of_v1(p_job.run_id) sr
         WHERE sr.job_index = p_job.job_index;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job %/% has no snapshot recording', p_job.run_id, p_job.job_index;
@@ -409,12 +409,12 @@ END;
 $$;
 
 -- Renews a lease: min(now + lease, job expiry).
-CREATE FUNCTION job_heartbeat(
+CREATE FUNCTION job_heartbeat_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_now timestamptz, p_lease interval
 ) RETURNS TABLE (reason text, lease_expires_at timestamptz) LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
+    fenced text := workshop_fence_v1(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
     renewed timestamptz;
     runtime text;
 BEGIN
@@ -426,7 +426,7 @@ BEGIN
     UPDATE jobs j SET lease_expires_at = least(p_now + p_lease, j.expires_at)
     WHERE j.run_id = p_run AND j.job_index = p_job
     RETURNING j.lease_expires_at, j.runtime_id INTO renewed, runtime;
-    PERFORM runtime_seen(runtime, p_now);
+    PERFORM runtime_seen_v1(runtime, p_now);
     RETURN QUERY SELECT '', renewed;
 END;
 $$;
@@ -434,7 +434,7 @@ $$;
 -- Renews each lease of the arrays (in their order: the coordinator sorts them, so two
 -- batches lock jobs in one order) under its own fences; ordinal is the lease's
 -- 1-based position, reason '' for a renewed one.
-CREATE FUNCTION job_heartbeat_many(
+CREATE FUNCTION job_heartbeat_many_v1(
     p_runs text[], p_jobs integer[], p_generations bigint[], p_tokens uuid[], p_reporter text,
     p_now timestamptz, p_lease interval
 ) RETURNS TABLE (ordinal integer, reason text, lease_expires_at timestamptz)
@@ -444,7 +444,7 @@ DECLARE
     h record;
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_runs), 0) LOOP
-        SELECT * INTO h FROM job_heartbeat(p_runs[i], p_jobs[i], p_generations[i], p_tokens[i],
+        SELECT * INTO h FROM job_heartbeat_v1(p_runs[i], p_jobs[i], p_generations[i], p_tokens[i],
                                            p_reporter, p_now, p_lease);
         ordinal := i;
         reason := h.reason;
@@ -457,14 +457,14 @@ $$;
 -- Progress: monotonic; at most 100 persisted updates per job, later ones are
 -- coalesced (answered, not stored); a lower value is ignored. Every accepted report
 -- renews the lease to min(now + lease, job expiry), persisted or not.
-CREATE FUNCTION job_progress(
+CREATE FUNCTION job_progress_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_percent integer, p_phase text, p_now timestamptz, p_lease interval
 ) RETURNS TABLE (reason text, progress integer, persisted boolean,
                  lease_expires_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
+    fenced text := workshop_fence_v1(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
     j jobs%ROWTYPE;
     store boolean;
 BEGIN
@@ -484,7 +484,7 @@ BEGIN
         progress_updates = j.progress_updates + CASE WHEN store THEN 1 ELSE 0 END
     WHERE run_id = p_run AND job_index = p_job
     RETURNING * INTO j;
-    PERFORM runtime_seen(j.runtime_id, p_now);
+    PERFORM runtime_seen_v1(j.runtime_id, p_now);
     IF store THEN
         PERFORM pg_notify('workshop_run', p_run);
     END IF;
@@ -494,12 +494,12 @@ $$;
 
 -- Ends a job as failed (processor_failed), without retry. A refusal by fence 2 or 3
 -- fails the job with that reason instead (workshop_fence).
-CREATE FUNCTION job_fail(
+CREATE FUNCTION job_fail_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_message text, p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
+    fenced text := workshop_fence_v1(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
 BEGIN
     IF fenced <> '' THEN
         RETURN fenced;
@@ -508,26 +508,26 @@ BEGIN
     SET state = 'failed', failure_reason = 'processor_failed', failure_message = p_message,
         lease_token = NULL, lease_expires_at = NULL, updated_at = p_now
     WHERE run_id = p_run AND job_index = p_job;
-    PERFORM job_objects_abandon(p_run, p_job, p_now);
+    PERFORM job_objects_abandon_v1(p_run, p_job, p_now);
     PERFORM pg_notify('workshop_run', p_run);
     RETURN '';
 END;
 $$;
 
 -- Hands a job back without spending an attempt (graceful shutdown).
-CREATE FUNCTION job_release(
+CREATE FUNCTION job_release_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_now timestamptz
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
+    fenced text := workshop_fence_v1(p_run, p_job, p_generation, p_token, p_reporter, NULL, p_now);
 BEGIN
     IF fenced <> '' THEN
         RETURN fenced;
     END IF;
     UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, updated_at = p_now
     WHERE run_id = p_run AND job_index = p_job;
-    PERFORM job_objects_abandon(p_run, p_job, p_now);
+    PERFORM job_objects_abandon_v1(p_run, p_job, p_now);
     PERFORM pg_notify('workshop_run', p_run);
     RETURN '';
 END;
@@ -541,7 +541,7 @@ $$;
 -- Returns '' or the reason it refused, and with a refusal the receipt of this
 -- lease's generation if it already committed, so a retry after a lost answer
 -- settles in the same round trip.
-CREATE FUNCTION job_complete(
+CREATE FUNCTION job_complete_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_result_sha256 text, p_decoder text,
     p_slot_count integer, p_first_slot_at timestamptz, p_interval_ms integer,
@@ -555,7 +555,7 @@ CREATE FUNCTION job_complete(
     receipt_committed_at timestamptz, receipt_items_saved integer
 ) LANGUAGE plpgsql AS $$
 DECLARE
-    fenced text := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    fenced text := workshop_fence_v1(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
     staged integer;
     j jobs%ROWTYPE;
     rc receipts%ROWTYPE;
@@ -608,7 +608,7 @@ BEGIN
     IF cardinality(p_item_ids) > 0 THEN
         -- the items are review's (bucket_items_insert), each with its boxes: as sent, or
         -- those recorded with its upload's preview
-        PERFORM bucket_items_insert(
+        PERFORM bucket_items_insert_v1(
             p_run, p_job, j.camera_id, j.recording_id, j.recording_generation, p_item_ids,
             p_item_buckets, p_item_slots, p_item_steps, p_item_times,
             ARRAY(SELECT coalesce(u.boxes::jsonb, s.boxes)
@@ -620,7 +620,7 @@ BEGIN
     -- What the commit does not keep is garbage now: objects staged but never
     -- published or named (refused previews, unnamed uploads), and a full run's
     -- other previews, which its items replace.
-    PERFORM job_objects_abandon(p_run, p_job, p_now);
+    PERFORM job_objects_abandon_v1(p_run, p_job, p_now);
     INSERT INTO receipts (run_id, job_index, generation, result_sha256, frames, empties, dropped,
                           items_saved, committed_at)
     VALUES (p_run, p_job, p_generation, p_result_sha256, p_frames, p_empties, p_dropped,
@@ -635,26 +635,26 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION job_complete(text, integer, bigint, uuid, text, text, text, text, integer, timestamptz, integer, integer, integer, integer, text[], text[], integer[], text[], text[], integer[], text[], timestamptz[], text[], text[], text[], timestamptz) IS
+COMMENT ON FUNCTION job_complete_v1(text, integer, bigint, uuid, text, text, text, text, integer, timestamptz, integer, integer, integer, integer, text[], text[], integer[], text[], text[], integer[], text[], timestamptz[], text[], text[], text[], timestamptz) IS
     'Takes an item''s boxes from its preview''s record when they are NULL (0021); coordinators answer ClaimedJob.takes_recorded_boxes once 0022 is applied.';
 
 -- Objects of a job that ended become garbage unless kept: unpublished
 -- staged objects always, published previews too for full runs (their items
 -- never came). Called when a job fails, is cancelled, expires or loses its lease.
-CREATE FUNCTION job_objects_abandon(p_run text, p_job integer, p_now timestamptz)
+CREATE FUNCTION job_objects_abandon_v1(p_run text, p_job integer, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE staged_objects s SET collectable_at = p_now
     WHERE s.run_id = p_run AND s.job_index = p_job AND s.collectable_at IS NULL
       AND (s.published_at IS NULL
-           OR (s.kind = 'preview' AND (SELECT r.mode FROM run_facts(p_run) r) = 'full'));
+           OR (s.kind = 'preview' AND (SELECT r.mode FROM run_facts_v1(p_run) r) = 'full'));
 END;
 $$;
 
 -- Maintenance (one replica at a time): leases that lapsed return their job to
 -- the queue for a new generation, and the third lapse fails it with
 -- attempts_exhausted. At most p_batch jobs per call; returns the jobs touched.
-CREATE FUNCTION jobs_rescue_lapsed(p_now timestamptz, p_max_lapses integer, p_batch integer)
+CREATE FUNCTION jobs_rescue_lapsed_v1(p_now timestamptz, p_max_lapses integer, p_batch integer)
 RETURNS TABLE (run_id text, job_index integer, state text) LANGUAGE plpgsql AS $$
 DECLARE
     job record;
@@ -682,7 +682,7 @@ BEGIN
             LIMIT p_batch FOR UPDATE SKIP LOCKED)
         RETURNING j.run_id, j.job_index, j.state
     LOOP
-        PERFORM job_objects_abandon(job.run_id, job.job_index, p_now);
+        PERFORM job_objects_abandon_v1(job.run_id, job.job_index, p_now);
         IF NOT job.run_id = ANY (runs_touched) THEN
             runs_touched := runs_touched || job.run_id;
             PERFORM pg_notify('workshop_run', job.run_id);
@@ -697,7 +697,7 @@ $$;
 
 -- Maintenance: jobs expire with their source (the recording's 40 days, the
 -- test's hour) and their input is cleared. At most p_batch jobs per call.
-CREATE FUNCTION jobs_expire(p_now timestamptz, p_batch integer)
+CREATE FUNCTION jobs_expire_v1(p_now timestamptz, p_batch integer)
 RETURNS TABLE (run_id text, job_index integer) LANGUAGE plpgsql AS $$
 DECLARE
     job record;
@@ -714,7 +714,7 @@ BEGIN
             LIMIT p_batch FOR UPDATE SKIP LOCKED)
         RETURNING j.run_id, j.job_index
     LOOP
-        PERFORM job_objects_abandon(job.run_id, job.job_index, p_now);
+        PERFORM job_objects_abandon_v1(job.run_id, job.job_index, p_now);
         IF NOT job.run_id = ANY (runs_touched) THEN
             runs_touched := runs_touched || job.run_id;
             PERFORM pg_notify('workshop_run', job.run_id);
@@ -730,10 +730,10 @@ $$;
 -- The room's public SQL and the interfaces it implements. No other room names jobs,
 -- receipts or staged_objects.
 
--- Implements runs' run_cancel (5_runs.sql): queued and leased jobs of the run become
+-- Implements runs' run_cancel_v1 (5_runs.sql): queued and leased jobs of the run become
 -- cancelled, so writes under their leases are refused from now on; completed jobs keep
 -- their results.
-CREATE OR REPLACE FUNCTION run_cancel(p_run text, p_now timestamptz) RETURNS integer
+CREATE OR REPLACE FUNCTION run_cancel_v1(p_run text, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     cancelled integer := 0;
@@ -745,7 +745,7 @@ BEGIN
         WHERE run_id = p_run AND state IN ('queued', 'leased')
         RETURNING job_index
     LOOP
-        PERFORM job_objects_abandon(p_run, job.job_index, p_now);
+        PERFORM job_objects_abandon_v1(p_run, job.job_index, p_now);
         cancelled := cancelled + 1;
     END LOOP;
     IF cancelled > 0 THEN
@@ -755,8 +755,8 @@ BEGIN
 END;
 $$;
 
--- Implements runs' run_jobs_enqueue (5_runs.sql).
-CREATE OR REPLACE FUNCTION run_jobs_enqueue(
+-- Implements runs' run_jobs_enqueue_v1 (5_runs.sql).
+CREATE OR REPLACE FUNCTION run_jobs_enqueue_v1(
     p_run text, p_seq bigint, p_runtime text, p_interval_ms integer, p_now timestamptz,
     p_job_indexes integer[], p_cameras text[], p_recordings text[], p_generations bigint[],
     p_first_slots timestamptz[], p_slot_counts integer[], p_expiries timestamptz[]
@@ -774,8 +774,8 @@ BEGIN
 END;
 $$;
 
--- Implements runs' photo_job_enqueue (5_runs.sql).
-CREATE OR REPLACE FUNCTION photo_job_enqueue(
+-- Implements runs' photo_job_enqueue_v1 (5_runs.sql).
+CREATE OR REPLACE FUNCTION photo_job_enqueue_v1(
     p_run text, p_seq bigint, p_runtime text, p_camera text, p_recording text,
     p_generation bigint, p_first_slot_at timestamptz, p_interval_ms integer,
     p_expires_at timestamptz, p_now timestamptz
@@ -789,9 +789,9 @@ BEGIN
 END;
 $$;
 
--- Implements runs' run_jobs_of (5_runs.sql). Single-SELECT STABLE SQL functions like
+-- Implements runs' run_jobs_of_v1 (5_runs.sql). Single-SELECT STABLE SQL functions like
 -- this one are inlined by the planner where a query uses them.
-CREATE OR REPLACE FUNCTION run_jobs_of(p_run text)
+CREATE OR REPLACE FUNCTION run_jobs_of_v1(p_run text)
 RETURNS TABLE (run_id text, job_index integer, camera_id text, recording_id text,
                recording_generation bigint, first_slot_at timestamptz, state text,
                phase text, progress integer, slot_count integer, generation bigint,
@@ -804,19 +804,19 @@ LANGUAGE sql STABLE AS $$
     FROM jobs j WHERE j.run_id = p_run
 $$;
 
--- Implements runs' run_unfinished_jobs (5_runs.sql).
-CREATE OR REPLACE FUNCTION run_unfinished_jobs(p_run text) RETURNS TABLE (job_index integer)
+-- Implements runs' run_unfinished_jobs_v1 (5_runs.sql).
+CREATE OR REPLACE FUNCTION run_unfinished_jobs_v1(p_run text) RETURNS TABLE (job_index integer)
 LANGUAGE sql STABLE AS $$
     SELECT j.job_index FROM jobs j WHERE j.run_id = p_run AND j.state IN ('queued', 'leased')
 $$;
 
--- Implements runs' jobs_unfinished_count (5_runs.sql).
-CREATE OR REPLACE FUNCTION jobs_unfinished_count() RETURNS bigint LANGUAGE sql STABLE AS $$
+-- Implements runs' jobs_unfinished_count_v1 (5_runs.sql).
+CREATE OR REPLACE FUNCTION jobs_unfinished_count_v1() RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM jobs WHERE state IN ('queued', 'leased')
 $$;
 
--- Implements runs' run_job_counts (5_runs.sql), which its view run_status joins to each run.
-CREATE OR REPLACE FUNCTION run_job_counts(p_run text)
+-- Implements runs' run_job_counts_v1 (5_runs.sql), which its view run_status joins to each run.
+CREATE OR REPLACE FUNCTION run_job_counts_v1(p_run text)
 RETURNS TABLE (jobs_total bigint, jobs_queued bigint, jobs_leased bigint,
                jobs_completed bigint, jobs_failed bigint, jobs_cancelled bigint,
                jobs_expired bigint, slots_expected bigint, last_job_update timestamptz,
@@ -850,8 +850,8 @@ LANGUAGE sql STABLE AS $$
     ) pv
 $$;
 
--- Implements runs' run_published_previews (5_runs.sql).
-CREATE OR REPLACE FUNCTION run_published_previews(p_run text)
+-- Implements runs' run_published_previews_v1 (5_runs.sql).
+CREATE OR REPLACE FUNCTION run_published_previews_v1(p_run text)
 RETURNS TABLE (object_key text, kind text, item_id text, job_index integer,
                slot_index integer, camera_id text, recording_id text,
                recording_generation bigint, frame_time timestamptz, boxes jsonb,
@@ -866,9 +866,9 @@ LANGUAGE sql STABLE AS $$
     WHERE so.run_id = p_run AND so.published_at IS NOT NULL
 $$;
 
--- Implements review's objects_release (6_review.sql): uploads no item shows any more
+-- Implements review's objects_release_v1 (6_review.sql): uploads no item shows any more
 -- become collectable.
-CREATE OR REPLACE FUNCTION objects_release(p_keys text[], p_now timestamptz) RETURNS void
+CREATE OR REPLACE FUNCTION objects_release_v1(p_keys text[], p_now timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE staged_objects SET collectable_at = p_now
@@ -878,7 +878,7 @@ $$;
 
 -- A staged object by its key (no row: none), as reading an item's upload needs it.
 -- public: previews (image_for_read)
-CREATE FUNCTION staged_object(p_key text)
+CREATE FUNCTION staged_object_v1(p_key text)
 RETURNS TABLE (object_key text, content_type text) LANGUAGE sql STABLE AS $$
     SELECT so.object_key, so.content_type FROM staged_objects so WHERE so.object_key = p_key
 $$;
@@ -891,7 +891,7 @@ $$;
 
 -- Whether collectable objects of a kind are left, not held by a cleanup pass.
 -- public: previews (objects_collectable_remaining)
-CREATE FUNCTION objects_collectable_remaining(p_kind text, p_now timestamptz)
+CREATE FUNCTION objects_collectable_remaining_v1(p_kind text, p_now timestamptz)
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT EXISTS (
         SELECT 1 FROM staged_objects
@@ -902,7 +902,7 @@ $$;
 -- Records the deletion of objects' bytes; only objects that were collectable: bytes of
 -- a live object are never forgotten. Answers the keys it recorded.
 -- public: previews (objects_mark_deleted)
-CREATE FUNCTION objects_mark_deleted(p_keys text[], p_now timestamptz)
+CREATE FUNCTION objects_mark_deleted_v1(p_keys text[], p_now timestamptz)
 RETURNS TABLE (object_key text) LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
@@ -916,7 +916,7 @@ $$;
 -- deleted): the next pass takes them again instead of waiting for the hold to lapse.
 -- Answers the keys it released.
 -- public: previews (objects_release_held)
-CREATE FUNCTION objects_release_held(p_keys text[], p_now timestamptz)
+CREATE FUNCTION objects_release_held_v1(p_keys text[], p_now timestamptz)
 RETURNS TABLE (object_key text) LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
@@ -932,7 +932,7 @@ $$;
 -- when the object becomes collectable if nothing commits it: when this lease
 -- lapses, unless renewed.
 -- public: previews (object_stage)
-CREATE FUNCTION object_stage(
+CREATE FUNCTION object_stage_v1(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_service text, p_code text, p_kind text, p_slot integer, p_sha256 text,
     p_byte_size bigint, p_content_type text, p_key text, p_now timestamptz
@@ -941,11 +941,11 @@ DECLARE
     fenced text;
     j jobs%ROWTYPE;
 BEGIN
-    IF NOT key_live(p_service, p_now) THEN
+    IF NOT key_live_v1(p_service, p_now) THEN
         RETURN QUERY SELECT 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz;
         RETURN;
     END IF;
-    fenced := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
+    fenced := workshop_fence_v1(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
     IF fenced <> '' THEN
         RETURN QUERY SELECT fenced, NULL::timestamptz;
         RETURN;
@@ -967,78 +967,20 @@ BEGIN
 END;
 $$;
 
--- Records one preview whose bytes are written under p_key (the caller checked that the
--- key is this lease's key for the slot). A refusal by a fence, the slot order or the
--- slot range leaves a collectable row for the bytes, unless a live row already holds the key.
-CREATE FUNCTION preview_record(
-    p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
-    p_code text, p_key text, p_slot integer, p_sha256 text, p_byte_size bigint,
-    p_content_type text, p_frame_time timestamptz, p_boxes jsonb, p_item_id text,
-    p_now timestamptz
-) RETURNS TABLE (reason text, expires_at timestamptz) LANGUAGE plpgsql AS $$
-DECLARE
-    refused text;
-    j jobs%ROWTYPE;
-    run_expiry timestamptz;
-BEGIN
-    refused := workshop_fence(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
-    IF refused = 'NOT_FOUND' THEN
-        RETURN QUERY SELECT refused, NULL::timestamptz;
-        RETURN;
-    END IF;
-    SELECT * INTO j FROM jobs WHERE run_id = p_run AND job_index = p_job;
-    IF refused = '' AND (p_slot < 0 OR p_slot >= j.slot_count) THEN
-        refused := 'SLOT_NOT_EXPECTED';
-    END IF;
-    -- previews of an attempt are published in slot order (the same slot again is a retry)
-    IF refused = '' AND j.preview_slot > p_slot THEN
-        refused := 'PREVIEW_OUT_OF_ORDER';
-    END IF;
-    IF refused <> '' THEN
-        INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
-                                    sha256, byte_size, content_type, staged_at, collectable_at)
-        VALUES (p_key, 'preview', p_run, p_job, p_generation, p_slot, p_sha256, p_byte_size,
-                p_content_type, p_now, p_now)
-        ON CONFLICT (object_key) DO UPDATE
-            SET collectable_at = p_now, gc_claimed_until = NULL, deleted_at = NULL
-            WHERE staged_objects.deleted_at IS NOT NULL;
-        RETURN QUERY SELECT refused, NULL::timestamptz;
-        RETURN;
-    END IF;
-    SELECT r.expires_at INTO run_expiry FROM run_facts(p_run) r;
-    INSERT INTO staged_objects (object_key, kind, run_id, job_index, generation, slot_index,
-                                sha256, byte_size, content_type, staged_at, published_at,
-                                item_id, frame_time, boxes, collectable_at)
-    VALUES (p_key, 'preview', p_run, p_job, p_generation, p_slot, p_sha256, p_byte_size,
-            p_content_type, p_now, p_now, p_item_id, p_frame_time, p_boxes, run_expiry)
-    ON CONFLICT (object_key) DO UPDATE
-        SET sha256 = EXCLUDED.sha256, byte_size = EXCLUDED.byte_size,
-            content_type = EXCLUDED.content_type, staged_at = EXCLUDED.staged_at,
-            published_at = EXCLUDED.published_at, item_id = EXCLUDED.item_id,
-            frame_time = EXCLUDED.frame_time, boxes = EXCLUDED.boxes,
-            collectable_at = EXCLUDED.collectable_at, gc_claimed_until = NULL,
-            deleted_at = NULL;
-    UPDATE jobs SET preview_slot = p_slot
-    WHERE run_id = p_run AND job_index = p_job AND preview_slot IS DISTINCT FROM p_slot;
-    PERFORM pg_notify('workshop_run', p_run);
-    RETURN QUERY SELECT '', run_expiry;
-END;
-$$;
-
 -- Records a batch of previews for one processor (group commit) in one statement, set
 -- based: the fences are checked once per lease of the batch (in (run, job) order, so
 -- concurrent batches lock job rows in the same order and never deadlock), then each
 -- lease's rows are written with one INSERT per outcome, its job's preview_slot moved
--- once and its run notified once. A row is refused as preview_record would refuse it
--- (the lease's fence, SLOT_NOT_EXPECTED, PREVIEW_OUT_OF_ORDER against the slot the job
--- had before the batch) and still recorded, as collectable. A slot before the job's
+-- once and its run notified once. A row refused (by the lease's fence, SLOT_NOT_EXPECTED,
+-- or PREVIEW_OUT_OF_ORDER against the slot the job had before the batch) is still
+-- recorded, as collectable. A slot before the job's
 -- preview_slot whose key this lease already published with the same digest is a retry
 -- whose answer was lost: answered as the first time, its row left as it is. The same
 -- key twice in a batch is written once, as its last occurrence. The calling service's key must still
 -- be live (SERVICE_NOT_AUTHORIZED for all). p_boxes holds each preview's labels as
 -- JSON text. Answers one row per preview with its 1-based position.
 -- public: previews (previews_record)
-CREATE FUNCTION previews_record(
+CREATE FUNCTION previews_record_v1(
     p_runs text[], p_jobs integer[], p_generations bigint[], p_tokens uuid[],
     p_reporter text, p_service text, p_codes text[], p_keys text[], p_slots integer[],
     p_sha256 text[], p_sizes bigint[], p_content_types text[], p_frame_times timestamptz[],
@@ -1053,7 +995,7 @@ DECLARE
     members integer[];
     newest integer;
 BEGIN
-    IF NOT key_live(p_service, p_now) THEN
+    IF NOT key_live_v1(p_service, p_now) THEN
         RETURN QUERY SELECT o::integer, 'SERVICE_NOT_AUTHORIZED', NULL::timestamptz
                      FROM generate_subscripts(p_runs, 1) AS o;
         RETURN;
@@ -1066,14 +1008,14 @@ BEGIN
         ORDER BY 1, 2, 3, 4, 5
     LOOP
         members := lease.positions;
-        refused := workshop_fence(lease.run, lease.job, lease.generation, lease.token,
+        refused := workshop_fence_v1(lease.run, lease.job, lease.generation, lease.token,
                                   p_reporter, lease.code, p_now);
         IF refused = 'NOT_FOUND' THEN
             RETURN QUERY SELECT m::integer, refused, NULL::timestamptz FROM unnest(members) AS m;
             CONTINUE;
         END IF;
         SELECT * INTO j FROM jobs WHERE run_id = lease.run AND job_index = lease.job;
-        SELECT r.expires_at INTO run_expiry FROM run_facts(lease.run) r;
+        SELECT r.expires_at INTO run_expiry FROM run_facts_v1(lease.run) r;
         RETURN QUERY
         WITH batch AS (
             SELECT m AS o,
@@ -1143,12 +1085,12 @@ $$;
 -- after the job ended (a write still in flight then has long finished); held for the
 -- calling pass until p_now + p_hold.
 -- public: previews (preview_sweeps_claim)
-CREATE FUNCTION preview_sweeps_claim(
+CREATE FUNCTION preview_sweeps_claim_v1(
     p_limit integer, p_now timestamptz, p_grace interval, p_hold interval
 ) RETURNS TABLE (run_id text, job_index integer, mode text) LANGUAGE sql AS $$
     UPDATE jobs j SET sweep_claimed_until = p_now + p_hold
     WHERE (j.run_id, j.job_index) IN (
-        SELECT l.run_id, l.job_index FROM jobs l CROSS JOIN LATERAL run_facts(l.run_id) lr
+        SELECT l.run_id, l.job_index FROM jobs l CROSS JOIN LATERAL run_facts_v1(l.run_id) lr
         WHERE l.previews_swept_at IS NULL
           AND l.state IN ('completed', 'failed', 'cancelled', 'expired')
           AND l.updated_at <= p_now - p_grace
@@ -1157,7 +1099,7 @@ CREATE FUNCTION preview_sweeps_claim(
         ORDER BY l.updated_at, l.run_id, l.job_index
         LIMIT p_limit
         FOR UPDATE OF l SKIP LOCKED)
-    RETURNING j.run_id, j.job_index, (SELECT r.mode FROM run_facts(j.run_id) r);
+    RETURNING j.run_id, j.job_index, (SELECT r.mode FROM run_facts_v1(j.run_id) r);
 $$;
 
 -- Settles a sweep: objects found under the job's preview prefix that no row records
@@ -1166,7 +1108,7 @@ $$;
 -- after that may be one another pass deleted after this one listed the prefix. With
 -- p_done the sweep is finished. Answers how many objects it recorded (NULL: no such job).
 -- public: previews (preview_sweep_settle)
-CREATE FUNCTION preview_sweep_settle(
+CREATE FUNCTION preview_sweep_settle_v1(
     p_run text, p_job integer, p_keys text[], p_sizes bigint[], p_generations bigint[],
     p_slots integer[], p_content_types text[], p_done boolean, p_now timestamptz,
     p_hold interval
@@ -1202,7 +1144,7 @@ $$;
 -- Hands a cleanup pass up to p_limit collectable objects of one kind, oldest
 -- first, and holds them for p_hold so a second preview replica gets others.
 -- public: previews (objects_claim_collectable)
-CREATE FUNCTION objects_claim_collectable(
+CREATE FUNCTION objects_claim_collectable_v1(
     p_kind text, p_limit integer, p_now timestamptz, p_hold interval
 ) RETURNS TABLE (object_key text, byte_size bigint, collectable_at timestamptz)
 LANGUAGE sql AS $$
