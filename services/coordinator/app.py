@@ -109,7 +109,7 @@ def grpc_services(
     operator = OperatorServicer(
         Resources(db, clock, cancel_bucket_runs), accounts, ClockControl(clock), authenticate
     )
-    reviews = ReviewApi(db, clock)
+    reviews = ReviewApi(db, clock, runs)
     workshop = WorkshopServicer(
         Workflows(db, clock, cancel_workflow_runs),
         runs,

@@ -42,6 +42,7 @@ from services.coordinator.review.review_params import (
     SightingDecide,
 )
 from services.coordinator.runs.rows import RunRow, SnapshotRecordingRow
+from services.coordinator.runs.runs import Runs, RunView
 from workshop.kit import errors
 
 P = TypeVar("P")
@@ -319,7 +320,7 @@ class DailyCount:
 @dataclasses.dataclass(frozen=True)
 class WorkflowSummary:
     row: WorkflowSummaryRow
-    last_run: RunRow | None
+    last_run: RunView | None
     classes: list[ClassCountRow]
     days: list[DailyCount]
 
@@ -497,8 +498,20 @@ async def group_backlog(db: Database, limit: int = 100) -> int:
     return len(timelines)
 
 
+@dataclasses.dataclass(frozen=True)
+class ListedRun:
+    """A run as ListRuns shows it: its view and its items by review state (None: no items)."""
+
+    view: RunView
+    counts: RunReviewCounts | None
+
+
 class ReviewApi:
-    def __init__(self, db: Database, clock: Clock) -> None:
+    """Review of runs' items; `runs` answers the run views that review lists beside its
+    counts (runs sit below review)."""
+
+    def __init__(self, db: Database, clock: Clock, runs: Runs) -> None:
+        self.runs = runs
         self.db = db
         self.clock = clock
 
@@ -656,7 +669,7 @@ class ReviewApi:
                 if last_ids
                 else []
             )
-        by_run = {run.run_id: run for run in runs}
+        by_run = await self.runs.views(runs)
         per_class: dict[str, list[ClassCountRow]] = {}
         for row in classes:
             per_class.setdefault(row.workflow_id, []).append(row)
@@ -680,13 +693,20 @@ class ReviewApi:
             ],
         )
 
-    async def run_counts(self, run_ids: Sequence[str]) -> dict[str, RunReviewCounts]:
-        """The runs' items by review state (runs without items are absent)."""
+    async def list_runs(
+        self, who: Principal, workflow_id: str, before_seq: int | None, limit: int
+    ) -> list[ListedRun]:
+        """A page of runs (newest first, Runs.list_runs) with their items by review state."""
+        views = await self.runs.list_runs(who, workflow_id, before_seq, limit)
         async with self.db.connection() as connection:
             rows = await fetch_all(
-                connection, RunReviewCounts, sql("review", "run_review_counts"), list(run_ids)
+                connection,
+                RunReviewCounts,
+                sql("review", "run_review_counts"),
+                [view.row.run_id for view in views],
             )
-        return {row.run_id: row for row in rows}
+        counts = {row.run_id: row for row in rows}
+        return [ListedRun(view, counts.get(view.row.run_id)) for view in views]
 
     async def bucket_items(
         self,

@@ -288,21 +288,18 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         token = split_token(request.page_token, 1)
         if token is not None and not token[0].isdigit():
             raise InvalidField("page_token is malformed.")
-        views = await self.api.list_runs(
+        listed = await self.review.list_runs(
             await self.who(context),
             request.workflow_id,
             int(token[0]) if token else None,
             limit,
         )
-        counts = await self.review.run_counts([view.row.run_id for view in views])
         return pb.ListRunsResponse(
             runs=[
-                pb.RunListEntry(
-                    run=run(view), review_counts=review_counts(counts.get(view.row.run_id))
-                )
-                for view in views
+                pb.RunListEntry(run=run(one.view), review_counts=review_counts(one.counts))
+                for one in listed
             ],
-            next_page_token=str(views[-1].row.seq) if len(views) == limit else "",
+            next_page_token=str(listed[-1].view.row.seq) if len(listed) == limit else "",
         )
 
     async def GetRunSnapshot(
@@ -391,9 +388,6 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self, request: pb.GetSummaryRequest, context: Context
     ) -> pb.GetSummaryResponse:
         found = await self.review.summary(await self.who(context), request.time_zone, request.days)
-        last_runs = await self.api.views(
-            [entry.last_run for entry in found.workflows if entry.last_run]
-        )
         return pb.GetSummaryResponse(
             buckets=[
                 run_pb2.BucketSummary(
@@ -413,7 +407,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
                     workflow_id=entry.row.workflow_id,
                     name=entry.row.name,
                     runs=entry.row.runs,
-                    last_run=run(last_runs[entry.last_run.run_id]) if entry.last_run else None,
+                    last_run=run(entry.last_run) if entry.last_run else None,
                     classes=[
                         run_pb2.ClassCount(
                             class_name=count.class_name,
