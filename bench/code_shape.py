@@ -77,13 +77,21 @@ def span(node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return (node.end_lineno or node.lineno) - node.lineno + 1
 
 
-def migration_functions(root: Path) -> tuple[int, list[str]]:
-    """(migrations, every CREATE FUNCTION name in them, repeats included)."""
+def migration_functions(root: Path) -> tuple[int, int, int]:
+    """(migrations, functions, redefinitions): a redefinition is a function name that a
+    later migration creates again (an interface's stub and its implementation in one
+    migration are one definition)."""
     folder = root / "services" / "coordinator" / "migrations"
     migrations = [m for m in sorted(folder.iterdir()) if m.name[:4].isdigit()]
-    files = [p for m in migrations for p in ([m] if m.is_file() else sorted(m.glob("*.sql")))]
-    text = "\n".join(p.read_text(encoding="utf-8") for p in files)
-    return len(migrations), re.findall(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)", text)
+    seen: set[str] = set()
+    redefinitions = 0
+    for migration in migrations:
+        files = [migration] if migration.is_file() else sorted(migration.glob("*.sql"))
+        text = "\n".join(p.read_text(encoding="utf-8") for p in files)
+        names = set(re.findall(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)", text))
+        redefinitions += len(names & seen)
+        seen |= names
+    return len(migrations), len(seen), redefinitions
 
 
 def main() -> None:
@@ -115,9 +123,8 @@ def main() -> None:
     levels, chain = coordinator_import_levels(root)
     short = [m.removeprefix("services.coordinator.") for m in chain]
     print(f"coordinator import levels: {levels}: {' -> '.join(short)}")
-    migrations, defined = migration_functions(root)
-    repeats = len(defined) - len(set(defined))
-    print(f"migrations={migrations} function definitions={len(defined)} redefinitions={repeats}")
+    migrations, functions_sql, repeats = migration_functions(root)
+    print(f"migrations={migrations} SQL functions={functions_sql} redefinitions={repeats}")
     coordinator = sum(lines(p) for p in python_files(root / "services" / "coordinator"))
     print(
         f"RESULT coordinator_lines={coordinator} import_levels={levels} "
