@@ -120,6 +120,9 @@ POLICY: dict[str, Rule] = {
     "/workshop.v1.JobService/Complete": LEASE,
     "/workshop.v1.JobService/Fail": LEASE,
     "/workshop.v1.JobService/Release": LEASE,
+    # the calls above on one stream: a credential that may make none of them is refused
+    # when the stream opens
+    "/workshop.v1.JobService/Session": LEASE,
     # OperatorService: admin, but for what the website shows of devices and runtimes
     "/workshop.v1.OperatorService/RegisterDevice": ADMIN,
     "/workshop.v1.OperatorService/ListDevices": WORKSHOP,

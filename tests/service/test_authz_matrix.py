@@ -285,6 +285,11 @@ PROBES: dict[str, Callable[[Matrix], Message]] = {
         lease=_foreign_lease(m), reason=common_pb2.FAILURE_REASON_PROCESSOR_FAILED
     ),
     "/workshop.v1.JobService/Release": lambda m: jobs_pb2.ReleaseRequest(lease=_foreign_lease(m)),
+    # a request with a call, so that an allowed cell runs one (not a shape check: a Session
+    # checks its credential when it opens)
+    "/workshop.v1.JobService/Session": lambda m: jobs_pb2.SessionRequest(
+        request_id=1, heartbeat=jobs_pb2.HeartbeatRequest(lease=_foreign_lease(m))
+    ),
     "/workshop.v1.OperatorService/PutRecording": _recording,
     "/workshop.v1.PublicationService/ListCollectableObjects": lambda m: (
         pub.ListCollectableObjectsRequest(kind=common_pb2.OBJECT_KIND_PREVIEW, limit=1)

@@ -43,22 +43,7 @@ refusal_reason: contextvars.ContextVar[str] = contextvars.ContextVar("refusal_re
 
 async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
     """Abort the RPC in `context` with the status that `error` maps to."""
-    if isinstance(error, WorkshopError):
-        code = status_for(error).grpc_code
-        message = bounded_message(error.message)
-        info = error_details_pb2.ErrorInfo(
-            reason=error.reason, domain=ERROR_DOMAIN, metadata=bounded_metadata(error.metadata)
-        )
-    elif (status := status_for(error)) is not INTERNAL:
-        log.warning("%s in %s: %s", type(error).__name__, _method_name(context), error)
-        code = status.grpc_code
-        message = "A dependency of this service cannot be reached now; ask again shortly."
-        info = error_details_pb2.ErrorInfo(reason=code.name, domain=ERROR_DOMAIN)
-    else:
-        log.exception("unhandled error in %s", _method_name(context), exc_info=error)
-        code = grpc.StatusCode.INTERNAL
-        message = "internal error; the server log has the details"
-        info = error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN)
+    code, message, info = error_status(error, _method_name(context))
     refusal_reason.set(info.reason)
     detail = any_pb2.Any()
     detail.Pack(info)
@@ -66,6 +51,34 @@ async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: Excepti
         status_pb2.Status(code=code.value[0], message=message, details=[detail])
     )
     await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def error_status(
+    error: BaseException, method: str = "rpc"
+) -> tuple[grpc.StatusCode, str, error_details_pb2.ErrorInfo]:
+    """The status `error` is answered with: its code, its message and its ErrorInfo (see
+    the module docstring); what is not a WorkshopError is logged here, under `method`.
+
+    The one mapping of errors to statuses: `abort_with` answers a call with it, and a
+    stream that answers each of its messages on its own (JobService.Session) answers a
+    message's error with it."""
+    if isinstance(error, WorkshopError):
+        code = status_for(error).grpc_code
+        message = bounded_message(error.message)
+        info = error_details_pb2.ErrorInfo(
+            reason=error.reason, domain=ERROR_DOMAIN, metadata=bounded_metadata(error.metadata)
+        )
+    elif (status := status_for(error)) is not INTERNAL:
+        log.warning("%s in %s: %s", type(error).__name__, method, error)
+        code = status.grpc_code
+        message = "A dependency of this service cannot be reached now; ask again shortly."
+        info = error_details_pb2.ErrorInfo(reason=code.name, domain=ERROR_DOMAIN)
+    else:
+        log.exception("unhandled error in %s", method, exc_info=error)
+        code = grpc.StatusCode.INTERNAL
+        message = "internal error; the server log has the details"
+        info = error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN)
+    return code, message, info
 
 
 def _method_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:

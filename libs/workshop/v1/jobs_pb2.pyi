@@ -25,6 +25,188 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class SessionRequest(_message.Message):
+    """One call on a processor's session stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    REPORT_PROGRESS_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    FAIL_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    """Chosen by the processor, unique among its calls in flight on this stream; echoed on the answer."""
+    @_builtins.property
+    def claim(self) -> Global___ClaimRequest:
+        """As Claim."""
+
+    @_builtins.property
+    def heartbeat(self) -> Global___HeartbeatRequest:
+        """As Heartbeat."""
+
+    @_builtins.property
+    def report_progress(self) -> Global___ReportProgressRequest:
+        """As ReportProgress."""
+
+    @_builtins.property
+    def complete(self) -> Global___CompleteRequest:
+        """As Complete."""
+
+    @_builtins.property
+    def fail(self) -> Global___FailRequest:
+        """As Fail."""
+
+    @_builtins.property
+    def release(self) -> Global___ReleaseRequest:
+        """As Release."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        claim: Global___ClaimRequest | None = ...,
+        heartbeat: Global___HeartbeatRequest | None = ...,
+        report_progress: Global___ReportProgressRequest | None = ...,
+        complete: Global___CompleteRequest | None = ...,
+        fail: Global___FailRequest | None = ...,
+        release: Global___ReleaseRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "claim", b"claim", "complete", b"complete", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "claim", b"claim", "complete", b"complete", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["claim", "heartbeat", "report_progress", "complete", "fail", "release"]  # noqa: Y015
+    _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
+
+Global___SessionRequest: _TypeAlias = SessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionResponse(_message.Message):
+    """The answer to one SessionRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    REPORT_PROGRESS_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    FAIL_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    """The request_id of the call it answers."""
+    @_builtins.property
+    def claim(self) -> Global___ClaimResponse:
+        """As Claim answers."""
+
+    @_builtins.property
+    def heartbeat(self) -> Global___HeartbeatResponse:
+        """As Heartbeat answers."""
+
+    @_builtins.property
+    def report_progress(self) -> Global___ReportProgressResponse:
+        """As ReportProgress answers."""
+
+    @_builtins.property
+    def complete(self) -> Global___CompleteResponse:
+        """As Complete answers."""
+
+    @_builtins.property
+    def fail(self) -> Global___FailResponse:
+        """As Fail answers."""
+
+    @_builtins.property
+    def release(self) -> Global___ReleaseResponse:
+        """As Release answers."""
+
+    @_builtins.property
+    def error(self) -> Global___CallError:
+        """The error the unary RPC would have raised."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        claim: Global___ClaimResponse | None = ...,
+        heartbeat: Global___HeartbeatResponse | None = ...,
+        report_progress: Global___ReportProgressResponse | None = ...,
+        complete: Global___CompleteResponse | None = ...,
+        fail: Global___FailResponse | None = ...,
+        release: Global___ReleaseResponse | None = ...,
+        error: Global___CallError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "claim", b"claim", "complete", b"complete", "error", b"error", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "claim", b"claim", "complete", b"complete", "error", b"error", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["claim", "heartbeat", "report_progress", "complete", "fail", "release", "error"]  # noqa: Y015
+    _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
+
+Global___SessionResponse: _TypeAlias = SessionResponse  # noqa: Y015
+
+@_typing.final
+class CallError(_message.Message):
+    """An error as a unary RPC raises it: its gRPC status code, message and ErrorInfo."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (google.rpc.Code: 3 INVALID_ARGUMENT, 9 FAILED_PRECONDITION, ...)."""
+    message: _builtins.str
+    """The message for people."""
+    reason: _builtins.str
+    """ErrorInfo.reason (LEASE_MISMATCH, RESULT_INVALID, ...); empty when the error has none."""
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """ErrorInfo.metadata."""
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "metadata", b"metadata", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallError: _TypeAlias = CallError  # noqa: Y015
+
+@_typing.final
 class ClaimRequest(_message.Message):
     """Claim the next job for a runtime."""
 

@@ -87,6 +87,11 @@ class JobServiceStub:
                 request_serializer=workshop_dot_v1_dot_jobs__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_jobs__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/workshop.v1.JobService/Session',
+                request_serializer=workshop_dot_v1_dot_jobs__pb2.SessionRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_jobs__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -203,6 +208,29 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """A processor's session: every call above as a message on one bidirectional stream, so that a busy
+        processor pays for one stream instead of a unary call per report (docs/leases-and-fences.md#sessions).
+        The credential (metadata, as for the unary calls) is authenticated once, when the stream opens
+        (UNAUTHENTICATED ends the stream at once; so does PERMISSION_DENIED for a credential that may make none
+        of the calls: not a workshop:run or admin key); every write is still fenced in SQL as its unary RPC is,
+        so a key revoked, a policy raised or a recording replaced while the stream is open refuses the next
+        write. Each SessionRequest carries a call and a request_id; its SessionResponse carries the same
+        request_id and the unary RPC's answer, or the error that RPC would have raised (`error`: the stream goes
+        on). Calls run concurrently (a Claim waiting for a job does not hold back a ReportProgress): answers come
+        in the order they finish, at most 64 calls in flight per stream (more: RESOURCE_EXHAUSTED in `error`). A
+        Claim's wait is its wait_seconds, ended a second before the stream's deadline when it has one. When the
+        client half-closes, the calls in flight are answered and the stream ends (OK). A stream that breaks
+        loses nothing committed (the calls in flight are cancelled; each commits whole or not at all): a call
+        whose answer was lost is asked again on a new stream or unary (Claim and Complete are idempotent with
+        their request ids), and leases lapse on time as ever.
+        Errors ending the stream: UNAUTHENTICATED; PERMISSION_DENIED; INVALID_ARGUMENT reason INVALID_FIELD (a
+        request without a call, a request_id reused while its call is in flight) or MALFORMED_REQUEST.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +263,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=workshop_dot_v1_dot_jobs__pb2.ReleaseRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_jobs__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=workshop_dot_v1_dot_jobs__pb2.SessionRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_jobs__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -422,6 +455,33 @@ class JobService:
             '/workshop.v1.JobService/Release',
             workshop_dot_v1_dot_jobs__pb2.ReleaseRequest.SerializeToString,
             workshop_dot_v1_dot_jobs__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/workshop.v1.JobService/Session',
+            workshop_dot_v1_dot_jobs__pb2.SessionRequest.SerializeToString,
+            workshop_dot_v1_dot_jobs__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

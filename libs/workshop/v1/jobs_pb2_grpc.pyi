@@ -122,6 +122,25 @@ class JobServiceStub:
     """Hands the job back before the lease lapses (graceful shutdown): it is queued again at once and the
     released lease does not count as a lapsed attempt. Errors: FAILED_PRECONDITION (fenced lease).
     """
+    Session: _grpc.StreamStreamMultiCallable[_jobs_pb2.SessionRequest, _jobs_pb2.SessionResponse]
+    """A processor's session: every call above as a message on one bidirectional stream, so that a busy
+    processor pays for one stream instead of a unary call per report (docs/leases-and-fences.md#sessions).
+    The credential (metadata, as for the unary calls) is authenticated once, when the stream opens
+    (UNAUTHENTICATED ends the stream at once; so does PERMISSION_DENIED for a credential that may make none
+    of the calls: not a workshop:run or admin key); every write is still fenced in SQL as its unary RPC is,
+    so a key revoked, a policy raised or a recording replaced while the stream is open refuses the next
+    write. Each SessionRequest carries a call and a request_id; its SessionResponse carries the same
+    request_id and the unary RPC's answer, or the error that RPC would have raised (`error`: the stream goes
+    on). Calls run concurrently (a Claim waiting for a job does not hold back a ReportProgress): answers come
+    in the order they finish, at most 64 calls in flight per stream (more: RESOURCE_EXHAUSTED in `error`). A
+    Claim's wait is its wait_seconds, ended a second before the stream's deadline when it has one. When the
+    client half-closes, the calls in flight are answered and the stream ends (OK). A stream that breaks
+    loses nothing committed (the calls in flight are cancelled; each commits whole or not at all): a call
+    whose answer was lost is asked again on a new stream or unary (Claim and Complete are idempotent with
+    their request ids), and leases lapse on time as ever.
+    Errors ending the stream: UNAUTHENTICATED; PERMISSION_DENIED; INVALID_ARGUMENT reason INVALID_FIELD (a
+    request without a call, a request_id reused while its call is in flight) or MALFORMED_REQUEST.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -214,6 +233,25 @@ class JobServiceAsyncStub(JobServiceStub):
     Release: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ReleaseRequest, _jobs_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Hands the job back before the lease lapses (graceful shutdown): it is queued again at once and the
     released lease does not count as a lapsed attempt. Errors: FAILED_PRECONDITION (fenced lease).
+    """
+    Session: _aio.StreamStreamMultiCallable[_jobs_pb2.SessionRequest, _jobs_pb2.SessionResponse]  # type: ignore[assignment]
+    """A processor's session: every call above as a message on one bidirectional stream, so that a busy
+    processor pays for one stream instead of a unary call per report (docs/leases-and-fences.md#sessions).
+    The credential (metadata, as for the unary calls) is authenticated once, when the stream opens
+    (UNAUTHENTICATED ends the stream at once; so does PERMISSION_DENIED for a credential that may make none
+    of the calls: not a workshop:run or admin key); every write is still fenced in SQL as its unary RPC is,
+    so a key revoked, a policy raised or a recording replaced while the stream is open refuses the next
+    write. Each SessionRequest carries a call and a request_id; its SessionResponse carries the same
+    request_id and the unary RPC's answer, or the error that RPC would have raised (`error`: the stream goes
+    on). Calls run concurrently (a Claim waiting for a job does not hold back a ReportProgress): answers come
+    in the order they finish, at most 64 calls in flight per stream (more: RESOURCE_EXHAUSTED in `error`). A
+    Claim's wait is its wait_seconds, ended a second before the stream's deadline when it has one. When the
+    client half-closes, the calls in flight are answered and the stream ends (OK). A stream that breaks
+    loses nothing committed (the calls in flight are cancelled; each commits whole or not at all): a call
+    whose answer was lost is asked again on a new stream or unary (Claim and Complete are idempotent with
+    their request ids), and leases lapse on time as ever.
+    Errors ending the stream: UNAUTHENTICATED; PERMISSION_DENIED; INVALID_ARGUMENT reason INVALID_FIELD (a
+    request without a call, a request_id reused while its call is in flight) or MALFORMED_REQUEST.
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -340,6 +378,31 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_jobs_pb2.ReleaseResponse, _abc.Awaitable[_jobs_pb2.ReleaseResponse]]:
         """Hands the job back before the lease lapses (graceful shutdown): it is queued again at once and the
         released lease does not count as a lapsed attempt. Errors: FAILED_PRECONDITION (fenced lease).
+        """
+
+    @_abc_1.abstractmethod
+    def Session(
+        self,
+        request_iterator: _MaybeAsyncIterator[_jobs_pb2.SessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_jobs_pb2.SessionResponse], _abc.AsyncIterator[_jobs_pb2.SessionResponse]]:
+        """A processor's session: every call above as a message on one bidirectional stream, so that a busy
+        processor pays for one stream instead of a unary call per report (docs/leases-and-fences.md#sessions).
+        The credential (metadata, as for the unary calls) is authenticated once, when the stream opens
+        (UNAUTHENTICATED ends the stream at once; so does PERMISSION_DENIED for a credential that may make none
+        of the calls: not a workshop:run or admin key); every write is still fenced in SQL as its unary RPC is,
+        so a key revoked, a policy raised or a recording replaced while the stream is open refuses the next
+        write. Each SessionRequest carries a call and a request_id; its SessionResponse carries the same
+        request_id and the unary RPC's answer, or the error that RPC would have raised (`error`: the stream goes
+        on). Calls run concurrently (a Claim waiting for a job does not hold back a ReportProgress): answers come
+        in the order they finish, at most 64 calls in flight per stream (more: RESOURCE_EXHAUSTED in `error`). A
+        Claim's wait is its wait_seconds, ended a second before the stream's deadline when it has one. When the
+        client half-closes, the calls in flight are answered and the stream ends (OK). A stream that breaks
+        loses nothing committed (the calls in flight are cancelled; each commits whole or not at all): a call
+        whose answer was lost is asked again on a new stream or unary (Claim and Complete are idempotent with
+        their request ids), and leases lapse on time as ever.
+        Errors ending the stream: UNAUTHENTICATED; PERMISSION_DENIED; INVALID_ARGUMENT reason INVALID_FIELD (a
+        request without a call, a request_id reused while its call is in flight) or MALFORMED_REQUEST.
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

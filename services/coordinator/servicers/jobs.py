@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from datetime import timedelta
 from functools import lru_cache
+from typing import Any, Protocol
 
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
 
 from services.coordinator import convert
+from services.coordinator.identity.auth import Principal
 from services.coordinator.leases.jobs import (
     HEARTBEAT_INTERVAL,
     PHASES,
@@ -15,11 +22,14 @@ from services.coordinator.leases.jobs import (
     Claimed,
     JobsApi,
     job_id,
+    reporter,
 )
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.views import lease, leases, snapshot_recording
+from workshop.kit.errors import ResourceExhausted
+from workshop.kit.interceptors import error_status
 from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
 
@@ -27,6 +37,8 @@ NO_JOB_RETRY_AFTER = timedelta(seconds=2)
 MAX_CLAIM_WAIT_SECONDS = 60
 # A waiting Claim answers this long before the call's deadline, so the answer arrives.
 DEADLINE_MARGIN_SECONDS = 1.0
+# Calls in flight on one Session stream; one more is answered RESOURCE_EXHAUSTED.
+MAX_SESSION_CALLS = 64
 
 
 def duration(value: timedelta) -> Duration:
@@ -84,21 +96,97 @@ def claim_response(
     return pb.ClaimResponse(job=jobs[0], more_jobs=jobs[1:])
 
 
+class Caller(Protocol):
+    """Who is calling, and how long the call may still take: a unary call's context, or a
+    session stream's (whose credential was authenticated once, when it opened)."""
+
+    async def principal(self) -> Principal: ...
+
+    def time_remaining(self) -> float | None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnaryCaller:
+    """A unary call: its credential authenticated through the principal cache, when the
+    handler asks for it (some check fields first), and its deadline."""
+
+    who: Authenticator
+    context: Context
+
+    async def principal(self) -> Principal:
+        return await self.who.cached(self.context)
+
+    def time_remaining(self) -> float | None:
+        return self.context.time_remaining()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionCaller:
+    """A call on a session stream: the principal the stream authenticated when it opened,
+    and the stream's deadline (None without one)."""
+
+    who: Principal
+    context: Context
+
+    async def principal(self) -> Principal:
+        return self.who
+
+    def time_remaining(self) -> float | None:
+        return self.context.time_remaining()
+
+
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, api: JobsApi, authenticate: Authenticator, events: RunEvents) -> None:
         self.api = api
         self.who = authenticate
         self.events = events
 
-    # Every call here authenticates through the principal cache: job_claim checks the
-    # claiming key and every fenced write the reporting key again, in SQL.
+    # Every unary call authenticates through the principal cache, and a Session once, when
+    # it opens: job_claim checks the claiming key and every fenced write the reporting key
+    # again, in SQL. Each RPC is one function of (caller, request), which the unary method
+    # and the Session's message of that call both run, so they answer alike.
 
     async def Claim(self, request: pb.ClaimRequest, context: Context) -> pb.ClaimResponse:
+        return await self.claim(UnaryCaller(self.who, context), request)
+
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: Context
+    ) -> pb.HeartbeatResponse:
+        return await self.heartbeat(UnaryCaller(self.who, context), request)
+
+    async def ReportProgress(
+        self, request: pb.ReportProgressRequest, context: Context
+    ) -> pb.ReportProgressResponse:
+        return await self.report_progress(UnaryCaller(self.who, context), request)
+
+    async def Complete(self, request: pb.CompleteRequest, context: Context) -> pb.CompleteResponse:
+        return await self.complete(UnaryCaller(self.who, context), request)
+
+    async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
+        return await self.fail(UnaryCaller(self.who, context), request)
+
+    async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
+        return await self.release(UnaryCaller(self.who, context), request)
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.SessionRequest], context: Context
+    ) -> AsyncIterator[pb.SessionResponse]:
+        """A processor's session (jobs.proto; docs/leases-and-fences.md#sessions)."""
+        who = await self.who.cached(context)
+        reporter(who)  # what every call on it needs: a workshop:run (or admin) key
+        session = _Session(self, SessionCaller(who, context))
+        async with aclosing(session.answers(request_iterator)) as answers:
+            async for answer in answers:
+                yield answer
+
+    # The calls, each as its unary RPC answers it.
+
+    async def claim(self, caller: Caller, request: pb.ClaimRequest) -> pb.ClaimResponse:
         if request.wait_seconds > MAX_CLAIM_WAIT_SECONDS:
             raise InvalidField(f"wait_seconds must be 0..{MAX_CLAIM_WAIT_SECONDS}.")
-        who = await self.who.cached(context)
+        who = await caller.principal()
         wait = float(request.wait_seconds)
-        remaining = context.time_remaining()
+        remaining = caller.time_remaining()
         if remaining is not None:
             wait = min(wait, remaining - DEADLINE_MARGIN_SECONDS)
         claimed = await self.api.claim_waiting(
@@ -113,17 +201,13 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         retry_after = timedelta(0) if request.wait_seconds else NO_JOB_RETRY_AFTER
         return pb.ClaimResponse(retry_after=duration(retry_after))
 
-    async def Heartbeat(
-        self, request: pb.HeartbeatRequest, context: Context
-    ) -> pb.HeartbeatResponse:
+    async def heartbeat(self, caller: Caller, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         if not request.leases:  # one lease: a refusal is the call's error
-            renewed = await self.api.heartbeat(await self.who.cached(context), lease(request.lease))
+            renewed = await self.api.heartbeat(await caller.principal(), lease(request.lease))
             return pb.HeartbeatResponse(lease_expires_at=convert.ts(renewed))
         if request.HasField("lease"):
             raise InvalidField("Send lease or leases, not both.")
-        answers = await self.api.heartbeat_many(
-            await self.who.cached(context), leases(request.leases)
-        )
+        answers = await self.api.heartbeat_many(await caller.principal(), leases(request.leases))
         return pb.HeartbeatResponse(
             renewals=[
                 pb.LeaseRenewal(
@@ -136,8 +220,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             ]
         )
 
-    async def ReportProgress(
-        self, request: pb.ReportProgressRequest, context: Context
+    async def report_progress(
+        self, caller: Caller, request: pb.ReportProgressRequest
     ) -> pb.ReportProgressResponse:
         phase = None
         if request.HasField("phase"):
@@ -146,14 +230,14 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             phase = common_pb2.JobPhase.Name(request.phase).removeprefix("JOB_PHASE_").lower()
             assert phase in PHASES
         percent, persisted, renewed = await self.api.progress(
-            await self.who.cached(context), lease(request.lease), request.percent, phase
+            await caller.principal(), lease(request.lease), request.percent, phase
         )
         return pb.ReportProgressResponse(
             percent=percent, persisted=persisted, lease_expires_at=convert.ts(renewed)
         )
 
-    async def Complete(self, request: pb.CompleteRequest, context: Context) -> pb.CompleteResponse:
-        who = await self.who.cached(context)
+    async def complete(self, caller: Caller, request: pb.CompleteRequest) -> pb.CompleteResponse:
+        who = await caller.principal()
         then = None
         if request.HasField("then_claim"):
             ask = request.then_claim
@@ -188,13 +272,127 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
         return claim_response(claimed, self.api.heartbeat_interval)
 
-    async def Fail(self, request: pb.FailRequest, context: Context) -> pb.FailResponse:
-        who = await self.who.cached(context)  # the credential before the request's fields
+    async def fail(self, caller: Caller, request: pb.FailRequest) -> pb.FailResponse:
+        who = await caller.principal()  # the credential before the request's fields
         if request.reason != common_pb2.FAILURE_REASON_PROCESSOR_FAILED:
             raise InvalidField("reason must be PROCESSOR_FAILED; lapses are the coordinator's.")
         await self.api.fail(who, lease(request.lease), request.message)
         return pb.FailResponse(state=common_pb2.JOB_STATE_FAILED)
 
-    async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
-        await self.api.release(await self.who.cached(context), lease(request.lease))
+    async def release(self, caller: Caller, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
+        await self.api.release(await caller.principal(), lease(request.lease))
         return pb.ReleaseResponse(state=common_pb2.JOB_STATE_QUEUED)
+
+
+# A Session's calls: the SessionRequest field of each (also its SessionResponse field), and
+# the JobServicer function that answers it.
+SessionCall = Callable[[JobServicer, Caller, Any], Awaitable[Message]]
+SESSION_CALLS: dict[str, SessionCall] = {
+    "claim": JobServicer.claim,
+    "heartbeat": JobServicer.heartbeat,
+    "report_progress": JobServicer.report_progress,
+    "complete": JobServicer.complete,
+    "fail": JobServicer.fail,
+    "release": JobServicer.release,
+}
+SESSION_METHOD = "workshop.v1.JobService/Session"
+
+
+class _Session:
+    """One Session stream: reads its requests, runs each call as a task of its own (at most
+    MAX_SESSION_CALLS at once), and answers each as it finishes.
+
+    The answers are queued (at most MAX_SESSION_CALLS waiting), so a client that reads none
+    stops the reading of its requests rather than filling memory. When the client
+    half-closes, the calls in flight finish and the stream ends; when the stream ends any
+    other way (cancelled, broken, or ended by a request it refuses), the calls in flight are
+    cancelled: each is a unary call's code path, whose transaction commits or rolls back as
+    a cancelled unary call's does."""
+
+    def __init__(self, servicer: JobServicer, caller: SessionCaller) -> None:
+        self._servicer = servicer
+        self._caller = caller
+        self._in_flight: dict[int, asyncio.Task[None]] = {}
+        # an answer; an error that ends the stream; None: the end, every call answered
+        self._out: asyncio.Queue[pb.SessionResponse | Exception | None] = asyncio.Queue(
+            MAX_SESSION_CALLS
+        )
+
+    async def answers(
+        self, requests: AsyncIterator[pb.SessionRequest]
+    ) -> AsyncGenerator[pb.SessionResponse, None]:
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while True:
+                out = await self._out.get()
+                if out is None:
+                    return
+                if isinstance(out, Exception):
+                    raise out
+                yield out
+        finally:
+            pending = [reader, *self._in_flight.values()]
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
+
+    async def _read(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
+        try:
+            async for request in requests:
+                await self._start(request)
+            while self._in_flight:  # half-closed: the calls in flight finish
+                await asyncio.wait(list(self._in_flight.values()))
+        except Exception as error:  # a request refused (INVALID_ARGUMENT) ends the stream
+            await self._out.put(error)
+            return
+        await self._out.put(None)
+
+    async def _start(self, request: pb.SessionRequest) -> None:
+        kind = request.WhichOneof("call")
+        if kind is None:
+            raise InvalidField(
+                "A SessionRequest needs a call (claim, heartbeat, report_progress, complete, "
+                "fail or release).",
+                metadata={"field": "call"},
+            )
+        request_id = request.request_id
+        if request_id in self._in_flight:
+            raise InvalidField(
+                f"request_id {request_id} is in flight on this stream: choose one that is not.",
+                metadata={"field": "request_id"},
+            )
+        if len(self._in_flight) >= MAX_SESSION_CALLS:
+            error = ResourceExhausted(
+                f"At most {MAX_SESSION_CALLS} calls may be in flight on one Session; send this "
+                "one again once an answer has come.",
+                metadata={"limit": str(MAX_SESSION_CALLS)},
+            )
+            await self._out.put(_error_answer(request_id, kind, error))
+            return
+        self._in_flight[request_id] = asyncio.create_task(self._call(request, kind))
+
+    async def _call(self, request: pb.SessionRequest, kind: str) -> None:
+        try:
+            try:
+                reply = await SESSION_CALLS[kind](
+                    self._servicer, self._caller, getattr(request, kind)
+                )
+            except Exception as error:
+                answer = _error_answer(request.request_id, kind, error)
+            else:
+                answer = pb.SessionResponse(request_id=request.request_id)
+                getattr(answer, kind).CopyFrom(reply)
+            await self._out.put(answer)
+        finally:
+            del self._in_flight[request.request_id]
+
+
+def _error_answer(request_id: int, kind: str, error: Exception) -> pb.SessionResponse:
+    """The error the unary RPC would have been answered with, as its answer on the stream."""
+    code, message, info = error_status(error, f"{SESSION_METHOD} {kind}")
+    return pb.SessionResponse(
+        request_id=request_id,
+        error=pb.CallError(
+            code=code.value[0], message=message, reason=info.reason, metadata=info.metadata
+        ),
+    )
