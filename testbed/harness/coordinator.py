@@ -4,6 +4,11 @@
 credential, the clock to move, and the database for direct assertions.
 `coordinator_process` starts one as its own process instead (a replica a test kills),
 and `coordinator_client` is the harness on such a one.
+
+`jobs` is JobService's stub, or with `job_transport="session"` a `SessionJobs` that makes
+the same calls as messages on Session streams (`testbed.session_jobs`): the `job_transport`
+fixture chooses it for `coordinator`, and a test module whose tests must hold on both paths
+(the lease and fence tests) overrides that fixture with `JOB_TRANSPORTS` as its params.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.clock import FrozenClock
 from services.coordinator.platform.db import Database
 from testbed.harness.processes import ServiceProcess, running_service
+from testbed.session_jobs import JOB_TRANSPORTS, SessionJobs
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
 from workshop.kit.server import Server, ServerSettings
@@ -45,7 +51,7 @@ class CoordinatorHarness:
     channel: Any
     operator: operator_pb2_grpc.OperatorServiceAsyncStub
     workshop: workshop_pb2_grpc.WorkshopServiceAsyncStub
-    jobs: jobs_pb2_grpc.JobServiceAsyncStub
+    jobs: jobs_pb2_grpc.JobServiceAsyncStub | SessionJobs
     publication: publication_pb2_grpc.PublicationServiceAsyncStub
     identity: identity_pb2_grpc.IdentityServiceAsyncStub
     admin: tuple[tuple[str, str], ...]
@@ -74,9 +80,11 @@ async def running_coordinator(
     job_capacity: int = 1_000_000,
     pool_size: int = 4,
     port: int = 0,
+    job_transport: str = "unary",
 ) -> AsyncIterator[CoordinatorHarness]:
     """A coordinator on `dsn` in this process, on `port` (0: a free one; a given port lets a
-    test start it again where its clients point)."""
+    test start it again where its clients point); `job_transport` says what `jobs` is (the
+    module docstring)."""
     clock = clock or FrozenClock(EPOCH)
     async with Database.open(dsn, size=pool_size) as db:
         coordinator = build(db, clock, job_capacity=job_capacity)
@@ -89,7 +97,9 @@ async def running_coordinator(
         )
         port = await server.start()
         try:
-            async with _harness(db, clock, port, max_attempts=1) as harness:
+            async with _harness(
+                db, clock, port, max_attempts=1, job_transport=job_transport
+            ) as harness:
                 harness.metrics_port = server.metrics_port
                 yield harness
         finally:
@@ -108,10 +118,18 @@ async def coordinator_client(dsn: str, port: int) -> AsyncIterator[CoordinatorHa
 
 @asynccontextmanager
 async def _harness(
-    db: Database, clock: FrozenClock, port: int, *, max_attempts: int = 5
+    db: Database,
+    clock: FrozenClock,
+    port: int,
+    *,
+    max_attempts: int = 5,
+    job_transport: str = "unary",
 ) -> AsyncIterator[CoordinatorHarness]:
     """Stubs on a channel to `port` and a fresh admin key; closes the channel."""
+    if job_transport not in JOB_TRANSPORTS:
+        raise ValueError(f"job_transport must be one of {JOB_TRANSPORTS}, not {job_transport!r}")
     channel = open_channel(f"127.0.0.1:{port}", max_attempts=max_attempts)
+    sessions = SessionJobs(channel) if job_transport == "session" else None
     try:
         harness = CoordinatorHarness(
             db=db,
@@ -120,7 +138,7 @@ async def _harness(
             channel=channel,
             operator=operator_pb2_grpc.OperatorServiceStub(channel),
             workshop=workshop_pb2_grpc.WorkshopServiceStub(channel),
-            jobs=jobs_pb2_grpc.JobServiceStub(channel),
+            jobs=sessions or jobs_pb2_grpc.JobServiceStub(channel),
             publication=publication_pb2_grpc.PublicationServiceStub(channel),
             identity=identity_pb2_grpc.IdentityServiceStub(channel),
             admin=(),
@@ -128,12 +146,21 @@ async def _harness(
         harness.admin = bearer_metadata(await harness.key(Grant(ScopeName.ADMIN), name="admin"))
         yield harness
     finally:
+        if sessions is not None:
+            await sessions.close()
         await channel.close()
 
 
 @pytest.fixture
-async def coordinator(pg_dsn: str) -> AsyncIterator[CoordinatorHarness]:
-    async with running_coordinator(pg_dsn) as harness:
+def job_transport() -> str:
+    """How `coordinator`'s `jobs` calls JobService: the unary stub. A module whose tests run
+    on both paths overrides this fixture: `@pytest.fixture(params=JOB_TRANSPORTS)`."""
+    return "unary"
+
+
+@pytest.fixture
+async def coordinator(pg_dsn: str, job_transport: str) -> AsyncIterator[CoordinatorHarness]:
+    async with running_coordinator(pg_dsn, job_transport=job_transport) as harness:
         yield harness
 
 

@@ -22,12 +22,19 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import workshop_pb2 as ws
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
 NO_LEASE = "00000000-0000-0000-0000-000000000000"
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 @pytest.fixture

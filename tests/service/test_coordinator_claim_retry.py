@@ -27,11 +27,18 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE, error_reason
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import jobs_pb2
 
 FIRST = "3f2a9c0e5b7d4e11a0c2b4d6e8f01234"  # a uuid4 hex, as the processor sends
 SECOND = "claim:2.b_c-d"
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE, run_request, save_workflow, workflow_spec
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import workshop_pb2 as ws
@@ -49,6 +50,12 @@ JOBS_CHANNEL = "workshop_jobs"
 FENCE_CHANNEL = "claim_wait_test_fence"
 LONG_WAIT = 30  # a woken Claim answers long before; an unwoken one fails the test
 SHORT_WAIT = 2  # for a Claim that must answer no job
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 @pytest.fixture

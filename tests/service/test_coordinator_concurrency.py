@@ -56,6 +56,7 @@ from testbed.coordinator_world import (
     workflow_spec,
 )
 from testbed.harness.coordinator import EPOCH, CoordinatorHarness, running_coordinator
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import (
     common_pb2,
@@ -484,9 +485,10 @@ def _check_leases(log: Log, jobs: dict[int, Row], receipts: dict[int, Row]) -> N
             log.violation(f"{where}: left {row['state']}")
 
 
-async def test_claimers_crashes_and_time(pg_dsn: str) -> None:
+@pytest.mark.parametrize("job_transport", JOB_TRANSPORTS)
+async def test_claimers_crashes_and_time(pg_dsn: str, job_transport: str) -> None:
     started = time.perf_counter()
-    async with running_coordinator(pg_dsn, pool_size=POOL_SIZE) as c:
+    async with running_coordinator(pg_dsn, pool_size=POOL_SIZE, job_transport=job_transport) as c:
         runtime = await _create_run(c)
         key = bearer_metadata(
             await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="processor")

@@ -40,6 +40,7 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op
@@ -47,6 +48,12 @@ from workshop.v1 import publication_pb2 as pub
 
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 @pytest.fixture
@@ -116,7 +123,7 @@ async def test_a_key_revoked_elsewhere_gets_no_lease_renewal_or_commit(
 
 
 async def test_a_revocation_through_this_coordinator_empties_its_cache(
-    coordinator: CoordinatorHarness, s: Setup
+    coordinator: CoordinatorHarness, s: Setup, job_transport: str
 ) -> None:
     c = coordinator
     job = await claimed(c, s)
@@ -124,11 +131,15 @@ async def test_a_revocation_through_this_coordinator_empties_its_cache(
     async with c.db.connection() as connection:
         key_id = await connection.fetchval("SELECT key_id FROM keys WHERE name = 'processor'")
     await c.operator.RevokeKey(op.RevokeKeyRequest(key_id=key_id), metadata=c.admin)
-    # Authenticated afresh: the credential itself is refused, not just the write.
-    assert await refused(heartbeat(c, job, s.processor)) == (
-        UNAUTHENTICATED,
-        "CREDENTIAL_REJECTED",
+    # Authenticated afresh: the credential itself is refused, not just the write. A Session
+    # authenticated once, when it opened (before the revocation): its write is refused by
+    # the SQL's fence 4 instead (test_coordinator_sessions.py).
+    expected = (
+        (UNAUTHENTICATED, "CREDENTIAL_REJECTED")
+        if job_transport == "unary"
+        else (FAILED_PRECONDITION, "REPORTER_NOT_AUTHORIZED")
     )
+    assert await refused(heartbeat(c, job, s.processor)) == expected
 
 
 async def test_a_reporting_key_of_a_user_disabled_elsewhere_stops(
@@ -209,12 +220,12 @@ async def test_staging_says_when_an_uncommitted_object_becomes_collectable(
 
 
 async def test_a_replica_that_did_not_claim_the_job_commits_and_settles_it(
-    coordinator: CoordinatorHarness, pg_dsn: str, s: Setup
+    coordinator: CoordinatorHarness, pg_dsn: str, s: Setup, job_transport: str
 ) -> None:
     c = coordinator
     job = await claimed(c, s)
     result = empty_result(job)
-    async with running_coordinator(pg_dsn, clock=c.clock) as other:
+    async with running_coordinator(pg_dsn, clock=c.clock, job_transport=job_transport) as other:
         first = await other.jobs.Complete(complete_request(job, result), metadata=s.processor)
         assert not first.already_committed
         again = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)

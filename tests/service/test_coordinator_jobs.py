@@ -39,6 +39,7 @@ from testbed.coordinator_world import (
     workflow_spec,
 )
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op
@@ -46,6 +47,12 @@ from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 @pytest.fixture

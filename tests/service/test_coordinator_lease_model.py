@@ -49,6 +49,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import grpc
+import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -76,6 +77,7 @@ from testbed.coordinator_world import (
     workflow_spec,
 )
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from tests.lease_model import OK, Job, Lease, Outcome, Pass, RunModel, refused
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
@@ -131,6 +133,12 @@ FAILURE_REASONS = {
     "source_changed": common_pb2.FAILURE_REASON_SOURCE_CHANGED,
     "authority_lost": common_pb2.FAILURE_REASON_AUTHORITY_LOST,
 }
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 def phase_enum(phase: str | None) -> common_pb2.JobPhase.ValueType:

@@ -31,9 +31,16 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.v1 import common_pb2, jobs_pb2
 
 BOX = common_pb2.Box(class_name="person", score=0.9, x=0.1, y=0.1, w=0.2, h=0.3)
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 def digest(data: bytes) -> str:

@@ -36,6 +36,7 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE, DAY, put_recording
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import operator_pb2 as op
@@ -48,6 +49,12 @@ AUTHORITY_LOST = common_pb2.FAILURE_REASON_AUTHORITY_LOST
 FAILED = common_pb2.JOB_STATE_FAILED
 LEASED = common_pb2.JOB_STATE_LEASED
 COMPLETED = common_pb2.JOB_STATE_COMPLETED
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 @pytest.fixture
