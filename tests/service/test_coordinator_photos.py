@@ -21,10 +21,17 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import DAY, error_reason, put_recording, stamp
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.v1 import common_pb2
 from workshop.v1 import workshop_pb2 as ws
 
 AT = DAY + timedelta(hours=8, minutes=30, seconds=15)
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 async def seen(c: CoordinatorHarness, runtime_id: str) -> None:

@@ -36,6 +36,7 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE, error_reason
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.object_keys import object_key
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
@@ -47,6 +48,12 @@ UPLOAD = common_pb2.OBJECT_KIND_UPLOAD
 # What Complete answers for an upload no row backs (reason UPLOAD_NOT_STAGED in SQL).
 NOT_STAGED = (grpc.StatusCode.INVALID_ARGUMENT, "RESULT_INVALID")
 ALL_OBJECTS = "SELECT * FROM staged_objects ORDER BY object_key"
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 def digest(data: bytes) -> str:

@@ -34,6 +34,7 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import DAY, error_reason, put_recording
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
@@ -43,6 +44,12 @@ from workshop.v1 import workshop_pb2 as ws
 INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 PREVIEW = common_pb2.OBJECT_KIND_PREVIEW
+
+
+@pytest.fixture(params=JOB_TRANSPORTS)
+def job_transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs twice: on JobService's unary calls and on a Session stream."""
+    return str(request.param)
 
 
 async def row(c: CoordinatorHarness, key: str) -> dict[str, Any] | None:
