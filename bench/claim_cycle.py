@@ -1,6 +1,6 @@
 """Lease cycles over gRPC: 8 simulated processors against the coordinator, and procrastinate.
 
-    .venv/bin/python -m bench.claim_cycle [--profile] [--check]
+    .venv/bin/python -m bench.claim_cycle [--profile] [--check] [--session]
 
 Starts a throwaway Postgres cluster with the test harness (tmpfs when roomy, fsync and
 synchronous_commit off), migrates a database and starts the coordinator as its own
@@ -21,6 +21,12 @@ Measured:
   runtime is committed. A cycle is one job: Cycles / wall time from the moment all
   processes are released. `--unbatched` runs the previous protocol instead (Claim of
   one job -> Heartbeat x2 -> Complete), for comparison.
+- with `--session`, the same throughput phase again on as many new runs (the database
+  vacuumed first, not measured), each processor's calls made as messages on one
+  JobService.Session stream of its own (`testbed.session_jobs.SessionJobs`) instead of
+  unary RPCs: the batched Claim, the 2 progress reports and the Complete with then_claim,
+  one message each way per call. The default figures are the unary phase's, as without
+  the flag; the session phase adds its own.
 - latency: 100 more runs of 1,000 jobs (25 per runtime; 100,000 queued), then the same
   8 processes cycle `--latency-cycles` jobs each, claiming with a plain batched Claim
   (no then_claim, so that every batch is a measured Claim); p50/p99 of the Claim RPC
@@ -48,7 +54,10 @@ claim_p99_ms=<z> cpu_ratio=<c> grpc_floor_ms=<f> claim_alone_p99_ms=<a>
 durable_floor_ratio=<d>`: the last is the durable floor's cycles/s (bench.grpc_floor with a
 database: the cycle's calls, each with the one fenced statement it cannot do without, and
 nothing else) over procrastinate's jobs/s, the best ratio the prescribed cycle can reach
-in Python gRPC on this machine. Everything it starts is stopped on exit, also on error,
+in Python gRPC on this machine. With `--session` the line goes on with
+`session_cycles_per_s=<s> session_ratio=<s/y> session_cpu_ratio=<c'>`: the session phase's
+cycles/s, its ratio to procrastinate's jobs/s, and procrastinate's CPU per job over the
+session phase's CPU per cycle. Everything it starts is stopped on exit, also on error,
 Ctrl-C or SIGTERM.
 """
 
@@ -109,6 +118,7 @@ from testbed.harness.postgres import (
     quote_ident,
 )
 from testbed.harness.processes import ServiceProcess
+from testbed.session_jobs import SessionJobs
 from tools.localstack.postgres import create_database
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
@@ -199,6 +209,7 @@ class ProcessorConfig:
     in_flight: int  # places: a Claim asks for as many jobs as are free (1: unbatched)
     fold: bool  # Complete claims the jobs for the places it frees (then_claim)
     batched: bool  # False: the previous protocol, Claim -> Heartbeat x2 -> Complete
+    session: bool = False  # the calls as messages on one JobService.Session stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +263,11 @@ async def _processor(
     channel = open_channel(config.target)
     try:
         await asyncio.wait_for(channel.channel_ready(), READY_TIMEOUT_S)
-        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        # On a Session stream a call has no deadline of its own (a deadline is the stream's).
+        rpc_timeout = None if config.session else RPC_TIMEOUT_S
+        stub: jobs_pb2_grpc.JobServiceAsyncStub | SessionJobs = (
+            SessionJobs(channel) if config.session else jobs_pb2_grpc.JobServiceStub(channel)
+        )
         metadata = bearer_metadata(config.secret)
         # Every job has the same 60 slots, so its all-EMPTY result and digest are built
         # once per slot count: what a processor computes is not what is measured here.
@@ -270,7 +285,7 @@ async def _processor(
                 reply = await stub.Claim(
                     _claim_request(config, config.in_flight),
                     metadata=metadata,
-                    timeout=RPC_TIMEOUT_S,
+                    timeout=rpc_timeout,
                 )
                 claimed = clock()
                 if not reply.HasField("job"):
@@ -293,13 +308,13 @@ async def _processor(
                             lease=job.lease, percent=(renewal + 1) * 100 // (RENEWALS + 1)
                         ),
                         metadata=metadata,
-                        timeout=RPC_TIMEOUT_S,
+                        timeout=rpc_timeout,
                     )
                 else:
                     await stub.Heartbeat(
                         jobs_pb2.HeartbeatRequest(lease=job.lease),
                         metadata=metadata,
-                        timeout=RPC_TIMEOUT_S,
+                        timeout=rpc_timeout,
                     )
                 report.renew_s.append(clock() - began)
             result, digest = _empty_result(results, job)
@@ -313,7 +328,7 @@ async def _processor(
             if config.fold:  # the places free once this job is done
                 request.then_claim.CopyFrom(_claim_request(config, config.in_flight - len(held)))
             began = clock()
-            done = await stub.Complete(request, metadata=metadata, timeout=RPC_TIMEOUT_S)
+            done = await stub.Complete(request, metadata=metadata, timeout=rpc_timeout)
             report.complete_s.append(clock() - began)
             if done.claimed.HasField("job"):
                 held.extend([done.claimed.job, *done.claimed.more_jobs])
@@ -327,8 +342,10 @@ async def _processor(
         # of the queue and the other processor of the runtime would find nothing to claim.
         for job in held:
             await stub.Release(
-                jobs_pb2.ReleaseRequest(lease=job.lease), metadata=metadata, timeout=RPC_TIMEOUT_S
+                jobs_pb2.ReleaseRequest(lease=job.lease), metadata=metadata, timeout=rpc_timeout
             )
+        if isinstance(stub, SessionJobs):
+            await stub.close()
         return report
     finally:
         await channel.close()
@@ -896,6 +913,7 @@ class Options:
     in_flight: int
     batched: bool
     coordinators: int = 1
+    session: bool = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -946,6 +964,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="coordinator replicas (processes) on the one database; processor i uses "
         "replica i mod N (default 1)",
     )
+    parser.add_argument(
+        "--session",
+        action="store_true",
+        help="also run the throughput phase over JobService.Session streams (one per "
+        "processor) and report it beside the unary figures",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if args.runs < RUNTIMES or args.runs % RUNTIMES:
@@ -967,6 +991,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         in_flight=1 if args.unbatched else args.in_flight,
         batched=not args.unbatched,
         coordinators=args.coordinators,
+        session=args.session,
     )
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -1021,7 +1046,9 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
         )
         phases: list[Phase] = []
 
-        def processor_args(expected: int, max_cycles: int, fold: bool) -> list[tuple[Any, ...]]:
+        def processor_args(
+            expected: int, max_cycles: int, fold: bool, session: bool = False
+        ) -> list[tuple[Any, ...]]:
             completed: SynchronizedArray[int] = ctx.Array("q", RUNTIMES)
             return [
                 (
@@ -1036,6 +1063,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
                         in_flight=options.in_flight,
                         fold=fold and options.batched,
                         batched=options.batched,
+                        session=session,
                     ),
                     completed,
                     ready,
@@ -1071,6 +1099,32 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             _run(lambda: _statements_report(dsn, throughput.cycles, "cycle"))
             say()
             _py_spy_report(spy_out, throughput.wall_s)
+
+        session_phase = None
+        if options.session:
+            # As many jobs again, on a vacuumed database as the first phase had a fresh one.
+            began = time.perf_counter()
+            _run(lambda: _prepare_more(dsn, port, world, "session", options.runs))
+            vacuum_s = _run(lambda: _vacuum(dsn))
+            say(
+                f"setup: {options.runs} more runs, {options.runs * JOBS_PER_RUN:,} jobs queued "
+                f"for the session phase ({time.perf_counter() - began:.1f} s, vacuum "
+                f"{vacuum_s:.1f} s)"
+            )
+            session_phase = _run_children(
+                ctx,
+                f"session ({options.runs * JOBS_PER_RUN:,} queued)",
+                _processor_child,
+                processor_args(options.runs // RUNTIMES * JOBS_PER_RUN, 0, fold=True, session=True),
+                cluster,
+                coordinators,
+                ready,
+                go,
+                reports,
+            )
+            phases.append(session_phase)
+            _run(lambda: _check_committed(dsn, "session", options.runs * JOBS_PER_RUN))
+            say(f"session: {session_phase.cycles:,} cycles in {session_phase.wall_s:.2f} s")
 
         latency_runs = QUEUED_FOR_LATENCY // JOBS_PER_RUN
         began = time.perf_counter()
@@ -1201,11 +1255,25 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
         f"{'met' if claim_p99 <= TARGET_CLAIM_P99_MS else 'MISSED'} (one processor alone: "
         f"{claim_alone_p99:.1f} ms)"
     )
+    session_result = ""
+    if session_phase is not None:
+        session_per_s = session_phase.cycles / session_phase.wall_s
+        session_ratio = session_per_s / jobs_per_s
+        session_cpu_ratio = _cpu_per_unit(worked) / _cpu_per_unit(session_phase)
+        say(
+            f"session: {session_per_s:.0f} cycles/s over JobService.Session streams, "
+            f"{session_ratio:.2f} of procrastinate's jobs/s (unary {ratio:.2f}); on CPU per "
+            f"cycle {session_cpu_ratio:.2f} (unary {cpu_ratio:.2f})"
+        )
+        session_result = (
+            f" session_cycles_per_s={session_per_s:.0f} session_ratio={session_ratio:.2f} "
+            f"session_cpu_ratio={session_cpu_ratio:.2f}"
+        )
     say(
         f"RESULT claim_cycles_per_s={cycles_per_s:.0f} procrastinate_jobs_per_s={jobs_per_s:.0f} "
         f"ratio={ratio:.2f} claim_p99_ms={claim_p99:.1f} cpu_ratio={cpu_ratio:.2f} "
         f"grpc_floor_ms={floor.total_ms:.2f} claim_alone_p99_ms={claim_alone_p99:.1f} "
-        f"durable_floor_ratio={durable_ratio:.2f}"
+        f"durable_floor_ratio={durable_ratio:.2f}{session_result}"
     )
     return ratio, claim_p99
 
