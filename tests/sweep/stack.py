@@ -327,6 +327,17 @@ def examples(world: World) -> dict[str, list[Message]]:
             complete_request(job, empty_result(job)),
             _then_claim(complete_request(job, empty_result(job)), s.world.tracking_runtime),
         ],
+        # one message of a processor's session (the sweep sends one, then half-closes)
+        "/workshop.v1.JobService/Session": [
+            jobs_pb2.SessionRequest(request_id=1, heartbeat=jobs_pb2.HeartbeatRequest(lease=lease)),
+            jobs_pb2.SessionRequest(
+                request_id=2,
+                report_progress=jobs_pb2.ReportProgressRequest(lease=lease, percent=10),
+            ),
+            jobs_pb2.SessionRequest(
+                request_id=3, complete=complete_request(job, empty_result(job))
+            ),
+        ],
         "/workshop.v1.PublicationService/CheckLease": [
             pub.CheckLeaseRequest(lease=lease, code_sha256=CODE)
         ],
