@@ -31,6 +31,7 @@ from testbed.coordinator_world import CODE, error_reason
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.session_jobs import SessionCallError, SessionStream
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.metrics import REGISTRY
 from workshop.v1 import jobs_pb2, jobs_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 
@@ -346,3 +347,50 @@ async def test_a_session_broken_after_a_commit_loses_nothing_and_the_retry_answe
     assert retried.complete.receipt.items_saved == 2
     assert await c.count("receipts") == 1
     assert await c.count("bucket_items") == 2
+
+
+# metrics -----------------------------------------------------------------------------------
+
+
+def counted(series: str, method: str, **labels: str) -> float:
+    """The value of the coordinator-test's `series` sample for `method` (and `labels`)."""
+    wanted = {"service": "coordinator-test", "method": method, **labels}
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name == series and all(
+                sample.labels.get(name) == value for name, value in wanted.items()
+            ):
+                return float(sample.value)
+    return 0.0
+
+
+async def test_each_call_on_a_session_is_counted_as_a_call_of_its_own(
+    coordinator: CoordinatorHarness,
+) -> None:
+    c = coordinator
+    s, job = await leased(c)
+    on_stream = "workshop.v1.JobService/Session/Heartbeat"
+    unary = "workshop.v1.JobService/Heartbeat"
+    before = (
+        counted("workshop_rpc_requests_total", on_stream, code="OK"),
+        counted("workshop_rpc_requests_total", on_stream, code="FAILED_PRECONDITION"),
+        counted("workshop_rpc_refusals_total", on_stream, reason="LEASE_MISMATCH"),
+        counted("workshop_rpc_requests_total", unary, code="OK"),
+    )
+    forged = jobs_pb2.ClaimedJob()
+    forged.CopyFrom(job)
+    forged.lease.token = "00000000-0000-4000-8000-000000000000"
+    call = session(c, s.processor)
+    for request_id, lease in enumerate((job, job, forged), start=1):
+        await call.write(heartbeat(request_id, lease))
+        await call.read()
+    await call.done_writing()
+    await read_to_the_end(call)
+    after = (
+        counted("workshop_rpc_requests_total", on_stream, code="OK"),
+        counted("workshop_rpc_requests_total", on_stream, code="FAILED_PRECONDITION"),
+        counted("workshop_rpc_refusals_total", on_stream, reason="LEASE_MISMATCH"),
+        counted("workshop_rpc_requests_total", unary, code="OK"),
+    )
+    # two renewals and a refusal on the stream; no unary Heartbeat was answered
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 1, 1, 0]

@@ -5,11 +5,17 @@ handler returned, else the status the error mapper aborted with, and that error'
 ErrorInfo reason (`workshop.kit.interceptors.refusal_reason`). Health and reflection
 are left out: probes are noise. Like the error mapper, a method's handler is wrapped
 once and reused, and its labelled series are looked up once per method, not per call.
+
+A stream that answers calls of its own (JobService.Session: each message a job call) counts
+each of them with `observe_call`, in the same series as the stream itself under the method
+it names (`workshop.v1.JobService/Session/Complete`), with the serving process's label of
+the stream's call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +28,9 @@ from workshop.kit.interceptors import HandlerWrappingInterceptor, refusal_reason
 from workshop.kit.metrics import RPC_DURATION, RPC_REFUSALS, RPC_REQUESTS
 
 _INFRASTRUCTURE = ("/grpc.health.", "/grpc.reflection.")
+# The serving process's label of the call being measured, for `observe_call` (set in the
+# call's own context, which the tasks it starts copy).
+_serving: contextvars.ContextVar[str] = contextvars.ContextVar("rpc_metrics_serving")
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -57,6 +66,7 @@ def _measured_unary(
 ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
     async def measured(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         started = time.perf_counter()
+        _serving.set(series.service)
         try:
             result = behaviour(request, context)
             answer = await result if inspect.isawaitable(result) else result
@@ -82,6 +92,7 @@ def _measured_stream(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         started = time.perf_counter()
+        _serving.set(series.service)
         try:
             async for item in behaviour(request, context):
                 yield item
@@ -94,6 +105,25 @@ def _measured_stream(
         series.answered(started)
 
     return measured
+
+
+_CALL_SERIES: dict[tuple[str, str], _Series] = {}
+
+
+def observe_call(method: str, started: float, code: grpc.StatusCode, reason: str = "") -> None:
+    """Counts and times one call answered inside a measured stream (see the module
+    docstring): `method` is its full name, `started` its time.perf_counter() on arrival,
+    `code` and `reason` what it was answered with. Outside a measured call, nothing."""
+    service = _serving.get(None)
+    if service is None:
+        return
+    series = _CALL_SERIES.get((service, method))
+    if series is None:
+        series = _CALL_SERIES[(service, method)] = _Series(service, method)
+    if code is grpc.StatusCode.OK:
+        series.answered(started)
+    else:
+        series.refused(started, code, reason)
 
 
 _HANDLER_KINDS: tuple[tuple[str, Any, Callable[..., Any]], ...] = (

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import timedelta
 from functools import lru_cache
 from typing import Any, Protocol
 
+import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 
@@ -30,6 +32,7 @@ from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.views import lease, leases, snapshot_recording
 from workshop.kit.errors import ResourceExhausted
 from workshop.kit.interceptors import error_status
+from workshop.kit.rpc_metrics import observe_call
 from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
 
@@ -284,18 +287,20 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return pb.ReleaseResponse(state=common_pb2.JOB_STATE_QUEUED)
 
 
-# A Session's calls: the SessionRequest field of each (also its SessionResponse field), and
-# the JobServicer function that answers it.
+# A Session's calls: the SessionRequest field of each (also its SessionResponse field), its
+# unary RPC, and the JobServicer function that answers both.
 SessionCall = Callable[[JobServicer, Caller, Any], Awaitable[Message]]
-SESSION_CALLS: dict[str, SessionCall] = {
-    "claim": JobServicer.claim,
-    "heartbeat": JobServicer.heartbeat,
-    "report_progress": JobServicer.report_progress,
-    "complete": JobServicer.complete,
-    "fail": JobServicer.fail,
-    "release": JobServicer.release,
+SESSION_CALLS: dict[str, tuple[str, SessionCall]] = {
+    "claim": ("Claim", JobServicer.claim),
+    "heartbeat": ("Heartbeat", JobServicer.heartbeat),
+    "report_progress": ("ReportProgress", JobServicer.report_progress),
+    "complete": ("Complete", JobServicer.complete),
+    "fail": ("Fail", JobServicer.fail),
+    "release": ("Release", JobServicer.release),
 }
 SESSION_METHOD = "workshop.v1.JobService/Session"
+# The method each call on a Session is counted under (workshop.kit.rpc_metrics.observe_call).
+SESSION_CALL_METHODS = {kind: f"{SESSION_METHOD}/{rpc}" for kind, (rpc, _) in SESSION_CALLS.items()}
 
 
 class _Session:
@@ -367,29 +372,37 @@ class _Session:
                 "one again once an answer has come.",
                 metadata={"limit": str(MAX_SESSION_CALLS)},
             )
-            await self._out.put(_error_answer(request_id, kind, error))
+            started = time.perf_counter()
+            await self._out.put(_error_answer(request_id, kind, error, started))
             return
         self._in_flight[request_id] = asyncio.create_task(self._call(request, kind))
 
     async def _call(self, request: pb.SessionRequest, kind: str) -> None:
+        started = time.perf_counter()
         try:
             try:
-                reply = await SESSION_CALLS[kind](
+                reply = await SESSION_CALLS[kind][1](
                     self._servicer, self._caller, getattr(request, kind)
                 )
             except Exception as error:
-                answer = _error_answer(request.request_id, kind, error)
+                answer = _error_answer(request.request_id, kind, error, started)
             else:
                 answer = pb.SessionResponse(request_id=request.request_id)
                 getattr(answer, kind).CopyFrom(reply)
+                observe_call(SESSION_CALL_METHODS[kind], started, grpc.StatusCode.OK)
             await self._out.put(answer)
         finally:
             del self._in_flight[request.request_id]
 
 
-def _error_answer(request_id: int, kind: str, error: Exception) -> pb.SessionResponse:
-    """The error the unary RPC would have been answered with, as its answer on the stream."""
-    code, message, info = error_status(error, f"{SESSION_METHOD} {kind}")
+def _error_answer(
+    request_id: int, kind: str, error: Exception, started: float
+) -> pb.SessionResponse:
+    """The error the unary RPC would have been answered with, as its answer on the stream
+    (counted as that call's refusal)."""
+    method = SESSION_CALL_METHODS[kind]
+    code, message, info = error_status(error, method)
+    observe_call(method, started, code, info.reason)
     return pb.SessionResponse(
         request_id=request_id,
         error=pb.CallError(
