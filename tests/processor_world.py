@@ -18,6 +18,7 @@ from typing import Any, Literal
 import grpc
 
 from services.coordinator.identity.auth import Grant, ScopeName
+from services.processor.calls import SessionJobs, Transport, UnaryJobs, job_transport
 from services.processor.inference import ModelServer
 from services.processor.recordings import RecordingStore
 from services.processor.worker import Processor
@@ -144,6 +145,15 @@ async def run_key(c: CoordinatorHarness) -> str:
     return await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id=DEVICE), name="processor")
 
 
+def job_calls(
+    channel: grpc.aio.Channel, transport: Transport = "session"
+) -> SessionJobs | UnaryJobs:
+    """A processor's JobService calls on `channel` (by default on the session stream), for
+    a test's wrapper around them (processor_gates.Spy); the stream ends with the channel
+    or `close()`."""
+    return job_transport(transport, jobs_pb2_grpc.JobServiceStub(channel))
+
+
 @asynccontextmanager
 async def running_processor(
     c: CoordinatorHarness,
@@ -153,17 +163,21 @@ async def running_processor(
     *,
     jobs: Any = None,
     previews: Any = None,
+    transport: Transport = "session",
     **fields: Any,
 ) -> AsyncIterator[Processor]:
-    """A started in-process processor; `jobs` and `previews` replace its stubs (a test's
-    wrapper around the real ones), `fields` set Processor fields. Stopped on exit."""
+    """A started in-process processor; its JobService calls go over `transport` (the
+    processor's default: the session stream), or `jobs` (a test's wrapper around
+    job_calls(), or around a stub for unary calls) replaces them; `previews` replaces its
+    preview stub; `fields` set Processor fields. Stopped on exit."""
     server = preview.bucket.server
     recordings = RecordingStore(
         server.endpoint, server.access_key, server.secret_key, preview.bucket.name
     )
     models = ModelServer(triton.grpc_url, triton.model_repository)
+    own = job_calls(c.channel, transport) if jobs is None else None
     worker = Processor(
-        jobs=jobs_pb2_grpc.JobServiceStub(c.channel) if jobs is None else jobs,
+        jobs=jobs if own is None else own,
         previews=preview_pb2_grpc.PreviewServiceStub(preview.channel)
         if previews is None
         else previews,
@@ -179,6 +193,8 @@ async def running_processor(
         yield worker
     finally:
         await worker.stop()
+        if own is not None:
+            await own.close()
         await models.close()
         recordings.close()
 

@@ -11,6 +11,7 @@ from typing import cast
 
 import grpc
 
+from services.processor.calls import Transport, job_transport
 from services.processor.decode import gpu_available
 from services.processor.inference import ModelServer, SharedMemoryMode
 from services.processor.recordings import RecordingStore
@@ -61,8 +62,12 @@ async def run_server(settings: ProcessorSettings) -> None:
             target=settings.coordinator_target,
             requirement=has_scope(common_pb2.SCOPE_WORKSHOP_RUN, device_id=settings.device_id),
         )
+        # the transport of the calls about jobs, chosen once (calls.py)
+        jobs = job_transport(
+            cast(Transport, settings.job_transport), jobs_pb2_grpc.JobServiceStub(coordinator)
+        )
         processor = Processor(
-            jobs=jobs_pb2_grpc.JobServiceStub(coordinator),
+            jobs=jobs,
             previews=preview_pb2_grpc.PreviewServiceStub(preview),
             credentials=credentials,
             runtime_id=settings.runtime_id or str(manifest_for(settings.device_id)["runtime_id"]),
@@ -80,6 +85,7 @@ async def run_server(settings: ProcessorSettings) -> None:
         try:
             await serve(label=LABEL, settings=settings, services=[], workers=[processor])
         finally:
+            await jobs.close()
             await models.close()
             recordings.close()
 

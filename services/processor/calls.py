@@ -1,4 +1,5 @@
-"""The processor's RPCs about a job and what their answers mean (docs/runs-and-jobs.md).
+"""The processor's RPCs about a job, how they travel, and what their answers mean
+(docs/runs-and-jobs.md).
 
 Owns the one rule every part of the processor shares: an answer is a success, a
 definite refusal (a fence: `LeaseLost`; the request or the service's own reasons:
@@ -10,21 +11,41 @@ than refused, count as none, and the call is asked again with backoff for up to
 same preview, progress or result again is accepted; a Claim asked again carries the
 same request id). When that outlasts the wait, the call raises `ServiceUnavailable`
 and the job is handed back. Also the exceptions a job ends with (`JobFailed`).
+
+And the transport of the JobService calls (`job_transport`, chosen once at start-up from
+`PROCESSOR_JOB_TRANSPORT`): a unary RPC each (the stub itself), or, by default, messages
+on one `Session` stream per processor (`SessionJobs`, docs/leases-and-fences.md#sessions).
+Both look the same to the rest of the processor: a method per call that answers or
+raises `grpc.aio.AioRpcError`; an `error` answer on the stream is raised as the error
+the unary RPC would have raised (its code, message and ErrorInfo), so `outcome` sorts
+both the same way; a call whose stream broke before its answer raises UNAVAILABLE, as a
+unary call whose answer was lost, and is asked again (on a new stream). A coordinator
+without `Session` (release 0.1) answers it UNIMPLEMENTED: logged once, and the calls go
+unary for the rest of the processor's life.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
-from workshop.v1 import publication_pb2
+from workshop.kit.channels import DEFAULT_DEADLINE_SECONDS
+from workshop.kit.interceptors import ERROR_DOMAIN
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, publication_pb2
 
 log = logging.getLogger(__name__)
 
 Metadata = tuple[tuple[str, str], ...]
+Transport = Literal["unary", "session"]
+TRANSPORTS: tuple[Transport, ...] = ("session", "unary")
 
 # Definite refusals: the service heard the call and said no. Every other code means no
 # answer that can be trusted (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, and INTERNAL,
@@ -50,6 +71,7 @@ FENCED = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOU
 INVALID = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 RETRY_FIRST_PAUSE_SECONDS = 0.5
 RETRY_MAX_PAUSE_SECONDS = 5.0
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class LeaseLost(Exception):
@@ -70,6 +92,52 @@ class Refused(Exception):
     def __init__(self, what: str, error: grpc.aio.AioRpcError) -> None:
         super().__init__(f"{what} refused: {error.code().name} {error.details()}")
         self.code = error.code()
+        self.reason = error_reason(error)
+
+
+def error_reason(error: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a failed call; empty when it has none."""
+    with contextlib.suppress(ValueError):
+        status = rpc_status.from_call(error)
+        if status is not None and status.details:
+            info = error_details_pb2.ErrorInfo()
+            if status.details[0].Unpack(info):
+                return str(info.reason)
+    return ""
+
+
+def outcome(what: str, error: grpc.aio.AioRpcError) -> Exception | None:
+    """What a failed call means, whichever way it travelled: LeaseLost (a fence), Refused
+    (any other refusal), or None (no answer: ask again)."""
+    code = error.code()
+    if code in FENCED:
+        return LeaseLost(error.details())
+    if code in REFUSALS:
+        return Refused(what, error)
+    return None
+
+
+def call_error(
+    code: grpc.StatusCode | int,
+    message: str,
+    reason: str = "",
+    metadata: Mapping[str, str] | None = None,
+) -> grpc.aio.AioRpcError:
+    """The error a unary RPC raises with this status and ErrorInfo (its rich status in
+    the trailing metadata, as the services' error mapper sends it)."""
+    if isinstance(code, int):
+        code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+    trailing = grpc.aio.Metadata()
+    if reason:
+        detail = any_pb2.Any()
+        detail.Pack(
+            error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
+        )
+        status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+        trailing = grpc.aio.Metadata(
+            (rpc_status.GRPC_DETAILS_METADATA_KEY, status.SerializeToString())
+        )
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, message)
 
 
 class Caller:
@@ -98,11 +166,10 @@ class Caller:
                     return await method(request, metadata=self.credentials)
                 return await method(request, metadata=self.credentials, timeout=deadline)
             except grpc.aio.AioRpcError as error:
+                refusal = outcome(what, error)
+                if refusal is not None:
+                    raise refusal from None
                 code = error.code()
-                if code in FENCED:
-                    raise LeaseLost(error.details()) from None
-                if code in REFUSALS:
-                    raise Refused(what, error) from None
                 if not retry or loop.time() + pause > give_up or self.stopping.is_set():
                     raise ServiceUnavailable(
                         f"{what} got no answer for {self.retry_seconds:g} s: "
@@ -115,10 +182,298 @@ class Caller:
 
 def refusal_error(refusal: publication_pb2.Refusal) -> Exception:
     """One preview's refusal in a RecordWrittenPreviews answer, as Caller would raise it."""
-    code = next((c for c in grpc.StatusCode if c.value[0] == refusal.code), grpc.StatusCode.UNKNOWN)
-    if code in FENCED:
-        return LeaseLost(refusal.message)
-    error = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), refusal.message)
-    if code in REFUSALS:
-        return Refused("RecordWrittenPreviews", error)
-    return ServiceUnavailable(f"RecordWrittenPreviews: {code.name} {refusal.message}")
+    error = call_error(refusal.code, refusal.message, refusal.reason)
+    found = outcome("RecordWrittenPreviews", error)
+    if found is not None:
+        return found
+    return ServiceUnavailable(f"RecordWrittenPreviews: {error.code().name} {refusal.message}")
+
+
+# --- The transport of the JobService calls ------------------------------------------
+
+# A call as the stub has it: request, metadata= and timeout= in; its answer out.
+Call = Callable[..., Awaitable[Any]]
+
+
+class JobCalls(Protocol):
+    """The JobService calls about jobs, as the stub has them (a stub is one)."""
+
+    @property
+    def Claim(self) -> Call: ...
+    @property
+    def Heartbeat(self) -> Call: ...
+    @property
+    def ReportProgress(self) -> Call: ...
+    @property
+    def Complete(self) -> Call: ...
+    @property
+    def Fail(self) -> Call: ...
+    @property
+    def Release(self) -> Call: ...
+
+
+# Each call: its RPC's name and its field in SessionRequest / SessionResponse.
+SESSION_CALLS = {
+    "Claim": "claim",
+    "Heartbeat": "heartbeat",
+    "ReportProgress": "report_progress",
+    "Complete": "complete",
+    "Fail": "fail",
+    "Release": "release",
+}
+MAX_IN_FLIGHT = 64  # the coordinator's bound per stream (more: RESOURCE_EXHAUSTED)
+UNWRITTEN_TRIES = 4  # streams a call is asked on at once when each ends unwritten
+ABANDONED_RELEASE_SECONDS = 5.0  # the deadline of the Release of an abandoned call's lease
+
+
+class _Stream:
+    """One open Session stream: its call, the calls waiting for answers, its writes."""
+
+    def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub, metadata: Any) -> None:
+        self.metadata = metadata
+        self.outbox: asyncio.Queue[jobs_pb2.SessionRequest | None] = asyncio.Queue()
+        self.waiting: dict[int, asyncio.Future[jobs_pb2.SessionResponse]] = {}
+        self.abandoned: set[int] = set()  # calls cancelled by their caller, answer unread
+        self.answered = False  # whether any answer came on it
+        self.call = stub.Session(self._requests(), metadata=metadata)
+
+    async def _requests(self) -> AsyncIterator[jobs_pb2.SessionRequest]:
+        while (request := await self.outbox.get()) is not None:
+            yield request
+
+
+class _Unsupported(Exception):
+    """The coordinator has no Session (UNIMPLEMENTED): ask the call unary."""
+
+
+class _Unwritten(Exception):
+    """The stream ended INTERNAL before any answer: gRPC's own word when the stream had
+    ended before the client could write to it (the status it ended with, such as a 0.1
+    coordinator's UNIMPLEMENTED, is lost in that race). Asked again on a new stream at
+    once, a few times, before it counts as no answer."""
+
+    def __init__(self, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(error.details())
+        self.error = error
+
+
+class SessionJobs:
+    """The JobService calls as messages on one Session stream (see the module): the
+    stream opens on the first call with that call's metadata (the processor's
+    credentials), answers are matched to calls by request id, and a stream that breaks
+    fails the calls waiting on it with its error (UNAVAILABLE when it ended without one),
+    so the Caller asks them again, on a new stream. A call cancelled by its caller may
+    still be answered: leases such an answer hands out (a Claim, a Complete's next job)
+    are released at once, as nobody will work under them; a waiting Claim given up ends
+    its stream, so that it stops waiting at the coordinator. `close()` ends the stream."""
+
+    def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub) -> None:
+        self._stub = stub
+        self._stream: _Stream | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._next_id = 0
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._background: set[asyncio.Task[Any]] = set()
+        self.unary = False  # True once the coordinator refused Session: calls go unary
+        self.streams_opened = 0
+        self.Claim: Call = self._over_session("Claim")
+        self.Heartbeat: Call = self._over_session("Heartbeat")
+        self.ReportProgress: Call = self._over_session("ReportProgress")
+        self.Complete: Call = self._over_session("Complete")
+        self.Fail: Call = self._over_session("Fail")
+        self.Release: Call = self._over_session("Release")
+
+    def _over_session(self, method: str) -> Call:
+        field = SESSION_CALLS[method]
+
+        async def call(
+            request: Any,
+            *,
+            metadata: Any = None,
+            timeout: float | None = None,  # noqa: ASYNC109 - as the stub's methods take it
+        ) -> Any:
+            for _ in range(UNWRITTEN_TRIES - 1):
+                try:
+                    return await self._ask(field, request, metadata, timeout)
+                except _Unsupported:  # the stream was refused: this call goes unary
+                    unary: Call = getattr(self._stub, method)
+                    return await unary(request, metadata=metadata, timeout=timeout)
+                except _Unwritten:
+                    continue
+            try:
+                return await self._ask(field, request, metadata, timeout)
+            except _Unwritten as unwritten:
+                raise unwritten.error from None
+
+        return call
+
+    def _open(self, metadata: Any) -> _Stream:
+        stream = self._stream
+        if stream is None:
+            stream = self._stream = _Stream(self._stub, metadata)
+            self.streams_opened += 1
+            self._reader = asyncio.create_task(self._read(stream), name="session-reader")
+        return stream
+
+    async def _ask(self, field: str, request: Any, metadata: Any, seconds: float | None) -> Any:
+        async with self._slots:
+            if self.unary:
+                raise _Unsupported
+            stream = self._open(metadata)
+            self._next_id += 1
+            request_id = self._next_id
+            answered = asyncio.get_running_loop().create_future()
+            stream.waiting[request_id] = answered
+            stream.outbox.put_nowait(
+                jobs_pb2.SessionRequest(request_id=request_id, **{field: request})
+            )
+            # a deadline as the channel gives a unary call, so a hung call is asked again
+            try:
+                response = await asyncio.wait_for(
+                    answered, DEFAULT_DEADLINE_SECONDS if seconds is None else seconds
+                )
+            except TimeoutError:  # as a unary call's deadline: its answer is lost
+                stream.waiting.pop(request_id, None)
+                raise call_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            except asyncio.CancelledError:  # its answer, if it comes, has no reader
+                if stream.waiting.pop(request_id, None) is not None:
+                    stream.abandoned.add(request_id)
+                    if field == "claim" and request.wait_seconds:
+                        # a Claim waiting at the coordinator (a drain gave it up) would
+                        # lease a job queued later, even one this processor hands back
+                        # while it stops: as a unary Claim's cancel ends it there, the
+                        # stream ends (the calls on it are asked again on a new one)
+                        stream.call.cancel()
+                raise
+        kind = response.WhichOneof("answer")
+        if kind == "error":
+            error = response.error
+            raise call_error(error.code, error.message, error.reason, error.metadata)
+        if kind != field:
+            raise call_error(
+                grpc.StatusCode.INTERNAL, f"the session answered {kind} to a call of {field}"
+            )
+        return getattr(response, field)
+
+    async def _read(self, stream: _Stream) -> None:
+        """Hands each answer to its call until the stream ends; then fails the calls
+        still waiting with the stream's end."""
+        ended: BaseException = call_error(
+            grpc.StatusCode.UNAVAILABLE, "the coordinator ended the session stream"
+        )
+        try:
+            async for response in stream.call:
+                stream.answered = True
+                answered = stream.waiting.pop(response.request_id, None)
+                if answered is not None:
+                    if not answered.done():
+                        answered.set_result(response)
+                elif response.request_id in stream.abandoned:
+                    stream.abandoned.discard(response.request_id)
+                    self._release_abandoned(response, stream.metadata)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._fall_back(error)
+                ended = _Unsupported()
+            elif error.code() == grpc.StatusCode.INTERNAL and not stream.answered:
+                ended = _Unwritten(error)
+            else:
+                log.warning(
+                    "the session stream broke: %s %s; its calls are asked again",
+                    error.code().name,
+                    error.details(),
+                )
+                ended = error
+        except asyncio.CancelledError:
+            ended = call_error(grpc.StatusCode.CANCELLED, "the session stream was closed")
+            raise
+        finally:
+            if self._stream is stream:
+                self._stream = None
+            stream.outbox.put_nowait(None)
+            for answered in stream.waiting.values():
+                if not answered.done():
+                    answered.set_exception(ended)
+            stream.waiting.clear()
+
+    def _fall_back(self, error: grpc.aio.AioRpcError) -> None:
+        """The coordinator has no Session: the calls go unary from now on."""
+        if self.unary:
+            return
+        self.unary = True
+        log.warning(
+            "the coordinator does not serve JobService.Session (%s): calls about jobs "
+            "go as unary RPCs from now on",
+            error.details(),
+        )
+        for method in SESSION_CALLS:
+            setattr(self, method, getattr(self._stub, method))
+
+    def _release_abandoned(self, response: jobs_pb2.SessionResponse, metadata: Any) -> None:
+        """Releases the leases an answer nobody reads hands out (no attempt spent)."""
+        kind = response.WhichOneof("answer")
+        claimed = jobs_pb2.ClaimResponse()
+        if kind == "claim":
+            claimed = response.claim
+        elif kind == "complete" and response.complete.HasField("claimed"):
+            claimed = response.complete.claimed
+        leases = [
+            job.lease
+            for job in ([claimed.job, *claimed.more_jobs] if claimed.HasField("job") else [])
+        ]
+        for lease in leases:
+            task = asyncio.create_task(self._release(lease, metadata))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _release(self, lease: common_pb2.LeaseRef, metadata: Any) -> None:
+        try:
+            await self.Release(
+                jobs_pb2.ReleaseRequest(lease=lease),
+                metadata=metadata,
+                timeout=ABANDONED_RELEASE_SECONDS,
+            )
+        except grpc.aio.AioRpcError as error:
+            log.warning(
+                "the lease of %s/%s an abandoned call took could not be released (it lapses): %s",
+                lease.run_id,
+                lease.job_id,
+                error.code().name,
+            )
+        else:
+            log.info("released %s/%s, leased by an abandoned call", lease.run_id, lease.job_id)
+
+    async def close(self) -> None:
+        """Ends the stream (after the releases of abandoned calls' leases)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        stream, reader = self._stream, self._reader
+        self._stream = self._reader = None
+        if stream is not None:
+            stream.call.cancel()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+class UnaryJobs:
+    """The JobService calls as unary RPCs: the stub's own methods."""
+
+    def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub) -> None:
+        self.Claim: Call = stub.Claim
+        self.Heartbeat: Call = stub.Heartbeat
+        self.ReportProgress: Call = stub.ReportProgress
+        self.Complete: Call = stub.Complete
+        self.Fail: Call = stub.Fail
+        self.Release: Call = stub.Release
+
+    async def close(self) -> None:
+        """Nothing to end: each call ended with its answer."""
+
+
+def job_transport(
+    kind: Transport, stub: jobs_pb2_grpc.JobServiceAsyncStub
+) -> SessionJobs | UnaryJobs:
+    """The JobService calls over the transport `kind` names (PROCESSOR_JOB_TRANSPORT)."""
+    return SessionJobs(stub) if kind == "session" else UnaryJobs(stub)

@@ -47,6 +47,7 @@ from services.processor.calls import (
     INVALID,
     REFUSALS,
     Caller,
+    JobCalls,
     JobFailed,
     LeaseLost,
     Refused,
@@ -54,7 +55,7 @@ from services.processor.calls import (
 )
 from services.processor.pipeline import Progress
 from workshop.kit.hashing import sha256_hex
-from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from workshop.v1 import common_pb2, jobs_pb2
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +84,7 @@ class Renewals:
     interval, one batched Heartbeat renews those not renewed for an interval (a progress
     report renews its own); a job whose lease is lost stops, the others go on."""
 
-    def __init__(
-        self, jobs: jobs_pb2_grpc.JobServiceAsyncStub, call: Caller, heartbeat_seconds: float
-    ) -> None:
+    def __init__(self, jobs: JobCalls, call: Caller, heartbeat_seconds: float) -> None:
         self._jobs = jobs
         self._call = call
         self._heartbeat_seconds = heartbeat_seconds  # 0: the interval Claim hands out
@@ -137,7 +136,7 @@ class Renewals:
 class LeaseLoop:
     """Claims jobs for one runtime and runs each under its lease (see the module)."""
 
-    jobs: jobs_pb2_grpc.JobServiceAsyncStub
+    jobs: JobCalls  # unary or on the session stream (calls.py)
     call: Caller
     runtime_id: str
     code_sha256: str

@@ -62,6 +62,13 @@ class ProcessorSettings(ServerSettings, ClientTlsSettings):
         "and record them in batches; 0 = send the bytes through PublishPreview (as processors "
         "before grants did).",
     )
+    job_transport: str = setting(
+        "session",
+        help="How the calls about jobs travel: session = as messages on one JobService.Session "
+        "stream (falls back to unary, once and for good, against a coordinator without it: "
+        "release 0.1); unary = one RPC per call.",
+        check=one_of("session", "unary"),
+    )
     job_grace_seconds: float = setting(
         30.0,
         help="On SIGTERM: seconds the jobs in flight may run on (leases renewed, nothing new "

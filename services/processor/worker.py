@@ -1,11 +1,13 @@
 """The processor (a kit Worker): its lease loop, frame pipeline and publisher, composed.
 
-Owns the wiring and nothing else: `Processor` takes the processor's settings and stubs,
-chooses the publisher once (publishing.py: grants, or PublishPreview with
-`direct_writes` off), and hands the lease loop (leases.py: claim, renew, complete or
-hand back, drain) the frame pipeline (pipeline.py: decode, infer, route, track,
-publish) as the work it runs under each lease. Every RPC about a job goes through one
-`Caller` (calls.py), which sorts answers into successes, refusals and none.
+Owns the wiring and nothing else: `Processor` takes the processor's settings, its
+JobService calls (on the session stream or unary: calls.py's `job_transport`, chosen
+once by whoever starts it, who also closes it) and the preview stub, chooses the
+publisher once (publishing.py: grants, or PublishPreview with `direct_writes` off), and
+hands the lease loop (leases.py: claim, renew, complete or hand back, drain) the frame
+pipeline (pipeline.py: decode, infer, route, track, publish) as the work it runs under
+each lease. Every RPC about a job goes through one `Caller` (calls.py), which sorts
+answers into successes, refusals and none.
 """
 
 from __future__ import annotations
@@ -13,20 +15,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from services.processor.calls import Caller, Metadata
+from services.processor.calls import Caller, JobCalls, Metadata
 from services.processor.inference import ModelServer
 from services.processor.leases import LeaseLoop
 from services.processor.pipeline import FramePipeline
 from services.processor.publishing import publisher_for
 from services.processor.recordings import RecordingStore
-from workshop.v1 import jobs_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import preview_pb2_grpc
 
 
 @dataclasses.dataclass
 class Processor:
     """One runtime on one device: the long-running claim loop (a kit Worker)."""
 
-    jobs: jobs_pb2_grpc.JobServiceAsyncStub
+    jobs: JobCalls  # calls.job_transport: on the session stream or unary; closed by its maker
     previews: preview_pb2_grpc.PreviewServiceAsyncStub
     credentials: Metadata
     runtime_id: str

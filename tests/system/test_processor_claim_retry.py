@@ -19,12 +19,13 @@ from typing import Any
 import grpc
 import pytest
 
+from services.processor.calls import JobCalls
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
 from tests.processor_gates import rows, until
-from tests.processor_world import finished, one_camera_run, running_processor
-from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from tests.processor_world import finished, job_calls, one_camera_run, running_processor
+from workshop.v1 import common_pb2, jobs_pb2
 
 pytestmark = pytest.mark.triton
 
@@ -34,7 +35,7 @@ class LosesFirstLease:
     leased a job is dropped after the coordinator committed it: the processor hears `code`.
     Every Claim is logged as (request id, job id or "", answer dropped)."""
 
-    def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub, code: grpc.StatusCode) -> None:
+    def __init__(self, stub: JobCalls, code: grpc.StatusCode) -> None:
         self._stub = stub
         self._code = code
         self.claims: list[tuple[str, str, bool]] = []
@@ -65,7 +66,7 @@ async def test_a_lost_claim_answer_is_claimed_again_under_the_same_lease(
 ) -> None:
     c = coordinator
     world = await one_camera_run(c, preview, triton_server, tmp_path)
-    jobs = LosesFirstLease(jobs_pb2_grpc.JobServiceStub(c.channel), code)
+    jobs = LosesFirstLease(job_calls(c.channel), code)
     # No long poll: the claim after the job answers at once instead of after 20 s.
     async with running_processor(
         c, preview, triton_server, world.runtime_id, jobs=jobs, claim_wait_seconds=0

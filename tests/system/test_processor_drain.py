@@ -23,6 +23,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.coordinator.leases.jobs import parse_job_id
+from services.processor.calls import TRANSPORTS, Transport
 from testbed.coordinator_world import run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, running_preview
@@ -33,12 +34,13 @@ from tests.processor_gates import rows, until, within
 from tests.processor_world import (
     DEVICE,
     build_world,
+    job_calls,
     one_camera_run,
     run_key,
     running_processor,
     yard_spec,
 )
-from workshop.v1 import common_pb2, jobs_pb2_grpc
+from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pv
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(120)]
@@ -125,17 +127,20 @@ async def exit_code(process: ServiceProcess, within_seconds: float) -> int:
     return code
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_sigterm_lets_the_running_job_finish_and_claims_nothing_more(
     coordinator: CoordinatorHarness,
     s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    transport: Transport,
 ) -> None:
     """Run r1 has two jobs; the processor (one job at a time) is SIGTERMed while the first
     is held. It reports NOT_SERVING at once and goes on renewing the lease; once the hold
     ends the job commits under generation 1 (receipt, no lapse), the second job is never
-    claimed (Complete asks for no next job), and the process exits 0."""
+    claimed (Complete asks for no next job), and the process exits 0. On either
+    PROCESSOR_JOB_TRANSPORT."""
     c = coordinator
     async with running_preview(c, s3_bucket) as preview:
         held = HeldRecords(preview, monkeypatch)
@@ -146,7 +151,13 @@ async def test_sigterm_lets_the_running_job_finish_and_claims_nothing_more(
             metadata=c.admin,
         )
         env = processor_env(
-            c, preview, triton_server, await run_key(c), IN_FLIGHT="1", JOB_GRACE_SECONDS="30"
+            c,
+            preview,
+            triton_server,
+            await run_key(c),
+            IN_FLIGHT="1",
+            JOB_GRACE_SECONDS="30",
+            JOB_TRANSPORT=transport,
         )
         processor = ServiceProcess("services.processor", env, tmp_path / "processor.log")
         try:
@@ -257,11 +268,13 @@ class LostClaimAnswer:
         return reply
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_claim_abandoned_by_the_drain_leaves_no_lease_behind(
     coordinator: CoordinatorHarness,
     s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
+    transport: Transport,
 ) -> None:
     """The drain gives up a Claim whose answer has not come, though the coordinator leased
     a job for it. The processor asks once more with the Claim's request id, gets that
@@ -270,7 +283,7 @@ async def test_a_claim_abandoned_by_the_drain_leaves_no_lease_behind(
     c = coordinator
     async with running_preview(c, s3_bucket) as preview:
         world = await one_camera_run(c, preview, triton_server, tmp_path)
-        jobs = LostClaimAnswer(jobs_pb2_grpc.JobServiceStub(c.channel))
+        jobs = LostClaimAnswer(job_calls(c.channel, transport))
         async with running_processor(
             c, preview, triton_server, world.runtime_id, jobs=jobs, claim_wait_seconds=5
         ) as processor:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from services.processor.calls import Transport
 from testbed.coordinator_world import run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness
@@ -27,13 +28,21 @@ from workshop.v1 import common_pb2
 pytestmark = pytest.mark.triton
 
 
-@pytest.mark.parametrize("mode", [common_pb2.RUN_MODE_TEST, common_pb2.RUN_MODE_FULL])
+@pytest.mark.parametrize(
+    ("mode", "transport"),
+    [
+        (common_pb2.RUN_MODE_TEST, "session"),
+        (common_pb2.RUN_MODE_FULL, "session"),
+        (common_pb2.RUN_MODE_FULL, "unary"),  # PROCESSOR_JOB_TRANSPORT=unary
+    ],
+)
 async def test_a_run_labels_every_sampled_frame_like_the_ground_truth(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
     triton_server: TritonServer,
     tmp_path: Path,
     mode: common_pb2.RunMode.ValueType,
+    transport: Transport,
 ) -> None:
     c = coordinator
     world = await build_world(c, preview, triton_server, tmp_path)
@@ -43,7 +52,7 @@ async def test_a_run_labels_every_sampled_frame_like_the_ground_truth(
         "r1", "yard", world.runtime_id, mode=mode, image_limit=20 if test else None
     )
     await c.workshop.CreateRun(request, metadata=c.admin)
-    async with running_processor(c, preview, triton_server, world.runtime_id):
+    async with running_processor(c, preview, triton_server, world.runtime_id, transport=transport):
         detail = await finished(c, "r1")
     run = detail.run
     assert run.status == common_pb2.RUN_STATUS_COMPLETED, detail

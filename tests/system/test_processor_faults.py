@@ -36,6 +36,7 @@ from tests.processor_world import (
     SECONDS,
     build_world,
     finished,
+    job_calls,
     one_camera_run,
     put_recording,
     run_detail,
@@ -46,7 +47,7 @@ from tests.processor_world import (
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.hashing import sha256_hex
 from workshop.kit.processor_manifest import code_sha256
-from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import common_pb2, jobs_pb2, preview_pb2_grpc
 from workshop.v1 import preview_pb2 as pv
 from workshop.v1 import workshop_pb2 as ws
 
@@ -324,7 +325,7 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
     )
     log: list[Call] = []
     jobs = Spy(
-        jobs_pb2_grpc.JobServiceStub(c.channel),
+        job_calls(c.channel),
         log,
         hold=lambda method, request: method == "Complete" and request.lease.job_id == "j0",
     )
@@ -388,7 +389,7 @@ async def test_a_recording_replaced_mid_job_ends_the_job_at_the_next_heartbeat(
     c = coordinator
     world = await one_camera_run(c, preview, triton_server, tmp_path)
     log: list[Call] = []
-    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+    jobs = Spy(job_calls(c.channel), log)
     previews = Spy(
         preview_pb2_grpc.PreviewServiceStub(preview.channel),
         log,
@@ -453,7 +454,7 @@ async def test_a_cancelled_run_stops_its_processor_at_the_next_heartbeat_or_writ
     async with running_preview(c, s3_bucket, lease_check_seconds=3600) as preview:
         world = await one_camera_run(c, preview, triton_server, tmp_path)
         log: list[Call] = []
-        jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+        jobs = Spy(job_calls(c.channel), log)
         previews = Spy(
             preview_pb2_grpc.PreviewServiceStub(preview.channel),
             log,

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import pytest
 
+from services.processor.calls import TRANSPORTS, JobCalls, Transport
 from testbed.coordinator_world import run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness, running_coordinator
 from testbed.harness.preview import PreviewHarness, running_preview
@@ -30,6 +31,7 @@ from tests.processor_world import (
     SECONDS,
     build_world,
     finished,
+    job_calls,
     one_camera_run,
     put_recording,
     run_detail,
@@ -37,7 +39,7 @@ from tests.processor_world import (
     yard_spec,
 )
 from workshop.kit.channels import open_channel
-from workshop.v1 import common_pb2, jobs_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import common_pb2, preview_pb2_grpc
 
 pytestmark = pytest.mark.triton
 SLOTS = SECONDS // 2  # slots per job: every 2 s of a SECONDS-long recording
@@ -184,12 +186,14 @@ async def test_the_preview_service_restarting_mid_job_fails_nothing(
     await assert_completed_once(c, generation=1)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_the_coordinator_restarting_at_completion_fails_nothing(
     coordinator: CoordinatorHarness,
     preview: PreviewHarness,
     pg_dsn: str,
     triton_server: TritonServer,
     tmp_path: Path,
+    transport: Transport,
 ) -> None:
     """The processor's coordinator (a second replica on the same database and clock) goes
     down while the Complete is held; the Complete is asked again until it is back, and the
@@ -199,7 +203,7 @@ async def test_the_coordinator_restarting_at_completion_fails_nothing(
     log: list[Call] = []
     async with restartable_replica(c, pg_dsn) as (replica, channel):
         jobs = Spy(
-            jobs_pb2_grpc.JobServiceStub(channel),
+            job_calls(channel, transport),
             log,
             hold=lambda method, _request: method == "Complete",
         )
@@ -236,7 +240,7 @@ async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     async with restartable_preview(c, s3_bucket) as (service, channel):
-        jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+        jobs = Spy(job_calls(c.channel), log)
         previews = Spy(
             preview_pb2_grpc.PreviewServiceStub(channel),
             log,
@@ -280,7 +284,7 @@ async def test_object_storage_down_at_download_hands_the_job_back(
     c = coordinator
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
-    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+    jobs = Spy(job_calls(c.channel), log)
     server = s3_bucket.server
     server.kill()
     try:
@@ -320,7 +324,7 @@ async def test_a_hand_back_whose_release_gets_no_answer_is_asked_again(
     server = s3_bucket.server
     async with restartable_replica(c, pg_dsn) as (replica, channel):
         jobs = Spy(
-            jobs_pb2_grpc.JobServiceStub(channel),
+            job_calls(channel),
             log,
             hold=lambda method, _request: method == "Release",
         )
@@ -356,7 +360,7 @@ class Unanswered:
 
     def __init__(
         self,
-        stub: jobs_pb2_grpc.JobServiceAsyncStub,
+        stub: JobCalls,
         method: str,
         code: grpc.StatusCode,
         *,
@@ -398,6 +402,7 @@ class Unanswered:
         return call
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("code", [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
 async def test_a_completion_answered_internal_is_asked_again_not_failed(
     coordinator: CoordinatorHarness,
@@ -405,6 +410,7 @@ async def test_a_completion_answered_internal_is_asked_again_not_failed(
     triton_server: TritonServer,
     tmp_path: Path,
     code: grpc.StatusCode,
+    transport: Transport,
 ) -> None:
     """The Complete commits and its answer is INTERNAL (a coordinator that failed after the
     commit): that is no answer, so the processor asks again under the same lease and the
@@ -412,7 +418,7 @@ async def test_a_completion_answered_internal_is_asked_again_not_failed(
     (refused: the job had completed) and counted the job as failed."""
     c = coordinator
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
-    jobs = Unanswered(jobs_pb2_grpc.JobServiceStub(c.channel), "Complete", code, times=1, sent=True)
+    jobs = Unanswered(job_calls(c.channel, transport), "Complete", code, times=1, sent=True)
     async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
         await until(lambda: processor.completed == 1, "the completion")
         assert (processor.failed, processor.handed_back) == (0, 0)
@@ -440,7 +446,7 @@ async def test_a_fail_that_gets_no_answer_hands_the_job_back(
         run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
     )
     jobs = Unanswered(
-        jobs_pb2_grpc.JobServiceStub(c.channel),
+        job_calls(c.channel),
         "Fail",
         grpc.StatusCode.UNAVAILABLE,
         times=1_000,

@@ -59,13 +59,14 @@ from tests.processor_world import (
     SECONDS,
     build_world,
     finished,
+    job_calls,
     one_camera_run,
     running_processor,
     yard_spec,
 )
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.channels import open_channel
-from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import common_pb2, jobs_pb2, preview_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import preview_pb2 as pv
 from workshop.v1 import workshop_pb2 as ws
@@ -213,7 +214,7 @@ async def test_a_coordinator_replica_killed_in_the_middle_of_complete(
             switching_proxy(a_address) as proxy,
             open_channel(f"127.0.0.1:{proxy.port}") as channel,
         ):
-            spy = Spy(jobs_pb2_grpc.JobServiceStub(channel), log, hold=first_complete(held))
+            spy = Spy(job_calls(channel), log, hold=first_complete(held))
             jobs = Completes(spy)
             async with running_processor(
                 c, preview, triton_server, rt, jobs=jobs, in_flight=1, claim_wait_seconds=0
@@ -355,7 +356,7 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     server = s3_bucket.server
     log: list[Call] = []
-    jobs = Spy(jobs_pb2_grpc.JobServiceStub(c.channel), log)
+    jobs = Spy(job_calls(c.channel), log)
     loop = asyncio.get_running_loop()
     try:
         async with (
@@ -370,7 +371,7 @@ async def test_object_storage_killed_while_the_processor_writes_previews(
                 direct_writes=direct,
                 # direct: the write into the dead store is retried this long before the
                 # hand-back (the default 60 s would only make the test wait)
-                **({"retry_seconds": 5.0} if direct else {}),
+                retry_seconds=5.0 if direct else 60.0,
             ) as processor,
         ):
             await until(HELD.is_set, "slot 3's write")
@@ -530,7 +531,7 @@ async def simulated_processor(
         open_channel(f"127.0.0.1:{c.port}") as jobs_channel,
         open_channel(f"127.0.0.1:{preview.port}") as preview_channel,
     ):
-        jobs = jobs_pb2_grpc.JobServiceStub(jobs_channel)
+        jobs = job_calls(jobs_channel)
         previews = preview_pb2_grpc.PreviewServiceStub(preview_channel)
 
         async def ask(stub: Any, name: str, request: Any) -> Any:

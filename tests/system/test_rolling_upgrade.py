@@ -6,7 +6,9 @@ archive` and run as a process from that tree (same virtualenv). Its own migratio
 new database; this tree's pre-migrations follow while it serves; this tree's coordinator
 starts beside it and real work goes through both (runs, claims, progress, heartbeats,
 staged uploads, completes and their receipts, a job claimed on one and completed through
-the other). Then the old one stops, this tree post-migrates, and the new one still serves.
+the other; this tree's processor transport: unary on N, which has no Session stream, and
+on the stream on N+1). Then the old one stops, this tree post-migrates, and the new one
+still serves.
 Catalog checks cover what the RPCs here do not reach: the pre-migrations keep every
 function and column of the previous release, and no phase leaves out a function this
 tree's SQL calls.
@@ -35,6 +37,7 @@ import pytest
 from services.coordinator.platform.migrate import MigrationRefused
 from services.coordinator.platform.migrate import migrate as migrate_in_process
 from services.coordinator.platform.versions import MIGRATIONS_DIR, list_migrations
+from services.processor.calls import SessionJobs
 from testbed.coordinator_leases import (
     Setup,
     claimed,
@@ -48,7 +51,7 @@ from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
 from testbed.harness.postgres import PostgresCluster, quote_ident
 from testbed.harness.processes import REPO
 from tools.localstack.processes import ServiceProcess
-from workshop.v1 import common_pb2, jobs_pb2
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from workshop.v1 import workshop_pb2 as ws
 
 RELEASE_FILE = REPO / "deploy" / "releases" / "previous"
@@ -280,10 +283,15 @@ async def test_the_previous_release_serves_beside_this_one_through_the_upgrade(
             # N may serve its Complete: it takes recorded boxes too (every release from 0.1)
             assert j1.takes_recorded_boxes
             result = await frame_result(a, s, j1)
-            renewed = await a.jobs.Heartbeat(
+            # a processor of this tree renews through N: N has no Session stream, so its
+            # transport falls back to unary (once, for good) and the call is answered
+            on_old = SessionJobs(jobs_pb2_grpc.JobServiceStub(a.channel))
+            renewed = await on_old.Heartbeat(
                 jobs_pb2.HeartbeatRequest(lease=j1.lease), metadata=s.processor
             )
             assert renewed.HasField("lease_expires_at")
+            assert on_old.unary
+            await on_old.close()
             assert await progress(a, s, j1, 90) == 90
             committed = await complete(a, s, j1, result)
             assert committed.receipt.items_saved == 2
@@ -312,6 +320,14 @@ async def test_the_previous_release_serves_beside_this_one_through_the_upgrade(
             k1 = await claimed(b, s)
             assert (k1.lease.run_id, k1.lease.job_id) == ("r2", "j1")
             assert await progress(b, s, k1, 50) == 50
+            # and through N+1 on its Session stream
+            on_new = SessionJobs(jobs_pb2_grpc.JobServiceStub(b.channel))
+            reported = await on_new.ReportProgress(
+                jobs_pb2.ReportProgressRequest(lease=k1.lease, percent=60), metadata=s.processor
+            )
+            assert reported.percent == 60
+            assert (on_new.unary, on_new.streams_opened) == (False, 1)
+            await on_new.close()
             beat = await b.jobs.Heartbeat(
                 jobs_pb2.HeartbeatRequest(leases=[k1.lease]), metadata=s.processor
             )

@@ -1,0 +1,408 @@
+"""The processor's transport of its JobService calls (services/processor/calls.py) against
+a scripted JobService on a real gRPC server: on one Session stream, answers matched to
+calls by request id, an `error` answer sorted as the unary RPC's error is, a broken
+stream's calls asked again on a new one, a coordinator without Session (UNIMPLEMENTED)
+answered unary for good, a cancelled call's leases released. The processor against the
+real coordinator: tests/system/test_processor_session.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from services.processor.calls import (
+    Caller,
+    LeaseLost,
+    Refused,
+    ServiceUnavailable,
+    SessionJobs,
+    Transport,
+    job_transport,
+)
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+
+CREDENTIALS = (("authorization", "Bearer test"),)
+LEASE = common_pb2.LeaseRef(run_id="r1", job_id="j1", generation=1, token="t")
+NEXT = common_pb2.LeaseRef(run_id="r1", job_id="j2", generation=1, token="u")
+CALLS = ("Claim", "Heartbeat", "ReportProgress", "Complete", "Fail", "Release")
+ANSWERS: dict[str, Any] = {
+    "Claim": jobs_pb2.ClaimResponse,
+    "Heartbeat": jobs_pb2.HeartbeatResponse,
+    "ReportProgress": jobs_pb2.ReportProgressResponse,
+    "Complete": jobs_pb2.CompleteResponse,
+    "Fail": jobs_pb2.FailResponse,
+    "Release": jobs_pb2.ReleaseResponse,
+}
+FIELDS = {
+    "Claim": "claim",
+    "Heartbeat": "heartbeat",
+    "ReportProgress": "report_progress",
+    "Complete": "complete",
+    "Fail": "fail",
+    "Release": "release",
+}
+
+# What the scripted service does with a call: answer it (a message), refuse it
+# (code, reason), or None: the default answer.
+Script = Callable[[str, Any], Any]
+
+
+class Refusal(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str = "no") -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+def _unary(method: str) -> Any:
+    """A unary method of Scripted: logged, answered as its script says."""
+
+    async def handle(self: Scripted, request: Any, context: Any) -> Any:
+        return await self.unary(method, request, context)
+
+    return handle
+
+
+class Scripted(jobs_pb2_grpc.JobServiceServicer):
+    """A JobService that logs each call with how it came (unary or session) and answers
+    as `script` says; `gate` holds the calls `hold` names; `break_on` ends the stream
+    (UNAVAILABLE) when that call arrives on it."""
+
+    def __init__(self, *, session: bool = True) -> None:
+        self.session = session
+        self.log: list[tuple[str, str]] = []  # (how, method)
+        self.streams = 0
+        self.ended = 0  # streams ended
+        self.internal_first = 0  # streams refused INTERNAL at once, before any answer
+        self.script: Script = lambda _method, _request: None
+        self.hold: set[str] = set()
+        self.gate = asyncio.Event()
+        self.waiting = 0  # calls held at the gate now
+        self.all_held = asyncio.Event()  # set when every method in `hold` waits at the gate
+        self.break_on: set[str] = set()
+
+    async def _answer(self, method: str, request: Any) -> Any:
+        if method in self.hold:
+            self.waiting += 1
+            if self.waiting == len(self.hold):
+                self.all_held.set()
+            await self.gate.wait()
+        answer = self.script(method, request)
+        if isinstance(answer, Refusal):
+            raise answer
+        return ANSWERS[method]() if answer is None else answer
+
+    async def unary(self, method: str, request: Any, context: Any) -> Any:
+        self.log.append(("unary", method))
+        try:
+            return await self._answer(method, request)
+        except Refusal as refusal:
+            detail = any_pb2.Any()
+            detail.Pack(error_details_pb2.ErrorInfo(reason=refusal.reason, domain="workshop"))
+            status = rpc_status.to_status(
+                status_pb2.Status(
+                    code=refusal.code.value[0], message=refusal.message, details=[detail]
+                )
+            )
+            await context.abort(status.code, status.details, status.trailing_metadata)
+
+    Claim = _unary("Claim")
+    Heartbeat = _unary("Heartbeat")
+    ReportProgress = _unary("ReportProgress")
+    Complete = _unary("Complete")
+    Fail = _unary("Fail")
+    Release = _unary("Release")
+
+    async def Session(
+        self, request_iterator: Any, context: Any
+    ) -> AsyncIterator[jobs_pb2.SessionResponse]:
+        if not self.session:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        if self.internal_first:
+            self.internal_first -= 1
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        self.streams += 1
+        answers: asyncio.Queue[jobs_pb2.SessionResponse | BaseException] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(request: jobs_pb2.SessionRequest) -> None:
+            field = request.WhichOneof("call")
+            assert field is not None
+            method = next(m for m, f in FIELDS.items() if f == field)
+            self.log.append(("session", method))
+            if method in self.break_on:
+                self.break_on.discard(method)
+                await answers.put(ConnectionResetError())
+                return
+            response = jobs_pb2.SessionResponse(request_id=request.request_id)
+            try:
+                getattr(response, field).CopyFrom(
+                    await self._answer(method, getattr(request, field))
+                )
+            except Refusal as refusal:
+                response.error.CopyFrom(
+                    jobs_pb2.CallError(
+                        code=refusal.code.value[0], message=refusal.message, reason=refusal.reason
+                    )
+                )
+            await answers.put(response)
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(one(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        reading = asyncio.create_task(read())
+        try:
+            while True:
+                answer = await answers.get()
+                if isinstance(answer, jobs_pb2.SessionResponse):
+                    yield answer
+                else:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the stream broke")
+        finally:
+            self.ended += 1
+            reading.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+
+@asynccontextmanager
+async def serving(servicer: Scripted) -> AsyncIterator[jobs_pb2_grpc.JobServiceAsyncStub]:
+    server = grpc.aio.server()
+    jobs_pb2_grpc.add_JobServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield jobs_pb2_grpc.JobServiceStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+def heartbeat() -> jobs_pb2.HeartbeatRequest:
+    return jobs_pb2.HeartbeatRequest(leases=[LEASE])
+
+
+def complete() -> jobs_pb2.CompleteRequest:
+    return jobs_pb2.CompleteRequest(lease=LEASE, result_sha256="x")
+
+
+async def test_every_call_goes_on_one_stream_and_answers_are_matched_by_request_id() -> None:
+    service = Scripted()
+    service.hold = {"Claim"}  # a Claim waiting for a job holds back nothing else
+    service.script = lambda method, _request: (
+        jobs_pb2.ClaimResponse(job=jobs_pb2.ClaimedJob(lease=LEASE)) if method == "Claim" else None
+    )
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        call = Caller(CREDENTIALS, retry_seconds=5)
+        claim = asyncio.ensure_future(jobs.Claim(jobs_pb2.ClaimRequest(), metadata=CREDENTIALS))
+        await call(jobs.Heartbeat, heartbeat())
+        await call(jobs.ReportProgress, jobs_pb2.ReportProgressRequest(lease=LEASE, percent=5))
+        assert not claim.done()
+        service.gate.set()
+        assert (await claim).job.lease == LEASE
+        await call(jobs.Complete, complete())
+        await call(jobs.Fail, jobs_pb2.FailRequest(lease=LEASE))
+        await call(jobs.Release, jobs_pb2.ReleaseRequest(lease=LEASE))
+        await jobs.close()
+    assert service.streams == 1
+    assert jobs.streams_opened == 1
+    assert sorted(service.log) == sorted(("session", method) for method in CALLS)
+
+
+@pytest.mark.parametrize("transport", ["session", "unary"])
+@pytest.mark.parametrize(
+    ("code", "reason", "raised"),
+    [
+        (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_MISMATCH", LeaseLost),
+        (grpc.StatusCode.NOT_FOUND, "NOT_FOUND", LeaseLost),
+        (grpc.StatusCode.INVALID_ARGUMENT, "RESULT_INVALID", Refused),
+        (grpc.StatusCode.PERMISSION_DENIED, "SCOPE_MISSING", Refused),
+        (grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED", Refused),
+        (grpc.StatusCode.INTERNAL, "INTERNAL", ServiceUnavailable),
+        (grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE", ServiceUnavailable),
+    ],
+)
+async def test_an_error_answer_is_sorted_as_the_unary_rpcs_error(
+    transport: Transport, code: grpc.StatusCode, reason: str, raised: type[Exception]
+) -> None:
+    """One mapping: the refusal, fence or no-answer a call ends with is the same whether
+    the error came as the unary RPC's status or as a CallError on the stream."""
+    service = Scripted()
+    service.script = lambda method, _request: (
+        Refusal(code, reason, "refused here") if method == "Complete" else None
+    )
+    async with serving(service) as stub:
+        jobs = job_transport(transport, stub)
+        call = Caller(CREDENTIALS, retry_seconds=0.1)
+        with pytest.raises(raised) as caught:
+            await call(jobs.Complete, complete())
+        await jobs.close()
+    if isinstance(caught.value, Refused):
+        assert (caught.value.code, caught.value.reason) == (code, reason)
+    if isinstance(caught.value, LeaseLost):
+        assert str(caught.value) == "refused here"
+    assert {how for how, _ in service.log} == {transport}
+
+
+async def test_a_call_on_a_broken_stream_is_asked_again_on_a_new_one() -> None:
+    """The stream breaks while a Complete waits for its answer: the Complete is asked again
+    (the same request: Complete is idempotent), on a new stream; nothing goes unary."""
+    service = Scripted()
+    service.break_on = {"Complete"}
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        call = Caller(CREDENTIALS, retry_seconds=10)
+        await call(jobs.Heartbeat, heartbeat())
+        reply = await call(jobs.Complete, complete())
+        assert isinstance(reply, jobs_pb2.CompleteResponse)
+        await call(jobs.Heartbeat, heartbeat())
+        await jobs.close()
+    assert jobs.streams_opened == service.streams == 2
+    assert service.log == [
+        ("session", "Heartbeat"),
+        ("session", "Complete"),
+        ("session", "Complete"),
+        ("session", "Heartbeat"),
+    ]
+
+
+async def test_without_session_the_calls_go_unary_for_good(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A coordinator of release 0.1 has no Session: UNIMPLEMENTED on the stream is logged
+    once, the calls waiting on it are asked unary, and every later call goes unary."""
+    service = Scripted(session=False)
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        call = Caller(CREDENTIALS, retry_seconds=5)
+        with caplog.at_level(logging.WARNING, "services.processor.calls"):
+            first = await asyncio.gather(
+                call(jobs.Heartbeat, heartbeat()), call(jobs.Complete, complete())
+            )
+            for _ in range(3):
+                await call(jobs.ReportProgress, jobs_pb2.ReportProgressRequest(lease=LEASE))
+        await jobs.close()
+    assert [type(answer) for answer in first] == [
+        jobs_pb2.HeartbeatResponse,
+        jobs_pb2.CompleteResponse,
+    ]
+    assert jobs.unary
+    assert jobs.streams_opened == 1
+    assert sorted(service.log[:2]) == [("unary", "Complete"), ("unary", "Heartbeat")]
+    assert service.log[2:] == [("unary", "ReportProgress")] * 3
+    fallbacks = [r for r in caplog.records if "does not serve JobService.Session" in r.message]
+    assert len(fallbacks) == 1
+
+
+async def test_a_calls_deadline_ends_it_as_a_unary_calls_does() -> None:
+    service = Scripted()
+    service.hold = {"Release"}
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await jobs.Release(
+                jobs_pb2.ReleaseRequest(lease=LEASE), metadata=CREDENTIALS, timeout=0.2
+            )
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        service.gate.set()
+        await jobs.Heartbeat(heartbeat(), metadata=CREDENTIALS)  # the stream goes on
+        await jobs.close()
+    assert service.streams == 1
+
+
+async def test_the_leases_of_a_cancelled_claims_late_answer_are_released() -> None:
+    """A Claim given up by its caller (a drain) is still answered on the stream; nobody
+    works under the leases it hands out, so they are released at once (no attempt
+    spent), as the unary Claim's cancel would have ended it at the coordinator."""
+    service = Scripted()
+    service.hold = {"Claim", "Complete"}
+    service.script = lambda method, _request: {
+        "Claim": jobs_pb2.ClaimResponse(job=jobs_pb2.ClaimedJob(lease=LEASE)),
+        "Complete": jobs_pb2.CompleteResponse(
+            claimed=jobs_pb2.ClaimResponse(job=jobs_pb2.ClaimedJob(lease=NEXT))
+        ),
+    }.get(method)
+    released: list[common_pb2.LeaseRef] = []
+    plain = service.script
+
+    def script(method: str, request: Any) -> Any:
+        if method == "Release":
+            released.append(request.lease)
+        return plain(method, request)
+
+    service.script = script
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        claim = asyncio.ensure_future(jobs.Claim(jobs_pb2.ClaimRequest(), metadata=CREDENTIALS))
+        done = asyncio.ensure_future(jobs.Complete(complete(), metadata=CREDENTIALS))
+        await asyncio.wait_for(service.all_held.wait(), 10)
+        claim.cancel()
+        done.cancel()
+        await asyncio.gather(claim, done, return_exceptions=True)
+        service.gate.set()
+        for _ in range(200):
+            if len(released) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await jobs.close()
+    assert sorted(lease.job_id for lease in released) == ["j1", "j2"]
+
+
+async def test_a_waiting_claim_given_up_ends_its_stream() -> None:
+    """A Claim waiting at the coordinator for a job, given up by its caller (a drain):
+    as a unary Claim's cancel ends it at the coordinator, its stream ends, so it cannot
+    lease a job queued later (one the stopping processor hands back, say); the next call
+    opens a new stream."""
+    service = Scripted()
+    service.hold = {"Claim"}
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        waiting = asyncio.ensure_future(
+            jobs.Claim(jobs_pb2.ClaimRequest(wait_seconds=20), metadata=CREDENTIALS, timeout=30)
+        )
+        await asyncio.wait_for(service.all_held.wait(), 10)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        for _ in range(200):
+            if service.ended:
+                break
+            await asyncio.sleep(0.01)
+        assert service.ended == 1
+        await Caller(CREDENTIALS, retry_seconds=5)(jobs.Heartbeat, heartbeat())
+        await jobs.close()
+    assert jobs.streams_opened == service.streams == 2
+
+
+@pytest.mark.parametrize("refused", [3, 4])
+async def test_a_stream_that_ends_internal_before_any_answer_is_opened_again_at_once(
+    refused: int,
+) -> None:
+    """gRPC ends a stream INTERNAL when it had ended before the client could write (the
+    status it ended with lost: a 0.1 coordinator's UNIMPLEMENTED races so): the call is
+    asked on a new stream at once, up to four streams; then its INTERNAL is no answer."""
+    service = Scripted()
+    service.internal_first = refused
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        if refused < 4:
+            await jobs.Heartbeat(heartbeat(), metadata=CREDENTIALS)
+            assert service.log == [("session", "Heartbeat")]
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await jobs.Heartbeat(heartbeat(), metadata=CREDENTIALS)
+            assert caught.value.code() == grpc.StatusCode.INTERNAL
+        await jobs.close()
+    assert jobs.streams_opened == min(refused + 1, 4)
