@@ -222,6 +222,9 @@ SESSION_CALLS = {
     "Release": "release",
 }
 MAX_IN_FLIGHT = 64  # the coordinator's bound per stream (more: RESOURCE_EXHAUSTED)
+# Refusals that end a stream when it opens: they concern every call on it, as each unary
+# call would be refused for its credential.
+STREAM_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 UNWRITTEN_TRIES = 4  # streams a call is asked on at once when each ends unwritten
 ABANDONED_RELEASE_SECONDS = 5.0  # the deadline of the Release of an abandoned call's lease
 
@@ -260,12 +263,15 @@ class _Unwritten(Exception):
 class SessionJobs:
     """The JobService calls as messages on one Session stream (see the module): the
     stream opens on the first call with that call's metadata (the processor's
-    credentials), answers are matched to calls by request id, and a stream that breaks
-    fails the calls waiting on it with its error (UNAVAILABLE when it ended without one),
-    so the Caller asks them again, on a new stream. A call cancelled by its caller may
-    still be answered: leases such an answer hands out (a Claim, a Complete's next job)
-    are released at once, as nobody will work under them; a waiting Claim given up ends
-    its stream, so that it stops waiting at the coordinator. `close()` ends the stream."""
+    credentials), and answers are matched to calls by request id. A stream that breaks
+    fails the calls waiting on it with its error (UNAVAILABLE when it ended without one,
+    or with a refusal that is one call's while several waited), so the Caller asks them
+    again, on a new stream; a credential refused when the stream opens (UNAUTHENTICATED,
+    PERMISSION_DENIED) refuses every call on it, as it would refuse each unary call. A
+    call cancelled by its caller may still be answered: leases such an answer hands out
+    (a Claim, a Complete's next job) are released at once, as nobody will work under
+    them; a waiting Claim given up ends its stream, so that it stops waiting at the
+    coordinator. `close()` ends the stream."""
 
     def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub) -> None:
         self._stub = stub
@@ -377,6 +383,23 @@ class SessionJobs:
                 ended = _Unsupported()
             elif error.code() == grpc.StatusCode.INTERNAL and not stream.answered:
                 ended = _Unwritten(error)
+            elif (
+                error.code() in REFUSALS
+                and error.code() not in STREAM_REFUSALS
+                and len(stream.waiting) > 1
+            ):
+                # a refusal that ends the stream (a request it could not take) is one
+                # call's, but which one is unknown: none of them is answered
+                log.warning(
+                    "the session stream ended %s %s with %d calls on it; they are asked again",
+                    error.code().name,
+                    error.details(),
+                    len(stream.waiting),
+                )
+                ended = call_error(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the session stream ended {error.code().name}: {error.details()}",
+                )
             else:
                 log.warning(
                     "the session stream broke: %s %s; its calls are asked again",

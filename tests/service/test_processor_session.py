@@ -88,6 +88,7 @@ class Scripted(jobs_pb2_grpc.JobServiceServicer):
         self.waiting = 0  # calls held at the gate now
         self.all_held = asyncio.Event()  # set when every method in `hold` waits at the gate
         self.break_on: set[str] = set()
+        self.refuse_stream_on: set[str] = set()  # ends the stream INVALID_ARGUMENT
 
     async def _answer(self, method: str, request: Any) -> Any:
         if method in self.hold:
@@ -142,6 +143,9 @@ class Scripted(jobs_pb2_grpc.JobServiceServicer):
                 self.break_on.discard(method)
                 await answers.put(ConnectionResetError())
                 return
+            if method in self.refuse_stream_on:  # a request the stream cannot take
+                await answers.put(ValueError())
+                return
             response = jobs_pb2.SessionResponse(request_id=request.request_id)
             try:
                 getattr(response, field).CopyFrom(
@@ -167,6 +171,8 @@ class Scripted(jobs_pb2_grpc.JobServiceServicer):
                 answer = await answers.get()
                 if isinstance(answer, jobs_pb2.SessionResponse):
                     yield answer
+                elif isinstance(answer, ValueError):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a bad request")
                 else:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "the stream broke")
         finally:
@@ -406,3 +412,33 @@ async def test_a_stream_that_ends_internal_before_any_answer_is_opened_again_at_
             assert caught.value.code() == grpc.StatusCode.INTERNAL
         await jobs.close()
     assert jobs.streams_opened == min(refused + 1, 4)
+
+
+@pytest.mark.parametrize("others", [0, 1])
+async def test_a_refusal_that_ends_the_stream_answers_only_a_call_alone_on_it(
+    others: int,
+) -> None:
+    """A request the stream cannot take ends it INVALID_ARGUMENT. Alone on the stream, the
+    call gets that refusal, as its unary call would; with other calls in flight, which
+    one it was is unknown, so none is answered (UNAVAILABLE: asked again) rather than
+    every job with a call in flight being failed for one bad request."""
+    service = Scripted()
+    service.hold = {"Complete"}
+    service.refuse_stream_on = {"Fail"}
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        waiting = [
+            asyncio.ensure_future(jobs.Complete(complete(), metadata=CREDENTIALS))
+            for _ in range(others)
+        ]
+        if others:
+            await asyncio.wait_for(service.all_held.wait(), 10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await jobs.Fail(jobs_pb2.FailRequest(lease=LEASE), metadata=CREDENTIALS)
+        expected = grpc.StatusCode.UNAVAILABLE if others else grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.code() == expected
+        for each in waiting:
+            with pytest.raises(grpc.aio.AioRpcError) as broken:
+                await each
+            assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
+        await jobs.close()
