@@ -20,6 +20,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from services.processor.calls import (
+    SESSION_CALLS,
     Caller,
     LeaseLost,
     Refused,
@@ -41,14 +42,6 @@ ANSWERS: dict[str, Any] = {
     "Complete": jobs_pb2.CompleteResponse,
     "Fail": jobs_pb2.FailResponse,
     "Release": jobs_pb2.ReleaseResponse,
-}
-FIELDS = {
-    "Claim": "claim",
-    "Heartbeat": "heartbeat",
-    "ReportProgress": "report_progress",
-    "Complete": "complete",
-    "Fail": "fail",
-    "Release": "release",
 }
 
 # What the scripted service does with a call: answer it (a message), refuse it
@@ -137,7 +130,7 @@ class Scripted(jobs_pb2_grpc.JobServiceServicer):
         async def one(request: jobs_pb2.SessionRequest) -> None:
             field = request.WhichOneof("call")
             assert field is not None
-            method = next(m for m, f in FIELDS.items() if f == field)
+            method = next(m for m, f in SESSION_CALLS.items() if f == field)
             self.log.append(("session", method))
             if method in self.break_on:
                 self.break_on.discard(method)
