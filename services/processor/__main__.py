@@ -78,6 +78,7 @@ async def run_server(settings: ProcessorSettings) -> None:
             in_flight=settings.in_flight,
             claim_wait_seconds=settings.claim_wait_seconds,
             heartbeat_seconds=settings.heartbeat_seconds,
+            progress_after_seconds=settings.progress_after_seconds,
             retry_seconds=settings.rpc_retry_seconds,
             direct_writes=settings.direct_writes,
             job_grace_seconds=settings.job_grace_seconds,

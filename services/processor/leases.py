@@ -7,14 +7,23 @@ Complete, Fail, or Release.
 Up to `in_flight` jobs (three recordings) run at once, so downloads and decoding
 overlap. A Claim asks for as many jobs as there are free places, and a Complete claims
 the job that takes its place, so a busy processor makes one call per job
-(docs/runs-and-jobs.md#batched-leases). A progress report renews its job's lease; one
-heartbeat task renews, in one batched Heartbeat, the leases of the jobs that reported
-nothing for a heartbeat interval. When a heartbeat, preview or upload says a lease no
-longer holds (cancelled, lapsed, fenced), that job stops at once and the loop claims the
-next (a fence that can never hold again, such as a replaced recording, has ended the job
-in the coordinator already). Only the job's own problems (`JobFailed`) and this
-processor's own (a request the services call invalid, a bug) fail the job with
-processor_failed and the decoder's or model's own message.
+(docs/runs-and-jobs.md#batched-leases).
+
+Progress is reported only for a job still running after `progress_after_seconds`
+(PROCESSOR_PROGRESS_AFTER_SECONDS, 5 s by default): the pipeline's reports before then
+are dropped, and after it at most one goes out per that many seconds, with the percent
+of the moment. A short job (a photo, most test runs) thus sends nothing but its
+Complete: one message each way, the next job coming in its answer. A progress report
+renews its job's lease; one heartbeat task renews, in one batched Heartbeat, the leases
+of the jobs that reported nothing for a heartbeat interval (jobs yet to report
+included), exactly as without the delay (docs/leases-and-fences.md#batched-leases).
+
+When a heartbeat, preview or upload says a lease no longer holds (cancelled, lapsed,
+fenced), that job stops at once and the loop claims the next (a fence that can never
+hold again, such as a replaced recording, has ended the job in the coordinator
+already). Only the job's own problems (`JobFailed`) and this processor's own (a request
+the services call invalid, a bug) fail the job with processor_failed and the decoder's
+or model's own message.
 
 A service that gives no answer is not the job's fault (calls.py): when an outage
 outlasts `retry_seconds`, or the recording or Triton cannot be reached, or a service
@@ -62,6 +71,7 @@ log = logging.getLogger(__name__)
 # What a claimed job is turned into: its result and the decoder's name (pipeline.py).
 Work = Callable[[jobs_pb2.ClaimedJob, Progress], Awaitable[tuple[jobs_pb2.JobResult, str]]]
 
+PROGRESS_AFTER_SECONDS = 5.0  # a job reports progress once it has run this long, then as often
 CLAIM_PAUSE_MAX_SECONDS = 60.0  # the longest wait before claiming after hand-backs in a row
 CLAIM_DEADLINE_MARGIN_SECONDS = 10.0  # a waiting Claim's deadline: its wait plus this
 # On a stop: the deadline of each hand-back (Release, and the Claim that asks again for the
@@ -145,6 +155,9 @@ class LeaseLoop:
     idle_seconds: float = 2.0
     claim_wait_seconds: int = 20  # a Claim waits this long at the coordinator for a job
     heartbeat_seconds: float = 0.0  # 0: the interval Claim hands out (45 s); tests shorten it
+    # Progress is reported once a job has run this long, then at most this often (0: every
+    # report the pipeline makes, as before the delay).
+    progress_after_seconds: float = PROGRESS_AFTER_SECONDS
     # On a stop, how long jobs in flight may run on before what is left is handed back.
     job_grace_seconds: float = 30.0
     _claiming: asyncio.Task[None] | None = None
@@ -360,8 +373,18 @@ class LeaseLoop:
         assert work is not None
         loop = asyncio.get_running_loop()
         held = self._renewals.hold(job, work)
+        after = self.progress_after_seconds
+        last_report = loop.time()  # the job's start, until its first report
 
         async def progress(percent: int) -> None:
+            # Only a job still running after the delay reports, at most once per delay: a
+            # short job sends nothing but its Complete. Its lease is renewed as ever: by a
+            # report, or by the heartbeat due for a job that reported nothing for an interval.
+            nonlocal last_report
+            now = loop.time()
+            if now - last_report < after:
+                return
+            last_report = now
             await self.call(
                 self.jobs.ReportProgress,
                 jobs_pb2.ReportProgressRequest(lease=lease, percent=percent),

@@ -7,7 +7,8 @@ model of the snapshot look at each chunk (one model pass at a time for all the j
 flight, behind one lock), routes each frame through the workflow graph (tracks
 included, routing.py), has the publisher store the frames that reach an output, and
 answers the job's result and the decoder's name. It reports progress every
-PROGRESS_STEP percent through the callback the lease loop hands it.
+PROGRESS_STEP percent through the callback the lease loop hands it, which sends only the
+reports of a job still running after PROCESSOR_PROGRESS_AFTER_SECONDS (leases.py).
 
 Failures are sorted for the lease loop: the job's own problems (a missing or altered
 recording, a file the decoder cannot read, the model) raise `JobFailed` with the

@@ -11,6 +11,7 @@ from workshop.kit.tls import ClientTlsSettings
 
 MAX_CLAIM_WAIT_SECONDS = 50  # the coordinator takes up to 60; the call's deadline is 10 s more
 MAX_JOB_GRACE_SECONDS = 3600
+MAX_PROGRESS_AFTER_SECONDS = 60  # longer, and a running job shows nothing for over a minute
 PREFIX = "PROCESSOR"
 DEFAULT_MODEL_REPOSITORY = Path("/models")
 
@@ -49,6 +50,13 @@ class ProcessorSettings(ServerSettings, ClientTlsSettings):
         0.0,
         help="Seconds between lease heartbeats; 0 = the coordinator's interval (45 s).",
         check=at_least(0),
+    )
+    progress_after_seconds: float = setting(
+        5.0,
+        help="Seconds a job runs before it reports progress, then at most once per as many "
+        "seconds (0..60; 0 = every 10 %). A shorter job sends only its Complete; leases are "
+        "renewed as ever (a report, or a heartbeat after HEARTBEAT_SECONDS without one).",
+        check=between(0, MAX_PROGRESS_AFTER_SECONDS),
     )
     rpc_retry_seconds: float = setting(
         60.0,

@@ -17,7 +17,7 @@ import dataclasses
 
 from services.processor.calls import Caller, JobCalls, Metadata
 from services.processor.inference import ModelServer
-from services.processor.leases import LeaseLoop
+from services.processor.leases import PROGRESS_AFTER_SECONDS, LeaseLoop
 from services.processor.pipeline import FramePipeline
 from services.processor.publishing import publisher_for
 from services.processor.recordings import RecordingStore
@@ -41,6 +41,8 @@ class Processor:
     claim_wait_seconds: int = 20  # a Claim waits this long at the coordinator for a job
     heartbeat_seconds: float = 0.0  # 0: the interval Claim hands out (45 s); tests shorten it
     retry_seconds: float = 60.0  # how long an RPC about a job is asked again before a hand-back
+    # Progress is reported once a job has run this long, then at most this often (0: always).
+    progress_after_seconds: float = PROGRESS_AFTER_SECONDS
     # Write preview bytes straight to object storage with grants (False: through
     # PublishPreview, one call per preview).
     direct_writes: bool = True
@@ -64,6 +66,7 @@ class Processor:
             idle_seconds=self.idle_seconds,
             claim_wait_seconds=self.claim_wait_seconds,
             heartbeat_seconds=self.heartbeat_seconds,
+            progress_after_seconds=self.progress_after_seconds,
             job_grace_seconds=self.job_grace_seconds,
         )
 

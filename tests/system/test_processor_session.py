@@ -175,12 +175,15 @@ async def test_a_stream_broken_mid_job_loses_nothing(
 ) -> None:
     """The stream breaks right after a progress report and again right after a Complete
     went out (done or not, their answers are lost): each is asked again on a new stream,
-    the Complete's receipt settles it, and no job is failed, handed back or lapsed."""
+    the Complete's receipt settles it, and no job is failed, handed back or lapsed. (The
+    jobs are short: with a delay of 0 they report progress, as long ones do.)"""
     c = coordinator
     runtime_id = await two_job_run(c, preview, triton_server, tmp_path)
     stub = BreaksAfter(jobs_pb2_grpc.JobServiceStub(c.channel), {"report_progress", "complete"})
     jobs = SessionJobs(as_stub(stub))
-    async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
+    async with running_processor(
+        c, preview, triton_server, runtime_id, jobs=jobs, progress_after_seconds=0
+    ) as processor:
         await until(lambda: processor.completed == 2, "both completions")
         assert (processor.failed, processor.handed_back) == (0, 0)
     await assert_completed_once(c)
