@@ -1,6 +1,7 @@
 """Lease cycles over gRPC: 8 simulated processors against the coordinator, and procrastinate.
 
     .venv/bin/python -m bench.claim_cycle [--profile] [--check] [--session]
+        [--progress-reports N]
 
 Starts a throwaway Postgres cluster with the test harness (tmpfs when roomy, fsync and
 synchronous_commit off), migrates a database and starts the coordinator as its own
@@ -15,18 +16,24 @@ Measured:
   its own loopback gRPC channel (`workshop.kit.channels.open_channel`), run the cycle
   the processor runs for short jobs (services/processor/leases.py), one job at a time
   with `--in-flight` places (default 3, the processor's): a Claim batched to its free
-  places (max_jobs, a fresh request_id each) when it holds no job, then per job
-  ReportProgress x2 (each renews the lease, so no Heartbeat is due) -> Complete (all 60
-  slots EMPTY) carrying then_claim for the places it frees, until every job of their
-  runtime is committed. A cycle is one job: Cycles / wall time from the moment all
-  processes are released. `--unbatched` runs the previous protocol instead (Claim of
-  one job -> Heartbeat x2 -> Complete), for comparison.
+  places (max_jobs, a fresh request_id each) when it holds no job, then per job a
+  Complete (all 60 slots EMPTY) carrying then_claim for the places it frees, until
+  every job of their runtime is committed. A short job reports no progress: the
+  processor reports only for a job still running after PROCESSOR_PROGRESS_AFTER_SECONDS
+  (5 s), and a job that finishes within it (heartbeats are due only after 45 s without
+  a renewal) sends its Complete alone. `--progress-reports N` runs the cycle of
+  processors before that delay, N ReportProgress per job before its Complete (each
+  renews the lease, so no Heartbeat is due; the figures before it were taken with 2). A
+  cycle is one job: Cycles / wall time from the moment all processes are released.
+  `--unbatched` runs the previous protocol instead (Claim of one job -> as many
+  Heartbeats as `--progress-reports` -> Complete; recorded with 2), for comparison.
 - with `--session`, the same throughput phase again on as many new runs (the database
   vacuumed first, not measured), each processor's calls made as messages on one
   JobService.Session stream of its own (`testbed.session_jobs.SessionJobs`) instead of
-  unary RPCs: the batched Claim, the 2 progress reports and the Complete with then_claim,
-  one message each way per call. The default figures are the unary phase's, as without
-  the flag; the session phase adds its own.
+  unary RPCs: the batched Claim, then per job the Complete with then_claim (and the
+  progress reports, with `--progress-reports`), one message each way per call. The
+  default figures are the unary phase's, as without the flag; the session phase adds
+  its own.
 - latency: 100 more runs of 1,000 jobs (25 per runtime; 100,000 queued), then the same
   8 processes cycle `--latency-cycles` jobs each, claiming with a plain batched Claim
   (no then_claim, so that every batch is a measured Claim); p50/p99 of the Claim RPC
@@ -54,7 +61,10 @@ claim_p99_ms=<z> cpu_ratio=<c> grpc_floor_ms=<f> claim_alone_p99_ms=<a>
 durable_floor_ratio=<d>`: the last is the durable floor's cycles/s (bench.grpc_floor with a
 database: the cycle's calls, each with the one fenced statement it cannot do without, and
 nothing else) over procrastinate's jobs/s, the best ratio the prescribed cycle can reach
-in Python gRPC on this machine. With `--session` the line goes on with
+in Python gRPC on this machine. Both floors make the cycle's calls per job: 1 by default
+(grpc_floor sizes its calls by position, so a lone call has a progress report's sizes,
+not the Complete's: a floor a little below the cycle's), 1 + N with `--progress-reports
+N`. With `--session` the line goes on with
 `session_cycles_per_s=<s> session_ratio=<s/y> session_cpu_ratio=<c'>`: the session phase's
 cycles/s, its ratio to procrastinate's jobs/s, and procrastinate's CPU per job over the
 session phase's CPU per cycle. Everything it starts is stopped on exit, also on error,
@@ -143,7 +153,9 @@ RECORDING_BYTES = 1_500_000_000  # an hour of camera footage, roughly
 RECORDING_LENGTH = timedelta(hours=1)
 JOBS_PER_RUN = CAMERAS * RECORDINGS_PER_CAMERA
 SLOTS_PER_JOB = int(RECORDING_LENGTH.total_seconds()) // INTERVAL_SECONDS
-RENEWALS = 2  # progress reports per job (heartbeats with --unbatched)
+# Progress reports per job (heartbeats with --unbatched): none for a short job, which
+# ends within the processor's PROCESSOR_PROGRESS_AFTER_SECONDS; --progress-reports sets it.
+PROGRESS_REPORTS = 0
 IN_FLIGHT = 3  # the processor's default in_flight
 WORKFLOW_ID = "bench-cycle"
 DATABASE = "bench_claim_cycle"
@@ -162,7 +174,6 @@ TARGET_CLAIM_P99_MS = 25.0
 PROFILE_TOP = 25
 # The gRPC floor (bench.grpc_floor): per processor, cycles of the short-job cycle's calls.
 FLOOR_CYCLES = 500
-FLOOR_CALLS_PER_CYCLE = 3  # two progress reports and a Complete that claims the next job
 PYSPY_RATE = 200
 OTHER_LOAD_WARNING = 0.05  # share of the machine used by processes we did not start
 T = TypeVar("T")
@@ -208,8 +219,9 @@ class ProcessorConfig:
     max_cycles: int  # stop after this many cycles (0: no limit)
     in_flight: int  # places: a Claim asks for as many jobs as are free (1: unbatched)
     fold: bool  # Complete claims the jobs for the places it frees (then_claim)
-    batched: bool  # False: the previous protocol, Claim -> Heartbeat x2 -> Complete
+    batched: bool  # False: the previous protocol, Claim -> Heartbeats -> Complete
     session: bool = False  # the calls as messages on one JobService.Session stream
+    renewals: int = PROGRESS_REPORTS  # progress reports per job (heartbeats: unbatched)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,12 +312,12 @@ async def _processor(
                 report.claim_s.append(claimed - began)
                 held.extend([reply.job, *reply.more_jobs])
             job = held.popleft()
-            for renewal in range(RENEWALS):
+            for renewal in range(config.renewals):
                 began = clock()
                 if config.batched:
                     await stub.ReportProgress(
                         jobs_pb2.ReportProgressRequest(
-                            lease=job.lease, percent=(renewal + 1) * 100 // (RENEWALS + 1)
+                            lease=job.lease, percent=(renewal + 1) * 100 // (config.renewals + 1)
                         ),
                         metadata=metadata,
                         timeout=rpc_timeout,
@@ -914,6 +926,12 @@ class Options:
     batched: bool
     coordinators: int = 1
     session: bool = False
+    progress_reports: int = PROGRESS_REPORTS
+
+    @property
+    def floor_calls(self) -> int:
+        """The cycle's calls per job, which both floors make: the renewals and a Complete."""
+        return self.progress_reports + 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -955,7 +973,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--unbatched",
         action="store_true",
-        help="the previous protocol: Claim of one job -> Heartbeat x2 -> Complete",
+        help="the previous protocol: Claim of one job -> as many Heartbeats as "
+        "--progress-reports -> Complete",
+    )
+    parser.add_argument(
+        "--progress-reports",
+        type=int,
+        default=PROGRESS_REPORTS,
+        help=f"ReportProgress calls per job before its Complete (default {PROGRESS_REPORTS}: "
+        "a short job, finished within PROCESSOR_PROGRESS_AFTER_SECONDS; 2 = the cycle of "
+        "processors before that delay)",
     )
     parser.add_argument(
         "--coordinators",
@@ -982,6 +1009,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--in-flight must be at least 1")
     if args.procrastinate_concurrency < 1:
         parser.error("--procrastinate-concurrency must be at least 1")
+    if args.progress_reports < 0:
+        parser.error("--progress-reports must be at least 0")
     options = Options(
         runs=args.runs,
         latency_cycles=args.latency_cycles,
@@ -992,6 +1021,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batched=not args.unbatched,
         coordinators=args.coordinators,
         session=args.session,
+        progress_reports=args.progress_reports,
     )
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -1044,6 +1074,12 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             f"{JOBS_PER_RUN:,} jobs x {SLOTS_PER_JOB} slots queued "
             f"({time.perf_counter() - began:.1f} s)"
         )
+        renewal = "Heartbeat" if not options.batched else "ReportProgress"
+        say(
+            f"cycle: a Claim of {options.in_flight} place(s) when none is held, then per job "
+            + (f"{options.progress_reports} {renewal} + " if options.progress_reports else "")
+            + ("Complete with then_claim" if options.batched else "Complete")
+        )
         phases: list[Phase] = []
 
         def processor_args(
@@ -1064,6 +1100,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
                         fold=fold and options.batched,
                         batched=options.batched,
                         session=session,
+                        renewals=options.progress_reports,
                     ),
                     completed,
                     ready,
@@ -1219,18 +1256,18 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
     # What the cycle's gRPC calls cost with nothing behind them: no design that makes
     # this many Python gRPC calls per job can spend less.
     floor = grpc_floor.measure(
-        ctx, processes=PROCESSORS, cycles=FLOOR_CYCLES, calls=FLOOR_CALLS_PER_CYCLE
+        ctx, processes=PROCESSORS, cycles=FLOOR_CYCLES, calls=options.floor_calls
     )
     procrastinate_ms = _cpu_per_unit(worked) * 1000
     say(
-        f"floor: {FLOOR_CALLS_PER_CYCLE} bare grpc.aio calls per cycle (no interceptor, no "
+        f"floor: {options.floor_calls} bare grpc.aio calls per cycle (no interceptor, no "
         f"database; bench.grpc_floor) cost {floor.total_ms:.2f} ms of CPU (server "
         f"{floor.server_ms:.2f}, clients {floor.clients_ms:.2f}) = "
         f"{floor.total_ms / procrastinate_ms:.0%} of procrastinate's whole job "
         f"({procrastinate_ms:.2f} ms); best CPU ratio any such protocol can reach: "
         f"{procrastinate_ms / floor.total_ms:.2f}"
     )
-    durable = _durable_floor(ctx, cluster)
+    durable = _durable_floor(ctx, cluster, options.floor_calls)
     durable_per_s = durable.cycles / durable.wall_s
     durable_ratio = durable_per_s / jobs_per_s
     say(
@@ -1289,7 +1326,7 @@ async def _vacuum(dsn: str) -> float:
     return time.perf_counter() - began
 
 
-def _durable_floor(ctx: SpawnContext, cluster: PostgresCluster) -> grpc_floor.Floor:
+def _durable_floor(ctx: SpawnContext, cluster: PostgresCluster, calls: int) -> grpc_floor.Floor:
     """The durable floor (bench.grpc_floor) in its own database of the same cluster, with
     as many client processes as processors; every cycle's job must have completed."""
     dsn = create_database(cluster, FLOOR_DATABASE)
@@ -1299,7 +1336,7 @@ def _durable_floor(ctx: SpawnContext, cluster: PostgresCluster) -> grpc_floor.Fl
         ctx,
         processes=PROCESSORS,
         cycles=FLOOR_CYCLES,
-        calls=FLOOR_CALLS_PER_CYCLE,
+        calls=calls,
         dsn=dsn,
         database_cpu_s=lambda: _postgres_cpu_s(cluster),
     )
