@@ -5,8 +5,9 @@
 One echo server process (grpc.aio on uvloop, as the services run, with no interceptor,
 no authentication and no database) and `--processes` client processes on their own
 loopback channels, each making `--calls` unary calls per cycle, one after another, with
-message sizes of the processor's short-job cycle (two progress reports and a Complete
-that claims the next job). It measures the CPU that the server and the clients use per
+message sizes of the processor's short-job cycle (`--calls` - 1 progress reports, then
+the Complete that claims the next job: a short job sends only the Complete,
+`bench.claim_cycle --progress-reports N` the older cycles). It measures the CPU that the server and the clients use per
 cycle, from /proc and getrusage: what any design that makes that many Python gRPC calls
 per job spends before it does any work. `bench.claim_cycle` runs it beside procrastinate
 in the same run.
@@ -60,9 +61,18 @@ from bench.proc_stats import family_cpu_s, self_cpu_s
 from services.coordinator.platform.queries import parse_queries
 
 METHOD = "/bench.Echo/Call"
-# (request bytes, answer bytes) of the processor's short-job cycle over gRPC: two
-# ReportProgress calls and a Complete of 60 empty slots answering a claimed job.
-CYCLE_SIZES = ((160, 60), (160, 60), (900, 1700))
+# (request bytes, answer bytes) of the calls of the processor's short-job cycle over gRPC:
+# a ReportProgress (a job that outlives PROCESSOR_PROGRESS_AFTER_SECONDS sends some) and
+# the Complete of 60 empty slots answering a claimed job, always the cycle's last call.
+PROGRESS_SIZES = (160, 60)
+COMPLETE_SIZES = (900, 1700)
+
+
+def cycle_sizes(calls: int) -> list[tuple[int, int]]:
+    """A cycle of `calls` calls: progress reports, then the Complete."""
+    return [PROGRESS_SIZES] * (calls - 1) + [COMPLETE_SIZES]
+
+
 READY_TIMEOUT_S = 60.0
 
 # The durable floor: a request is (answer size, operation, job id, lease token, percent),
@@ -163,7 +173,7 @@ def _client(
         async with grpc.aio.insecure_channel(target) as channel:
             await asyncio.wait_for(channel.channel_ready(), READY_TIMEOUT_S)
             call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
-            sizes = [CYCLE_SIZES[i % len(CYCLE_SIZES)] for i in range(calls)]
+            sizes = cycle_sizes(calls)
             if durable:
                 return await _durable_cycles(call, sizes, cycles, go)
             requests = [struct.pack("<I", answer) + bytes(sent - 4) for sent, answer in sizes]
@@ -196,7 +206,7 @@ async def _durable_cycles(
         return DURABLE_REQUEST.pack(answer, operation, job, token, percent).ljust(sent, b"\0")
 
     *reports, complete = sizes
-    held = await call(request(CYCLE_SIZES[-1], CLAIM, DURABLE_ANSWER.pack(0, bytes(16))))
+    held = await call(request(COMPLETE_SIZES, CLAIM, DURABLE_ANSWER.pack(0, bytes(16))))
     await asyncio.to_thread(go.wait, READY_TIMEOUT_S)
     began = self_cpu_s()
     for _ in range(cycles):
