@@ -9,8 +9,8 @@ message sizes of the processor's short-job cycle (`--calls` - 1 progress reports
 the Complete that claims the next job: a short job sends only the Complete,
 `bench.claim_cycle --progress-reports N` the older cycles). It measures the CPU that the
 server and the clients use per cycle, from /proc and getrusage: what any design that makes
-that many Python gRPC calls per job spends before it does any work. `bench.claim_cycle` runs it beside procrastinate
-in the same run.
+that many Python gRPC calls per job spends before it does any work. `bench.claim_cycle`
+runs it beside procrastinate in the same run.
 
 With a database (`measure(..., dsn=...)`, which `bench.claim_cycle` uses beside
 procrastinate on its own Postgres) it is the **durable floor** instead: each call also
