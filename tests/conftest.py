@@ -37,3 +37,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.path}: a test belongs in one of tests/{{unit,service,system}}"
             )
         item.add_marker(layer)
+    # The slowest layer first: with pytest-xdist the long system tests start while the
+    # many short ones remain to fill both workers, instead of ending the run one at a time
+    # (a stable sort: each file keeps its order).
+    items.sort(key=lambda item: -LAYERS.index(item.path.relative_to(TESTS).parts[0]))
