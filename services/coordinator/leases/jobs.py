@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TypedDict, TypeVar
 
@@ -443,10 +444,7 @@ class JobsApi:
                 LeaseRenewal,
                 *bind(
                     JobHeartbeatMany(
-                        run_ids=[lease.run_id for lease in ordered],
-                        job_indexes=[lease.job_index for lease in ordered],
-                        generations=[lease.generation for lease in ordered],
-                        lease_tokens=[lease.token for lease in ordered],
+                        **lease_columns(ordered),
                         reporter=key,
                         now=self.clock.now(),
                         lease=self.lease,
@@ -701,6 +699,26 @@ def lease_fields(lease: Lease) -> LeaseFields:
         "job_index": lease.job_index,
         "generation": lease.generation,
         "lease_token": lease.token,
+    }
+
+
+class LeaseColumns(TypedDict):
+    """Leases as the array parameters of a batch statement, one element per lease."""
+
+    run_ids: list[str]
+    job_indexes: list[int]
+    generations: list[int]
+    lease_tokens: list[uuid.UUID]
+
+
+def lease_columns(leases: Sequence[Lease]) -> LeaseColumns:
+    """Leases as the columns that name them, in their order:
+    `JobHeartbeatMany(**lease_columns(leases), ...)`."""
+    return {
+        "run_ids": [lease.run_id for lease in leases],
+        "job_indexes": [lease.job_index for lease in leases],
+        "generations": [lease.generation for lease in leases],
+        "lease_tokens": [lease.token for lease in leases],
     }
 
 

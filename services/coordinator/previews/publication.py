@@ -20,6 +20,7 @@ from services.coordinator.leases.jobs import (
     LeaseFacts,
     check_lease,
     job_id,
+    lease_columns,
     raise_for,
     reporter,
 )
@@ -282,17 +283,13 @@ class PublicationApi:
                 outcomes.append(None)
         if not checked:
             return [outcome for outcome in outcomes if outcome is not None]
-        leases = [preview.lease for preview in checked]
         async with self.db.connection() as connection:
             answers = await fetch_all(
                 connection,
                 PreviewAnswer,
                 *bind(
                     PreviewsRecord(
-                        run_ids=[lease.run_id for lease in leases],
-                        job_indexes=[lease.job_index for lease in leases],
-                        generations=[lease.generation for lease in leases],
-                        lease_tokens=[lease.token for lease in leases],
+                        **lease_columns([preview.lease for preview in checked]),
                         reporter=reporting,
                         service=service,
                         code_sha256s=[preview.code_sha256 for preview in checked],
