@@ -62,9 +62,7 @@ durable_floor_ratio=<d>`: the last is the durable floor's cycles/s (bench.grpc_f
 database: the cycle's calls, each with the one fenced statement it cannot do without, and
 nothing else) over procrastinate's jobs/s, the best ratio the prescribed cycle can reach
 in Python gRPC on this machine. Both floors make the cycle's calls per job: 1 by default
-(grpc_floor sizes its calls by position, so a lone call has a progress report's sizes,
-not the Complete's: a floor a little below the cycle's), 1 + N with `--progress-reports
-N`. With `--session` the line goes on with
+(the Complete's sizes), 1 + N with `--progress-reports N`. With `--session` the line goes on with
 `session_cycles_per_s=<s> session_ratio=<s/y> session_cpu_ratio=<c'>`: the session phase's
 cycles/s, its ratio to procrastinate's jobs/s, and procrastinate's CPU per job over the
 session phase's CPU per cycle. Everything it starts is stopped on exit, also on error,
@@ -525,13 +523,7 @@ def _run_children(
         return Phase(name, sorted(collected, key=lambda r: r.index), wall, cpu)
     finally:
         go.clear()
-        for child in children:  # on an error or SIGTERM: at once
-            if child.is_alive():
-                child.terminate()
-                child.join(timeout=5)
-            if child.is_alive():
-                child.kill()
-                child.join()
+        grpc_floor.stop(children)  # on an error or SIGTERM: at once
 
 
 def _wait_ready(ready: Queue[int], children: Sequence[SpawnProcess]) -> None:

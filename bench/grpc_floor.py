@@ -47,6 +47,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnContext
+from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -280,13 +281,18 @@ def measure(
             raise RuntimeError("an echo client failed")
         return Floor(processes * cycles, calls, wall, server_cpu, sum(spent))
     finally:
-        for child in [*clients, server]:
-            if child.is_alive():
-                child.terminate()
-                child.join(timeout=5)
-            if child.is_alive():
-                child.kill()
-                child.join()
+        stop([*clients, server])
+
+
+def stop(children: Sequence[BaseProcess]) -> None:
+    """Ends the benchmark's child processes still running: SIGTERM, then SIGKILL after 5 s."""
+    for child in children:
+        if child.is_alive():
+            child.terminate()
+            child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+            child.join()
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:

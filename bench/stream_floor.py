@@ -443,13 +443,7 @@ def measure(
         other = max(0.0, machine_s - server_s - postgres_s - sum(spent) - parent_s)
         return Pass(units, wall, server_s, postgres_s, sum(spent), other)
     finally:
-        for child in [*clients, server]:
-            if child.is_alive():
-                child.terminate()
-                child.join(timeout=5)
-            if child.is_alive():
-                child.kill()
-                child.join()
+        grpc_floor.stop([*clients, server])
 
 
 async def prepare(dsn: str, jobs: int) -> None:
