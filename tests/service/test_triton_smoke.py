@@ -18,6 +18,7 @@ from testbed.harness.triton import (
     TritonServer,
     write_onnx_python_model,
 )
+from tests.processor_gates import until
 
 pytestmark = pytest.mark.triton
 
@@ -113,7 +114,15 @@ async def test_python_model_splits_a_joined_batch_back_per_request(
         results = await asyncio.gather(
             *(client.infer(JOINED_MODEL, [affine_input(batch)]) for batch in batches)
         )
-        stats = await client.get_inference_statistics(JOINED_MODEL, "1", as_json=True)
+        # Triton counts a batch after its responses are sent: wait until it has (its JSON
+        # leaves a zero count out, which failed once under a loaded clean-clone CI run).
+        stats: dict[str, Any] = {}
+
+        async def counted() -> bool:
+            stats.update(await client.get_inference_statistics(JOINED_MODEL, "1", as_json=True))
+            return "inference_count" in stats["model_stats"][0]
+
+        await until(counted, "Triton's statistics count the batch")
         await client.unload_model(JOINED_MODEL)
         await wait_until_unloaded(client, JOINED_MODEL)
     finally:
