@@ -104,7 +104,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         self, request: pb.RecordPreviewRequest, context: Context
     ) -> pb.RecordPreviewResponse:
         service, processor = await self._callers(context, cached=True)
-        [outcome] = await self.api.record_previews(service, processor, [_preview(request)])
+        [outcome] = await self.api.record_previews(service, processor, [preview_record(request)])
         if isinstance(outcome, WorkshopError):
             raise outcome
         return _recorded(outcome)
@@ -118,14 +118,14 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         previews: list[PreviewRecord | WorkshopError] = []
         for one in request.previews:
             try:
-                previews.append(_preview(one))
+                previews.append(preview_record(one))
             except WorkshopError as error:
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
         answers = iter(await self.api.record_previews(service, processor, valid) if valid else [])
         return pb.RecordPreviewsResponse(
             outcomes=[
-                _outcome(preview if isinstance(preview, WorkshopError) else next(answers))
+                preview_outcome(preview if isinstance(preview, WorkshopError) else next(answers))
                 for preview in previews
             ]
         )
@@ -223,7 +223,7 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         return response
 
 
-def _preview(request: pb.RecordPreviewRequest) -> PreviewRecord:
+def preview_record(request: pb.RecordPreviewRequest) -> PreviewRecord:
     return PreviewRecord(
         lease=lease(request.lease),
         code_sha256=request.code_sha256,
@@ -243,7 +243,7 @@ def _recorded(recorded: Recorded) -> pb.RecordPreviewResponse:
     )
 
 
-def _outcome(outcome: Recorded | WorkshopError) -> pb.RecordPreviewOutcome:
+def preview_outcome(outcome: Recorded | WorkshopError) -> pb.RecordPreviewOutcome:
     """One preview's outcome; a refusal carries the status RecordPreview would answer."""
     if isinstance(outcome, Recorded):
         return pb.RecordPreviewOutcome(recorded=_recorded(outcome))
