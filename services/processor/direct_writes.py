@@ -295,7 +295,7 @@ class DirectPreviews:
                     self._records, pub.RecordPreviewsRequest(previews=previews)
                 )
             except RecordsNotServed:
-                log.warning(
+                log.info(  # the session's own warning said why
                     "previews are recorded through the preview service (RecordWrittenPreviews) "
                     "from now on: the coordinator takes no record_previews on the session"
                 )
