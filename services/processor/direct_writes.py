@@ -43,9 +43,12 @@ MAX_BATCH = 256  # records per message (what the coordinator and the preview ser
 # whatever it carries (a message on the session and its statement, whose fences run once
 # per lease of the batch: docs/benchmarks.md), so it is worth a wait; a preview then
 # reaches the run's live images up to this much later (half of it on average). At 2
-# frames/s per job and 3 jobs in flight, 1.5 s makes batches of 9-10 records. A job that
-# finishes does not wait (settle sends at once), nor does a full batch.
-LINGER_SECONDS = 1.5
+# frames/s per job and 3 jobs in flight (6 records/s), 1.4 s makes batches of 9 records
+# whatever the jobs' phases, each record waiting 0.7-0.9 s on average (1.25 s: 7-9; 1.0 s:
+# 6); a processor faster than real time fills them sooner (the throughput benchmark's: 90
+# records per batch). A job that finishes does not wait (settle sends at once), nor does
+# a full batch.
+LINGER_SECONDS = 1.4
 GRANT_MARGIN = timedelta(seconds=5)  # a grant closer than this to its expiry is renewed
 WRITE_TIMEOUT_SECONDS = 10.0
 WRITE_RETRIES = 2
