@@ -35,8 +35,13 @@ from services.coordinator.previews.publication import (
 )
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.servicers.common import Authenticator, Context
-from services.coordinator.servicers.publication import preview_outcome, preview_record
-from services.coordinator.servicers.views import lease, leases, snapshot_recording
+from services.coordinator.servicers.views import (
+    lease,
+    leases,
+    preview_outcome,
+    preview_record,
+    snapshot_recording,
+)
 from workshop.kit.errors import ResourceExhausted, WorkshopError
 from workshop.kit.interceptors import error_status
 from workshop.kit.object_keys import EXTENSIONS
