@@ -25,7 +25,6 @@ from services.processor.calls import (
     Caller,
     JobCalls,
     ServiceUnavailable,
-    SessionJobs,
     refusal_error,
 )
 from services.processor.direct_writes import DirectPreviews, WriteFailed, WriteUnavailable
@@ -61,8 +60,9 @@ class GrantPublisher:
         code_sha256: str,
         jobs: JobCalls | None = None,
     ) -> None:
-        # the records go on the session when the calls about jobs do (direct_writes.py)
-        records = jobs.RecordPreviews if isinstance(jobs, SessionJobs) else None
+        # the records go on the session when the calls about jobs do (direct_writes.py):
+        # SessionJobs has RecordPreviews (so does a test's wrapper of it), UnaryJobs none
+        records = getattr(jobs, "RecordPreviews", None)
         self._direct = DirectPreviews(
             previews,
             call,
