@@ -190,3 +190,19 @@ POLICY: dict[str, Rule] = {
     "/workshop.v1.WorkshopService/RequestPhoto": WORKSHOP,
     "/workshop.v1.WorkshopService/GetPhoto": WORKSHOP,
 }
+
+# The calls on a JobService.Session stream (SessionRequest's `call` fields): the stream's
+# credential is checked once, when it opens (the Session row above: a credential that may
+# make none of them is refused then), and each call's SQL checks the key again as its
+# unary RPC's does. record_previews has no unary JobService RPC: a processor records the
+# previews it wrote with its own key there (PublicationService.RecordPreviews takes the
+# same records from the preview service's key, for a forwarded processor key).
+SESSION: dict[str, Rule] = {
+    "claim": LEASE,
+    "heartbeat": LEASE,
+    "report_progress": LEASE,
+    "complete": LEASE,
+    "fail": LEASE,
+    "release": LEASE,
+    "record_previews": LEASE,
+}

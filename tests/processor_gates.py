@@ -1,6 +1,6 @@
 """Gates and logs for processor tests: a wrapper around a processor's real stubs that logs
-every call with its outcome and can hold one until the test opens a gate, and polling
-helpers with a bound."""
+every call with its outcome and can hold one until the test opens a gate, a hold of the
+records of written previews wherever they arrive, and polling helpers with a bound."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import pytest
 
+from services.coordinator.servicers import jobs as coordinator_jobs
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness
 
@@ -88,6 +90,47 @@ class Spy:
             return reply
 
         return call
+
+
+class HeldRecords:
+    """Holds every batch of records of written previews that `holds(previews)` matches
+    until `gate` opens, wherever the batch arrives: as a record_previews on a Session of
+    this process's coordinators (a processor's default) or at `preview`'s
+    RecordWrittenPreviews (a processor whose calls go unary). `jobs` collects the (run,
+    job id) of the held records."""
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        holds: Callable[[list[Any]], bool],
+        preview: Any = None,  # a PreviewHarness
+    ) -> None:
+        self.holds = holds
+        self.held = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.jobs: set[tuple[str, str]] = set()
+        kind, answer = coordinator_jobs.SESSION_CALLS["record_previews"]
+
+        async def on_session(servicer: Any, caller: Any, request: Any) -> Any:
+            await self.hold(list(request.previews))
+            return await answer(servicer, caller, request)
+
+        monkeypatch.setitem(coordinator_jobs.SESSION_CALLS, "record_previews", (kind, on_session))
+        if preview is not None:
+            grants = preview.app.api.grants
+            record = grants.record
+
+            async def at_preview(processor: str, request: Any) -> Any:
+                await self.hold(list(request.previews))
+                return await record(processor, request)
+
+            monkeypatch.setattr(grants, "record", at_preview)
+
+    async def hold(self, previews: list[Any]) -> None:
+        if self.holds(previews):
+            self.jobs.update((p.lease.run_id, p.lease.job_id) for p in previews)
+            self.held.set()
+            await self.gate.wait()
 
 
 async def within(awaitable: Any, what: str) -> Any:

@@ -61,6 +61,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             principal_cache_seconds=settings.principal_cache_seconds,
             login_limits=settings.login_limits,
             lease=timedelta(seconds=settings.lease_seconds),
+            max_image_bytes=settings.max_image_bytes,
         )
         await serve(
             label=LABEL,

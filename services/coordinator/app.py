@@ -31,7 +31,7 @@ from services.coordinator.runs.scheduler import Scheduler
 from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.identity import IdentityServicer
-from services.coordinator.servicers.jobs import JobServicer
+from services.coordinator.servicers.jobs import MAX_IMAGE_BYTES, JobServicer
 from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
@@ -68,6 +68,7 @@ def build(
     principal_cache_seconds: float = PRINCIPAL_CACHE_SECONDS,
     login_limits: LoginLimits | None = None,
     lease: timedelta = LEASE,
+    max_image_bytes: int = MAX_IMAGE_BYTES,
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)."""
     limits = login_limits or LoginLimits()
@@ -87,7 +88,16 @@ def build(
         )
     authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
     return Coordinator(
-        grpc_services(db, clock, runs, events, authenticate, limits, lease=lease),
+        grpc_services(
+            db,
+            clock,
+            runs,
+            events,
+            authenticate,
+            limits,
+            lease=lease,
+            max_image_bytes=max_image_bytes,
+        ),
         workers,
         [JobsByState(db)],
     )
@@ -102,6 +112,7 @@ def grpc_services(
     login_limits: LoginLimits,
     *,
     lease: timedelta = LEASE,
+    max_image_bytes: int = MAX_IMAGE_BYTES,
 ) -> list[GrpcService]:
     snapshots = SnapshotCache(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
@@ -118,8 +129,15 @@ def grpc_services(
         authenticate,
         events,
     )
-    jobs = JobServicer(JobsApi(db, clock, snapshots, lease=lease), authenticate, events)
-    publication = PublicationServicer(PublicationApi(db, clock, snapshots), reviews, authenticate)
+    previews = PublicationApi(db, clock, snapshots)
+    jobs = JobServicer(
+        JobsApi(db, clock, snapshots, lease=lease),
+        authenticate,
+        events,
+        previews,
+        max_image_bytes=max_image_bytes,
+    )
+    publication = PublicationServicer(previews, reviews, authenticate)
     identity = IdentityServicer(
         authenticate, IdentityApi(db, clock, passwords, check_grant_targets, login_limits)
     )

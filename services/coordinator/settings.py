@@ -13,6 +13,7 @@ from services.coordinator.identity.signin import (
     LoginLimits,
 )
 from services.coordinator.leases.jobs import LEASE
+from services.coordinator.servicers.jobs import MAX_IMAGE_BYTES, MAX_IMAGE_BYTES_LIMIT
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
 
@@ -61,6 +62,13 @@ class CoordinatorSettings(ServerSettings):
         "heartbeat interval of 0.15 of it, at most 45 s); shorter only for fault-injection "
         "soaks, where a dead processor's jobs must come back quickly.",
         check=between(10, 3600, " seconds"),
+    )
+    max_image_bytes: int = setting(
+        MAX_IMAGE_BYTES,
+        help="Largest preview a processor may record on its Session (record_previews), bytes: "
+        "set it to the preview service's PREVIEW_MAX_IMAGE_BYTES, which bounds the grants its "
+        "bytes were written with.",
+        check=between(1, MAX_IMAGE_BYTES_LIMIT, " bytes"),
     )
     principal_cache_seconds: float = setting(
         PRINCIPAL_CACHE_SECONDS,

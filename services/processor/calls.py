@@ -22,6 +22,15 @@ both the same way; a call whose stream broke before its answer raises UNAVAILABL
 unary call whose answer was lost, and is asked again (on a new stream). A coordinator
 without `Session` (release 0.1) answers it UNIMPLEMENTED: logged once, and the calls go
 unary for the rest of the processor's life.
+
+The session also carries the records of the previews the processor wrote itself
+(`SessionJobs.RecordPreviews`, the message `record_previews`; no unary JobService RPC). A
+coordinator that does not take it raises `RecordsNotServed`, and the records go to the
+preview service's RecordWrittenPreviews instead (direct_writes.py), for the rest of the
+processor's life: one of release 0.1 (no Session: the calls go unary), or one from
+before the message, which reads it as a request without a call and ends the stream
+INVALID_ARGUMENT with ErrorInfo metadata field "call" (its other calls in flight then
+are asked again on a new stream, as after any broken stream).
 """
 
 from __future__ import annotations
@@ -97,13 +106,17 @@ class Refused(Exception):
 
 def error_reason(error: grpc.aio.AioRpcError) -> str:
     """The ErrorInfo reason of a failed call; empty when it has none."""
+    return str(error_info(error).reason)
+
+
+def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo of a failed call; an empty one when it has none."""
+    info = error_details_pb2.ErrorInfo()
     with contextlib.suppress(ValueError):
         status = rpc_status.from_call(error)
-        if status is not None and status.details:
-            info = error_details_pb2.ErrorInfo()
-            if status.details[0].Unpack(info):
-                return str(info.reason)
-    return ""
+        if status is not None and status.details and status.details[0].Unpack(info):
+            return info
+    return error_details_pb2.ErrorInfo()
 
 
 def outcome(what: str, error: grpc.aio.AioRpcError) -> Exception | None:
@@ -181,12 +194,13 @@ class Caller:
 
 
 def refusal_error(refusal: publication_pb2.Refusal) -> Exception:
-    """One preview's refusal in a RecordWrittenPreviews answer, as Caller would raise it."""
+    """One preview's refusal in a records answer (the session's record_previews or the
+    preview service's RecordWrittenPreviews), as Caller would raise it."""
     error = call_error(refusal.code, refusal.message, refusal.reason)
-    found = outcome("RecordWrittenPreviews", error)
+    found = outcome("RecordPreviews", error)
     if found is not None:
         return found
-    return ServiceUnavailable(f"RecordWrittenPreviews: {error.code().name} {refusal.message}")
+    return ServiceUnavailable(f"RecordPreviews: {error.code().name} {refusal.message}")
 
 
 # --- The transport of the JobService calls ------------------------------------------
@@ -226,6 +240,7 @@ MAX_IN_FLIGHT = 64  # the coordinator's bound per stream (more: RESOURCE_EXHAUST
 # call would be refused for its credential.
 STREAM_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 UNWRITTEN_TRIES = 4  # streams a call is asked on at once when each ends unwritten
+RECORDS = "record_previews"  # the records of written previews: a session call only
 ABANDONED_RELEASE_SECONDS = 5.0  # the deadline of the Release of an abandoned call's lease
 
 
@@ -237,6 +252,7 @@ class _Stream:
         self.outbox: asyncio.Queue[jobs_pb2.SessionRequest | None] = asyncio.Queue()
         self.waiting: dict[int, asyncio.Future[jobs_pb2.SessionResponse]] = {}
         self.abandoned: set[int] = set()  # calls cancelled by their caller, answer unread
+        self.records: set[int] = set()  # the record_previews calls sent on it
         self.answered = False  # whether any answer came on it
         self.call = stub.Session(self._requests(), metadata=metadata)
 
@@ -246,7 +262,22 @@ class _Stream:
 
 
 class _Unsupported(Exception):
-    """The coordinator has no Session (UNIMPLEMENTED): ask the call unary."""
+    """The coordinator has no Session (UNIMPLEMENTED), or no record_previews on it: ask
+    the call unary (records: RecordsNotServed)."""
+
+
+class RecordsNotServed(Exception):
+    """The coordinator takes no record_previews on the session (see the module): record
+    the previews through the preview service."""
+
+
+def _unknown_call(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a stream ended as a coordinator ends it for a request without a call it
+    knows: INVALID_ARGUMENT INVALID_FIELD, ErrorInfo metadata field "call"."""
+    if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+        return False
+    info = error_info(error)
+    return bool(info.reason == "INVALID_FIELD" and info.metadata.get("field") == "call")
 
 
 class _Unwritten(Exception):
@@ -281,6 +312,7 @@ class SessionJobs:
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._background: set[asyncio.Task[Any]] = set()
         self.unary = False  # True once the coordinator refused Session: calls go unary
+        self.records = True  # False once the coordinator refused record_previews
         self.streams_opened = 0
         self.Claim: Call = self._over_session("Claim")
         self.Heartbeat: Call = self._over_session("Heartbeat")
@@ -288,9 +320,11 @@ class SessionJobs:
         self.Complete: Call = self._over_session("Complete")
         self.Fail: Call = self._over_session("Fail")
         self.Release: Call = self._over_session("Release")
+        # the records of written previews: no unary RPC of the coordinator's to fall back on
+        self.RecordPreviews: Call = self._over_session("RecordPreviews", RECORDS, _not_served)
 
-    def _over_session(self, method: str) -> Call:
-        field = SESSION_CALLS[method]
+    def _over_session(self, method: str, field: str = "", unary: Call | None = None) -> Call:
+        field = field or SESSION_CALLS[method]
 
         async def call(
             request: Any,
@@ -302,8 +336,8 @@ class SessionJobs:
                 try:
                     return await self._ask(field, request, metadata, timeout)
                 except _Unsupported:  # the stream was refused: this call goes unary
-                    unary: Call = getattr(self._stub, method)
-                    return await unary(request, metadata=metadata, timeout=timeout)
+                    fallback: Call = unary or getattr(self._stub, method)
+                    return await fallback(request, metadata=metadata, timeout=timeout)
                 except _Unwritten:
                     continue
             try:
@@ -323,13 +357,15 @@ class SessionJobs:
 
     async def _ask(self, field: str, request: Any, metadata: Any, seconds: float | None) -> Any:
         async with self._slots:
-            if self.unary:
+            if self.unary or (field == RECORDS and not self.records):
                 raise _Unsupported
             stream = self._open(metadata)
             self._next_id += 1
             request_id = self._next_id
             answered = asyncio.get_running_loop().create_future()
             stream.waiting[request_id] = answered
+            if field == RECORDS:
+                stream.records.add(request_id)
             stream.outbox.put_nowait(
                 jobs_pb2.SessionRequest(request_id=request_id, **{field: request})
             )
@@ -367,6 +403,7 @@ class SessionJobs:
         ended: BaseException = call_error(
             grpc.StatusCode.UNAVAILABLE, "the coordinator ended the session stream"
         )
+        records_ended: BaseException | None = None  # how the records waiting end, if not so
         try:
             async for response in stream.call:
                 stream.answered = True
@@ -381,6 +418,15 @@ class SessionJobs:
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._fall_back(error)
                 ended = _Unsupported()
+            elif _unknown_call(error) and stream.records.intersection(stream.waiting):
+                # a coordinator from before record_previews: the records go through the
+                # preview service, every other call on a new stream
+                self._records_not_served(error)
+                records_ended = _Unsupported()
+                ended = call_error(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the session stream ended {error.code().name}: {error.details()}",
+                )
             elif error.code() == grpc.StatusCode.INTERNAL and not stream.answered:
                 ended = _Unwritten(error)
             elif (
@@ -414,9 +460,12 @@ class SessionJobs:
             if self._stream is stream:
                 self._stream = None
             stream.outbox.put_nowait(None)
-            for answered in stream.waiting.values():
+            for request_id, answered in stream.waiting.items():
                 if not answered.done():
-                    answered.set_exception(ended)
+                    if records_ended is not None and request_id in stream.records:
+                        answered.set_exception(records_ended)
+                    else:
+                        answered.set_exception(ended)
             stream.waiting.clear()
 
     def _fall_back(self, error: grpc.aio.AioRpcError) -> None:
@@ -431,6 +480,18 @@ class SessionJobs:
         )
         for method in SESSION_CALLS:
             setattr(self, method, getattr(self._stub, method))
+
+    def _records_not_served(self, error: grpc.aio.AioRpcError) -> None:
+        """The coordinator takes no record_previews: records go elsewhere from now on."""
+        if not self.records:
+            return
+        self.records = False
+        log.warning(
+            "the coordinator does not take record_previews on the session (%s %s): previews "
+            "are recorded through the preview service from now on",
+            error.code().name,
+            error.details(),
+        )
 
     def _release_abandoned(self, response: jobs_pb2.SessionResponse, metadata: Any) -> None:
         """Releases the leases an answer nobody reads hands out (no attempt spent)."""
@@ -478,6 +539,16 @@ class SessionJobs:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+
+async def _not_served(
+    request: Any,
+    *,
+    metadata: Any = None,
+    timeout: float | None = None,  # noqa: ASYNC109 - as the stub's methods take it
+) -> Any:
+    """record_previews where the coordinator takes none: the caller records elsewhere."""
+    raise RecordsNotServed
 
 
 class UnaryJobs:

@@ -3,12 +3,17 @@
 The preview service grants writes for a lease's next slots (GrantPreviewWrites: an S3
 POST policy per slot, bound to the slot's key, the content type and the largest size,
 expiring within a minute and never after the lease). The processor POSTs each image
-with its grant and queues the preview's record. Records of all its jobs go to the
-preview service together (RecordWrittenPreviews), which the coordinator runs as one
-fenced statement: a batch is sent when it holds `max_batch` records, `linger_seconds`
-after its first one, or when a job waits for its records; one batch is in flight at a
-time, so each lease's records arrive in slot order. A job waits for its records
-(`settle`) before it completes; a refusal met earlier stops it at its next frame.
+with its grant and queues the preview's record. Records of all its jobs go together,
+as one `record_previews` message on the processor's Session stream to the coordinator
+(`records`: SessionJobs.RecordPreviews), which runs them as one fenced statement; a
+processor whose calls go unary (PROCESSOR_JOB_TRANSPORT=unary, a coordinator of release
+0.1) or whose coordinator does not take the message (RecordsNotServed: asked once, then
+never again) sends them to the preview service's RecordWrittenPreviews instead, which
+forwards them to the coordinator's same statement. A batch is sent when it holds
+`max_batch` records, `linger_seconds` after its first one, or when a job waits for its
+records; one batch is in flight at a time, so each lease's records arrive in slot
+order. A job waits for its records (`settle`) before it completes; a refusal met
+earlier stops it at its next frame.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import urllib3
+from google.protobuf.message import Message
 
+from services.processor.calls import RecordsNotServed
 from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
 from workshop.v1 import publication_pb2 as pub
@@ -31,13 +38,17 @@ from workshop.v1 import publication_pb2 as pub
 # 120), so most jobs ask once; the grants of slots not reached before they expire (60 s)
 # are asked for again.
 GRANT_BATCH = 128
-MAX_BATCH = 256  # records per RecordWrittenPreviews (what the preview service takes)
-# How long the first queued record waits for others: each RecordWrittenPreviews costs the
-# control plane a few milliseconds of CPU whatever it carries (a gRPC hop to the preview
-# service and one to the coordinator, and the fences once per lease of the batch:
-# docs/benchmarks.md), so a batch is worth a wait; a preview then reaches the run's live
-# images up to this much later. A job that finishes does not wait (settle sends at once).
-LINGER_SECONDS = 1.0
+MAX_BATCH = 256  # records per message (what the coordinator and the preview service take)
+# How long the first queued record waits for others. A batch costs the control plane CPU
+# whatever it carries (a message on the session and its statement, whose fences run once
+# per lease of the batch: docs/benchmarks.md), so it is worth a wait; a preview then
+# reaches the run's live images up to this much later (half of it on average). At 2
+# frames/s per job and 3 jobs in flight (6 records/s), 1.4 s makes batches of 9 records
+# whatever the jobs' phases, each record waiting 0.7-0.9 s on average (1.25 s: 7-9; 1.0 s:
+# 6); a processor faster than real time fills them sooner (the throughput benchmark's: 90
+# records per batch). A job that finishes does not wait (settle sends at once), nor does
+# a full batch.
+LINGER_SECONDS = 1.4
 GRANT_MARGIN = timedelta(seconds=5)  # a grant closer than this to its expiry is renewed
 WRITE_TIMEOUT_SECONDS = 10.0
 WRITE_RETRIES = 2
@@ -65,7 +76,7 @@ def _lease_id(lease: common_pb2.LeaseRef) -> LeaseId:
 @dataclasses.dataclass
 class _Lease:
     grants: dict[int, pb.PreviewWriteGrant] = dataclasses.field(default_factory=dict)
-    pending: set[asyncio.Future[pb.PublishPreviewResponse]] = dataclasses.field(default_factory=set)
+    pending: set[asyncio.Future[Message]] = dataclasses.field(default_factory=set)
     refused: BaseException | None = None
 
 
@@ -77,6 +88,7 @@ class DirectPreviews:
         refusal: Callable[[pub.Refusal], Exception],
         code_sha256: str,
         *,
+        records: Any = None,  # SessionJobs.RecordPreviews; None: the preview service's
         max_batch: int = MAX_BATCH,
         linger_seconds: float = LINGER_SECONDS,
         retry_seconds: float = 0.0,
@@ -84,12 +96,14 @@ class DirectPreviews:
         self._previews = previews
         self._call = call  # the worker's RPC wrapper: retries, LeaseLost, ServiceUnavailable
         self._refusal = refusal  # one preview's refusal as the worker's exception
+        self._records = records  # the session's record_previews, until it is not served
         self._code = code_sha256
         self._max_batch = max_batch
         self._linger = linger_seconds
         self._retry_seconds = retry_seconds  # how long a write the store does not take is retried
         self._leases: dict[LeaseId, _Lease] = {}
-        self._queue: list[tuple[pb.WrittenPreview, asyncio.Future[pb.PublishPreviewResponse]]] = []
+        self._queue: list[tuple[pub.RecordPreviewRequest, asyncio.Future[Message]]] = []
+        self.batches: list[int] = []  # records per batch sent (tests, benchmarks)
         self._sender: asyncio.Task[None] | None = None
         self._full = asyncio.Event()  # set when a batch is full or must go now
         self._flush = False  # a job waits for its records: the next batch goes at once
@@ -127,7 +141,7 @@ class DirectPreviews:
             state.grants.clear()
             grant = await self._grant(job, state, slot, content_type)
             await self._write(grant, image, content_type)
-        written = pb.WrittenPreview(
+        written = pub.RecordPreviewRequest(
             lease=lease,
             code_sha256=self._code,
             slot_index=slot,
@@ -138,9 +152,7 @@ class DirectPreviews:
             sha256=sha256,
             content_type=content_type,
         )
-        answer: asyncio.Future[pb.PublishPreviewResponse] = (
-            asyncio.get_running_loop().create_future()
-        )
+        answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         state.pending.add(answer)
         answer.add_done_callback(lambda done: self._settled(lease, done))
         self._queue.append((written, answer))
@@ -165,9 +177,7 @@ class DirectPreviews:
         finally:
             self._leases.pop(_lease_id(lease), None)
 
-    def _settled(
-        self, lease: common_pb2.LeaseRef, done: asyncio.Future[pb.PublishPreviewResponse]
-    ) -> None:
+    def _settled(self, lease: common_pb2.LeaseRef, done: asyncio.Future[Message]) -> None:
         state = self._leases.get(_lease_id(lease))
         if state is None:
             return
@@ -248,7 +258,7 @@ class DirectPreviews:
             self._sender = None
 
     async def _send_batch(
-        self, batch: list[tuple[pb.WrittenPreview, asyncio.Future[pb.PublishPreviewResponse]]]
+        self, batch: list[tuple[pub.RecordPreviewRequest, asyncio.Future[Message]]]
     ) -> None:
         # Records of a lease already refused (or given up) are not sent: its job has
         # stopped, and a batch of them would hold up the records of other jobs.
@@ -262,16 +272,11 @@ class DirectPreviews:
         batch = live
         if not batch:
             return
+        self.batches.append(len(batch))
         try:
-            reply = await self._call(
-                self._previews.RecordWrittenPreviews,
-                pb.RecordWrittenPreviewsRequest(previews=[written for written, _ in batch]),
-            )
-            outcomes: list[Any] = list(reply.outcomes)
+            outcomes: list[Any] = await self._record([written for written, _ in batch])
             if len(outcomes) != len(batch):
-                raise WriteUnavailable(
-                    f"The preview service answered {len(outcomes)} outcomes for {len(batch)}."
-                )
+                raise WriteUnavailable(f"{len(outcomes)} outcomes answered for {len(batch)}.")
         except Exception as error:  # the whole batch: no answer, or a refusal of the call
             outcomes = [error] * len(batch)
         for (_, answer), outcome in zip(batch, outcomes, strict=True):
@@ -284,8 +289,45 @@ class DirectPreviews:
             else:
                 answer.set_result(outcome.recorded)
 
+    async def _record(self, previews: list[pub.RecordPreviewRequest]) -> list[Any]:
+        """The outcomes of one batch: on the session while the coordinator takes it there,
+        else through the preview service."""
+        if self._records is not None:
+            try:
+                reply = await self._call(
+                    self._records, pub.RecordPreviewsRequest(previews=previews)
+                )
+            except RecordsNotServed:
+                log.info(  # the session's own warning said why
+                    "previews are recorded through the preview service (RecordWrittenPreviews) "
+                    "from now on: the coordinator takes no record_previews on the session"
+                )
+                self._records = None
+            else:
+                return list(reply.outcomes)
+        reply = await self._call(
+            self._previews.RecordWrittenPreviews,
+            pb.RecordWrittenPreviewsRequest(previews=[_written(one) for one in previews]),
+        )
+        return list(reply.outcomes)
+
     def close(self) -> None:
         self._http.clear()
+
+
+def _written(record: pub.RecordPreviewRequest) -> pb.WrittenPreview:
+    """A record as the preview service's RecordWrittenPreviews takes it."""
+    return pb.WrittenPreview(
+        lease=record.lease,
+        code_sha256=record.code_sha256,
+        slot_index=record.slot_index,
+        object_key=record.object_key,
+        frame_time=record.frame_time,
+        boxes=record.boxes,
+        byte_size=record.byte_size,
+        sha256=record.sha256,
+        content_type=record.content_type,
+    )
 
 
 class WriteUnavailable(Exception):

@@ -6,11 +6,13 @@ preview and answers its object key and SHA-256 (which in a full run also name th
 upload in Complete), `settle` waits until a lease's previews are recorded (before its
 Complete). Two routes, picked by `publisher_for` from the `direct_writes` setting:
 - `GrantPublisher` (the default): the bytes go straight to object storage with a grant
-  and the records are batched (direct_writes.py);
+  and the records are batched, on the coordinator's session where the calls about jobs
+  use one, else through the preview service (direct_writes.py);
 - `RelayPublisher`: the bytes go through the preview service's PublishPreview.
 Every preview service this release runs beside (the baseline in
 `deploy/releases/previous` included) grants writes and answers a preview's digest, so
-neither route falls back to another at run time.
+neither route falls back to another at run time (only the records of GrantPublisher do:
+from the session to the preview service, against a coordinator that does not take them).
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from typing import Protocol
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.processor.calls import Caller, ServiceUnavailable, refusal_error
+from services.processor.calls import (
+    Caller,
+    JobCalls,
+    ServiceUnavailable,
+    refusal_error,
+)
 from services.processor.direct_writes import DirectPreviews, WriteFailed, WriteUnavailable
 from services.processor.images import JPEG
 from workshop.kit.hashing import sha256_hex
@@ -51,9 +58,18 @@ class GrantPublisher:
         previews: preview_pb2_grpc.PreviewServiceAsyncStub,
         call: Caller,
         code_sha256: str,
+        jobs: JobCalls | None = None,
     ) -> None:
+        # the records go on the session when the calls about jobs do (direct_writes.py):
+        # SessionJobs has RecordPreviews (so does a test's wrapper of it), UnaryJobs none
+        records = getattr(jobs, "RecordPreviews", None)
         self._direct = DirectPreviews(
-            previews, call, refusal_error, code_sha256, retry_seconds=call.retry_seconds
+            previews,
+            call,
+            refusal_error,
+            code_sha256,
+            records=records,
+            retry_seconds=call.retry_seconds,
         )
 
     async def publish(
@@ -119,7 +135,10 @@ def publisher_for(
     previews: preview_pb2_grpc.PreviewServiceAsyncStub,
     call: Caller,
     code_sha256: str,
+    jobs: JobCalls | None = None,
 ) -> Publisher:
-    """The route the `direct_writes` setting names, for the processor's whole life."""
-    route = GrantPublisher if direct_writes else RelayPublisher
-    return route(previews, call, code_sha256)
+    """The route the `direct_writes` setting names, for the processor's whole life; with
+    grants, the records go on the session of `jobs` where it is one."""
+    if direct_writes:
+        return GrantPublisher(previews, call, code_sha256, jobs)
+    return RelayPublisher(previews, call, code_sha256)

@@ -52,7 +52,9 @@ class Processor:
 
     def __post_init__(self) -> None:
         call = Caller(self.credentials, self.retry_seconds)
-        publisher = publisher_for(self.direct_writes, self.previews, call, self.code_sha256)
+        publisher = publisher_for(
+            self.direct_writes, self.previews, call, self.code_sha256, self.jobs
+        )
         pipeline = FramePipeline(
             self.code_sha256, self.recordings, self.models, publisher, gpu=self.gpu
         )

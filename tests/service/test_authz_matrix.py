@@ -40,11 +40,12 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.coordinator.identity.auth import Grant, ScopeName
+from services.coordinator.servicers.jobs import SESSION_CALLS
 from testbed.coordinator_leases import complete_request, empty_result
 from testbed.coordinator_world import CODE, run_request
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, publish_request, upload_request
-from tests.authz_policy import ALLOWED, CREDENTIALS, POLICY, Expectation
+from tests.authz_policy import ALLOWED, CREDENTIALS, POLICY, SESSION, Expectation
 from tests.service.test_sweep import SERVER_OF, workshop_services
 from tests.sweep.stack import Answer, Metadata, World, build_world, call, raw_channel
 from workshop.kit.auth import bearer_metadata
@@ -77,6 +78,14 @@ def test_every_rpc_has_a_policy_row() -> None:
     served = set(methods())
     assert sorted(served - set(POLICY)) == [], "RPCs without a row in tests/authz_policy.py"
     assert sorted(set(POLICY) - served) == [], "rows of RPCs that no service has"
+
+
+def test_every_session_call_has_a_policy_row() -> None:
+    calls = {
+        field.name for field in jobs_pb2.SessionRequest.DESCRIPTOR.oneofs_by_name["call"].fields
+    }
+    assert calls == set(SESSION), "Session calls without a row (or rows without a call)"
+    assert set(SESSION_CALLS) == calls, "Session calls the coordinator does not answer"
 
 
 @dataclasses.dataclass
@@ -428,6 +437,46 @@ RESOURCE_CASES = [
         for bad in ("malformed", "unknown", "revoked", "expired", "disabled_session")
     ),
 ]
+
+
+def _records(m: Matrix) -> Message:
+    """record_previews of slot 1 under a key that is not the lease's: an allowed cell is
+    answered (the preview refused in its outcome), changing nothing."""
+    written = _written(m)
+    return pub.RecordPreviewsRequest(
+        previews=[pub.RecordPreviewRequest.FromString(written.SerializeToString())]
+    )
+
+
+async def test_session_calls(matrix: Matrix) -> None:
+    """Each call on a Session stream x each credential, against the SESSION table: the
+    stream (the call's one message, then a half-close) ends OK where the row allows the
+    credential (the call answered, or refused in its answer), and is refused when it
+    opens elsewhere."""
+    m = matrix
+    session = "/workshop.v1.JobService/Session"
+    probes: dict[str, Callable[[Matrix], Message]] = {"record_previews": _records}
+    cells = []
+    for kind, rule in SESSION.items():
+        rpc = SESSION_CALLS[kind][0]
+        probe = probes.get(kind) or PROBES.get(f"/workshop.v1.JobService/{rpc}")
+        request = jobs_pb2.SessionRequest(request_id=1)
+        if probe is not None:
+            getattr(request, kind).CopyFrom(probe(m))
+        else:
+            getattr(request, kind).SetInParent()
+        for credential in CREDENTIALS:
+            cells.append(
+                (
+                    f"{credential} ({kind})",
+                    session,
+                    request.SerializeToString(),
+                    m.metadata(credential, ""),
+                    rule.expected(credential),
+                )
+            )
+    failures, _ = await _cells(m, cells)
+    assert failures == [], "\n".join(failures)
 
 
 async def test_resource_bound_credentials(matrix: Matrix) -> None:

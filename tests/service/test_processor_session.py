@@ -2,8 +2,10 @@
 a scripted JobService on a real gRPC server: on one Session stream, answers matched to
 calls by request id, an `error` answer sorted as the unary RPC's error is, a broken
 stream's calls asked again on a new one, a coordinator without Session (UNIMPLEMENTED)
-answered unary for good, a cancelled call's leases released. The processor against the
-real coordinator: tests/system/test_processor_session.py."""
+answered unary for good, a cancelled call's leases released; the records of written
+previews on the stream, and, where the coordinator does not take them (release 0.1, or
+one from before record_previews), through the preview service for good. The processor
+against the real coordinator: tests/system/test_processor_session.py."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import any_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -23,13 +26,17 @@ from services.processor.calls import (
     SESSION_CALLS,
     Caller,
     LeaseLost,
+    RecordsNotServed,
     Refused,
     ServiceUnavailable,
     SessionJobs,
     Transport,
     job_transport,
+    refusal_error,
 )
-from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from services.processor.direct_writes import DirectPreviews
+from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc, preview_pb2
+from workshop.v1 import publication_pb2 as pub
 
 CREDENTIALS = (("authorization", "Bearer test"),)
 LEASE = common_pb2.LeaseRef(run_id="r1", job_id="j1", generation=1, token="t")
@@ -42,7 +49,11 @@ ANSWERS: dict[str, Any] = {
     "Complete": jobs_pb2.CompleteResponse,
     "Fail": jobs_pb2.FailResponse,
     "Release": jobs_pb2.ReleaseResponse,
+    "RecordPreviews": pub.RecordPreviewsResponse,
 }
+# Each SessionRequest field's method, the records of written previews included.
+METHODS = {field: method for method, field in SESSION_CALLS.items()}
+METHODS["record_previews"] = "RecordPreviews"
 
 # What the scripted service does with a call: answer it (a message), refuse it
 # (code, reason), or None: the default answer.
@@ -82,6 +93,9 @@ class Scripted(jobs_pb2_grpc.JobServiceServicer):
         self.all_held = asyncio.Event()  # set when every method in `hold` waits at the gate
         self.break_on: set[str] = set()
         self.refuse_stream_on: set[str] = set()  # ends the stream INVALID_ARGUMENT
+        # calls it does not know (SessionRequest fields): read as a request without a call,
+        # ending the stream as the coordinator does (INVALID_FIELD, field "call")
+        self.unknown: set[str] = set()
 
     async def _answer(self, method: str, request: Any) -> Any:
         if method in self.hold:
@@ -130,8 +144,11 @@ class Scripted(jobs_pb2_grpc.JobServiceServicer):
         async def one(request: jobs_pb2.SessionRequest) -> None:
             field = request.WhichOneof("call")
             assert field is not None
-            method = next(m for m, f in SESSION_CALLS.items() if f == field)
+            method = METHODS[field]
             self.log.append(("session", method))
+            if field in self.unknown:
+                await answers.put(LookupError())
+                return
             if method in self.break_on:
                 self.break_on.discard(method)
                 await answers.put(ConnectionResetError())
@@ -166,6 +183,21 @@ class Scripted(jobs_pb2_grpc.JobServiceServicer):
                     yield answer
                 elif isinstance(answer, ValueError):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a bad request")
+                elif isinstance(answer, LookupError):
+                    detail = any_pb2.Any()
+                    detail.Pack(
+                        error_details_pb2.ErrorInfo(
+                            reason="INVALID_FIELD", domain="workshop", metadata={"field": "call"}
+                        )
+                    )
+                    status = rpc_status.to_status(
+                        status_pb2.Status(
+                            code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                            message="A SessionRequest needs a call.",
+                            details=[detail],
+                        )
+                    )
+                    await context.abort(status.code, status.details, status.trailing_metadata)
                 else:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "the stream broke")
         finally:
@@ -435,3 +467,211 @@ async def test_a_refusal_that_ends_the_stream_answers_only_a_call_alone_on_it(
                 await each
             assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
         await jobs.close()
+
+
+# the records of written previews --------------------------------------------------------
+
+
+def records(count: int) -> pub.RecordPreviewsRequest:
+    return pub.RecordPreviewsRequest(
+        previews=[pub.RecordPreviewRequest(lease=LEASE, slot_index=slot) for slot in range(count)]
+    )
+
+
+def recorded_all(method: str, request: Any) -> Any:
+    """A script that records every preview of a record_previews."""
+    if method != "RecordPreviews":
+        return None
+    return pub.RecordPreviewsResponse(
+        outcomes=[
+            pub.RecordPreviewOutcome(recorded=pub.RecordPreviewResponse(item_id=f"pv_{one}"))
+            for one in range(len(request.previews))
+        ]
+    )
+
+
+async def test_records_go_on_the_session() -> None:
+    service = Scripted()
+    service.script = recorded_all
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        call = Caller(CREDENTIALS, retry_seconds=5)
+        reply = await call(jobs.RecordPreviews, records(3))
+        await call(jobs.Heartbeat, heartbeat())
+        await jobs.close()
+    assert [outcome.recorded.item_id for outcome in reply.outcomes] == ["pv_0", "pv_1", "pv_2"]
+    assert service.log == [("session", "RecordPreviews"), ("session", "Heartbeat")]
+    assert service.streams == 1
+    assert jobs.records
+
+
+async def test_a_coordinator_without_record_previews_is_not_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A coordinator from before record_previews ends the stream on it (a request without a
+    call it knows): the records raise RecordsNotServed, logged once, and are never sent on
+    a stream again; a Claim that waited on that stream is asked again on a new one."""
+    service = Scripted()
+    service.unknown = {"record_previews"}
+    service.hold = {"Claim"}
+    service.script = lambda method, _request: (
+        jobs_pb2.ClaimResponse(job=jobs_pb2.ClaimedJob(lease=LEASE)) if method == "Claim" else None
+    )
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        call = Caller(CREDENTIALS, retry_seconds=10)
+        with caplog.at_level(logging.WARNING, "services.processor.calls"):
+            claim = asyncio.ensure_future(call(jobs.Claim, jobs_pb2.ClaimRequest()))
+            await asyncio.wait_for(service.all_held.wait(), 10)
+            for _ in range(3):
+                with pytest.raises(RecordsNotServed):
+                    await call(jobs.RecordPreviews, records(2))
+            service.gate.set()
+            assert (await claim).job.lease == LEASE
+            await call(jobs.Heartbeat, heartbeat())
+        await jobs.close()
+    assert not jobs.records
+    assert not jobs.unary
+    assert [method for _, method in service.log].count("RecordPreviews") == 1
+    assert [method for _, method in service.log].count("Claim") == 2  # asked again
+    assert {how for how, _ in service.log} == {"session"}
+    assert jobs.streams_opened == service.streams == 2
+    notes = [r for r in caplog.records if "does not take record_previews" in r.message]
+    assert len(notes) == 1
+
+
+async def test_without_session_the_records_are_not_served() -> None:
+    service = Scripted(session=False)
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        call = Caller(CREDENTIALS, retry_seconds=5)
+        with pytest.raises(RecordsNotServed):
+            await call(jobs.RecordPreviews, records(1))
+        await call(jobs.Heartbeat, heartbeat())
+        await jobs.close()
+    assert jobs.unary
+    assert service.log == [("unary", "Heartbeat")]
+
+
+class FakePreviews:
+    """The preview service's grants and RecordWrittenPreviews, each recording its batches."""
+
+    def __init__(self) -> None:
+        self.recorded: list[int] = []  # previews per RecordWrittenPreviews
+
+    async def GrantPreviewWrites(self, request: Any, **_: Any) -> Any:
+        expires = Timestamp(seconds=int(asyncio.get_running_loop().time()) + 10**9)
+        return preview_pb2.GrantPreviewWritesResponse(
+            grants=[
+                preview_pb2.PreviewWriteGrant(
+                    slot_index=slot, object_key=f"k/{slot}.jpg", expires_at=expires
+                )
+                for slot in request.slot_indices
+            ]
+        )
+
+    async def RecordWrittenPreviews(self, request: Any, **_: Any) -> Any:
+        self.recorded.append(len(request.previews))
+        return preview_pb2.RecordWrittenPreviewsResponse(
+            outcomes=[
+                preview_pb2.WrittenPreviewOutcome(
+                    recorded=preview_pb2.PublishPreviewResponse(item_id="pv")
+                )
+                for _ in request.previews
+            ]
+        )
+
+
+class Unstored(DirectPreviews):
+    """Direct writes whose bytes go nowhere: the records are what is tested."""
+
+    def _post(self, grant: Any, image: bytes, content_type: str) -> None:
+        return None
+
+
+JOB = jobs_pb2.ClaimedJob(
+    lease=LEASE, input=jobs_pb2.JobInput(slots=[jobs_pb2.Slot(index=i) for i in range(10)])
+)
+
+
+async def publish(direct: DirectPreviews, slots: range) -> None:
+    for slot in slots:
+        await direct.publish(JOB, slot, Timestamp(seconds=1), b"jpeg", "image/jpeg", [], "d")
+    await direct.settle(LEASE)
+
+
+@pytest.mark.parametrize("takes_records", [True, False])
+async def test_direct_writes_record_on_the_session_or_else_through_the_preview_service(
+    takes_records: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DirectPreviews sends its batches on the session; against a coordinator that does
+    not take them, the first batch goes to the preview service instead, and so does every
+    later one (the session is not asked again); no record is lost either way."""
+    service = Scripted()
+    service.script = recorded_all
+    if not takes_records:
+        service.unknown = {"record_previews"}
+    previews = FakePreviews()
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        call = Caller(CREDENTIALS, retry_seconds=5)
+        direct = Unstored(
+            cast_stub(previews),
+            call,
+            refusal_error,
+            "c" * 64,
+            records=jobs.RecordPreviews,
+            linger_seconds=0.05,
+        )
+        with caplog.at_level(logging.INFO):
+            await publish(direct, range(3))
+            await publish(direct, range(3, 6))
+        direct.close()
+        await jobs.close()
+    sent = [method for _, method in service.log].count("RecordPreviews")
+    if takes_records:
+        assert (sent, previews.recorded) == (2, [])
+    else:
+        assert (sent, previews.recorded) == (1, [3, 3])
+        for logger in ("services.processor.calls", "services.processor.direct_writes"):
+            notes = [r for r in caplog.records if r.name == logger]
+            assert len(notes) == 1, logger
+    assert direct.batches == [3, 3]
+
+
+async def test_a_refused_record_on_the_session_stops_its_job() -> None:
+    service = Scripted()
+    service.script = lambda method, request: (
+        pub.RecordPreviewsResponse(
+            outcomes=[
+                pub.RecordPreviewOutcome(
+                    refused=pub.Refusal(
+                        code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
+                        message="lease lapsed",
+                        reason="LEASE_MISMATCH",
+                    )
+                )
+                for _ in request.previews
+            ]
+        )
+        if method == "RecordPreviews"
+        else None
+    )
+    async with serving(service) as stub:
+        jobs = SessionJobs(stub)
+        direct = Unstored(
+            cast_stub(FakePreviews()),
+            Caller(CREDENTIALS, retry_seconds=5),
+            refusal_error,
+            "c" * 64,
+            records=jobs.RecordPreviews,
+            linger_seconds=0.05,
+        )
+        with pytest.raises(LeaseLost, match="lease lapsed"):
+            await publish(direct, range(2))
+        direct.close()
+        await jobs.close()
+
+
+def cast_stub(previews: FakePreviews) -> Any:
+    return previews

@@ -30,7 +30,7 @@ from testbed.harness.preview import PreviewHarness, running_preview
 from testbed.harness.processes import ServiceProcess
 from testbed.harness.s3 import S3Bucket
 from testbed.harness.triton import TritonServer
-from tests.processor_gates import rows, until, within
+from tests.processor_gates import HeldRecords, rows, until, within
 from tests.processor_world import (
     DEVICE,
     build_world,
@@ -41,7 +41,6 @@ from tests.processor_world import (
     yard_spec,
 )
 from workshop.v1 import common_pb2
-from workshop.v1 import preview_pb2 as pv
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(120)]
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -71,26 +70,10 @@ def processor_env(
     return {f"PROCESSOR_{name}": value for name, value in values.items()}
 
 
-class HeldRecords:
-    """The preview service's grants, holding every batch of records that names a slot after
-    0 under a job's first lease until `gate` opens: the job is mid-way until then."""
-
-    def __init__(self, preview: PreviewHarness, monkeypatch: pytest.MonkeyPatch) -> None:
-        grants = preview.app.api.grants
-        self.record = grants.record
-        self.held = asyncio.Event()
-        self.gate = asyncio.Event()
-        self.jobs: set[tuple[str, int]] = set()  # (run, job index) of the held records
-        monkeypatch.setattr(grants, "record", self.held_record)
-
-    async def held_record(self, processor: str, request: pv.RecordWrittenPreviewsRequest) -> Any:
-        if any(p.slot_index >= 1 and p.lease.generation == 1 for p in request.previews):
-            self.jobs.update(
-                (p.lease.run_id, parse_job_id(p.lease.job_id)) for p in request.previews
-            )
-            self.held.set()
-            await self.gate.wait()
-        return await self.record(processor, request)
+def first_lease_after_slot_0(previews: list[Any]) -> bool:
+    """A batch of records that names a slot after 0 under a job's first lease: its job is
+    mid-way while the batch is held."""
+    return any(p.slot_index >= 1 and p.lease.generation == 1 for p in previews)
 
 
 async def health(port: int) -> int:
@@ -143,7 +126,7 @@ async def test_sigterm_lets_the_running_job_finish_and_claims_nothing_more(
     PROCESSOR_JOB_TRANSPORT."""
     c = coordinator
     async with running_preview(c, s3_bucket) as preview:
-        held = HeldRecords(preview, monkeypatch)
+        held = HeldRecords(monkeypatch, first_lease_after_slot_0, preview)
         world = await build_world(c, preview, triton_server, tmp_path, ["cam-a", "cam-b"])
         await save_workflow(c, "yard", yard_spec(world.model, ["cam-a", "cam-b"]))
         await c.workshop.CreateRun(
@@ -165,7 +148,8 @@ async def test_sigterm_lets_the_running_job_finish_and_claims_nothing_more(
             port = int(serving["port"])
             assert await health(port) == health_pb2.HealthCheckResponse.SERVING
             await within(held.held.wait(), f"a held record\n{processor.log_tail()}")
-            ((_, running),) = held.jobs
+            ((_, running_job),) = held.jobs
+            running = parse_job_id(running_job)
             (waiting,) = {0, 1} - {running}
             before = await jobs_of(c, "r1")
             assert before[running]["state"] == "leased"
@@ -215,7 +199,7 @@ async def test_a_job_still_running_when_the_drain_ends_is_handed_back(
     attempt spent) and the process exits 0 at once after."""
     c = coordinator
     async with running_preview(c, s3_bucket) as preview:
-        held = HeldRecords(preview, monkeypatch)
+        held = HeldRecords(monkeypatch, first_lease_after_slot_0, preview)
         await one_camera_run(c, preview, triton_server, tmp_path)
         grace = "1" if how == "grace ends" else "60"
         env = processor_env(c, preview, triton_server, await run_key(c), JOB_GRACE_SECONDS=grace)

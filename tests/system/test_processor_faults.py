@@ -16,7 +16,6 @@ import signal
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -24,13 +23,14 @@ import pytest
 from services.coordinator.leases.maintenance import Maintenance
 from services.preview.settings import PreviewSettings
 from services.preview.storage import ObjectStore
+from services.processor.calls import TRANSPORTS, Transport
 from testbed.coordinator_world import error_reason, run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, running_preview
 from testbed.harness.processes import ServiceProcess
 from testbed.harness.s3 import S3Bucket
 from testbed.harness.triton import TritonServer
-from tests.processor_gates import WAIT, Call, Spy, rows, until, within
+from tests.processor_gates import WAIT, Call, HeldRecords, Spy, rows, until, within
 from tests.processor_world import (
     DEVICE,
     SECONDS,
@@ -90,9 +90,10 @@ class HeldStore(ObjectStore):
 
 
 def processor_env(
-    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, key: str
+    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer, key: str, **more: str
 ) -> dict[str, str]:
-    """No RUNTIME_ID: the process claims for the runtime of its own code on DEVICE_ID."""
+    """No RUNTIME_ID: the process claims for the runtime of its own code on DEVICE_ID;
+    `more`: further settings (PROCESSOR_ is added)."""
     server = preview.bucket.server
     values = {
         "PORT": "0",
@@ -108,6 +109,7 @@ def processor_env(
         "S3_ACCESS_KEY": server.access_key,
         "S3_SECRET_KEY": server.secret_key,
         "RECORDINGS_BUCKET": preview.bucket.name,
+        **more,
     }
     return {f"PROCESSOR_{name}": value for name, value in values.items()}
 
@@ -237,42 +239,41 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
             assert error_reason(caught.value)[:2] == (grpc.StatusCode.NOT_FOUND, "EXPIRED")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_processor_killed_between_its_direct_writes_and_their_records_leaves_nothing(
     coordinator: CoordinatorHarness,
     s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    transport: Transport,
 ) -> None:
     """`python -m services.processor` writes its previews straight to S3 with grants and is
-    SIGKILLed while the preview service holds the first batch of records that names a slot
-    after 0. The lease lapses, a second processor commits the job under generation 2, and
-    every byte the dead attempt wrote goes: the records that arrive late are refused
-    (LEASE_MISMATCH) and left collectable, and the bytes never recorded are found by the
-    job's sweep, ten minutes after it ended."""
+    SIGKILLed while the first batch of records that names a slot after 0 is held: on its
+    session at the coordinator (the default), or at the preview service (unary calls). The
+    lease lapses, a second processor commits the job under generation 2, and every byte the
+    dead attempt wrote goes: records held at the preview service arrive late and are
+    refused (LEASE_MISMATCH) and left collectable; records held on the session are
+    cancelled with the stream (nothing recorded); and the bytes never recorded are found by
+    the job's sweep, ten minutes after it ended."""
     c = coordinator
     async with running_preview(c, s3_bucket) as preview:
-        grants = preview.app.api.grants
-        record = grants.record
-        held, gate = asyncio.Event(), asyncio.Event()
-
-        async def held_record(processor: str, request: pv.RecordWrittenPreviewsRequest) -> Any:
-            if any(p.slot_index >= 1 and p.lease.generation == 1 for p in request.previews):
-                held.set()
-                await gate.wait()
-            return await record(processor, request)
-
-        monkeypatch.setattr(grants, "record", held_record)
+        held = HeldRecords(
+            monkeypatch,
+            lambda previews: any(p.slot_index >= 1 and p.lease.generation == 1 for p in previews),
+            preview,
+        )
+        gate = held.gate
         world = await one_camera_run(c, preview, triton_server, tmp_path)
         key = await run_key(c)
         first = ServiceProcess(
             "services.processor",
-            processor_env(c, preview, triton_server, key),
+            processor_env(c, preview, triton_server, key, JOB_TRANSPORT=transport),
             tmp_path / "processor.log",
         )
         try:
             await asyncio.to_thread(first.wait_event, "serving")
-            await within(held.wait(), f"slot 1's record\n{first.log_tail()}")
+            await within(held.held.wait(), f"slot 1's record\n{first.log_tail()}")
             (job,) = (await run_detail(c, "r1")).jobs
             assert (job.state, job.generation) == (common_pb2.JOB_STATE_LEASED, 1)
             os.killpg(first.process.pid, signal.SIGKILL)
@@ -285,7 +286,7 @@ async def test_a_processor_killed_between_its_direct_writes_and_their_records_le
         c.clock.advance(timedelta(minutes=5, seconds=1))
         done = await Maintenance(c.db, c.clock, interval_seconds=1).run_once()
         assert (done.requeued, done.exhausted) == (1, 0)
-        gate.set()  # the held records reach the coordinator now: refused, left collectable
+        gate.set()  # records held at the preview service reach the coordinator: refused
         async with running_processor(c, preview, triton_server, world.runtime_id) as second:
             detail = await finished(c, "r1")
             await until(lambda: second.completed == 1, "the processor to count the completion")

@@ -154,7 +154,9 @@ async def test_the_preview_service_restarting_mid_job_fails_nothing(
     """The processor's preview service goes down while slot 2's preview is held, for longer
     than the channel retries; the preview is asked again until the service is back, and the
     job completes under its first lease with every slot once. Direct: the held call is the
-    batch that records slot 2 (the job writes on meanwhile; its records wait in line)."""
+    batch that records slot 2 (the job writes on meanwhile; its records wait in line), at
+    the preview service: the job calls go unary, so the records go there (on the session
+    they go to the coordinator and never meet the preview service)."""
     c = coordinator
     method, direct = PATHS[path], path == "direct"
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
@@ -166,7 +168,13 @@ async def test_the_preview_service_restarting_mid_job_fails_nothing(
             hold=holds_preview(method, 2),
         )
         async with running_processor(
-            c, preview, triton_server, runtime_id, previews=previews, direct_writes=direct
+            c,
+            preview,
+            triton_server,
+            runtime_id,
+            previews=previews,
+            direct_writes=direct,
+            transport="unary",
         ) as processor:
             await within(previews.held.wait(), "slot 2's preview")
             await service.down()
@@ -234,13 +242,14 @@ async def test_an_outage_longer_than_the_processor_waits_hands_the_job_back(
 ) -> None:
     """With retry_seconds=1 the preview service stays down past it: the job is released
     (queued again at once, no attempt spent, not failed), and once the service is back the
-    processor claims it again and completes it under generation 2."""
+    processor claims it again and completes it under generation 2. (Unary job calls, so
+    that the direct path's records go through the preview service.)"""
     c = coordinator
     method, direct = PATHS[path], path == "direct"
     runtime_id = (await one_camera_run(c, preview, triton_server, tmp_path)).runtime_id
     log: list[Call] = []
     async with restartable_preview(c, s3_bucket) as (service, channel):
-        jobs = Spy(job_calls(c.channel), log)
+        jobs = Spy(job_calls(c.channel, "unary"), log)
         previews = Spy(
             preview_pb2_grpc.PreviewServiceStub(channel),
             log,

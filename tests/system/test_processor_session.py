@@ -4,7 +4,10 @@ on the real components: a run completes with every JobService call on one Sessio
 Complete's and a progress report's answers lost with it, loses nothing and spends no
 attempt; against a coordinator without Session (UNIMPLEMENTED, as release 0.1 answers it)
 the processor falls back to unary once and completes; and `unary` still works. The
-transport against a scripted service: tests/service/test_processor_session.py."""
+records of the previews it writes go on the stream too (the preview service's
+RecordWrittenPreviews is never called), and through the preview service where the
+coordinator does not take them (one from before record_previews). The transport against
+a scripted service: tests/service/test_processor_session.py."""
 
 from __future__ import annotations
 
@@ -92,8 +95,62 @@ class WithoutSession(Counting):
         return self._session(requests, **kwargs)
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+class WithoutRecords(Counting):
+    """The coordinator's JobService stub, a record_previews on its Session sent as a call
+    of a later release (an unknown field): the real coordinator reads it as a coordinator
+    from before record_previews reads the message, a request without a call."""
+
+    def Session(self, requests: Any, **kwargs: Any) -> Any:
+        self.used["Session"] += 1
+
+        async def rewritten() -> AsyncIterator[jobs_pb2.SessionRequest]:
+            async for request in requests:
+                if request.WhichOneof("call") != "record_previews":
+                    yield request
+                    continue
+                payload = request.record_previews.SerializeToString()
+                later = jobs_pb2.SessionRequest(request_id=request.request_id)
+                field = _varint(99 << 3 | 2) + _varint(len(payload)) + payload  # field 99
+                yield jobs_pb2.SessionRequest.FromString(later.SerializeToString() + field)
+
+        return self._stub.Session(rewritten(), **kwargs)
+
+
 def as_stub(wrapper: Counting) -> jobs_pb2_grpc.JobServiceAsyncStub:
     return cast("jobs_pb2_grpc.JobServiceAsyncStub", wrapper)
+
+
+def served(method: str) -> float:
+    """Calls of `method` (a metric's method label) this process's services answered."""
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "workshop_rpc_requests_total" and sample.labels.get("method") == method
+    )
+
+
+RECORDED_BY_PREVIEW = "workshop.v1.PreviewService/RecordWrittenPreviews"
+RECORDED_ON_SESSION = "workshop.v1.JobService/Session/RecordPreviews"
+
+
+def previews_recorded() -> float:
+    """Previews this process's coordinators recorded so far (refusals not counted)."""
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "workshop_coordinator_previews_recorded_total"
+    )
 
 
 def unary_job_calls_served() -> float:
@@ -149,22 +206,31 @@ async def test_a_run_completes_on_the_chosen_transport(
     runtime_id = await two_job_run(c, preview, triton_server, tmp_path)
     stub = Counting(jobs_pb2_grpc.JobServiceStub(c.channel))
     jobs = job_transport(transport, as_stub(stub))
-    served = unary_job_calls_served()
+    unary_served = unary_job_calls_served()
+    by_preview, on_session = served(RECORDED_BY_PREVIEW), served(RECORDED_ON_SESSION)
+    recorded = previews_recorded()
     async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
         await until(lambda: processor.completed == 2, "both completions")
         assert (processor.failed, processor.handed_back) == (0, 0)
     await assert_completed_once(c)
     await jobs.close()
+    assert previews_recorded() - recorded == 20  # one per frame slot
     if transport == "session":
         assert isinstance(jobs, SessionJobs)
         assert stub.used == {"Session": 1}, stub.used
         assert jobs.streams_opened == 1
         assert not jobs.unary
-        assert unary_job_calls_served() == served
+        assert jobs.records
+        assert unary_job_calls_served() == unary_served
+        # the records went on the stream: none through the preview service
+        assert served(RECORDED_BY_PREVIEW) == by_preview
+        assert served(RECORDED_ON_SESSION) > on_session
     else:
+        assert served(RECORDED_BY_PREVIEW) > by_preview
+        assert served(RECORDED_ON_SESSION) == on_session
         assert "Session" not in stub.used
         assert {"Claim", "Complete"} <= set(stub.used) <= set(JOB_METHODS), stub.used
-        assert unary_job_calls_served() > served
+        assert unary_job_calls_served() > unary_served
 
 
 async def test_a_stream_broken_mid_job_loses_nothing(
@@ -218,3 +284,37 @@ async def test_without_session_the_processor_goes_unary_and_completes(
     assert {"Claim", "Complete"} <= set(stub.used)
     fallbacks = [r for r in caplog.records if "does not serve JobService.Session" in r.message]
     assert len(fallbacks) == 1
+
+
+async def test_without_record_previews_the_records_go_through_the_preview_service(
+    coordinator: CoordinatorHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A coordinator from before record_previews ends the stream on the first records (a
+    request without a call it knows): the processor records them, and every later batch,
+    through the preview service, asks the calls that were on that stream again on a new
+    one, and completes the run with every preview recorded; its other calls stay on the
+    session."""
+    c = coordinator
+    runtime_id = await two_job_run(c, preview, triton_server, tmp_path)
+    stub = WithoutRecords(jobs_pb2_grpc.JobServiceStub(c.channel))
+    jobs = SessionJobs(as_stub(stub))
+    by_preview, on_session = served(RECORDED_BY_PREVIEW), served(RECORDED_ON_SESSION)
+    recorded = previews_recorded()
+    with caplog.at_level(logging.WARNING, "services.processor.calls"):
+        async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
+            await until(lambda: processor.completed == 2, "both completions")
+            assert (processor.failed, processor.handed_back) == (0, 0)
+    await assert_completed_once(c)
+    await jobs.close()
+    assert previews_recorded() - recorded == 20
+    assert not jobs.records
+    assert not jobs.unary
+    assert set(stub.used) == {"Session"}
+    assert served(RECORDED_BY_PREVIEW) > by_preview
+    assert served(RECORDED_ON_SESSION) == on_session
+    notes = [r for r in caplog.records if "does not take record_previews" in r.message]
+    assert len(notes) == 1

@@ -642,16 +642,17 @@ async def test_postgres_restarted_while_eight_processors_cycle_and_previews_flow
                 run_request("r1", "yard", world.runtime_id, mode=FULL), metadata=c.admin
             )
             sim_runtime = await simulated_world(c, world.model)
+            # the records of its written previews travel on its session (record_previews)
             previews = Spy(
-                preview_pb2_grpc.PreviewServiceStub(preview.channel),
+                job_calls(c.channel),
                 calls,
                 hold=lambda method, request: (
-                    method == "RecordWrittenPreviews"
+                    method == "RecordPreviews"
                     and any(each.slot_index == 2 for each in request.previews)
                 ),
             )
             async with running_processor(
-                c, preview, triton_server, world.runtime_id, previews=previews
+                c, preview, triton_server, world.runtime_id, jobs=previews
             ) as processor:
                 await within(previews.held.wait(), "the real processor's slot 2 records")
                 started = loop.time()

@@ -25,10 +25,11 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from workshop.v1 import common_pb2 as workshop_dot_v1_dot_common__pb2
+from workshop.v1 import publication_pb2 as workshop_dot_v1_dot_publication__pb2
 from workshop.v1 import snapshot_pb2 as workshop_dot_v1_dot_snapshot__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16workshop/v1/jobs.proto\x12\x0bworkshop.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\x1a\x1aworkshop/v1/snapshot.proto\"\xd7\x02\n\x0eSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12*\n\x05\x63laim\x18\x02 \x01(\x0b\x32\x19.workshop.v1.ClaimRequestH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.workshop.v1.HeartbeatRequestH\x00\x12=\n\x0freport_progress\x18\x04 \x01(\x0b\x32\".workshop.v1.ReportProgressRequestH\x00\x12\x30\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x1c.workshop.v1.CompleteRequestH\x00\x12(\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x18.workshop.v1.FailRequestH\x00\x12.\n\x07release\x18\x07 \x01(\x0b\x32\x1b.workshop.v1.ReleaseRequestH\x00\x42\x06\n\x04\x63\x61ll\"\x89\x03\n\x0fSessionResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x05\x63laim\x18\x02 \x01(\x0b\x32\x1a.workshop.v1.ClaimResponseH\x00\x12\x33\n\theartbeat\x18\x03 \x01(\x0b\x32\x1e.workshop.v1.HeartbeatResponseH\x00\x12>\n\x0freport_progress\x18\x04 \x01(\x0b\x32#.workshop.v1.ReportProgressResponseH\x00\x12\x31\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x1d.workshop.v1.CompleteResponseH\x00\x12)\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x19.workshop.v1.FailResponseH\x00\x12/\n\x07release\x18\x07 \x01(\x0b\x32\x1c.workshop.v1.ReleaseResponseH\x00\x12\'\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x16.workshop.v1.CallErrorH\x00\x42\x08\n\x06\x61nswer\"\xa3\x01\n\tCallError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x36\n\x08metadata\x18\x04 \x03(\x0b\x32$.workshop.v1.CallError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"s\n\x0c\x43laimRequest\x12\x12\n\nruntime_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\r\x12\x10\n\x08max_jobs\x18\x05 \x01(\r\"\x9e\x01\n\rClaimResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x17.workshop.v1.ClaimedJobH\x00\x88\x01\x01\x12.\n\x0bretry_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\tmore_jobs\x18\x03 \x03(\x0b\x32\x17.workshop.v1.ClaimedJobB\x06\n\x04_job\"\x8f\x02\n\nClaimedJob\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12$\n\x05input\x18\x04 \x01(\x0b\x32\x15.workshop.v1.JobInput\x12*\n\x08snapshot\x18\x05 \x01(\x0b\x32\x18.workshop.v1.RunSnapshot\x12\x1c\n\x14takes_recorded_boxes\x18\x06 \x01(\x08\"\xb2\x01\n\x08JobInput\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tjob_index\x18\x02 \x01(\r\x12\x31\n\trecording\x18\x03 \x01(\x0b\x32\x1e.workshop.v1.SnapshotRecording\x12 \n\x05slots\x18\x04 \x03(\x0b\x32\x11.workshop.v1.Slot\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"i\n\x04Slot\x12\r\n\x05index\x18\x01 \x01(\r\x12)\n\x05start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"_\n\x10HeartbeatRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12%\n\x06leases\x18\x02 \x03(\x0b\x32\x15.workshop.v1.LeaseRef\"v\n\x11HeartbeatResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08renewals\x18\x02 \x03(\x0b\x32\x19.workshop.v1.LeaseRenewal\"\x8b\x01\n\x0cLeaseRenewal\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x0f\n\x07renewed\x18\x02 \x01(\x08\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x83\x01\n\x15ReportProgressRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x0f\n\x07percent\x18\x02 \x01(\r\x12)\n\x05phase\x18\x03 \x01(\x0e\x32\x15.workshop.v1.JobPhaseH\x00\x88\x01\x01\x42\x08\n\x06_phase\"r\n\x16ReportProgressResponse\x12\x0f\n\x07percent\x18\x01 \x01(\r\x12\x11\n\tpersisted\x18\x02 \x01(\x08\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xdf\x01\n\x0f\x43ompleteRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12&\n\x06result\x18\x03 \x01(\x0b\x32\x16.workshop.v1.JobResult\x12\x15\n\rresult_sha256\x18\x04 \x01(\t\x12\x0f\n\x07\x64\x65\x63oder\x18\x05 \x01(\t\x12\x32\n\nthen_claim\x18\x06 \x01(\x0b\x32\x19.workshop.v1.ClaimRequestH\x00\x88\x01\x01\x42\r\n\x0b_then_claim\"3\n\tJobResult\x12&\n\x05slots\x18\x01 \x03(\x0b\x32\x17.workshop.v1.SlotResult\"\x87\x02\n\nSlotResult\x12\x12\n\nslot_index\x18\x01 \x01(\r\x12)\n\x07outcome\x18\x02 \x01(\x0e\x32\x18.workshop.v1.SlotOutcome\x12\x33\n\nframe_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x88\x01\x01\x12\x1f\n\x05\x62oxes\x18\x04 \x03(\x0b\x32\x10.workshop.v1.Box\x12*\n\x07outputs\x18\x05 \x03(\x0b\x32\x19.workshop.v1.RoutedOutput\x12\x12\n\nupload_key\x18\x06 \x01(\t\x12\x15\n\rupload_sha256\x18\x07 \x01(\tB\r\n\x0b_frame_time\"X\n\x0cRoutedOutput\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x02 \x03(\x0b\x32\x10.workshop.v1.Box\x12\x16\n\x0e\x62oxes_recorded\x18\x03 \x01(\x08\"\x92\x01\n\x10\x43ompleteResponse\x12%\n\x07receipt\x18\x01 \x01(\x0b\x32\x14.workshop.v1.Receipt\x12\x19\n\x11\x61lready_committed\x18\x02 \x01(\x08\x12\x30\n\x07\x63laimed\x18\x03 \x01(\x0b\x32\x1a.workshop.v1.ClaimResponseH\x00\x88\x01\x01\x42\n\n\x08_claimed\"\x9b\x01\n\x07Receipt\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x15\n\rresult_sha256\x18\x04 \x01(\t\x12\x30\n\x0c\x63ommitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bitems_saved\x18\x06 \x01(\r\"\x98\x01\n\x0b\x46\x61ilRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.workshop.v1.FailureReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\nslot_index\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_slot_index\"4\n\x0c\x46\x61ilResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.workshop.v1.JobState\"6\n\x0eReleaseRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\"7\n\x0fReleaseResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.workshop.v1.JobState2\x89\x04\n\nJobService\x12>\n\x05\x43laim\x12\x19.workshop.v1.ClaimRequest\x1a\x1a.workshop.v1.ClaimResponse\x12J\n\tHeartbeat\x12\x1d.workshop.v1.HeartbeatRequest\x1a\x1e.workshop.v1.HeartbeatResponse\x12Y\n\x0eReportProgress\x12\".workshop.v1.ReportProgressRequest\x1a#.workshop.v1.ReportProgressResponse\x12G\n\x08\x43omplete\x12\x1c.workshop.v1.CompleteRequest\x1a\x1d.workshop.v1.CompleteResponse\x12;\n\x04\x46\x61il\x12\x18.workshop.v1.FailRequest\x1a\x19.workshop.v1.FailResponse\x12\x44\n\x07Release\x12\x1b.workshop.v1.ReleaseRequest\x1a\x1c.workshop.v1.ReleaseResponse\x12H\n\x07Session\x12\x1b.workshop.v1.SessionRequest\x1a\x1c.workshop.v1.SessionResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16workshop/v1/jobs.proto\x12\x0bworkshop.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18workshop/v1/common.proto\x1a\x1dworkshop/v1/publication.proto\x1a\x1aworkshop/v1/snapshot.proto\"\x96\x03\n\x0eSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12*\n\x05\x63laim\x18\x02 \x01(\x0b\x32\x19.workshop.v1.ClaimRequestH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.workshop.v1.HeartbeatRequestH\x00\x12=\n\x0freport_progress\x18\x04 \x01(\x0b\x32\".workshop.v1.ReportProgressRequestH\x00\x12\x30\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x1c.workshop.v1.CompleteRequestH\x00\x12(\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x18.workshop.v1.FailRequestH\x00\x12.\n\x07release\x18\x07 \x01(\x0b\x32\x1b.workshop.v1.ReleaseRequestH\x00\x12=\n\x0frecord_previews\x18\x08 \x01(\x0b\x32\".workshop.v1.RecordPreviewsRequestH\x00\x42\x06\n\x04\x63\x61ll\"\xc9\x03\n\x0fSessionResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x05\x63laim\x18\x02 \x01(\x0b\x32\x1a.workshop.v1.ClaimResponseH\x00\x12\x33\n\theartbeat\x18\x03 \x01(\x0b\x32\x1e.workshop.v1.HeartbeatResponseH\x00\x12>\n\x0freport_progress\x18\x04 \x01(\x0b\x32#.workshop.v1.ReportProgressResponseH\x00\x12\x31\n\x08\x63omplete\x18\x05 \x01(\x0b\x32\x1d.workshop.v1.CompleteResponseH\x00\x12)\n\x04\x66\x61il\x18\x06 \x01(\x0b\x32\x19.workshop.v1.FailResponseH\x00\x12/\n\x07release\x18\x07 \x01(\x0b\x32\x1c.workshop.v1.ReleaseResponseH\x00\x12\'\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x16.workshop.v1.CallErrorH\x00\x12>\n\x0frecord_previews\x18\t \x01(\x0b\x32#.workshop.v1.RecordPreviewsResponseH\x00\x42\x08\n\x06\x61nswer\"\xa3\x01\n\tCallError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x36\n\x08metadata\x18\x04 \x03(\x0b\x32$.workshop.v1.CallError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"s\n\x0c\x43laimRequest\x12\x12\n\nruntime_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\r\x12\x10\n\x08max_jobs\x18\x05 \x01(\r\"\x9e\x01\n\rClaimResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x17.workshop.v1.ClaimedJobH\x00\x88\x01\x01\x12.\n\x0bretry_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\tmore_jobs\x18\x03 \x03(\x0b\x32\x17.workshop.v1.ClaimedJobB\x06\n\x04_job\"\x8f\x02\n\nClaimedJob\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12$\n\x05input\x18\x04 \x01(\x0b\x32\x15.workshop.v1.JobInput\x12*\n\x08snapshot\x18\x05 \x01(\x0b\x32\x18.workshop.v1.RunSnapshot\x12\x1c\n\x14takes_recorded_boxes\x18\x06 \x01(\x08\"\xb2\x01\n\x08JobInput\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tjob_index\x18\x02 \x01(\r\x12\x31\n\trecording\x18\x03 \x01(\x0b\x32\x1e.workshop.v1.SnapshotRecording\x12 \n\x05slots\x18\x04 \x03(\x0b\x32\x11.workshop.v1.Slot\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"i\n\x04Slot\x12\r\n\x05index\x18\x01 \x01(\r\x12)\n\x05start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"_\n\x10HeartbeatRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12%\n\x06leases\x18\x02 \x03(\x0b\x32\x15.workshop.v1.LeaseRef\"v\n\x11HeartbeatResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08renewals\x18\x02 \x03(\x0b\x32\x19.workshop.v1.LeaseRenewal\"\x8b\x01\n\x0cLeaseRenewal\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x0f\n\x07renewed\x18\x02 \x01(\x08\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x83\x01\n\x15ReportProgressRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x0f\n\x07percent\x18\x02 \x01(\r\x12)\n\x05phase\x18\x03 \x01(\x0e\x32\x15.workshop.v1.JobPhaseH\x00\x88\x01\x01\x42\x08\n\x06_phase\"r\n\x16ReportProgressResponse\x12\x0f\n\x07percent\x18\x01 \x01(\r\x12\x11\n\tpersisted\x18\x02 \x01(\x08\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xdf\x01\n\x0f\x43ompleteRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12\x13\n\x0b\x63ode_sha256\x18\x02 \x01(\t\x12&\n\x06result\x18\x03 \x01(\x0b\x32\x16.workshop.v1.JobResult\x12\x15\n\rresult_sha256\x18\x04 \x01(\t\x12\x0f\n\x07\x64\x65\x63oder\x18\x05 \x01(\t\x12\x32\n\nthen_claim\x18\x06 \x01(\x0b\x32\x19.workshop.v1.ClaimRequestH\x00\x88\x01\x01\x42\r\n\x0b_then_claim\"3\n\tJobResult\x12&\n\x05slots\x18\x01 \x03(\x0b\x32\x17.workshop.v1.SlotResult\"\x87\x02\n\nSlotResult\x12\x12\n\nslot_index\x18\x01 \x01(\r\x12)\n\x07outcome\x18\x02 \x01(\x0e\x32\x18.workshop.v1.SlotOutcome\x12\x33\n\nframe_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x88\x01\x01\x12\x1f\n\x05\x62oxes\x18\x04 \x03(\x0b\x32\x10.workshop.v1.Box\x12*\n\x07outputs\x18\x05 \x03(\x0b\x32\x19.workshop.v1.RoutedOutput\x12\x12\n\nupload_key\x18\x06 \x01(\t\x12\x15\n\rupload_sha256\x18\x07 \x01(\tB\r\n\x0b_frame_time\"X\n\x0cRoutedOutput\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x1f\n\x05\x62oxes\x18\x02 \x03(\x0b\x32\x10.workshop.v1.Box\x12\x16\n\x0e\x62oxes_recorded\x18\x03 \x01(\x08\"\x92\x01\n\x10\x43ompleteResponse\x12%\n\x07receipt\x18\x01 \x01(\x0b\x32\x14.workshop.v1.Receipt\x12\x19\n\x11\x61lready_committed\x18\x02 \x01(\x08\x12\x30\n\x07\x63laimed\x18\x03 \x01(\x0b\x32\x1a.workshop.v1.ClaimResponseH\x00\x88\x01\x01\x42\n\n\x08_claimed\"\x9b\x01\n\x07Receipt\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x15\n\rresult_sha256\x18\x04 \x01(\t\x12\x30\n\x0c\x63ommitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bitems_saved\x18\x06 \x01(\r\"\x98\x01\n\x0b\x46\x61ilRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.workshop.v1.FailureReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\nslot_index\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_slot_index\"4\n\x0c\x46\x61ilResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.workshop.v1.JobState\"6\n\x0eReleaseRequest\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.workshop.v1.LeaseRef\"7\n\x0fReleaseResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.workshop.v1.JobState2\x89\x04\n\nJobService\x12>\n\x05\x43laim\x12\x19.workshop.v1.ClaimRequest\x1a\x1a.workshop.v1.ClaimResponse\x12J\n\tHeartbeat\x12\x1d.workshop.v1.HeartbeatRequest\x1a\x1e.workshop.v1.HeartbeatResponse\x12Y\n\x0eReportProgress\x12\".workshop.v1.ReportProgressRequest\x1a#.workshop.v1.ReportProgressResponse\x12G\n\x08\x43omplete\x12\x1c.workshop.v1.CompleteRequest\x1a\x1d.workshop.v1.CompleteResponse\x12;\n\x04\x46\x61il\x12\x18.workshop.v1.FailRequest\x1a\x19.workshop.v1.FailResponse\x12\x44\n\x07Release\x12\x1b.workshop.v1.ReleaseRequest\x1a\x1c.workshop.v1.ReleaseResponse\x12H\n\x07Session\x12\x1b.workshop.v1.SessionRequest\x1a\x1c.workshop.v1.SessionResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,54 +38,54 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CALLERROR_METADATAENTRY']._loaded_options = None
   _globals['_CALLERROR_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_SESSIONREQUEST']._serialized_start=159
-  _globals['_SESSIONREQUEST']._serialized_end=502
-  _globals['_SESSIONRESPONSE']._serialized_start=505
-  _globals['_SESSIONRESPONSE']._serialized_end=898
-  _globals['_CALLERROR']._serialized_start=901
-  _globals['_CALLERROR']._serialized_end=1064
-  _globals['_CALLERROR_METADATAENTRY']._serialized_start=1017
-  _globals['_CALLERROR_METADATAENTRY']._serialized_end=1064
-  _globals['_CLAIMREQUEST']._serialized_start=1066
-  _globals['_CLAIMREQUEST']._serialized_end=1181
-  _globals['_CLAIMRESPONSE']._serialized_start=1184
-  _globals['_CLAIMRESPONSE']._serialized_end=1342
-  _globals['_CLAIMEDJOB']._serialized_start=1345
-  _globals['_CLAIMEDJOB']._serialized_end=1616
-  _globals['_JOBINPUT']._serialized_start=1619
-  _globals['_JOBINPUT']._serialized_end=1797
-  _globals['_SLOT']._serialized_start=1799
-  _globals['_SLOT']._serialized_end=1904
-  _globals['_HEARTBEATREQUEST']._serialized_start=1906
-  _globals['_HEARTBEATREQUEST']._serialized_end=2001
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2003
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2121
-  _globals['_LEASERENEWAL']._serialized_start=2124
-  _globals['_LEASERENEWAL']._serialized_end=2263
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=2266
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=2397
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=2399
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=2513
-  _globals['_COMPLETEREQUEST']._serialized_start=2516
-  _globals['_COMPLETEREQUEST']._serialized_end=2739
-  _globals['_JOBRESULT']._serialized_start=2741
-  _globals['_JOBRESULT']._serialized_end=2792
-  _globals['_SLOTRESULT']._serialized_start=2795
-  _globals['_SLOTRESULT']._serialized_end=3058
-  _globals['_ROUTEDOUTPUT']._serialized_start=3060
-  _globals['_ROUTEDOUTPUT']._serialized_end=3148
-  _globals['_COMPLETERESPONSE']._serialized_start=3151
-  _globals['_COMPLETERESPONSE']._serialized_end=3297
-  _globals['_RECEIPT']._serialized_start=3300
-  _globals['_RECEIPT']._serialized_end=3455
-  _globals['_FAILREQUEST']._serialized_start=3458
-  _globals['_FAILREQUEST']._serialized_end=3610
-  _globals['_FAILRESPONSE']._serialized_start=3612
-  _globals['_FAILRESPONSE']._serialized_end=3664
-  _globals['_RELEASEREQUEST']._serialized_start=3666
-  _globals['_RELEASEREQUEST']._serialized_end=3720
-  _globals['_RELEASERESPONSE']._serialized_start=3722
-  _globals['_RELEASERESPONSE']._serialized_end=3777
-  _globals['_JOBSERVICE']._serialized_start=3780
-  _globals['_JOBSERVICE']._serialized_end=4301
+  _globals['_SESSIONREQUEST']._serialized_start=190
+  _globals['_SESSIONREQUEST']._serialized_end=596
+  _globals['_SESSIONRESPONSE']._serialized_start=599
+  _globals['_SESSIONRESPONSE']._serialized_end=1056
+  _globals['_CALLERROR']._serialized_start=1059
+  _globals['_CALLERROR']._serialized_end=1222
+  _globals['_CALLERROR_METADATAENTRY']._serialized_start=1175
+  _globals['_CALLERROR_METADATAENTRY']._serialized_end=1222
+  _globals['_CLAIMREQUEST']._serialized_start=1224
+  _globals['_CLAIMREQUEST']._serialized_end=1339
+  _globals['_CLAIMRESPONSE']._serialized_start=1342
+  _globals['_CLAIMRESPONSE']._serialized_end=1500
+  _globals['_CLAIMEDJOB']._serialized_start=1503
+  _globals['_CLAIMEDJOB']._serialized_end=1774
+  _globals['_JOBINPUT']._serialized_start=1777
+  _globals['_JOBINPUT']._serialized_end=1955
+  _globals['_SLOT']._serialized_start=1957
+  _globals['_SLOT']._serialized_end=2062
+  _globals['_HEARTBEATREQUEST']._serialized_start=2064
+  _globals['_HEARTBEATREQUEST']._serialized_end=2159
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2161
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2279
+  _globals['_LEASERENEWAL']._serialized_start=2282
+  _globals['_LEASERENEWAL']._serialized_end=2421
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=2424
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=2555
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=2557
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=2671
+  _globals['_COMPLETEREQUEST']._serialized_start=2674
+  _globals['_COMPLETEREQUEST']._serialized_end=2897
+  _globals['_JOBRESULT']._serialized_start=2899
+  _globals['_JOBRESULT']._serialized_end=2950
+  _globals['_SLOTRESULT']._serialized_start=2953
+  _globals['_SLOTRESULT']._serialized_end=3216
+  _globals['_ROUTEDOUTPUT']._serialized_start=3218
+  _globals['_ROUTEDOUTPUT']._serialized_end=3306
+  _globals['_COMPLETERESPONSE']._serialized_start=3309
+  _globals['_COMPLETERESPONSE']._serialized_end=3455
+  _globals['_RECEIPT']._serialized_start=3458
+  _globals['_RECEIPT']._serialized_end=3613
+  _globals['_FAILREQUEST']._serialized_start=3616
+  _globals['_FAILREQUEST']._serialized_end=3768
+  _globals['_FAILRESPONSE']._serialized_start=3770
+  _globals['_FAILRESPONSE']._serialized_end=3822
+  _globals['_RELEASEREQUEST']._serialized_start=3824
+  _globals['_RELEASEREQUEST']._serialized_end=3878
+  _globals['_RELEASERESPONSE']._serialized_start=3880
+  _globals['_RELEASERESPONSE']._serialized_end=3935
+  _globals['_JOBSERVICE']._serialized_start=3938
+  _globals['_JOBSERVICE']._serialized_end=4459
 # @@protoc_insertion_point(module_scope)

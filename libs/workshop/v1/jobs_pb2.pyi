@@ -12,6 +12,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from workshop.v1 import common_pb2 as _common_pb2
+from workshop.v1 import publication_pb2 as _publication_pb2
 from workshop.v1 import snapshot_pb2 as _snapshot_pb2
 import builtins as _builtins
 import sys
@@ -37,6 +38,7 @@ class SessionRequest(_message.Message):
     COMPLETE_FIELD_NUMBER: _builtins.int
     FAIL_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
+    RECORD_PREVIEWS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """Chosen by the processor, unique among its calls in flight on this stream; echoed on the answer."""
     @_builtins.property
@@ -63,6 +65,12 @@ class SessionRequest(_message.Message):
     def release(self) -> Global___ReleaseRequest:
         """As Release."""
 
+    @_builtins.property
+    def record_previews(self) -> _publication_pb2.RecordPreviewsRequest:
+        """The records of 1..256 previews this processor wrote (see Session): as PublicationService.RecordPreviews
+        takes them, for leases the stream's key holds.
+        """
+
     def __init__(
         self,
         *,
@@ -73,12 +81,13 @@ class SessionRequest(_message.Message):
         complete: Global___CompleteRequest | None = ...,
         fail: Global___FailRequest | None = ...,
         release: Global___ReleaseRequest | None = ...,
+        record_previews: _publication_pb2.RecordPreviewsRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "claim", b"claim", "complete", b"complete", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "claim", b"claim", "complete", b"complete", "fail", b"fail", "heartbeat", b"heartbeat", "record_previews", b"record_previews", "release", b"release", "report_progress", b"report_progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "claim", b"claim", "complete", b"complete", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "claim", b"claim", "complete", b"complete", "fail", b"fail", "heartbeat", b"heartbeat", "record_previews", b"record_previews", "release", b"release", "report_progress", b"report_progress", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["claim", "heartbeat", "report_progress", "complete", "fail", "release"]  # noqa: Y015
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["claim", "heartbeat", "report_progress", "complete", "fail", "release", "record_previews"]  # noqa: Y015
     _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
 
@@ -98,6 +107,7 @@ class SessionResponse(_message.Message):
     FAIL_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    RECORD_PREVIEWS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """The request_id of the call it answers."""
     @_builtins.property
@@ -128,6 +138,12 @@ class SessionResponse(_message.Message):
     def error(self) -> Global___CallError:
         """The error the unary RPC would have raised."""
 
+    @_builtins.property
+    def record_previews(self) -> _publication_pb2.RecordPreviewsResponse:
+        """One outcome per preview of record_previews, in its order, as PublicationService.RecordPreviews
+        answers: recorded (item_id, expires_at) or refused (the status RecordPreview would have raised).
+        """
+
     def __init__(
         self,
         *,
@@ -139,12 +155,13 @@ class SessionResponse(_message.Message):
         fail: Global___FailResponse | None = ...,
         release: Global___ReleaseResponse | None = ...,
         error: Global___CallError | None = ...,
+        record_previews: _publication_pb2.RecordPreviewsResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "claim", b"claim", "complete", b"complete", "error", b"error", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "claim", b"claim", "complete", b"complete", "error", b"error", "fail", b"fail", "heartbeat", b"heartbeat", "record_previews", b"record_previews", "release", b"release", "report_progress", b"report_progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "claim", b"claim", "complete", b"complete", "error", b"error", "fail", b"fail", "heartbeat", b"heartbeat", "release", b"release", "report_progress", b"report_progress", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "claim", b"claim", "complete", b"complete", "error", b"error", "fail", b"fail", "heartbeat", b"heartbeat", "record_previews", b"record_previews", "release", b"release", "report_progress", b"report_progress", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["claim", "heartbeat", "report_progress", "complete", "fail", "release", "error"]  # noqa: Y015
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["claim", "heartbeat", "report_progress", "complete", "fail", "release", "error", "record_previews"]  # noqa: Y015
     _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
 

@@ -140,6 +140,26 @@ class JobServiceStub:
     their request ids), and leases lapse on time as ever.
     Errors ending the stream: UNAUTHENTICATED; PERMISSION_DENIED; INVALID_ARGUMENT reason INVALID_FIELD (a
     request without a call, a request_id reused while its call is in flight) or MALFORMED_REQUEST.
+    A call a coordinator does not know reads as a request without a call: a coordinator from before
+    record_previews ends the stream INVALID_ARGUMENT INVALID_FIELD with ErrorInfo metadata field "call" (a
+    coordinator of release 0.1 has no Session at all: UNIMPLEMENTED).
+
+    Only on the session: `record_previews`, the processor's records of the previews it wrote straight to
+    object storage with the preview service's grants (PreviewService.GrantPreviewWrites), instead of
+    PreviewService.RecordWrittenPreviews (docs/previews-and-uploads.md#direct-writes). Each preview is
+    recorded exactly as PublicationService.RecordPreviews records it for the preview service, with the
+    stream's own key as the reporter of fence 4: one fenced statement per message, one outcome per preview
+    in order, a refusal of one not affecting the others, and a preview refused by a fence (or
+    SLOT_NOT_EXPECTED, PREVIEW_OUT_OF_ORDER) recorded as collectable, so the cleanup loop deletes its
+    bytes. A preview is first checked as the preview service checks a written one: content_type
+    "image/jpeg" or "image/png" (required), byte_size 1..COORDINATOR_MAX_IMAGE_BYTES, sha256 64
+    lower-case hex digits, frame_time set, a well-formed lease, object_key this lease's preview key for
+    the slot and content type; one that fails is refused INVALID_ARGUMENT INVALID_FIELD in its outcome
+    (ErrorInfo metadata `field` names the field) and recorded nowhere. The stream's key revoked, expired
+    or its user disabled while the stream is open refuses every preview of the message FAILED_PRECONDITION
+    REPORTER_NOT_AUTHORIZED and records none of them (the job's sweep finds their bytes after the job
+    ends). Errors of the whole call (`error`): INVALID_ARGUMENT INVALID_FIELD (no previews, or more
+    than 256).
     """
 
 @_typing.type_check_only
@@ -252,6 +272,26 @@ class JobServiceAsyncStub(JobServiceStub):
     their request ids), and leases lapse on time as ever.
     Errors ending the stream: UNAUTHENTICATED; PERMISSION_DENIED; INVALID_ARGUMENT reason INVALID_FIELD (a
     request without a call, a request_id reused while its call is in flight) or MALFORMED_REQUEST.
+    A call a coordinator does not know reads as a request without a call: a coordinator from before
+    record_previews ends the stream INVALID_ARGUMENT INVALID_FIELD with ErrorInfo metadata field "call" (a
+    coordinator of release 0.1 has no Session at all: UNIMPLEMENTED).
+
+    Only on the session: `record_previews`, the processor's records of the previews it wrote straight to
+    object storage with the preview service's grants (PreviewService.GrantPreviewWrites), instead of
+    PreviewService.RecordWrittenPreviews (docs/previews-and-uploads.md#direct-writes). Each preview is
+    recorded exactly as PublicationService.RecordPreviews records it for the preview service, with the
+    stream's own key as the reporter of fence 4: one fenced statement per message, one outcome per preview
+    in order, a refusal of one not affecting the others, and a preview refused by a fence (or
+    SLOT_NOT_EXPECTED, PREVIEW_OUT_OF_ORDER) recorded as collectable, so the cleanup loop deletes its
+    bytes. A preview is first checked as the preview service checks a written one: content_type
+    "image/jpeg" or "image/png" (required), byte_size 1..COORDINATOR_MAX_IMAGE_BYTES, sha256 64
+    lower-case hex digits, frame_time set, a well-formed lease, object_key this lease's preview key for
+    the slot and content type; one that fails is refused INVALID_ARGUMENT INVALID_FIELD in its outcome
+    (ErrorInfo metadata `field` names the field) and recorded nowhere. The stream's key revoked, expired
+    or its user disabled while the stream is open refuses every preview of the message FAILED_PRECONDITION
+    REPORTER_NOT_AUTHORIZED and records none of them (the job's sweep finds their bytes after the job
+    ends). Errors of the whole call (`error`): INVALID_ARGUMENT INVALID_FIELD (no previews, or more
+    than 256).
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -403,6 +443,26 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         their request ids), and leases lapse on time as ever.
         Errors ending the stream: UNAUTHENTICATED; PERMISSION_DENIED; INVALID_ARGUMENT reason INVALID_FIELD (a
         request without a call, a request_id reused while its call is in flight) or MALFORMED_REQUEST.
+        A call a coordinator does not know reads as a request without a call: a coordinator from before
+        record_previews ends the stream INVALID_ARGUMENT INVALID_FIELD with ErrorInfo metadata field "call" (a
+        coordinator of release 0.1 has no Session at all: UNIMPLEMENTED).
+
+        Only on the session: `record_previews`, the processor's records of the previews it wrote straight to
+        object storage with the preview service's grants (PreviewService.GrantPreviewWrites), instead of
+        PreviewService.RecordWrittenPreviews (docs/previews-and-uploads.md#direct-writes). Each preview is
+        recorded exactly as PublicationService.RecordPreviews records it for the preview service, with the
+        stream's own key as the reporter of fence 4: one fenced statement per message, one outcome per preview
+        in order, a refusal of one not affecting the others, and a preview refused by a fence (or
+        SLOT_NOT_EXPECTED, PREVIEW_OUT_OF_ORDER) recorded as collectable, so the cleanup loop deletes its
+        bytes. A preview is first checked as the preview service checks a written one: content_type
+        "image/jpeg" or "image/png" (required), byte_size 1..COORDINATOR_MAX_IMAGE_BYTES, sha256 64
+        lower-case hex digits, frame_time set, a well-formed lease, object_key this lease's preview key for
+        the slot and content type; one that fails is refused INVALID_ARGUMENT INVALID_FIELD in its outcome
+        (ErrorInfo metadata `field` names the field) and recorded nowhere. The stream's key revoked, expired
+        or its user disabled while the stream is open refuses every preview of the message FAILED_PRECONDITION
+        REPORTER_NOT_AUTHORIZED and records none of them (the job's sweep finds their bytes after the job
+        ends). Errors of the whole call (`error`): INVALID_ARGUMENT INVALID_FIELD (no previews, or more
+        than 256).
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

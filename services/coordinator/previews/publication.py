@@ -6,6 +6,11 @@ write goes through the same fence function as results and progress, and checks
 that the service's own key is still live, so both principals may come from the
 coordinator's principal cache. Staging an upload and recording previews are one
 round trip each; a batch of previews (group commit) is one statement.
+
+A processor also records the previews it wrote itself on its Session stream
+(`record_own_previews`): the same statement, with its own key in the service's
+place (previews_record_v1's key_live check then reads that key, which fence 4
+checks too).
 """
 
 from __future__ import annotations
@@ -270,7 +275,25 @@ class PublicationApi:
         service = _require_service(who)
         if not 1 <= len(previews) <= MAX_RECORD_BATCH:
             raise InvalidField(f"Give 1..{MAX_RECORD_BATCH} previews per call.")
+        return await self._record(service, reporter(processor), previews, own=False)
+
+    async def record_own_previews(
+        self, processor: Principal, previews: list[PreviewRecord]
+    ) -> list[Recorded | WorkshopError]:
+        """A processor's records of the previews it wrote (JobService.Session's
+        record_previews), exactly as record_previews records them for the preview service,
+        with the processor's own key as the calling one: previews_record_v1 checks that it
+        is live, and fence 4 that it is still the lease's device's workshop:run key. A key
+        no longer live refuses each preview as fence 4 would (REPORTER_NOT_AUTHORIZED),
+        and records none (the job's sweep finds their bytes after the job ends)."""
         reporting = reporter(processor)
+        if not 1 <= len(previews) <= MAX_RECORD_BATCH:
+            raise InvalidField(f"Give 1..{MAX_RECORD_BATCH} previews per call.")
+        return await self._record(reporting, reporting, previews, own=True)
+
+    async def _record(
+        self, service: str, reporting: str, previews: list[PreviewRecord], *, own: bool
+    ) -> list[Recorded | WorkshopError]:
         outcomes: list[Recorded | WorkshopError | None] = []
         checked: list[PreviewRecord] = []
         runs: dict[str, Frozen] = {}  # a batch's previews are of a few runs: one lookup each
@@ -308,7 +331,8 @@ class PublicationApi:
         PREVIEWS_RECORDED.inc(sum(not answer.reason for answer in answers))
         recorded = iter(zip(checked, answers, strict=True))
         return [
-            outcome if outcome is not None else _recorded(*next(recorded)) for outcome in outcomes
+            outcome if outcome is not None else _recorded(*next(recorded), own=own)
+            for outcome in outcomes
         ]
 
     async def _check_preview(
@@ -483,10 +507,17 @@ class PublicationApi:
         return row
 
 
-def _recorded(preview: PreviewRecord, answer: PreviewAnswer) -> Recorded | WorkshopError:
-    """preview_record's answer for one preview: recorded, or the error its refusal means."""
+def _recorded(
+    preview: PreviewRecord, answer: PreviewAnswer, *, own: bool = False
+) -> Recorded | WorkshopError:
+    """preview_record's answer for one preview: recorded, or the error its refusal means
+    (`own`: the processor recorded it with its own key, so a key no longer live is its
+    reporter's, as fence 4 names it)."""
+    reason = answer.reason
+    if own and reason == "SERVICE_NOT_AUTHORIZED":
+        reason = "REPORTER_NOT_AUTHORIZED"
     try:
-        _raise_refusal(answer.reason, preview.lease, preview.slot)
+        _raise_refusal(reason, preview.lease, preview.slot)
     except WorkshopError as error:
         return error
     return Recorded(preview_item_id(preview.key), answer.expires_at)

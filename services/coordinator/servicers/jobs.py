@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -27,14 +28,27 @@ from services.coordinator.leases.jobs import (
     reporter,
 )
 from services.coordinator.platform.errors import InvalidField
+from services.coordinator.previews.publication import (
+    MAX_RECORD_BATCH,
+    PreviewRecord,
+    PublicationApi,
+)
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.servicers.common import Authenticator, Context
-from services.coordinator.servicers.views import lease, leases, snapshot_recording
-from workshop.kit.errors import ResourceExhausted
+from services.coordinator.servicers.views import (
+    lease,
+    leases,
+    preview_outcome,
+    preview_record,
+    snapshot_recording,
+)
+from workshop.kit.errors import ResourceExhausted, WorkshopError
 from workshop.kit.interceptors import error_status
+from workshop.kit.object_keys import EXTENSIONS
 from workshop.kit.rpc_metrics import observe_call
 from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
+from workshop.v1 import publication_pb2 as pub
 
 NO_JOB_RETRY_AFTER = timedelta(seconds=2)
 MAX_CLAIM_WAIT_SECONDS = 60
@@ -42,6 +56,12 @@ MAX_CLAIM_WAIT_SECONDS = 60
 DEADLINE_MARGIN_SECONDS = 1.0
 # Calls in flight on one Session stream; one more is answered RESOURCE_EXHAUSTED.
 MAX_SESSION_CALLS = 64
+MIB = 1024 * 1024
+# The largest preview a processor may record (COORDINATOR_MAX_IMAGE_BYTES): the preview
+# service's PREVIEW_MAX_IMAGE_BYTES, which bounds its grants, by default and at most.
+MAX_IMAGE_BYTES = 4 * MIB
+MAX_IMAGE_BYTES_LIMIT = 15 * MIB
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def duration(value: timedelta) -> Duration:
@@ -139,10 +159,20 @@ class SessionCaller:
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, api: JobsApi, authenticate: Authenticator, events: RunEvents) -> None:
+    def __init__(
+        self,
+        api: JobsApi,
+        authenticate: Authenticator,
+        events: RunEvents,
+        publication: PublicationApi,
+        *,
+        max_image_bytes: int = MAX_IMAGE_BYTES,
+    ) -> None:
         self.api = api
         self.who = authenticate
         self.events = events
+        self.publication = publication  # a Session's record_previews
+        self.max_image_bytes = max_image_bytes
 
     # Every unary call authenticates through the principal cache, and a Session once, when
     # it opens: job_claim checks the claiming key and every fenced write the reporting key
@@ -286,6 +316,55 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         await self.api.release(await caller.principal(), lease(request.lease))
         return pb.ReleaseResponse(state=common_pb2.JOB_STATE_QUEUED)
 
+    async def record_previews(
+        self, caller: Caller, request: pub.RecordPreviewsRequest
+    ) -> pub.RecordPreviewsResponse:
+        """A Session's only call without a unary RPC of its own: the processor's records of
+        the previews it wrote with the preview service's grants, each checked as the preview
+        service checks them (RecordWrittenPreviews) and recorded as PublicationService's
+        RecordPreviews records them, in one fenced statement (jobs.proto, Session)."""
+        who = await caller.principal()
+        if not 1 <= len(request.previews) <= MAX_RECORD_BATCH:
+            raise InvalidField(
+                f"Give 1..{MAX_RECORD_BATCH} previews per call.", metadata={"field": "previews"}
+            )
+        previews: list[PreviewRecord | WorkshopError] = []
+        for one in request.previews:
+            try:
+                previews.append(self._written(one))
+            except WorkshopError as error:
+                previews.append(error)
+        valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
+        answers = iter(await self.publication.record_own_previews(who, valid) if valid else [])
+        return pub.RecordPreviewsResponse(
+            outcomes=[
+                preview_outcome(preview if isinstance(preview, WorkshopError) else next(answers))
+                for preview in previews
+            ]
+        )
+
+    def _written(self, preview: pub.RecordPreviewRequest) -> PreviewRecord:
+        """A written preview's record, checked as the preview service checks it (its bytes
+        never passed a service: the grant bound their key, type and size at the store)."""
+        if preview.content_type not in EXTENSIONS:
+            raise InvalidField(
+                f"content_type must be one of {', '.join(EXTENSIONS)}.",
+                metadata={"field": "content_type"},
+            )
+        if not 1 <= preview.byte_size <= self.max_image_bytes:
+            raise InvalidField(
+                f"byte_size must be 1..{self.max_image_bytes}, as the grant allows.",
+                metadata={"field": "byte_size"},
+            )
+        if not SHA256_HEX.fullmatch(preview.sha256):
+            raise InvalidField(
+                "sha256 must be 64 lower-case hex characters (a SHA-256 digest).",
+                metadata={"field": "sha256"},
+            )
+        if not preview.HasField("frame_time"):
+            raise InvalidField("frame_time is required.", metadata={"field": "frame_time"})
+        return preview_record(preview)
+
 
 # A Session's calls: the SessionRequest field of each (also its SessionResponse field), its
 # unary RPC, and the JobServicer function that answers both.
@@ -297,6 +376,8 @@ SESSION_CALLS: dict[str, tuple[str, SessionCall]] = {
     "complete": ("Complete", JobServicer.complete),
     "fail": ("Fail", JobServicer.fail),
     "release": ("Release", JobServicer.release),
+    # no unary JobService RPC: counted as PublicationService.RecordPreviews' twin
+    "record_previews": ("RecordPreviews", JobServicer.record_previews),
 }
 SESSION_METHOD = "workshop.v1.JobService/Session"
 # The method each call on a Session is counted under (workshop.kit.rpc_metrics.observe_call).
@@ -357,7 +438,7 @@ class _Session:
         if kind is None:
             raise InvalidField(
                 "A SessionRequest needs a call (claim, heartbeat, report_progress, complete, "
-                "fail or release).",
+                "fail, release or record_previews).",
                 metadata={"field": "call"},
             )
         request_id = request.request_id

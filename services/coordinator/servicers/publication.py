@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from services.coordinator import convert
 from services.coordinator.identity.auth import Principal, ScopeName, require
-from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.previews.publication import (
     MAX_RECORD_BATCH,
     PreviewRecord,
     PublicationApi,
-    Recorded,
     Sweep,
 )
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.servicers import views
 from services.coordinator.servicers.common import Authenticator, Context
-from services.coordinator.servicers.views import lease
+from services.coordinator.servicers.views import (
+    lease,
+    preview_outcome,
+    preview_record,
+    recorded_preview,
+)
 from workshop.kit import limits
 from workshop.kit.auth import bearer_secret
 from workshop.kit.errors import WorkshopError
-from workshop.kit.status import status_for
 from workshop.v1 import common_pb2, publication_pb2_grpc
 from workshop.v1 import publication_pb2 as pb
 
@@ -104,10 +106,10 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         self, request: pb.RecordPreviewRequest, context: Context
     ) -> pb.RecordPreviewResponse:
         service, processor = await self._callers(context, cached=True)
-        [outcome] = await self.api.record_previews(service, processor, [_preview(request)])
+        [outcome] = await self.api.record_previews(service, processor, [preview_record(request)])
         if isinstance(outcome, WorkshopError):
             raise outcome
-        return _recorded(outcome)
+        return recorded_preview(outcome)
 
     async def RecordPreviews(
         self, request: pb.RecordPreviewsRequest, context: Context
@@ -118,14 +120,14 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         previews: list[PreviewRecord | WorkshopError] = []
         for one in request.previews:
             try:
-                previews.append(_preview(one))
+                previews.append(preview_record(one))
             except WorkshopError as error:
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
         answers = iter(await self.api.record_previews(service, processor, valid) if valid else [])
         return pb.RecordPreviewsResponse(
             outcomes=[
-                _outcome(preview if isinstance(preview, WorkshopError) else next(answers))
+                preview_outcome(preview if isinstance(preview, WorkshopError) else next(answers))
                 for preview in previews
             ]
         )
@@ -221,37 +223,3 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             for box in page.boxes.get(row.item.item_id, ()):
                 views.fill_box_row(item.boxes.add(), box)
         return response
-
-
-def _preview(request: pb.RecordPreviewRequest) -> PreviewRecord:
-    return PreviewRecord(
-        lease=lease(request.lease),
-        code_sha256=request.code_sha256,
-        key=request.object_key,
-        slot=request.slot_index,
-        sha256=request.sha256,
-        byte_size=request.byte_size,
-        content_type=request.content_type,
-        frame_time=convert.from_ts("frame_time", request.frame_time),
-        boxes=boxes_json(request.boxes),
-    )
-
-
-def _recorded(recorded: Recorded) -> pb.RecordPreviewResponse:
-    return pb.RecordPreviewResponse(
-        item_id=recorded.item_id, expires_at=convert.opt_ts(recorded.expires_at)
-    )
-
-
-def _outcome(outcome: Recorded | WorkshopError) -> pb.RecordPreviewOutcome:
-    """One preview's outcome; a refusal carries the status RecordPreview would answer."""
-    if isinstance(outcome, Recorded):
-        return pb.RecordPreviewOutcome(recorded=_recorded(outcome))
-    return pb.RecordPreviewOutcome(
-        refused=pb.Refusal(
-            code=status_for(outcome).grpc_code.value[0],
-            message=outcome.message,
-            reason=outcome.reason,
-            metadata=outcome.metadata,
-        )
-    )

@@ -1,5 +1,6 @@
 """Conversions more than one servicer shares: a lease reference, a recording as the
-snapshot lists it, and review's items, sightings, filters and page tokens.
+snapshot lists it, a preview's record and its outcome, and review's items, sightings,
+filters and page tokens.
 
 The servicer modules (identity, jobs, operator, publication, workshop) import this,
 `common` and `convert`, never each other (pyproject.toml, contract
@@ -15,13 +16,18 @@ from google.protobuf import json_format
 
 from services.coordinator import convert
 from services.coordinator.identity import auth
+from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.leases.jobs import Lease, job_id, lease_from
 from services.coordinator.platform.errors import InvalidField
+from services.coordinator.previews.publication import PreviewRecord, Recorded
 from services.coordinator.review import reviews
 from services.coordinator.review.reviews import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow
 from services.coordinator.runs.rows import SnapshotRecordingRow
 from services.coordinator.servicers.common import split_token
+from workshop.kit.errors import WorkshopError
+from workshop.kit.status import status_for
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
+from workshop.v1 import publication_pb2 as pub
 
 
 def lease(ref: common_pb2.LeaseRef) -> Lease:
@@ -200,3 +206,40 @@ def sighting(row: SightingRow) -> run_pb2.Sighting:
 def pinned_models(snapshot: dict[str, object]) -> list[snapshot_pb2.PinnedModel]:
     frozen = json_format.ParseDict(snapshot, snapshot_pb2.RunSnapshot(), ignore_unknown_fields=True)
     return list(frozen.models)
+
+
+def preview_record(request: pub.RecordPreviewRequest) -> PreviewRecord:
+    """A preview's record (PublicationService.RecordPreview(s), a Session's
+    record_previews) as the coordinator records it; INVALID_ARGUMENT for a malformed
+    lease or no frame_time."""
+    return PreviewRecord(
+        lease=lease(request.lease),
+        code_sha256=request.code_sha256,
+        key=request.object_key,
+        slot=request.slot_index,
+        sha256=request.sha256,
+        byte_size=request.byte_size,
+        content_type=request.content_type,
+        frame_time=convert.from_ts("frame_time", request.frame_time),
+        boxes=boxes_json(request.boxes),
+    )
+
+
+def recorded_preview(recorded: Recorded) -> pub.RecordPreviewResponse:
+    return pub.RecordPreviewResponse(
+        item_id=recorded.item_id, expires_at=convert.opt_ts(recorded.expires_at)
+    )
+
+
+def preview_outcome(outcome: Recorded | WorkshopError) -> pub.RecordPreviewOutcome:
+    """One preview's outcome; a refusal carries the status RecordPreview would answer."""
+    if isinstance(outcome, Recorded):
+        return pub.RecordPreviewOutcome(recorded=recorded_preview(outcome))
+    return pub.RecordPreviewOutcome(
+        refused=pub.Refusal(
+            code=status_for(outcome).grpc_code.value[0],
+            message=outcome.message,
+            reason=outcome.reason,
+            metadata=outcome.metadata,
+        )
+    )
