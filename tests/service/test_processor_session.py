@@ -24,6 +24,7 @@ from grpc_status import rpc_status
 
 from services.processor.calls import (
     SESSION_CALLS,
+    UNWRITTEN_TRIES,
     Caller,
     LeaseLost,
     RecordsNotServed,
@@ -331,7 +332,10 @@ async def test_without_session_the_calls_go_unary_for_good(
         jobs_pb2.CompleteResponse,
     ]
     assert jobs.unary
-    assert jobs.streams_opened == 1
+    # One stream, or a few when gRPC ended one INTERNAL before it could write to it (the
+    # coordinator's UNIMPLEMENTED lost in that race: calls._Unwritten asks each of the two
+    # calls again on a new one, up to UNWRITTEN_TRIES times).
+    assert 1 <= jobs.streams_opened <= 2 * UNWRITTEN_TRIES
     assert sorted(service.log[:2]) == [("unary", "Complete"), ("unary", "Heartbeat")]
     assert service.log[2:] == [("unary", "ReportProgress")] * 3
     fallbacks = [r for r in caplog.records if "does not serve JobService.Session" in r.message]
