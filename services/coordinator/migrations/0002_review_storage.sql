@@ -377,7 +377,7 @@ $$;
 CREATE FUNCTION sighting_boxes_synced_v1() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     items text[];
-    runs text[];
+    run_ids text[];
     old_ids text[];
     new_ids text[];
 BEGIN
@@ -387,12 +387,12 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         SELECT array_agg(n.item_id), array_agg(n.run_id), array_agg(NULL::text),
                array_agg(n.sighting_id)
-        INTO items, runs, old_ids, new_ids
+        INTO items, run_ids, old_ids, new_ids
         FROM new_boxes n;
     ELSE
         SELECT array_agg(n.item_id), array_agg(n.run_id), array_agg(o.sighting_id),
                array_agg(n.sighting_id)
-        INTO items, runs, old_ids, new_ids
+        INTO items, run_ids, old_ids, new_ids
         FROM new_boxes n JOIN old_boxes o ON o.item_id = n.item_id AND o.box_index = n.box_index;
     END IF;
     IF items IS NULL THEN
@@ -417,7 +417,7 @@ BEGIN
     -- the sightings whose boxes changed sighting (not those only decided)
     WITH ids AS (
         SELECT DISTINCT c.run_id, s.sighting_id
-        FROM unnest(runs, old_ids, new_ids) AS c (run_id, old_sighting, new_sighting)
+        FROM unnest(run_ids, old_ids, new_ids) AS c (run_id, old_sighting, new_sighting)
         CROSS JOIN LATERAL (VALUES (c.old_sighting), (c.new_sighting)) AS s (sighting_id)
         WHERE c.old_sighting IS DISTINCT FROM c.new_sighting AND s.sighting_id <> ''
     ), found AS (
