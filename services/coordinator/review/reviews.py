@@ -546,7 +546,7 @@ def _plan(
     so it has a fixed row, which brings its stored first frame time and item count."""
     last_fixed: dict[str, sightings.Detection] = {}
     stored: dict[str, tuple[datetime, int]] = {}
-    fixed_count: dict[str, int] = {}
+    fixed_seen: dict[str, tuple[datetime, int]] = {}  # first fixed time, fixed rows
     replay: list[sightings.Detection] = []
     before: dict[tuple[str, int], str] = {}
     for row in rows:
@@ -556,7 +556,8 @@ def _plan(
             before[detection.key] = row.sighting_id
             continue
         sid = row.sighting_id
-        fixed_count[sid] = fixed_count.get(sid, 0) + 1
+        first_seen, rows_seen = fixed_seen.get(sid, (row.frame_time, 0))
+        fixed_seen[sid] = (min(first_seen, row.frame_time), rows_seen + 1)
         if row.sighting_first is not None and row.sighting_items is not None:
             stored[sid] = (row.sighting_first, row.sighting_items)
         seen = last_fixed.get(sid)
@@ -597,7 +598,8 @@ def _plan(
         count = len(now_boxes)
         times = [d.frame_time for d in now_boxes]
         if last is not None:
-            first, stored_count = stored.get(sid, (last.frame_time, fixed_count[sid]))
+            # (no stored row: only what the window shows of it, the best there is)
+            first, stored_count = stored.get(sid, fixed_seen[sid])
             count += stored_count - len(members_before.get(sid, ()))
             times.append(first)
             times.append(last.frame_time)
