@@ -147,8 +147,8 @@ ORDER BY bi.item_id, b.box_index;
 -- name: review_page_boxes
 -- The boxes of a review page, whose items are the run's range [(first_frame_time,
 -- first_item_id), (last_frame_time, last_item_id)] in (frame_time, item_id) order, with
--- their reviews (box_index -1: an item without boxes); one scan of
--- bucket_items_by_run_frame. Cameras as in review_items_page.
+-- their reviews (box_index -1: an item without boxes), in page order and box order; one
+-- scan of bucket_items_by_run_frame. Cameras as in review_items_page.
 -- nullable: cameras
 SELECT bi.item_id, b.box_index, b.class_name, b.score, b.x, b.y, b.w, b.h, b.track_id,
        coalesce(bi.box_sightings[b.box_position], '') AS sighting_id,
@@ -160,37 +160,39 @@ WHERE bi.run_id = :run_id::text
   AND (bi.frame_time, bi.item_id) >= (:first_frame_time::timestamptz, :first_item_id::text)
   AND (bi.frame_time, bi.item_id) <= (:last_frame_time::timestamptz, :last_item_id::text)
   AND (:cameras::text[] IS NULL OR bi.camera_id = ANY (:cameras))
-ORDER BY bi.item_id, b.box_index;
+ORDER BY bi.frame_time, bi.item_id, b.box_index;
 
 -- name: sightings_get
 -- Sightings of run $1 with their items in frame order and the counts their shared state
 -- is read from: each sighting's items are those of its timeline in its frame range whose
--- box_sightings hold it (one box each).
-SELECT s.sighting_id, s.bucket_id, s.camera_id, s.class_name,
-       array_agg(m.item_id ORDER BY m.frame_time, m.item_id) AS item_ids,
-       s.first_frame_time, s.last_frame_time,
-       count(*) FILTER (WHERE m.review_state = 'pending') AS pending,
-       count(*) FILTER (WHERE m.review_state = 'accepted') AS accepted,
-       count(*) FILTER (WHERE m.review_state = 'rejected') AS rejected,
-       count(DISTINCT coalesce(m.relabel_class, '')) AS relabel_variants,
-       max(m.relabel_class) AS relabel_class,
-       max(m.decided_at) AS decided_at,
-       (array_agg(m.decided_by ORDER BY m.decided_at DESC NULLS LAST))[1] AS decided_by
+-- box_sightings hold it (one box each), aggregated per sighting so that each is one range
+-- scan of bucket_items_by_timeline.
+SELECT s.sighting_id, s.bucket_id, s.camera_id, s.class_name, m.item_ids,
+       s.first_frame_time, s.last_frame_time, m.pending, m.accepted, m.rejected,
+       m.relabel_variants, m.relabel_class, m.decided_at, m.decided_by
 FROM sightings s
 CROSS JOIN LATERAL (
-    SELECT bi.item_id, bi.frame_time,
-           coalesce(bi.box_states[p.position], 'pending') AS review_state,
-           bi.box_relabels[p.position] AS relabel_class,
-           bi.box_decided_at[p.position] AS decided_at,
-           bi.box_decided_by[p.position] AS decided_by
+    SELECT array_agg(bi.item_id ORDER BY bi.frame_time, bi.item_id) AS item_ids,
+           count(*) FILTER (WHERE b.review_state = 'pending') AS pending,
+           count(*) FILTER (WHERE b.review_state = 'accepted') AS accepted,
+           count(*) FILTER (WHERE b.review_state = 'rejected') AS rejected,
+           count(DISTINCT coalesce(b.relabel_class, '')) AS relabel_variants,
+           max(b.relabel_class) AS relabel_class,
+           max(b.decided_at) AS decided_at,
+           (array_agg(b.decided_by ORDER BY b.decided_at DESC NULLS LAST))[1] AS decided_by
     FROM bucket_items bi
     CROSS JOIN LATERAL (SELECT array_position(bi.box_sightings, s.sighting_id) AS position) p
-    WHERE bi.run_id = s.run_id AND bi.frame_time >= s.first_frame_time
-      AND bi.frame_time <= s.last_frame_time AND bi.bucket_id = s.bucket_id
-      AND bi.camera_id = s.camera_id AND p.position IS NOT NULL
+    CROSS JOIN LATERAL (
+        SELECT coalesce(bi.box_states[p.position], 'pending') AS review_state,
+               bi.box_relabels[p.position] AS relabel_class,
+               bi.box_decided_at[p.position] AS decided_at,
+               bi.box_decided_by[p.position] AS decided_by
+    ) b
+    WHERE bi.run_id = s.run_id AND bi.bucket_id = s.bucket_id AND bi.camera_id = s.camera_id
+      AND bi.frame_time >= s.first_frame_time AND bi.frame_time <= s.last_frame_time
+      AND p.position IS NOT NULL
 ) m
 WHERE s.run_id = $1 AND s.sighting_id = ANY ($2::text[])
-GROUP BY s.run_id, s.sighting_id
 ORDER BY s.first_frame_time, s.sighting_id;
 
 -- name: bucket_exists
