@@ -8,12 +8,13 @@ background loops), as a deployment runs it, with this process as its client over
 loopback gRPC. Set-up (not measured, timed and printed):
 
 - a full run over 10 cameras with one 10,000-slot job each (CreateRun), whose jobs'
-  items are then inserted straight into `bucket_items` (what a Complete inserts; the
-  table's trigger adds their boxes and counts them, as in a commit): 100,000 items, one
-  box each, in 2,000 sightings: camera 0 holds 20 sightings of 500 items, the others
-  220 of about 45. The timelines are then grouped with the commit path's code
-  (`reviews.group_backlog`, which runs a commit's `group_timeline`), timed: that is
-  what a 10,000-frame Complete adds;
+  items are then inserted straight into `bucket_items` (what a Complete inserts, but not
+  grouped: the table's trigger counts them, as in a commit): 100,000 items, one box
+  each, in 2,000 sightings: camera 0 holds 20 sightings of 500 items, the others 220 of
+  about 45. The timelines are then grouped with the commit path's code
+  (`reviews.group_backlog`, which runs `group_items` and writes the items' box
+  sightings and the sightings, as a commit does), timed: that is what grouping a
+  10,000-frame Complete costs;
 - 90 more full runs of 5 workflows over the same cameras, 1,000 items per job inserted
   the same way with one commit time per job spread over 90 days, so 1,000,000 items
   in 20 buckets feed the summary.
@@ -193,7 +194,8 @@ async def _bench_with(
     grouped_s = time.perf_counter() - began
     async with c.db.connection() as connection:
         boxes = await connection.fetchval(
-            "SELECT count(*) FROM sighting_boxes WHERE sighting_id <> ''"
+            "SELECT coalesce(sum(cardinality(box_sightings)), 0) FROM bucket_items "
+            "WHERE box_sightings IS NOT NULL"
         )
     say(
         f"grouping: {boxes:,} boxes in {grouped_s * 1000:.0f} ms, "
@@ -207,7 +209,7 @@ async def _bench_with(
         await connection.execute("VACUUM ANALYZE")
         total = await connection.fetchval("SELECT count(*) FROM bucket_items")
         sightings = await connection.fetchval(
-            "SELECT count(DISTINCT sighting_id) FROM sighting_boxes WHERE run_id = 'review'"
+            "SELECT count(*) FROM sightings WHERE run_id = 'review'"
         )
     say(f"data: {total:,} items; review run: {items:,} items in {sightings:,} sightings")
     return await _measure(c, scale, samples, pids)
@@ -365,8 +367,8 @@ async def _measure(
             scale.slots_per_job * len(CAMERAS) * 9 // 10,
         )
         long_sighting = await connection.fetchval(
-            "SELECT sighting_id FROM sighting_boxes WHERE run_id = 'review' "
-            "GROUP BY sighting_id HAVING count(*) >= $1 ORDER BY 1 LIMIT 1",
+            "SELECT sighting_id FROM sightings WHERE run_id = 'review' "
+            "AND item_count >= $1 ORDER BY 1 LIMIT 1",
             scale.long_length,
         )
     deep_token = f"{scope_of_run('review')}|{deep['frame_time'].isoformat()}|{deep['item_id']}"

@@ -178,3 +178,37 @@ async def commit_images(
         return staged.object_key, staged.sha256
 
     return await commit(c, s, job, frames, real)
+
+
+# Every box of every bucket item with its sighting and review, one row each (box_index
+# -1: an item without boxes), read from the items' per-box arrays as review reads them:
+# what sighting_boxes held before migration 0003 (docs/review.md, "Storage").
+BOXES = """
+(SELECT bi.item_id, b.box_index, bi.run_id, bi.bucket_id, bi.camera_id, bi.frame_time,
+        b.class_name, coalesce(bi.box_sightings[b.box_position], '') AS sighting_id,
+        coalesce(bi.box_states[b.box_position], 'pending') AS review_state,
+        bi.box_relabels[b.box_position] AS relabel_class,
+        bi.box_decided_by[b.box_position] AS decided_by,
+        bi.box_decided_at[b.box_position] AS decided_at
+ FROM bucket_items bi CROSS JOIN LATERAL bucket_item_boxes_of_v1(bi.boxes) b)
+"""
+
+# The sightings rows that disagree with the items' box sightings (bucket, camera, class,
+# first and last frame time, item count), or that no box names, or a grouped box's
+# sighting that has no row: none when the sightings table is exact.
+SIGHTINGS_MISMATCHED = f"""
+WITH found AS (
+    SELECT sb.run_id, sb.sighting_id, min(sb.bucket_id) AS bucket_id,
+           min(sb.camera_id) AS camera_id, min(sb.class_name) AS class_name,
+           min(sb.frame_time) AS first_frame_time, max(sb.frame_time) AS last_frame_time,
+           count(*)::integer AS item_count
+    FROM {BOXES} sb WHERE sb.sighting_id <> '' GROUP BY 1, 2
+)
+SELECT coalesce(f.sighting_id, s.sighting_id) AS sighting_id
+FROM found f FULL JOIN sightings s USING (run_id, sighting_id)
+WHERE (f.bucket_id, f.camera_id, f.class_name, f.first_frame_time, f.last_frame_time,
+       f.item_count)
+      IS DISTINCT FROM (s.bucket_id, s.camera_id, s.class_name, s.first_frame_time,
+                        s.last_frame_time, s.item_count)
+ORDER BY 1
+"""

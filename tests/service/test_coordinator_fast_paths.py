@@ -278,6 +278,7 @@ async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
                         item_steps=[],
                         item_times=[],
                         item_boxes=[],
+                        item_sightings=[],
                         item_keys=[],
                         item_sha256s=[],
                         now=c.clock.now(),

@@ -31,6 +31,7 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.review_world import SIGHTINGS_MISMATCHED
 from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.v1 import common_pb2, jobs_pb2
 
@@ -126,9 +127,11 @@ async def test_an_item_takes_the_boxes_its_preview_was_recorded_with(
     assert boxes == {item_id("r1", 0, 0, "save"): sent, item_id("r1", 0, 1, "save"): sent}
     async with c.db.connection() as connection:
         grouped = await connection.fetchval(
-            "SELECT count(*) FROM sighting_boxes WHERE sighting_id IS NOT NULL"
+            "SELECT count(*) FROM bucket_items WHERE box_sightings IS NOT NULL"
         )
-    assert grouped == 2
+        mismatched = await connection.fetch(SIGHTINGS_MISMATCHED)
+    assert grouped == 2  # grouped at commit, the recorded boxes too
+    assert mismatched == []  # and their sightings written
 
 
 async def test_recorded_boxes_of_an_upload_staged_without_a_record_are_refused(

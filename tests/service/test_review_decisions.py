@@ -17,11 +17,20 @@ import grpc
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
+from services.coordinator.platform.db import Connection
 from services.coordinator.review import reviews
 from testbed.coordinator_leases import Setup, on_behalf, record_request, refused
 from testbed.coordinator_world import CODE, DAY, put_recording, run_request
 from testbed.harness.coordinator import CoordinatorHarness
-from testbed.review_world import Frame, box, commit, review_world, start_run
+from testbed.review_world import (
+    BOXES,
+    SIGHTINGS_MISMATCHED,
+    Frame,
+    box,
+    commit,
+    review_world,
+    start_run,
+)
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
@@ -78,23 +87,26 @@ async def decide(
 
 
 async def check_uniform_and_derived(c: CoordinatorHarness) -> None:
-    """Every sighting's boxes share one review; every item's state follows its boxes."""
+    """Every sighting's boxes share one review; every item's state follows its boxes; the
+    sightings rows agree with the items."""
     async with c.db.connection() as connection:
         mixed = await connection.fetch(
-            """SELECT sighting_id FROM sighting_boxes GROUP BY sighting_id
+            f"""SELECT sighting_id FROM {BOXES} sb GROUP BY sighting_id
                HAVING count(DISTINCT (review_state, coalesce(relabel_class, ''))) > 1"""
         )
         wrong = await connection.fetch(
-            """SELECT bi.item_id FROM bucket_items bi
+            f"""SELECT bi.item_id FROM bucket_items bi
                JOIN (SELECT item_id,
                             CASE WHEN bool_or(review_state = 'pending') THEN 'pending'
                                  WHEN bool_or(review_state = 'accepted') THEN 'accepted'
                                  ELSE 'rejected' END AS state
-                     FROM sighting_boxes GROUP BY item_id) b USING (item_id)
+                     FROM {BOXES} sb GROUP BY item_id) b USING (item_id)
                WHERE bi.review_state <> b.state"""
         )
+        unmatched = await connection.fetch(SIGHTINGS_MISMATCHED)
     assert mixed == []
     assert wrong == []
+    assert unmatched == []
 
 
 async def raw_summary(
@@ -114,9 +126,9 @@ async def raw_summary(
                WHERE b.deleted_at IS NULL GROUP BY b.bucket_id"""
         )
         boxes = await connection.fetch(
-            """SELECT r.workflow_id, coalesce(sb.relabel_class, sb.class_name) AS class_name,
+            f"""SELECT r.workflow_id, coalesce(sb.relabel_class, sb.class_name) AS class_name,
                       sb.review_state
-               FROM sighting_boxes sb JOIN runs r ON r.run_id = sb.run_id
+               FROM {BOXES} sb JOIN runs r ON r.run_id = sb.run_id
                WHERE sb.box_index >= 0"""
         )
         items = await connection.fetch(
@@ -298,17 +310,19 @@ async def test_decisions_are_idempotent_and_recorded(coordinator: CoordinatorHar
 async def test_items_saved_before_sightings_are_grouped_by_maintenance(
     coordinator: CoordinatorHarness,
 ) -> None:
-    """Boxes left ungrouped (as migration 0012 leaves older items) are grouped by the
-    maintenance pass exactly as a commit groups them."""
+    """Items left ungrouped (box_sightings NULL, as items inserted by anything but a
+    commit) are grouped by the maintenance pass exactly as a commit groups them."""
     c = coordinator
     s = await review_world(c)
     jobs = await start_run(c, s, "r1")
     await commit(c, s, jobs[0], two_objects(range(0, 12)))
     before = await all_sightings(c, "r1")
     async with c.db.connection() as connection:
-        await connection.execute("UPDATE sighting_boxes SET sighting_id = ''")
+        await connection.execute("UPDATE bucket_items SET box_sightings = NULL")
+        await connection.execute("DELETE FROM sightings")
     assert await reviews.group_backlog(c.db) == 1
     assert await all_sightings(c, "r1") == before
+    await check_uniform_and_derived(c)
 
 
 async def test_a_test_run_reviews_its_previews_within_its_hour(
@@ -486,7 +500,7 @@ async def snapshot_of_review(c: CoordinatorHarness) -> list[object]:
     async with c.db.connection() as connection:
         return [
             await connection.fetch(f"SELECT * FROM {table} ORDER BY 1, 2")
-            for table in ("sighting_boxes", "bucket_counts", "workflow_class_counts")
+            for table in (BOXES + " sb", "sightings", "bucket_counts", "workflow_class_counts")
         ] + [await connection.fetchval("SELECT count(*) FROM sighting_decisions")]
 
 
@@ -562,49 +576,103 @@ SELECT item_id || '-later', bucket_id, run_id, job_index, slot_index, step_id ||
 FROM bucket_items WHERE run_id = 'r1'
 RETURNING item_id
 """
+LATER_ITEMS = """
+SELECT bi.item_id || '-later' AS item_id, bi.bucket_id, bi.camera_id,
+       bi.frame_time + interval '1 hour' AS frame_time,
+       array_agg(b.box_index ORDER BY b.box_index) AS box_indices,
+       array_agg(b.class_name ORDER BY b.box_index) AS classes,
+       array_agg(array[b.x, b.y, b.w, b.h] ORDER BY b.box_index) AS geometry
+FROM bucket_items bi CROSS JOIN LATERAL bucket_item_boxes_of_v1(bi.boxes) b
+WHERE bi.run_id = 'r1'
+GROUP BY bi.item_id
+"""
+# COPY_ITEMS with each item's box sightings ($1: item ids, $2: their array literals)
+COPY_GROUPED = """
+INSERT INTO bucket_items (item_id, bucket_id, run_id, job_index, slot_index, step_id, camera_id,
+                          recording_id, recording_generation, frame_time, boxes, box_sightings,
+                          object_key, sha256, saved_at)
+SELECT bi.item_id || '-later', bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index,
+       bi.step_id || '-later', bi.camera_id, bi.recording_id, bi.recording_generation,
+       bi.frame_time + interval '1 hour', bi.boxes, u.sightings::text[], bi.object_key,
+       bi.sha256, bi.saved_at
+FROM bucket_items bi
+JOIN unnest($1::text[], $2::text[]) AS u (item_id, sightings)
+    ON u.item_id = bi.item_id || '-later'
+WHERE bi.run_id = 'r1'
+"""
 WRITES = (
-    "SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0) "
-    "FROM pg_stat_xact_user_tables WHERE relname = 'sighting_boxes'"
+    "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_xact_user_tables "
+    "WHERE relname IN ('bucket_items', 'sightings')"
 )
 
 
-async def test_a_commit_writes_each_box_once_and_other_inserts_get_theirs_at_commit(
+async def writes(connection: Connection) -> dict[str, tuple[int, int, int]]:
+    """This backend's row writes in its transaction so far, per table."""
+    return {row[0]: (row[1], row[2], row[3]) for row in await connection.fetch(WRITES)}
+
+
+async def test_a_commit_writes_each_item_once_and_other_inserts_are_grouped_later(
     coordinator: CoordinatorHarness,
 ) -> None:
-    """The committing coordinator inserts its items' boxes already grouped (no ungrouped row
-    is written and then updated); items inserted by anything else get their boxes at
-    commit, ungrouped, and maintenance groups them as a commit would have (migration 0019)."""
+    """A commit's items are grouped before they are written, so each is one inserted row
+    with its box sightings (nothing updated), and the sightings it touches are a few rows
+    (reviews.group_items and Grouping.apply, as JobsApi's commit runs them around
+    job_complete's insert); items inserted by anything else stay ungrouped
+    (box_sightings NULL) until maintenance groups them as a commit would have."""
     c = coordinator
     s = await review_world(c)
     jobs = await start_run(c, s, "r1")
     await commit(c, s, jobs[0], two_objects(range(0, 12)))
     committed = await all_sightings(c, "r1")
     async with c.db.transaction() as connection:
-        boxes = await connection.fetchval("SELECT count(*) FROM sighting_boxes")
-        assert boxes == 28  # 12 frames, two people each, a vehicle in every third
-        added = [row["item_id"] for row in await connection.fetch(COPY_ITEMS)]
-        assert await connection.fetchval("SELECT count(*) FROM sighting_boxes") == boxes
-        before = await connection.fetchrow(WRITES)  # this backend's writes not yet reported
-        await reviews.group_committed(connection, added)
-        after = await connection.fetchrow(WRITES)
-    # each box inserted once, grouped; nothing updated
-    assert (after[0] - before[0], after[1] - before[1]) == (boxes, 0)
-    async with c.db.connection() as connection:
-        rows = await connection.fetch("SELECT sighting_id FROM sighting_boxes")
-    assert len(rows) == 2 * boxes
-    assert all(row["sighting_id"] for row in rows)
+        items = await connection.fetch(LATER_ITEMS)
+        assert len(items) == 12
+        before = await writes(connection)
+        camera = items[0]["camera_id"]
+        grouping = await reviews.group_items(
+            connection,
+            "r1",
+            camera,
+            [
+                reviews.NewItem(
+                    row["item_id"],
+                    row["bucket_id"],
+                    row["frame_time"],
+                    [
+                        reviews.NewBox(index, name, *geometry)
+                        for index, name, geometry in zip(
+                            row["box_indices"], row["classes"], row["geometry"], strict=True
+                        )
+                    ],
+                )
+                for row in items
+            ],
+        )
+        ids = [row["item_id"] for row in items]
+        await connection.execute(COPY_GROUPED, ids, [grouping.literal(i) for i in ids])
+        await grouping.apply(connection)
+        after = await writes(connection)
+    inserted, updated, _ = (
+        a - b
+        for a, b in zip(after["bucket_items"], before.get("bucket_items", (0, 0, 0)), strict=True)
+    )
+    assert (inserted, updated) == (12, 0)  # each item once, grouped
+    sighting_writes = sum(after["sightings"]) - sum(before.get("sightings", (0, 0, 0)))
+    assert sighting_writes == len(committed)  # one row per new sighting, none per frame
     later = await all_sightings(c, "r1")
     assert len(later) == 2 * len(committed)
+    await check_uniform_and_derived(c)
 
-    async with c.db.transaction() as connection:  # no group_committed: as another writer
+    async with c.db.transaction() as connection:  # not grouped: as another writer
         await connection.execute("DELETE FROM bucket_items WHERE item_id LIKE '%-later'")
+        await connection.execute("DELETE FROM sightings WHERE sighting_id LIKE '%-later~%'")
         added = [row["item_id"] for row in await connection.fetch(COPY_ITEMS)]
         assert len(added) == 12
-        assert await connection.fetchval("SELECT count(*) FROM sighting_boxes") == boxes
     async with c.db.connection() as connection:
         ungrouped = await connection.fetchval(
-            "SELECT count(*) FROM sighting_boxes WHERE sighting_id = ''"
+            "SELECT count(*) FROM bucket_items WHERE box_sightings IS NULL"
         )
-    assert ungrouped == boxes  # added at commit by the deferred trigger
+    assert ungrouped == 12
     assert await reviews.group_backlog(c.db) == 1
     assert await all_sightings(c, "r1") == later
+    await check_uniform_and_derived(c)

@@ -27,6 +27,7 @@ from testbed.coordinator_leases import Setup
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.review_world import (
     CLASSES,
+    SIGHTINGS_MISMATCHED,
     SLOTS_PER_JOB,
     Frame,
     box,
@@ -160,6 +161,12 @@ async def review_pages(
         token = page.next_page_token
 
 
+async def sightings_mismatched(c: CoordinatorHarness) -> list[str]:
+    """The sightings whose stored row disagrees with the items (docs/review.md, "Storage")."""
+    async with c.db.connection() as connection:
+        return [row[0] for row in await connection.fetch(SIGHTINGS_MISMATCHED)]
+
+
 def seen(item: run_pb2.ReviewItem) -> Seen:
     i = item.item
     return Seen(
@@ -224,6 +231,7 @@ async def test_sightings_equal_the_reference_grouping(coordinator: CoordinatorHa
             run(commit(c, s, jobs[index], case.frames[index]))
             items, pages = run(review_pages(c, run_id, page_size))
             sightings = check_review(items, pages)
+            assert run(sightings_mismatched(c)) == [], "the sightings rows are exact"
             if in_time_order:
                 assert known <= set(sightings), "ids survive later commits"
             known = set(sightings)

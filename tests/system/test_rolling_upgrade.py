@@ -55,7 +55,8 @@ from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from workshop.v1 import workshop_pb2 as ws
 
 RELEASE_FILE = REPO / "deploy" / "releases" / "previous"
-MIGRATE_MODULE = Path("services", "coordinator", "migrate.py")
+# where the previous release migrates (names its connections from the release after 1677730 on)
+MIGRATE_MODULE = Path("services", "coordinator", "platform", "migrate.py")
 
 # Every function (name, arguments, result) and column (table, name, type) of the schema.
 CATALOG = """

@@ -3,9 +3,12 @@
 
 A table or view belongs to the room whose baseline file creates it
 (`migrations/0001_release_0_1/<n>_<room>.sql`, rooms in layer order, bottom up), or whose
-named statements create it (platform's `schema_migrations`); a function belongs to the
-room whose baseline file first creates it. A room's SQL is its named statements
-(`<room>/*.sql`) and the bodies of the functions, views and triggers of its baseline file.
+section of a later migration creates it (a migration after the baseline is split into
+sections by `-- room: <room>` lines), or whose named statements create it (platform's
+`schema_migrations`); a function belongs to the room that first creates it. A room's SQL
+is its named statements (`<room>/*.sql`), the bodies of the functions, views and
+triggers of its baseline file, and its sections of later migrations (whole: their
+backfills and drops too).
 It names its own tables and views, and reaches another room only through that room's
 public surface, downwards:
 
@@ -26,6 +29,7 @@ import re
 from pathlib import Path
 
 from services.coordinator.platform import queries
+from services.coordinator.platform.versions import list_migrations
 
 BASELINE = queries.COORDINATOR_DIR / "migrations" / "0001_release_0_1"
 _BASELINE_FILE = re.compile(r"^(\d+)_([a-z]+)\.sql$")
@@ -57,6 +61,7 @@ _CREATE_TRIGGER = re.compile(
 )
 _TRIGGER_TABLE = re.compile(r"\bON\s+(\w+)", re.I)
 _PUBLIC = re.compile(r"^--\s*public:", re.M)
+_ROOM_LINE = re.compile(r"^--\s*room:\s*(\w+)\s*$", re.M)
 _INTERFACE = re.compile(r"^--\s*interface:\s*implemented by\s+(\w+)", re.M)
 # a comment, a string literal (its quotes doubled inside), or a quoted identifier
 _NOT_CODE = re.compile(r"--[^\n]*|'(?:[^']|'')*'|\"[^\"]*\"")
@@ -143,49 +148,84 @@ class Schema:
     triggers: list[tuple[str, str, str]]  # (room, trigger, table)
 
 
+def _read(schema: Schema, room: str, text: str, where: str, *, later: bool) -> None:
+    """Adds what `text` (a baseline file, or a room's section of a later migration) creates
+    to `schema`. In a later migration, CREATE OR REPLACE of a function that is no interface
+    replaces the body of the room's own function (docs/upgrading.md)."""
+    relations, functions = schema.relations, schema.functions
+    for match in _CREATE_TABLE.finditer(_code(text)):
+        assert match.group(1) not in relations, f"table {match.group(1)} created twice"
+        relations[match.group(1)] = Relation(match.group(1), room, "table", public=False)
+    for match in _CREATE_VIEW.finditer(text):
+        name = match.group(2)
+        public = bool(_PUBLIC.search(_comment_above(text, match.start())))
+        if name in relations:
+            assert later, f"{where}: view {name} created twice"
+            assert relations[name].room == room, f"{where}: {room} replaces view {name}"
+        relations[name] = Relation(name, room, "view", public)
+        schema.texts.append(Text(room, f"{where}: view {name}", match.group(3)))
+    for match in _CREATE_FUNCTION.finditer(text):
+        replace, name, signature, _, body = match.groups()
+        comment = _comment_above(text, match.start())
+        own = functions.get(name)
+        if replace and later and own is not None and own.implemented_by is None:
+            assert own.room == room, f"{where}: {room} replaces {own.room}'s {name}"
+        elif replace:
+            schema.implementations.append((name, room))
+        else:
+            assert name not in functions, f"function {name} declared twice"
+            interface = _INTERFACE.search(comment)
+            functions[name] = Function(
+                name,
+                room,
+                public=bool(_PUBLIC.search(comment)),
+                implemented_by=interface.group(1) if interface else None,
+            )
+        schema.texts.append(Text(room, f"{where}: function {name}", signature + body))
+    for match in _CREATE_TRIGGER.finditer(text):
+        table = _TRIGGER_TABLE.search(match.group(2))
+        assert table, f"{where}: trigger {match.group(1)} names no table"
+        schema.triggers.append((room, match.group(1), table.group(1)))
+        schema.texts.append(Text(room, f"{where}: trigger {match.group(1)}", match.group(2)))
+    if later:  # the section's own statements (backfills, drops) are the room's SQL too
+        rest = _CREATE_VIEW.sub(" ", _CREATE_FUNCTION.sub(" ", text))
+        schema.texts.append(Text(room, f"{where}: section", rest))
+
+
+def later_sections() -> list[tuple[str, str, str]]:
+    """(migration label, room, text) of every `-- room:` section of the migrations after the
+    baseline, in order; a CREATE before the first section is an error."""
+    sections = []
+    for migration in list_migrations():
+        if migration.path == BASELINE:
+            continue
+        text = migration.sql()
+        marks = list(_ROOM_LINE.finditer(text))
+        head = text[: marks[0].start()] if marks else text
+        assert not _CREATE_ANY.search(head), f"{migration.label}: CREATE outside a room section"
+        for mark, following in zip(marks, [*marks[1:], None], strict=True):
+            room = mark.group(1)
+            assert room in ROOMS, f"{migration.label}: no room {room}"
+            end = following.start() if following else len(text)
+            sections.append((migration.label, room, text[mark.end() : end]))
+    return sections
+
+
 def _schema() -> Schema:
-    relations: dict[str, Relation] = {}
-    functions: dict[str, Function] = {}
-    implementations: list[tuple[str, str]] = []
-    texts: list[Text] = []
-    triggers: list[tuple[str, str, str]] = []
+    schema = Schema({}, {}, [], [], [])
     for room, (_, path) in ROOMS.items():
-        text = path.read_text(encoding="utf-8")
-        for match in _CREATE_TABLE.finditer(_code(text)):
-            assert match.group(1) not in relations, f"table {match.group(1)} created twice"
-            relations[match.group(1)] = Relation(match.group(1), room, "table", public=False)
-        for match in _CREATE_VIEW.finditer(text):
-            name = match.group(2)
-            public = bool(_PUBLIC.search(_comment_above(text, match.start())))
-            relations[name] = Relation(name, room, "view", public)
-            texts.append(Text(room, f"{path.name}: view {name}", match.group(3)))
-        for match in _CREATE_FUNCTION.finditer(text):
-            replace, name, signature, _, body = match.groups()
-            comment = _comment_above(text, match.start())
-            if replace:
-                implementations.append((name, room))
-            else:
-                assert name not in functions, f"function {name} declared twice"
-                interface = _INTERFACE.search(comment)
-                functions[name] = Function(
-                    name,
-                    room,
-                    public=bool(_PUBLIC.search(comment)),
-                    implemented_by=interface.group(1) if interface else None,
-                )
-            texts.append(Text(room, f"{path.name}: function {name}", signature + body))
-        for match in _CREATE_TRIGGER.finditer(text):
-            table = _TRIGGER_TABLE.search(match.group(2))
-            assert table, f"{path.name}: trigger {match.group(1)} names no table"
-            triggers.append((room, match.group(1), table.group(1)))
-            texts.append(Text(room, f"{path.name}: trigger {match.group(1)}", match.group(2)))
+        _read(schema, room, path.read_text(encoding="utf-8"), path.name, later=False)
+    for label, room, text in later_sections():
+        _read(schema, room, text, f"{label} ({room})", later=True)
     for path in queries.sql_files():
         room = path.parent.name
         for name, statement in queries.parse_queries(path.read_text(encoding="utf-8")).items():
-            texts.append(Text(room, f"{room}/{path.name}: {name}", statement))
+            schema.texts.append(Text(room, f"{room}/{path.name}: {name}", statement))
             for match in _CREATE_TABLE.finditer(_code(statement)):
-                relations.setdefault(match.group(1), Relation(match.group(1), room, "table", False))
-    return Schema(relations, functions, implementations, texts, triggers)
+                schema.relations.setdefault(
+                    match.group(1), Relation(match.group(1), room, "table", False)
+                )
+    return schema
 
 
 SCHEMA = _schema()
@@ -245,6 +285,19 @@ def test_the_baseline_creates_only_what_is_checked() -> None:
         assert not re.search(r"^DO\b", text, re.I | re.M), f"{path.name}: a DO block is not read"
 
 
+def test_later_migrations_create_only_what_is_checked() -> None:
+    sections = later_sections()
+    for label, _, text in sections:
+        kinds = [" ".join(m.group(1).lower().split()) for m in _CREATE_ANY.finditer(text)]
+        assert set(kinds) <= _KINDS | {"or replace view"}, f"{label}: creates {set(kinds) - _KINDS}"
+        functions = sum(1 for kind in kinds if kind.endswith("function"))
+        assert len(_CREATE_FUNCTION.findall(text)) == functions, f"{label}: a function unread"
+        views = sum(1 for kind in kinds if kind.endswith("view"))
+        assert len(_CREATE_VIEW.findall(text)) == views, f"{label}: a view unread"
+        assert not re.search(r"^DO\b", text, re.I | re.M), f"{label}: a DO block is not read"
+    assert {room for _, room, _ in sections} >= {"review", "leases"}  # 0002, 0003
+
+
 def test_every_table_has_a_room() -> None:
     rooms = {name: relation.room for name, relation in SCHEMA.relations.items()}
     assert rooms["schema_migrations"] == "platform"
@@ -254,6 +307,7 @@ def test_every_table_has_a_room() -> None:
     assert rooms["runs"] == "runs"
     assert rooms["bucket_items"] == "review"
     assert rooms["jobs"] == "leases"
+    assert rooms["sightings"] == "review"  # 0002_review_storage
 
 
 def test_no_room_names_another_rooms_tables() -> None:
@@ -295,7 +349,7 @@ def test_interfaces_are_implemented_above_by_their_room() -> None:
         assert _layer(function.implemented_by) > _layer(function.room), (
             f"{function.name}: {function.room}'s interface must be implemented by a room above it"
         )
-        assert implemented.get(function.name) == [function.implemented_by], (
+        assert sorted(set(implemented.get(function.name, []))) == [function.implemented_by], (
             f"{function.room}'s interface {function.name} is implemented "
             f"{implemented.get(function.name, [])}, not once by {function.implemented_by}"
         )

@@ -24,6 +24,7 @@ from services.coordinator.leases import results
 from services.coordinator.leases.jobs_params import (
     JobCheckLease,
     JobClaim,
+    JobCommitBoxes,
     JobComplete,
     JobFail,
     JobHeartbeat,
@@ -246,6 +247,20 @@ class CommitAnswer(Row):
 
     reason: str
     receipt: StoredReceipt
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitBox(Row):
+    """A box of an item about to be committed (job_commit_boxes; box_index -1: none)."""
+
+    camera_id: str
+    item_position: int  # from 1, in the result's item order
+    box_index: int
+    class_name: str
+    x: float
+    y: float
+    w: float
+    h: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -651,19 +666,58 @@ class JobsApi:
             item_times=[i.frame_time for i in items],
             # NULL: the boxes recorded with the upload's preview
             item_boxes=[i.boxes for i in items],
+            item_sightings=[None for _ in items],
             item_keys=[i.object_key for i in items],
             item_sha256s=[i.sha256 for i in items],
             now=self.clock.now(),
         )
         if not items:  # job_complete alone is one statement: no transaction round trips
             return await self._answer(CommitAnswer, complete)
-        # One transaction with the sightings and counters of the items it saves
-        # (reviews.group_committed), so no read ever sees items without them.
+        # One transaction with the sightings and counters of the items it saves: the items
+        # are grouped before they are written (reviews.group_items, under the job's and
+        # then the timelines' locks), each written once with its sightings, so no read
+        # ever sees items without them.
         async with self.db.transaction() as connection:
+            grouping = await self._group(connection, lease, items)
+            complete = dataclasses.replace(
+                complete, item_sightings=[grouping.literal(i.item_id) for i in items]
+            )
             answer = await self._answer_on(connection, CommitAnswer, complete)
-            if answer.reason == "" and items:
-                await reviews.group_committed(connection, [i.item_id for i in items])
+            if answer.reason == "":
+                await grouping.apply(connection)
         return answer
+
+    @staticmethod
+    async def _group(
+        connection: Connection, lease: Lease, items: Sequence[results.Item]
+    ) -> reviews.Grouping:
+        """Locks the job, reads its items' boxes as the commit saves them, and groups them
+        into their timelines (review's); nothing to group when the job is gone (the commit
+        refuses it)."""
+        boxes = await fetch_all(
+            connection,
+            CommitBox,
+            *bind(
+                JobCommitBoxes(
+                    run_id=lease.run_id,
+                    job_index=lease.job_index,
+                    item_boxes=[i.boxes for i in items],
+                    item_keys=[i.object_key for i in items],
+                )
+            ),
+        )
+        if not boxes:
+            return reviews.Grouping(lease.run_id, "")
+        by_item: dict[int, list[reviews.NewBox]] = {}
+        for box in boxes:
+            by_item.setdefault(box.item_position, []).append(
+                reviews.NewBox(box.box_index, box.class_name, box.x, box.y, box.w, box.h)
+            )
+        added = [
+            reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, by_item[n + 1])
+            for n, item in enumerate(items)
+        ]
+        return await reviews.group_items(connection, lease.run_id, boxes[0].camera_id, added)
 
     async def _answer(self, answer: type[A], params: Params) -> A:
         """The one-row answer of the lease function `params` call."""

@@ -111,6 +111,19 @@ class JobRelease(Params):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobCommitBoxes(Params):
+    """The parameters of `jobs.job_commit_boxes`."""
+
+    FILE: ClassVar[str] = "jobs"
+    NAME: ClassVar[str] = "job_commit_boxes"
+
+    run_id: str
+    job_index: int
+    item_boxes: Sequence[str | None]
+    item_keys: Sequence[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class JobComplete(Params):
     """The parameters of `jobs.job_complete`."""
 
@@ -140,6 +153,7 @@ class JobComplete(Params):
     item_steps: Sequence[str]
     item_times: Sequence[datetime]
     item_boxes: Sequence[str | None]
+    item_sightings: Sequence[str | None]
     item_keys: Sequence[str]
     item_sha256s: Sequence[str]
     now: datetime

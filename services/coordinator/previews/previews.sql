@@ -66,6 +66,6 @@ WHERE so.item_id = $2 AND so.deleted_at IS NULL
 UNION ALL
 SELECT 'item', bi.object_key, upload.content_type, bi.boxes, bi.frame_time, bi.camera_id,
        bi.sha256, NULL, r.expires_at
-FROM bucket_item_for_read_v1($1, $2) bi
+FROM bucket_item_for_read_v2($1, $2) bi
 CROSS JOIN run_facts_v1($1) r
 CROSS JOIN LATERAL staged_object_v1(bi.object_key) upload;

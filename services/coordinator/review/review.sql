@@ -1,88 +1,87 @@
 -- Review, sightings, the summary and bucket datasets (docs/review.md).
 
--- name: timelines_of_items
-SELECT DISTINCT run_id, bucket_id, camera_id FROM bucket_items
-WHERE item_id = ANY ($1::text[])
-ORDER BY 1, 2, 3;
+-- name: timelines_lock
+-- Takes the lock rows of the timelines (run $1, camera $2, buckets $3) in key order, made
+-- if new: what a commit does before it reads and groups them (docs/review.md).
+INSERT INTO sighting_timelines AS t (run_id, bucket_id, camera_id)
+SELECT DISTINCT $1::text, u.bucket_id, $2::text FROM unnest($3::text[]) AS u (bucket_id)
+ORDER BY 1, 2, 3
+ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
 
 -- name: timeline_lock
 SELECT 1 FROM sighting_timelines
 WHERE run_id = $1 AND bucket_id = $2 AND camera_id = $3
 FOR UPDATE;
 
--- name: timeline_regroup_rows
--- The boxes a regroup of a timeline reads: from 5 s before its first ungrouped box on;
--- those before that box are fixed (they say which sightings are open), the rest are
--- grouped again. No rows: nothing to group.
--- (MATERIALIZED: the first time is found once, not once per row.)
-WITH start AS MATERIALIZED (
-    SELECT min(frame_time) AS first_ungrouped FROM sighting_boxes
-    WHERE run_id = $1 AND bucket_id = $2 AND camera_id = $3 AND sighting_id = ''
+-- name: timeline_context
+-- The boxes a regroup of the timelines (run :run_id, camera :camera_id, each bucket of
+-- :buckets) reads, read after their locks: from 5 s before the first frame time that is
+-- grouped again on, which is the bucket's :first_new (the first frame time of the items
+-- being added; NULL: none) or its first ungrouped item, whichever is earlier (no rows:
+-- nothing to group). Boxes before that are fixed (they say which sightings are open),
+-- with their sighting's first frame time and item count; box_index -1: an item without
+-- boxes. (MATERIALIZED: each start is found once, not once per row.)
+-- nullable: first_new[]
+WITH wanted AS MATERIALIZED (
+    SELECT w.bucket_id,
+           least(w.first_new, (SELECT min(u.frame_time) FROM bucket_items u
+                               WHERE u.run_id = :run_id::text AND u.bucket_id = w.bucket_id
+                                 AND u.camera_id = :camera_id::text
+                                 AND u.box_sightings IS NULL)) AS start
+    FROM unnest(:buckets::text[], :first_new::timestamptz[]) AS w (bucket_id, first_new)
 )
-SELECT sb.item_id, sb.box_index, sb.frame_time, sb.class_name, sb.x, sb.y, sb.w, sb.h,
-       sb.sighting_id, sb.frame_time < start.first_ungrouped AS fixed
-FROM sighting_boxes sb, start
-WHERE sb.run_id = $1 AND sb.bucket_id = $2 AND sb.camera_id = $3
-  AND sb.frame_time >= start.first_ungrouped - interval '5 seconds';
+SELECT w.bucket_id, bi.item_id, b.box_index, bi.frame_time, b.class_name, b.x, b.y, b.w, b.h,
+       coalesce(bi.box_sightings[b.box_position], '') AS sighting_id,
+       bi.frame_time < w.start AS fixed, s.first_frame_time AS sighting_first,
+       s.item_count AS sighting_items
+FROM wanted w
+JOIN bucket_items bi
+    ON bi.run_id = :run_id AND bi.frame_time >= w.start - interval '5 seconds'
+   AND bi.bucket_id = w.bucket_id AND bi.camera_id = :camera_id
+CROSS JOIN LATERAL bucket_item_boxes_of_v1(bi.boxes) b
+LEFT JOIN sightings s
+    ON bi.frame_time < w.start AND s.run_id = :run_id
+   AND s.sighting_id = bi.box_sightings[b.box_position]
+WHERE w.start IS NOT NULL;
 
--- name: timeline_rows_from
--- The boxes a regroup of a timeline reads when boxes from $4 on are being added (they are
--- not in the table yet): from 5 s before $4 or its first ungrouped box, whichever is
--- earlier; those before that are fixed, the rest are grouped again with the new ones.
-WITH start AS MATERIALIZED (
-    SELECT least($4::timestamptz, min(frame_time)) AS first_ungrouped FROM sighting_boxes
-    WHERE run_id = $1 AND bucket_id = $2 AND camera_id = $3 AND sighting_id = ''
+-- name: sightings_apply
+-- What a grouping changed, under the timelines' locks: the items already written whose
+-- box_sightings changed (:item_ids, each one's new array as a text array literal), the
+-- sightings of run :run_id and camera :camera_id that lost every item (:gone), and the
+-- sightings made or changed, with their item range and count.
+WITH assigned AS (
+    UPDATE bucket_items bi SET box_sightings = u.sightings::text[]
+    FROM unnest(:item_ids::text[], :item_sightings::text[]) AS u (item_id, sightings)
+    WHERE bi.item_id = u.item_id
+    RETURNING 1
+), gone AS (
+    DELETE FROM sightings s
+    WHERE s.run_id = :run_id::text AND s.sighting_id = ANY (:gone::text[])
+    RETURNING 1
 )
-SELECT sb.item_id, sb.box_index, sb.frame_time, sb.class_name, sb.x, sb.y, sb.w, sb.h,
-       sb.sighting_id, sb.frame_time < start.first_ungrouped AS fixed
-FROM sighting_boxes sb, start
-WHERE sb.run_id = $1 AND sb.bucket_id = $2 AND sb.camera_id = $3
-  AND sb.frame_time >= start.first_ungrouped - interval '5 seconds';
-
--- name: items_new_boxes
--- The boxes of the committed items $1 that sighting_boxes does not hold yet, read from
--- the items as the table would hold them (box_index -1: an item without boxes), by
--- timeline.
-SELECT bi.run_id, bi.bucket_id, bi.camera_id, bi.item_id,
-       coalesce(b.ordinal - 1, -1)::integer AS box_index, bi.frame_time,
-       coalesce(b.box ->> 'class_name', '') AS class_name,
-       coalesce((b.box ->> 'x')::real, 0) AS x, coalesce((b.box ->> 'y')::real, 0) AS y,
-       coalesce((b.box ->> 'w')::real, 0) AS w, coalesce((b.box ->> 'h')::real, 0) AS h
-FROM bucket_items bi
-LEFT JOIN LATERAL jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal) ON true
-WHERE bi.item_id = ANY ($1::text[])
-  AND NOT EXISTS (SELECT 1 FROM sighting_boxes sb WHERE sb.item_id = bi.item_id)
-ORDER BY bi.run_id, bi.bucket_id, bi.camera_id;
-
--- name: sighting_boxes_add_grouped
--- The boxes (item $1[i], box $2[i]) of committed items, from the items, with their
--- sightings $3[i] (items_new_boxes' rows, grouped).
-INSERT INTO sighting_boxes (item_id, box_index, run_id, bucket_id, camera_id, frame_time,
-                            class_name, score, x, y, w, h, track_id, sighting_id)
-SELECT bi.item_id, u.box_index, bi.run_id, bi.bucket_id, bi.camera_id, bi.frame_time,
-       coalesce(b.box ->> 'class_name', ''), coalesce((b.box ->> 'score')::real, 0),
-       coalesce((b.box ->> 'x')::real, 0), coalesce((b.box ->> 'y')::real, 0),
-       coalesce((b.box ->> 'w')::real, 0), coalesce((b.box ->> 'h')::real, 0),
-       (b.box ->> 'track_id')::bigint, u.sighting_id
-FROM unnest($1::text[], $2::integer[], $3::text[]) AS u (item_id, box_index, sighting_id)
-JOIN bucket_items bi ON bi.item_id = u.item_id
-LEFT JOIN LATERAL (SELECT bi.boxes -> u.box_index AS box) b ON u.box_index >= 0;
-
--- name: timeline_assign
-UPDATE sighting_boxes sb SET sighting_id = u.sighting_id
-FROM unnest($1::text[], $2::integer[], $3::text[]) AS u (item_id, box_index, sighting_id)
-WHERE sb.item_id = u.item_id AND sb.box_index = u.box_index;
+INSERT INTO sightings AS s (run_id, sighting_id, bucket_id, camera_id, class_name,
+                            first_frame_time, last_frame_time, item_count)
+SELECT :run_id, u.sighting_id, u.bucket_id, :camera_id::text, u.class_name, u.first_frame_time,
+       u.last_frame_time, u.item_count
+FROM unnest(:sighting_ids::text[], :sighting_buckets::text[], :sighting_classes::text[],
+            :sighting_firsts::timestamptz[], :sighting_lasts::timestamptz[],
+            :sighting_counts::integer[])
+     AS u (sighting_id, bucket_id, class_name, first_frame_time, last_frame_time, item_count)
+ORDER BY 2
+ON CONFLICT ON CONSTRAINT sightings_pkey DO UPDATE
+SET first_frame_time = EXCLUDED.first_frame_time, last_frame_time = EXCLUDED.last_frame_time,
+    item_count = EXCLUDED.item_count;
 
 -- name: timelines_ungrouped
-SELECT DISTINCT run_id, bucket_id, camera_id FROM sighting_boxes
-WHERE sighting_id = '' LIMIT $1;
+SELECT DISTINCT run_id, bucket_id, camera_id FROM bucket_items
+WHERE box_sightings IS NULL LIMIT $1;
 
 -- name: sighting_lock
-SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock_v1($1, $2, $3);
+SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock_v2($1, $2, $3);
 
 -- name: sighting_decide
 -- nullable: relabel_class
-SELECT sighting_decide_v1(p_run => :run_id::text, p_sighting => :sighting_id::text,
+SELECT sighting_decide_v2(p_run => :run_id::text, p_sighting => :sighting_id::text,
                        p_state => :review_state::text, p_relabel => :relabel_class::text,
                        p_by => :decided_by::jsonb, p_now => :now::timestamptz);
 
@@ -95,7 +94,7 @@ FROM run_facts_v1($1) r CROSS JOIN run_snapshot_v1($1) s;
 -- name: review_items_page
 -- A page of a full run's bucket items, oldest frame first, after the key ($3, $4) (the
 -- first page passes review.FIRST_KEY: a plain comparison lets the index start there).
--- Their boxes come from items_boxes (boxes NULL here).
+-- Their boxes come from review_page_boxes (boxes NULL here).
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
        NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at
@@ -136,45 +135,65 @@ ORDER BY job_index;
 -- name: items_boxes
 -- The boxes of bucket items with their reviews, in item and box order (box_index -1: an
 -- item without boxes, no box to show).
-SELECT item_id, box_index, class_name, score, x, y, w, h, track_id, sighting_id, review_state,
-       relabel_class
-FROM sighting_boxes
-WHERE item_id = ANY ($1::text[])
-ORDER BY item_id, box_index;
+SELECT bi.item_id, b.box_index, b.class_name, b.score, b.x, b.y, b.w, b.h, b.track_id,
+       coalesce(bi.box_sightings[b.box_position], '') AS sighting_id,
+       coalesce(bi.box_states[b.box_position], 'pending') AS review_state,
+       bi.box_relabels[b.box_position] AS relabel_class
+FROM bucket_items bi
+CROSS JOIN LATERAL bucket_item_boxes_of_v1(bi.boxes) b
+WHERE bi.item_id = ANY ($1::text[])
+ORDER BY bi.item_id, b.box_index;
 
 -- name: review_page_boxes
 -- The boxes of a review page, whose items are the run's range [(first_frame_time,
 -- first_item_id), (last_frame_time, last_item_id)] in (frame_time, item_id) order, with
--- their reviews (box_index -1: an item without boxes); one scan of
--- sighting_boxes_by_run_frame. Cameras as in review_items_page.
+-- their reviews (box_index -1: an item without boxes), in page order and box order; one
+-- scan of bucket_items_by_run_frame. Cameras as in review_items_page.
 -- nullable: cameras
-SELECT item_id, box_index, class_name, score, x, y, w, h, track_id, sighting_id, review_state,
-       relabel_class
-FROM sighting_boxes
-WHERE run_id = :run_id::text
-  AND (frame_time, item_id) >= (:first_frame_time::timestamptz, :first_item_id::text)
-  AND (frame_time, item_id) <= (:last_frame_time::timestamptz, :last_item_id::text)
-  AND (:cameras::text[] IS NULL OR camera_id = ANY (:cameras))
-ORDER BY item_id, box_index;
+SELECT bi.item_id, b.box_index, b.class_name, b.score, b.x, b.y, b.w, b.h, b.track_id,
+       coalesce(bi.box_sightings[b.box_position], '') AS sighting_id,
+       coalesce(bi.box_states[b.box_position], 'pending') AS review_state,
+       bi.box_relabels[b.box_position] AS relabel_class
+FROM bucket_items bi
+CROSS JOIN LATERAL bucket_item_boxes_of_v1(bi.boxes) b
+WHERE bi.run_id = :run_id::text
+  AND (bi.frame_time, bi.item_id) >= (:first_frame_time::timestamptz, :first_item_id::text)
+  AND (bi.frame_time, bi.item_id) <= (:last_frame_time::timestamptz, :last_item_id::text)
+  AND (:cameras::text[] IS NULL OR bi.camera_id = ANY (:cameras))
+ORDER BY bi.frame_time, bi.item_id, b.box_index;
 
 -- name: sightings_get
--- Sightings with their items in frame order and the counts their shared state is read
--- from.
-SELECT sb.sighting_id, min(sb.bucket_id) AS bucket_id, min(sb.camera_id) AS camera_id,
-       min(sb.class_name) AS class_name,
-       array_agg(sb.item_id ORDER BY sb.frame_time, sb.item_id) AS item_ids,
-       min(sb.frame_time) AS first_frame_time, max(sb.frame_time) AS last_frame_time,
-       count(*) FILTER (WHERE sb.review_state = 'pending') AS pending,
-       count(*) FILTER (WHERE sb.review_state = 'accepted') AS accepted,
-       count(*) FILTER (WHERE sb.review_state = 'rejected') AS rejected,
-       count(DISTINCT coalesce(sb.relabel_class, '')) AS relabel_variants,
-       max(sb.relabel_class) AS relabel_class,
-       max(sb.decided_at) AS decided_at,
-       (array_agg(sb.decided_by ORDER BY sb.decided_at DESC NULLS LAST))[1] AS decided_by
-FROM sighting_boxes sb
-WHERE sb.sighting_id = ANY ($1::text[])
-GROUP BY sb.sighting_id
-ORDER BY min(sb.frame_time), sb.sighting_id;
+-- Sightings of run $1 with their items in frame order and the counts their shared state
+-- is read from: each sighting's items are those of its timeline in its frame range whose
+-- box_sightings hold it (one box each), aggregated per sighting so that each is one range
+-- scan of bucket_items_by_timeline.
+SELECT s.sighting_id, s.bucket_id, s.camera_id, s.class_name, m.item_ids,
+       s.first_frame_time, s.last_frame_time, m.pending, m.accepted, m.rejected,
+       m.relabel_variants, m.relabel_class, m.decided_at, m.decided_by
+FROM sightings s
+CROSS JOIN LATERAL (
+    SELECT array_agg(bi.item_id ORDER BY bi.frame_time, bi.item_id) AS item_ids,
+           count(*) FILTER (WHERE b.review_state = 'pending') AS pending,
+           count(*) FILTER (WHERE b.review_state = 'accepted') AS accepted,
+           count(*) FILTER (WHERE b.review_state = 'rejected') AS rejected,
+           count(DISTINCT coalesce(b.relabel_class, '')) AS relabel_variants,
+           max(b.relabel_class) AS relabel_class,
+           max(b.decided_at) AS decided_at,
+           (array_agg(b.decided_by ORDER BY b.decided_at DESC NULLS LAST))[1] AS decided_by
+    FROM bucket_items bi
+    CROSS JOIN LATERAL (SELECT array_position(bi.box_sightings, s.sighting_id) AS position) p
+    CROSS JOIN LATERAL (
+        SELECT coalesce(bi.box_states[p.position], 'pending') AS review_state,
+               bi.box_relabels[p.position] AS relabel_class,
+               bi.box_decided_at[p.position] AS decided_at,
+               bi.box_decided_by[p.position] AS decided_by
+    ) b
+    WHERE bi.run_id = s.run_id AND bi.bucket_id = s.bucket_id AND bi.camera_id = s.camera_id
+      AND bi.frame_time >= s.first_frame_time AND bi.frame_time <= s.last_frame_time
+      AND p.position IS NOT NULL
+) m
+WHERE s.run_id = $1 AND s.sighting_id = ANY ($2::text[])
+ORDER BY s.first_frame_time, s.sighting_id;
 
 -- name: bucket_exists
 SELECT bucket_id FROM buckets_live_v1() WHERE bucket_id = $1;
@@ -192,9 +211,9 @@ FROM bucket_items_current bi
 WHERE bi.bucket_id = :bucket_id::text
   AND (:review_states::text[] IS NULL OR bi.review_state = ANY (:review_states))
   AND (:class_name::text IS NULL OR EXISTS (
-          SELECT 1 FROM sighting_boxes sb
-          WHERE sb.item_id = bi.item_id
-            AND coalesce(sb.relabel_class, sb.class_name) = :class_name))
+          SELECT 1 FROM jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal)
+          WHERE coalesce(bi.box_relabels[b.ordinal], b.box ->> 'class_name', '')
+                = :class_name))
   AND (:camera_id::text IS NULL OR bi.camera_id = :camera_id)
   AND (:cameras::text[] IS NULL OR bi.camera_id = ANY (:cameras))
   AND (:frame_time_from::timestamptz IS NULL OR bi.frame_time >= :frame_time_from)

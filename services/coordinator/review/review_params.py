@@ -13,6 +13,39 @@ from services.coordinator.platform.queries import Params
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineContext(Params):
+    """The parameters of `review.timeline_context`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "timeline_context"
+
+    run_id: str
+    camera_id: str
+    buckets: Sequence[str]
+    first_new: Sequence[datetime | None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SightingsApply(Params):
+    """The parameters of `review.sightings_apply`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "sightings_apply"
+
+    item_ids: Sequence[str]
+    item_sightings: Sequence[str]
+    run_id: str
+    gone: Sequence[str]
+    camera_id: str
+    sighting_ids: Sequence[str]
+    sighting_buckets: Sequence[str]
+    sighting_classes: Sequence[str]
+    sighting_firsts: Sequence[datetime]
+    sighting_lasts: Sequence[datetime]
+    sighting_counts: Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SightingDecide(Params):
     """The parameters of `review.sighting_decide`."""
 

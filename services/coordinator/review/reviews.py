@@ -1,9 +1,10 @@
 """Review, sightings, the summary and bucket datasets (docs/review.md).
 
-Sightings are grouped when items are committed (`group_committed`, in the committing
-transaction), so reads only look them up. Every writer of a timeline's sightings takes
-its lock row first (sighting_timelines), then items and boxes, then the counters, each
-in key order, so decisions, commits and bucket deletions never deadlock.
+Sightings are grouped when items are committed (`group_items`, in the committing
+transaction, before the items are written), so reads only look them up. Every writer of a
+timeline's sightings takes its lock row first (sighting_timelines), then items, then the
+sightings and the counters, each in key order, so decisions, commits and bucket deletions
+never deadlock.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from services.coordinator.review.review_params import (
     ReviewPageBoxes,
     ReviewPreviewsPage,
     SightingDecide,
+    SightingsApply,
+    TimelineContext,
 )
 from services.coordinator.runs.rows import RunRow, SnapshotRecordingRow
 from services.coordinator.runs.runs import Runs, RunView
@@ -60,12 +63,11 @@ class Timeline(Row):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class NewBox(Row):
-    """A box of a just-committed item, not in sighting_boxes yet (items_new_boxes)."""
+class ContextBox(Row):
+    """A box of a timeline as a regroup reads it (timeline_context); sighting_id '' while
+    ungrouped; a fixed box comes with its sighting's first frame time and item count."""
 
-    run_id: str
     bucket_id: str
-    camera_id: str
     item_id: str
     box_index: int
     frame_time: datetime
@@ -74,6 +76,10 @@ class NewBox(Row):
     y: float
     w: float
     h: float
+    sighting_id: str
+    fixed: bool
+    sighting_first: datetime | None
+    sighting_items: int | None
 
     def detection(self) -> sightings.Detection:
         return sightings.Detection(
@@ -89,28 +95,96 @@ class NewBox(Row):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TimelineBox(Row):
-    item_id: str
+class NewBox:
+    """A box of an item about to be committed, as review reads it once saved
+    (bucket_item_boxes_of: box_index -1 alone for an item without boxes)."""
+
     box_index: int
-    frame_time: datetime
     class_name: str
     x: float
     y: float
     w: float
     h: float
-    sighting_id: str
-    fixed: bool
 
-    def detection(self) -> sightings.Detection:
-        return sightings.Detection(
-            self.item_id,
-            self.box_index,
-            self.frame_time,
-            self.class_name,
-            self.x,
-            self.y,
-            self.w,
-            self.h,
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewItem:
+    """An item about to be committed, with its boxes."""
+
+    item_id: str
+    bucket_id: str
+    frame_time: datetime
+    boxes: Sequence[NewBox]
+
+    def detections(self) -> list[sightings.Detection]:
+        return [
+            sightings.Detection(
+                self.item_id, b.box_index, self.frame_time, b.class_name, b.x, b.y, b.w, b.h
+            )
+            for b in self.boxes
+        ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SightingChange:
+    sighting_id: str
+    bucket_id: str
+    class_name: str
+    first_frame_time: datetime
+    last_frame_time: datetime
+    item_count: int
+
+
+def array_literal(values: Sequence[str]) -> str:
+    """`values` as a Postgres text array literal (what `'...'::text[]` reads back)."""
+    quoted = ('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values)
+    return "{" + ",".join(quoted) + "}"
+
+
+@dataclasses.dataclass
+class Grouping:
+    """What grouping a run's timelines of one camera decided: the box sightings of the
+    items being added (`added`, written with them), and what `apply` writes under the
+    timelines' locks: items already written whose box sightings changed, sightings made
+    or changed, sightings gone (docs/review.md, "Storage")."""
+
+    run_id: str
+    camera_id: str
+    added: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    changed_items: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    changed_sightings: list[SightingChange] = dataclasses.field(default_factory=list)
+    gone: list[str] = dataclasses.field(default_factory=list)
+
+    def literal(self, item_id: str) -> str | None:
+        """The box sightings of an added item as job_complete takes them (None: ungrouped)."""
+        found = self.added.get(item_id)
+        return array_literal(found) if found is not None else None
+
+    @property
+    def changes(self) -> int:
+        return len(self.changed_items) + len(self.changed_sightings) + len(self.gone)
+
+    async def apply(self, connection: Connection) -> None:
+        if not self.changes:
+            return
+        items = sorted(self.changed_items)
+        found = sorted(self.changed_sightings, key=lambda change: change.sighting_id)
+        await connection.execute(
+            *bind(
+                SightingsApply(
+                    item_ids=items,
+                    item_sightings=[array_literal(self.changed_items[i]) for i in items],
+                    run_id=self.run_id,
+                    gone=sorted(self.gone),
+                    camera_id=self.camera_id,
+                    sighting_ids=[c.sighting_id for c in found],
+                    sighting_buckets=[c.bucket_id for c in found],
+                    sighting_classes=[c.class_name for c in found],
+                    sighting_firsts=[c.first_frame_time for c in found],
+                    sighting_lasts=[c.last_frame_time for c in found],
+                    sighting_counts=[c.item_count for c in found],
+                )
+            )
         )
 
 
@@ -395,88 +469,148 @@ def summary_days(time_zone: str, days: int, now: datetime) -> list[datetime]:
 
 
 async def group_timeline(connection: Connection, timeline: Timeline) -> int:
-    """Groups a timeline's ungrouped boxes (the caller holds its lock); returns how many
-    boxes changed sighting."""
-    changed, _ = await _regroup(connection, timeline, ())
-    return changed
+    """Groups a timeline's ungrouped items (the caller holds its lock); returns how many
+    items changed sightings."""
+    grouping = await group_items(
+        connection,
+        timeline.run_id,
+        timeline.camera_id,
+        [],
+        lock=False,
+        buckets=[timeline.bucket_id],
+    )
+    await grouping.apply(connection)
+    return len(grouping.changed_items)
 
 
-async def _regroup(
-    connection: Connection, timeline: Timeline, added: Sequence[sightings.Detection]
-) -> tuple[int, dict[tuple[str, int], str]]:
-    """Groups the timeline's ungrouped boxes and `added` (boxes not in the table yet) from
-    the first of them on, starting from the sightings open just before it; updates the
-    boxes in the table whose sighting changed. Returns how many changed, and the sighting
-    of every box grouped (those of `added` included)."""
-    args = (timeline.run_id, timeline.bucket_id, timeline.camera_id)
-    if added:
-        start = min(box.frame_time for box in added)
-        rows = await fetch_all(
-            connection, TimelineBox, sql("review", "timeline_rows_from"), *args, start
-        )
-    else:
-        rows = await fetch_all(
-            connection, TimelineBox, sql("review", "timeline_regroup_rows"), *args
-        )
-        if not rows:
-            return 0, {}
+async def group_items(
+    connection: Connection,
+    run_id: str,
+    camera_id: str,
+    added: Sequence[NewItem],
+    *,
+    lock: bool = True,
+    buckets: Sequence[str] = (),
+) -> Grouping:
+    """Groups the items `added` (not written yet: a commit's) into their timelines (run,
+    their bucket, `camera_id`), with the timelines' ungrouped items, from the first of
+    them on, starting from the sightings open just before it; also the timelines of
+    `buckets` with nothing added (their ungrouped items only). Takes the timelines' locks
+    first unless the caller holds them (`lock`). Reads only: the caller writes the added
+    items with `Grouping.literal` and then `Grouping.apply`."""
+    firsts: dict[str, datetime | None] = dict.fromkeys(buckets)
+    by_bucket: dict[str, list[sightings.Detection]] = {}
+    for item in added:
+        first = firsts.get(item.bucket_id)
+        if first is None or item.frame_time < first:
+            firsts[item.bucket_id] = item.frame_time
+        by_bucket.setdefault(item.bucket_id, []).extend(item.detections())
+    grouping = Grouping(run_id, camera_id)
+    if not firsts:
+        return grouping
+    names = sorted(firsts)  # the timelines' lock order
+    if lock:
+        await connection.execute(sql("review", "timelines_lock"), run_id, camera_id, names)
+    rows = await fetch_all(
+        connection,
+        ContextBox,
+        *bind(
+            TimelineContext(
+                run_id=run_id,
+                camera_id=camera_id,
+                buckets=names,
+                first_new=[firsts[name] for name in names],
+            )
+        ),
+    )
+    context: dict[str, list[ContextBox]] = {}
+    for row in rows:
+        context.setdefault(row.bucket_id, []).append(row)
+    for name in names:
+        _plan(grouping, name, context.get(name, []), by_bucket.get(name, []))
+    return grouping
+
+
+def _plan(
+    grouping: Grouping,
+    bucket_id: str,
+    rows: Sequence[ContextBox],
+    added: Sequence[sightings.Detection],
+) -> None:
+    """Groups one timeline: `rows` from the database (timeline_context) and `added`; adds
+    to `grouping` what changes.
+
+    The boxes grouped again (the rows not fixed, and `added`) are every box of the timeline
+    from the first one on, so a sighting's other items are all earlier; a sighting that
+    has some is open just before (consecutive items of a sighting are at most 5 s apart),
+    so it has a fixed row, which brings its stored first frame time and item count."""
     last_fixed: dict[str, sightings.Detection] = {}
+    stored: dict[str, tuple[datetime, int]] = {}
+    fixed_seen: dict[str, tuple[datetime, int]] = {}  # first fixed time, fixed rows
     replay: list[sightings.Detection] = []
+    before: dict[tuple[str, int], str] = {}
     for row in rows:
         detection = row.detection()
         if not row.fixed:
             replay.append(detection)
+            before[detection.key] = row.sighting_id
             continue
-        seen = last_fixed.get(row.sighting_id)
+        sid = row.sighting_id
+        first_seen, rows_seen = fixed_seen.get(sid, (row.frame_time, 0))
+        fixed_seen[sid] = (min(first_seen, row.frame_time), rows_seen + 1)
+        if row.sighting_first is not None and row.sighting_items is not None:
+            stored[sid] = (row.sighting_first, row.sighting_items)
+        seen = last_fixed.get(sid)
         if seen is None or (seen.frame_time, seen.item_id) < (row.frame_time, row.item_id):
-            last_fixed[row.sighting_id] = detection
+            last_fixed[sid] = detection
     replay.extend(added)
     assigned = sightings.group(replay, sorted(last_fixed.items()))
-    before = {(row.item_id, row.box_index): row.sighting_id for row in rows if not row.fixed}
-    changed = [(key, sid) for key, sid in assigned.items() if key in before and before[key] != sid]
-    if changed:
-        await connection.execute(
-            sql("review", "timeline_assign"),
-            [key[0] for key, _ in changed],
-            [key[1] for key, _ in changed],
-            [sid for _, sid in changed],
-        )
-    return len(changed), assigned
 
+    # each item's box sightings, in box order: the added items', and the written ones' that
+    # changed
+    by_item: dict[str, list[sightings.Detection]] = {}
+    for detection in replay:
+        by_item.setdefault(detection.item_id, []).append(detection)
+    added_items = {detection.item_id for detection in added}
+    for item_id, boxes in by_item.items():
+        boxes.sort(key=lambda d: d.box_index)
+        now = [assigned[box.key] for box in boxes]
+        if item_id in added_items:
+            grouping.added[item_id] = now
+        elif now != [before[box.key] for box in boxes]:
+            grouping.changed_items[item_id] = now
 
-async def group_committed(connection: Connection, item_ids: Sequence[str]) -> None:
-    """In the transaction that committed `item_ids` (whose insert locked their timelines
-    and counted them: bucket_items_added): adds their boxes to sighting_boxes already
-    grouped, each box written once (migration 0019), and regroups what they changed."""
-    if not item_ids:
-        return
-    new = await fetch_all(connection, NewBox, sql("review", "items_new_boxes"), list(item_ids))
-    if not new:
-        # Their boxes are in already, ungrouped (an insert before migration 0019): group them.
-        timelines = await fetch_all(
-            connection, Timeline, sql("review", "timelines_of_items"), list(item_ids)
+    # the sightings whose items changed
+    members_before: dict[str, set[str]] = {}
+    for key, sid in before.items():
+        if sid:
+            members_before.setdefault(sid, set()).add(key[0])
+    members_now: dict[str, list[sightings.Detection]] = {}
+    for detection in replay:
+        members_now.setdefault(assigned[detection.key], []).append(detection)
+    for sid in sorted(set(members_before) | set(members_now)):
+        now_boxes = members_now.get(sid, [])
+        if {d.item_id for d in now_boxes} == members_before.get(sid, set()) and not any(
+            d.item_id in added_items for d in now_boxes
+        ):
+            continue  # the same items as before
+        last = last_fixed.get(sid)
+        count = len(now_boxes)
+        times = [d.frame_time for d in now_boxes]
+        if last is not None:
+            # (no stored row: only what the window shows of it, the best there is)
+            first, stored_count = stored.get(sid, fixed_seen[sid])
+            count += stored_count - len(members_before.get(sid, ()))
+            times.append(first)
+            times.append(last.frame_time)
+        if count <= 0:
+            grouping.gone.append(sid)
+            continue
+        example = now_boxes[0] if now_boxes else last
+        assert example is not None
+        grouping.changed_sightings.append(
+            SightingChange(sid, bucket_id, example.class_name, min(times), max(times), count)
         )
-        for timeline in timelines:
-            await group_timeline(connection, timeline)
-        return
-    by_timeline: dict[tuple[str, str, str], list[sightings.Detection]] = {}
-    for box in new:
-        by_timeline.setdefault((box.run_id, box.bucket_id, box.camera_id), []).append(
-            box.detection()
-        )
-    items: list[str] = []
-    indices: list[int] = []
-    sighting_ids: list[str] = []
-    for key in sorted(by_timeline):  # the timelines' lock order
-        added = by_timeline[key]
-        _, assigned = await _regroup(connection, Timeline(*key), added)
-        for detection in added:
-            items.append(detection.item_id)
-            indices.append(detection.box_index)
-            sighting_ids.append(assigned[detection.key])
-    await connection.execute(
-        sql("review", "sighting_boxes_add_grouped"), items, indices, sighting_ids
-    )
 
 
 async def group_backlog(db: Database, limit: int = 100) -> int:
@@ -564,7 +698,7 @@ class ReviewApi:
             )
             found = (
                 await fetch_all(
-                    connection, SightingRow, sql("review", "sightings_get"), sighting_ids
+                    connection, SightingRow, sql("review", "sightings_get"), run_id, sighting_ids
                 )
                 if sighting_ids
                 else []
@@ -641,7 +775,11 @@ class ReviewApi:
                 )
             )
             found = await fetch_one(
-                connection, SightingRow, sql("review", "sightings_get"), [locked.sighting_id]
+                connection,
+                SightingRow,
+                sql("review", "sightings_get"),
+                run_id,
+                [locked.sighting_id],
             )
         assert found is not None
         joined = 0
