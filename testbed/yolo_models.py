@@ -177,28 +177,34 @@ def colour_blob_yolov8(
     graph.initializer.extend(numpy_helper.from_array(v, f"yolo_{k}") for k, v in consts.items())
     c = {k: f"yolo_{k}" for k in consts}
     nodes = [
-        helper.make_node("Mul", ["images", c["to_bytes"]], ["bytes_f"]),
-        helper.make_node("Transpose", ["bytes_f"], ["bytes_nhwc"], perm=[0, 2, 3, 1]),
-        helper.make_node("Cast", ["bytes_nhwc"], ["frames_u8"], to=TensorProto.UINT8),
+        helper.make_node("Mul", ["images", c["to_bytes"]], ["yolo_bytes_f"]),
+        helper.make_node("Transpose", ["yolo_bytes_f"], ["yolo_bytes_nhwc"], perm=[0, 2, 3, 1]),
+        helper.make_node("Cast", ["yolo_bytes_nhwc"], ["frames_u8"], to=TensorProto.UINT8),
     ]
     tail = [
-        helper.make_node("Slice", ["det_boxes", c["lo"], c["mid"], c["last"]], ["xy1"]),
-        helper.make_node("Slice", ["det_boxes", c["mid"], c["hi"], c["last"]], ["xy2"]),
-        helper.make_node("Sub", ["xy2", "xy1"], ["wh"]),
-        helper.make_node("Add", ["xy1", "xy2"], ["twice_centre"]),
-        helper.make_node("Div", ["twice_centre", c["two"]], ["centre"]),
-        helper.make_node("Concat", ["centre", "wh"], ["cxcywh"], axis=2),  # [N, K, 4]
-        helper.make_node("Unsqueeze", ["det_classes", c["slot_axis"]], ["labels"]),  # [N, K, 1]
-        helper.make_node("Equal", ["labels", c["ids"]], ["hot"]),  # [N, K, C]
-        helper.make_node("Cast", ["hot"], ["hot_f"], to=TensorProto.FLOAT),
-        helper.make_node("Unsqueeze", ["det_scores", c["slot_axis"]], ["score_k1"]),
-        helper.make_node("Mul", ["hot_f", "score_k1"], ["class_scores"]),
-        helper.make_node("Concat", ["cxcywh", "class_scores"], ["rows"], axis=2),
-        helper.make_node("Add", ["cxcywh", c["shift"]], ["shifted"]),
-        helper.make_node("Mul", ["class_scores", c["ninety"]], ["weaker"]),
-        helper.make_node("Concat", ["shifted", "weaker"], ["copies"], axis=2),
-        helper.make_node("Concat", ["rows", "copies"], ["anchors"], axis=1),  # [N, 2K, 4+C]
-        helper.make_node("Transpose", ["anchors"], ["output0"], perm=[0, 2, 1]),
+        helper.make_node("Slice", ["det_boxes", c["lo"], c["mid"], c["last"]], ["yolo_xy1"]),
+        helper.make_node("Slice", ["det_boxes", c["mid"], c["hi"], c["last"]], ["yolo_xy2"]),
+        helper.make_node("Sub", ["yolo_xy2", "yolo_xy1"], ["yolo_wh"]),
+        helper.make_node("Add", ["yolo_xy1", "yolo_xy2"], ["yolo_twice_centre"]),
+        helper.make_node("Div", ["yolo_twice_centre", c["two"]], ["yolo_centre"]),
+        helper.make_node(
+            "Concat", ["yolo_centre", "yolo_wh"], ["yolo_cxcywh"], axis=2
+        ),  # [N, K, 4]
+        helper.make_node(
+            "Unsqueeze", ["det_classes", c["slot_axis"]], ["yolo_labels"]
+        ),  # [N, K, 1]
+        helper.make_node("Equal", ["yolo_labels", c["ids"]], ["yolo_hot"]),  # [N, K, C]
+        helper.make_node("Cast", ["yolo_hot"], ["yolo_hot_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["det_scores", c["slot_axis"]], ["yolo_score_k1"]),
+        helper.make_node("Mul", ["yolo_hot_f", "yolo_score_k1"], ["yolo_class_scores"]),
+        helper.make_node("Concat", ["yolo_cxcywh", "yolo_class_scores"], ["yolo_rows"], axis=2),
+        helper.make_node("Add", ["yolo_cxcywh", c["shift"]], ["yolo_shifted"]),
+        helper.make_node("Mul", ["yolo_class_scores", c["ninety"]], ["yolo_weaker"]),
+        helper.make_node("Concat", ["yolo_shifted", "yolo_weaker"], ["yolo_copies"], axis=2),
+        helper.make_node(
+            "Concat", ["yolo_rows", "yolo_copies"], ["yolo_anchors"], axis=1
+        ),  # [N, 2K, 4+C]
+        helper.make_node("Transpose", ["yolo_anchors"], ["output0"], perm=[0, 2, 1]),
     ]
     body = list(graph.node)
     del graph.node[:]

@@ -18,6 +18,7 @@ from services.processor.decode import letterbox, stretch
 from services.processor.inference import LETTERBOX_INPUT, Pin, Served, _detection
 from testbed.yolo_models import (
     Planted,
+    colour_blob_yolov8,
     nms_head,
     planted_model,
     yolov5_head,
@@ -370,3 +371,13 @@ def test_a_stretched_model_maps_boxes_as_before() -> None:
     served = Served(Pin("m", 1, "0" * 64), CLASSES, 8, 360, 640)
     found = _detection(served, stretch(360, 640), np.array([64.0, 36.0, 128.0, 72.0]), 0.5, 1)
     assert (found.x, found.y, found.w, found.h) == (0.1, 0.1, 0.1, 0.1)
+
+
+def test_a_models_own_tensors_named_like_the_contract_move_aside() -> None:
+    """The colour-blob YOLO model computes num_dets, det_boxes, ... inside (it is the demo
+    detector with a YOLOv8 head on top): the served graph's outputs are still its own."""
+    model = colour_blob_yolov8(64)
+    image = np.zeros((1, 64, 64, 3), np.uint8)
+    image[0, 10:20, 30:50] = (255, 0, 0)  # a person (red), 20 wide and 10 high
+    out = run(serve(model, classes=("person", "vehicle", "animal")), image)
+    assert detections(out) == [(0, 1.0, [30.0, 10.0, 50.0, 20.0])]

@@ -153,7 +153,10 @@ def inspect(
     dims = _dims(source)
     outputs = {v.name: _dims(v) for v in graph.output}
     layout, batch, height, width = _input_geometry(source.name, elem, dims, input_size)
-    detected, num_classes = _family(graph, outputs, layout)
+    named_classes = metadata_classes(model)
+    detected, num_classes = _family(
+        graph, outputs, None if named_classes is None else len(named_classes)
+    )
     if family is not None and family != detected:
         raise ModelRefused(
             f"--family {family} does not fit this model: its outputs "
@@ -180,7 +183,7 @@ def inspect(
         width=width,
         output_names=tuple(outputs),
         num_classes=num_classes,
-        metadata_classes=metadata_classes(model),
+        metadata_classes=named_classes,
         opset=opset,
     )
 
@@ -251,8 +254,11 @@ def _input_geometry(
 
 
 def _family(
-    graph: onnx.GraphProto, outputs: dict[str, tuple[int | None, ...]], layout: str
+    graph: onnx.GraphProto, outputs: dict[str, tuple[int | None, ...]], named: int | None
 ) -> tuple[Family, int | None]:
+    """The family and class count from the output's shape: the class dimension is the static
+    one, or the smaller (anchors outnumber classes in any real head); with class names in the
+    metadata, the layout their count fits decides."""
     if set(CONTRACT_OUTPUTS) <= set(outputs):
         return "efficient-nms", None
     if len(outputs) != 1:
@@ -267,6 +273,10 @@ def _family(
         if has_nms:
             if second == 6:
                 return "nms", None
+        elif named is not None and first == 4 + named:
+            return "yolov8", named
+        elif named is not None and second == 5 + named:
+            return "yolov5", named
         elif first is not None and (second is None or first < second):
             if first > 4:
                 return "yolov8", first - 4
@@ -321,6 +331,10 @@ def served_graph(
     builder = _Builder(inspection.opset)
     internal = f"{_PREFIX}model_input"
     _rename_input(graph, inspection.input_name, internal)
+    if inspection.family != "efficient-nms":
+        # The served graph's own names may be taken inside the model: those tensors move.
+        for name in (*CONTRACT_OUTPUTS, LETTERBOX_INPUT):
+            _rename_tensor(graph, name, f"{_PREFIX}source_{name}")
     builder.preprocess(inspection, internal)
     prefix, builder.nodes = builder.nodes, []
     if inspection.family != "efficient-nms":
@@ -359,6 +373,20 @@ def served_graph(
     except onnx.checker.ValidationError as error:
         raise ModelRefused(f"the served graph is not valid ONNX: {error}") from None
     return model.SerializeToString()
+
+
+def _rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Renames a tensor the graph makes (a node's output) everywhere it is read."""
+    if not any(old in node.output for node in graph.node):
+        return
+    for node in graph.node:
+        for index, name in enumerate(node.output):
+            if name == old:
+                node.output[index] = new
+    _rename_input(graph, old, new)
+    for value in graph.value_info:
+        if value.name == old:
+            value.name = new
 
 
 def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
