@@ -82,10 +82,14 @@ def planted_model(
     opset: int = 17,
     input_name: str = "images",
     output_name: str = "output0",
+    raw_served: bool = False,
 ) -> bytes:
     """A model taking [batch, 3, H, W] frames (None: dynamic) and emitting `head` for each
     (`second` for frames whose top-left pixel is 1.0); `names` goes into the metadata;
-    `with_nms_node` adds a NonMaxSuppression node (its result unused), as `nms` exports have."""
+    `with_nms_node` adds a NonMaxSuppression node (its result unused), as `nms` exports have.
+    `raw_served`: the model as Triton would serve it without decoding (uint8 NHWC
+    `letterboxed_images` in, the served graph's cast, scale and transpose, the raw head
+    out), the alternative bench.yolo_decode measures against."""
     elem = TensorProto.FLOAT16 if dtype == "float16" else TensorProto.FLOAT
     np_type = np.float16 if dtype == "float16" else np.float32
     heads = [head] if second is None else [head, second - head]
@@ -121,12 +125,29 @@ def planted_model(
         nodes.append(helper.make_node("NonMaxSuppression", ["nms_boxes", "nms_scores"], ["kept"]))
     nodes.append(helper.make_node("Identity", [result], [output_name]))
     height, width = size
+    if raw_served:
+        frames = "letterboxed_images"
+        inits.append(numpy_helper.from_array(np.array(1 / 255, np.dtype(np_type)), "scale"))
+        nodes = [
+            helper.make_node("Cast", [frames], ["pixels"], to=elem),
+            helper.make_node("Mul", ["pixels", "scale"], ["scaled"]),
+            helper.make_node("Transpose", ["scaled"], [input_name], perm=[0, 3, 1, 2]),
+            *nodes,
+        ]
+        batch_dim: int | str = "batch" if batch is None else batch
+        if height is None or width is None:
+            raise ValueError("a raw served model has a fixed size")
+        frames_info = helper.make_tensor_value_info(
+            frames, TensorProto.UINT8, [batch_dim, height, width, 3]
+        )
     out_dims: list[int | str] = ["batch" if batch is None else batch, *head.shape[1:]]
     graph = helper.make_graph(
         nodes,
         "planted",
         [
-            helper.make_tensor_value_info(
+            frames_info
+            if raw_served
+            else helper.make_tensor_value_info(
                 input_name,
                 elem,
                 [
