@@ -7,6 +7,7 @@ same graphs go through the real Triton in tests/service/test_model_families_publ
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from testbed.yolo_models import (
     yolov5_head,
     yolov8_head,
 )
+from tools.model_repository.__main__ import main as publish
 from tools.model_repository.detector import build_detector
 from tools.model_repository.families import (
     CONTRACT_OUTPUTS,
@@ -381,3 +383,20 @@ def test_a_models_own_tensors_named_like_the_contract_move_aside() -> None:
     image[0, 10:20, 30:50] = (255, 0, 0)  # a person (red), 20 wide and 10 high
     out = run(serve(model, classes=("person", "vehicle", "animal")), image)
     assert detections(out) == [(0, 1.0, [30.0, 10.0, 50.0, 20.0])]
+
+
+def test_gpu_instances_need_a_backend_that_runs_on_the_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "best.onnx"
+    model.write_bytes(planted_model(yolov8_head([], 3, A8), names=NAMES))
+    argv = ["publish", "--repository", str(tmp_path / "repo"), "--name", "m", "--version", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        publish([*argv, "--onnx", str(model), "--skip-triton-check", "--device", "gpu"])
+    assert exit_.value.code == 2
+    assert "--device gpu needs --backend onnxruntime" in capsys.readouterr().err
+    gpu = ["--device", "gpu", "--backend", "onnxruntime"]
+    publish([*argv, "--onnx", str(model), "--skip-triton-check", *gpu])
+    config = (tmp_path / "repo" / "m" / "config.pbtxt").read_text()
+    assert "kind: KIND_GPU" in config
+    assert 'platform: "onnxruntime_onnx"' in config

@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     check_coordinator_arguments(parser, args)
+    if args.device == "gpu" and args.backend == "python":
+        parser.error(
+            "--device gpu needs --backend onnxruntime: the python wrapper runs onnxruntime "
+            "on the CPU whatever its instances' kind"
+        )
     try:
         prepared = _prepare(parser, args)
         plan = _plan(args, prepared)
