@@ -48,7 +48,7 @@ import onnxruntime as ort
 import tritonclient.grpc.aio as grpcclient
 
 from bench.results import result_line
-from services.processor.decode import DaliDecoder, letterbox
+from services.processor.decode import DaliDecoder
 from testbed.yolo_models import Planted, planted_model, yolov8_head
 from tools.demo.scenes import random_scene, write_recording
 from tools.localstack.triton import running_triton
@@ -62,6 +62,7 @@ from tools.model_repository.families import (
     served_graph,
 )
 from tools.model_repository.repository import publish_version
+from workshop.kit.letterbox import letterbox
 
 SIZE, ANCHORS, OBJECTS, SPREAD = 640, 8400, 20, 10
 

@@ -54,6 +54,8 @@ import av
 import numpy as np
 from numpy.typing import NDArray
 
+from workshop.kit.letterbox import PAD_VALUE, Placement, stretch
+
 Source = str | os.PathLike[str] | bytes
 Frames = NDArray[np.uint8]
 
@@ -70,44 +72,6 @@ DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 DALI_GPU_CODECS = DALI_CPU_CODECS | {"h264", "hevc", "av1", "mpeg4"}
 
 DecoderName = Literal["dali-gpu", "dali-cpu", "pyav"]
-
-
-PAD_VALUE = 114  # the letterbox's gray, as Ultralytics pads
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the picture lies in a decoded frame of `out_height` x `out_width`: resized to
-    `height` x `width` with its top-left corner at (`left`, `top`), the rest PAD_VALUE."""
-
-    out_height: int
-    out_width: int
-    top: int
-    left: int
-    height: int
-    width: int
-
-    @property
-    def padded(self) -> bool:
-        return (self.height, self.width) != (self.out_height, self.out_width)
-
-
-def stretch(out_height: int, out_width: int) -> Placement:
-    """The whole frame resized to the output's size (the aspect may change)."""
-    return Placement(out_height, out_width, 0, 0, out_height, out_width)
-
-
-def letterbox(height: int, width: int, out_height: int, out_width: int) -> Placement:
-    """A `width` x `height` picture letterboxed into the output: scaled by the smaller ratio,
-    rounded, centred (Ultralytics' `LetterBox`: the odd pixel of padding goes below and right)."""
-    if min(height, width, out_height, out_width) <= 0:
-        raise ValueError(f"cannot letterbox {width}x{height} into {out_width}x{out_height}")
-    ratio = min(out_height / height, out_width / width)
-    new_width = min(out_width, max(1, round(width * ratio)))
-    new_height = min(out_height, max(1, round(height * ratio)))
-    top = round((out_height - new_height) / 2 - 0.1)
-    left = round((out_width - new_width) / 2 - 0.1)
-    return Placement(out_height, out_width, top, left, new_height, new_width)
 
 
 class DecodeError(Exception):

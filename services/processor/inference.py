@@ -42,8 +42,8 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from services.processor.decode import Placement, letterbox, stretch
 from services.processor.shared_memory import Region
+from workshop.kit.letterbox import Placement, letterbox, stretch
 from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
 
 log = logging.getLogger(__name__)
@@ -402,16 +402,8 @@ def _detection(
     x1, y1, x2, y2 = (float(value) for value in box)
     if placement.padded:
         # Into the picture's own pixels, clipped to it (a box may reach into the padding).
-        left, top, width, height = placement.left, placement.top, placement.width, placement.height
-        x1, x2 = (min(max(x - left, 0.0), width) for x in (x1, x2))
-        y1, y2 = (min(max(y - top, 0.0), height) for y in (y1, y2))
+        x, y, w, h = placement.to_picture(x1, y1, x2, y2)
     else:
         width, height = served.width, served.height
-    return Detection(
-        class_name=served.classes[class_index],
-        score=score,
-        x=x1 / width,
-        y=y1 / height,
-        w=(x2 - x1) / width,
-        h=(y2 - y1) / height,
-    )
+        x, y, w, h = x1 / width, y1 / height, (x2 - x1) / width, (y2 - y1) / height
+    return Detection(class_name=served.classes[class_index], score=score, x=x, y=y, w=w, h=h)

@@ -29,7 +29,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.processor import decode, metrics
 from services.processor.calls import JobFailed, ServiceUnavailable
-from services.processor.decode import DecodeError, Placement, StreamInfo
+from services.processor.decode import DecodeError, StreamInfo
 from services.processor.images import encode_jpeg
 from services.processor.inference import (
     Detection,
@@ -46,6 +46,7 @@ from services.processor.recordings import (
 )
 from services.processor.routing import JobRouter, Routed, Router, empty_slot_result, to_slot_result
 from services.processor.tracking import Box, box_to_proto
+from workshop.kit.letterbox import Placement, stretch
 from workshop.v1 import common_pb2, jobs_pb2
 
 PROGRESS_STEP = 10  # percent between progress reports
@@ -108,7 +109,7 @@ class FramePipeline:
         placement = (
             served[0].placement(info.height, info.width)
             if served
-            else decode.stretch(info.height, info.width)
+            else stretch(info.height, info.width)
         )
         for other in served[1:]:
             if other.placement(info.height, info.width) != placement:

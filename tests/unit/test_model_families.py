@@ -15,7 +15,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from services.processor.decode import letterbox, stretch
 from services.processor.inference import LETTERBOX_INPUT, Pin, Served, _detection
 from testbed.yolo_models import (
     Planted,
@@ -35,6 +34,7 @@ from tools.model_repository.families import (
     inspect,
     served_graph,
 )
+from workshop.kit.letterbox import letterbox, stretch
 
 NAMES = "{0: 'person', 1: 'car', 2: 'dog'}"
 CLASSES = ("person", "car", "dog")

@@ -51,7 +51,6 @@ CONTRACT_OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
 LETTERBOX_INPUT = "letterboxed_images"
 # Today's contract input: uint8 NHWC frames resized (stretched) to the model's size.
 STRETCH_INPUT = "images"
-PAD_VALUE = 114  # Ultralytics' letterbox gray
 STRIDE = 32  # the largest stride of YOLO heads: a letterboxed size must be a multiple of it
 DEFAULT_CONFIDENCE = 0.25
 DEFAULT_IOU = 0.45

@@ -23,10 +23,10 @@ from tritonclient.utils import InferenceServerException
 from tools.model_repository.families import (
     CONTRACT_OUTPUTS,
     LETTERBOX_INPUT,
-    PAD_VALUE,
     ModelRefused,
 )
 from tools.model_repository.repository import VersionPlan
+from workshop.kit.letterbox import PAD_VALUE
 
 CHECK_PREFIX = "workshop-check-"
 TIMEOUT_S = 120.0
