@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -97,10 +98,22 @@ def test_dynamic_exports_need_an_input_size_a_multiple_of_the_stride() -> None:
     model = planted_model(yolov8_head([], 3, A8), size=(None, None), batch=None)
     with pytest.raises(ModelRefused, match=r"dynamic height and width.*--input-size"):
         inspect(model)
-    with pytest.raises(ModelRefused, match=r"--input-size 500 cannot be letterboxed to.*32"):
+    with pytest.raises(ModelRefused, match=r"--input-size 500x500 cannot be letterboxed to.*32"):
         inspect(model, input_size=500)
     found = inspect(model, input_size=320)
     assert (found.height, found.width, found.batch) == (320, 320, None)
+
+
+def test_a_dynamic_export_takes_the_size_its_metadata_names() -> None:
+    """Ultralytics writes `imgsz` and `stride` into the metadata; --input-size overrides."""
+    model = onnx.load_from_string(planted_model(yolov8_head([], 3, A8), size=(None, None)))
+    helper.set_model_props(model, {"imgsz": "[384, 640]", "stride": "32"})
+    found = inspect(model.SerializeToString())
+    assert (found.height, found.width) == (384, 640)
+    assert (inspect(model.SerializeToString(), input_size=320).height) == 320
+    helper.set_model_props(model, {"imgsz": "[400, 640]", "stride": "32"})
+    with pytest.raises(ModelRefused, match=r"the metadata's imgsz 400x640 .* stride 32"):
+        inspect(model.SerializeToString())
 
 
 def test_the_contract_itself_passes_through_unchanged() -> None:

@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         "--input-size",
         type=int,
         help="the square size to letterbox frames to, for a model exported with a dynamic "
-        "height and width (a multiple of 32)",
+        "height and width (default: the metadata's imgsz; a multiple of the stride)",
     )
     publish.add_argument(
         "--confidence",

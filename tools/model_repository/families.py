@@ -34,6 +34,7 @@ the contract's outputs. The thresholds are constants of the served graph, so the
 from __future__ import annotations
 
 import ast
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -151,7 +152,10 @@ def inspect(
     elem = source.type.tensor_type.elem_type
     dims = _dims(source)
     outputs = {v.name: _dims(v) for v in graph.output}
-    layout, batch, height, width = _input_geometry(source.name, elem, dims, input_size)
+    stride, exported = _metadata_geometry(model)
+    layout, batch, height, width = _input_geometry(
+        source.name, elem, dims, input_size, stride, exported
+    )
     named_classes = metadata_classes(model)
     detected, num_classes = _family(
         graph, outputs, None if named_classes is None else len(named_classes)
@@ -211,8 +215,36 @@ def _describe(outputs: dict[str, tuple[int | None, ...]]) -> str:
     )
 
 
+def _metadata_geometry(model: onnx.ModelProto) -> tuple[int, tuple[int, int] | None]:
+    """The stride (`stride`, else STRIDE) and the size the model was exported for (`imgsz`,
+    "[640, 640]" as Ultralytics writes it), from the metadata; None where it is not said."""
+    props = {p.key: p.value for p in model.metadata_props}
+    stride = STRIDE
+    with contextlib.suppress(ValueError, SyntaxError, TypeError):
+        value = ast.literal_eval(props.get("stride", ""))
+        if isinstance(value, int) and value > 0:
+            stride = value
+    exported = None
+    with contextlib.suppress(ValueError, SyntaxError, TypeError):
+        value = ast.literal_eval(props.get("imgsz", ""))
+        if isinstance(value, int):
+            value = [value, value]
+        if (
+            isinstance(value, list | tuple)
+            and len(value) == 2
+            and all(isinstance(v, int) and v > 0 for v in value)
+        ):
+            exported = (int(value[0]), int(value[1]))
+    return stride, exported
+
+
 def _input_geometry(
-    name: str, elem: int, dims: tuple[int | None, ...], input_size: int | None
+    name: str,
+    elem: int,
+    dims: tuple[int | None, ...],
+    input_size: int | None,
+    stride: int = STRIDE,
+    exported: tuple[int, int] | None = None,
 ) -> tuple[Literal["NCHW", "NHWC"], int | None, int, int]:
     if len(dims) != 4:
         raise ModelRefused(f"input {name!r} has rank {len(dims)}; a detector takes [N, 3, H, W]")
@@ -233,18 +265,24 @@ def _input_geometry(
             "takes float32 or float16 [N, 3, H, W] (or the contract's uint8 [N, H, W, 3])"
         )
     if height is None or width is None:
-        if input_size is None:
+        if input_size is not None:
+            wanted = (input_size, input_size)
+        elif exported is not None:  # the size it was exported for (Ultralytics' imgsz)
+            wanted = exported
+        else:
             raise ModelRefused(
-                f"input {name!r} has a dynamic height and width: frames cannot be letterboxed "
-                f"to an unknown size; pass --input-size (a multiple of {STRIDE}, e.g. 640)"
+                f"input {name!r} has a dynamic height and width and the metadata names no "
+                "imgsz: frames cannot be letterboxed to an unknown size; pass --input-size "
+                f"(a multiple of {stride}, e.g. 640)"
             )
-        if input_size <= 0 or input_size % STRIDE:
+        if min(wanted) <= 0 or wanted[0] % stride or wanted[1] % stride:
+            source = "--input-size" if input_size is not None else "the metadata's imgsz"
             raise ModelRefused(
-                f"--input-size {input_size} cannot be letterboxed to: it must be a positive "
-                f"multiple of the model's stride {STRIDE}"
+                f"{source} {wanted[0]}x{wanted[1]} cannot be letterboxed to: it must be a "
+                f"positive multiple of the model's stride {stride}"
             )
-        height = height or input_size
-        width = width or input_size
+        height = height or wanted[0]
+        width = width or wanted[1]
     elif input_size is not None and (height, width) != (input_size, input_size):
         raise ModelRefused(
             f"--input-size {input_size} disagrees with the model's fixed input {height}x{width}"
