@@ -137,6 +137,11 @@ def model_version(row: ModelVersionRow) -> resources_pb2.ModelVersion:
         classes=list(row.classes),
         input_shape=list(row.input_shape),
         published_at=ts(row.published_at),
+        family=row.family,
+        confidence_threshold=row.confidence_threshold,
+        iou_threshold=row.iou_threshold,
+        max_detections=row.max_detections,
+        source_sha256=row.source_sha256,
     )
 
 

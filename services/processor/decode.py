@@ -28,6 +28,12 @@ DALI facts this module is built on (nvidia-dali 2.x):
   size does not change (measured: DALI decode alone matches PyAV, about 2 ms per
   sampled frame, and the identity resize tripled it), so the pipeline resizes
   only when the stream's size differs from the requested one.
+
+Letterboxing (docs/bring-your-own-model.md): a model that takes letterboxed frames gets the
+picture resized with its aspect kept and padded with 114 gray to the model's size, with
+Ultralytics' geometry (`letterbox`). In DALI it is `fn.resize` then `fn.slice` with a
+negative start and `out_of_bounds_policy="pad"`, in the same pipeline, so on a GPU the
+padded frame is made on the device that decoded it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from typing import Any, Literal, Protocol
 import av
 import numpy as np
 from numpy.typing import NDArray
+
+from workshop.kit.letterbox import PAD_VALUE, Placement, stretch
 
 Source = str | os.PathLike[str] | bytes
 Frames = NDArray[np.uint8]
@@ -218,7 +226,8 @@ def _seconds(delta: timedelta) -> Fraction:
 
 
 class Decoder(Protocol):
-    """Decodes selected frames to uint8 RGB arrays of shape [n, out_height, out_width, 3]."""
+    """Decodes selected frames to uint8 RGB arrays of shape [n, out_height, out_width, 3]:
+    stretched to that size, or placed as `placement` says (a letterbox)."""
 
     def chunks(
         self,
@@ -227,6 +236,7 @@ class Decoder(Protocol):
         *,
         out_height: int,
         out_width: int,
+        placement: Placement | None = None,
     ) -> Iterator[Frames]:
         """The requested frames in request order, at most MAX_FRAMES_PER_CHUNK at a time."""
         ...
@@ -238,6 +248,7 @@ class Decoder(Protocol):
         *,
         out_height: int,
         out_width: int,
+        placement: Placement | None = None,
     ) -> Frames:
         """All requested frames at once; prefer `chunks` for long requests."""
         ...
@@ -250,11 +261,18 @@ def _collect(chunks: Iterator[Frames], out_height: int, out_width: int) -> Frame
     return np.concatenate(parts)
 
 
-def _check_request(frame_indices: Sequence[int], out_height: int, out_width: int) -> None:
+def _check_request(
+    frame_indices: Sequence[int], out_height: int, out_width: int, placement: Placement | None
+) -> Placement:
     if out_height <= 0 or out_width <= 0:
         raise ValueError(f"output size must be positive, got {out_width}x{out_height}")
+    if placement is None:
+        placement = stretch(out_height, out_width)
+    if (placement.out_height, placement.out_width) != (out_height, out_width):
+        raise ValueError("the placement is for another output size")
     if any(index < 0 for index in frame_indices):
         raise ValueError("frame indices must be non-negative")
+    return placement
 
 
 def frames_per_chunk(pixels: int, limit: int = MAX_FRAMES_PER_CHUNK) -> int:
@@ -324,6 +342,11 @@ def _layout(source: Source) -> _Layout | None:
     return _Layout(height, width, keyframes)
 
 
+# A DALI pipeline's output: the size it resizes to (None: the stream's own) and the
+# letterbox it pads to (None: no padding).
+_Shape = tuple[tuple[int, int] | None, Placement | None]
+
+
 class DaliDecoder:
     """NVIDIA DALI `fn.decoders.video`, with `fn.resize` in the same pipeline when the
     stream's size is not the requested one.
@@ -345,7 +368,7 @@ class DaliDecoder:
         # batch_size is 1 (one recording per run), so more threads than one stay idle.
         self.num_threads = num_threads
         self.max_chunk_frames = max_chunk_frames
-        self._idle: dict[tuple[int, int] | None, list[Any]] = {}
+        self._idle: dict[_Shape, list[Any]] = {}
         self._lock = threading.Lock()
 
     def chunks(
@@ -355,18 +378,23 @@ class DaliDecoder:
         *,
         out_height: int,
         out_width: int,
+        placement: Placement | None = None,
     ) -> Iterator[Frames]:
-        _check_request(frame_indices, out_height, out_width)
+        place = _check_request(frame_indices, out_height, out_width, placement)
         if not frame_indices:
             return
         encoded = _encoded_bytes(source)
         layout = _layout(source)
-        same_size = layout is not None and (layout.height, layout.width) == (out_height, out_width)
-        resize = None if same_size else (out_height, out_width)
+        same_size = layout is not None and (layout.height, layout.width) == (
+            place.height,
+            place.width,
+        )
+        resize = None if same_size else (place.height, place.width)
+        shape: _Shape = (resize, place if place.padded else None)
         largest = max(out_height * out_width, layout.height * layout.width if layout else 0)
         limit = frames_per_chunk(largest, self.max_chunk_frames)
         for batch in plan_chunks(frame_indices, layout.keyframes if layout else (), limit):
-            yield self._run(encoded, batch, resize)
+            yield self._run(encoded, batch, shape)
 
     def decode(
         self,
@@ -375,11 +403,14 @@ class DaliDecoder:
         *,
         out_height: int,
         out_width: int,
+        placement: Placement | None = None,
     ) -> Frames:
-        chunks = self.chunks(source, frame_indices, out_height=out_height, out_width=out_width)
+        chunks = self.chunks(
+            source, frame_indices, out_height=out_height, out_width=out_width, placement=placement
+        )
         return _collect(chunks, out_height, out_width)
 
-    def _run(self, encoded: Frames, batch: list[int], resize: tuple[int, int] | None) -> Frames:
+    def _run(self, encoded: Frames, batch: list[int], resize: _Shape) -> Frames:
         pipeline = self._take(resize)
         try:
             pipeline.feed_input("encoded", [encoded])
@@ -394,18 +425,18 @@ class DaliDecoder:
         self._put_back(resize, pipeline)
         return frames
 
-    def _take(self, resize: tuple[int, int] | None) -> Any:
+    def _take(self, resize: _Shape) -> Any:
         with self._lock:
             idle = self._idle.get(resize)
             if idle:
                 return idle.pop()
         return self._build(resize)
 
-    def _put_back(self, resize: tuple[int, int] | None, pipeline: Any) -> None:
+    def _put_back(self, resize: _Shape, pipeline: Any) -> None:
         with self._lock:
             self._idle.setdefault(resize, []).append(pipeline)
 
-    def _build(self, resize: tuple[int, int] | None) -> Any:
+    def _build(self, shape: _Shape) -> Any:
         from nvidia.dali import fn
         from nvidia.dali.pipeline import Pipeline
         from nvidia.dali.types import DALIDataType
@@ -428,8 +459,18 @@ class DaliDecoder:
             video: Any = fn.decoders.video(
                 encoded, frames=indices, device="mixed" if gpu else "cpu", pad_mode="none"
             )
+            resize, pad = shape
             if resize is not None:
                 video = fn.resize(video, resize_x=resize[1], resize_y=resize[0])
+            if pad is not None:  # the letterbox: a window larger than the picture, padded
+                video = fn.slice(
+                    video,
+                    start=[-pad.top, -pad.left],
+                    shape=[pad.out_height, pad.out_width],
+                    axis_names="HW",
+                    out_of_bounds_policy="pad",
+                    fill_values=PAD_VALUE,
+                )
             pipeline.set_outputs(video)
         pipeline.build()
         return pipeline
@@ -483,11 +524,12 @@ class PyAvDecoder:
         *,
         out_height: int,
         out_width: int,
+        placement: Placement | None = None,
     ) -> Iterator[Frames]:
-        _check_request(frame_indices, out_height, out_width)
+        place = _check_request(frame_indices, out_height, out_width, placement)
         try:
             with _open(source) as container:
-                reader = _FrameReader(container, out_height, out_width, self.threads)
+                reader = _FrameReader(container, place, self.threads)
                 # The reader decodes forward and keeps its place, so chunks need no GOP cuts.
                 limit = frames_per_chunk(out_height * out_width, self.max_chunk_frames)
                 for offset in range(0, len(frame_indices), limit):
@@ -502,15 +544,18 @@ class PyAvDecoder:
         *,
         out_height: int,
         out_width: int,
+        placement: Placement | None = None,
     ) -> Frames:
-        chunks = self.chunks(source, frame_indices, out_height=out_height, out_width=out_width)
+        chunks = self.chunks(
+            source, frame_indices, out_height=out_height, out_width=out_width, placement=placement
+        )
         return _collect(chunks, out_height, out_width)
 
 
 class _FrameReader:
     """Forward decoding of one open container, seeking only to jump ahead or back."""
 
-    def __init__(self, container: Any, out_height: int, out_width: int, threads: int) -> None:
+    def __init__(self, container: Any, placement: Placement, threads: int) -> None:
         if not container.streams.video:
             raise DecodeError("the recording has no video stream")
         self._container = container
@@ -521,21 +566,26 @@ class _FrameReader:
             self._stream.thread_type = "AUTO"
             self._stream.thread_count = threads
         self._pts, self._keyframes = _demux_index(container, self._stream)
-        self._out = (out_height, out_width)
+        self._place = placement
         self._frames: Iterator[Any] | None = None
         self._position: int | None = None  # pts of the last decoded frame
 
     def read(self, batch: Sequence[int]) -> Frames:
-        out_height, out_width = self._out
-        result = np.empty((len(batch), out_height, out_width, 3), dtype=np.uint8)
+        place = self._place
+        shape = (len(batch), place.out_height, place.out_width, 3)
+        result = (
+            np.full(shape, PAD_VALUE, dtype=np.uint8) if place.padded else np.empty(shape, np.uint8)
+        )
+        rows = slice(place.top, place.top + place.height)
+        columns = slice(place.left, place.left + place.width)
         for index in sorted(set(batch)):
             frame = self._frame_at(index)
             image = frame.to_ndarray(
-                width=out_width, height=out_height, format="rgb24", interpolation="BILINEAR"
+                width=place.width, height=place.height, format="rgb24", interpolation="BILINEAR"
             )
             for slot, wanted in enumerate(batch):
                 if wanted == index:
-                    result[slot] = image
+                    result[slot, rows, columns] = image
         return result
 
     def _frame_at(self, index: int) -> Any:

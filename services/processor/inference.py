@@ -9,6 +9,11 @@ of at most the model's max batch size. Outputs follow the EfficientNMS-style
 contract: num_dets [N,1], det_boxes [N,K,4] (x1, y1, x2, y2 pixels),
 det_scores [N,K], det_classes [N,K].
 
+The model's input name says how its frames are made: `images`, resized to the model's size
+(the aspect may change); `letterboxed_images`, letterboxed (aspect kept, padded with 114 gray:
+the served graph of a YOLO-family model, docs/bring-your-own-model.md). Boxes are mapped back
+through the frames' placement to fractions of the original frame, clipped to it.
+
 One `infer` call splits its frames into as many batches as the model has instances
 (at least), and keeps that many requests in flight: on 2 CPU cores two instances of
 one onnxruntime thread each served 230-290 frames/s, one request at a time 107-207.
@@ -38,11 +43,14 @@ import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
 from services.processor.shared_memory import Region
+from workshop.kit.letterbox import Placement, letterbox, stretch
 from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
 
 log = logging.getLogger(__name__)
 
-INPUT = "images"
+INPUT = "images"  # frames resized to the model's size
+LETTERBOX_INPUT = "letterboxed_images"  # frames letterboxed to it
+INPUTS = (INPUT, LETTERBOX_INPUT)
 OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
 REGION_PREFIX = "workshop-processor"
 UNREGISTER_ATTEMPTS = 100
@@ -97,6 +105,19 @@ class Served:
     width: int
     instances: int = 1
     transport: Transport = "grpc"
+    input_name: str = INPUT
+    # Whether the batch is part of the input's dims (max_batch_size 0: one frame a request).
+    unbatched: bool = False
+
+    @property
+    def letterboxed(self) -> bool:
+        return self.input_name == LETTERBOX_INPUT
+
+    def placement(self, frame_height: int, frame_width: int) -> Placement:
+        """Where a frame of that size lies in this model's input."""
+        if self.letterboxed:
+            return letterbox(frame_height, frame_width, self.height, self.width)
+        return stretch(self.height, self.width)
 
 
 Lanes = asyncio.Queue[Region | None]  # one entry per request that may be in flight
@@ -174,14 +195,34 @@ class ModelServer:
             ]
         except InferenceServerException as error:
             raise triton_error(error) from None
-        dims = next(item for item in config["input"] if item["name"] == INPUT)["dims"]
-        height, width = int(dims[0]), int(dims[1])
+        found = [item for item in config["input"] if item["name"] in INPUTS]
+        if not found:
+            names = ", ".join(item["name"] for item in config["input"])
+            raise ModelUnavailable(
+                f"{pin.name} v{version} takes {names}; this processor sends frames as "
+                f"{' or '.join(INPUTS)}."
+            )
+        unbatched = int(config.get("max_batch_size", 0)) == 0
+        dims = [int(d) for d in found[0]["dims"]]
+        if unbatched:
+            dims = dims[1:]  # the model's own batch dimension, 1
+        height, width = dims[0], dims[1]
         max_batch_size = max(1, int(config.get("max_batch_size", 0)))
         instances = _instance_count(config)
         lanes, transport = await self._open_lanes(
             pin, instances, max_batch_size * height * width * 3
         )
-        served = Served(pin, classes, max_batch_size, height, width, instances, transport)
+        served = Served(
+            pin,
+            classes,
+            max_batch_size,
+            height,
+            width,
+            instances,
+            transport,
+            input_name=found[0]["name"],
+            unbatched=unbatched,
+        )
         log.info(
             "serving %s v%s: %d instance(s), batches of up to %d, frames by %s",
             pin.name,
@@ -235,28 +276,34 @@ class ModelServer:
         self._regions.append(region)
         return region
 
-    async def infer(self, served: Served, frames: Frames) -> list[list[Detection]]:
-        """Detections for each frame (uint8 [n, height, width, 3]).
+    async def infer(
+        self, served: Served, frames: Frames, placement: Placement | None = None
+    ) -> list[list[Detection]]:
+        """Detections for each frame (uint8 [n, height, width, 3], the picture placed in it as
+        `placement` says: by default stretched over all of it), as fractions of the picture.
 
         A refusal of a model this client had served may only mean that Triton restarted
         since (the model no longer loaded, "unknown model ... not found", or the regions
         unknown): the model is served again and the frames tried once more, so a restart
         fails no job. A second refusal is the model's own (ModelUnavailable)."""
+        place = placement or stretch(served.height, served.width)
         try:
-            return await self._infer(served, frames)
+            return await self._infer(served, frames, place)
         except ModelUnavailable as error:
             log.warning(
                 "%s v%s refused (%s): serving it again", served.pin.name, served.pin.version, error
             )
-        return await self._infer(await self.ensure(served.pin), frames)
+        return await self._infer(await self.ensure(served.pin), frames, place)
 
-    async def _infer(self, served: Served, frames: Frames) -> list[list[Detection]]:
+    async def _infer(
+        self, served: Served, frames: Frames, placement: Placement
+    ) -> list[list[Detection]]:
         lanes = self._lanes[(served.pin.name, served.pin.version)]
 
         async def on_a_lane(start: int, stop: int) -> list[list[Detection]]:
             lane = await lanes.get()
             try:
-                return await self._infer_batch(served, frames[start:stop], lane)
+                return await self._infer_batch(served, frames[start:stop], lane, placement)
             finally:
                 lanes.put_nowait(lane)
 
@@ -265,9 +312,9 @@ class ModelServer:
         return [found for part in parts for found in part]
 
     async def _infer_batch(
-        self, served: Served, batch: Frames, lane: Region | None
+        self, served: Served, batch: Frames, lane: Region | None, placement: Placement
     ) -> list[list[Detection]]:
-        request = triton.InferInput(INPUT, list(batch.shape), "UINT8")
+        request = triton.InferInput(served.input_name, list(batch.shape), "UINT8")
         if lane is None:
             request.set_data_from_numpy(np.ascontiguousarray(batch))
         else:
@@ -287,7 +334,7 @@ class ModelServer:
         counts, boxes, scores, classes = (_output(reply, name) for name in OUTPUTS)
         return [
             [
-                _detection(served, boxes[i, k], float(scores[i, k]), int(classes[i, k]))
+                _detection(served, placement, boxes[i, k], float(scores[i, k]), int(classes[i, k]))
                 for k in range(int(counts[i].reshape(-1)[0]))
             ]
             for i in range(len(batch))
@@ -345,13 +392,18 @@ def _output(reply: triton.InferResult, name: str) -> npt.NDArray[Any]:
     return value
 
 
-def _detection(served: Served, box: npt.NDArray[Any], score: float, class_index: int) -> Detection:
+def _detection(
+    served: Served,
+    placement: Placement,
+    box: npt.NDArray[Any],
+    score: float,
+    class_index: int,
+) -> Detection:
     x1, y1, x2, y2 = (float(value) for value in box)
-    return Detection(
-        class_name=served.classes[class_index],
-        score=score,
-        x=x1 / served.width,
-        y=y1 / served.height,
-        w=(x2 - x1) / served.width,
-        h=(y2 - y1) / served.height,
-    )
+    if placement.padded:
+        # Into the picture's own pixels, clipped to it (a box may reach into the padding).
+        x, y, w, h = placement.to_picture(x1, y1, x2, y2)
+    else:
+        width, height = served.width, served.height
+        x, y, w, h = x1 / width, y1 / height, (x2 - x1) / width, (y2 - y1) / height
+    return Detection(class_name=served.classes[class_index], score=score, x=x, y=y, w=w, h=h)

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.processor import decode, metrics
@@ -45,6 +46,7 @@ from services.processor.recordings import (
 )
 from services.processor.routing import JobRouter, Routed, Router, empty_slot_result, to_slot_result
 from services.processor.tracking import Box, box_to_proto
+from workshop.kit.letterbox import Placement, stretch
 from workshop.v1 import common_pb2, jobs_pb2
 
 PROGRESS_STEP = 10  # percent between progress reports
@@ -103,7 +105,19 @@ class FramePipeline:
         except (StorageUnreachable, TritonUnreachable) as error:
             raise ServiceUnavailable(str(error)) from None
         decoder, decoder_name = decode.choose_decoder(info.codec, self.gpu)
-        height, width = (served[0].height, served[0].width) if served else (info.height, info.width)
+        # Every model of the run looks at the same decoded frames: one size, one placement.
+        placement = (
+            served[0].placement(info.height, info.width)
+            if served
+            else stretch(info.height, info.width)
+        )
+        for other in served[1:]:
+            if other.placement(info.height, info.width) != placement:
+                raise JobFailed(
+                    f"Models {served[0].pin.name} v{served[0].pin.version} and "
+                    f"{other.pin.name} v{other.pin.version} take frames of different sizes or "
+                    "placements (letterboxed or not); one run decodes its frames once."
+                )
         photo = snapshot.kind == common_pb2.RUN_KIND_PHOTO
         router = None if photo else JobRouter(Router(snapshot.workflow, snapshot.models))
         full = snapshot.mode == common_pb2.RUN_MODE_FULL
@@ -112,8 +126,8 @@ class FramePipeline:
         }
         wanted = [(index, frame) for index, frame in enumerate(indices) if frame is not None]
         reported = 0
-        async for batch, frames in self._frames(decoder, data, wanted, height, width):
-            detections = await self._detect(served, frames)
+        async for batch, frames in self._frames(decoder, data, wanted, placement):
+            detections = await self._detect(served, frames, placement)
             for position, (index, frame_index) in enumerate(batch):
                 moment = _frame_time(info, recording.start.ToDatetime(tzinfo=UTC), frame_index)
                 by_step = {
@@ -122,7 +136,7 @@ class FramePipeline:
                 }
                 routed = router.route(by_step) if router else PHOTO_FRAME
                 slots[index] = await self._publish(
-                    job, index, moment, frames[position], routed, full
+                    job, index, moment, _picture(frames[position], placement), routed, full
                 )
                 if routed.outcome == "frame":  # it was published
                     metrics.FRAMES_PUBLISHED.inc()
@@ -139,12 +153,15 @@ class FramePipeline:
         decoder: decode.Decoder,
         data: bytes,
         wanted: list[tuple[int, int]],
-        height: int,
-        width: int,
+        placement: Placement,
     ) -> AsyncIterator[tuple[list[tuple[int, int]], Any]]:
         """Decoded frames chunk by chunk, off the event loop, with their slots."""
         chunks: Iterator[Any] = decoder.chunks(
-            data, [frame for _, frame in wanted], out_height=height, out_width=width
+            data,
+            [frame for _, frame in wanted],
+            out_height=placement.out_height,
+            out_width=placement.out_width,
+            placement=placement,
         )
         taken = 0
         while True:
@@ -161,14 +178,16 @@ class FramePipeline:
             taken += len(chunk)
             yield batch, chunk
 
-    async def _detect(self, served: list[Any], frames: Any) -> list[list[list[Detection]]]:
+    async def _detect(
+        self, served: list[Any], frames: Any, placement: Placement
+    ) -> list[list[list[Detection]]]:
         """Each model's detections for each frame; one model pass at a time."""
         found = []
         async with self._model_turn:
             for model in served:
                 try:
                     with metrics.INFERENCE_SECONDS.labels(model.pin.name).time():
-                        found.append(await self.models.infer(model, frames))
+                        found.append(await self.models.infer(model, frames, placement))
                 except ModelUnavailable as error:
                     raise JobFailed(str(error)) from None
                 except TritonUnreachable as error:
@@ -199,6 +218,18 @@ class FramePipeline:
         return to_slot_result(
             index, moment, routed, upload_key=key, upload_sha256=digest, boxes_recorded=recorded
         )
+
+
+def _picture(frame: Any, placement: Placement) -> Any:
+    """The picture without a letterbox's padding: what a preview shows and boxes measure."""
+    if not placement.padded:
+        return frame
+    return np.ascontiguousarray(
+        frame[
+            placement.top : placement.top + placement.height,
+            placement.left : placement.left + placement.width,
+        ]
+    )
 
 
 def _frame_time(info: StreamInfo, recording_start: datetime, frame_index: int) -> datetime:

@@ -70,7 +70,10 @@ async def test_publish_writes_the_version_and_registers_it_once(
     other.write_bytes(build_detector(180, 320))
     classes = ",".join(CLASSES)
     code, out, err = await _cli(
-        c, *publish, "--version", "1", "--onnx", str(other), "--classes", classes
+        c,
+        *publish,
+        *("--version", "1", "--onnx", str(other), "--classes", classes),
+        "--skip-triton-check",
     )
     assert code == 1
     assert "cannot publish" in err
@@ -85,7 +88,12 @@ async def test_publish_refuses_bad_arguments_before_writing(
     base = ("tools.model_repository", "publish", "--repository", str(repo), "--name", "det")
     code, _, err = await _cli(coordinator, *base, "--version", "1", "--onnx", "x.onnx")
     assert code == 2
-    assert "--onnx needs --classes" in err
+    assert "cannot read x.onnx" in err
+    model = tmp_path / "model.onnx"
+    model.write_bytes(build_detector(360, 640))
+    code, _, err = await _cli(coordinator, *base, "--version", "1", "--onnx", str(model))
+    assert code == 2
+    assert "--onnx needs --triton HOST:PORT" in err
     code, _, err = await _cli(coordinator, *base, "--version", "0", "--demo-detector")
     assert code == 1
     assert "versions start at 1" in err

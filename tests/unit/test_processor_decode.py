@@ -279,7 +279,7 @@ def test_dali_without_resizing_gives_the_same_frames(vp9: Path) -> None:
     assert native.shape == (2, HEIGHT, WIDTH, 3)
     assert halved.shape == (2, HEIGHT // 2, WIDTH // 2, 3)
     assert numbers(native) == numbers(halved) == [3, 21]
-    assert set(decoder._idle) == {None, (HEIGHT // 2, WIDTH // 2)}  # one pipeline each
+    assert set(decoder._idle) == {(None, None), ((HEIGHT // 2, WIDTH // 2), None)}  # one each
 
 
 def test_pyav_decodes_h264_in_any_order_with_bounded_chunks(h264: Path) -> None:
@@ -388,7 +388,7 @@ def test_concurrent_dali_runs_reuse_their_pipelines(vp9: Path) -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
         for _ in range(3):
             assert list(pool.map(run, wanted)) == wanted
-    assert 1 <= len(decoder._idle[None]) <= 2
+    assert 1 <= len(decoder._idle[(None, None)]) <= 2
 
 
 def test_gpu_detection_is_safe_anywhere() -> None:

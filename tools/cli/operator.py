@@ -34,7 +34,7 @@ devices = typer.Typer(help="Register and list devices (GPU hosts).", no_args_is_
 runtimes = typer.Typer(
     help="Register and list runtimes (processor code on a device).", no_args_is_help=True
 )
-models = typer.Typer(help="Publish and list model versions.", no_args_is_help=True)
+models = typer.Typer(help="Publish, list and evaluate model versions.", no_args_is_help=True)
 keys = typer.Typer(help="Create, list and revoke keys.", no_args_is_help=True)
 users = typer.Typer(help="Create and disable users; set a password.", no_args_is_help=True)
 buckets = typer.Typer(
@@ -199,6 +199,90 @@ def model_publish(ctx: typer.Context) -> None:
     if opts.coordinator:
         argv += ["--coordinator", opts.coordinator, "--key", opts.secret()]
     publish(argv)
+
+
+@models.command("evaluate")
+def model_evaluate(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="model name"),
+    version: int = typer.Argument(..., help="the published version"),
+    bucket: str = typer.Option(..., "--bucket", help="the bucket whose boxes are the truth"),
+    triton: str = typer.Option(
+        ..., "--triton", envvar="WORKSHOP_TRITON", help="the Triton serving the version"
+    ),
+    repository: Path | None = typer.Option(
+        None, "--repository", help="Triton's model repository, to check the weights' pin"
+    ),
+    review: list[str] = typer.Option([], help="review states (default: accepted only)"),
+) -> None:
+    """Score a published version against a bucket's boxes (COCO AP, precision, recall):
+    the bucket's COCO export (needs --preview) through the Triton serving the version."""
+    import tritonclient.grpc as triton_client
+
+    from tools.model_repository.evaluate import (
+        EvaluationError,
+        evaluate,
+        read_coco_archive,
+        served_model,
+    )
+    from workshop.kit.model_repository import RepositoryError, served_weights_sha256
+
+    opts = options(ctx)
+    reply = _unary(opts, "ListModelVersions", op.ListModelVersionsRequest(name=name))
+    pinned = next((v for v in reply.model_versions if v.version == version), None)
+    if pinned is None:
+        fail("NOT_FOUND", f"model {name} has no published version {version}")
+    if repository is not None:
+        try:
+            served = served_weights_sha256(repository, name, version)
+        except (OSError, RepositoryError) as error:
+            fail("NOT_FOUND", f"{name} v{version} is not in {repository}: {error}")
+        if served != pinned.weights_sha256:
+            fail(
+                "CODE_MISMATCH",
+                f"{repository} serves {name} v{version} with weights {served}, but the "
+                f"coordinator pinned {pinned.weights_sha256}",
+            )
+    request = preview_pb2.ExportBucketRequest(
+        bucket_id=bucket, format=run_pb2.DATASET_FORMAT_COCO, filter=_filter(review, "", "")
+    )
+
+    async def export(channel: grpc.aio.Channel, md: Metadata) -> bytes:
+        stream = preview_pb2_grpc.PreviewServiceStub(channel).ExportBucket(request, metadata=md)
+        parts, last = [], False
+        async for chunk in stream:
+            parts.append(chunk.data)
+            last = last or chunk.last
+        if not last:
+            fail("UNAVAILABLE", "the export stream ended before its last chunk")
+        return b"".join(parts)
+
+    archive = run(opts, export, service="preview")
+    client = triton_client.InferenceServerClient(triton)
+    try:
+        dataset = read_coco_archive(archive)
+        if not dataset.images:
+            fail("NOT_FOUND", f"bucket {bucket} exports no item (see --review)")
+        model = served_model(client, name, version, list(pinned.classes))
+        figures = evaluate(client, model, dataset)
+    except EvaluationError as error:
+        fail("FAILED_PRECONDITION", str(error))
+    finally:
+        client.close()
+    result = {
+        "model": name,
+        "version": version,
+        "bucket": bucket,
+        "weights_checked": repository is not None,
+        **figures,
+    }
+    title = (
+        f"{name} v{version} on bucket {bucket} ({figures['images']} images, "
+        f"{figures['ground_truth_boxes']} boxes): AP50-95 {figures['ap50_95']}, "
+        f"AP50 {figures['ap50']}, precision {figures['precision']}, recall {figures['recall']}"
+    )
+    rows = [{"class": c, **values} for c, values in figures["classes"].items()]
+    emit(opts, result, table=rows, title=title)
 
 
 # keys --------------------------------------------------------------------------------------

@@ -71,9 +71,13 @@ __all__ = [
     "ModelFiles",
     "RepositoryError",
     "VersionConflictError",
+    "VersionPlan",
+    "check_version",
+    "plan_version",
     "publish_version",
     "served_classes",
     "served_weights_sha256",
+    "write_version",
 ]
 
 
@@ -99,6 +103,29 @@ class ModelFiles:
     classes: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class VersionPlan:
+    """What publishing a version writes: its files, the model's config and its signature."""
+
+    name: str
+    version: int
+    config: str
+    signature: tuple[str, ...]
+    files: dict[str, bytes]
+    backend: Backend
+    max_batch_size: int
+    input_name: str
+    # The input's dims as the config declares them (with the batch when max_batch_size is 0).
+    input_dims: tuple[int, ...]
+    weights_sha256: str
+    classes: tuple[str, ...]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One frame's shape: the input's dims without the batch."""
+        return self.input_dims if self.max_batch_size > 0 else self.input_dims[1:]
+
+
 def publish_version(
     repo: Path,
     name: str,
@@ -112,6 +139,7 @@ def publish_version(
     backend: Backend = "python",
     max_queue_delay_microseconds: int | None = None,
     instance_kind: InstanceKind = "KIND_CPU",
+    extra_files: dict[str, bytes] | None = None,
 ) -> ModelFiles:
     """Write version `version` of model `name` and (re)write the model's config.
 
@@ -119,6 +147,37 @@ def publish_version(
     `VersionConflictError`. A config whose tensors or backend differ from the existing one's
     raises `RepositoryError`, since the versions already there could not be served by it.
     """
+    plan = plan_version(
+        name,
+        version,
+        onnx_bytes,
+        classes=classes,
+        max_batch_size=max_batch_size,
+        instances=instances,
+        threads=threads,
+        backend=backend,
+        max_queue_delay_microseconds=max_queue_delay_microseconds,
+        instance_kind=instance_kind,
+        extra_files=extra_files,
+    )
+    return write_version(repo, plan)
+
+
+def plan_version(
+    name: str,
+    version: int,
+    onnx_bytes: bytes,
+    *,
+    classes: Sequence[str],
+    max_batch_size: int = 8,
+    instances: int = 1,
+    threads: int = 1,
+    backend: Backend = "python",
+    max_queue_delay_microseconds: int | None = None,
+    instance_kind: InstanceKind = "KIND_CPU",
+    extra_files: dict[str, bytes] | None = None,
+) -> VersionPlan:
+    """The files and config of a version, checked, without writing anything."""
     _check_arguments(name, version, classes, max_batch_size, instances, threads)
     inputs, outputs = _signature(onnx_bytes, batched=max_batch_size > 0)
     config = _render_config(
@@ -132,25 +191,53 @@ def publish_version(
         max_queue_delay_microseconds=max_queue_delay_microseconds,
         instance_kind=instance_kind,
     )
-    model_dir = repo / name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    _check_signature(model_dir / CONFIG_FILE, _signature_lines(backend, inputs, outputs))
     digest = hashlib.sha256(onnx_bytes).hexdigest()
-    version_dir = model_dir / str(version)
     files = {
         MODEL_FILE: onnx_bytes,
         LABELS_FILE: "".join(f"{label}\n" for label in classes).encode(),
         WEIGHTS_SHA256_FILE: f"{digest}\n".encode(),
+        **(extra_files or {}),
     }
     if backend == "python":
         files[PYTHON_MODEL_FILE] = PYTHON_MODEL_SOURCE.encode()
-    _write_version(version_dir, files)
-    _write_if_changed(model_dir / CONFIG_FILE, config)
+    return VersionPlan(
+        name=name,
+        version=version,
+        config=config,
+        signature=tuple(_signature_lines(backend, inputs, outputs)),
+        files=files,
+        backend=backend,
+        max_batch_size=max_batch_size,
+        input_name=inputs[0].name,
+        input_dims=inputs[0].dims,
+        weights_sha256=digest,
+        classes=tuple(classes),
+    )
+
+
+def check_version(repo: Path, plan: VersionPlan) -> None:
+    """Refuses, writing nothing, what `write_version` would refuse: a config of other
+    tensors or backend, or other weights or classes under a published version."""
+    model_dir = repo / plan.name
+    _check_signature(model_dir / CONFIG_FILE, list(plan.signature))
+    version_dir = model_dir / str(plan.version)
+    if version_dir.exists():
+        _check_same_version(version_dir, plan.files)
+
+
+def write_version(repo: Path, plan: VersionPlan) -> ModelFiles:
+    """Writes the planned version (staged, then renamed into place) and the model's config."""
+    model_dir = repo / plan.name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    _check_signature(model_dir / CONFIG_FILE, list(plan.signature))
+    version_dir = model_dir / str(plan.version)
+    _write_version(version_dir, plan.files)
+    _write_if_changed(model_dir / CONFIG_FILE, plan.config)
     return ModelFiles(
         path=version_dir,
-        weights_sha256=digest,
-        input_shape=inputs[0].dims,
-        classes=tuple(classes),
+        weights_sha256=plan.weights_sha256,
+        input_shape=plan.input_shape,
+        classes=plan.classes,
     )
 
 
@@ -226,7 +313,7 @@ def _render_config(
         f'  value {{ string_value: "{threads}" }}',
         "}",
     ]
-    if max_queue_delay_microseconds is not None:
+    if max_queue_delay_microseconds is not None and max_batch_size > 0:
         lines.append(
             f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_microseconds} }}"
         )

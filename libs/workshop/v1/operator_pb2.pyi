@@ -736,12 +736,29 @@ class PublishModelVersionRequest(_message.Message):
     WEIGHTS_SHA256_FIELD_NUMBER: _builtins.int
     CLASSES_FIELD_NUMBER: _builtins.int
     INPUT_SHAPE_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _builtins.int
+    IOU_THRESHOLD_FIELD_NUMBER: _builtins.int
+    MAX_DETECTIONS_FIELD_NUMBER: _builtins.int
+    SOURCE_SHA256_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Model name as Triton serves it."""
     version: _builtins.int
     """Triton version number, >= 1."""
     weights_sha256: _builtins.str
     """SHA-256 (hex) of the weights file."""
+    family: _builtins.str
+    """The raw output the served graph decodes: "yolov8", "yolov5", "nms", "efficient-nms", or empty (not
+    recorded).
+    """
+    confidence_threshold: _builtins.float
+    """Confidence threshold of the served graph, 0..1 (0: none recorded)."""
+    iou_threshold: _builtins.float
+    """IoU threshold of its class-wise NMS, 0..1 (0: none recorded)."""
+    max_detections: _builtins.int
+    """At most this many detections per frame, 0..1,000 (0: none recorded)."""
+    source_sha256: _builtins.str
+    """SHA-256 (hex) of the operator's ONNX file the served weights were built from; empty when they are it."""
     @_builtins.property
     def classes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Class names in class-index order; at least one, unique."""
@@ -758,10 +775,15 @@ class PublishModelVersionRequest(_message.Message):
         weights_sha256: _builtins.str = ...,
         classes: _abc.Iterable[_builtins.str] | None = ...,
         input_shape: _abc.Iterable[_builtins.int] | None = ...,
+        family: _builtins.str = ...,
+        confidence_threshold: _builtins.float = ...,
+        iou_threshold: _builtins.float = ...,
+        max_detections: _builtins.int = ...,
+        source_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "input_shape", b"input_shape", "name", b"name", "version", b"version", "weights_sha256", b"weights_sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "confidence_threshold", b"confidence_threshold", "family", b"family", "input_shape", b"input_shape", "iou_threshold", b"iou_threshold", "max_detections", b"max_detections", "name", b"name", "source_sha256", b"source_sha256", "version", b"version", "weights_sha256", b"weights_sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

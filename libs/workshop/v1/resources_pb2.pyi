@@ -245,12 +245,34 @@ class ModelVersion(_message.Message):
     CLASSES_FIELD_NUMBER: _builtins.int
     INPUT_SHAPE_FIELD_NUMBER: _builtins.int
     PUBLISHED_AT_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _builtins.int
+    IOU_THRESHOLD_FIELD_NUMBER: _builtins.int
+    MAX_DETECTIONS_FIELD_NUMBER: _builtins.int
+    SOURCE_SHA256_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Model name as Triton serves it, e.g. "detector"."""
     version: _builtins.int
     """Triton version number, >= 1."""
     weights_sha256: _builtins.str
     """SHA-256 (hex) of the weights file of this version."""
+    family: _builtins.str
+    """The raw output the served graph decodes (docs/bring-your-own-model.md): "yolov8", "yolov5", "nms",
+    "efficient-nms"; empty for a version recorded without one (the EfficientNMS contract, frames resized to
+    the input shape).
+    """
+    confidence_threshold: _builtins.float
+    """Boxes scoring at or below it are dropped, 0..1; 0 when the model decodes its own output (efficient-nms)
+    or the version was recorded without one.
+    """
+    iou_threshold: _builtins.float
+    """IoU above which class-wise NMS keeps only the better of two boxes of one class, 0..1; 0 as above."""
+    max_detections: _builtins.int
+    """At most this many detections per frame (the served graph's K); 0 as above."""
+    source_sha256: _builtins.str
+    """SHA-256 (hex) of the operator's ONNX file the served weights were built from (the served file adds
+    letterbox input and decoding); empty when weights_sha256 is that file's.
+    """
     @_builtins.property
     def classes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Class names in class-index order (index i is Triton's det_classes value i)."""
@@ -274,10 +296,15 @@ class ModelVersion(_message.Message):
         classes: _abc.Iterable[_builtins.str] | None = ...,
         input_shape: _abc.Iterable[_builtins.int] | None = ...,
         published_at: _timestamp_pb2.Timestamp | None = ...,
+        family: _builtins.str = ...,
+        confidence_threshold: _builtins.float = ...,
+        iou_threshold: _builtins.float = ...,
+        max_detections: _builtins.int = ...,
+        source_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["published_at", b"published_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "input_shape", b"input_shape", "name", b"name", "published_at", b"published_at", "version", b"version", "weights_sha256", b"weights_sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "confidence_threshold", b"confidence_threshold", "family", b"family", "input_shape", b"input_shape", "iou_threshold", b"iou_threshold", "max_detections", b"max_detections", "name", b"name", "published_at", b"published_at", "source_sha256", b"source_sha256", "version", b"version", "weights_sha256", b"weights_sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -115,6 +115,27 @@ class ModelVersionRow(Row):
     classes: list[str]
     input_shape: list[int]
     published_at: datetime
+    # Recorded since migration 0005 (docs/bring-your-own-model.md); "" and 0: not recorded.
+    family: str
+    confidence_threshold: float
+    iou_threshold: float
+    max_detections: int
+    source_sha256: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelDecoding:
+    """How a version's served graph decodes its model's output; empty: not recorded."""
+
+    family: str = ""
+    confidence_threshold: float = 0.0
+    iou_threshold: float = 0.0
+    max_detections: int = 0
+    source_sha256: str = ""
+
+
+FAMILIES = frozenset({"", "yolov8", "yolov5", "nms", "efficient-nms"})
+MAX_DETECTIONS = 1000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -349,6 +370,7 @@ class Resources:
         weights_sha256: str,
         classes: Sequence[str],
         input_shape: Sequence[int],
+        decoding: ModelDecoding = ModelDecoding(),
     ) -> tuple[ModelVersionRow, bool]:
         _require_admin(who)
         check_id("name", name)
@@ -361,6 +383,7 @@ class Resources:
             raise InvalidField(
                 "input_shape must list the positive sizes of one input frame (no batch dimension)."
             )
+        _check_decoding(decoding)
         row = await self._one(
             ModelVersionRow,
             *bind(
@@ -371,6 +394,11 @@ class Resources:
                     classes=list(classes),
                     input_shape=list(input_shape),
                     published_at=self.clock.now(),
+                    family=decoding.family,
+                    confidence_threshold=decoding.confidence_threshold,
+                    iou_threshold=decoding.iou_threshold,
+                    max_detections=decoding.max_detections,
+                    source_sha256=decoding.source_sha256,
                 )
             ),
         )
@@ -384,11 +412,12 @@ class Resources:
             existing.weights_sha256 == weights_sha256
             and list(existing.classes) == list(classes)
             and list(existing.input_shape) == list(input_shape)
+            and _decoding(existing) == decoding
         )
         if not same:
             raise IdConflict(
                 f"Model {name} version {version} is already published with other weights, "
-                "classes or shape; versions are immutable, publish a new version.",
+                "classes, shape or decoding; versions are immutable, publish a new version.",
                 metadata={"name": name, "version": str(version)},
             )
         return existing, False
@@ -594,4 +623,33 @@ async def recording_covering(
     """The newest current recording of the camera that covers the instant (photos)."""
     return await fetch_one(
         connection, CurrentRecording, sql("resources", "recording_covering"), camera_id, moment, now
+    )
+
+
+def _check_decoding(decoding: ModelDecoding) -> None:
+    if decoding.family not in FAMILIES:
+        raise InvalidField(
+            f"family must be one of {', '.join(sorted(FAMILIES - {''}))}, or empty.",
+            metadata={"field": "family"},
+        )
+    for field in ("confidence_threshold", "iou_threshold"):
+        value = getattr(decoding, field)
+        if not 0.0 <= value <= 1.0:
+            raise InvalidField(f"{field} must be between 0 and 1.", metadata={"field": field})
+    if not 0 <= decoding.max_detections <= MAX_DETECTIONS:
+        raise InvalidField(
+            f"max_detections must be between 0 and {MAX_DETECTIONS}.",
+            metadata={"field": "max_detections"},
+        )
+    if decoding.source_sha256:
+        check_sha256("source_sha256", decoding.source_sha256)
+
+
+def _decoding(row: ModelVersionRow) -> ModelDecoding:
+    return ModelDecoding(
+        family=row.family,
+        confidence_threshold=row.confidence_threshold,
+        iou_threshold=row.iou_threshold,
+        max_detections=row.max_detections,
+        source_sha256=row.source_sha256,
     )

@@ -106,9 +106,13 @@ ORDER BY put_at DESC, recording_id
 LIMIT 1;
 
 -- name: model_version_publish
-INSERT INTO model_versions (name, version, weights_sha256, classes, input_shape, published_at)
+INSERT INTO model_versions (name, version, weights_sha256, classes, input_shape, published_at,
+                            family, confidence_threshold, iou_threshold, max_detections,
+                            source_sha256)
 VALUES (:name::text, :version::bigint, :weights_sha256::text, :classes::text[],
-        :input_shape::bigint[], :published_at::timestamptz)
+        :input_shape::bigint[], :published_at::timestamptz, :family::text,
+        :confidence_threshold::double precision, :iou_threshold::double precision,
+        :max_detections::integer, :source_sha256::text)
 ON CONFLICT (name, version) DO NOTHING
 RETURNING *;
 
@@ -123,7 +127,9 @@ ORDER BY name, version
 LIMIT $4;
 
 -- name: model_version_all
-SELECT name, version, weights_sha256, classes, input_shape, published_at FROM model_versions;
+SELECT name, version, weights_sha256, classes, input_shape, published_at, family,
+       confidence_threshold, iou_threshold, max_detections, source_sha256
+FROM model_versions;
 
 -- name: bucket_create
 INSERT INTO buckets (bucket_id, name, created_at) VALUES ($1, $2, $3)

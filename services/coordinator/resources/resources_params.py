@@ -75,3 +75,8 @@ class ModelVersionPublish(Params):
     classes: Sequence[str]
     input_shape: Sequence[int]
     published_at: datetime
+    family: str
+    confidence_threshold: float
+    iou_threshold: float
+    max_detections: int
+    source_sha256: str

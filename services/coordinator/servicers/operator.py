@@ -11,7 +11,7 @@ from services.coordinator.clock_control import ClockControl
 from services.coordinator.identity.accounts import Accounts
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import page_size, page_token
-from services.coordinator.resources.registry import Resources
+from services.coordinator.resources.registry import ModelDecoding, Resources
 from services.coordinator.servicers.common import (
     Authenticator,
     Context,
@@ -162,6 +162,13 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             weights_sha256=request.weights_sha256,
             classes=list(request.classes),
             input_shape=list(request.input_shape),
+            decoding=ModelDecoding(
+                family=request.family,
+                confidence_threshold=request.confidence_threshold,
+                iou_threshold=request.iou_threshold,
+                max_detections=request.max_detections,
+                source_sha256=request.source_sha256,
+            ),
         )
         return pb.PublishModelVersionResponse(
             model_version=convert.model_version(row), created=created
