@@ -31,7 +31,7 @@ from services.preview.metrics import count_put
 from services.preview.recorder import PreviewRecorder
 from services.preview.storage import ObjectStore
 from workshop.kit.errors import PermissionDenied, Unauthenticated, Unavailable, WorkshopError
-from workshop.kit.object_keys import object_key
+from workshop.kit.object_keys import EXTENSIONS, job_prefix, object_key
 from workshop.kit.status import status_for
 from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
@@ -62,8 +62,9 @@ class WriteGrants:
         self, processor: str, request: pb.GrantPreviewWritesRequest
     ) -> pb.GrantPreviewWritesResponse:
         slots = list(request.slot_indices)
-        if not 1 <= len(slots) <= MAX_PER_CALL:
-            raise InvalidField("slot_indices", f"Ask for 1 to {MAX_PER_CALL} slots.")
+        fewest = 0 if request.lease_grant else 1
+        if not fewest <= len(slots) <= MAX_PER_CALL:
+            raise InvalidField("slot_indices", f"Ask for {fewest} to {MAX_PER_CALL} slots.")
         if request.content_type not in CONTENT_TYPES:
             raise InvalidField(
                 "content_type", f"content_type must be one of {', '.join(CONTENT_TYPES)}."
@@ -80,7 +81,26 @@ class WriteGrants:
         now = datetime.now(UTC)
         expires = now + timedelta(seconds=min(self.grant_seconds, self._lease_left(facts)))
         expires = max(expires, now + timedelta(seconds=MIN_GRANT_SECONDS)).replace(microsecond=0)
+        expires_at = Timestamp(seconds=int(expires.timestamp()))  # whole seconds (above)
         test = facts.mode != common_pb2.RUN_MODE_FULL
+        answer = pb.GrantPreviewWritesResponse()
+        if request.lease_grant:
+            # One policy for every slot: keys that start with the lease's own prefix (its
+            # generation, and the "/" after it, so generation 3 never writes 30's keys).
+            prefix = job_prefix("preview", lease.run_id, lease.job_id, test=test)
+            prefix = f"{prefix}{lease.generation}/"
+            fields = self.store.prefix_post_policy(
+                prefix, request.content_type, self.max_image_bytes, expires
+            )
+            granted = answer.lease_grant
+            granted.key_prefix = prefix
+            granted.key_suffix = "." + EXTENSIONS[request.content_type]
+            granted.url = self.store.bucket_url
+            granted.fields.update(fields)
+            granted.expires_at.CopyFrom(expires_at)
+            granted.max_bytes = self.max_image_bytes
+            granted.content_type = request.content_type
+            return answer
         keys = [
             object_key(
                 "preview",
@@ -96,8 +116,6 @@ class WriteGrants:
         policies = self.store.post_policies(
             keys, request.content_type, self.max_image_bytes, expires
         )
-        answer = pb.GrantPreviewWritesResponse()
-        expires_at = Timestamp(seconds=int(expires.timestamp()))  # whole seconds (above)
         for slot, key, fields in zip(slots, keys, policies, strict=True):
             grant = answer.grants.add(
                 slot_index=slot,
