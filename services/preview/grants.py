@@ -2,14 +2,18 @@
 
 Relaying every image through this service cost more CPU than the rest of the control
 plane together (docs/benchmarks.md). Instead, for a lease that holds, the service
-hands out S3 POST policies (GrantPreviewWrites), one per slot, each bound by the
-store's own signature check to the lease's preview key for the slot, one content
-type and 1..max_image_bytes bytes, and expiring within `grant_seconds` and never after
-the lease. The processor then records what it wrote (RecordWrittenPreviews) in
-batches that the coordinator runs as one fenced statement, exactly as the records of
-PublishPreview: a refused record leaves its object collectable, and bytes written but
-never recorded are found by the job's sweep (a grant lives at most 600 s and never
-past the lease, so it is dead before the sweep's 10 minutes after the job ended).
+hands out S3 POST policies (GrantPreviewWrites): one for every slot of the lease (a
+lease grant: keys that start with the lease's preview key prefix, one signature per
+lease and grant lifetime), or, for processors from before it, one per slot asked for,
+bound to the lease's preview key for the slot. Both bind one content type and
+1..max_image_bytes bytes, and expire within `grant_seconds` and never after the lease.
+The processor then records what it wrote (RecordWrittenPreviews, or the coordinator's
+record_previews) in batches that the coordinator runs as one fenced statement, exactly
+as the records of PublishPreview: a record whose key is not the lease's key for its
+slot is refused, a refused record leaves its object collectable, and bytes written but
+never recorded (any key a lease grant allows lies under the job's preview prefix) are
+found by the job's sweep (a grant lives at most 600 s and never past the lease, so it is
+dead before the sweep's 10 minutes after the job ended).
 
 What the store cannot check is the SHA-256 and the size the record names: the bytes
 do not pass here. The digest is checked where it matters, by every reader (ReadImage
