@@ -2,14 +2,18 @@
 
 Relaying every image through this service cost more CPU than the rest of the control
 plane together (docs/benchmarks.md). Instead, for a lease that holds, the service
-hands out S3 POST policies (GrantPreviewWrites), one per slot, each bound by the
-store's own signature check to the lease's preview key for the slot, one content
-type and 1..max_image_bytes bytes, and expiring within `grant_seconds` and never after
-the lease. The processor then records what it wrote (RecordWrittenPreviews) in
-batches that the coordinator runs as one fenced statement, exactly as the records of
-PublishPreview: a refused record leaves its object collectable, and bytes written but
-never recorded are found by the job's sweep (a grant lives at most 600 s and never
-past the lease, so it is dead before the sweep's 10 minutes after the job ended).
+hands out S3 POST policies (GrantPreviewWrites): one for every slot of the lease (a
+lease grant: keys that start with the lease's preview key prefix, one signature per
+lease and grant lifetime), or, for processors from before it, one per slot asked for,
+bound to the lease's preview key for the slot. Both bind one content type and
+1..max_image_bytes bytes, and expire within `grant_seconds` and never after the lease.
+The processor then records what it wrote (RecordWrittenPreviews, or the coordinator's
+record_previews) in batches that the coordinator runs as one fenced statement, exactly
+as the records of PublishPreview: a record whose key is not the lease's key for its
+slot is refused, a refused record leaves its object collectable, and bytes written but
+never recorded (any key a lease grant allows lies under the job's preview prefix) are
+found by the job's sweep (a grant lives at most 600 s and never past the lease, so it is
+dead before the sweep's 10 minutes after the job ended).
 
 What the store cannot check is the SHA-256 and the size the record names: the bytes
 do not pass here. The digest is checked where it matters, by every reader (ReadImage
@@ -31,7 +35,7 @@ from services.preview.metrics import count_put
 from services.preview.recorder import PreviewRecorder
 from services.preview.storage import ObjectStore
 from workshop.kit.errors import PermissionDenied, Unauthenticated, Unavailable, WorkshopError
-from workshop.kit.object_keys import object_key
+from workshop.kit.object_keys import EXTENSIONS, job_prefix, object_key
 from workshop.kit.status import status_for
 from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
@@ -62,8 +66,9 @@ class WriteGrants:
         self, processor: str, request: pb.GrantPreviewWritesRequest
     ) -> pb.GrantPreviewWritesResponse:
         slots = list(request.slot_indices)
-        if not 1 <= len(slots) <= MAX_PER_CALL:
-            raise InvalidField("slot_indices", f"Ask for 1 to {MAX_PER_CALL} slots.")
+        fewest = 0 if request.lease_grant else 1
+        if not fewest <= len(slots) <= MAX_PER_CALL:
+            raise InvalidField("slot_indices", f"Ask for {fewest} to {MAX_PER_CALL} slots.")
         if request.content_type not in CONTENT_TYPES:
             raise InvalidField(
                 "content_type", f"content_type must be one of {', '.join(CONTENT_TYPES)}."
@@ -80,7 +85,26 @@ class WriteGrants:
         now = datetime.now(UTC)
         expires = now + timedelta(seconds=min(self.grant_seconds, self._lease_left(facts)))
         expires = max(expires, now + timedelta(seconds=MIN_GRANT_SECONDS)).replace(microsecond=0)
+        expires_at = Timestamp(seconds=int(expires.timestamp()))  # whole seconds (above)
         test = facts.mode != common_pb2.RUN_MODE_FULL
+        answer = pb.GrantPreviewWritesResponse()
+        if request.lease_grant:
+            # One policy for every slot: keys that start with the lease's own prefix (its
+            # generation, and the "/" after it, so generation 3 never writes 30's keys).
+            prefix = job_prefix("preview", lease.run_id, lease.job_id, test=test)
+            prefix = f"{prefix}{lease.generation}/"
+            fields = self.store.prefix_post_policy(
+                prefix, request.content_type, self.max_image_bytes, expires
+            )
+            granted = answer.lease_grant
+            granted.key_prefix = prefix
+            granted.key_suffix = "." + EXTENSIONS[request.content_type]
+            granted.url = self.store.bucket_url
+            granted.fields.update(fields)
+            granted.expires_at.CopyFrom(expires_at)
+            granted.max_bytes = self.max_image_bytes
+            granted.content_type = request.content_type
+            return answer
         keys = [
             object_key(
                 "preview",
@@ -96,8 +120,6 @@ class WriteGrants:
         policies = self.store.post_policies(
             keys, request.content_type, self.max_image_bytes, expires
         )
-        answer = pb.GrantPreviewWritesResponse()
-        expires_at = Timestamp(seconds=int(expires.timestamp()))  # whole seconds (above)
         for slot, key, fields in zip(slots, keys, policies, strict=True):
             grant = answer.grants.add(
                 slot_index=slot,

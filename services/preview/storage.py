@@ -170,41 +170,43 @@ class ObjectStore:
         key derived once for all of them instead of once per key (four HMACs) and no SDK
         objects per key: a quarter of the preview service's CPU per frame went to
         signing grants one by one (docs/benchmarks.md)."""
-        now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
-        scope = f"{now:%Y%m%d}/{self._region}/s3/aws4_request"
-        credential = f"{self._access_key}/{scope}"
-        amz_date = f"{now:%Y%m%dT%H%M%SZ}"
-        signing_key = _signing_key(self._secret_key, f"{now:%Y%m%d}", self._region)
-        expiration = expires_at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+        signer = self._signer(expires_at)
         answers = []
         for key in keys:
-            policy = {
-                "expiration": expiration + "Z",
-                "conditions": [
-                    ["eq", "$bucket", self.bucket],
+            fields = signer.fields(
+                [
                     ["eq", "$key", key],
                     ["eq", "$Content-Type", content_type],
                     ["content-length-range", 1, max_bytes],
-                    ["eq", "$x-amz-algorithm", POLICY_ALGORITHM],
-                    ["eq", "$x-amz-credential", credential],
-                    ["eq", "$x-amz-date", amz_date],
-                ],
-            }
-            encoded = base64.b64encode(json.dumps(policy).encode()).decode()
-            answers.append(
-                {
-                    "x-amz-algorithm": POLICY_ALGORITHM,
-                    "x-amz-credential": credential,
-                    "x-amz-date": amz_date,
-                    "policy": encoded,
-                    "x-amz-signature": hmac.new(
-                        signing_key, encoded.encode(), hashlib.sha256
-                    ).hexdigest(),
-                    "key": key,
-                    "Content-Type": content_type,
-                }
+                ]
             )
+            fields["key"] = key
+            fields["Content-Type"] = content_type
+            answers.append(fields)
         return answers
+
+    def prefix_post_policy(
+        self, prefix: str, content_type: str, max_bytes: int, expires_at: datetime.datetime
+    ) -> dict[str, str]:
+        """Form fields of ONE S3 POST policy that writes any key starting with `prefix`
+        (a `starts-with` condition on `$key`), only with this content type, 1..max_bytes
+        bytes, until `expires_at`: one signature for all of a lease's slots instead of one
+        per slot. The caller adds the `key` field; the same fields the SDK's
+        `presigned_post_policy` writes for a starts-with policy."""
+        fields = self._signer(expires_at).fields(
+            [
+                ["eq", "$Content-Type", content_type],
+                ["starts-with", "$key", prefix],
+                ["content-length-range", 1, max_bytes],
+            ]
+        )
+        fields["Content-Type"] = content_type
+        return fields
+
+    def _signer(self, expires_at: datetime.datetime) -> _PolicySigner:
+        return _PolicySigner(
+            self.bucket, self._access_key, self._secret_key, self._region, expires_at
+        )
 
     async def get(self, key: str) -> bytes:
         """The object's bytes; ImageMissing when the store has no such object."""
@@ -248,6 +250,51 @@ class ObjectStore:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._http.clear()
+
+
+class _PolicySigner:
+    """Signs POST policies for a bucket at one instant (AWS signature V4), the date's signing
+    key derived once. Conditions are given in the SDK's order (equality, starts-with,
+    content-length-range); bucket, algorithm, credential and date are added as it adds them."""
+
+    def __init__(
+        self,
+        bucket: str,
+        access_key: str,
+        secret_key: str,
+        region: str,
+        expires_at: datetime.datetime,
+    ) -> None:
+        now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+        day = f"{now:%Y%m%d}"
+        self.bucket = bucket
+        self.credential = f"{access_key}/{day}/{region}/s3/aws4_request"
+        self.amz_date = f"{now:%Y%m%dT%H%M%SZ}"
+        self.signing_key = _signing_key(secret_key, day, region)
+        expiration = expires_at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+        self.expiration = expiration[:-3] + "Z"
+
+    def fields(self, conditions: list[list[str | int]]) -> dict[str, str]:
+        policy = {
+            "expiration": self.expiration,
+            "conditions": [
+                ["eq", "$bucket", self.bucket],
+                *conditions,
+                ["eq", "$x-amz-algorithm", POLICY_ALGORITHM],
+                ["eq", "$x-amz-credential", self.credential],
+                ["eq", "$x-amz-date", self.amz_date],
+            ],
+        }
+        encoded = base64.b64encode(json.dumps(policy).encode()).decode()
+        return {
+            "x-amz-algorithm": POLICY_ALGORITHM,
+            "x-amz-credential": self.credential,
+            "x-amz-date": self.amz_date,
+            "policy": encoded,
+            "x-amz-signature": hmac.new(
+                self.signing_key, encoded.encode(), hashlib.sha256
+            ).hexdigest(),
+        }
 
 
 def _signing_key(secret_key: str, day: str, region: str) -> bytes:

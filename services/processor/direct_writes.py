@@ -1,9 +1,11 @@
 """Previews written straight to object storage, recorded in batches (docs/previews-and-uploads.md).
 
-The preview service grants writes for a lease's next slots (GrantPreviewWrites: an S3
-POST policy per slot, bound to the slot's key, the content type and the largest size,
-expiring within a minute and never after the lease). The processor POSTs each image
-with its grant and queues the preview's record. Records of all its jobs go together,
+The preview service grants writes for a lease (GrantPreviewWrites with `lease_grant`:
+one S3 POST policy for every slot, bound to the lease's preview key prefix, the content
+type and the largest size, expiring within a minute and never after the lease; a preview
+service from before it answers a policy per slot for the next slots asked for, which are
+used instead). The processor POSTs each image with the grant under the slot's key and
+queues the preview's record. Records of all its jobs go together,
 as one `record_previews` message on the processor's Session stream to the coordinator
 (`records`: SessionJobs.RecordPreviews), which runs them as one fenced statement; a
 processor whose calls go unary (PROCESSOR_JOB_TRANSPORT=unary, a coordinator of release
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,9 +36,10 @@ from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
 from workshop.v1 import publication_pb2 as pub
 
-# Slots granted per GrantPreviewWrites: a job's next 128 (a 60 s recording at 2 fps has
+# Slots asked for per GrantPreviewWrites, for a preview service that answers per-slot
+# grants (one from before lease grants): a job's next 128 (a 60 s recording at 2 fps has
 # 120), so most jobs ask once; the grants of slots not reached before they expire (60 s)
-# are asked for again.
+# are asked for again. A lease grant covers every slot: asked for again only as it expires.
 GRANT_BATCH = 128
 MAX_BATCH = 256  # records per message (what the coordinator and the preview service take)
 # How long the first queued record waits for others. A batch costs the control plane CPU
@@ -73,8 +76,18 @@ def _lease_id(lease: common_pb2.LeaseRef) -> LeaseId:
     return (lease.run_id, lease.job_id, lease.generation)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Write:
+    """What one slot's POST sends: where, under which key, with which form fields."""
+
+    url: str
+    object_key: str
+    fields: Mapping[str, str]  # the grant's form fields, without the key
+
+
 @dataclasses.dataclass
 class _Lease:
+    grant: pb.LeasePreviewWriteGrant | None = None  # for every slot of the lease
     grants: dict[int, pb.PreviewWriteGrant] = dataclasses.field(default_factory=dict)
     pending: set[asyncio.Future[Message]] = dataclasses.field(default_factory=set)
     refused: BaseException | None = None
@@ -138,6 +151,7 @@ class DirectPreviews:
             await self._write(grant, image, content_type)
         except WriteFailed:
             # A grant the store calls expired or invalid (a clock apart): one fresh try.
+            state.grant = None
             state.grants.clear()
             grant = await self._grant(job, state, slot, content_type)
             await self._write(grant, image, content_type)
@@ -185,27 +199,42 @@ class DirectPreviews:
         if not done.cancelled() and done.exception() is not None and state.refused is None:
             state.refused = done.exception()
 
-    async def _grant(
-        self, job: Any, state: _Lease, slot: int, content_type: str
-    ) -> pb.PreviewWriteGrant:
-        grant = state.grants.get(slot)
+    async def _grant(self, job: Any, state: _Lease, slot: int, content_type: str) -> _Write:
+        """The slot's write: under the lease's grant, else under the slot's own grant; asked
+        for again when neither is there or what is there is about to expire."""
         now = datetime.now(UTC)
-        if grant is None or grant.expires_at.ToDatetime(tzinfo=UTC) - GRANT_MARGIN < now:
-            slots = list(range(slot, min(slot + GRANT_BATCH, len(job.input.slots))))
-            reply = await self._call(
-                self._previews.GrantPreviewWrites,
-                pb.GrantPreviewWritesRequest(
-                    lease=job.lease,
-                    code_sha256=self._code,
-                    slot_indices=slots,
-                    content_type=content_type,
-                ),
-            )
-            state.grants = {granted.slot_index: granted for granted in reply.grants}
-            grant = state.grants[slot]
-        return grant
+        lease_grant = state.grant
+        if (
+            lease_grant is not None
+            and lease_grant.content_type == content_type
+            and _lasts(lease_grant, now)
+        ):
+            return _lease_write(lease_grant, slot)
+        slot_grant = state.grants.get(slot)
+        if slot_grant is not None and _lasts(slot_grant, now):
+            return _Write(slot_grant.url, slot_grant.object_key, slot_grant.fields)
+        # Both kinds asked at once: a preview service from before lease grants ignores
+        # `lease_grant` and answers the slots' grants, so no call is spent finding out.
+        slots = list(range(slot, min(slot + GRANT_BATCH, len(job.input.slots))))
+        reply = await self._call(
+            self._previews.GrantPreviewWrites,
+            pb.GrantPreviewWritesRequest(
+                lease=job.lease,
+                code_sha256=self._code,
+                slot_indices=slots,
+                content_type=content_type,
+                lease_grant=True,
+            ),
+        )
+        if reply.HasField("lease_grant"):
+            state.grant, state.grants = reply.lease_grant, {}
+            return _lease_write(reply.lease_grant, slot)
+        state.grant = None
+        state.grants = {granted.slot_index: granted for granted in reply.grants}
+        slot_grant = state.grants[slot]
+        return _Write(slot_grant.url, slot_grant.object_key, slot_grant.fields)
 
-    async def _write(self, grant: pb.PreviewWriteGrant, image: bytes, content_type: str) -> None:
+    async def _write(self, grant: _Write, image: bytes, content_type: str) -> None:
         """POSTs the image with its grant; a store that does not take it (WriteUnavailable)
         is asked again with backoff for up to `retry_seconds`. The same key again is
         idempotent, and a grant that expires meanwhile is refused (WriteFailed): renewed."""
@@ -223,8 +252,9 @@ class DirectPreviews:
             await asyncio.sleep(pause)
             pause = min(WRITE_MAX_PAUSE_SECONDS, 2 * pause)
 
-    def _post(self, grant: pb.PreviewWriteGrant, image: bytes, content_type: str) -> None:
+    def _post(self, grant: _Write, image: bytes, content_type: str) -> None:
         fields: dict[str, Any] = dict(grant.fields)
+        fields["key"] = grant.object_key  # a lease grant's fields name no key
         fields["file"] = ("image", image, content_type)  # S3 wants the file last
         try:
             response = self._http.request("POST", grant.url, fields=fields)
@@ -313,6 +343,17 @@ class DirectPreviews:
 
     def close(self) -> None:
         self._http.clear()
+
+
+def _lasts(grant: pb.LeasePreviewWriteGrant | pb.PreviewWriteGrant, now: datetime) -> bool:
+    """Whether the grant works for a while yet (it is renewed within GRANT_MARGIN of expiry)."""
+    return grant.expires_at.ToDatetime(tzinfo=UTC) - GRANT_MARGIN >= now
+
+
+def _lease_write(grant: pb.LeasePreviewWriteGrant, slot: int) -> _Write:
+    """The slot's write under the lease's grant: the lease's preview key for the slot, the
+    only key of all those the grant allows that a record may name."""
+    return _Write(grant.url, f"{grant.key_prefix}{slot}{grant.key_suffix}", grant.fields)
 
 
 def _written(record: pub.RecordPreviewRequest) -> pb.WrittenPreview:

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import pytest
+import urllib3
 
 from services.coordinator.platform.db import Record
 from services.preview.settings import PreviewSettings
@@ -153,6 +154,72 @@ async def test_bytes_written_but_never_recorded_are_swept_once_the_job_has_ended
     assert unrecorded_row["byte_size"] == len(image)  # the size S3 listed
     assert await p.keys() == []
     assert found_and_deleted(await cleanup(c, p)) == (0, 0)
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full-run", "test-run"])
+async def test_whatever_a_lease_grant_wrote_and_no_record_named_is_swept(
+    coordinator: CoordinatorHarness, preview: PreviewHarness, full: bool
+) -> None:
+    """A lease grant lets the processor write any key under the lease's preview prefix, not
+    only its slots' keys: every such object (a slot's key never recorded, another
+    extension, deeper paths, a name the store normalises) is under the job's preview
+    prefix, so its sweep records and deletes it; the recorded preview stays until it
+    expires with the job, then goes as any other."""
+    c, p = coordinator, preview
+    s = await setup(c)
+    await create_run(c, s, full=full)
+    job = await claimed(c, s)
+    request = pb.GrantPreviewWritesRequest(
+        lease=job.lease, code_sha256=CODE, content_type="image/jpeg", lease_grant=True
+    )
+    grant = (await p.stub.GrantPreviewWrites(request, metadata=s.processor)).lease_grant
+    prefix = grant.key_prefix
+    image = jpeg_bytes(seed=2)
+    written = [
+        f"{prefix}0.jpg",  # recorded below
+        f"{prefix}1.jpg",  # a slot's key, never recorded
+        f"{prefix}1.png",
+        f"{prefix}extra/deeper/1.jpg",
+        f"{prefix}%2e%2e/1.jpg",
+        f"{prefix}/7.jpg",  # SeaweedFS stores it as {prefix}7.jpg
+        f"{prefix}{'x' * 200}/{'y' * 200}/{'z' * 200}.jpg",  # long keys (255 a segment)
+    ]
+    http = urllib3.PoolManager()
+    for key in written:
+        fields: dict[str, Any] = dict(grant.fields)
+        fields["key"] = key
+        fields["file"] = ("image", image, "image/jpeg")
+        response = await asyncio.to_thread(http.request, "POST", grant.url, fields=fields)
+        assert response.status == 204, (key, response.data[:300])
+    stored = await p.keys()
+    assert len(stored) == len(written)
+    assert all(key.startswith(prefix) for key in stored)
+    first = pb.WrittenPreview(
+        lease=job.lease,
+        code_sha256=CODE,
+        slot_index=0,
+        object_key=written[0],
+        frame_time=job.input.slots[0].start,
+        byte_size=len(image),
+        sha256=sha256_hex(image),
+        content_type="image/jpeg",
+    )
+    reply = await p.stub.RecordWrittenPreviews(
+        pb.RecordWrittenPreviewsRequest(previews=[first]), metadata=s.processor
+    )
+    assert reply.outcomes[0].recorded.object_key == written[0]
+    await end_job(c, s, job, "complete")
+    if not full:  # a test run's previews live out the run's hour
+        c.clock.advance(job.input.expires_at.ToDatetime(tzinfo=UTC) - c.clock.now())
+    c.clock.advance(SWEEP_GRACE)
+    found, deleted = found_and_deleted(await cleanup(c, p))
+    assert (found, deleted) == (len(written) - 1, len(written))
+    assert await p.keys() == []
+    for key in stored:
+        if key != written[0]:
+            row = await row_for(c, key)
+            assert row is not None, key
+            assert row["published_at"] is None, key
 
 
 async def test_two_replicas_sweeping_at_once_delete_each_unrecorded_object_exactly_once(

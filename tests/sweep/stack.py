@@ -347,7 +347,10 @@ def examples(world: World) -> dict[str, list[Message]]:
         "/workshop.v1.PreviewService/GrantPreviewWrites": [
             preview_pb2.GrantPreviewWritesRequest(
                 lease=lease, code_sha256=CODE, slot_indices=[2, 3], content_type="image/jpeg"
-            )
+            ),
+            preview_pb2.GrantPreviewWritesRequest(
+                lease=lease, code_sha256=CODE, content_type="image/jpeg", lease_grant=True
+            ),
         ],
         "/workshop.v1.PreviewService/RecordWrittenPreviews": [
             preview_pb2.RecordWrittenPreviewsRequest(previews=[_written(job, 2, world.image)])

@@ -399,17 +399,25 @@ class GrantPreviewWritesRequest(_message.Message):
     CODE_SHA256_FIELD_NUMBER: _builtins.int
     SLOT_INDICES_FIELD_NUMBER: _builtins.int
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    LEASE_GRANT_FIELD_NUMBER: _builtins.int
     code_sha256: _builtins.str
     """SHA-256 (hex) of the processor's code (fence 4)."""
     content_type: _builtins.str
     """MIME type the images will have: "image/jpeg" (or "image/png")."""
+    lease_grant: _builtins.bool
+    """Ask for one grant that writes every slot of the lease (the answer's lease_grant) instead of one grant per
+    slot. A preview service from before this field ignores it and answers per-slot grants for slot_indices,
+    so a caller that also names its next slots gets one kind of grant or the other from any version.
+    """
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseRef:
         """The current lease."""
 
     @_builtins.property
     def slot_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Slots to write, 1..256, each an expected slot of the job."""
+        """Slots to write, 1..256, each an expected slot of the job; with lease_grant 0..256, checked the same way
+        but answered with no per-slot grants.
+        """
 
     def __init__(
         self,
@@ -418,10 +426,11 @@ class GrantPreviewWritesRequest(_message.Message):
         code_sha256: _builtins.str = ...,
         slot_indices: _abc.Iterable[_builtins.int] | None = ...,
         content_type: _builtins.str = ...,
+        lease_grant: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "content_type", b"content_type", "lease", b"lease", "slot_indices", b"slot_indices"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "content_type", b"content_type", "lease", b"lease", "lease_grant", b"lease_grant", "slot_indices", b"slot_indices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -429,23 +438,31 @@ Global___GrantPreviewWritesRequest: _TypeAlias = GrantPreviewWritesRequest  # no
 
 @_typing.final
 class GrantPreviewWritesResponse(_message.Message):
-    """One grant per slot asked for."""
+    """The grants asked for: per slot, or one for the lease (lease_grant)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     GRANTS_FIELD_NUMBER: _builtins.int
+    LEASE_GRANT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreviewWriteGrant]:
-        """In the order of the request's slots."""
+        """One per slot asked for, in the order of the request's slots; empty when lease_grant was asked for."""
+
+    @_builtins.property
+    def lease_grant(self) -> Global___LeasePreviewWriteGrant:
+        """Set when the request asked for lease_grant (never by a preview service from before it): one grant for
+        every slot of the lease.
+        """
 
     def __init__(
         self,
         *,
         grants: _abc.Iterable[Global___PreviewWriteGrant] | None = ...,
+        lease_grant: Global___LeasePreviewWriteGrant | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_grant", b"lease_grant"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants", "lease_grant", b"lease_grant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -518,6 +535,81 @@ class PreviewWriteGrant(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PreviewWriteGrant: _TypeAlias = PreviewWriteGrant  # noqa: Y015
+
+@_typing.final
+class LeasePreviewWriteGrant(_message.Message):
+    """A direct write of any preview of one lease: an HTTP POST of a multipart/form-data body to `url` with every
+    field of `fields` (in any order), the field "key" set to the slot's object key, then the image as the last
+    field, named "file". The store allows any key that starts with key_prefix; only the lease's key for a slot
+    (key_prefix, the slot index in decimal, key_suffix) can be recorded, and anything else written under the
+    prefix is deleted by the job's sweep.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FieldsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    KEY_PREFIX_FIELD_NUMBER: _builtins.int
+    KEY_SUFFIX_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    key_prefix: _builtins.str
+    """Start of every key the grant writes: the lease's preview key prefix, ending in "/"."""
+    key_suffix: _builtins.str
+    """End of a slot's key after its index: ".jpg" or ".png", as the content type."""
+    url: _builtins.str
+    """Where to POST: the bucket's URL."""
+    max_bytes: _builtins.int
+    """Largest image the store accepts with this grant, bytes."""
+    content_type: _builtins.str
+    """MIME type the grant writes, as asked for."""
+    @_builtins.property
+    def fields(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Form fields to send (policy, signature, Content-Type...), all but "key"."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the grant stops working (UTC): never after the lease's expiry at the time of the grant."""
+
+    def __init__(
+        self,
+        *,
+        key_prefix: _builtins.str = ...,
+        key_suffix: _builtins.str = ...,
+        url: _builtins.str = ...,
+        fields: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        max_bytes: _builtins.int = ...,
+        content_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "expires_at", b"expires_at", "fields", b"fields", "key_prefix", b"key_prefix", "key_suffix", b"key_suffix", "max_bytes", b"max_bytes", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeasePreviewWriteGrant: _TypeAlias = LeasePreviewWriteGrant  # noqa: Y015
 
 @_typing.final
 class RecordWrittenPreviewsRequest(_message.Message):

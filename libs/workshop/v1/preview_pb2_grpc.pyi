@@ -83,12 +83,14 @@ class PreviewServiceStub:
     """
     GrantPreviewWrites: _grpc.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]
     """Grants the processor direct writes of its previews into object storage, so the bytes never pass
-    through this service: for a lease that holds (checked as PublishPreview checks it), one form-upload
-    policy (S3 POST policy) per expected slot asked for, each bound to the lease's preview key for the slot,
-    one content type and at most the largest image size, and expiring within PREVIEW_GRANT_SECONDS and never
-    after the lease. The bytes written are recorded with RecordWrittenPreviews. Errors: FAILED_PRECONDITION (a
-    fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots, more than 256, a slot not expected,
-    content type not JPEG or PNG).
+    through this service: for a lease that holds (checked as PublishPreview checks it), either one
+    form-upload policy (S3 POST policy) for every slot of the lease (lease_grant: one signature, bound to the
+    lease's preview key prefix) or one per expected slot asked for, each bound to the lease's preview key for
+    the slot; both bound to one content type and at most the largest image size, and expiring within
+    PREVIEW_GRANT_SECONDS and never after the lease. The bytes written are recorded with RecordWrittenPreviews
+    or the coordinator's record_previews, which take only the lease's key for the slot. Errors:
+    FAILED_PRECONDITION (a fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots without lease_grant,
+    more than 256, a slot not expected, content type not JPEG or PNG).
     """
     RecordWrittenPreviews: _grpc.UnaryUnaryMultiCallable[_preview_pb2.RecordWrittenPreviewsRequest, _preview_pb2.RecordWrittenPreviewsResponse]
     """Records previews whose bytes the processor wrote itself with a grant, up to 256 in one call that the
@@ -149,12 +151,14 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     """
     GrantPreviewWrites: _aio.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]  # type: ignore[assignment]
     """Grants the processor direct writes of its previews into object storage, so the bytes never pass
-    through this service: for a lease that holds (checked as PublishPreview checks it), one form-upload
-    policy (S3 POST policy) per expected slot asked for, each bound to the lease's preview key for the slot,
-    one content type and at most the largest image size, and expiring within PREVIEW_GRANT_SECONDS and never
-    after the lease. The bytes written are recorded with RecordWrittenPreviews. Errors: FAILED_PRECONDITION (a
-    fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots, more than 256, a slot not expected,
-    content type not JPEG or PNG).
+    through this service: for a lease that holds (checked as PublishPreview checks it), either one
+    form-upload policy (S3 POST policy) for every slot of the lease (lease_grant: one signature, bound to the
+    lease's preview key prefix) or one per expected slot asked for, each bound to the lease's preview key for
+    the slot; both bound to one content type and at most the largest image size, and expiring within
+    PREVIEW_GRANT_SECONDS and never after the lease. The bytes written are recorded with RecordWrittenPreviews
+    or the coordinator's record_previews, which take only the lease's key for the slot. Errors:
+    FAILED_PRECONDITION (a fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots without lease_grant,
+    more than 256, a slot not expected, content type not JPEG or PNG).
     """
     RecordWrittenPreviews: _aio.UnaryUnaryMultiCallable[_preview_pb2.RecordWrittenPreviewsRequest, _preview_pb2.RecordWrittenPreviewsResponse]  # type: ignore[assignment]
     """Records previews whose bytes the processor wrote itself with a grant, up to 256 in one call that the
@@ -248,12 +252,14 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_preview_pb2.GrantPreviewWritesResponse, _abc.Awaitable[_preview_pb2.GrantPreviewWritesResponse]]:
         """Grants the processor direct writes of its previews into object storage, so the bytes never pass
-        through this service: for a lease that holds (checked as PublishPreview checks it), one form-upload
-        policy (S3 POST policy) per expected slot asked for, each bound to the lease's preview key for the slot,
-        one content type and at most the largest image size, and expiring within PREVIEW_GRANT_SECONDS and never
-        after the lease. The bytes written are recorded with RecordWrittenPreviews. Errors: FAILED_PRECONDITION (a
-        fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots, more than 256, a slot not expected,
-        content type not JPEG or PNG).
+        through this service: for a lease that holds (checked as PublishPreview checks it), either one
+        form-upload policy (S3 POST policy) for every slot of the lease (lease_grant: one signature, bound to the
+        lease's preview key prefix) or one per expected slot asked for, each bound to the lease's preview key for
+        the slot; both bound to one content type and at most the largest image size, and expiring within
+        PREVIEW_GRANT_SECONDS and never after the lease. The bytes written are recorded with RecordWrittenPreviews
+        or the coordinator's record_previews, which take only the lease's key for the slot. Errors:
+        FAILED_PRECONDITION (a fence), NOT_FOUND (run or job), INVALID_ARGUMENT (no slots without lease_grant,
+        more than 256, a slot not expected, content type not JPEG or PNG).
         """
 
     @_abc_1.abstractmethod
