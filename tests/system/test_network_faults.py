@@ -58,9 +58,11 @@ pytestmark = pytest.mark.triton
 SLOTS = SECONDS // 2  # slots per job: every 2 s of a SECONDS-long recording
 LAPSE = timedelta(minutes=5, seconds=1)  # past the coordinator's 5-minute lease
 SHORT = 1.5  # seconds a short partition lasts: well inside every deadline and the lease
-# The Complete is the only call to the coordinator that names the job's object keys
-# (its uploads: in a full run each slot's preview); progress and heartbeats name none.
-COMPLETE = b"previews/r1/j0/1/"
+# The Complete is the only call to the coordinator that names a slot's upload (in a full
+# run each slot's preview): its SlotResult.upload_key as encoded, field tag included. The
+# session's record_previews name the same keys as RecordPreviewRequest.object_key, another
+# tag; progress and heartbeats name none.
+COMPLETE = jobs_pb2.SlotResult(upload_key="previews/r1/j0/1/0.jpg").SerializeToString()
 # What a processor logs when a job does not simply go on: a hand-back, a stop, a Fail.
 NOT_RIDDEN_OUT = r"handed back|job r1/j0 stopped|lease of r1/j0 lost|failed unexpectedly|\bFail\b"
 
