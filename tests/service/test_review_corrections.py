@@ -8,6 +8,7 @@ reconciled with a reference computed here, in Python, from the items' raw column
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import defaultdict
 from typing import Any
@@ -19,6 +20,7 @@ from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.review_world import Frame, box, commit, review_world, start_run
+from tests.cli_runner import workshop
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub
@@ -548,4 +550,55 @@ async def test_bad_input_is_refused_precisely_and_changes_nothing(
         ws.DecideItemRequest(item_id=target, decision=NONE), metadata=own
     )
     assert done.item.review_state == REJECTED
+    await check_counts(c)
+
+
+async def test_the_cli_corrects_undoes_decides_and_clears(coordinator: CoordinatorHarness) -> None:
+    c = coordinator
+    _, items = await world_with_items(c)
+    target = items[3]
+    corrected = await workshop(
+        c,
+        "-o",
+        "json",
+        "buckets",
+        "correct",
+        target,
+        "--box",
+        "0:person:0.2,0.2,0.1,0.1",
+        "--box",
+        "-1:vehicle:0.5,0.5,0.2,0.2",
+        "--expected-revision",
+        "0",
+    )
+    assert corrected.code == 0, corrected.err
+    answer = corrected.json()
+    assert answer["revision"] == 1
+    assert [b["source_box_index"] for b in answer["correction"]["boxes"]] == [0, -1]
+    stale, bad, unknown = await asyncio.gather(
+        workshop(c, "buckets", "correct", target, "--expected-revision", "0"),
+        workshop(c, "buckets", "correct", target, "--box", "0:person:2,0,0.1,0.1"),
+        workshop(c, "buckets", "correct", target, "--box", "nonsense"),
+    )
+    assert stale.code == 1
+    assert stale.err.startswith("workshop: STALE_REVISION: "), stale.err
+    assert "current_revision: 1" in stale.err
+    assert bad.code == 1
+    assert "INVALID_FIELD" in bad.err, bad.err
+    assert unknown.code != 0
+    assert "SOURCE:CLASS:X,Y,W,H" in unknown.err
+    decided = await workshop(
+        c, "-o", "json", "buckets", "decide", target, "relabel", "--class", "cyclist"
+    )
+    assert decided.code == 0, decided.err
+    assert decided.json()["item_decision"]["relabel_class"] == "cyclist"
+    cleared = await workshop(c, "-o", "json", "buckets", "clear-decision", target)
+    assert cleared.code == 0, cleared.err
+    assert "item_decision" not in cleared.json()
+    undone = await workshop(c, "-o", "json", "buckets", "undo-correction", target)
+    assert undone.code == 0, undone.err
+    assert "correction" not in undone.json()
+    again = await workshop(c, "buckets", "undo-correction", target)
+    assert again.code == 1
+    assert again.err.startswith("workshop: NOTHING_TO_UNDO: "), again.err
     await check_counts(c)
