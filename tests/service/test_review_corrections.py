@@ -602,3 +602,58 @@ async def test_the_cli_corrects_undoes_decides_and_clears(coordinator: Coordinat
     assert again.code == 1
     assert again.err.startswith("workshop: NOTHING_TO_UNDO: "), again.err
     await check_counts(c)
+
+
+async def test_concurrent_reviewers_never_overwrite_each_other_and_counts_stay_exact(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """Reviewers who pass the revision they saw: of those who saw the same one, exactly one
+    wins and the others are ABORTED; corrections, item decisions and sighting decisions
+    racing on one timeline leave the counters exact (and deadlock nothing)."""
+    c = coordinator
+    _, items = await world_with_items(c)
+    target = items[0]
+
+    async def attempt(n: int) -> str:
+        try:
+            await c.workshop.CorrectItemBoxes(
+                ws.CorrectItemBoxesRequest(
+                    item_id=target,
+                    boxes=[edit(0, "person", 0.01 * (n + 1), 0.1, 0.1, 0.1)],
+                    expected_revision=0,
+                ),
+                metadata=c.admin,
+            )
+        except grpc.aio.AioRpcError as error:
+            return error_reason(error)[1]
+        return "won"
+
+    outcomes = await asyncio.gather(*(attempt(n) for n in range(6)))
+    assert sorted(outcomes) == ["STALE_REVISION"] * 5 + ["won"]
+    assert (await item_of(c, target)).revision == 1
+
+    sightings = [x.sighting_id for x in (await review_items(c)).sightings]
+    choices: list[Any] = [
+        lambda n: c.workshop.CorrectItemBoxes(
+            ws.CorrectItemBoxesRequest(
+                item_id=items[n % 4],
+                boxes=[edit(-1, ("person", "vehicle")[n % 2], 0.2, 0.2, 0.1, 0.1)],
+            ),
+            metadata=c.admin,
+        ),
+        lambda n: c.workshop.DecideItem(
+            ws.DecideItemRequest(item_id=items[(n + 1) % 4], decision=(CONFIRM, NONE)[n % 2]),
+            metadata=c.admin,
+        ),
+        lambda n: c.workshop.DecideSighting(
+            ws.DecideSightingRequest(
+                run_id="r1",
+                sighting_id=sightings[n % len(sightings)],
+                decision=RELABEL,
+                class_name=f"class-{n % 3}",
+            ),
+            metadata=c.admin,
+        ),
+    ]
+    await asyncio.gather(*(choices[n % 3](n) for n in range(24)))
+    await check_counts(c)
