@@ -312,6 +312,19 @@ PROBES: dict[str, Callable[[Matrix], Message]] = {
     "/workshop.v1.WorkshopService/DecideSighting": lambda m: ws.DecideSightingRequest(
         run_id="r1", sighting_id="no-such-sighting", decision=ws.REVIEW_DECISION_CONFIRM
     ),
+    # an item that does not exist: the camera check is test_review_corrections'
+    "/workshop.v1.WorkshopService/DecideItem": lambda m: ws.DecideItemRequest(
+        item_id="no-such-item", decision=ws.REVIEW_DECISION_CONFIRM
+    ),
+    "/workshop.v1.WorkshopService/CorrectItemBoxes": lambda m: ws.CorrectItemBoxesRequest(
+        item_id="no-such-item"
+    ),
+    "/workshop.v1.WorkshopService/UndoItemCorrection": lambda m: ws.UndoItemCorrectionRequest(
+        item_id="no-such-item"
+    ),
+    "/workshop.v1.WorkshopService/ClearItemDecision": lambda m: ws.ClearItemDecisionRequest(
+        item_id="no-such-item"
+    ),
     "/workshop.v1.WorkshopService/RequestPhoto": lambda m: ws.RequestPhotoRequest(
         camera_id="cam-a", time=Timestamp(seconds=1_700_000_000)
     ),

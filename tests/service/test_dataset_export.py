@@ -473,3 +473,62 @@ async def test_an_empty_bucket_is_an_archive_with_only_its_index(
     yolo = await export(p, c.admin, "lot", YOLO_FORMAT)
     assert yolo.names == ["classes.txt"]
     assert yolo.files["classes.txt"] == b""
+
+
+async def test_exports_write_corrected_boxes_and_follow_item_decisions(world: World) -> None:
+    """A correction (a detected box moved, one deleted, one added) is what COCO and YOLO
+    write for its item, and the bucket's classes follow it; an item decided None alone
+    leaves the default (accepted) export."""
+    c = world.c
+    corrected = next(
+        item for item, shot in world.shots.items() if (shot.camera, shot.slot) == ("cam-a", 0)
+    )
+    rejected = next(
+        item for item, shot in world.shots.items() if (shot.camera, shot.slot) == ("cam-b", 5)
+    )
+    await c.workshop.CorrectItemBoxes(
+        ws.CorrectItemBoxesRequest(
+            item_id=corrected,
+            boxes=[
+                ws.BoxCorrectionInput(
+                    source_box_index=0, class_name="person", x=0.2, y=0.2, w=0.3, h=0.3
+                ),
+                ws.BoxCorrectionInput(
+                    source_box_index=-1, class_name="vehicle", x=0.5, y=0.5, w=0.25, h=0.25
+                ),
+            ],
+        ),
+        metadata=c.admin,
+    )
+    await c.workshop.DecideItem(
+        ws.DecideItemRequest(item_id=rejected, decision=NONE), metadata=c.admin
+    )
+    # (class, cx, cy, w, h) as YOLO writes them, rounded past float32's noise
+    wanted = [("person", 0.35, 0.35, 0.3, 0.3), ("vehicle", 0.625, 0.625, 0.25, 0.25)]
+    yolo = await export(world.p, c.admin, "yard", YOLO_FORMAT)
+    classes = yolo.files["classes.txt"].decode().splitlines()
+    assert classes == ["person", "vehicle", "worker"]  # "truck" was the deleted box's relabel
+    assert f"labels/{rejected}.txt" not in yolo.files
+    found = []
+    for line in yolo.files[f"labels/{corrected}.txt"].decode().splitlines():
+        index, cx, cy, w, h = line.split(" ")
+        found.append((classes[int(index)], *(round(float(v), 5) for v in (cx, cy, w, h))))
+    assert sorted(found) == wanted
+    coco = await export(world.p, c.admin, "yard", COCO_FORMAT)
+    index = json.loads(coco.files["annotations.json"])
+    (image,) = [i for i in index["images"] if i["workshop_item_id"] == corrected]
+    names = {category["id"]: category["name"] for category in index["categories"]}
+    boxes = sorted(
+        (names[a["category_id"]], [round(v, 3) for v in a["bbox"]])
+        for a in index["annotations"]
+        if a["image_id"] == image["id"]
+    )
+    width, height = image["width"], image["height"]
+    assert boxes == [
+        ("person", [round(v, 3) for v in (0.2 * width, 0.2 * height, 0.3 * width, 0.3 * height)]),
+        (
+            "vehicle",
+            [round(v, 3) for v in (0.5 * width, 0.5 * height, 0.25 * width, 0.25 * height)],
+        ),
+    ]
+    assert rejected not in [i["workshop_item_id"] for i in index["images"]]

@@ -130,6 +130,8 @@ OWN_KEYS_API = statuses(" 401  401  401  401  403  403  403  200  401")
 # A key may not list, mint or revoke keys (only a website session may): the valid
 # Agent key of /v1 is refused too, so these /v1 routes never succeed for an Agent key.
 OWN_KEYS_V1 = statuses("  401  401  401  401  403  403  403  403  401")
+# A write that names a stale revision: refused (409) only once the credential may make it.
+WORKSHOP_STALE = statuses("401  401  401  401  403  403  403  409  401")
 LOGIN = statuses("        200  200  200  200  200  200  200  200  200")
 # Signed in or not, GET /api/session answers 200 (`signed_in`, and `ended`: checked below).
 SESSION_GET = statuses("  200  200  200  200  200  200  200  200  200")
@@ -372,6 +374,34 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
                 WORKSHOP,
                 f"{full}/sightings/{ids.sighting_id}/decision",
                 body={"decision": "confirm"},
+            ),
+            Row(
+                "POST",
+                f"{w}/items/{{item_id}}/correction",
+                WORKSHOP,
+                f"{w}/items/{ids.item_id}/correction",
+                body={"boxes": []},
+            ),
+            Row(
+                "DELETE",
+                f"{w}/items/{{item_id}}/correction",
+                WORKSHOP_STALE,
+                f"{w}/items/{ids.item_id}/correction",
+                params=(("expected_revision", "999999"),),
+            ),
+            Row(
+                "POST",
+                f"{w}/items/{{item_id}}/decision",
+                WORKSHOP,
+                f"{w}/items/{ids.item_id}/decision",
+                body={"decision": "confirm"},
+            ),
+            Row(
+                "DELETE",
+                f"{w}/items/{{item_id}}/decision",
+                WORKSHOP_STALE,
+                f"{w}/items/{ids.item_id}/decision",
+                params=(("expected_revision", "999999"),),
             ),
             Row("GET", f"{w}/summary", WORKSHOP, f"{w}/summary", params=(("time_zone", "UTC"),)),
             # buckets

@@ -135,6 +135,19 @@ def explicit_calls(prefix: str, ids: Ids, runtime: str) -> dict[str, list[Explic
                 body={"decision": "relabel", "class_name": "vehicle", "seen_item_count": 1},
             )
         ],
+        "correctItemBoxes": [
+            Explicit(200, {"item_id": ids.item_id}, body={"boxes": []}),
+            Explicit(409, {"item_id": ids.item_id}, body={"boxes": [], "expected_revision": 999}),
+            Explicit(404, {"item_id": "no-such-item"}, body={"boxes": []}),
+        ],
+        "undoItemCorrection": [Explicit(409, {"item_id": ids.item_id}, {"expected_revision": 999})],
+        "decideItem": [
+            Explicit(200, {"item_id": ids.item_id}, body={"decision": "confirm"}),
+            Explicit(
+                409, {"item_id": ids.item_id}, body={"decision": "none", "expected_revision": 999}
+            ),
+        ],
+        "clearItemDecision": [Explicit(409, {"item_id": ids.item_id}, {"expected_revision": 999})],
         "getSummary": [Explicit(200, query={"time_zone": "Europe/Oslo", "days": 3})],
         "listBucketItems": [
             Explicit(

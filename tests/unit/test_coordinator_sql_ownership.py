@@ -203,7 +203,8 @@ def later_sections() -> list[tuple[str, str, str]]:
         marks = list(_ROOM_LINE.finditer(text))
         head = text[: marks[0].start()] if marks else text
         assert not _CREATE_ANY.search(head), f"{migration.label}: CREATE outside a room section"
-        for mark, following in zip(marks, [*marks[1:], None], strict=True):
+        # (a migration without sections, e.g. 0005's ALTER of a table, holds no CREATE)
+        for mark, following in zip(marks, [*marks[1:], None], strict=False):
             room = mark.group(1)
             assert room in ROOMS, f"{migration.label}: no room {room}"
             end = following.start() if following else len(text)

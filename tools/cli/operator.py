@@ -38,7 +38,8 @@ models = typer.Typer(help="Publish, list and evaluate model versions.", no_args_
 keys = typer.Typer(help="Create, list and revoke keys.", no_args_is_help=True)
 users = typer.Typer(help="Create and disable users; set a password.", no_args_is_help=True)
 buckets = typer.Typer(
-    help="Create and list buckets; list and export their items.", no_args_is_help=True
+    help="Create and list buckets; list, correct, decide and export their items.",
+    no_args_is_help=True,
 )
 
 SCOPES = {
@@ -499,6 +500,110 @@ def bucket_items(
         },
         f"bucket {bucket_id}",
     )
+
+
+DECISIONS = {
+    "confirm": ws.REVIEW_DECISION_CONFIRM,
+    "none": ws.REVIEW_DECISION_NONE,
+    "relabel": ws.REVIEW_DECISION_RELABEL,
+}
+EXPECTED_REVISION_HELP = (
+    "the item's revision you saw (refused with STALE_REVISION when another reviewer changed it)"
+)
+
+
+def _correction_box(text: str) -> ws.BoxCorrectionInput:
+    """SOURCE:CLASS:X,Y,W,H (SOURCE the detected box's index, -1 for a box added)."""
+    try:
+        source, class_name, geometry = text.split(":", 2)
+        x, y, w, h = (float(value) for value in geometry.split(","))
+        return ws.BoxCorrectionInput(
+            source_box_index=int(source), class_name=class_name, x=x, y=y, w=w, h=h
+        )
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not SOURCE:CLASS:X,Y,W,H (e.g. 0:person:0.1,0.2,0.3,0.4; "
+            "-1 as SOURCE adds a box)",
+            param_hint="--box",
+        ) from None
+
+
+def _revision(value: int | None) -> dict[str, int]:
+    return {} if value is None else {"expected_revision": value}
+
+
+def _item_call(ctx: typer.Context, rpc: str, request: Message) -> None:
+    """Calls a WorkshopService RPC answering an item and prints the item."""
+    opts = options(ctx)
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> Any:
+        stub = workshop_pb2_grpc.WorkshopServiceStub(channel)
+        return await getattr(stub, rpc)(request, metadata=md)
+
+    emit(opts, as_dict(run(opts, call).item))
+
+
+@buckets.command("correct")
+def bucket_item_correct(
+    ctx: typer.Context,
+    item_id: str = typer.Argument(..., help="bucket item id"),
+    box: list[str] = typer.Option(
+        [],
+        "--box",
+        help="a box of the correction, SOURCE:CLASS:X,Y,W,H (repeatable; SOURCE -1 adds a "
+        "box; a detected box left out is deleted; none: delete every box)",
+    ),
+    expected_revision: int | None = typer.Option(None, help=EXPECTED_REVISION_HELP),
+) -> None:
+    """Correct a bucket item's boxes (CorrectItemBoxes); the detected boxes are kept."""
+    request = ws.CorrectItemBoxesRequest(
+        item_id=item_id,
+        boxes=[_correction_box(text) for text in box],
+        **_revision(expected_revision),
+    )
+    _item_call(ctx, "CorrectItemBoxes", request)
+
+
+@buckets.command("undo-correction")
+def bucket_item_undo(
+    ctx: typer.Context,
+    item_id: str = typer.Argument(..., help="bucket item id"),
+    expected_revision: int | None = typer.Option(None, help=EXPECTED_REVISION_HELP),
+) -> None:
+    """Undo an item's last correction (UndoItemCorrection)."""
+    request = ws.UndoItemCorrectionRequest(item_id=item_id, **_revision(expected_revision))
+    _item_call(ctx, "UndoItemCorrection", request)
+
+
+@buckets.command("decide")
+def bucket_item_decide(
+    ctx: typer.Context,
+    item_id: str = typer.Argument(..., help="bucket item id"),
+    decision: str = typer.Argument(..., help="confirm, none or relabel"),
+    class_name: str = typer.Option("", "--class", help="relabel: the class"),
+    expected_revision: int | None = typer.Option(None, help=EXPECTED_REVISION_HELP),
+) -> None:
+    """Decide one item apart from its sightings (DecideItem)."""
+    if decision not in DECISIONS:
+        raise typer.BadParameter("must be confirm, none or relabel", param_hint="DECISION")
+    request = ws.DecideItemRequest(
+        item_id=item_id,
+        decision=DECISIONS[decision],
+        class_name=class_name,
+        **_revision(expected_revision),
+    )
+    _item_call(ctx, "DecideItem", request)
+
+
+@buckets.command("clear-decision")
+def bucket_item_clear(
+    ctx: typer.Context,
+    item_id: str = typer.Argument(..., help="bucket item id"),
+    expected_revision: int | None = typer.Option(None, help=EXPECTED_REVISION_HELP),
+) -> None:
+    """Clear an item decision: the item follows its sightings again (ClearItemDecision)."""
+    request = ws.ClearItemDecisionRequest(item_id=item_id, **_revision(expected_revision))
+    _item_call(ctx, "ClearItemDecision", request)
 
 
 @buckets.command("export")

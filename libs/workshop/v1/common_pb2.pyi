@@ -540,6 +540,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION (409): IdentityService.Logout with a key; only a website session signs out (revoke
     a key with IdentityService.RevokeOwnKey or OperatorService.RevokeKey).
     """
+    ERROR_REASON_NOTHING_TO_UNDO: _ErrorReason.ValueType  # 34
+    """FAILED_PRECONDITION (409): UndoItemCorrection of an item with no correction in force, or
+    ClearItemDecision of an item without an item decision.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Stable reasons carried in google.rpc.ErrorInfo.reason (without the
@@ -643,6 +647,10 @@ until the oldest counted failure leaves the window).
 ERROR_REASON_NOT_A_SESSION: ErrorReason.ValueType  # 33
 """FAILED_PRECONDITION (409): IdentityService.Logout with a key; only a website session signs out (revoke
 a key with IdentityService.RevokeOwnKey or OperatorService.RevokeKey).
+"""
+ERROR_REASON_NOTHING_TO_UNDO: ErrorReason.ValueType  # 34
+"""FAILED_PRECONDITION (409): UndoItemCorrection of an item with no correction in force, or
+ClearItemDecision of an item without an item decision.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 

@@ -489,6 +489,10 @@ class BucketItem(_message.Message):
     SAVED_AT_FIELD_NUMBER: _builtins.int
     REVIEWED_AT_FIELD_NUMBER: _builtins.int
     BOX_REVIEWS_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    CORRECTION_FIELD_NUMBER: _builtins.int
+    ITEM_DECISION_FIELD_NUMBER: _builtins.int
+    REVIEWED_BOXES_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     """Item id (unique across the system)."""
     bucket_id: _builtins.str
@@ -511,6 +515,10 @@ class BucketItem(_message.Message):
     """Review state."""
     relabel_class: _builtins.str
     """Class the reviewer relabelled the item's sighting to; absent unless relabelled."""
+    revision: _builtins.int
+    """Counts the item's corrections, undos and item decisions; pass it as expected_revision to
+    CorrectItemBoxes, UndoItemCorrection, DecideItem and ClearItemDecision.
+    """
     @_builtins.property
     def frame_time(self) -> _timestamp_pb2.Timestamp:
         """Presentation time of the frame (UTC)."""
@@ -529,7 +537,25 @@ class BucketItem(_message.Message):
 
     @_builtins.property
     def box_reviews(self) -> _containers.RepeatedCompositeFieldContainer[Global___BoxReview]:
-        """The review of each box, in box order (one entry with box_index -1 for an item without boxes)."""
+        """The review of each box, in box order (one entry with box_index -1 for an item without boxes): the
+        decision on its sighting, also where an item decision overrides it (item_decision).
+        """
+
+    @_builtins.property
+    def correction(self) -> Global___BoxCorrection:
+        """The correction in force; absent while the boxes are as detected (boxes stay as detected either way)."""
+
+    @_builtins.property
+    def item_decision(self) -> Global___ItemDecision:
+        """A decision on this item alone, which overrides its sightings' decisions for its boxes; absent when
+        the item follows its sightings.
+        """
+
+    @_builtins.property
+    def reviewed_boxes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReviewedBox]:
+        """The boxes after review, as summaries count them and exports write them: as corrected (or as detected),
+        each with its class after relabels and its review state (rejected boxes included). Bucket items only.
+        """
 
     def __init__(
         self,
@@ -550,21 +576,173 @@ class BucketItem(_message.Message):
         saved_at: _timestamp_pb2.Timestamp | None = ...,
         reviewed_at: _timestamp_pb2.Timestamp | None = ...,
         box_reviews: _abc.Iterable[Global___BoxReview] | None = ...,
+        revision: _builtins.int = ...,
+        correction: Global___BoxCorrection | None = ...,
+        item_decision: Global___ItemDecision | None = ...,
+        reviewed_boxes: _abc.Iterable[Global___ReviewedBox] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "_reviewed_at", b"_reviewed_at", "frame_time", b"frame_time", "relabel_class", b"relabel_class", "reviewed_at", b"reviewed_at", "saved_at", b"saved_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_correction", b"_correction", "_item_decision", b"_item_decision", "_relabel_class", b"_relabel_class", "_reviewed_at", b"_reviewed_at", "correction", b"correction", "frame_time", b"frame_time", "item_decision", b"item_decision", "relabel_class", b"relabel_class", "reviewed_at", b"reviewed_at", "saved_at", b"saved_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "_reviewed_at", b"_reviewed_at", "box_reviews", b"box_reviews", "boxes", b"boxes", "bucket_id", b"bucket_id", "camera_id", b"camera_id", "frame_time", b"frame_time", "item_id", b"item_id", "job_id", b"job_id", "output_current", b"output_current", "recording_generation", b"recording_generation", "recording_id", b"recording_id", "relabel_class", b"relabel_class", "review_state", b"review_state", "reviewed_at", b"reviewed_at", "run_id", b"run_id", "saved_at", b"saved_at", "slot_index", b"slot_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_correction", b"_correction", "_item_decision", b"_item_decision", "_relabel_class", b"_relabel_class", "_reviewed_at", b"_reviewed_at", "box_reviews", b"box_reviews", "boxes", b"boxes", "bucket_id", b"bucket_id", "camera_id", b"camera_id", "correction", b"correction", "frame_time", b"frame_time", "item_decision", b"item_decision", "item_id", b"item_id", "job_id", b"job_id", "output_current", b"output_current", "recording_generation", b"recording_generation", "recording_id", b"recording_id", "relabel_class", b"relabel_class", "review_state", b"review_state", "reviewed_at", b"reviewed_at", "reviewed_boxes", b"reviewed_boxes", "revision", b"revision", "run_id", b"run_id", "saved_at", b"saved_at", "slot_index", b"slot_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__correction: _TypeAlias = _typing.Literal["correction"]  # noqa: Y015
+    _WhichOneofArgType__correction: _TypeAlias = _typing.Literal["_correction", b"_correction"]  # noqa: Y015
+    _WhichOneofReturnType__item_decision: _TypeAlias = _typing.Literal["item_decision"]  # noqa: Y015
+    _WhichOneofArgType__item_decision: _TypeAlias = _typing.Literal["_item_decision", b"_item_decision"]  # noqa: Y015
     _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
     _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
     _WhichOneofReturnType__reviewed_at: _TypeAlias = _typing.Literal["reviewed_at"]  # noqa: Y015
     _WhichOneofArgType__reviewed_at: _TypeAlias = _typing.Literal["_reviewed_at", b"_reviewed_at"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__correction) -> _WhichOneofReturnType__correction | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__item_decision) -> _WhichOneofReturnType__item_decision | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__relabel_class) -> _WhichOneofReturnType__relabel_class | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reviewed_at) -> _WhichOneofReturnType__reviewed_at | None: ...
 
 Global___BucketItem: _TypeAlias = BucketItem  # noqa: Y015
+
+@_typing.final
+class BoxCorrection(_message.Message):
+    """A correction of a bucket item's boxes by a reviewer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BOXES_FIELD_NUMBER: _builtins.int
+    CORRECTED_BY_FIELD_NUMBER: _builtins.int
+    CORRECTED_AT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def boxes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CorrectedBox]:
+        """The item's boxes as corrected, in order."""
+
+    @_builtins.property
+    def corrected_by(self) -> _common_pb2.Principal:
+        """Who made it."""
+
+    @_builtins.property
+    def corrected_at(self) -> _timestamp_pb2.Timestamp:
+        """When (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        boxes: _abc.Iterable[Global___CorrectedBox] | None = ...,
+        corrected_by: _common_pb2.Principal | None = ...,
+        corrected_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["corrected_at", b"corrected_at", "corrected_by", b"corrected_by"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "corrected_at", b"corrected_at", "corrected_by", b"corrected_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BoxCorrection: _TypeAlias = BoxCorrection  # noqa: Y015
+
+@_typing.final
+class CorrectedBox(_message.Message):
+    """One box of a correction: a detected box moved, resized or reclassified, or a box added."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_BOX_INDEX_FIELD_NUMBER: _builtins.int
+    BOX_FIELD_NUMBER: _builtins.int
+    source_box_index: _builtins.int
+    """Index of the detected box (in BucketItem.boxes) it replaces, whose box stays there as the previous
+    one; -1 for a box the reviewer added. A detected box no CorrectedBox names was deleted.
+    """
+    @_builtins.property
+    def box(self) -> _common_pb2.Box:
+        """The box: class_name as the reviewer set it; score and track_id are not set."""
+
+    def __init__(
+        self,
+        *,
+        source_box_index: _builtins.int = ...,
+        box: _common_pb2.Box | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["box", b"box"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["box", b"box", "source_box_index", b"source_box_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CorrectedBox: _TypeAlias = CorrectedBox  # noqa: Y015
+
+@_typing.final
+class ItemDecision(_message.Message):
+    """A decision on one bucket item."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVIEW_STATE_FIELD_NUMBER: _builtins.int
+    RELABEL_CLASS_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    review_state: _common_pb2.ReviewState.ValueType
+    """ACCEPTED or REJECTED."""
+    relabel_class: _builtins.str
+    """RELABEL: the class its boxes are accepted as; absent otherwise."""
+    @_builtins.property
+    def decided_by(self) -> _common_pb2.Principal:
+        """Who decided."""
+
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        review_state: _common_pb2.ReviewState.ValueType = ...,
+        relabel_class: _builtins.str | None = ...,
+        decided_by: _common_pb2.Principal | None = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class", "review_state", b"review_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
+    _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__relabel_class) -> _WhichOneofReturnType__relabel_class | None: ...
+
+Global___ItemDecision: _TypeAlias = ItemDecision  # noqa: Y015
+
+@_typing.final
+class ReviewedBox(_message.Message):
+    """A box of a bucket item after review (corrections, relabels, item decision)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_BOX_INDEX_FIELD_NUMBER: _builtins.int
+    BOX_FIELD_NUMBER: _builtins.int
+    REVIEW_STATE_FIELD_NUMBER: _builtins.int
+    source_box_index: _builtins.int
+    """Index of the detected box it comes from; -1 for a box a correction added."""
+    review_state: _common_pb2.ReviewState.ValueType
+    """Its review state: the item decision's, else its sighting's; a box added is ACCEPTED."""
+    @_builtins.property
+    def box(self) -> _common_pb2.Box:
+        """The box: class_name after the correction and relabels; score and track_id as detected (score 1 for a
+        box added).
+        """
+
+    def __init__(
+        self,
+        *,
+        source_box_index: _builtins.int = ...,
+        box: _common_pb2.Box | None = ...,
+        review_state: _common_pb2.ReviewState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["box", b"box"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["box", b"box", "review_state", b"review_state", "source_box_index", b"source_box_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReviewedBox: _TypeAlias = ReviewedBox  # noqa: Y015
 
 @_typing.final
 class BoxReview(_message.Message):

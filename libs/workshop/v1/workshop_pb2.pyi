@@ -1025,6 +1025,272 @@ class DecideSightingResponse(_message.Message):
 Global___DecideSightingResponse: _TypeAlias = DecideSightingResponse  # noqa: Y015
 
 @_typing.final
+class CorrectItemBoxesRequest(_message.Message):
+    """Correct a bucket item's boxes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    BOXES_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """Bucket item id (from GetReview or ListBucketItems)."""
+    expected_revision: _builtins.int
+    """The item's revision the caller saw; when given and no longer current, ABORTED (STALE_REVISION) and
+    nothing changes. Absent: the correction replaces whatever is in force.
+    """
+    @_builtins.property
+    def boxes(self) -> _containers.RepeatedCompositeFieldContainer[Global___BoxCorrectionInput]:
+        """The item's boxes as they should be, at most 1,000; empty deletes every box."""
+
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        boxes: _abc.Iterable[Global___BoxCorrectionInput] | None = ...,
+        expected_revision: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "boxes", b"boxes", "expected_revision", b"expected_revision", "item_id", b"item_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___CorrectItemBoxesRequest: _TypeAlias = CorrectItemBoxesRequest  # noqa: Y015
+
+@_typing.final
+class BoxCorrectionInput(_message.Message):
+    """One box of a correction."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_BOX_INDEX_FIELD_NUMBER: _builtins.int
+    CLASS_NAME_FIELD_NUMBER: _builtins.int
+    X_FIELD_NUMBER: _builtins.int
+    Y_FIELD_NUMBER: _builtins.int
+    W_FIELD_NUMBER: _builtins.int
+    H_FIELD_NUMBER: _builtins.int
+    source_box_index: _builtins.int
+    """Index of the detected box (BucketItem.boxes) this box replaces; -1 for a box added."""
+    class_name: _builtins.str
+    """Class, one of the run's models' class lists (GetReview's models)."""
+    x: _builtins.float
+    """Left edge, 0..1 of the frame width."""
+    y: _builtins.float
+    """Top edge, 0..1 of the frame height."""
+    w: _builtins.float
+    """Width, above 0; x + w at most 1."""
+    h: _builtins.float
+    """Height, above 0; y + h at most 1."""
+    def __init__(
+        self,
+        *,
+        source_box_index: _builtins.int = ...,
+        class_name: _builtins.str = ...,
+        x: _builtins.float = ...,
+        y: _builtins.float = ...,
+        w: _builtins.float = ...,
+        h: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["class_name", b"class_name", "h", b"h", "source_box_index", b"source_box_index", "w", b"w", "x", b"x", "y", b"y"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BoxCorrectionInput: _TypeAlias = BoxCorrectionInput  # noqa: Y015
+
+@_typing.final
+class CorrectItemBoxesResponse(_message.Message):
+    """The corrected item."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def item(self) -> _run_pb2.BucketItem:
+        """The item with its correction and boxes after review."""
+
+    def __init__(
+        self,
+        *,
+        item: _run_pb2.BucketItem | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CorrectItemBoxesResponse: _TypeAlias = CorrectItemBoxesResponse  # noqa: Y015
+
+@_typing.final
+class UndoItemCorrectionRequest(_message.Message):
+    """Undo an item's last correction."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """Bucket item id."""
+    expected_revision: _builtins.int
+    """As in CorrectItemBoxesRequest."""
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        expected_revision: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "item_id", b"item_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___UndoItemCorrectionRequest: _TypeAlias = UndoItemCorrectionRequest  # noqa: Y015
+
+@_typing.final
+class UndoItemCorrectionResponse(_message.Message):
+    """The item after the undo."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def item(self) -> _run_pb2.BucketItem:
+        """The item with the correction now in force (absent: as detected)."""
+
+    def __init__(
+        self,
+        *,
+        item: _run_pb2.BucketItem | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndoItemCorrectionResponse: _TypeAlias = UndoItemCorrectionResponse  # noqa: Y015
+
+@_typing.final
+class DecideItemRequest(_message.Message):
+    """Decide one bucket item."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    CLASS_NAME_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """Bucket item id."""
+    decision: Global___ReviewDecision.ValueType
+    """The decision."""
+    class_name: _builtins.str
+    """RELABEL only: the new class name (non-empty, at most 200 characters)."""
+    expected_revision: _builtins.int
+    """As in CorrectItemBoxesRequest."""
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        decision: Global___ReviewDecision.ValueType = ...,
+        class_name: _builtins.str = ...,
+        expected_revision: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "class_name", b"class_name", "decision", b"decision", "expected_revision", b"expected_revision", "item_id", b"item_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___DecideItemRequest: _TypeAlias = DecideItemRequest  # noqa: Y015
+
+@_typing.final
+class DecideItemResponse(_message.Message):
+    """The decided item."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def item(self) -> _run_pb2.BucketItem:
+        """The item with its item decision and its sightings' (box_reviews)."""
+
+    def __init__(
+        self,
+        *,
+        item: _run_pb2.BucketItem | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecideItemResponse: _TypeAlias = DecideItemResponse  # noqa: Y015
+
+@_typing.final
+class ClearItemDecisionRequest(_message.Message):
+    """Clear an item decision."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """Bucket item id."""
+    expected_revision: _builtins.int
+    """As in CorrectItemBoxesRequest."""
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        expected_revision: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "item_id", b"item_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___ClearItemDecisionRequest: _TypeAlias = ClearItemDecisionRequest  # noqa: Y015
+
+@_typing.final
+class ClearItemDecisionResponse(_message.Message):
+    """The item following its sightings again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def item(self) -> _run_pb2.BucketItem:
+        """The item."""
+
+    def __init__(
+        self,
+        *,
+        item: _run_pb2.BucketItem | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearItemDecisionResponse: _TypeAlias = ClearItemDecisionResponse  # noqa: Y015
+
+@_typing.final
 class GetSummaryRequest(_message.Message):
     """Get the summary."""
 

@@ -127,6 +127,26 @@ class WorkshopServiceStub:
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.DecideSightingRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_workshop__pb2.DecideSightingResponse.FromString,
                 _registered_method=True)
+        self.CorrectItemBoxes = channel.unary_unary(
+                '/workshop.v1.WorkshopService/CorrectItemBoxes',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.CorrectItemBoxesRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.CorrectItemBoxesResponse.FromString,
+                _registered_method=True)
+        self.UndoItemCorrection = channel.unary_unary(
+                '/workshop.v1.WorkshopService/UndoItemCorrection',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.UndoItemCorrectionRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.UndoItemCorrectionResponse.FromString,
+                _registered_method=True)
+        self.DecideItem = channel.unary_unary(
+                '/workshop.v1.WorkshopService/DecideItem',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.DecideItemRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.DecideItemResponse.FromString,
+                _registered_method=True)
+        self.ClearItemDecision = channel.unary_unary(
+                '/workshop.v1.WorkshopService/ClearItemDecision',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionResponse.FromString,
+                _registered_method=True)
         self.GetSummary = channel.unary_unary(
                 '/workshop.v1.WorkshopService/GetSummary',
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.GetSummaryRequest.SerializeToString,
@@ -304,6 +324,44 @@ class WorkshopServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CorrectItemBoxes(self, request, context):
+        """Corrects a bucket item's boxes: the boxes given replace those in force (move or resize a detected box
+        by naming its source_box_index, delete one by leaving it out, add one with source_box_index -1). The
+        detected boxes stay as they were; review, the summary's class counts, ListBucketItems and exports use
+        the correction. Errors: NOT_FOUND (item), INVALID_ARGUMENT reason INVALID_FIELD (a box outside 0..1 or
+        empty, a source_box_index out of range or named twice, a class not in the run's models' class lists),
+        ABORTED reason STALE_REVISION with "current_revision" (expected_revision given and stale),
+        PERMISSION_DENIED (a footage:read key; an item of a camera a camera-bound key does not reach).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndoItemCorrection(self, request, context):
+        """Undoes the item's last correction not undone: its boxes go back to the correction before it, or to
+        as detected. Errors as CorrectItemBoxes, and FAILED_PRECONDITION reason NOTHING_TO_UNDO.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecideItem(self, request, context):
+        """Decides one bucket item apart from its sightings: the decision applies to every box of the item and
+        overrides its sightings' decisions, now and later, until cleared. Errors as DecideSighting (a box-less
+        item cannot be relabelled), and NOT_FOUND (item), ABORTED reason STALE_REVISION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearItemDecision(self, request, context):
+        """Clears an item decision: the item follows its sightings again. Errors: NOT_FOUND (item),
+        FAILED_PRECONDITION reason NOTHING_TO_UNDO (no item decision), ABORTED reason STALE_REVISION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSummary(self, request, context):
         """Returns per-bucket and per-workflow figures; photos are excluded.
         Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
@@ -417,6 +475,26 @@ def add_WorkshopServiceServicer_to_server(servicer, server):
                     servicer.DecideSighting,
                     request_deserializer=workshop_dot_v1_dot_workshop__pb2.DecideSightingRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_workshop__pb2.DecideSightingResponse.SerializeToString,
+            ),
+            'CorrectItemBoxes': grpc.unary_unary_rpc_method_handler(
+                    servicer.CorrectItemBoxes,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.CorrectItemBoxesRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.CorrectItemBoxesResponse.SerializeToString,
+            ),
+            'UndoItemCorrection': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndoItemCorrection,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.UndoItemCorrectionRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.UndoItemCorrectionResponse.SerializeToString,
+            ),
+            'DecideItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideItem,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.DecideItemRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.DecideItemResponse.SerializeToString,
+            ),
+            'ClearItemDecision': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearItemDecision,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionResponse.SerializeToString,
             ),
             'GetSummary': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSummary,
@@ -862,6 +940,114 @@ class WorkshopService:
             '/workshop.v1.WorkshopService/DecideSighting',
             workshop_dot_v1_dot_workshop__pb2.DecideSightingRequest.SerializeToString,
             workshop_dot_v1_dot_workshop__pb2.DecideSightingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CorrectItemBoxes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/CorrectItemBoxes',
+            workshop_dot_v1_dot_workshop__pb2.CorrectItemBoxesRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.CorrectItemBoxesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndoItemCorrection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/UndoItemCorrection',
+            workshop_dot_v1_dot_workshop__pb2.UndoItemCorrectionRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.UndoItemCorrectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/DecideItem',
+            workshop_dot_v1_dot_workshop__pb2.DecideItemRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.DecideItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearItemDecision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/ClearItemDecision',
+            workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionResponse.FromString,
             options,
             channel_credentials,
             insecure,

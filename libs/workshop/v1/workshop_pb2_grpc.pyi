@@ -123,6 +123,28 @@ class WorkshopServiceStub:
     characters or with control characters for RELABEL, or set for another decision; RELABEL of a sighting
     without boxes), FAILED_PRECONDITION reason TEST_RUN (a test run saves nothing to decide).
     """
+    CorrectItemBoxes: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.CorrectItemBoxesRequest, _workshop_pb2.CorrectItemBoxesResponse]
+    """Corrects a bucket item's boxes: the boxes given replace those in force (move or resize a detected box
+    by naming its source_box_index, delete one by leaving it out, add one with source_box_index -1). The
+    detected boxes stay as they were; review, the summary's class counts, ListBucketItems and exports use
+    the correction. Errors: NOT_FOUND (item), INVALID_ARGUMENT reason INVALID_FIELD (a box outside 0..1 or
+    empty, a source_box_index out of range or named twice, a class not in the run's models' class lists),
+    ABORTED reason STALE_REVISION with "current_revision" (expected_revision given and stale),
+    PERMISSION_DENIED (a footage:read key; an item of a camera a camera-bound key does not reach).
+    """
+    UndoItemCorrection: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.UndoItemCorrectionRequest, _workshop_pb2.UndoItemCorrectionResponse]
+    """Undoes the item's last correction not undone: its boxes go back to the correction before it, or to
+    as detected. Errors as CorrectItemBoxes, and FAILED_PRECONDITION reason NOTHING_TO_UNDO.
+    """
+    DecideItem: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.DecideItemRequest, _workshop_pb2.DecideItemResponse]
+    """Decides one bucket item apart from its sightings: the decision applies to every box of the item and
+    overrides its sightings' decisions, now and later, until cleared. Errors as DecideSighting (a box-less
+    item cannot be relabelled), and NOT_FOUND (item), ABORTED reason STALE_REVISION.
+    """
+    ClearItemDecision: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.ClearItemDecisionRequest, _workshop_pb2.ClearItemDecisionResponse]
+    """Clears an item decision: the item follows its sightings again. Errors: NOT_FOUND (item),
+    FAILED_PRECONDITION reason NOTHING_TO_UNDO (no item decision), ABORTED reason STALE_REVISION.
+    """
     GetSummary: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetSummaryRequest, _workshop_pb2.GetSummaryResponse]
     """Returns per-bucket and per-workflow figures; photos are excluded.
     Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
@@ -235,6 +257,28 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT (decision unset, class missing, over 200
     characters or with control characters for RELABEL, or set for another decision; RELABEL of a sighting
     without boxes), FAILED_PRECONDITION reason TEST_RUN (a test run saves nothing to decide).
+    """
+    CorrectItemBoxes: _aio.UnaryUnaryMultiCallable[_workshop_pb2.CorrectItemBoxesRequest, _workshop_pb2.CorrectItemBoxesResponse]  # type: ignore[assignment]
+    """Corrects a bucket item's boxes: the boxes given replace those in force (move or resize a detected box
+    by naming its source_box_index, delete one by leaving it out, add one with source_box_index -1). The
+    detected boxes stay as they were; review, the summary's class counts, ListBucketItems and exports use
+    the correction. Errors: NOT_FOUND (item), INVALID_ARGUMENT reason INVALID_FIELD (a box outside 0..1 or
+    empty, a source_box_index out of range or named twice, a class not in the run's models' class lists),
+    ABORTED reason STALE_REVISION with "current_revision" (expected_revision given and stale),
+    PERMISSION_DENIED (a footage:read key; an item of a camera a camera-bound key does not reach).
+    """
+    UndoItemCorrection: _aio.UnaryUnaryMultiCallable[_workshop_pb2.UndoItemCorrectionRequest, _workshop_pb2.UndoItemCorrectionResponse]  # type: ignore[assignment]
+    """Undoes the item's last correction not undone: its boxes go back to the correction before it, or to
+    as detected. Errors as CorrectItemBoxes, and FAILED_PRECONDITION reason NOTHING_TO_UNDO.
+    """
+    DecideItem: _aio.UnaryUnaryMultiCallable[_workshop_pb2.DecideItemRequest, _workshop_pb2.DecideItemResponse]  # type: ignore[assignment]
+    """Decides one bucket item apart from its sightings: the decision applies to every box of the item and
+    overrides its sightings' decisions, now and later, until cleared. Errors as DecideSighting (a box-less
+    item cannot be relabelled), and NOT_FOUND (item), ABORTED reason STALE_REVISION.
+    """
+    ClearItemDecision: _aio.UnaryUnaryMultiCallable[_workshop_pb2.ClearItemDecisionRequest, _workshop_pb2.ClearItemDecisionResponse]  # type: ignore[assignment]
+    """Clears an item decision: the item follows its sightings again. Errors: NOT_FOUND (item),
+    FAILED_PRECONDITION reason NOTHING_TO_UNDO (no item decision), ABORTED reason STALE_REVISION.
     """
     GetSummary: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetSummaryRequest, _workshop_pb2.GetSummaryResponse]  # type: ignore[assignment]
     """Returns per-bucket and per-workflow figures; photos are excluded.
@@ -435,6 +479,52 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: NOT_FOUND (run or sighting), INVALID_ARGUMENT (decision unset, class missing, over 200
         characters or with control characters for RELABEL, or set for another decision; RELABEL of a sighting
         without boxes), FAILED_PRECONDITION reason TEST_RUN (a test run saves nothing to decide).
+        """
+
+    @_abc_1.abstractmethod
+    def CorrectItemBoxes(
+        self,
+        request: _workshop_pb2.CorrectItemBoxesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.CorrectItemBoxesResponse, _abc.Awaitable[_workshop_pb2.CorrectItemBoxesResponse]]:
+        """Corrects a bucket item's boxes: the boxes given replace those in force (move or resize a detected box
+        by naming its source_box_index, delete one by leaving it out, add one with source_box_index -1). The
+        detected boxes stay as they were; review, the summary's class counts, ListBucketItems and exports use
+        the correction. Errors: NOT_FOUND (item), INVALID_ARGUMENT reason INVALID_FIELD (a box outside 0..1 or
+        empty, a source_box_index out of range or named twice, a class not in the run's models' class lists),
+        ABORTED reason STALE_REVISION with "current_revision" (expected_revision given and stale),
+        PERMISSION_DENIED (a footage:read key; an item of a camera a camera-bound key does not reach).
+        """
+
+    @_abc_1.abstractmethod
+    def UndoItemCorrection(
+        self,
+        request: _workshop_pb2.UndoItemCorrectionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.UndoItemCorrectionResponse, _abc.Awaitable[_workshop_pb2.UndoItemCorrectionResponse]]:
+        """Undoes the item's last correction not undone: its boxes go back to the correction before it, or to
+        as detected. Errors as CorrectItemBoxes, and FAILED_PRECONDITION reason NOTHING_TO_UNDO.
+        """
+
+    @_abc_1.abstractmethod
+    def DecideItem(
+        self,
+        request: _workshop_pb2.DecideItemRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.DecideItemResponse, _abc.Awaitable[_workshop_pb2.DecideItemResponse]]:
+        """Decides one bucket item apart from its sightings: the decision applies to every box of the item and
+        overrides its sightings' decisions, now and later, until cleared. Errors as DecideSighting (a box-less
+        item cannot be relabelled), and NOT_FOUND (item), ABORTED reason STALE_REVISION.
+        """
+
+    @_abc_1.abstractmethod
+    def ClearItemDecision(
+        self,
+        request: _workshop_pb2.ClearItemDecisionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.ClearItemDecisionResponse, _abc.Awaitable[_workshop_pb2.ClearItemDecisionResponse]]:
+        """Clears an item decision: the item follows its sightings again. Errors: NOT_FOUND (item),
+        FAILED_PRECONDITION reason NOTHING_TO_UNDO (no item decision), ABORTED reason STALE_REVISION.
         """
 
     @_abc_1.abstractmethod

@@ -164,3 +164,9 @@ class Expired(errors.NotFound):
     """The resource existed but its time is up (a preview, a test result after its hour)."""
 
     reason = "EXPIRED"
+
+
+class NothingToUndo(errors.FailedPrecondition):
+    """An undo with nothing to undo: no correction in force, or no item decision."""
+
+    reason = "NOTHING_TO_UNDO"

@@ -81,7 +81,7 @@ SELECT bucket_id, camera_id, sighting_id, ungrouped FROM sighting_lock_v2($1, $2
 
 -- name: sighting_decide
 -- nullable: relabel_class
-SELECT sighting_decide_v2(p_run => :run_id::text, p_sighting => :sighting_id::text,
+SELECT sighting_decide_v3(p_run => :run_id::text, p_sighting => :sighting_id::text,
                        p_state => :review_state::text, p_relabel => :relabel_class::text,
                        p_by => :decided_by::jsonb, p_now => :now::timestamptz);
 
@@ -97,7 +97,9 @@ FROM run_facts_v1($1) r CROSS JOIN run_snapshot_v1($1) s;
 -- Their boxes come from review_page_boxes (boxes NULL here).
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
-       NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at
+       NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
+       bi.revision, bi.corrected_boxes, bi.corrected_by, bi.corrected_at, bi.item_state,
+       bi.item_relabel, bi.item_decided_by, bi.item_decided_at
 FROM bucket_items_current bi
 WHERE bi.run_id = $1
   AND ($2::text[] IS NULL OR bi.camera_id = ANY ($2))
@@ -114,7 +116,10 @@ SELECT so.item_id, '' AS bucket_id, :run_id::text AS run_id, so.job_index, so.sl
        so.camera_id, so.recording_id, so.recording_generation,
        (rec.generation = so.recording_generation AND rec.deleted_at IS NULL) AS output_current,
        so.frame_time, so.boxes, 'pending' AS review_state, NULL::text AS relabel_class,
-       so.published_at AS saved_at, NULL::timestamptz AS reviewed_at
+       so.published_at AS saved_at, NULL::timestamptz AS reviewed_at, 0 AS revision,
+       NULL::jsonb AS corrected_boxes, NULL::jsonb AS corrected_by,
+       NULL::timestamptz AS corrected_at, NULL::text AS item_state, NULL::text AS item_relabel,
+       NULL::jsonb AS item_decided_by, NULL::timestamptz AS item_decided_at
 FROM run_published_previews_v1(:run_id) so
 CROSS JOIN LATERAL recording_state_v1(so.recording_id) rec
 WHERE so.item_id IS NOT NULL
@@ -200,20 +205,23 @@ SELECT bucket_id FROM buckets_live_v1() WHERE bucket_id = $1;
 
 -- name: bucket_items_page
 -- A page of a bucket's items, oldest frame first, after the key (after_frame_time,
--- after_item_id), filtered by review states, class after relabels, camera (camera_id, or
+-- after_item_id), filtered by review states, class after corrections and relabels, camera (camera_id, or
 -- the cameras the reader may see) and frame time [frame_time_from, frame_time_to).
 -- nullable: review_states, class_name, camera_id, cameras, frame_time_from, frame_time_to
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
        NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
-       bi.object_key, bi.sha256
+       bi.object_key, bi.sha256,
+       bi.revision, bi.corrected_boxes, bi.corrected_by, bi.corrected_at, bi.item_state,
+       bi.item_relabel, bi.item_decided_by, bi.item_decided_at
 FROM bucket_items_current bi
 WHERE bi.bucket_id = :bucket_id::text
   AND (:review_states::text[] IS NULL OR bi.review_state = ANY (:review_states))
   AND (:class_name::text IS NULL OR EXISTS (
-          SELECT 1 FROM jsonb_array_elements(bi.boxes) WITH ORDINALITY AS b (box, ordinal)
-          WHERE coalesce(bi.box_relabels[b.ordinal], b.box ->> 'class_name', '')
-                = :class_name))
+          SELECT 1
+          FROM bucket_item_reviewed_boxes_v1(bi.boxes, bi.corrected_boxes, bi.box_states,
+                                             bi.box_relabels, bi.item_state, bi.item_relabel) r
+          WHERE r.class_name = :class_name))
   AND (:camera_id::text IS NULL OR bi.camera_id = :camera_id)
   AND (:cameras::text[] IS NULL OR bi.camera_id = ANY (:cameras))
   AND (:frame_time_from::timestamptz IS NULL OR bi.frame_time >= :frame_time_from)
@@ -276,3 +284,67 @@ SELECT run_id, pending, accepted, rejected FROM run_review_counts WHERE run_id =
 
 -- name: runs_by_ids
 SELECT * FROM run_status WHERE run_id = ANY ($1::text[]);
+
+-- name: items_reviewed_boxes
+-- The boxes of bucket items after review (corrections, relabels, item decisions:
+-- bucket_item_reviewed_boxes), in item and box order.
+SELECT bi.item_id, r.box_index, r.source_index, r.class_name, r.score, r.x, r.y, r.w, r.h,
+       r.track_id, r.review_state, r.relabel_class
+FROM bucket_items bi
+CROSS JOIN LATERAL bucket_item_reviewed_boxes_v1(bi.boxes, bi.corrected_boxes, bi.box_states,
+                                                 bi.box_relabels, bi.item_state,
+                                                 bi.item_relabel) r
+WHERE bi.item_id = ANY ($1::text[])
+ORDER BY bi.item_id, r.box_index;
+
+-- name: item_timeline
+-- The timeline of a bucket item (no row: no such item).
+SELECT run_id, bucket_id, camera_id FROM bucket_items WHERE item_id = $1;
+
+-- name: item_locked
+-- A bucket item about to be corrected or decided, locked (after its timeline's lock).
+SELECT bi.item_id, bi.run_id, bi.revision, bi.boxes, bi.corrected_boxes, bi.item_state
+FROM bucket_items bi WHERE bi.item_id = $1
+FOR UPDATE;
+
+-- name: item_get
+-- A bucket item as review shows it.
+SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
+       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
+       NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
+       bi.revision, bi.corrected_boxes, bi.corrected_by, bi.corrected_at, bi.item_state,
+       bi.item_relabel, bi.item_decided_by, bi.item_decided_at
+FROM bucket_items_current bi WHERE bi.item_id = $1;
+
+-- name: item_revise
+-- nullable: corrected_boxes, corrected_by, corrected_at, review_state, relabel_class
+SELECT bucket_item_revise_v1(
+    p_item => :item_id::text, p_correct => :correct::boolean,
+    p_corrected => :corrected_boxes::jsonb, p_corrected_by => :corrected_by::jsonb,
+    p_corrected_at => :corrected_at::timestamptz, p_decide => :decide::boolean,
+    p_state => :review_state::text, p_relabel => :relabel_class::text,
+    p_by => :decided_by::jsonb, p_now => :now::timestamptz);
+
+-- name: item_correction_logged
+-- nullable: previous
+INSERT INTO box_corrections (item_id, revision, previous, boxes, corrected_by, corrected_at)
+VALUES (:item_id::text, :revision::integer, :previous::jsonb, :boxes::jsonb,
+        :corrected_by::jsonb, :corrected_at::timestamptz);
+
+-- name: item_corrections_in_force
+-- The item's two newest corrections not undone, newest first: undo marks the first undone
+-- and brings back the second's boxes (none: as detected).
+SELECT revision, boxes, corrected_by, corrected_at FROM box_corrections
+WHERE item_id = $1 AND undone_at IS NULL
+ORDER BY revision DESC LIMIT 2;
+
+-- name: item_correction_undone
+UPDATE box_corrections SET undone_by = $3::jsonb, undone_at = $4
+WHERE item_id = $1 AND revision = $2;
+
+-- name: item_decision_logged
+-- nullable: review_state, relabel_class
+INSERT INTO item_decisions (item_id, revision, review_state, relabel_class, decided_by,
+                            decided_at)
+VALUES (:item_id::text, :revision::integer, :review_state::text, :relabel_class::text,
+        :decided_by::jsonb, :decided_at::timestamptz);

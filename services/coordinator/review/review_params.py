@@ -107,3 +107,52 @@ class BucketItemsPage(Params):
     after_frame_time: datetime
     after_item_id: str
     limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ItemRevise(Params):
+    """The parameters of `review.item_revise`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "item_revise"
+
+    item_id: str
+    correct: bool
+    corrected_boxes: object | None
+    corrected_by: object | None
+    corrected_at: datetime | None
+    decide: bool
+    review_state: str | None
+    relabel_class: str | None
+    decided_by: object
+    now: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ItemCorrectionLogged(Params):
+    """The parameters of `review.item_correction_logged`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "item_correction_logged"
+
+    item_id: str
+    revision: int
+    previous: object | None
+    boxes: object
+    corrected_by: object
+    corrected_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ItemDecisionLogged(Params):
+    """The parameters of `review.item_decision_logged`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "item_decision_logged"
+
+    item_id: str
+    revision: int
+    review_state: str | None
+    relabel_class: str | None
+    decided_by: object
+    decided_at: datetime

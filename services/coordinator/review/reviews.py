@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import unicodedata
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, time, timedelta
@@ -33,11 +34,16 @@ from services.coordinator.platform.db import (
 from services.coordinator.platform.errors import (
     InvalidField,
     NotFound,
+    NothingToUndo,
+    StaleRevision,
     TestRunNotReviewable,
 )
 from services.coordinator.review import sightings
 from services.coordinator.review.review_params import (
     BucketItemsPage,
+    ItemCorrectionLogged,
+    ItemDecisionLogged,
+    ItemRevise,
     ReviewPageBoxes,
     ReviewPreviewsPage,
     SightingDecide,
@@ -216,6 +222,51 @@ class ItemRow(Row):
     relabel_class: str | None
     saved_at: datetime
     reviewed_at: datetime | None
+    revision: int
+    corrected_boxes: list[dict[str, Any]] | None  # the correction in force (None: as detected)
+    corrected_by: dict[str, str] | None
+    corrected_at: datetime | None
+    item_state: str | None  # the item decision (None: it follows its sightings)
+    item_relabel: str | None
+    item_decided_by: dict[str, str] | None
+    item_decided_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReviewedBoxRow(Row):
+    """A box of a bucket item after review (bucket_item_reviewed_boxes): as corrected or
+    detected, class after relabels, review state; source_index -1: added by a correction."""
+
+    item_id: str
+    box_index: int
+    source_index: int
+    class_name: str
+    score: float
+    x: float
+    y: float
+    w: float
+    h: float
+    track_id: int | None
+    review_state: str
+    relabel_class: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockedItem(Row):
+    item_id: str
+    run_id: str
+    revision: int
+    boxes: list[dict[str, Any]]
+    corrected_boxes: list[dict[str, Any]] | None
+    item_state: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CorrectionInForce(Row):
+    revision: int
+    boxes: list[dict[str, Any]] | None
+    corrected_by: dict[str, str]
+    corrected_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -376,6 +427,28 @@ class ReviewPage:
     boxes: dict[str, list[BoxRow]]  # by item id, in box order
     sightings: list[SightingRow]
     next_key: PageKey | None
+    reviewed: dict[str, list[ReviewedBoxRow]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectionBox:
+    """A box of a correction as asked: the detected box it replaces (-1: added)."""
+
+    source_box_index: int
+    class_name: str
+    x: float
+    y: float
+    w: float
+    h: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemView:
+    """A bucket item after a correction or an item decision, as answered."""
+
+    item: ItemRow
+    boxes: list[BoxRow]
+    reviewed: list[ReviewedBoxRow]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,6 +484,7 @@ class ItemsPage:
     boxes: dict[str, list[BoxRow]]  # by item id, in box order
     next_key: PageKey | None
     classes: list[str]
+    reviewed: dict[str, list[ReviewedBoxRow]] = dataclasses.field(default_factory=dict)
 
 
 def readable_cameras(who: Principal) -> frozenset[str] | None:
@@ -703,6 +777,11 @@ class ReviewApi:
                 if sighting_ids
                 else []
             )
+            reviewed = (
+                await reviewed_boxes_of(connection, [item.item_id for item in items])
+                if run.mode == "full"
+                else {}
+            )
         return ReviewPage(
             run=run,
             recordings=recordings,
@@ -710,6 +789,7 @@ class ReviewApi:
             boxes=boxes,
             sightings=found,
             next_key=next_key,
+            reviewed=reviewed,
         )
 
     async def decide(
@@ -880,13 +960,17 @@ class ReviewApi:
                 ),
             )
             rows, next_key = _page(rows, limit, lambda row: row.item)
-            boxes = await items_boxes(connection, [row.item.item_id for row in rows])
+            ids = [row.item.item_id for row in rows]
+            boxes = await items_boxes(connection, ids)
+            reviewed = await reviewed_boxes_of(connection, ids)
             classes: list[str] = []
             if with_classes:
                 classes = await fetch_column(
                     connection, str, sql("review", "bucket_classes"), bucket_id
                 )
-        return ItemsPage(items=rows, boxes=boxes, next_key=next_key, classes=classes)
+        return ItemsPage(
+            items=rows, boxes=boxes, next_key=next_key, classes=classes, reviewed=reviewed
+        )
 
     async def export_items(
         self,
@@ -901,8 +985,172 @@ class ReviewApi:
         page = await self.bucket_items(
             reader, bucket_id, wanted, after, limit, with_classes=after is None
         )
-        reviewed = {item_id: reviewed_boxes(boxes) for item_id, boxes in page.boxes.items()}
-        return dataclasses.replace(page, boxes=reviewed)
+        exported = {
+            row.item.item_id: exported_boxes(page.reviewed.get(row.item.item_id, ()))
+            for row in page.items
+        }
+        return dataclasses.replace(page, boxes=exported)
+
+    async def correct(
+        self,
+        who: Principal,
+        item_id: str,
+        boxes: Sequence[CorrectionBox],
+        expected_revision: int | None,
+    ) -> ItemView:
+        """Replaces the boxes in force of a bucket item with `boxes` (the detected ones
+        stay), logged for undo, counters moved, in one transaction under its timeline's lock."""
+        cameras = decidable_cameras(who)
+        check_correction(boxes)
+        now = self.clock.now()
+        async with self.db.transaction() as connection:
+            locked = await _lock_item(connection, cameras, item_id, expected_revision)
+            detected = len(locked.boxes)
+            for n, found in enumerate(boxes):
+                if found.source_box_index >= detected:
+                    raise InvalidField(
+                        f"boxes[{n}].source_box_index is {found.source_box_index}; the item has "
+                        f"{detected} detected boxes (0..{detected - 1}, or -1 for a box added).",
+                        metadata={"field": f"boxes[{n}].source_box_index"},
+                    )
+            run = await _review_run(connection, locked.run_id)
+            known = model_classes(run.snapshot)
+            for n, found in enumerate(boxes):
+                if known and found.class_name not in known:
+                    raise InvalidField(
+                        f"boxes[{n}].class_name {found.class_name[:80]!r} is not a class of "
+                        "the run's models (GetReview's models list them).",
+                        metadata={"field": f"boxes[{n}].class_name"},
+                    )
+            stored = [
+                {
+                    "source": found.source_box_index,
+                    "class_name": found.class_name,
+                    "x": found.x,
+                    "y": found.y,
+                    "w": found.w,
+                    "h": found.h,
+                }
+                for found in boxes
+            ]
+            by = who.to_json()
+            revision = await self._revise(
+                connection, item_id, correct=(stored, by, now), decide=None, by=by, now=now
+            )
+            await connection.execute(
+                *bind(
+                    ItemCorrectionLogged(
+                        item_id=item_id,
+                        revision=revision,
+                        previous=locked.corrected_boxes,
+                        boxes=stored,
+                        corrected_by=by,
+                        corrected_at=now,
+                    )
+                )
+            )
+            return await _item_view(connection, item_id)
+
+    async def undo_correction(
+        self, who: Principal, item_id: str, expected_revision: int | None
+    ) -> ItemView:
+        """Undoes the item's newest correction not undone: back to the one before it, or to
+        the boxes as detected."""
+        cameras = decidable_cameras(who)
+        now = self.clock.now()
+        async with self.db.transaction() as connection:
+            await _lock_item(connection, cameras, item_id, expected_revision)
+            in_force = await fetch_all(
+                connection, CorrectionInForce, sql("review", "item_corrections_in_force"), item_id
+            )
+            if not in_force or in_force[0].boxes is None:
+                raise NothingToUndo(f"Item {item_id!r} has no correction to undo.")
+            back = in_force[1] if len(in_force) > 1 else None
+            by = who.to_json()
+            await self._revise(
+                connection,
+                item_id,
+                correct=(back.boxes, back.corrected_by, back.corrected_at)
+                if back is not None
+                else (None, None, None),
+                decide=None,
+                by=by,
+                now=now,
+            )
+            await connection.execute(
+                sql("review", "item_correction_undone"), item_id, in_force[0].revision, by, now
+            )
+            return await _item_view(connection, item_id)
+
+    async def decide_item(
+        self,
+        who: Principal,
+        item_id: str,
+        state: str | None,
+        relabel: str | None,
+        expected_revision: int | None,
+    ) -> ItemView:
+        """Sets (state None: clears) the decision on one item, which overrides its
+        sightings' decisions for its boxes."""
+        cameras = decidable_cameras(who)
+        now = self.clock.now()
+        async with self.db.transaction() as connection:
+            locked = await _lock_item(connection, cameras, item_id, expected_revision)
+            if state is None and locked.item_state is None:
+                raise NothingToUndo(f"Item {item_id!r} has no item decision to clear.")
+            if relabel is not None and not locked.boxes:
+                raise InvalidField(
+                    "An item without detected boxes has no class to relabel; "
+                    "confirm it or decide None.",
+                    metadata={"field": "decision"},
+                )
+            by = who.to_json()
+            revision = await self._revise(
+                connection, item_id, correct=None, decide=(state, relabel), by=by, now=now
+            )
+            await connection.execute(
+                *bind(
+                    ItemDecisionLogged(
+                        item_id=item_id,
+                        revision=revision,
+                        review_state=state,
+                        relabel_class=relabel,
+                        decided_by=by,
+                        decided_at=now,
+                    )
+                )
+            )
+            return await _item_view(connection, item_id)
+
+    async def _revise(
+        self,
+        connection: Connection,
+        item_id: str,
+        *,
+        correct: tuple[Any, Any, datetime | None] | None,
+        decide: tuple[str | None, str | None] | None,
+        by: Any,
+        now: datetime,
+    ) -> int:
+        corrected, corrected_by, corrected_at = correct or (None, None, None)
+        state, relabel = decide or (None, None)
+        revision: int = await connection.fetchval(
+            *bind(
+                ItemRevise(
+                    item_id=item_id,
+                    correct=correct is not None,
+                    corrected_boxes=corrected,
+                    corrected_by=corrected_by,
+                    corrected_at=corrected_at,
+                    decide=decide is not None,
+                    review_state=state,
+                    relabel_class=relabel,
+                    decided_by=by,
+                    now=now,
+                )
+            )
+        )
+        return revision
 
 
 def _page(
@@ -960,10 +1208,140 @@ async def page_boxes(
     return found
 
 
-def reviewed_boxes(boxes: Sequence[BoxRow]) -> list[BoxRow]:
-    """An item's boxes after review: rejected boxes left out, relabels applied."""
+def exported_boxes(boxes: Sequence[ReviewedBoxRow]) -> list[BoxRow]:
+    """An item's boxes as an export writes them: after review (corrections, relabels, item
+    decision), rejected boxes left out."""
     return [
-        dataclasses.replace(box, class_name=box.relabel_class or box.class_name)
+        BoxRow(
+            item_id=box.item_id,
+            box_index=box.box_index,
+            class_name=box.class_name,
+            score=box.score,
+            x=box.x,
+            y=box.y,
+            w=box.w,
+            h=box.h,
+            track_id=box.track_id,
+            sighting_id="",
+            review_state=box.review_state,
+            relabel_class=box.relabel_class,
+        )
         for box in boxes
-        if box.box_index >= 0 and box.review_state != "rejected"
+        if box.review_state != "rejected"
     ]
+
+
+async def reviewed_boxes_of(
+    connection: Connection, item_ids: list[str]
+) -> dict[str, list[ReviewedBoxRow]]:
+    """The boxes of bucket items after review, by item id in box order."""
+    found: dict[str, list[ReviewedBoxRow]] = {}
+    if item_ids:
+        for box in await fetch_all(
+            connection, ReviewedBoxRow, sql("review", "items_reviewed_boxes"), item_ids
+        ):
+            found.setdefault(box.item_id, []).append(box)
+    return found
+
+
+MAX_CORRECTED_BOXES = 1000
+# float32 sums: a box flush with the edge may end a rounding step past 1
+EDGE_TOLERANCE = 1e-6
+
+
+def check_correction(boxes: Sequence[CorrectionBox]) -> None:
+    """A correction's boxes: at most 1,000, each inside the frame and not empty, each
+    detected box named once at most, classes as relabels are."""
+    if len(boxes) > MAX_CORRECTED_BOXES:
+        raise InvalidField(
+            f"boxes holds {len(boxes)} boxes; at most {MAX_CORRECTED_BOXES} are allowed.",
+            metadata={"field": "boxes", "limit": str(MAX_CORRECTED_BOXES)},
+        )
+    named: set[int] = set()
+    for n, box in enumerate(boxes):
+        field = f"boxes[{n}]"
+        if box.source_box_index < -1:
+            raise InvalidField(
+                f"{field}.source_box_index must be a detected box's index or -1 (a box added).",
+                metadata={"field": f"{field}.source_box_index"},
+            )
+        if box.source_box_index >= 0:
+            if box.source_box_index in named:
+                raise InvalidField(
+                    f"{field}.source_box_index {box.source_box_index} is named twice.",
+                    metadata={"field": f"{field}.source_box_index"},
+                )
+            named.add(box.source_box_index)
+        values = (box.x, box.y, box.w, box.h)
+        if not all(math.isfinite(v) for v in values) or not (
+            box.x >= 0
+            and box.y >= 0
+            and box.w > 0
+            and box.h > 0
+            and box.x + box.w <= 1 + EDGE_TOLERANCE
+            and box.y + box.h <= 1 + EDGE_TOLERANCE
+        ):
+            raise InvalidField(
+                f"{field} must lie inside the frame: x, y >= 0, w, h > 0, x + w <= 1 and "
+                f"y + h <= 1 (normalised; got x={box.x}, y={box.y}, w={box.w}, h={box.h}).",
+                metadata={"field": field},
+            )
+        try:
+            check_class(box.class_name)
+        except InvalidField as error:
+            raise InvalidField(
+                error.message.replace("class_name", f"{field}.class_name", 1).replace(
+                    " for RELABEL", ""
+                ),
+                metadata={"field": f"{field}.class_name"},
+            ) from None
+
+
+def model_classes(snapshot: dict[str, Any]) -> frozenset[str]:
+    """The class names of a run's pinned models (empty: they list none)."""
+    return frozenset(
+        str(name)
+        for model in snapshot.get("models", [])
+        if isinstance(model, dict)
+        for name in model.get("classes") or []
+    )
+
+
+async def _lock_item(
+    connection: Connection,
+    cameras: frozenset[str] | None,
+    item_id: str,
+    expected_revision: int | None,
+) -> LockedItem:
+    """Locks a bucket item's timeline, then the item (the lock order), checking that the
+    caller reaches its camera and saw its current revision."""
+    if not item_id:
+        raise InvalidField("item_id is required.", metadata={"field": "item_id"})
+    timeline = await fetch_one(connection, Timeline, sql("review", "item_timeline"), item_id)
+    if timeline is None:
+        raise NotFound("item", item_id, f"Bucket item {item_id!r} does not exist.")
+    if cameras is not None and timeline.camera_id not in cameras:
+        raise errors.PermissionDenied(
+            f"This credential may not decide on camera {timeline.camera_id!r}."
+        )
+    await connection.execute(
+        sql("review", "timelines_lock"), timeline.run_id, timeline.camera_id, [timeline.bucket_id]
+    )
+    locked = await fetch_one(connection, LockedItem, sql("review", "item_locked"), item_id)
+    if locked is None:
+        raise NotFound("item", item_id, f"Bucket item {item_id!r} does not exist.")
+    if expected_revision is not None and expected_revision != locked.revision:
+        raise StaleRevision(
+            f"Item {item_id!r} is at revision {locked.revision}, not {expected_revision}: "
+            "another reviewer changed it; read it again.",
+            metadata={"current_revision": str(locked.revision)},
+        )
+    return locked
+
+
+async def _item_view(connection: Connection, item_id: str) -> ItemView:
+    item = await fetch_one(connection, ItemRow, sql("review", "item_get"), item_id)
+    assert item is not None
+    boxes = await items_boxes(connection, [item_id])
+    reviewed = await reviewed_boxes_of(connection, [item_id])
+    return ItemView(item, boxes.get(item_id, []), reviewed.get(item_id, []))

@@ -21,7 +21,15 @@ from services.coordinator.leases.jobs import Lease, job_id, lease_from
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.previews.publication import PreviewRecord, Recorded
 from services.coordinator.review import reviews
-from services.coordinator.review.reviews import BoxRow, ItemFilter, ItemRow, PageKey, SightingRow
+from services.coordinator.review.reviews import (
+    BoxRow,
+    ItemFilter,
+    ItemRow,
+    ItemView,
+    PageKey,
+    ReviewedBoxRow,
+    SightingRow,
+)
 from services.coordinator.runs.rows import SnapshotRecordingRow
 from services.coordinator.servicers.common import split_token
 from workshop.kit.errors import WorkshopError
@@ -142,7 +150,12 @@ def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
     )
 
 
-def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow, boxes: Sequence[BoxRow]) -> None:
+def fill_bucket_item(
+    target: run_pb2.BucketItem,
+    row: ItemRow,
+    boxes: Sequence[BoxRow],
+    reviewed: Sequence[ReviewedBoxRow] = (),
+) -> None:
     """Writes `row` and its `boxes` into `target` in place: a review page holds 1,000 of
     them, and building each as its own message to copy into the page costs a third more."""
     target.item_id = row.item_id
@@ -173,6 +186,48 @@ def fill_bucket_item(target: run_pb2.BucketItem, row: ItemRow, boxes: Sequence[B
         )
         if box.relabel_class is not None:
             review.relabel_class = box.relabel_class
+    target.revision = row.revision
+    if row.corrected_boxes is not None:
+        correction = target.correction
+        correction.SetInParent()
+        for stored in row.corrected_boxes:
+            corrected = correction.boxes.add(source_box_index=int(stored["source"]))
+            corrected.box.class_name = stored["class_name"]
+            corrected.box.x = stored["x"]
+            corrected.box.y = stored["y"]
+            corrected.box.w = stored["w"]
+            corrected.box.h = stored["h"]
+        if row.corrected_by is not None:
+            correction.corrected_by.CopyFrom(auth.principal_proto(row.corrected_by))
+        if row.corrected_at is not None:
+            convert.set_ts(correction.corrected_at, row.corrected_at)
+    if row.item_state is not None:
+        decision = target.item_decision
+        decision.review_state = STATES[row.item_state]
+        if row.item_relabel is not None:
+            decision.relabel_class = row.item_relabel
+        if row.item_decided_by is not None:
+            decision.decided_by.CopyFrom(auth.principal_proto(row.item_decided_by))
+        if row.item_decided_at is not None:
+            convert.set_ts(decision.decided_at, row.item_decided_at)
+    for found in reviewed:
+        entry = target.reviewed_boxes.add(
+            source_box_index=found.source_index, review_state=STATES[found.review_state]
+        )
+        entry.box.class_name = found.class_name
+        entry.box.score = found.score
+        entry.box.x = found.x
+        entry.box.y = found.y
+        entry.box.w = found.w
+        entry.box.h = found.h
+        if found.track_id is not None:
+            entry.box.track_id = found.track_id
+
+
+def item_view(view: ItemView) -> run_pb2.BucketItem:
+    target = run_pb2.BucketItem()
+    fill_bucket_item(target, view.item, view.boxes, view.reviewed)
+    return target
 
 
 def fill_box_row(target: common_pb2.Box, box: BoxRow) -> None:

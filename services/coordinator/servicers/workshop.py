@@ -362,7 +362,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         for item in page.items:
             boxes = page.boxes.get(item.item_id, ())
             entry = response.items.add(sighting_ids=[box.sighting_id for box in boxes])
-            views.fill_bucket_item(entry.item, item, boxes)
+            views.fill_bucket_item(entry.item, item, boxes, page.reviewed.get(item.item_id, ()))
         return response
 
     async def DecideSighting(
@@ -383,6 +383,54 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             items_updated=decided.items_updated,
             items_joined=decided.items_joined,
         )
+
+    async def CorrectItemBoxes(
+        self, request: pb.CorrectItemBoxesRequest, context: Context
+    ) -> pb.CorrectItemBoxesResponse:
+        who = await self.who(context)
+        view = await self.review.correct(
+            who,
+            request.item_id,
+            [
+                reviews.CorrectionBox(
+                    source_box_index=box.source_box_index,
+                    class_name=box.class_name,
+                    x=box.x,
+                    y=box.y,
+                    w=box.w,
+                    h=box.h,
+                )
+                for box in request.boxes
+            ],
+            expected_revision(request),
+        )
+        return pb.CorrectItemBoxesResponse(item=views.item_view(view))
+
+    async def UndoItemCorrection(
+        self, request: pb.UndoItemCorrectionRequest, context: Context
+    ) -> pb.UndoItemCorrectionResponse:
+        who = await self.who(context)
+        view = await self.review.undo_correction(who, request.item_id, expected_revision(request))
+        return pb.UndoItemCorrectionResponse(item=views.item_view(view))
+
+    async def DecideItem(
+        self, request: pb.DecideItemRequest, context: Context
+    ) -> pb.DecideItemResponse:
+        who = await self.who(context)
+        state, relabel = decision(request)
+        view = await self.review.decide_item(
+            who, request.item_id, state, relabel, expected_revision(request)
+        )
+        return pb.DecideItemResponse(item=views.item_view(view))
+
+    async def ClearItemDecision(
+        self, request: pb.ClearItemDecisionRequest, context: Context
+    ) -> pb.ClearItemDecisionResponse:
+        who = await self.who(context)
+        view = await self.review.decide_item(
+            who, request.item_id, None, None, expected_revision(request)
+        )
+        return pb.ClearItemDecisionResponse(item=views.item_view(view))
 
     async def GetSummary(
         self, request: pb.GetSummaryRequest, context: Context
@@ -448,7 +496,10 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         )
         for row in page.items:
             views.fill_bucket_item(
-                response.items.add(), row.item, page.boxes.get(row.item.item_id, ())
+                response.items.add(),
+                row.item,
+                page.boxes.get(row.item.item_id, ()),
+                page.reviewed.get(row.item.item_id, ()),
             )
         return response
 
@@ -471,7 +522,17 @@ def review_counts(row: reviews.RunReviewCounts | None) -> run_pb2.ReviewCounts:
     return run_pb2.ReviewCounts(pending=row.pending, accepted=row.accepted, rejected=row.rejected)
 
 
-def decision(request: pb.DecideSightingRequest) -> tuple[str, str | None]:
+def expected_revision(
+    request: pb.CorrectItemBoxesRequest
+    | pb.UndoItemCorrectionRequest
+    | pb.DecideItemRequest
+    | pb.ClearItemDecisionRequest,
+) -> int | None:
+    """The revision the caller saw (None: not given, no check)."""
+    return request.expected_revision if request.HasField("expected_revision") else None
+
+
+def decision(request: pb.DecideSightingRequest | pb.DecideItemRequest) -> tuple[str, str | None]:
     """The review state and relabel class a decision sets."""
     if request.decision == pb.REVIEW_DECISION_RELABEL:
         return "accepted", reviews.check_class(request.class_name)
