@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import asyncpg
+
 from bench.proc_stats import children
 from bench.profiling import enable_pg_stat_statements, statements_report, statements_reset
 from testbed.coordinator_leases import (
@@ -101,8 +103,18 @@ async def _round(
 async def _bench(dsn: str, postmaster: int, args: argparse.Namespace) -> None:
     frames = 0
     record_s = commit_s = 0.0
+    for setting in args.setting:
+        name, _, value = setting.partition("=")
+        connection = await asyncpg.connect(dsn)
+        try:
+            await connection.execute(f"ALTER DATABASE frames SET {name} = '{value}'")
+        finally:
+            await connection.close()
     async with running_coordinator(dsn, pool_size=args.pool) as c:
         s = await setup(c, spec_kwargs={"interval": 30, "window": (8, 9)})
+        async with c.db.connection() as connection:
+            for statement in args.before:
+                await connection.execute(statement)
         for number in range(args.rounds + WARM_ROUNDS):
             count, record, commit = await _round(c, s, f"f{number}", args.batch, postmaster)
             if number == WARM_ROUNDS - 1 and args.profile:
@@ -136,6 +148,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--batch", type=int, default=60, help="previews a record call takes")
     parser.add_argument("--pool", type=int, default=10, help="the coordinator's connections")
+    parser.add_argument(
+        "--before", action="append", default=[], help="SQL to run first (an experiment)"
+    )
+    parser.add_argument(
+        "--setting", action="append", default=[], help="NAME=VALUE for the database (an experiment)"
+    )
     parser.add_argument("--verbose", action="store_true", help="each round's figures")
     parser.add_argument(
         "--profile", action="store_true", help="pg_stat_statements per frame (bench.profiling)"
