@@ -164,6 +164,7 @@ def main() -> int:
             if args.profile:
                 enable_pg_stat_statements(cluster)
             dsn = create_migrated_database(cluster, "frames")
+            assert cluster.pid, "the cluster has no postmaster"
             asyncio.run(_bench(dsn, cluster.pid, args))
     except PostgresUnavailable as unavailable:
         print(f"cannot start a private Postgres cluster: {unavailable}")

@@ -20,16 +20,22 @@
 -- room: leases
 
 -- previews_record_v1 as it was: its statements' generic plans are those it used after
--- five calls already (the batch CTE's inserts go by the key's primary key; the retry
--- check is a per-row primary-key probe).
+-- five calls already (the batch CTE's inserts go by the key's primary key). Seq scans are
+-- off for the call, as for job_complete_v2 below: every table it reads is read by an
+-- index, and a plan made once while a table is small must not stay a scan of it.
 ALTER FUNCTION previews_record_v1(
     text[], integer[], bigint[], uuid[], text, text, text[], text[], integer[], text[],
     bigint[], text[], timestamptz[], text[], text[], timestamptz
 ) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION previews_record_v1(
+    text[], integer[], bigint[], uuid[], text, text, text[], text[], integer[], text[],
+    bigint[], text[], timestamptz[], text[], text[], timestamptz
+) SET enable_seqscan = off;
 
 -- job_commit_boxes_v1 as it was (one statement: each key's staged row by primary key).
 ALTER FUNCTION job_commit_boxes_v1(text, integer, text[], text[])
     SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION job_commit_boxes_v1(text, integer, text[], text[]) SET enable_seqscan = off;
 
 -- job_complete_v2 with the same outcomes for every call, planned once per backend. Its
 -- reads of staged_objects look up each key by primary key alone, in a LATERAL subquery
