@@ -20,22 +20,20 @@
 -- room: leases
 
 -- previews_record_v1 as it was: its statements' generic plans are those it used after
--- five calls already (the batch CTE's inserts go by the key's primary key). Seq scans are
--- off for the call, as for job_complete_v2 below: every table it reads is read by an
--- index, and a plan made once while a table is small must not stay a scan of it.
+-- five calls already (the batch CTE's inserts go by the key's primary key; its retry
+-- check, run only for a slot before the job's preview_slot, may walk the job's rows in
+-- staged_objects_by_job). Not `enable_seqscan = off` as well: tried, and under three jobs
+-- in flight the fences' `FOR SHARE` of the policy row then waited 23 ms a call
+-- (bench.processor_throughput --profile-control; Postgres went from 0.2 to 0.6-0.8 ms a
+-- frame), for a reason not found.
 ALTER FUNCTION previews_record_v1(
     text[], integer[], bigint[], uuid[], text, text, text[], text[], integer[], text[],
     bigint[], text[], timestamptz[], text[], text[], timestamptz
 ) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION previews_record_v1(
-    text[], integer[], bigint[], uuid[], text, text, text[], text[], integer[], text[],
-    bigint[], text[], timestamptz[], text[], text[], timestamptz
-) SET enable_seqscan = off;
 
 -- job_commit_boxes_v1 as it was (one statement: each key's staged row by primary key).
 ALTER FUNCTION job_commit_boxes_v1(text, integer, text[], text[])
     SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION job_commit_boxes_v1(text, integer, text[], text[]) SET enable_seqscan = off;
 
 -- job_complete_v2 with the same outcomes for every call, planned once per backend. Its
 -- reads of staged_objects look up each key by primary key alone, in a LATERAL subquery
@@ -43,9 +41,7 @@ ALTER FUNCTION job_commit_boxes_v1(text, integer, text[], text[]) SET enable_seq
 -- is made without the call's values, and one made while the table was small walked the
 -- job's rows in staged_objects_by_job for every key (O(frames^2): 2-3 ms a commit of 120;
 -- v2's join checking recorded boxes went to a scan of the table, 8 ms). The check for
--- recorded boxes and the boxes the items take are one statement instead of two, and
--- seq scans are off for the call (`enable_seqscan`: every table it reads has the index
--- its lookups need), so a plan made on an empty table is still the index lookup.
+-- recorded boxes and the boxes the items take are one statement instead of two.
 CREATE OR REPLACE FUNCTION job_complete_v2(
     p_run text, p_job integer, p_generation bigint, p_token uuid, p_reporter text,
     p_code text, p_result_sha256 text, p_decoder text,
@@ -59,7 +55,7 @@ CREATE OR REPLACE FUNCTION job_complete_v2(
     reason text, receipt_generation bigint, receipt_sha256 text,
     receipt_committed_at timestamptz, receipt_items_saved integer
 ) LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     fenced text := workshop_fence_v1(p_run, p_job, p_generation, p_token, p_reporter, p_code, p_now);
     staged integer;
