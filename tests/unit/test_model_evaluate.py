@@ -20,6 +20,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from testbed.harness.preview import jpeg_bytes
+from tools.model_repository import evaluate
 from tools.model_repository.evaluate import (
     Boxes,
     EvaluationError,
@@ -135,8 +136,14 @@ def _f32(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in np.asarray(values, np.float32).tolist())
 
 
+@pytest.mark.parametrize("block", [5000, 5])
 @pytest.mark.parametrize("seed", range(8))
-def test_average_precision_is_cocoevals(seed: int) -> None:
+def test_average_precision_is_cocoevals(
+    seed: int, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Matched in blocks of images (12 images in blocks of 5: three) or in one, then
+    accumulated over all: the AP of one whole-dataset COCOeval."""
+    monkeypatch.setattr(evaluate, "IMAGES_PER_BLOCK", block)
     truth, found = _random_case(seed)
     # the boxes as float32, as the evaluation stores them
     truth = {i: [(label, _f32(box)) for label, box in boxes] for i, boxes in truth.items()}

@@ -111,11 +111,17 @@ def export_chunks(opts: Options, request: preview_pb2.ExportBucketRequest) -> It
             fail("UNAVAILABLE", "the export stream ended before its last chunk")
 
     def read() -> None:
+        end: BaseException | None = None
         try:
             run(opts, call, service="preview")
-            ahead.put(None)
         except BaseException as error:  # SystemExit from fail(), too: raised by the reader
-            ahead.put(error)
+            end = error
+        while not stop.is_set():
+            try:
+                ahead.put(end, timeout=0.2)
+                return
+            except queue.Full:
+                continue
 
     thread = threading.Thread(target=read, name="export", daemon=True)
     thread.start()
@@ -128,7 +134,9 @@ def export_chunks(opts: Options, request: preview_pb2.ExportBucketRequest) -> It
                 raise chunk
             yield chunk
     finally:
+        # the reader stops at its next chunk (it never waits on a full queue once stopped);
+        # a daemon thread, it is not waited for: the stream may be long
         stop.set()
-        while thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                ahead.get(timeout=0.1)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                ahead.get_nowait()

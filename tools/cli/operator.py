@@ -337,12 +337,11 @@ def _side_by_side(figures: dict[str, Any], baseline: dict[str, Any] | None) -> l
             sides.append(
                 (f" v{baseline['version']}" if same else f" {baseline['model']}", baseline)
             )
-        for key in ("ground_truth", "ap50_95", "ap50", "precision", "recall", "detections"):
+        truth = figures["classes"].get(name) or (baseline or {})["classes"][name]
+        row["ground_truth"] = truth["ground_truth"]  # the same truth on both sides
+        for key in ("ap50_95", "ap50", "precision", "recall", "detections"):
             for label, side in sides:
-                values = side["classes"].get(name, {})
-                if key == "ground_truth" and label:
-                    continue  # the same truth on both sides
-                row[key + (label or own)] = values.get(key, "")
+                row[key + (label or own)] = side["classes"].get(name, {}).get(key, "")
         rows.append(row)
     return rows
 

@@ -11,7 +11,9 @@ few images in flight. What is kept of an image is its boxes in compact arrays (`
 bytes a box, `BYTES_PER_BOX`), never the image, so memory grows with the boxes, not with the
 bucket's bytes. At the end pycocotools' COCOeval scores each class on its own (only the
 images with a box of that class on either side, one area range, up to 100 detections an
-image): AP over IoU 0.50:0.95 and at 0.50, and precision and recall at IoU 0.50 of
+image; matched IMAGES_PER_BLOCK images at a time, of each image's match only the arrays
+`accumulate` reads kept, then accumulated over all: the same AP, without COCO's records of
+every box at once): AP over IoU 0.50:0.95 and at 0.50, and precision and recall at IoU 0.50 of
 everything the version reports (it has thresholded at its own confidence already); the means
 are over the classes both the bucket and the model know.
 """
@@ -42,6 +44,9 @@ from workshop.kit.letterbox import PAD_VALUE, Placement, letterbox, stretch
 
 MAX_DETECTIONS = 100  # per image, as COCO's default
 BYTES_PER_BOX = 4 + 4 + 4 + 4 * 4  # image, class, score, x1 y1 x2 y2
+# COCOeval's records of one block at a time: a python dict a box and a match an image
+IMAGES_PER_BLOCK = 5000
+ACCUMULATED = ("dtScores", "dtMatches", "dtIgnore", "gtIgnore")  # what accumulate() reads
 WORKERS = 4  # batches of images in preparation or on Triton at once
 BATCH = 1  # images a request: Triton's dynamic batcher groups them (8 a request cost the
 # python backend more CPU a frame than 1: bench.model_evaluate --batch 8)
@@ -174,27 +179,41 @@ def _coco(
 def _class_scores(
     truth: tuple[IntArray, FloatArray, FloatArray], found: tuple[IntArray, FloatArray, FloatArray]
 ) -> dict[str, float | int]:
-    """COCOeval on one class, over the images holding a box of it on either side."""
+    """COCOeval on one class, over the images holding a box of it on either side: matched
+    (`evaluate`) a block of IMAGES_PER_BLOCK images at a time, of each image's match only the
+    arrays `accumulate` reads kept, then pycocotools' `accumulate` over all of them."""
+    truth, found = _by_image(truth), _by_image(found)
     images = sorted(set(truth[0].tolist()) | set(found[0].tolist()))
+    kept: list[dict[str, Any] | None] = []
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints as it goes
-        evaluation = COCOeval(_coco(images, truth, False), _coco(images, found, True), "bbox")
-        params = evaluation.params
-        params.imgIds, params.catIds = images, [1]
-        params.areaRng, params.areaRngLbl = [[0.0, 1e5**2]], ["all"]
-        params.maxDets = [MAX_DETECTIONS]
-        evaluation.evaluate()
+        for start in range(0, len(images), IMAGES_PER_BLOCK):
+            block = images[start : start + IMAGES_PER_BLOCK]
+            low, high = block[0], block[-1]
+            evaluation = COCOeval(
+                _coco(block, _between(truth, low, high), False),
+                _coco(block, _between(found, low, high), True),
+                "bbox",
+            )
+            _one_class(evaluation.params, block)
+            evaluation.evaluate()
+            kept.extend(
+                None if e is None else {k: e[k] for k in ACCUMULATED} for e in evaluation.evalImgs
+            )
+        evaluation = COCOeval(iouType="bbox")
+        _one_class(evaluation.params, images)
+        evaluation.evalImgs, evaluation._paramsEval = kept, evaluation.params
         evaluation.accumulate()
     precision = evaluation.eval["precision"][:, :, 0, 0, 0]  # [IoU, recall point]
     ap50_95 = float(np.mean(precision[precision > -1])) if (precision > -1).any() else 0.0
     at_half = precision[0]
     ap50 = float(np.mean(at_half[at_half > -1])) if (at_half > -1).any() else 0.0
     hits = detections = positives = 0
-    for image in evaluation.evalImgs:
+    for image in kept:
         if image is None:
             continue
-        kept = ~np.asarray(image["dtIgnore"][0], bool)
-        hits += int(np.count_nonzero(image["dtMatches"][0][kept] > 0))
-        detections += int(np.count_nonzero(kept))
+        scored = ~np.asarray(image["dtIgnore"][0], bool)
+        hits += int(np.count_nonzero(image["dtMatches"][0][scored] > 0))
+        detections += int(np.count_nonzero(scored))
         positives += int(np.count_nonzero(np.asarray(image["gtIgnore"]) == 0))
     return {
         "ground_truth": positives,
@@ -205,6 +224,28 @@ def _class_scores(
         "recall": hits / positives if positives else 0.0,
         "hits": hits,
     }
+
+
+def _one_class(params: Any, images: list[int]) -> None:
+    params.imgIds, params.catIds = images, [1]
+    params.areaRng, params.areaRngLbl = [[0.0, 1e5**2]], ["all"]
+    params.maxDets = [MAX_DETECTIONS]
+
+
+def _by_image(
+    columns: tuple[IntArray, FloatArray, FloatArray],
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    order = np.argsort(columns[0], kind="stable")  # a pass adds them in order already
+    return columns[0][order], columns[1][order], columns[2][order]
+
+
+def _between(
+    columns: tuple[IntArray, FloatArray, FloatArray], low: int, high: int
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    """The rows of images low..high (the columns are in image order)."""
+    image_ids = columns[0]
+    start, end = np.searchsorted(image_ids, [low, high + 1])
+    return image_ids[start:end], columns[1][start:end], columns[2][start:end]
 
 
 # --- the bucket -------------------------------------------------------------------------
