@@ -2,7 +2,8 @@
 COCOeval over compact box arrays gives the AP of pycocotools' usual whole-dataset COCOeval on
 random detections and truths; the precision and recall at IoU 0.50 of a case worked by hand;
 the YOLO export read as a stream of chunks; a pass over a bucket with a stand-in Triton maps
-letterboxed answers back to the images' pixels."""
+letterboxed answers back to the images' pixels; the baseline chosen from the runs' pins and
+put beside the version in the table."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from testbed.harness.preview import jpeg_bytes
+from tools.cli.evaluation import Pin, baseline_of
+from tools.cli.operator import _side_by_side
 from tools.model_repository import evaluate
 from tools.model_repository.evaluate import (
     Boxes,
@@ -265,3 +268,34 @@ def test_a_pass_over_the_bucket_maps_answers_to_the_images_pixels() -> None:
     report = evaluation.report(0)
     assert report["classes"]["y"]["recall"] == 0.0
     assert report["ap50"] == 0.0
+
+
+def test_the_baseline_is_the_version_most_items_came_from() -> None:
+    pins = [
+        Pin("demo", 1, ("person",), 90, ("r1",)),
+        Pin("yard", 1, ("person",), 60, ("r2", "r3")),
+        Pin("yard", 2, ("person",), 10, ("r4",)),
+    ]
+    assert baseline_of(pins, "yard", 3) == pins[1]  # the same model first
+    assert baseline_of(pins, "other", 1) == pins[0]  # else the model most items came from
+    assert baseline_of(pins, "yard", 1) is None  # the version itself: nothing to compare
+    assert baseline_of([], "yard", 1) is None
+
+
+def test_the_table_puts_the_baseline_beside_the_version() -> None:
+    figures = {
+        "model": "yard",
+        "version": 2,
+        "classes": {"car": {"ground_truth": 4, "ap50": 0.9, "ap50_95": 0.5}},
+    }
+    baseline = {
+        "model": "yard",
+        "version": 1,
+        "classes": {"car": {"ground_truth": 4, "ap50": 0.7}, "dog": {"ground_truth": 1}},
+    }
+    rows = _side_by_side(figures, baseline)
+    assert [r["class"] for r in rows] == ["car", "dog"]
+    assert (rows[0]["ground_truth"], rows[0]["ap50 v2"], rows[0]["ap50 v1"]) == (4, 0.9, 0.7)
+    assert rows[1]["ap50 v2"] == ""  # a class only the baseline knows
+    alone = _side_by_side(figures, None)
+    assert alone[0]["ap50"] == 0.9
