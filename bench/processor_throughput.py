@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.processor_throughput [--recordings 10] [--seconds 60]
         [--codec h264|vp9] [--interval 0.5] [--in-flight 3] [--repeat 1] [--drop-frames]
-        [--set NAME=VALUE ...] [--profile] [--profile-control] [--check]
+        [--set NAME=VALUE ...] [--model demo|yolo] [--profile] [--profile-control] [--check]
 
 Recordings: `--recordings` synthetic scenes (`tools.demo.scenes`, seeds 1..N) of
 `--seconds` at 10 fps, 640x360, encoded once into a cache directory (`--cache-dir`,
@@ -29,6 +29,12 @@ processor, then processor, baseline, plain, and so on:
   (default session options, warmed up) in batches of 8, then JPEG-encodes every frame
   with the processor's encoder and puts it to the same SeaweedFS (the minio SDK's
   put_object, one at a time); with `--drop-frames` it stores nothing, like the processor;
+  with `--model yolo` (a YOLOv8-shaped model of 640x640 input,
+  `testbed.yolo_models.colour_blob_yolov8`, served as publishing serves it: letterbox
+  input, decoding in the graph) it letterboxes each frame into 640x640 (PyAV's scale into a
+  gray canvas, as the processor's PyAV decoder), runs the model's own raw graph (float
+  NCHW /255) with onnxruntime, and decodes the raw head in numpy (best class, confidence
+  threshold, class-wise NMS, top K: `bench.yolo_decode.numpy_decode`);
 - **plain**: the same loop without the JPEG and the put (the baseline before it stored
   frames), printed as its own line for comparison;
 - **processor**: a full run over all recordings, one frame every `--interval` seconds
@@ -113,6 +119,7 @@ from bench.proc_stats import CpuMeter, MemoryWatch, busy_cores_s, delta, hwm_mb,
 from bench.results import result_line
 from bench.services import separate_services
 from bench.stats import median
+from bench.yolo_decode import numpy_decode
 from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.workflows.validation import MIN_INTERVAL_SECONDS
 from services.processor.images import JPEG, encode_jpeg
@@ -124,11 +131,14 @@ from testbed.harness.postgres import (
     create_migrated_database,
     postgres_cluster,
 )
+from testbed.yolo_models import colour_blob_yolov8
 from tools.localstack.processes import ServiceProcess
 from tools.localstack.s3 import S3LaunchError, S3Server, running_s3_server
 from tools.localstack.triton import TritonServer, TritonStartError, running_triton
 from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
+from tools.model_repository.families import Postprocess, inspect, served_graph
 from tools.model_repository.repository import publish_version
+from workshop.kit.letterbox import PAD_VALUE, letterbox
 from workshop.kit.processor_manifest import registration
 from workshop.v1 import common_pb2, run_pb2
 from workshop.v1 import operator_pb2 as op
@@ -140,6 +150,7 @@ PREVIEW_BUCKET = "previews"
 DEVICE = "bench-box"
 MODEL = "detector"
 MAX_BATCH = 8
+YOLO_SIZE = 640  # --model yolo: a YOLOv8-shaped model of 640x640 letterboxed input
 MODEL_INSTANCES, MODEL_THREADS = 2, 1  # measured best on 2 cores (docs/benchmarks.md)
 TARGET_RATIO = 1.0
 TARGET_CPU_RATIO = 0.9
@@ -235,6 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="pg_stat_statements and py-spy of the coordinator and preview service (1st pass)",
     )
+    parser.add_argument(
+        "--model",
+        choices=("demo", "yolo"),
+        default="demo",
+        help="the demo detector (640x360 uint8 frames), or a YOLOv8-shaped model of 640x640 "
+        "letterboxed input served with its decoding (testbed.yolo_models.colour_blob_yolov8)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if args.recordings < 1 or args.seconds < 2:
@@ -264,23 +282,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dsn = create_migrated_database(cluster, DATABASE)
                 for bucket in (RECORDINGS_BUCKET, PREVIEW_BUCKET):
                     s3.client().make_bucket(bucket)
-                weights = build_detector(HEIGHT, WIDTH)
+                detector = _detector(args.model)
                 publish_version(
                     triton.model_repository,
                     MODEL,
                     1,
-                    weights,
+                    detector.served,
                     classes=CLASSES,
-                    max_batch_size=MAX_BATCH,
+                    max_batch_size=MAX_BATCH if detector.batched else 0,
                     instances=MODEL_INSTANCES,
                     threads=MODEL_THREADS,
+                    # a YOLO version joins the requests that queue up, as publishing writes it
+                    max_queue_delay_microseconds=0 if detector.post else None,
                 )
                 say(
                     f"postgres {cluster.host}:{cluster.port}; seaweedfs {s3.endpoint}; "
                     f"triton {triton.grpc_url} (pid {triton.pid})"
                 )
                 outcome = asyncio.run(
-                    _bench(dsn, cluster, s3, triton, scratch, recordings, weights, args, extra)
+                    _bench(dsn, cluster, s3, triton, scratch, recordings, detector, args, extra)
                 )
     except PostgresUnavailable as unavailable:
         say(f"cannot start a private Postgres cluster: {unavailable}")
@@ -342,7 +362,7 @@ async def _bench(
     triton: TritonServer,
     scratch: Path,
     recordings: list[Recording],
-    weights: bytes,
+    detector: Detector,
     args: argparse.Namespace,
     extra: dict[str, str],
 ) -> Outcome:
@@ -352,9 +372,9 @@ async def _bench(
     wanted = await asyncio.to_thread(sampled_frames, recordings, args.seconds, args.interval)
     frames = sum(len(indices) for indices in wanted)
     _load_model(triton)
-    session = _session(weights)
+    session = _session(detector)
     async with _services(dsn, s3, scratch) as (c, pids):
-        runtime_id, key = await _world(c, s3, recordings, weights, args)
+        runtime_id, key = await _world(c, s3, recordings, detector, args)
         env = _processor_env(c, s3, triton, pids["preview_port"], runtime_id, key, args, extra)
         profile = scratch / "processor.prof" if args.profile else None
         with _processor_process(env, scratch / "processor.log", profile) as processor:
@@ -377,12 +397,13 @@ async def _bench(
                 async def baselines() -> None:
                     phases.append(
                         await meter.measure(
-                            "baseline", lambda: _baseline(recordings, wanted, session, store)
+                            "baseline",
+                            lambda: _baseline(recordings, wanted, session, store, detector),
                         )
                     )
                     phases.append(
                         await meter.measure(
-                            "plain", lambda: _baseline(recordings, wanted, session, None)
+                            "plain", lambda: _baseline(recordings, wanted, session, None, detector)
                         )
                     )
 
@@ -537,7 +558,7 @@ async def _world(
     c: CoordinatorHarness,
     s3: S3Server,
     recordings: list[Recording],
-    weights: bytes,
+    detector: Detector,
     args: argparse.Namespace,
 ) -> tuple[str, str]:
     """Device, runtime of this checkout, cameras with their recordings in S3, the model,
@@ -567,9 +588,13 @@ async def _world(
         op.PublishModelVersionRequest(
             name=MODEL,
             version=1,
-            weights_sha256=weights_sha256(weights),
+            weights_sha256=weights_sha256(detector.served),
             classes=list(CLASSES),
-            input_shape=[HEIGHT, WIDTH, 3],
+            input_shape=[detector.height, detector.width, 3],
+            family=detector.family,
+            confidence_threshold=detector.post.confidence if detector.post else 0.0,
+            iou_threshold=detector.post.iou if detector.post else 0.0,
+            max_detections=detector.post.max_detections if detector.post else 0,
         ),
         metadata=md,
     )
@@ -747,10 +772,55 @@ def _check_alive(processor: ServiceProcess) -> None:
 # Baseline ---------------------------------------------------------------------------------
 
 
-def _session(weights: bytes) -> ort.InferenceSession:
+@dataclasses.dataclass(frozen=True)
+class Detector:
+    """The model under test: what Triton serves (its SHA-256 the run pins) and what the
+    baseline runs in process (a YOLO model's raw graph, decoded in numpy)."""
+
+    served: bytes
+    raw: bytes
+    height: int
+    width: int
+    batched: bool
+    family: str = ""
+    post: Postprocess | None = None  # a YOLO model's decoding
+
+    def frame(self, frame: Any) -> Any:
+        """A decoded PyAV frame as the processor places it in the model's input."""
+        if self.post is None:
+            return frame.to_ndarray(format="rgb24", width=self.width, height=self.height)
+        place = letterbox(frame.height, frame.width, self.height, self.width)
+        picture = frame.to_ndarray(format="rgb24", width=place.width, height=place.height)
+        canvas = np.full((self.height, self.width, 3), PAD_VALUE, np.uint8)
+        canvas[place.top : place.top + place.height, place.left : place.left + place.width] = (
+            picture
+        )
+        return canvas
+
+
+def _detector(kind: str) -> Detector:
+    if kind == "demo":
+        weights = build_detector(HEIGHT, WIDTH)
+        return Detector(weights, weights, HEIGHT, WIDTH, True)
+    raw = colour_blob_yolov8(YOLO_SIZE, CLASSES)
+    inspection = inspect(raw)
+    post = Postprocess()
+    return Detector(
+        served_graph(raw, inspection, CLASSES, post),
+        raw,
+        inspection.height,
+        inspection.width,
+        inspection.batch is None,
+        inspection.family,
+        post,
+    )
+
+
+def _session(detector: Detector) -> ort.InferenceSession:
     """The peer's session, warmed by one batch (the processor's model is warm too)."""
-    session = ort.InferenceSession(weights, providers=["CPUExecutionProvider"])
-    _infer(session, [np.zeros((HEIGHT, WIDTH, 3), dtype=np.uint8)] * MAX_BATCH)
+    session = ort.InferenceSession(detector.raw, providers=["CPUExecutionProvider"])
+    blank = np.zeros((detector.height, detector.width, 3), dtype=np.uint8)
+    _infer(session, [blank] * MAX_BATCH, detector)
     return session
 
 
@@ -759,8 +829,9 @@ async def _baseline(
     wanted: list[list[int]],
     session: ort.InferenceSession,
     store: Minio | None,
+    detector: Detector,
 ) -> int:
-    return await asyncio.to_thread(_baseline_loop, recordings, wanted, session, store)
+    return await asyncio.to_thread(_baseline_loop, recordings, wanted, session, store, detector)
 
 
 def _baseline_loop(
@@ -768,24 +839,27 @@ def _baseline_loop(
     wanted: list[list[int]],
     session: ort.InferenceSession,
     store: Minio | None,
+    detector: Detector,
 ) -> int:
     """PyAV decode of the sampled frames and onnxruntime in process: the named peer. With
     `store`, each frame is then JPEG-encoded as the processor encodes it and put to the
-    same S3, as a full run stores each frame that reaches an output."""
+    same S3, as a full run stores each frame that reaches an output. A YOLO model's frames
+    are letterboxed, its raw head decoded in numpy (best class, threshold, class-wise NMS,
+    top K: bench.yolo_decode's `numpy_decode`)."""
     found = 0
     for recording, indices in zip(recordings, wanted, strict=True):
         data = recording.path.read_bytes()  # the processor downloads; this reads memory
         prefix = f"baseline/{recording.path.stem}/"
         batch: list[Any] = []
         stored = 0
-        for frame in _decoded(data, indices):
+        for frame in _decoded(data, indices, detector):
             batch.append(frame)
             if len(batch) == MAX_BATCH:
-                found += _infer(session, batch)
+                found += _infer(session, batch, detector)
                 stored = _store(store, prefix, stored, batch)
                 batch = []
         if batch:
-            found += _infer(session, batch)
+            found += _infer(session, batch, detector)
             _store(store, prefix, stored, batch)
     if found == 0:
         raise AssertionError("the baseline found no objects: it did not run the detector")
@@ -804,22 +878,32 @@ def _store(store: Minio | None, prefix: str, stored: int, frames: list[Any]) -> 
     return stored
 
 
-def _decoded(data: bytes, indices: list[int]) -> Iterator[Any]:
-    """rgb24 frames at the model's size, forward decoding, in index order."""
+def _decoded(data: bytes, indices: list[int], detector: Detector) -> Iterator[Any]:
+    """rgb24 frames placed in the model's input, forward decoding, in index order."""
     remaining = set(indices)
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]  # PyAV's default threading: a plain loop
         for index, frame in enumerate(container.decode(stream)):
             if index in remaining:
                 remaining.discard(index)
-                yield frame.to_ndarray(format="rgb24", width=WIDTH, height=HEIGHT)
+                yield detector.frame(frame)
                 if not remaining:
                     return
 
 
-def _infer(session: ort.InferenceSession, batch: list[Any]) -> int:
-    counts = session.run(["num_dets"], {"images": np.stack(batch)})[0]
-    return int(counts.sum())
+def _infer(session: ort.InferenceSession, batch: list[Any], detector: Detector) -> int:
+    if detector.post is None:
+        counts = session.run(["num_dets"], {"images": np.stack(batch)})[0]
+        return int(counts.sum())
+    name = session.get_inputs()[0].name
+    post, found = detector.post, 0
+    frames = np.stack(batch).transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    groups = [frames] if detector.batched else [f[np.newaxis] for f in frames]
+    for group in groups:
+        heads = session.run(None, {name: group})[0]
+        for head in heads:
+            found += len(numpy_decode(head, post.confidence, post.iou, post.max_detections))
+    return found
 
 
 def _median(phases: list[Figures], name: str, figure: Callable[[Figures], float]) -> float:

@@ -154,10 +154,18 @@ async def test_models_evaluate_scores_versions_against_a_buckets_boxes(
     assert figures["ap50_95"] > 0.7  # JPEG edges move a pixel or two
     assert (figures["precision"], figures["recall"]) == (1.0, 1.0)
     assert set(figures["classes"]) == {"person", "vehicle", "animal"}
+    assert {c["precision"] for c in figures["classes"].values()} == {1.0}
+    # beside it, the version the bucket's items came from: the demo detector r1 pinned
+    base = figures["baseline"]
+    assert (base["model"], base["version"], base["runs"]) == (world.model, 1, ["r1"])
+    assert base["items_from_it"] == 20
+    assert base["ap50"] > 0.9  # its own boxes, found again on the previews
+    assert set(base["classes"]) == {"person", "vehicle", "animal"}
     assert bad.code == 0, bad.err
     assert (bad.json()["ap50"], bad.json()["recall"]) == (0.0, 0.0)
     assert table.code == 0, table.err
     assert "AP50 1.0" in table.out
+    assert f"{world.model} v1: AP50-95" in table.out  # the baseline's line
 
     missing = await workshop(c, "models", "evaluate", "blobs", "7", *args, env=env)
     assert missing.code != 0

@@ -1,18 +1,70 @@
-"""`workshop models evaluate`'s figures are COCO's: the same AP as pycocotools' COCOeval
-(the reference reader of the dataset export) on random detections and truths, and the
-precision and recall at IoU 0.50 of a case worked by hand."""
+"""`workshop models evaluate`'s figures are pycocotools': scoring each class on its own with
+COCOeval over compact box arrays gives the AP of pycocotools' usual whole-dataset COCOeval on
+random detections and truths; the precision and recall at IoU 0.50 of a case worked by hand;
+the YOLO export read as a stream of chunks; a pass over a bucket with a stand-in Triton maps
+letterboxed answers back to the images' pixels; the baseline chosen from the runs' pins and
+put beside the version in the table."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import random
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pytest
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from tools.model_repository.evaluate import EvaluationError, Found, score
+from testbed.harness.preview import jpeg_bytes
+from tools.cli.evaluation import Pin, baseline_of
+from tools.cli.operator import _side_by_side
+from tools.model_repository import evaluate
+from tools.model_repository.evaluate import (
+    Boxes,
+    EvaluationError,
+    ServedModel,
+    YoloStream,
+    run_over,
+    score,
+)
+from tools.model_repository.families import CONTRACT_OUTPUTS, LETTERBOX_INPUT
+
+
+@dataclass(frozen=True)
+class Found:
+    image: int
+    class_name: str
+    score: float
+    box: tuple[float, ...]
+
+
+def _boxes(rows: list[tuple[int, str, float, Sequence[float]]]) -> Boxes:
+    boxes = Boxes(capacity=2)  # grows
+    for image, label, value, box in rows:
+        boxes.add(
+            image,
+            np.array([CLASSES.index(label)], np.int32),
+            np.array([value], np.float32),
+            np.array([box], np.float32),
+        )
+    return boxes
+
+
+def _score(
+    truth: Mapping[int, Sequence[tuple[str, Sequence[float]]]],
+    found: Sequence[Found],
+    classes: Sequence[str],
+) -> Any:
+    gt = _boxes([(i, label, 1.0, box) for i, boxes in truth.items() for label, box in boxes])
+    dt = _boxes([(d.image, d.class_name, d.score, d.box) for d in found])
+    known = [(c, CLASSES.index(c), CLASSES.index(c)) for c in classes if c in CLASSES]
+    return score(gt, dt, known)
+
 
 CLASSES = ("person", "car", "dog")
 
@@ -83,10 +135,23 @@ def _pycocotools(
     return [float(evaluation.stats[0]), float(evaluation.stats[1])]
 
 
+def _f32(values: Sequence[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in np.asarray(values, np.float32).tolist())
+
+
+@pytest.mark.parametrize("block", [5000, 5])
 @pytest.mark.parametrize("seed", range(8))
-def test_average_precision_is_cocoevals(seed: int) -> None:
+def test_average_precision_is_cocoevals(
+    seed: int, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Matched in blocks of images (12 images in blocks of 5: three) or in one, then
+    accumulated over all: the AP of one whole-dataset COCOeval."""
+    monkeypatch.setattr(evaluate, "IMAGES_PER_BLOCK", block)
     truth, found = _random_case(seed)
-    figures = score(truth, found, CLASSES)  # type: ignore[arg-type]
+    # the boxes as float32, as the evaluation stores them
+    truth = {i: [(label, _f32(box)) for label, box in boxes] for i, boxes in truth.items()}
+    found = [Found(d.image, d.class_name, _f32([d.score])[0], _f32(d.box)) for d in found]
+    figures = _score(truth, found, CLASSES)
     expected = _pycocotools(truth, found)
     assert figures.ap50_95 == pytest.approx(expected[0], abs=1e-9)
     assert figures.ap50 == pytest.approx(expected[1], abs=1e-9)
@@ -103,13 +168,134 @@ def test_precision_and_recall_at_half_overlap() -> None:
         Found(1, "dog", 0.7, (5.0, 0.0, 15.0, 10.0)),  # IoU 1/3: a miss
         Found(1, "person", 0.6, (0.0, 0.0, 10.0, 10.0)),  # no person truth: not scored
     ]
-    figures = score(truth, found, ("car", "dog", "person"))
+    figures = _score(truth, found, ("car", "dog", "person"))
     assert (figures.precision, figures.recall) == (1 / 3, 1 / 3)
     assert set(figures.per_class) == {"car", "dog"}
-    assert figures.per_class["car"]["ground_truth"] == 2
-    assert figures.per_class["dog"]["ap50"] == 0.0
+    car, dog = figures.per_class["car"], figures.per_class["dog"]
+    assert (car["ground_truth"], car["detections"], car["precision"], car["recall"]) == (
+        2,
+        2,
+        0.5,
+        0.5,
+    )
+    assert (dog["ap50"], dog["precision"], dog["recall"]) == (0.0, 0.0, 0.0)
 
 
 def test_no_shared_class_is_an_error() -> None:
     with pytest.raises(EvaluationError, match="no box of a class the model knows"):
-        score({0: [("cat", (0.0, 0.0, 1.0, 1.0))]}, [], ("dog",))
+        _score({0: [("dog", (0.0, 0.0, 1.0, 1.0))]}, [], ("person",))
+
+
+def _yolo_archive(items: list[tuple[str, bytes, str]], classes: list[str] | None) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in [
+            *(
+                (f"{kind}/{item_id}.{ext}", blob)
+                for item_id, jpeg, labels in items
+                for kind, ext, blob in (("images", "jpg", jpeg), ("labels", "txt", labels.encode()))
+            ),
+            *([("classes.txt", "".join(f"{c}\n" for c in classes).encode())] if classes else []),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _chunks(data: bytes, seed: int) -> list[bytes]:
+    rng, parts, at = random.Random(seed), [], 0
+    while at < len(data):
+        size = rng.randint(1, 3000)
+        parts.append(data[at : at + size])
+        at += size
+    return parts
+
+
+def test_the_yolo_export_is_read_as_its_chunks_arrive() -> None:
+    items = [(f"it_{n}", jpeg_bytes(seed=n), f"{n % 2} 0.5 0.5 0.25 0.5\n" * n) for n in range(5)]
+    stream = YoloStream(_chunks(_yolo_archive(items, ["a", "b"]), 1))
+    read = list(stream)
+    assert [(i.number, i.item_id) for i in read] == [(n, f"it_{n}") for n in range(5)]
+    assert [len(i.labels) for i in read] == [0, 1, 2, 3, 4]
+    assert read[3].jpeg == items[3][1]
+    assert stream.classes == ("a", "b")
+    with pytest.raises(EvaluationError, match=r"without its classes\.txt"):
+        list(YoloStream([_yolo_archive(items, None)]))
+    cut = _yolo_archive(items, ["a", "b"])
+    with pytest.raises(EvaluationError, match="not a YOLO archive"):
+        list(YoloStream([cut[: len(cut) // 2]]))
+
+
+class _Reply:
+    def __init__(self, outputs: dict[str, Any]) -> None:
+        self._outputs = outputs
+
+    def as_numpy(self, name: str) -> Any:
+        return self._outputs[name]
+
+
+class _Triton:
+    """Answers one box over the letterboxed picture of a 200x100 image in a 64x64 frame
+    (the picture lies at rows 16..48), class 1 at 0.9."""
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    def infer(self, name: str, inputs: list[Any], **_: Any) -> _Reply:
+        answer = ([[1]], [[[0, 16, 64, 48]]], [[0.9]], [[1]])
+        values = dict(zip(CONTRACT_OUTPUTS, answer, strict=True))
+        return _Reply({k: np.array(v) for k, v in values.items()})
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_pass_over_the_bucket_maps_answers_to_the_images_pixels() -> None:
+    items = [(f"it_{n}", jpeg_bytes(200, 100, seed=n), "1 0.5 0.5 1 1\n") for n in range(7)]
+    chunks = _chunks(_yolo_archive(items, ["x", "y"]), 2)
+    model = ServedModel("m", 1, ("y", "x"), LETTERBOX_INPUT, 64, 64, True)
+    evaluation = run_over(chunks, _Triton, [model], workers=2)
+    assert (evaluation.items, evaluation.truth.count, evaluation.bucket_classes) == (
+        7,
+        7,
+        ("x", "y"),
+    )
+    images, _, boxes = evaluation.found[0].of_class(1)
+    assert images.tolist() == list(range(7))
+    assert np.allclose(boxes, [[0, 0, 200, 100]] * 7, atol=0.5)
+    # the model's class 1 is "x", the bucket's "y" is the model's 0: nothing found of it
+    report = evaluation.report(0)
+    assert report["classes"]["y"]["recall"] == 0.0
+    assert report["ap50"] == 0.0
+
+
+def test_the_baseline_is_the_version_most_items_came_from() -> None:
+    pins = [
+        Pin("demo", 1, ("person",), 90, ("r1",)),
+        Pin("yard", 1, ("person",), 60, ("r2", "r3")),
+        Pin("yard", 2, ("person",), 10, ("r4",)),
+    ]
+    assert baseline_of(pins, "yard", 3) == pins[1]  # the same model first
+    assert baseline_of(pins, "other", 1) == pins[0]  # else the model most items came from
+    assert baseline_of(pins, "yard", 1) is None  # the version itself: nothing to compare
+    assert baseline_of([], "yard", 1) is None
+
+
+def test_the_table_puts_the_baseline_beside_the_version() -> None:
+    figures = {
+        "model": "yard",
+        "version": 2,
+        "classes": {"car": {"ground_truth": 4, "ap50": 0.9, "ap50_95": 0.5}},
+    }
+    baseline = {
+        "model": "yard",
+        "version": 1,
+        "classes": {"car": {"ground_truth": 4, "ap50": 0.7}, "dog": {"ground_truth": 1}},
+    }
+    rows = _side_by_side(figures, baseline)
+    assert [r["class"] for r in rows] == ["car", "dog"]
+    assert (rows[0]["ground_truth"], rows[0]["ap50 v2"], rows[0]["ap50 v1"]) == (4, 0.9, 0.7)
+    assert rows[1]["ap50 v2"] == ""  # a class only the baseline knows
+    alone = _side_by_side(figures, None)
+    assert alone[0]["ap50"] == 0.9

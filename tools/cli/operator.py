@@ -212,78 +212,139 @@ def model_evaluate(
         ..., "--triton", envvar="WORKSHOP_TRITON", help="the Triton serving the version"
     ),
     repository: Path | None = typer.Option(
-        None, "--repository", help="Triton's model repository, to check the weights' pin"
+        None, "--repository", help="Triton's model repository, to check the weights' pins"
     ),
     review: list[str] = typer.Option([], help="review states (default: accepted only)"),
+    baseline: str = typer.Option(
+        "",
+        help="NAME:VERSION to compare with (default: the version the bucket's items came "
+        "from, read from their runs' snapshots); 'none' for no comparison",
+    ),
+    workers: int = typer.Option(4, min=1, max=64, help="images in flight at once"),
 ) -> None:
-    """Score a published version against a bucket's boxes (COCO AP, precision, recall):
-    the bucket's COCO export (needs --preview) through the Triton serving the version."""
+    """Score a published version against a bucket's reviewed boxes (pycocotools: AP50-95,
+    AP50, precision and recall by class), side by side with the version the bucket's items
+    came from: the bucket's export (needs --preview) streamed through the Triton serving
+    both."""
     import tritonclient.grpc as triton_client
 
-    from tools.model_repository.evaluate import (
-        EvaluationError,
-        evaluate,
-        read_coco_archive,
-        served_model,
-    )
+    from tools.cli.evaluation import Pin, baseline_of, export_chunks, source_pins
+    from tools.model_repository.evaluate import EvaluationError, run_over, served_model
     from workshop.kit.model_repository import RepositoryError, served_weights_sha256
 
     opts = options(ctx)
-    reply = _unary(opts, "ListModelVersions", op.ListModelVersionsRequest(name=name))
-    pinned = next((v for v in reply.model_versions if v.version == version), None)
-    if pinned is None:
-        fail("NOT_FOUND", f"model {name} has no published version {version}")
-    if repository is not None:
-        try:
-            served = served_weights_sha256(repository, name, version)
-        except (OSError, RepositoryError) as error:
-            fail("NOT_FOUND", f"{name} v{version} is not in {repository}: {error}")
-        if served != pinned.weights_sha256:
-            fail(
-                "CODE_MISMATCH",
-                f"{repository} serves {name} v{version} with weights {served}, but the "
-                f"coordinator pinned {pinned.weights_sha256}",
-            )
+
+    def pinned(model: str, number: int) -> Any:
+        """The coordinator's record of the version, its weights checked when asked."""
+        reply = _unary(opts, "ListModelVersions", op.ListModelVersionsRequest(name=model))
+        found = next((v for v in reply.model_versions if v.version == number), None)
+        if found is None:
+            fail("NOT_FOUND", f"model {model} has no published version {number}")
+        if repository is not None:
+            try:
+                served = served_weights_sha256(repository, model, number)
+            except (OSError, RepositoryError) as error:
+                fail("NOT_FOUND", f"{model} v{number} is not in {repository}: {error}")
+            if served != found.weights_sha256:
+                fail(
+                    "CODE_MISMATCH",
+                    f"{repository} serves {model} v{number} with weights {served}, but the "
+                    f"coordinator pinned {found.weights_sha256}",
+                )
+        return found
+
+    candidate = pinned(name, version)
+    item_filter = _filter(review, "", "")
+    base: Pin | None
+    if baseline == "none":
+        base = None
+    elif baseline:
+        model, _, number = baseline.rpartition(":")
+        if not model or not number.isdigit():
+            raise typer.BadParameter("NAME:VERSION or none", param_hint="--baseline")
+        other = pinned(model, int(number))
+        base = Pin(model, int(number), tuple(other.classes), 0, ())
+    else:
+        base = baseline_of(source_pins(opts, bucket, item_filter), name, version)
+        if base is not None:
+            pinned(base.name, base.version)
     request = preview_pb2.ExportBucketRequest(
-        bucket_id=bucket, format=run_pb2.DATASET_FORMAT_COCO, filter=_filter(review, "", "")
+        bucket_id=bucket, format=run_pb2.DATASET_FORMAT_YOLO, filter=item_filter
     )
-
-    async def export(channel: grpc.aio.Channel, md: Metadata) -> bytes:
-        stream = preview_pb2_grpc.PreviewServiceStub(channel).ExportBucket(request, metadata=md)
-        parts, last = [], False
-        async for chunk in stream:
-            parts.append(chunk.data)
-            last = last or chunk.last
-        if not last:
-            fail("UNAVAILABLE", "the export stream ended before its last chunk")
-        return b"".join(parts)
-
-    archive = run(opts, export, service="preview")
     client = triton_client.InferenceServerClient(triton)
     try:
-        dataset = read_coco_archive(archive)
-        if not dataset.images:
+        models = [served_model(client, name, version, list(candidate.classes))]
+        if base is not None:
+            models.append(served_model(client, base.name, base.version, list(base.classes)))
+        evaluation = run_over(
+            export_chunks(opts, request),
+            lambda: triton_client.InferenceServerClient(triton),
+            models,
+            workers=workers,
+        )
+        if not evaluation.items:
             fail("NOT_FOUND", f"bucket {bucket} exports no item (see --review)")
-        model = served_model(client, name, version, list(pinned.classes))
-        figures = evaluate(client, model, dataset)
+        figures = evaluation.report(0)
+        compared = evaluation.report(1) if base is not None else None
     except EvaluationError as error:
         fail("FAILED_PRECONDITION", str(error))
     finally:
         client.close()
-    result = {
-        "model": name,
-        "version": version,
+    result: dict[str, Any] = {
         "bucket": bucket,
         "weights_checked": repository is not None,
+        "images": evaluation.items,
+        "ground_truth_boxes": evaluation.truth.count,
+        "seconds": round(evaluation.seconds, 3),
+        "items_per_second": round(evaluation.items / max(evaluation.seconds, 1e-9), 1),
         **figures,
+        "baseline": None,
     }
-    title = (
-        f"{name} v{version} on bucket {bucket} ({figures['images']} images, "
-        f"{figures['ground_truth_boxes']} boxes): AP50-95 {figures['ap50_95']}, "
-        f"AP50 {figures['ap50']}, precision {figures['precision']}, recall {figures['recall']}"
+    if compared is not None and base is not None:
+        result["baseline"] = {**compared, "items_from_it": base.items, "runs": list(base.runs)}
+    emit(opts, result, table=_side_by_side(figures, compared), title=_title(result))
+
+
+def _title(result: dict[str, Any]) -> str:
+    def line(f: dict[str, Any]) -> str:
+        return (
+            f"{f['model']} v{f['version']}: AP50-95 {f['ap50_95']}, AP50 {f['ap50']}, "
+            f"precision {f['precision']}, recall {f['recall']}"
+        )
+
+    text = (
+        f"bucket {result['bucket']} ({result['images']} images, "
+        f"{result['ground_truth_boxes']} boxes, {result['items_per_second']} items/s)\n"
+        + line(result)
     )
-    rows = [{"class": c, **values} for c, values in figures["classes"].items()]
-    emit(opts, result, table=rows, title=title)
+    base = result["baseline"]
+    if base is not None:
+        text += f"\n{line(base)} (baseline: {base['items_from_it']} items came from it)"
+    return text
+
+
+def _side_by_side(figures: dict[str, Any], baseline: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A row a class: the version's figures, then the baseline's beside them."""
+    rows = []
+    names = list(figures["classes"])
+    names += [c for c in (baseline or {}).get("classes", {}) if c not in names]
+    for name in names:
+        row: dict[str, Any] = {"class": name}
+        own = ""
+        sides = [("", figures)]
+        if baseline is not None:
+            same = baseline["model"] == figures["model"]
+            own = f" v{figures['version']}" if same else f" {figures['model']}"
+            sides.append(
+                (f" v{baseline['version']}" if same else f" {baseline['model']}", baseline)
+            )
+        truth = figures["classes"].get(name) or (baseline or {})["classes"][name]
+        row["ground_truth"] = truth["ground_truth"]  # the same truth on both sides
+        for key in ("ap50_95", "ap50", "precision", "recall", "detections"):
+            for label, side in sides:
+                row[key + (label or own)] = side["classes"].get(name, {}).get(key, "")
+        rows.append(row)
+    return rows
 
 
 # keys --------------------------------------------------------------------------------------

@@ -1,24 +1,33 @@
 """`workshop models evaluate NAME VERSION --bucket B`: a published version against a bucket's
-boxes (docs/bring-your-own-model.md#evaluating-a-version).
+reviewed boxes, side by side with the version the bucket's items came from
+(docs/bring-your-own-model.md#evaluating-a-version).
 
-The bucket's items come from the preview service's COCO export (accepted items unless
-`--review` says otherwise: the boxes people confirmed or relabelled are the ground truth);
-each image goes through the Triton that serves the version, prepared as the processor
-prepares frames (letterboxed or resized, as the model's input asks), and the detections are
-scored the COCO way: average precision over IoU 0.50:0.95 and at 0.50 (101 recall points,
-up to 100 detections an image, per class, then the mean over the classes both the bucket and
-the model know), and precision and recall at IoU 0.50 of everything the version reports (it
-has thresholded at its own confidence already). Before any image, the repository's weights
-for the version are checked against the coordinator's pin, as the processor does.
+The bucket's items arrive as the preview service's YOLO export, read as a stream
+(`images/<id>.jpg`, `labels/<id>.txt` for each item, `classes.txt` last): accepted items unless
+`--review` says otherwise, with the reviewers' relabels applied, so the boxes people confirmed
+are the ground truth. Each image is prepared as the processor prepares frames (letterboxed or
+resized, as the model's input asks) and goes through the Triton that serves each version, a
+few images in flight. What is kept of an image is its boxes in compact arrays (`Boxes`: 28
+bytes a box, `BYTES_PER_BOX`), never the image, so memory grows with the boxes, not with the
+bucket's bytes. At the end pycocotools' COCOeval scores each class on its own (only the
+images with a box of that class on either side, one area range, up to 100 detections an
+image; matched IMAGES_PER_BLOCK images at a time, of each image's match only the arrays
+`accumulate` reads kept, then accumulated over all: the same AP, without COCO's records of
+every box at once): AP over IoU 0.50:0.95 and at 0.50, and precision and recall at IoU 0.50 of
+everything the version reports (it has thresholded at its own confidence already); the means
+are over the classes both the bucket and the model know.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-import json
 import tarfile
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,14 +35,21 @@ import av
 import numpy as np
 import numpy.typing as npt
 import tritonclient.grpc as triton
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
 from tritonclient.utils import InferenceServerException
 
 from tools.model_repository.families import CONTRACT_OUTPUTS, LETTERBOX_INPUT, STRETCH_INPUT
 from workshop.kit.letterbox import PAD_VALUE, Placement, letterbox, stretch
 
-IOU_THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
-RECALL_POINTS = np.linspace(0.0, 1.0, 101)
 MAX_DETECTIONS = 100  # per image, as COCO's default
+BYTES_PER_BOX = 4 + 4 + 4 + 4 * 4  # image, class, score, x1 y1 x2 y2
+# COCOeval's records of one block at a time: a python dict a box and a match an image
+IMAGES_PER_BLOCK = 5000
+ACCUMULATED = ("dtScores", "dtMatches", "dtIgnore", "gtIgnore")  # what accumulate() reads
+WORKERS = 4  # batches of images in preparation or on Triton at once
+BATCH = 1  # images a request: Triton's dynamic batcher groups them (8 a request cost the
+# python backend more CPU a frame than 1: bench.model_evaluate --batch 8)
 
 
 class EvaluationError(RuntimeError):
@@ -41,116 +57,84 @@ class EvaluationError(RuntimeError):
 
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2 in image pixels
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int32]
 
 
-@dataclass(frozen=True)
-class Found:
-    image: int
-    class_name: str
-    score: float
-    box: Box
+class Boxes:
+    """Boxes of many images as growing columns: image number, class index, score and
+    x1, y1, x2, y2 in the image's pixels (float32)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.count = 0
+        self._image = np.empty(capacity, np.int32)
+        self._cls = np.empty(capacity, np.int32)
+        self._score = np.empty(capacity, np.float32)
+        self._box = np.empty((capacity, 4), np.float32)
+
+    def add(self, image: int, classes: IntArray, scores: FloatArray, boxes: FloatArray) -> None:
+        n = len(classes)
+        if self.count + n > len(self._image):
+            size = max(2 * len(self._image), self.count + n)
+            self._image = _grown(self._image, size)
+            self._cls = _grown(self._cls, size)
+            self._score = _grown(self._score, size)
+            self._box = _grown(self._box, size)
+        end = self.count + n
+        self._image[self.count : end] = image
+        self._cls[self.count : end] = classes
+        self._score[self.count : end] = scores
+        self._box[self.count : end] = boxes
+        self.count = end
+
+    def of_class(self, cls: int) -> tuple[IntArray, FloatArray, FloatArray]:
+        """Image numbers, scores and boxes of one class."""
+        chosen = self._cls[: self.count] == cls
+        return (
+            self._image[: self.count][chosen],
+            self._score[: self.count][chosen],
+            (self._box[: self.count][chosen]),
+        )
+
+    def count_of(self, cls: int) -> int:
+        return int(np.count_nonzero(self._cls[: self.count] == cls))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self._image, self._cls, self._score, self._box))
+
+
+def _grown(array: Any, size: int) -> Any:
+    bigger = np.empty((size, *array.shape[1:]), array.dtype)
+    bigger[: len(array)] = array
+    return bigger
 
 
 @dataclass
 class Scores:
-    """COCO-style figures; `per_class` by class name."""
+    """COCO figures; `per_class` by class name."""
 
     ap50_95: float
     ap50: float
     precision: float
     recall: float
-    per_class: dict[str, dict[str, float]] = field(default_factory=dict)
+    detections: int = 0
+    per_class: dict[str, dict[str, float | int]] = field(default_factory=dict)
 
 
-def _iou(box: Box, others: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    if not len(others):
-        return np.zeros(0)
-    low = np.maximum(others[:, :2], box[:2])
-    high = np.minimum(others[:, 2:], box[2:])
-    inter = np.prod(np.clip(high - low, 0, None), axis=1)
-    area = (box[2] - box[0]) * (box[3] - box[1])
-    areas = np.prod(others[:, 2:] - others[:, :2], axis=1)
-    union = area + areas - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
-
-
-def _matches(
-    truth: dict[int, list[Box]], found: list[Found], threshold: float
-) -> tuple[list[bool], int]:
-    """Each detection (best score first) taken by the unmatched truth box it overlaps most
-    at `threshold` or more, as COCOeval matches; its flags and the truth count."""
-    taken = {image: np.zeros(len(boxes), bool) for image, boxes in truth.items()}
-    arrays = {image: np.array(boxes, float).reshape(-1, 4) for image, boxes in truth.items()}
-    flags = []
-    for detection in found:
-        boxes = arrays.get(detection.image, np.zeros((0, 4)))
-        overlaps = _iou(detection.box, boxes)
-        best, best_iou = -1, min(threshold, 1 - 1e-10)
-        for index, overlap in enumerate(overlaps):
-            if taken[detection.image][index] or overlap < best_iou:
-                continue
-            best, best_iou = index, overlap
-        if best >= 0:
-            taken[detection.image][best] = True
-        flags.append(best >= 0)
-    return flags, sum(len(boxes) for boxes in truth.values())
-
-
-def _average_precision(flags: list[bool], positives: int) -> float:
-    """COCO's interpolated AP over 101 recall points of matches in score order."""
-    if not flags:
-        return 0.0
-    hits = np.cumsum(flags)
-    misses = np.cumsum([not f for f in flags])
-    recall = hits / positives
-    precision = hits / np.maximum(hits + misses, np.spacing(1))
-    precision = np.maximum.accumulate(precision[::-1])[::-1]
-    at = np.searchsorted(recall, RECALL_POINTS, side="left")
-    return float(np.mean([precision[i] if i < len(precision) else 0.0 for i in at]))
-
-
-def _best_per_image(found: Iterable[Found]) -> list[Found]:
-    """At most MAX_DETECTIONS an image (its best), then best score first, stable."""
-    by_image: dict[int, list[Found]] = defaultdict(list)
-    for detection in found:
-        by_image[detection.image].append(detection)
-    kept = [
-        detection
-        for image in sorted(by_image)
-        for detection in sorted(by_image[image], key=lambda d: -d.score)[:MAX_DETECTIONS]
-    ]
-    return sorted(kept, key=lambda d: -d.score)
-
-
-def score(
-    truth: dict[int, list[tuple[str, Box]]], found: Sequence[Found], classes: Sequence[str]
-) -> Scores:
-    """The figures over `classes` (those both sides know): AP per class and IoU threshold,
-    their means, and precision and recall at IoU 0.50 of all detections."""
-    per_class: dict[str, dict[str, float]] = {}
+def score(truth: Boxes, found: Boxes, classes: Sequence[tuple[str, int, int]]) -> Scores:
+    """pycocotools' figures for `classes`: (name, class index in `truth`, class index in
+    `found`) of each class both sides know."""
+    per_class: dict[str, dict[str, float | int]] = {}
     hits = positives = reported = 0
-    for name in classes:
-        class_truth = {
-            image: [box for label, box in boxes if label == name] for image, boxes in truth.items()
-        }
-        count = sum(len(boxes) for boxes in class_truth.values())
-        ranked = _best_per_image(d for d in found if d.class_name == name)
-        if count == 0:
+    for name, truth_cls, found_cls in classes:
+        if truth.count_of(truth_cls) == 0:
             continue  # COCO leaves a class without truth out of the mean
-        aps = []
-        for threshold in IOU_THRESHOLDS:
-            flags, _ = _matches(class_truth, ranked, threshold)
-            aps.append(_average_precision(flags, count))
-            if threshold == 0.5:
-                hits += sum(flags)
-        positives += count
-        reported += len(ranked)
-        per_class[name] = {
-            "ap50_95": float(np.mean(aps)),
-            "ap50": aps[0],
-            "ground_truth": count,
-            "detections": len(ranked),
-        }
+        figures = _class_scores(truth.of_class(truth_cls), found.of_class(found_cls))
+        per_class[name] = figures
+        hits += int(figures.pop("hits"))
+        positives += int(figures["ground_truth"])
+        reported += int(figures["detections"])
     if not per_class:
         raise EvaluationError("the bucket's items hold no box of a class the model knows")
     return Scores(
@@ -158,72 +142,198 @@ def score(
         ap50=float(np.mean([c["ap50"] for c in per_class.values()])),
         precision=hits / reported if reported else 0.0,
         recall=hits / positives,
+        detections=found.count,
         per_class=per_class,
     )
+
+
+def _coco(
+    images: Sequence[int], columns: tuple[IntArray, FloatArray, FloatArray], scored: bool
+) -> COCO:
+    image_ids, scores, boxes = columns
+    widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    annotations = []
+    for n in range(len(image_ids)):
+        w, h = float(widths[n]), float(heights[n])
+        annotation: dict[str, Any] = {
+            "id": n + 1,
+            "image_id": int(image_ids[n]),
+            "category_id": 1,
+            "bbox": [float(boxes[n, 0]), float(boxes[n, 1]), w, h],
+            "area": w * h,
+            "iscrowd": 0,
+        }
+        if scored:
+            annotation["score"] = float(scores[n])
+        annotations.append(annotation)
+    coco = COCO()
+    coco.dataset = {
+        "images": [{"id": i} for i in images],
+        "categories": [{"id": 1}],
+        "annotations": annotations,
+    }
+    coco.createIndex()
+    return coco
+
+
+def _class_scores(
+    truth: tuple[IntArray, FloatArray, FloatArray], found: tuple[IntArray, FloatArray, FloatArray]
+) -> dict[str, float | int]:
+    """COCOeval on one class, over the images holding a box of it on either side: matched
+    (`evaluate`) a block of IMAGES_PER_BLOCK images at a time, of each image's match only the
+    arrays `accumulate` reads kept, then pycocotools' `accumulate` over all of them."""
+    truth, found = _by_image(truth), _by_image(found)
+    images = sorted(set(truth[0].tolist()) | set(found[0].tolist()))
+    kept: list[dict[str, Any] | None] = []
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints as it goes
+        for start in range(0, len(images), IMAGES_PER_BLOCK):
+            block = images[start : start + IMAGES_PER_BLOCK]
+            low, high = block[0], block[-1]
+            evaluation = COCOeval(
+                _coco(block, _between(truth, low, high), False),
+                _coco(block, _between(found, low, high), True),
+                "bbox",
+            )
+            _one_class(evaluation.params, block)
+            evaluation.evaluate()
+            kept.extend(
+                None if e is None else {k: e[k] for k in ACCUMULATED} for e in evaluation.evalImgs
+            )
+        evaluation = COCOeval(iouType="bbox")
+        _one_class(evaluation.params, images)
+        evaluation.evalImgs, evaluation._paramsEval = kept, evaluation.params
+        evaluation.accumulate()
+    precision = evaluation.eval["precision"][:, :, 0, 0, 0]  # [IoU, recall point]
+    ap50_95 = float(np.mean(precision[precision > -1])) if (precision > -1).any() else 0.0
+    at_half = precision[0]
+    ap50 = float(np.mean(at_half[at_half > -1])) if (at_half > -1).any() else 0.0
+    hits = detections = positives = 0
+    for image in kept:
+        if image is None:
+            continue
+        scored = ~np.asarray(image["dtIgnore"][0], bool)
+        hits += int(np.count_nonzero(image["dtMatches"][0][scored] > 0))
+        detections += int(np.count_nonzero(scored))
+        positives += int(np.count_nonzero(np.asarray(image["gtIgnore"]) == 0))
+    return {
+        "ground_truth": positives,
+        "detections": detections,
+        "ap50_95": ap50_95,
+        "ap50": ap50,
+        "precision": hits / detections if detections else 0.0,
+        "recall": hits / positives if positives else 0.0,
+        "hits": hits,
+    }
+
+
+def _one_class(params: Any, images: list[int]) -> None:
+    params.imgIds, params.catIds = images, [1]
+    params.areaRng, params.areaRngLbl = [[0.0, 1e5**2]], ["all"]
+    params.maxDets = [MAX_DETECTIONS]
+
+
+def _by_image(
+    columns: tuple[IntArray, FloatArray, FloatArray],
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    order = np.argsort(columns[0], kind="stable")  # a pass adds them in order already
+    return columns[0][order], columns[1][order], columns[2][order]
+
+
+def _between(
+    columns: tuple[IntArray, FloatArray, FloatArray], low: int, high: int
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    """The rows of images low..high (the columns are in image order)."""
+    image_ids = columns[0]
+    start, end = np.searchsorted(image_ids, [low, high + 1])
+    return image_ids[start:end], columns[1][start:end], columns[2][start:end]
 
 
 # --- the bucket -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Dataset:
-    images: dict[int, bytes]  # image id -> JPEG
-    sizes: dict[int, tuple[int, int]]  # image id -> (height, width)
-    truth: dict[int, list[tuple[str, Box]]]
-    classes: tuple[str, ...]
+class Item:
+    number: int  # the item's place in the export, from 0
+    item_id: str
+    jpeg: bytes
+    labels: FloatArray  # one row a box: class index, cx, cy, w, h (fractions of the image)
 
 
-def read_coco_archive(archive: bytes) -> Dataset:
-    """The images and boxes of the preview service's COCO export (a tar)."""
+class _ChunkFile(io.RawIOBase):
+    """The export's chunks, read as one file (forward only)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._left = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._left = memoryview(chunk)
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
+
+
+class YoloStream:
+    """The items of a YOLO export as its chunks arrive; `classes` is known once the stream is
+    read to its end (classes.txt closes the archive)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.classes: tuple[str, ...] | None = None
+
+    def __iter__(self) -> Iterator[Item]:
+        number = 0
+        image: tuple[str, bytes] | None = None
+        raw = io.BufferedReader(_ChunkFile(self._chunks), buffer_size=1 << 20)
+        try:
+            with tarfile.open(fileobj=raw, mode="r|") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    handle = tar.extractfile(member)
+                    data = handle.read() if handle is not None else b""
+                    folder, _, base = member.name.partition("/")
+                    if folder == "images" and base.endswith(".jpg"):
+                        image = (base.removesuffix(".jpg"), data)
+                    elif folder == "labels" and base.endswith(".txt"):
+                        item_id = base.removesuffix(".txt")
+                        if image is None or image[0] != item_id:
+                            raise EvaluationError(f"the export's labels of {item_id} come alone")
+                        yield Item(number, item_id, image[1], _labels(data, item_id))
+                        number, image = number + 1, None
+                    elif member.name == "classes.txt":
+                        self.classes = tuple(data.decode().splitlines())
+        except tarfile.TarError as error:
+            raise EvaluationError(f"the export is not a YOLO archive: {error}") from None
+        if self.classes is None:
+            raise EvaluationError("the export ended without its classes.txt")
+
+
+def _labels(data: bytes, item_id: str) -> FloatArray:
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            members = {m.name: m for m in tar.getmembers() if m.isfile()}
-            if "annotations.json" not in members:
-                raise EvaluationError("the export holds no annotations.json")
-            index = json.loads(_read(tar, members["annotations.json"]))
-            images = {
-                int(image["id"]): _read(tar, members[image["file_name"]])
-                for image in index["images"]
-            }
-    except (tarfile.TarError, KeyError) as error:
-        raise EvaluationError(f"the export is not a COCO archive: {error}") from None
-    names = {int(c["id"]): str(c["name"]) for c in index["categories"]}
-    truth: dict[int, list[tuple[str, Box]]] = {image: [] for image in images}
-    for annotation in index["annotations"]:
-        x, y, w, h = (float(v) for v in annotation["bbox"])
-        truth[int(annotation["image_id"])].append(
-            (names[int(annotation["category_id"])], (x, y, x + w, y + h))
-        )
-    sizes = {int(i["id"]): (int(i["height"]), int(i["width"])) for i in index["images"]}
-    return Dataset(images, sizes, truth, tuple(names[k] for k in sorted(names)))
+        rows = [[float(v) for v in line.split()] for line in data.decode().splitlines() if line]
+        labels = np.array(rows, np.float32).reshape(-1, 5)
+    except ValueError:
+        raise EvaluationError(f"the export's labels of {item_id} are not YOLO lines") from None
+    return labels
 
 
-def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    handle = tar.extractfile(member)
-    if handle is None:
-        raise EvaluationError(f"cannot read {member.name} from the export")
-    return handle.read()
-
-
-def decode_jpeg(data: bytes, placement: Placement) -> npt.NDArray[np.uint8]:
-    """The image placed in the model's input as the processor places a frame."""
-    try:
-        with av.open(io.BytesIO(data), "r") as container:
-            frame = next(container.decode(video=0))
-            picture = frame.to_ndarray(
-                width=placement.width,
-                height=placement.height,
-                format="rgb24",
-                interpolation="BILINEAR",
-            )
-    except (av.error.FFmpegError, StopIteration) as error:
-        raise EvaluationError(f"cannot decode an image of the export: {error}") from None
-    canvas = np.full((placement.out_height, placement.out_width, 3), PAD_VALUE, np.uint8)
-    canvas[
-        placement.top : placement.top + placement.height,
-        placement.left : placement.left + placement.width,
-    ] = picture
-    return canvas
+def truth_boxes(labels: FloatArray, height: int, width: int) -> FloatArray:
+    """YOLO label rows as x1, y1, x2, y2 in the image's pixels."""
+    cx, cy, w, h = (labels[:, k] for k in range(1, 5))
+    boxes: FloatArray = np.stack(
+        [(cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height],
+        axis=1,
+    ).astype(np.float32)
+    return boxes
 
 
 # --- the model --------------------------------------------------------------------------
@@ -238,6 +348,7 @@ class ServedModel:
     height: int
     width: int
     unbatched: bool
+    max_batch: int = 1  # images in one request (the config's max_batch_size; 1 unbatched)
 
     def placement(self, height: int, width: int) -> Placement:
         if self.input_name == LETTERBOX_INPUT:
@@ -263,76 +374,222 @@ def served_model(
     unbatched = int(config.get("max_batch_size", 0)) == 0
     dims = [int(d) for d in inputs[0]["dims"]][1 if unbatched else 0 :]
     return ServedModel(
-        name, version, tuple(classes), inputs[0]["name"], dims[0], dims[1], unbatched
+        name,
+        version,
+        tuple(classes),
+        inputs[0]["name"],
+        dims[0],
+        dims[1],
+        unbatched,
+        max(1, int(config.get("max_batch_size", 0))),
     )
+
+
+def prepare(
+    jpeg: bytes, models: Sequence[ServedModel]
+) -> tuple[int, int, list[tuple[npt.NDArray[np.uint8], Placement]]]:
+    """The image's height and width, and the image placed in each model's input as the
+    processor places a frame (decoded once; one canvas for models taking the same)."""
+    try:
+        with av.open(io.BytesIO(jpeg), "r") as container:
+            frame = next(container.decode(video=0))
+            height, width = frame.height, frame.width
+            made: dict[Placement, npt.NDArray[np.uint8]] = {}
+            frames = []
+            for model in models:
+                place = model.placement(height, width)
+                if place not in made:
+                    made[place] = _placed(frame, place)
+                frames.append((made[place], place))
+    except (av.error.FFmpegError, StopIteration) as error:
+        raise EvaluationError(f"cannot decode an image of the export: {error}") from None
+    return height, width, frames
+
+
+def _placed(frame: Any, place: Placement) -> npt.NDArray[np.uint8]:
+    picture = frame.to_ndarray(
+        width=place.width, height=place.height, format="rgb24", interpolation="BILINEAR"
+    )
+    if not place.padded:
+        return np.ascontiguousarray(picture, np.uint8)
+    canvas = np.full((place.out_height, place.out_width, 3), PAD_VALUE, np.uint8)
+    canvas[place.top : place.top + place.height, place.left : place.left + place.width] = picture
+    return canvas
+
+
+Found = tuple[IntArray, FloatArray, FloatArray]  # class indexes, scores, boxes in pixels
 
 
 def detect(
     client: triton.InferenceServerClient,
     model: ServedModel,
-    image: int,
-    frame: Any,
-    place: Placement,
+    frames: Sequence[tuple[npt.NDArray[np.uint8], Placement]],
+    sizes: Sequence[tuple[int, int]],
 ) -> list[Found]:
-    """The version's detections on one prepared image, in the image's pixels."""
-    request = triton.InferInput(model.input_name, [1, *frame.shape], "UINT8")
-    request.set_data_from_numpy(frame[np.newaxis])
-    try:
-        reply = client.infer(
-            model.name,
-            [request],
-            model_version=str(model.version),
-            outputs=[triton.InferRequestedOutput(n) for n in CONTRACT_OUTPUTS],
-        )
-    except InferenceServerException as error:
-        raise EvaluationError(f"Triton: {error.message()}") from None
-    counts, boxes, scores, labels = (np.asarray(reply.as_numpy(n)) for n in CONTRACT_OUTPUTS)
-    found = []
-    for k in range(int(counts.reshape(-1)[0])):
-        x1, y1, x2, y2 = (float(v) for v in boxes[0, k])
-        if place.padded:
-            x, y, w, h = place.to_picture(x1, y1, x2, y2)
-        else:
-            x, y, w, h = (
-                x1 / model.width,
-                y1 / model.height,
-                (x2 - x1) / model.width,
-                (y2 - y1) / model.height,
+    """The version's detections on prepared images (up to `model.max_batch` in a request):
+    for each, class indexes, scores and boxes in the image's pixels (clipped to it, as the
+    processor clips)."""
+    found: list[Found] = []
+    for start in range(0, len(frames), model.max_batch):
+        batch = np.stack([frame for frame, _ in frames[start : start + model.max_batch]])
+        request = triton.InferInput(model.input_name, list(batch.shape), "UINT8")
+        request.set_data_from_numpy(batch)
+        try:
+            reply = client.infer(
+                model.name,
+                [request],
+                model_version=str(model.version),
+                outputs=[triton.InferRequestedOutput(n) for n in CONTRACT_OUTPUTS],
             )
-        found.append(
-            Found(
-                image, model.classes[int(labels[0, k])], float(scores[0, k]), (x, y, x + w, y + h)
-            )
-        )
+        except InferenceServerException as error:
+            raise EvaluationError(f"Triton: {error.message()}") from None
+        counts, boxes, scores, labels = (np.asarray(reply.as_numpy(n)) for n in CONTRACT_OUTPUTS)
+        for row in range(len(batch)):
+            (_, place), (height, width) = frames[start + row], sizes[start + row]
+            found.append(_mapped(model, place, height, width, row, counts, boxes, scores, labels))
     return found
 
 
-def evaluate(
-    client: triton.InferenceServerClient, model: ServedModel, dataset: Dataset
-) -> dict[str, Any]:
-    """Every image of the bucket through the version, scored against the bucket's boxes."""
-    found: list[Found] = []
-    for image, jpeg in dataset.images.items():
-        height, width = dataset.sizes[image]
-        place = model.placement(height, width)
-        for detection in detect(client, model, image, decode_jpeg(jpeg, place), place):
-            x1, y1, x2, y2 = detection.box  # fractions of the image: into its pixels
-            box = (x1 * width, y1 * height, x2 * width, y2 * height)
-            found.append(Found(image, detection.class_name, detection.score, box))
-    common = [c for c in model.classes if c in dataset.classes]
-    scores = score(dataset.truth, found, common)
-    return {
-        "images": len(dataset.images),
-        "ground_truth_boxes": sum(len(boxes) for boxes in dataset.truth.values()),
-        "detections": len(found),
-        "ap50_95": round(scores.ap50_95, 4),
-        "ap50": round(scores.ap50, 4),
-        "precision": round(scores.precision, 4),
-        "recall": round(scores.recall, 4),
-        "classes": {
-            name: {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
-            for name, figures in scores.per_class.items()
-        },
-        "bucket_classes_not_in_model": [c for c in dataset.classes if c not in model.classes],
-        "model_classes_not_in_bucket": [c for c in model.classes if c not in dataset.classes],
-    }
+def _mapped(
+    model: ServedModel,
+    place: Placement,
+    height: int,
+    width: int,
+    row: int,
+    counts: Any,
+    boxes: Any,
+    scores: Any,
+    labels: Any,
+) -> Found:
+    k = int(counts.reshape(len(counts), -1)[row, 0])
+    classes = labels[row].reshape(-1)[:k].astype(np.int32)
+    if k and (classes.min() < 0 or classes.max() >= len(model.classes)):
+        raise EvaluationError(f"{model.name} v{model.version} answered a class past its list")
+    xy = boxes[row].reshape(-1, 4)[:k].astype(np.float32)
+    x = np.clip(xy[:, 0::2] - place.left, 0, place.width) * (width / place.width)
+    y = np.clip(xy[:, 1::2] - place.top, 0, place.height) * (height / place.height)
+    picture = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], axis=1).astype(np.float32)
+    return classes, scores[row].reshape(-1)[:k].astype(np.float32), picture
+
+
+# --- the run over the bucket ------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    items: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Evaluation:
+    """What a pass over the bucket gathered: its truth and each model's detections."""
+
+    models: Sequence[ServedModel]
+    truth: Boxes = field(default_factory=Boxes)
+    found: list[Boxes] = field(default_factory=list)
+    items: int = 0
+    seconds: float = 0.0
+    bucket_classes: tuple[str, ...] = ()
+
+    def report(self, model: int) -> dict[str, Any]:
+        """The figures of `models[model]`."""
+        served, found = self.models[model], self.found[model]
+        common = [
+            (name, self.bucket_classes.index(name), served.classes.index(name))
+            for name in served.classes
+            if name in self.bucket_classes
+        ]
+        scores = score(self.truth, found, common)
+        return {
+            "model": served.name,
+            "version": served.version,
+            "detections": found.count,
+            "ap50_95": round(scores.ap50_95, 4),
+            "ap50": round(scores.ap50, 4),
+            "precision": round(scores.precision, 4),
+            "recall": round(scores.recall, 4),
+            "classes": {
+                name: {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
+                for name, figures in scores.per_class.items()
+            },
+            "bucket_classes_not_in_model": [
+                c for c in self.bucket_classes if c not in served.classes
+            ],
+            "model_classes_not_in_bucket": [
+                c for c in served.classes if c not in self.bucket_classes
+            ],
+        }
+
+
+def run_over(
+    chunks: Iterable[bytes],
+    connect: Callable[[], triton.InferenceServerClient],
+    models: Sequence[ServedModel],
+    *,
+    workers: int = WORKERS,
+    batch: int = BATCH,
+    progress: Callable[[Progress], None] | None = None,
+) -> Evaluation:
+    """Every item of the export through every model, in order: `workers` batches at once
+    (of `batch` images, or the smallest max batch of the models), two more waiting; what is
+    kept of an image is its boxes."""
+    size = max(1, min(batch, *(model.max_batch for model in models)))
+    evaluation = Evaluation(models, found=[Boxes() for _ in models])
+    stream = YoloStream(chunks)
+    local = threading.local()
+    clients: list[triton.InferenceServerClient] = []
+
+    def one(items: list[Item]) -> list[tuple[Item, FloatArray, list[Found]]]:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = connect()
+            clients.append(client)
+        prepared = [prepare(item.jpeg, models) for item in items]
+        sizes = [(height, width) for height, width, _ in prepared]
+        answers = [
+            detect(client, model, [frames[m] for _, _, frames in prepared], sizes)
+            for m, model in enumerate(models)
+        ]
+        return [
+            (item, truth_boxes(item.labels, *sizes[n]), [found[n] for found in answers])
+            for n, item in enumerate(items)
+        ]
+
+    started = time.monotonic()
+    window: deque[Future[Any]] = deque()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="evaluate") as pool:
+            items: list[Item] = []
+            for item in stream:
+                items.append(item)
+                if len(items) < size:
+                    continue
+                window.append(pool.submit(one, items))
+                items = []
+                while len(window) > 2 * workers or (window and window[0].done()):
+                    _take(evaluation, window.popleft().result())
+                    if progress is not None:
+                        progress(Progress(evaluation.items, time.monotonic() - started))
+            if items:
+                window.append(pool.submit(one, items))
+            while window:
+                _take(evaluation, window.popleft().result())
+    finally:
+        for future in window:
+            future.cancel()
+        for client in clients:
+            client.close()
+    evaluation.seconds = time.monotonic() - started
+    evaluation.bucket_classes = stream.classes or ()
+    return evaluation
+
+
+def _take(evaluation: Evaluation, done: list[tuple[Item, FloatArray, list[Found]]]) -> None:
+    for item, truth, answers in done:
+        evaluation.truth.add(
+            item.number, item.labels[:, 0].astype(np.int32), np.ones(len(truth), np.float32), truth
+        )
+        for found, (classes, scores, boxes) in zip(evaluation.found, answers, strict=True):
+            found.add(item.number, classes, scores, boxes)
+        evaluation.items += 1
