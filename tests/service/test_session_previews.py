@@ -12,7 +12,6 @@ every message counted as `JobService/Session/RecordPreviews`.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -24,18 +23,17 @@ from testbed.coordinator_leases import (
     Metadata,
     Setup,
     claimed,
-    complete_request,
     create_run,
-    empty_result,
     leased,
     on_behalf,
     preview_key,
     record_request,
     setup,
 )
-from testbed.coordinator_world import DAY, error_reason, put_recording
+from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.session_jobs import SessionCallError, SessionStream
+from tests.service.test_coordinator_previews import FENCES as UNARY_FENCES
 from tests.service.test_coordinator_previews import (
     assert_garbage_now,
     changed,
@@ -256,44 +254,18 @@ async def test_a_malformed_record_is_refused_with_its_field_and_recorded_nowhere
 # every fence, both ways, on the session ------------------------------------------------------
 
 
-async def _lapse(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
-    c.clock.advance(timedelta(minutes=5, seconds=1))  # lapsed, not yet rescued
-
-
-async def _cancel(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
-    await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
-
-
-async def _finish(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
-    await c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
-
-
-async def _replace_source(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
-    await put_recording(c, "cam-a-0", "cam-a", DAY + timedelta(hours=8))
-
-
-async def _raise_policy(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
-    await c.operator.RaisePolicyRevision(op.RaisePolicyRevisionRequest(), metadata=c.admin)
-
-
-async def _revoke_creator(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
-    async with c.db.connection() as connection:
-        key_id = await connection.fetchval("SELECT key_id FROM keys WHERE name = 'agent'")
-    await c.operator.RevokeKey(op.RevokeKeyRequest(key_id=key_id), metadata=c.admin)
-
-
 async def _nothing(c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob) -> None:
     return None  # the stream (another device's key) or the request (other code) differs
 
 
 Breaker = Any
+# The job's fences broken as for RecordPreviews (test_coordinator_previews); the reporter
+# and code fences differ by the stream's key or the request, not by a change made here.
 FENCES: dict[str, tuple[Breaker, str]] = {
-    "lapse": (_lapse, "LEASE_MISMATCH"),
-    "cancel": (_cancel, "JOB_CANCELLED"),
-    "finish": (_finish, "JOB_FINISHED"),
-    "source": (_replace_source, "SOURCE_CHANGED"),
-    "policy": (_raise_policy, "POLICY_CHANGED"),
-    "creator": (_revoke_creator, "AUTHORITY_REVOKED"),
+    **{
+        name: UNARY_FENCES[name]
+        for name in ("lapse", "cancel", "finish", "source", "policy", "creator")
+    },
     "reporter": (_nothing, "REPORTER_NOT_AUTHORIZED"),  # a stream of another device's key
     "code": (_nothing, "CODE_MISMATCH"),
 }
