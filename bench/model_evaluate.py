@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.model_evaluate [--items 2000] [--memory-items 100000]
         [--workers 4] [--check]
 
-Speed: the evaluation's own pass (`tools.model_repository.evaluate.run_over`: the YOLO
+Speed: the evaluation's own pass (`workshop.kit.evaluation.run_over`: the YOLO
 export read as a stream of 1 MiB chunks, each JPEG decoded and resized with PyAV as the
 processor prepares a frame, Triton, the boxes kept in arrays, then pycocotools) over
 `--items` items of a synthetic bucket: 640x360 JPEGs of 64 frames of the demo's scenes
@@ -60,7 +60,8 @@ from testbed.harness.preview import jpeg_bytes
 from tools.demo.scenes import ground_truth, random_scene, render_frame
 from tools.localstack.triton import running_triton
 from tools.model_repository.detector import CLASSES, build_detector
-from tools.model_repository.evaluate import (
+from tools.model_repository.repository import publish_version
+from workshop.kit.evaluation import (
     BATCH,
     BYTES_PER_BOX,
     Evaluation,
@@ -68,8 +69,7 @@ from tools.model_repository.evaluate import (
     run_over,
     served_model,
 )
-from tools.model_repository.families import CONTRACT_OUTPUTS, STRETCH_INPUT
-from tools.model_repository.repository import publish_version
+from workshop.kit.model_io import CONTRACT_OUTPUTS, STRETCH_INPUT
 
 CHUNK = 1 << 20
 LABELS = b"0 0.25 0.5 0.2 0.4\n1 0.7 0.5 0.3 0.3\n"

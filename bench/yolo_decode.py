@@ -53,16 +53,15 @@ from testbed.yolo_models import Planted, planted_model, yolov8_head
 from tools.demo.scenes import random_scene, write_recording
 from tools.localstack.triton import running_triton
 from tools.model_repository.families import (
-    CONTRACT_OUTPUTS,
     DEFAULT_CONFIDENCE,
     DEFAULT_IOU,
     DEFAULT_MAX_DETECTIONS,
-    LETTERBOX_INPUT,
     inspect,
     served_graph,
 )
 from tools.model_repository.repository import publish_version
 from workshop.kit.letterbox import letterbox
+from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
 
 SIZE, ANCHORS, OBJECTS, SPREAD = 640, 8400, 20, 10
 

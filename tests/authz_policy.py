@@ -168,6 +168,9 @@ POLICY: dict[str, Rule] = {
     "/workshop.v1.PreviewService/ReadImage": READ_FOOTAGE,
     "/workshop.v1.PreviewService/RunCleanup": ADMIN,
     "/workshop.v1.PreviewService/ExportBucket": READ_FOOTAGE,
+    # EvaluationService (the processor's): an admin, by the coordinator's WhoAmI; each read
+    # then made with the caller's own credential
+    "/workshop.v1.EvaluationService/EvaluateModelVersion": ADMIN,
     # WorkshopService
     "/workshop.v1.WorkshopService/SaveWorkflow": WORKSHOP,
     "/workshop.v1.WorkshopService/GetWorkflow": WORKSHOP,

@@ -13,6 +13,7 @@ import grpc
 
 from services.processor.calls import Transport, job_transport
 from services.processor.decode import gpu_available
+from services.processor.evaluation import evaluation_service
 from services.processor.inference import ModelServer, SharedMemoryMode
 from services.processor.recordings import RecordingStore
 from services.processor.settings import PREFIX, ProcessorSettings
@@ -31,7 +32,12 @@ from workshop.kit.server import serve
 from workshop.kit.settings import EXIT_BAD_SETTINGS, settings_or_exit
 from workshop.kit.telemetry import configure_logging, configure_tracing
 from workshop.kit.tls import client_tls
-from workshop.v1 import common_pb2, jobs_pb2_grpc, operator_pb2_grpc, preview_pb2_grpc
+from workshop.v1 import (
+    common_pb2,
+    jobs_pb2_grpc,
+    operator_pb2_grpc,
+    preview_pb2_grpc,
+)
 
 LABEL = "processor"
 
@@ -84,7 +90,16 @@ async def run_server(settings: ProcessorSettings) -> None:
             job_grace_seconds=settings.job_grace_seconds,
         )
         try:
-            await serve(label=LABEL, settings=settings, services=[], workers=[processor])
+            await serve(
+                label=LABEL,
+                settings=settings,
+                services=[
+                    evaluation_service(
+                        coordinator, preview, settings.triton_target, settings.model_repository
+                    )
+                ],
+                workers=[processor],
+            )
         finally:
             await jobs.close()
             await models.close()

@@ -44,14 +44,13 @@ from tritonclient.utils import InferenceServerException
 
 from services.processor.shared_memory import Region
 from workshop.kit.letterbox import Placement, letterbox, stretch
+from workshop.kit.model_io import CONTRACT_OUTPUTS, INPUTS, LETTERBOX_INPUT, STRETCH_INPUT
 from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
 
 log = logging.getLogger(__name__)
 
-INPUT = "images"  # frames resized to the model's size
-LETTERBOX_INPUT = "letterboxed_images"  # frames letterboxed to it
-INPUTS = (INPUT, LETTERBOX_INPUT)
-OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
+INPUT = STRETCH_INPUT  # frames resized to the model's size
+OUTPUTS = CONTRACT_OUTPUTS
 REGION_PREFIX = "workshop-processor"
 UNREGISTER_ATTEMPTS = 100
 UNREGISTER_PAUSE_S = 0.02

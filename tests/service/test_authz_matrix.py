@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 import pytest
@@ -41,6 +42,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.servicers.jobs import SESSION_CALLS
+from services.processor.evaluation import evaluation_service
 from testbed.coordinator_leases import complete_request, empty_result
 from testbed.coordinator_world import CODE, run_request
 from testbed.harness.coordinator import CoordinatorHarness
@@ -49,6 +51,7 @@ from tests.authz_policy import ALLOWED, CREDENTIALS, POLICY, SESSION, Expectatio
 from tests.service.test_sweep import SERVER_OF, workshop_services
 from tests.sweep.stack import Answer, Metadata, World, build_world, call, raw_channel
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.server import Server, ServerSettings
 from workshop.v1 import common_pb2, jobs_pb2, operator_pb2, preview_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
@@ -168,18 +171,33 @@ async def matrix(coordinator: CoordinatorHarness, preview: PreviewHarness) -> As
         publish_request(world.job, 0), metadata=world.setup.processor
     )
     credentials = await _credentials(coordinator, preview, world)
-    async with (
-        raw_channel(coordinator.port) as to_coordinator,
-        raw_channel(preview.port) as to_preview,
-    ):
-        yield Matrix(
-            coordinator,
-            preview,
-            world,
-            credentials,
-            published.item_id,
-            {"coordinator": to_coordinator, "preview": to_preview},
-        )
+    # the processor's EvaluationService: its calls refused or answered before Triton is used
+    evaluation = Server(
+        label="processor-test",
+        settings=ServerSettings(port=0, drain_seconds=0.0, grace_seconds=1.0, metrics_port=-1),
+        services=[
+            evaluation_service(
+                coordinator.channel, preview.channel, "127.0.0.1:9", Path("/nonexistent")
+            )
+        ],
+    )
+    processor_port = await evaluation.start()
+    try:
+        async with (
+            raw_channel(coordinator.port) as to_coordinator,
+            raw_channel(preview.port) as to_preview,
+            raw_channel(processor_port) as to_processor,
+        ):
+            yield Matrix(
+                coordinator,
+                preview,
+                world,
+                credentials,
+                published.item_id,
+                {"coordinator": to_coordinator, "preview": to_preview, "processor": to_processor},
+            )
+    finally:
+        await evaluation.stop()
 
 
 def verdict(expected: Expectation, answer: Answer) -> str:

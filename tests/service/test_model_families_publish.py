@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.triton import TritonServer
 from testbed.yolo_models import Planted, planted_model, yolov5_head, yolov8_head
-from tools.model_repository.families import CONTRACT_OUTPUTS, LETTERBOX_INPUT
+from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
 from workshop.kit.model_repository import served_classes, served_weights_sha256
 from workshop.v1 import operator_pb2 as op
 

@@ -93,7 +93,10 @@ SWEEP = settings.get_profile("sweep")
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 REFLECTION = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
 # Where each Workshop service is served; the rest are the coordinator's.
-SERVER_OF = {"workshop.v1.PreviewService": "preview"}
+SERVER_OF = {
+    "workshop.v1.PreviewService": "preview",
+    "workshop.v1.EvaluationService": "processor",
+}
 # RPCs documented as not implemented yet (none today).
 NOT_IMPLEMENTED_YET: set[str] = set()
 REQUEST_LIMITS = {"workshop.v1.WorkshopService": WORKSHOP_REQUEST_MAX_BYTES}

@@ -12,11 +12,14 @@ import asyncio
 import contextlib
 import io
 import secrets
+from collections.abc import AsyncIterator
 from datetime import UTC
 from pathlib import Path
 
 import pytest
 
+from services.coordinator.identity.auth import Grant, ScopeName
+from services.processor.evaluation import evaluation_service
 from testbed.coordinator_world import run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness
@@ -26,6 +29,7 @@ from tests.cli_runner import workshop
 from tests.processor_world import START, build_world, finished, running_processor, yard_spec
 from tools.demo.scenes import ground_truth
 from tools.model_repository.__main__ import main as publish
+from workshop.kit.server import Server, ServerSettings
 from workshop.v1 import common_pb2
 from workshop.v1 import workshop_pb2 as ws
 
@@ -170,3 +174,59 @@ async def test_models_evaluate_scores_versions_against_a_buckets_boxes(
     missing = await workshop(c, "models", "evaluate", "blobs", "7", *args, env=env)
     assert missing.code != 0
     assert "model blobs has no published version 7" in missing.err
+
+    # the same evaluation run by a processor beside its Triton (EvaluationService)
+    async with evaluation_server(c, preview, triton_server) as port:
+        on_processor = ("--bucket", "yard", "--processor", f"127.0.0.1:{port}")
+        remote, refused = await asyncio.gather(
+            workshop(
+                c,
+                "-o",
+                "json",
+                "models",
+                "evaluate",
+                "blobs",
+                "1",
+                *on_processor,
+                "--review",
+                "pending",
+                env=env,
+            ),
+            workshop(
+                c,
+                "models",
+                "evaluate",
+                "blobs",
+                "1",
+                *on_processor,
+                "--key",
+                await c.key(Grant(ScopeName.WORKSHOP), name="not-admin"),
+            ),
+        )
+    assert remote.code == 0, remote.err
+    timing = ("seconds", "items_per_second")
+    assert {k: v for k, v in remote.json().items() if k not in timing} == {
+        k: v for k, v in figures.items() if k not in timing
+    }
+    assert refused.code != 0
+    assert "SCOPE_MISSING" in refused.err
+
+
+@contextlib.asynccontextmanager
+async def evaluation_server(
+    c: CoordinatorHarness, preview: PreviewHarness, triton: TritonServer
+) -> AsyncIterator[int]:
+    """The processor's EvaluationService on a server of its own (the processor's port serves
+    it, `python -m services.processor`), reading with the caller's credential."""
+    server = Server(
+        label="processor-test",
+        settings=ServerSettings(port=0, drain_seconds=0.0, grace_seconds=1.0, metrics_port=-1),
+        services=[
+            evaluation_service(c.channel, preview.channel, triton.grpc_url, triton.model_repository)
+        ],
+    )
+    port = await server.start()
+    try:
+        yield port
+    finally:
+        await server.stop()

@@ -21,10 +21,9 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from testbed.harness.preview import jpeg_bytes
-from tools.cli.evaluation import Pin, baseline_of
 from tools.cli.operator import _side_by_side
-from tools.model_repository import evaluate
-from tools.model_repository.evaluate import (
+from workshop.kit import evaluation as evaluate
+from workshop.kit.evaluation import (
     Boxes,
     EvaluationError,
     ServedModel,
@@ -32,7 +31,8 @@ from tools.model_repository.evaluate import (
     run_over,
     score,
 )
-from tools.model_repository.families import CONTRACT_OUTPUTS, LETTERBOX_INPUT
+from workshop.kit.evaluation_plan import Pin, baseline_of
+from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
 
 
 @dataclass(frozen=True)

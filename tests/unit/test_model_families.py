@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from services.processor.inference import LETTERBOX_INPUT, Pin, Served, _detection
+from services.processor.inference import Pin, Served, _detection
 from testbed.yolo_models import (
     Planted,
     colour_blob_yolov8,
@@ -28,7 +28,6 @@ from testbed.yolo_models import (
 from tools.model_repository.__main__ import main as publish
 from tools.model_repository.detector import build_detector
 from tools.model_repository.families import (
-    CONTRACT_OUTPUTS,
     ModelRefused,
     Postprocess,
     check_classes,
@@ -36,6 +35,7 @@ from tools.model_repository.families import (
     served_graph,
 )
 from workshop.kit.letterbox import letterbox, stretch
+from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
 
 NAMES = "{0: 'person', 1: 'car', 2: 'dog'}"
 CLASSES = ("person", "car", "dog")

@@ -21,6 +21,7 @@ from tools.cli.paging import WHOLE_PAGE, limit_option
 from workshop.kit.cli import Metadata
 from workshop.v1 import (
     common_pb2,
+    evaluation_pb2,
     operator_pb2_grpc,
     preview_pb2,
     preview_pb2_grpc,
@@ -208,8 +209,15 @@ def model_evaluate(
     name: str = typer.Argument(..., help="model name"),
     version: int = typer.Argument(..., help="the published version"),
     bucket: str = typer.Option(..., "--bucket", help="the bucket whose boxes are the truth"),
+    processor: str = typer.Option(
+        "",
+        "--processor",
+        envvar="WORKSHOP_PROCESSOR",
+        help="a processor's gRPC address: it runs the evaluation beside its Triton "
+        "(EvaluationService); or --triton to run it here",
+    ),
     triton: str = typer.Option(
-        ..., "--triton", envvar="WORKSHOP_TRITON", help="the Triton serving the version"
+        "", "--triton", envvar="WORKSHOP_TRITON", help="the Triton serving the version"
     ),
     repository: Path | None = typer.Option(
         None, "--repository", help="Triton's model repository, to check the weights' pins"
@@ -224,85 +232,41 @@ def model_evaluate(
 ) -> None:
     """Score a published version against a bucket's reviewed boxes (pycocotools: AP50-95,
     AP50, precision and recall by class), side by side with the version the bucket's items
-    came from: the bucket's export (needs --preview) streamed through the Triton serving
-    both."""
-    import tritonclient.grpc as triton_client
+    came from: on a processor (--processor, which checks the weights against its model
+    repository) or here, through the Triton serving both (--triton; needs --preview)."""
+    from tools.cli.evaluation import evaluate_here, evaluate_on
+    from workshop.kit.evaluation_plan import report_json
 
-    from tools.cli.evaluation import Pin, baseline_of, export_chunks, source_pins
-    from tools.model_repository.evaluate import EvaluationError, run_over, served_model
-    from workshop.kit.model_repository import RepositoryError, served_weights_sha256
-
+    if bool(processor) == bool(triton):
+        raise typer.BadParameter(
+            "one of --processor (a processor runs it) or --triton (run it here)",
+            param_hint="--processor / --triton",
+        )
+    if processor and repository is not None:
+        raise typer.BadParameter(
+            "the processor checks its own model repository", param_hint="--repository"
+        )
     opts = options(ctx)
-
-    def pinned(model: str, number: int) -> Any:
-        """The coordinator's record of the version, its weights checked when asked."""
-        reply = _unary(opts, "ListModelVersions", op.ListModelVersionsRequest(name=model))
-        found = next((v for v in reply.model_versions if v.version == number), None)
-        if found is None:
-            fail("NOT_FOUND", f"model {model} has no published version {number}")
-        if repository is not None:
-            try:
-                served = served_weights_sha256(repository, model, number)
-            except (OSError, RepositoryError) as error:
-                fail("NOT_FOUND", f"{model} v{number} is not in {repository}: {error}")
-            if served != found.weights_sha256:
-                fail(
-                    "CODE_MISMATCH",
-                    f"{repository} serves {model} v{number} with weights {served}, but the "
-                    f"coordinator pinned {found.weights_sha256}",
-                )
-        return found
-
-    candidate = pinned(name, version)
-    item_filter = _filter(review, "", "")
-    base: Pin | None
+    ask = evaluation_pb2.EvaluateModelVersionRequest(
+        model_name=name,
+        version=version,
+        bucket_id=bucket,
+        review_states=_filter(review, "", "").review_states,
+        workers=workers,
+    )
     if baseline == "none":
-        base = None
+        ask.no_baseline = True
     elif baseline:
         model, _, number = baseline.rpartition(":")
         if not model or not number.isdigit():
             raise typer.BadParameter("NAME:VERSION or none", param_hint="--baseline")
-        other = pinned(model, int(number))
-        base = Pin(model, int(number), tuple(other.classes), 0, ())
+        ask.baseline_version.model_name, ask.baseline_version.version = model, int(number)
+    if processor:
+        report = evaluate_on(opts, processor, ask)
     else:
-        base = baseline_of(source_pins(opts, bucket, item_filter), name, version)
-        if base is not None:
-            pinned(base.name, base.version)
-    request = preview_pb2.ExportBucketRequest(
-        bucket_id=bucket, format=run_pb2.DATASET_FORMAT_YOLO, filter=item_filter
-    )
-    client = triton_client.InferenceServerClient(triton)
-    try:
-        models = [served_model(client, name, version, list(candidate.classes))]
-        if base is not None:
-            models.append(served_model(client, base.name, base.version, list(base.classes)))
-        evaluation = run_over(
-            export_chunks(opts, request),
-            lambda: triton_client.InferenceServerClient(triton),
-            models,
-            workers=workers,
-        )
-        if not evaluation.items:
-            fail("NOT_FOUND", f"bucket {bucket} exports no item (see --review)")
-        figures = evaluation.report(0)
-        compared = evaluation.report(1) if base is not None else None
-    except EvaluationError as error:
-        fail("FAILED_PRECONDITION", str(error))
-    finally:
-        client.close()
-    result: dict[str, Any] = {
-        "bucket": bucket,
-        "weights_checked": repository is not None,
-        "images": evaluation.items,
-        "ground_truth_boxes": evaluation.truth.count,
-        "seconds": round(evaluation.seconds, 3),
-        "items_per_second": round(evaluation.items / max(evaluation.seconds, 1e-9), 1),
-        **figures,
-        "baseline": None,
-    }
-    if compared is not None and base is not None:
-        result["baseline"] = {**compared, "items_from_it": base.items, "runs": list(base.runs)}
-    emit(opts, result, table=_side_by_side(figures, compared), title=_title(result))
+        report = evaluate_here(opts, triton, ask, repository)
+    result = report_json(report)
+    emit(opts, result, table=_side_by_side(result, result["baseline"]), title=_title(result))
 
 
 def _title(result: dict[str, Any]) -> str:

@@ -44,14 +44,10 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
+
 Family = Literal["yolov8", "yolov5", "nms", "efficient-nms"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
-# The contract's outputs, in the order the processor reads them.
-CONTRACT_OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
-# The input of a served graph whose frames the processor letterboxes.
-LETTERBOX_INPUT = "letterboxed_images"
-# Today's contract input: uint8 NHWC frames resized (stretched) to the model's size.
-STRETCH_INPUT = "images"
 STRIDE = 32  # the largest stride of YOLO heads: a letterboxed size must be a multiple of it
 DEFAULT_CONFIDENCE = 0.25
 DEFAULT_IOU = 0.45

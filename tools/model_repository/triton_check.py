@@ -20,13 +20,10 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from tools.model_repository.families import (
-    CONTRACT_OUTPUTS,
-    LETTERBOX_INPUT,
-    ModelRefused,
-)
+from tools.model_repository.families import ModelRefused
 from tools.model_repository.repository import VersionPlan
 from workshop.kit.letterbox import PAD_VALUE
+from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
 
 CHECK_PREFIX = "workshop-check-"
 TIMEOUT_S = 120.0

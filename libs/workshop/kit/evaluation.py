@@ -39,8 +39,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from tritonclient.utils import InferenceServerException
 
-from tools.model_repository.families import CONTRACT_OUTPUTS, LETTERBOX_INPUT, STRETCH_INPUT
 from workshop.kit.letterbox import PAD_VALUE, Placement, letterbox, stretch
+from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT, STRETCH_INPUT
 
 MAX_DETECTIONS = 100  # per image, as COCO's default
 BYTES_PER_BOX = 4 + 4 + 4 + 4 * 4  # image, class, score, x1 y1 x2 y2
