@@ -5,6 +5,7 @@
 import { api, ApiError, currentSession } from "./api.js";
 import { h, show } from "./dom.js";
 import { sessionEnded } from "./nav.js";
+import { ItemEditor } from "./item_editor.js";
 import { accountBar } from "./runs.js";
 
 const THUMB_WIDTH = 160;
@@ -140,13 +141,25 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     return shown.map((itemId) => {
       const item = items.get(itemId);
       const when = item ? `${utcTime(item.frame_time)} UTC` : "a frame not loaded yet";
+      const marks = item ? [item.correction ? "corrected" : null, item.item_decision ? "decided alone" : null].filter(Boolean) : [];
       const figure = h(
         "figure", { class: "thumb", "data-item-id": itemId },
-        h("img", {
-          src: `${path(runId)}/items/${encodeURIComponent(itemId)}/image`,
-          loading: "lazy", decoding: "async", width: THUMB_WIDTH, height: THUMB_HEIGHT,
-          alt: `${sighting.camera_id}, ${when}`,
-        }),
+        h(
+          "button", {
+            type: "button", class: "thumb-edit", disabled: !item,
+            "aria-label": `Edit the boxes of the frame of ${sighting.camera_id} at ${when}${marks.length ? ` (${marks.join(", ")})` : ""}`,
+            onclick: (event) => {
+              event.stopPropagation();
+              openEditor(itemId, event.currentTarget);
+            },
+          },
+          h("img", {
+            src: `${path(runId)}/items/${encodeURIComponent(itemId)}/image`,
+            loading: "lazy", decoding: "async", width: THUMB_WIDTH, height: THUMB_HEIGHT,
+            alt: `${sighting.camera_id}, ${when}`,
+          }),
+        ),
+        marks.length ? h("span", { class: "item-mark", "aria-hidden": "true", text: marks.join(" · ") }) : null,
       );
       const review = item && item.box_reviews.find((r) => ids.includes(r.sighting_id));
       const box = review && review.box_index >= 0 ? item.boxes[review.box_index] : null;
@@ -159,6 +172,26 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
         figure.append(outline);
       }
       return figure;
+    });
+  }
+
+  const editor = new ItemEditor();
+
+  /** The item editor on `itemId`; what it saves updates the item and its sightings' rows. */
+  function openEditor(itemId, opener) {
+    const item = items.get(itemId);
+    if (!item) return;
+    const rowId = opener.closest("li.sighting").dataset.sightingId;
+    editor.open({
+      item, runId, classes,
+      opener: () => rows.get(rowId).querySelector(`[data-item-id="${CSS.escape(itemId)}"] .thumb-edit`),
+      onChange: (changed) => {
+        items.set(changed.item_id, changed);
+        for (const [id, sighting] of sightings) {
+          if (sighting.item_ids.includes(changed.item_id)) renderRow(id);
+        }
+        updateProgress();
+      },
     });
   }
 
@@ -363,19 +396,30 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     await decide(restoring, { recordUndo: false, what: "Undone: back to" });
   }
 
+  /** "e": the item editor on the current sighting's first frame shown. */
+  function editCurrent() {
+    if (current < 0) select(0);
+    const sighting = sightings.get(order[current]);
+    if (!sighting) return;
+    const row = rows.get(order[current]);
+    const first = row.querySelector(".thumb-edit:not([disabled])");
+    if (first) openEditor(first.closest("[data-item-id]").dataset.itemId, first);
+  }
+
   function onkey(event) {
     if (!alive()) {
       document.removeEventListener("keydown", onkey);
       return;
     }
     if (event.ctrlKey || event.metaKey || event.altKey) return;
-    if (event.target instanceof Element && event.target.closest("input, select, textarea")) return;
+    if (event.target instanceof Element && event.target.closest("input, select, textarea, dialog")) return;
     const key = event.key;
     if (key === "j") move(1);
     else if (key === "k") move(-1);
     else if (key === "c") decide({ decision: "confirm" });
     else if (key === "n") decide({ decision: "none" });
     else if (key === "u") undoLast();
+    else if (key === "e") editCurrent();
     else if (/^[1-9]$/.test(key) && Number(key) <= classes.length) {
       decide({ decision: "relabel", class_name: classes[Number(key) - 1] });
     } else return;
@@ -391,6 +435,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       h("li", {}, h("kbd", { text: "c" }), " confirm"),
       h("li", {}, h("kbd", { text: "n" }), " none (the object is not there)"),
       h("li", {}, h("kbd", { text: "u" }), " undo the last decision"),
+      h("li", {}, h("kbd", { text: "e" }), " correct the boxes of the current sighting's first frame, or decide that frame alone (or Enter on a frame)"),
     ),
     classes.length
       ? h(
@@ -444,6 +489,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     h("div", { class: "review-sticky" }, progress, actions, announce, failure),
     order.length ? list : h("p", { id: "review-empty", text: "No saved items to review yet." }),
     more,
+    editor.node,
   );
   document.title = `Review ${runId} · Workshop`;
   document.addEventListener("keydown", onkey);
