@@ -164,6 +164,9 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     assert set(box_states(await review(gateway, api), sid)) == {("pending", None)}
     release.set()
     await expect(state).to_have_text("accepted")
+    await expect(row.locator(".decided-by")).to_have_text(
+        re.compile(r"^by Ada, \d{4}-\d\d-\d\d \d\d:\d\d UTC$")
+    )
     await expect(row.locator(".saving")).to_have_count(0)
     status = page.locator("#review-status")
     await expect(status).to_contain_text(f"{count} items updated")

@@ -5,7 +5,7 @@
 import { api, ApiError, currentSession } from "./api.js";
 import { h, show } from "./dom.js";
 import { sessionEnded } from "./nav.js";
-import { ItemEditor } from "./item_editor.js";
+import { byline, ItemEditor } from "./item_editor.js";
 import { accountBar } from "./runs.js";
 
 const THUMB_WIDTH = 160;
@@ -211,6 +211,9 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
           class: `state state-${sighting.review_state}`, "data-state": sighting.review_state,
           text: stateText(sighting),
         }),
+        sighting.decided_by
+          ? h("span", { class: "muted decided-by", text: `by ${byline(sighting.decided_by, sighting.decided_at)}` })
+          : null,
         saving ? h("span", { class: "saving", text: "saving…" }) : null,
       ),
       h("div", { class: "thumbs" }, thumbnails(sightingId, sighting)),
