@@ -156,6 +156,19 @@ async def export_boxes(c: CoordinatorHarness, s: Any, bucket: str) -> dict[str, 
     return {item.item_id: [b.class_name for b in item.boxes] for item in page.items}
 
 
+async def image_boxes(
+    c: CoordinatorHarness, s: Any, item_id: str
+) -> list[tuple[str, tuple[float, ...]]]:
+    """The boxes an image read of the item answers (AuthorizeImageRead, as the preview
+    service asks it for a reader): class and rounded x, y, w, h."""
+    secret = await c.key(Grant(ScopeName.WORKSHOP), name="reader")
+    answer = await c.publication.AuthorizeImageRead(
+        pub.AuthorizeImageReadRequest(run_id="r1", item_id=item_id),
+        metadata=(*s.service, ("workshop-on-behalf-of", f"Bearer {secret}")),
+    )
+    return [(b.class_name, tuple(round(v, 4) for v in (b.x, b.y, b.w, b.h))) for b in answer.boxes]
+
+
 async def world_with_items(c: CoordinatorHarness) -> tuple[Any, list[str]]:
     s = await review_world(c)
     jobs = await start_run(c, s, "r1")
@@ -215,6 +228,11 @@ async def test_corrections_change_reads_counts_and_exports_and_keep_the_detected
     exported = await export_boxes(c, s, "yard")
     assert exported[target] == ["person", "person"]
     assert exported[items[0]] == ["person", "vehicle"]
+    # reading the item's image answers its boxes after review too (0013)
+    assert await image_boxes(c, s, target) == [
+        ("person", (0.15, 0.12, 0.2, 0.3)),
+        ("person", (0.7, 0.7, 0.1, 0.1)),
+    ]
 
     # a class change moves the counts; a stale revision changes nothing
     second = await c.workshop.CorrectItemBoxes(

@@ -235,7 +235,7 @@ class ReadImageResponse(_message.Message):
     """Camera that recorded the frame."""
     @_builtins.property
     def boxes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Box]:
-        """Labels of the image (for bucket items: after review relabels)."""
+        """Labels of the image (for bucket items: after review, corrections and relabels applied)."""
 
     @_builtins.property
     def frame_time(self) -> _timestamp_pb2.Timestamp:

@@ -54,7 +54,7 @@ SELECT object_key FROM objects_release_held_v1($1, $2);
 -- A preview (by its item id) or a bucket item of a run, with what reading it needs.
 -- A full run's preview that became its item's upload expired when the job committed.
 -- (runs' run_facts and run_published_previews, which leases implement; review's
--- bucket_item_for_read, its boxes after review relabels; leases' staged_object.)
+-- bucket_item_for_read, its boxes after review; leases' staged_object.)
 SELECT 'preview' AS source, so.object_key, so.content_type, so.boxes, so.frame_time,
        so.camera_id, so.sha256,
        CASE WHEN so.kind = 'upload' THEN so.published_at ELSE so.collectable_at END
@@ -66,6 +66,6 @@ WHERE so.item_id = $2 AND so.deleted_at IS NULL
 UNION ALL
 SELECT 'item', bi.object_key, upload.content_type, bi.boxes, bi.frame_time, bi.camera_id,
        bi.sha256, NULL, r.expires_at
-FROM bucket_item_for_read_v2($1, $2) bi
+FROM bucket_item_for_read_v3($1, $2) bi
 CROSS JOIN run_facts_v1($1) r
 CROSS JOIN LATERAL staged_object_v1(bi.object_key) upload;
