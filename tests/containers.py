@@ -16,15 +16,25 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tools.demo import script
+from tools.demo.footage import make_footage
+from tools.demo.stack import Stack
+from tools.demo.terminal import Console
+from workshop.kit.jsonmap import from_json
+from workshop.v1 import common_pb2, run_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 PODMAN = ROOT / "scripts" / "podman"
@@ -32,6 +42,8 @@ IMAGES = ("coordinator", "preview", "gateway", "processor", "triton")
 TAG = "dev"
 USER = "10001:10001"
 BUILD_TIMEOUT_S = 1800  # a cold build: the Debian base, five locks (DALI's 1.3 GB)
+FULL_RUN_ID = "images-full-run"
+RUN_TIMEOUT_S = 180.0
 
 
 def image(name: str) -> str:
@@ -187,3 +199,107 @@ def grpc_serving(target: str) -> bool:
             health_pb2.HealthCheckRequest(), timeout=2
         )
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+class Forward:
+    """Forwards TCP connections from `listen` to `upstream` (threads; for the few
+    connections a test makes), until `close`, which closes every connection too."""
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(listen)
+        self.lock = threading.Lock()
+        self.open: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True, name=f"forward-{listen}").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self.lock:
+                self.open |= {client, server}
+            ends = [2]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(
+                    target=self._copy, args=(source, sink, (client, server), ends), daemon=True
+                ).start()
+
+    def _copy(
+        self,
+        source: socket.socket,
+        sink: socket.socket,
+        pair: tuple[socket.socket, socket.socket],
+        ends: list[int],
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+        with self.lock:
+            ends[0] -= 1
+            if ends[0] == 0:
+                for end in pair:
+                    self.open.discard(end)
+                    end.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for end in self.open:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
+            self.open.clear()
+
+
+def run_the_demo_scenario(stack: Stack, *, full_run: bool) -> None:
+    """`make demo`'s scenario (tools/demo/__main__.py): publish the demo detector, import
+    two cameras, save the workflow, a 20-image test run followed on its live socket; then
+    with `full_run`, a full run of the same workflow; all through the gateway with the demo
+    user's Agent key (as users reach the product)."""
+    console = Console()
+    classes = script.publish_detector(stack, console)
+    footage = make_footage(stack.workdir / "recordings")
+    yesterday = datetime.now(UTC) - timedelta(days=1)
+    script.import_footage(stack, footage, yesterday)
+    cameras = [clip.camera_id for clip in footage]
+    revision = script.save_workflow(stack, cameras, classes)
+    with script.agent_client(stack) as http:
+        script.create_run(http, stack, console, revision)
+        detail = script.follow_run(stack, console)
+        assert detail.run.status == common_pb2.RUN_STATUS_COMPLETED, detail
+        assert detail.run.counts.previews_published > 0, detail.run.counts
+        if not full_run:
+            return
+        created = http.post(
+            script.RUNS_PATH,
+            json={
+                "id": FULL_RUN_ID,
+                "workflow_id": script.WORKFLOW_ID,
+                "runtime_id": stack.runtime_id,
+                "revision": revision,
+                "mode": "full",
+            },
+        )
+        script.answer_json(created)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            answer = script.answer_json(http.get(f"{script.RUNS_PATH}/{FULL_RUN_ID}"))
+            full = from_json(answer["detail"], run_pb2.RunDetail)
+            if full.run.status in script.FINAL:
+                break
+            assert time.monotonic() < deadline, full.run
+            time.sleep(0.5)
+        assert full.run.status == common_pb2.RUN_STATUS_COMPLETED, full
+        assert full.run.counts.slots_frame > 0, full.run.counts

@@ -18,15 +18,12 @@ import shutil
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.containers import built_images, containers, grpc_serving
-from tools.demo import script
-from tools.demo.footage import make_footage
+from tests.containers import built_images, containers, grpc_serving, run_the_demo_scenario
 from tools.demo.stack import (
     DEVICE_ID,
     RECORDINGS_BUCKET,
@@ -42,13 +39,9 @@ from tools.localstack.processes import announcements
 from tools.localstack.s3 import running_s3_server
 from tools.localstack.triton import TritonServer
 from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
-from workshop.kit.jsonmap import from_json
-from workshop.v1 import common_pb2, run_pb2
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-FULL_RUN_ID = "images-full-run"
-RUN_TIMEOUT_S = 180.0
 SHORT_GRACE = {"GRACE_SECONDS": "2", "DRAIN_SECONDS": "0"}
 
 
@@ -249,49 +242,9 @@ def test_the_stack_runs_from_its_images(pg_cluster: PostgresCluster, tmp_path: P
                 metrics={k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()},
                 processor_env={},
             )
-            run_the_demo_scenario(stack)
+            run_the_demo_scenario(stack, full_run=True)
             processed = httpx.get(f"http://127.0.0.1:{w_metrics}/metrics", timeout=10).text
             assert "workshop_processor_" in processed
             print(f"stack from images: {time.monotonic() - began:.1f} s after the build")
     finally:  # after every container is gone
         shutil.rmtree(shm, ignore_errors=True)
-
-
-def run_the_demo_scenario(stack: Stack) -> None:
-    """`make demo`'s scenario (tools/demo/__main__.py): publish the demo detector, import
-    two cameras, save the workflow, a 20-image test run followed on its live socket; then
-    a full run of the same workflow, through the gateway with the demo user's Agent key."""
-    console = Console()
-    classes = script.publish_detector(stack, console)
-    footage = make_footage(stack.workdir / "recordings")
-    yesterday = datetime.now(UTC) - timedelta(days=1)
-    script.import_footage(stack, footage, yesterday)
-    cameras = [clip.camera_id for clip in footage]
-    revision = script.save_workflow(stack, cameras, classes)
-    with script.agent_client(stack) as http:
-        script.create_run(http, stack, console, revision)
-        detail = script.follow_run(stack, console)
-        assert detail.run.status == common_pb2.RUN_STATUS_COMPLETED, detail
-        assert detail.run.counts.previews_published > 0, detail.run.counts
-
-        created = http.post(
-            script.RUNS_PATH,
-            json={
-                "id": FULL_RUN_ID,
-                "workflow_id": script.WORKFLOW_ID,
-                "runtime_id": stack.runtime_id,
-                "revision": revision,
-                "mode": "full",
-            },
-        )
-        script.answer_json(created)
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while True:
-            answer = script.answer_json(http.get(f"{script.RUNS_PATH}/{FULL_RUN_ID}"))
-            full = from_json(answer["detail"], run_pb2.RunDetail)
-            if full.run.status in script.FINAL:
-                break
-            assert time.monotonic() < deadline, full.run
-            time.sleep(0.5)
-        assert full.run.status == common_pb2.RUN_STATUS_COMPLETED, full
-        assert full.run.counts.slots_frame > 0, full.run.counts
