@@ -303,3 +303,37 @@ def run_the_demo_scenario(stack: Stack, *, full_run: bool) -> None:
             time.sleep(0.5)
         assert full.run.status == common_pb2.RUN_STATUS_COMPLETED, full
         assert full.run.counts.slots_frame > 0, full.run.counts
+
+
+def host_ca_lines() -> list[str]:
+    """A distinctive line (the first of its body) of each CA this host adds to its bundle
+    (/usr/local/share/ca-certificates): the build secret an image must not keep."""
+    lines = []
+    for path in Path("/usr/local/share/ca-certificates").rglob("*.crt"):
+        body = [line for line in path.read_text().splitlines() if line and "-----" not in line]
+        if body:
+            lines.append(body[0])
+    return lines
+
+
+def assert_no_build_secrets(image_name: str) -> None:
+    """No layer of the image holds a pip.conf, anything in /run/secrets, or a CA bundle
+    with this host's own CAs in it (the build secrets of scripts/images.sh)."""
+    dirs = podman(
+        "image",
+        "inspect",
+        "--format={{.GraphDriver.Data.UpperDir}}:{{.GraphDriver.Data.LowerDir}}",
+        image_name,
+    ).stdout.strip()
+    extra = host_ca_lines()
+    for layer in (Path(d) for d in dirs.split(":") if d):
+        assert not list(layer.rglob("pip.conf")), (image_name, layer)
+        secrets = layer / "run" / "secrets"
+        assert not secrets.is_dir() or not any(secrets.iterdir()), (image_name, layer)
+        for bundle in layer.rglob("*.crt"):
+            if bundle.is_file() and not bundle.is_symlink():
+                text = bundle.read_text(errors="replace")
+                assert not any(line in text for line in extra), (image_name, bundle)
+    history = podman("history", "--no-trunc", "--format={{.CreatedBy}}", image_name).stdout
+    assert "cert =" not in history, image_name
+    assert "index-url" not in history, image_name

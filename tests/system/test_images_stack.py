@@ -23,7 +23,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.containers import built_images, containers, grpc_serving, run_the_demo_scenario
+from tests.containers import (
+    assert_no_build_secrets,
+    built_images,
+    containers,
+    grpc_serving,
+    run_the_demo_scenario,
+)
 from tools.demo.stack import (
     DEVICE_ID,
     RECORDINGS_BUCKET,
@@ -51,6 +57,8 @@ def service_env(prefix: str, values: dict[str, str]) -> dict[str, str]:
 
 def test_the_stack_runs_from_its_images(pg_cluster: PostgresCluster, tmp_path: Path) -> None:
     images = built_images()
+    for name in images.values():
+        assert_no_build_secrets(name)
     began = time.monotonic()
     logs = tmp_path / "logs"
     logs.mkdir()
