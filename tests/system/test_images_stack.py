@@ -13,6 +13,7 @@ Mostly waiting (containers starting, the run), so it runs in the parallel pool.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -208,7 +209,7 @@ def test_the_stack_runs_from_its_images(pg_cluster: PostgresCluster, tmp_path: P
                 triton: t_grpc,
             }
             for name, port in grpc_ports.items():
-                run.wait_until(name, lambda port=port: grpc_serving(f"127.0.0.1:{port}"))
+                run.wait_until(name, functools.partial(grpc_serving, f"127.0.0.1:{port}"))
             print(f"stack serving {time.monotonic() - began:.1f} s after the build")
 
             metrics = {
