@@ -12,7 +12,7 @@ TEST_WORKERS ?= auto
 # Arguments of `make demo`, e.g. `make demo ARGS=--keep`.
 ARGS ?=
 
-.PHONY: setup system-deps lock proto test test-fast screenshots demo demo-stop lint fmt clean
+.PHONY: setup system-deps lock proto test test-fast screenshots demo demo-stop images lint fmt clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,13 @@ demo: $(STAMP)
 # still runs; ARGS='--workdir DIR' picks another.
 demo-stop: $(STAMP)
 	$(BIN)/python -m tools.demo stop $(ARGS)
+
+# Every service image (coordinator, preview, gateway, processor on the CPU, Triton from the
+# bundled server), built with podman from a local Debian 12 base, then their sizes
+# (docs/deployment.md, "Images"); cached, so a second run with nothing changed is quick.
+# IMAGE_TAG (default dev) tags them; IMAGES picks some, e.g. `make images IMAGES=gateway`.
+images:
+	@scripts/images.sh
 
 # lint-imports checks the import rules of pyproject.toml's [tool.importlinter]
 # (docs/architecture.md, "Import rules"); it takes well under a second, so no cache dir.

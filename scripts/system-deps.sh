@@ -2,8 +2,10 @@
 # Installs the Debian packages Workshop's tests and demo need, when they are
 # missing: PostgreSQL 15 (throwaway clusters), a shared libpython3.11 (the
 # Triton python backend stub embeds it) and Chromium (the web console's browser
-# tests, tests/system/test_console.py, drive it through Playwright). Does nothing when all
-# are present.
+# tests, tests/system/test_console.py, drive it through Playwright), and what `make images`
+# and the image tests run: podman with runc (crun refuses hybrid cgroups), catatonit (the
+# init of podman's pod infra containers) and mmdebstrap (the local Debian base image).
+# Does nothing when all are present.
 set -euo pipefail
 
 missing=()
@@ -13,6 +15,10 @@ if [ "$pylib" != "True" ] && ! ldconfig -p 2>/dev/null | grep -q 'libpython3.11.
     missing+=(libpython3.11)
 fi
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+command -v podman >/dev/null || missing+=(podman)
+[ -x /usr/sbin/runc ] || missing+=(runc)
+[ -x /usr/libexec/podman/catatonit ] || missing+=(catatonit)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

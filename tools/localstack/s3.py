@@ -238,15 +238,20 @@ class WeedNotFound(S3LaunchError):
 
 
 @contextmanager
-def running_s3_server(root: Path, weed: Path | None = None) -> Iterator[S3Server]:
-    """A started SeaweedFS with its data under `root`, killed on exit.
+def running_s3_server(
+    root: Path, weed: Path | None = None, credentials: tuple[str, str] | None = None
+) -> Iterator[S3Server]:
+    """A started SeaweedFS with its data under `root`, killed on exit; its access and
+    secret key are `credentials` when given (a manifest's own), else new random ones.
 
     Raises WeedNotFound without `weed` and no binary to find, S3LaunchError when it
     cannot start.
     """
     weed = weed or find_weed()
-    access_key = "WORKSHOP" + secrets.token_hex(6).upper()
-    secret_key = secrets.token_urlsafe(30)
+    access_key, secret_key = credentials or (
+        "WORKSHOP" + secrets.token_hex(6).upper(),
+        secrets.token_urlsafe(30),
+    )
     _write_identities(root / "s3.json", access_key, secret_key)
     server: S3Server | None = None
     short_dirs: list[Path] = []
