@@ -6,7 +6,8 @@ container as the manifests run it: user 10001, read-only root filesystem with a 
 /tmp, no capabilities; the processor and Triton share a memory /dev/shm and the model
 repository (read-only for the processor). Host networking, every port picked free, so
 parallel workers never collide. Each service answers grpc.health.v1 and serves /metrics;
-a test run and a full run go through the gateway container as the demo's do.
+a test run and a full run go through the gateway container as the demo's do. Each image
+holds its own service's extra and none of the others'.
 
 Mostly waiting (containers starting, the run), so it runs in the parallel pool.
 """
@@ -20,6 +21,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,6 +52,27 @@ from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SHORT_GRACE = {"GRACE_SECONDS": "2", "DRAIN_SECONDS": "0"}
+
+
+# What each service's image must not hold: the other services' extras (each image installs
+# its own lock alone, so a missing dependency of a service fails here, in its own image).
+OTHER_EXTRAS = {
+    "coordinator": ["minio", "starlette", "nvidia", "tritonclient"],
+    "preview": ["asyncpg", "starlette", "nvidia", "tritonclient"],
+    "gateway": ["asyncpg", "minio", "nvidia", "tritonclient"],
+    "processor": ["asyncpg", "starlette"],
+}
+
+
+def only_its_extra(run: Any, image: str, service: str, absent: list[str]) -> bool:
+    """The image imports its service, from its installed copy, and none of `absent`."""
+    probe = (
+        f"import importlib.util, json, services.{service}; print(json.dumps("
+        f"[m for m in {absent!r} if importlib.util.find_spec(m)]))"
+    )
+    present = json.loads(run.command(f"extras-{service}", image, ["python", "-c", probe]))
+    assert present == [], f"{service}'s image holds {present}"
+    return True
 
 
 def service_env(prefix: str, values: dict[str, str]) -> dict[str, str]:
@@ -92,6 +115,8 @@ def test_the_stack_runs_from_its_images(pg_cluster: PostgresCluster, tmp_path: P
                 coordinator_env,
             )
             assert json.loads(migrated.splitlines()[-1])["event"] == "migrated", migrated
+            for service, absent in OTHER_EXTRAS.items():
+                assert only_its_extra(run, images[service], service, absent)
             coordinator = run.start("coordinator", images["coordinator"], env=coordinator_env)
             printed = run.command(
                 "admin-key",
