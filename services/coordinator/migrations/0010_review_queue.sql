@@ -195,8 +195,16 @@ BEGIN
         RETURNING 1
     ), updated AS (
         UPDATE bucket_items bi
-        SET box_states = review.states, box_relabels = review.relabels,
-            box_decided_by = review.new_by, box_decided_at = review.new_at,
+        -- (an array of none but NULLs is stored NULL, as never decided: what an undo
+        -- brings back)
+        SET box_states = nullif(review.states,
+                                array_fill(NULL::text, ARRAY[cardinality(review.states)])),
+            box_relabels = nullif(review.relabels,
+                                  array_fill(NULL::text, ARRAY[cardinality(review.relabels)])),
+            box_decided_by = nullif(review.new_by,
+                                    array_fill(NULL::jsonb, ARRAY[cardinality(review.new_by)])),
+            box_decided_at = nullif(review.new_at, array_fill(NULL::timestamptz,
+                                                              ARRAY[cardinality(review.new_at)])),
             review_state = review.now, relabel_class = review.relabel,
             reviewed_at = review.reviewed_at
         FROM review WHERE bi.item_id = review.item_id
