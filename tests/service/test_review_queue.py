@@ -467,10 +467,17 @@ async def test_bad_input_and_cameras(coordinator: CoordinatorHarness) -> None:
         ),
         (
             "state",
-            ws.GetReviewQueueRequest(bucket_id="yard", filter=ws.SightingFilter(review_states=[9])),
+            ws.GetReviewQueueRequest(
+                bucket_id="yard",
+                filter=ws.SightingFilter(review_states=[common_pb2.ReviewState.ValueType(9)]),
+            ),
             "filter.review_states[0]",
         ),
-        ("order", ws.GetReviewQueueRequest(bucket_id="yard", order=7), "order"),  # type: ignore[arg-type]
+        (
+            "order",
+            ws.GetReviewQueueRequest(bucket_id="yard", order=ws.QueueOrder.ValueType(7)),
+            "order",
+        ),
         ("bucket", ws.GetReviewQueueRequest(), "bucket_id"),
     ]
     for what, request, field in queue_cases:
@@ -494,20 +501,19 @@ async def test_bad_input_and_cameras(coordinator: CoordinatorHarness) -> None:
             metadata=c.admin,
         )
     assert error_reason(other.value)[2]["field"] == "page_token"
-    for request in (
-        ws.GetReviewQueueRequest(bucket_id="nope"),
-        ws.BulkDecideSightingsRequest(bucket_id="nope", decision=CONFIRM, dry_run=True),
-        ws.UndoBulkDecisionRequest(action_id="bulk-nope"),
+    workshop_rpcs: Any = c.workshop
+    for rpc_name, missing_request in (
+        ("GetReviewQueue", ws.GetReviewQueueRequest(bucket_id="nope")),
+        (
+            "BulkDecideSightings",
+            ws.BulkDecideSightingsRequest(bucket_id="nope", decision=CONFIRM, dry_run=True),
+        ),
+        ("UndoBulkDecision", ws.UndoBulkDecisionRequest(action_id="bulk-nope")),
     ):
-        rpc = {
-            ws.GetReviewQueueRequest: c.workshop.GetReviewQueue,
-            ws.BulkDecideSightingsRequest: c.workshop.BulkDecideSightings,
-            ws.UndoBulkDecisionRequest: c.workshop.UndoBulkDecision,
-        }[type(request)]
         with pytest.raises(grpc.aio.AioRpcError) as missing:
-            await rpc(request, metadata=c.admin)  # type: ignore[operator]
-        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-    bulk_cases = [
+            await getattr(workshop_rpcs, rpc_name)(missing_request, metadata=c.admin)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND, rpc_name
+    bulk_cases: list[tuple[str, Any, str]] = [
         ("decision unset", ws.BulkDecideSightingsRequest(bucket_id="yard"), "decision"),
         (
             "relabel without class",
@@ -521,14 +527,14 @@ async def test_bad_input_and_cameras(coordinator: CoordinatorHarness) -> None:
         ),
         ("no action", ws.UndoBulkDecisionRequest(), "action_id"),
     ]
-    for what, request, field in bulk_cases:
-        rpc = (
-            c.workshop.UndoBulkDecision
-            if isinstance(request, ws.UndoBulkDecisionRequest)
-            else c.workshop.BulkDecideSightings
+    for what, bad, field in bulk_cases:
+        name = (
+            "UndoBulkDecision"
+            if isinstance(bad, ws.UndoBulkDecisionRequest)
+            else "BulkDecideSightings"
         )
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await rpc(request, metadata=c.admin)  # type: ignore[operator]
+            await getattr(workshop_rpcs, name)(bad, metadata=c.admin)
         code, reason, info = error_reason(caught.value)
         assert (code, reason, info.get("field")) == (
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -567,10 +573,10 @@ async def test_bad_input_and_cameras(coordinator: CoordinatorHarness) -> None:
         ).sightings
     } == {"cam-b"}
     # an action over cam-a undone by a key of cam-b only: refused
-    other = bearer_metadata(await c.key(Grant(ScopeName.WORKSHOP, camera_ids=("cam-b",)), name="b"))
+    cam_b = bearer_metadata(await c.key(Grant(ScopeName.WORKSHOP, camera_ids=("cam-b",)), name="b"))
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await c.workshop.UndoBulkDecision(
-            ws.UndoBulkDecisionRequest(action_id=done.action.action_id), metadata=other
+            ws.UndoBulkDecisionRequest(action_id=done.action.action_id), metadata=cam_b
         )
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     await c.workshop.UndoBulkDecision(
@@ -591,7 +597,8 @@ async def test_the_cli_lists_the_queue_and_bulk_decides_with_a_dry_run(
     assert len(scores) == 6
     table = await workshop(c, "buckets", "queue", "yard", "--class", "vehicle", "--camera", "cam-b")
     assert table.code == 0, table.err
-    assert "cam-b" in table.out and "cam-a" not in table.out
+    assert "cam-b" in table.out
+    assert "cam-a" not in table.out
     preview = await workshop(
         c,
         "-o",
