@@ -254,16 +254,18 @@ class ReviewQueue:
             "after_sighting": key.sighting_id,
             "limit": limit + 1,
         }
-        params: QueueOldest | QueueScore | QueueCamera
-        if order == "score":
-            params = QueueScore(**common, after_score=key.score)
-        elif order == "camera":
-            params = QueueCamera(**common, after_camera=key.camera_id)
-        else:
-            params = QueueOldest(**common)
         async with self.db.connection() as connection:
             await _bucket_exists(connection, bucket_id)
-            rows = await fetch_all(connection, QueueRow, *bind(params))
+            if order == "score":
+                rows = await fetch_all(
+                    connection, QueueRow, *bind(QueueScore(**common, after_score=key.score))
+                )
+            elif order == "camera":
+                rows = await fetch_all(
+                    connection, QueueRow, *bind(QueueCamera(**common, after_camera=key.camera_id))
+                )
+            else:
+                rows = await fetch_all(connection, QueueRow, *bind(QueueOldest(**common)))
             next_key = rows[limit - 1].key() if len(rows) > limit else None
             rows = rows[:limit]
             found = (
