@@ -312,11 +312,13 @@ BEGIN
     END IF;
     INSERT INTO sighting_decisions (run_id, sighting_id, review_state, relabel_class, decided_by,
                                     decided_at, items_updated)
-    SELECT u.run_id, u.sighting_id, p_state, p_relabel, p_by, p_now,
-           (SELECT count(*) FROM bulk_decision_boxes l
-            WHERE l.action_id = p_action AND l.run_id = u.run_id
-              AND l.sighting_id = u.sighting_id)
-    FROM (SELECT DISTINCT * FROM unnest(p_runs, p_sightings)) AS u (run_id, sighting_id);
+    SELECT u.run_id, u.sighting_id, p_state, p_relabel, p_by, p_now, coalesce(n.boxes, 0)
+    FROM (SELECT DISTINCT * FROM unnest(p_runs, p_sightings)) AS u (run_id, sighting_id)
+    LEFT JOIN (
+        SELECT l.run_id, l.sighting_id, count(*) AS boxes
+        FROM bulk_decision_boxes l WHERE l.action_id = p_action
+        GROUP BY 1, 2
+    ) n ON n.run_id = u.run_id AND n.sighting_id = u.sighting_id;
     PERFORM sightings_refresh_v1(p_runs, p_sightings);
     UPDATE bulk_decisions
     SET sightings_selected = (SELECT count(*) FROM (SELECT DISTINCT * FROM
