@@ -124,6 +124,11 @@ def _query_value(field: FieldDescriptor, value: str) -> Any:
         if stripped.isascii() and stripped.lstrip("-").isdigit():
             return int(stripped)
         return value
+    if field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+        try:
+            return float(value) if value.strip().isascii() else value
+        except ValueError:
+            return value  # from_json names the field's expected type
     if field.type == FieldDescriptor.TYPE_BOOL:
         return {"true": True, "false": False}.get(value.lower(), value)
     return value

@@ -114,6 +114,17 @@ ITEM_FILTER = {
     "to": "filter.frame_time_to",
 }
 
+SIGHTING_FILTER = {
+    "review_state": "filter.review_states",
+    "class_name": "filter.class_name",
+    "camera_id": "filter.camera_id",
+    "run_id": "filter.run_id",
+    "from": "filter.frame_time_from",
+    "to": "filter.frame_time_to",
+    "min_score": "filter.min_score",
+    "max_score": "filter.max_score",
+}
+
 OPERATIONS: tuple[Operation, ...] = (
     # workflows
     _op(
@@ -327,6 +338,35 @@ OPERATIONS: tuple[Operation, ...] = (
         "buckets",
         query={**PAGE, **ITEM_FILTER},
         errors=(404,),
+    ),
+    _op(
+        "getReviewQueue",
+        "GET",
+        "/workshop/buckets/{bucket_id}/queue",
+        "workshop",
+        "GetReviewQueue",
+        "review",
+        query={**PAGE, "order": "order", **SIGHTING_FILTER},
+        errors=(404,),
+    ),
+    _op(
+        "bulkDecideSightings",
+        "POST",
+        "/workshop/buckets/{bucket_id}/bulk-decisions",
+        "workshop",
+        "BulkDecideSightings",
+        "review",
+        body=True,
+        errors=(404, 409),
+    ),
+    _op(
+        "undoBulkDecision",
+        "DELETE",
+        "/workshop/bulk-decisions/{action_id}",
+        "workshop",
+        "UndoBulkDecision",
+        "review",
+        errors=(404, 409),
     ),
     _op(
         "exportBucket",

@@ -330,6 +330,14 @@ PROBES: dict[str, Callable[[Matrix], Message]] = {
     "/workshop.v1.WorkshopService/DecideSighting": lambda m: ws.DecideSightingRequest(
         run_id="r1", sighting_id="no-such-sighting", decision=ws.REVIEW_DECISION_CONFIRM
     ),
+    # a preview of a bulk decision (changes nothing) and an action that does not exist: the
+    # camera checks are test_review_queue's
+    "/workshop.v1.WorkshopService/BulkDecideSightings": lambda m: ws.BulkDecideSightingsRequest(
+        bucket_id="yard", decision=ws.REVIEW_DECISION_CONFIRM, dry_run=True
+    ),
+    "/workshop.v1.WorkshopService/UndoBulkDecision": lambda m: ws.UndoBulkDecisionRequest(
+        action_id="no-such-action"
+    ),
     # an item that does not exist: the camera check is test_review_corrections'
     "/workshop.v1.WorkshopService/DecideItem": lambda m: ws.DecideItemRequest(
         item_id="no-such-item", decision=ws.REVIEW_DECISION_CONFIRM

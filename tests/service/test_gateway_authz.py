@@ -132,6 +132,8 @@ OWN_KEYS_API = statuses(" 401  401  401  401  403  403  403  200  401")
 OWN_KEYS_V1 = statuses("  401  401  401  401  403  403  403  403  401")
 # A write that names a stale revision: refused (409) only once the credential may make it.
 WORKSHOP_STALE = statuses("401  401  401  401  403  403  403  409  401")
+# A write that names what does not exist: 404 only once the credential may make it.
+WORKSHOP_MISSING = statuses("401  401  401  401  403  403  403  404  401")
 LOGIN = statuses("        200  200  200  200  200  200  200  200  200")
 # Signed in or not, GET /api/session answers 200 (`signed_in`, and `ended`: checked below).
 SESSION_GET = statuses("  200  200  200  200  200  200  200  200  200")
@@ -211,6 +213,14 @@ def no_items(answer: httpx.Response) -> None:
 
 def has_items(answer: httpx.Response) -> None:
     assert answer.json()["items"], answer.text
+
+
+def no_sightings(answer: httpx.Response) -> None:
+    assert answer.json()["sightings"] == [], answer.text
+
+
+def has_sightings(answer: httpx.Response) -> None:
+    assert answer.json()["sightings"], answer.text
 
 
 def _image_count(answer: httpx.Response) -> int:
@@ -412,6 +422,33 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
                 f"{w}/buckets/yard/items",
                 no_scope="service",
                 checks={"footage_other_camera": no_items, "valid": has_items},
+            ),
+            Row(
+                "GET",
+                f"{w}/buckets/{{bucket_id}}/queue",
+                FOOTAGE_LIST,
+                f"{w}/buckets/yard/queue",
+                params=(
+                    ("order", "lowest_score"),
+                    ("review_state", "pending"),
+                    ("review_state", "accepted"),
+                    ("review_state", "rejected"),
+                ),
+                no_scope="service",
+                checks={"footage_other_camera": no_sightings, "valid": has_sightings},
+            ),
+            Row(
+                "POST",
+                f"{w}/buckets/{{bucket_id}}/bulk-decisions",
+                WORKSHOP,
+                f"{w}/buckets/yard/bulk-decisions",
+                body={"decision": "confirm", "dry_run": True},
+            ),
+            Row(
+                "DELETE",
+                f"{w}/bulk-decisions/{{action_id}}",
+                WORKSHOP_MISSING,
+                f"{w}/bulk-decisions/bulk-nothing",
             ),
             Row(
                 "GET",

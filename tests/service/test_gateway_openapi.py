@@ -154,6 +154,23 @@ def explicit_calls(prefix: str, ids: Ids, runtime: str) -> dict[str, list[Explic
                 200, {"bucket_id": "yard"}, {"review_state": ["accepted"], "camera_id": "cam-a"}
             )
         ],
+        "getReviewQueue": [
+            Explicit(200, {"bucket_id": "yard"}, {"order": "lowest_score", "min_score": 0.5}),
+            Explicit(400, {"bucket_id": "yard"}, {"page_size": 101}),
+        ],
+        "bulkDecideSightings": [
+            Explicit(
+                200,
+                {"bucket_id": "yard"},
+                body={"decision": "none", "dry_run": True, "filter": {"camera_id": "cam-a"}},
+            ),
+            Explicit(
+                409,
+                {"bucket_id": "yard"},
+                body={"decision": "none", "expected_selection_revision": "sel1.stale"},
+            ),
+        ],
+        "undoBulkDecision": [Explicit(404, {"action_id": "bulk-nothing"})],
         "exportBucket": [
             Explicit(200, {"bucket_id": "yard"}, {"format": "yolo", "review_state": ["accepted"]})
         ],

@@ -658,7 +658,9 @@ async def test_a_commit_writes_each_item_once_and_other_inserts_are_grouped_late
     )
     assert (inserted, updated) == (12, 0)  # each item once, grouped
     sighting_writes = sum(after["sightings"]) - sum(before.get("sightings", (0, 0, 0)))
-    assert sighting_writes == len(committed)  # one row per new sighting, none per frame
+    # one row per new sighting and its review columns' refresh (migration 0010: the
+    # queue's), none per frame
+    assert sighting_writes == 2 * len(committed)
     later = await all_sightings(c, "r1")
     assert len(later) == 2 * len(committed)
     await check_uniform_and_derived(c)

@@ -7,13 +7,14 @@ import getpass
 import json
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import typer
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from tools.cli.context import Options, fail, options, run
 from tools.cli.output import as_dict, emit
@@ -39,7 +40,8 @@ models = typer.Typer(help="Publish, list and evaluate model versions.", no_args_
 keys = typer.Typer(help="Create, list and revoke keys.", no_args_is_help=True)
 users = typer.Typer(help="Create and disable users; set a password.", no_args_is_help=True)
 buckets = typer.Typer(
-    help="Create and list buckets; list, correct, decide and export their items.",
+    help="Create and list buckets; list, correct, decide and export their items; review "
+    "their sightings across runs (queue) and decide many at once (bulk-decide).",
     no_args_is_help=True,
 )
 
@@ -629,6 +631,187 @@ def bucket_item_clear(
     """Clear an item decision: the item follows its sightings again (ClearItemDecision)."""
     request = ws.ClearItemDecisionRequest(item_id=item_id, **_revision(expected_revision))
     _item_call(ctx, "ClearItemDecision", request)
+
+
+QUEUE_ORDERS = {
+    "oldest": ws.QUEUE_ORDER_OLDEST,
+    "lowest-score": ws.QUEUE_ORDER_LOWEST_SCORE,
+    "camera": ws.QUEUE_ORDER_CAMERA,
+}
+
+
+def _instant(text: str, hint: str) -> Timestamp | None:
+    """An RFC 3339 instant (a date and time with its offset, or Z)."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise typer.BadParameter(
+            f"{text!r} is not an instant with its offset (e.g. 2026-05-04T08:00:00Z)",
+            param_hint=hint,
+        )
+    stamp = Timestamp()
+    stamp.FromDatetime(moment.astimezone(UTC))
+    return stamp
+
+
+def _sighting_filter(
+    review: list[str],
+    class_name: str,
+    camera: str,
+    run_id: str,
+    since: str,
+    until: str,
+    min_score: float | None,
+    max_score: float | None,
+) -> ws.SightingFilter:
+    unknown = [r for r in review if r not in REVIEW_STATES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown review state {unknown[0]!r}; one of {', '.join(REVIEW_STATES)}",
+            param_hint="--review",
+        )
+    return ws.SightingFilter(
+        review_states=[REVIEW_STATES[r] for r in review],
+        class_name=class_name,
+        camera_id=camera,
+        run_id=run_id,
+        frame_time_from=_instant(since, "--from"),
+        frame_time_to=_instant(until, "--to"),
+        min_score=min_score,
+        max_score=max_score,
+    )
+
+
+REVIEW_HELP = "pending, accepted or rejected (repeatable; default pending)"
+CLASS_HELP = "only sightings of this class as detected"
+FROM_HELP = "only sightings starting at or after this instant (RFC 3339)"
+TO_HELP = "only sightings starting before this instant (RFC 3339)"
+
+
+@buckets.command("queue")
+def bucket_queue(
+    ctx: typer.Context,
+    bucket_id: str = typer.Argument(..., help="bucket id"),
+    order: str = typer.Option("oldest", help="oldest, lowest-score or camera"),
+    review: list[str] = typer.Option([], help=REVIEW_HELP),
+    class_name: str = typer.Option("", "--class", help=CLASS_HELP),
+    camera: str = typer.Option("", help="only this camera's sightings"),
+    run_id: str = typer.Option("", "--run", help="only this run's sightings"),
+    since: str = typer.Option("", "--from", help=FROM_HELP),
+    until: str = typer.Option("", "--to", help=TO_HELP),
+    min_score: float | None = typer.Option(None, help="only sightings scoring at least this"),
+    max_score: float | None = typer.Option(None, help="only sightings scoring at most this"),
+    limit: int = typer.Option(10, min=1, max=100, help="at most this many (1..100)"),
+) -> None:
+    """The next sightings of a bucket's review queue, across runs (GetReviewQueue); decide
+    one with DecideSighting (the API), or many with `buckets bulk-decide`."""
+    if order not in QUEUE_ORDERS:
+        raise typer.BadParameter("must be oldest, lowest-score or camera", param_hint="--order")
+    opts = options(ctx)
+    request = ws.GetReviewQueueRequest(
+        bucket_id=bucket_id,
+        filter=_sighting_filter(
+            review, class_name, camera, run_id, since, until, min_score, max_score
+        ),
+        order=QUEUE_ORDERS[order],
+        page_size=limit,
+    )
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.GetReviewQueueResponse:
+        reply: ws.GetReviewQueueResponse = await workshop_pb2_grpc.WorkshopServiceStub(
+            channel
+        ).GetReviewQueue(request, metadata=md)
+        return reply
+
+    reply = run(opts, call)
+    _listing(
+        opts,
+        list(reply.sightings),
+        lambda q: {
+            "run": q.run_id,
+            "sighting": q.sighting.sighting_id,
+            "camera": q.sighting.camera_id,
+            "class": q.sighting.class_name,
+            "first": q.sighting.first_frame_time.ToJsonString(),
+            "items": len(q.sighting.item_ids),
+            "score": f"{q.score:.2f}",
+            "review": REVIEW_NAMES.get(q.sighting.review_state, "unspecified"),
+            "decided by": q.sighting.decided_by.display_name
+            if q.sighting.HasField("decided_by")
+            else "",
+        },
+        f"review queue of bucket {bucket_id}",
+    )
+
+
+@buckets.command("bulk-decide")
+def bucket_bulk_decide(
+    ctx: typer.Context,
+    bucket_id: str = typer.Argument(..., help="bucket id"),
+    decision: str = typer.Argument(..., help="confirm, none or relabel"),
+    relabel: str = typer.Option("", "--relabel", help="relabel: the new class"),
+    review: list[str] = typer.Option([], help=REVIEW_HELP),
+    class_name: str = typer.Option("", "--class", help=CLASS_HELP),
+    camera: str = typer.Option("", help="only this camera's sightings"),
+    run_id: str = typer.Option("", "--run", help="only this run's sightings"),
+    since: str = typer.Option("", "--from", help=FROM_HELP),
+    until: str = typer.Option("", "--to", help=TO_HELP),
+    min_score: float | None = typer.Option(None, help="only sightings scoring at least this"),
+    max_score: float | None = typer.Option(None, help="only sightings scoring at most this"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would change; change nothing"),
+    expect: str = typer.Option(
+        "",
+        "--expect",
+        help="the selection_revision of a --dry-run: refused (STALE_REVISION) when the "
+        "selection changed since",
+    ),
+) -> None:
+    """Decide every sighting of a bucket a filter selects, as one action that
+    `buckets undo-bulk` undoes (BulkDecideSightings)."""
+    if decision not in DECISIONS:
+        raise typer.BadParameter("must be confirm, none or relabel", param_hint="DECISION")
+    opts = options(ctx)
+    request = ws.BulkDecideSightingsRequest(
+        bucket_id=bucket_id,
+        filter=_sighting_filter(
+            review, class_name, camera, run_id, since, until, min_score, max_score
+        ),
+        decision=DECISIONS[decision],
+        class_name=relabel,
+        dry_run=dry_run,
+        expected_selection_revision=expect,
+    )
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.BulkDecideSightingsResponse:
+        reply: ws.BulkDecideSightingsResponse = await workshop_pb2_grpc.WorkshopServiceStub(
+            channel
+        ).BulkDecideSightings(request, metadata=md)
+        return reply
+
+    emit(opts, as_dict(run(opts, call)))
+
+
+@buckets.command("undo-bulk")
+def bucket_undo_bulk(
+    ctx: typer.Context,
+    action_id: str = typer.Argument(..., help="the action_id bulk-decide answered"),
+) -> None:
+    """Undo a bulk decision as one: its sightings' boxes go back to their review before
+    (UndoBulkDecision)."""
+    opts = options(ctx)
+    request = ws.UndoBulkDecisionRequest(action_id=action_id)
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.UndoBulkDecisionResponse:
+        reply: ws.UndoBulkDecisionResponse = await workshop_pb2_grpc.WorkshopServiceStub(
+            channel
+        ).UndoBulkDecision(request, metadata=md)
+        return reply
+
+    emit(opts, as_dict(run(opts, call)))
 
 
 @buckets.command("export")

@@ -44,6 +44,8 @@ class Limit:
 PAGE = Limit(default=100, maximum=1000)
 # The review page shows every item up to its maximum at once.
 REVIEW_PAGE = Limit(default=1000, maximum=1000)
+# A bucket's review queue: a few sightings at a time, each complete with its item ids.
+QUEUE_PAGE = Limit(default=10, maximum=100)
 # Internal (preview service): export pages and collectable objects per call.
 EXPORT_PAGE = Limit(default=500, maximum=1000)
 COLLECTABLE = Limit(default=500, maximum=1000)
@@ -73,6 +75,7 @@ FIELDS: dict[str, Limit] = {
         )
     },
     "workshop.v1.GetReviewRequest.page_size": REVIEW_PAGE,
+    "workshop.v1.GetReviewQueueRequest.page_size": QUEUE_PAGE,
     "workshop.v1.ListExportItemsRequest.page_size": EXPORT_PAGE,
     "workshop.v1.ListCollectableObjectsRequest.limit": COLLECTABLE,
     "workshop.v1.GetRunRequest.job_limit": JOB_LIMIT,

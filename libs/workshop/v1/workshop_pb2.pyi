@@ -88,6 +88,34 @@ REVIEW_DECISION_RELABEL: ReviewDecision.ValueType  # 3
 """Relabel: every item becomes ACCEPTED with the class given in the request."""
 Global___ReviewDecision: _TypeAlias = ReviewDecision  # noqa: Y015
 
+class _QueueOrder:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _QueueOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueOrder.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QUEUE_ORDER_UNSPECIFIED: _QueueOrder.ValueType  # 0
+    """The default: QUEUE_ORDER_OLDEST."""
+    QUEUE_ORDER_OLDEST: _QueueOrder.ValueType  # 1
+    """Oldest first: by the sighting's first frame time, then run id and sighting id."""
+    QUEUE_ORDER_LOWEST_SCORE: _QueueOrder.ValueType  # 2
+    """Least certain first: by the sighting's score (the highest detected score of its boxes), then oldest."""
+    QUEUE_ORDER_CAMERA: _QueueOrder.ValueType  # 3
+    """By camera id, then oldest."""
+
+class QueueOrder(_QueueOrder, metaclass=_QueueOrderEnumTypeWrapper):
+    """The order of a bucket's review queue (GetReviewQueue)."""
+
+QUEUE_ORDER_UNSPECIFIED: QueueOrder.ValueType  # 0
+"""The default: QUEUE_ORDER_OLDEST."""
+QUEUE_ORDER_OLDEST: QueueOrder.ValueType  # 1
+"""Oldest first: by the sighting's first frame time, then run id and sighting id."""
+QUEUE_ORDER_LOWEST_SCORE: QueueOrder.ValueType  # 2
+"""Least certain first: by the sighting's score (the highest detected score of its boxes), then oldest."""
+QUEUE_ORDER_CAMERA: QueueOrder.ValueType  # 3
+"""By camera id, then oldest."""
+Global___QueueOrder: _TypeAlias = QueueOrder  # noqa: Y015
+
 @_typing.final
 class SaveWorkflowRequest(_message.Message):
     """Save a workflow."""
@@ -1409,6 +1437,392 @@ class ListBucketItemsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListBucketItemsResponse: _TypeAlias = ListBucketItemsResponse  # noqa: Y015
+
+@_typing.final
+class SightingFilter(_message.Message):
+    """Which of a bucket's sightings (GetReviewQueue, BulkDecideSightings): every field set must match."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVIEW_STATES_FIELD_NUMBER: _builtins.int
+    CLASS_NAME_FIELD_NUMBER: _builtins.int
+    CAMERA_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    FRAME_TIME_FROM_FIELD_NUMBER: _builtins.int
+    FRAME_TIME_TO_FIELD_NUMBER: _builtins.int
+    MIN_SCORE_FIELD_NUMBER: _builtins.int
+    MAX_SCORE_FIELD_NUMBER: _builtins.int
+    class_name: _builtins.str
+    """Only sightings of this class as detected (before relabels); empty means any."""
+    camera_id: _builtins.str
+    """Only sightings of this camera; empty means any."""
+    run_id: _builtins.str
+    """Only sightings of this run; empty means any."""
+    min_score: _builtins.float
+    """Only sightings whose score (the highest detected score of their boxes; 0 without boxes) is at least this."""
+    max_score: _builtins.float
+    """Only sightings whose score is at most this."""
+    @_builtins.property
+    def review_states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.ReviewState.ValueType]:
+        """Review states to include; empty means PENDING only."""
+
+    @_builtins.property
+    def frame_time_from(self) -> _timestamp_pb2.Timestamp:
+        """Only sightings whose first frame time is at or after this instant (UTC)."""
+
+    @_builtins.property
+    def frame_time_to(self) -> _timestamp_pb2.Timestamp:
+        """Only sightings whose first frame time is before this instant (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        review_states: _abc.Iterable[_common_pb2.ReviewState.ValueType] | None = ...,
+        class_name: _builtins.str = ...,
+        camera_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        frame_time_from: _timestamp_pb2.Timestamp | None = ...,
+        frame_time_to: _timestamp_pb2.Timestamp | None = ...,
+        min_score: _builtins.float | None = ...,
+        max_score: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "_max_score", b"_max_score", "_min_score", b"_min_score", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to", "max_score", b"max_score", "min_score", b"min_score"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "_max_score", b"_max_score", "_min_score", b"_min_score", "camera_id", b"camera_id", "class_name", b"class_name", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to", "max_score", b"max_score", "min_score", b"min_score", "review_states", b"review_states", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__frame_time_from: _TypeAlias = _typing.Literal["frame_time_from"]  # noqa: Y015
+    _WhichOneofArgType__frame_time_from: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from"]  # noqa: Y015
+    _WhichOneofReturnType__frame_time_to: _TypeAlias = _typing.Literal["frame_time_to"]  # noqa: Y015
+    _WhichOneofArgType__frame_time_to: _TypeAlias = _typing.Literal["_frame_time_to", b"_frame_time_to"]  # noqa: Y015
+    _WhichOneofReturnType__max_score: _TypeAlias = _typing.Literal["max_score"]  # noqa: Y015
+    _WhichOneofArgType__max_score: _TypeAlias = _typing.Literal["_max_score", b"_max_score"]  # noqa: Y015
+    _WhichOneofReturnType__min_score: _TypeAlias = _typing.Literal["min_score"]  # noqa: Y015
+    _WhichOneofArgType__min_score: _TypeAlias = _typing.Literal["_min_score", b"_min_score"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_time_from) -> _WhichOneofReturnType__frame_time_from | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_time_to) -> _WhichOneofReturnType__frame_time_to | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_score) -> _WhichOneofReturnType__max_score | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_score) -> _WhichOneofReturnType__min_score | None: ...
+
+Global___SightingFilter: _TypeAlias = SightingFilter  # noqa: Y015
+
+@_typing.final
+class GetReviewQueueRequest(_message.Message):
+    """Get the next sightings of a bucket's review queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUCKET_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    bucket_id: _builtins.str
+    """Bucket id."""
+    order: Global___QueueOrder.ValueType
+    """Their order; unset means QUEUE_ORDER_OLDEST."""
+    page_size: _builtins.int
+    """Sightings per page; 0 means 10, at most 100."""
+    page_token: _builtins.str
+    """Token from a previous response with the same bucket, filter and order; empty for the first page."""
+    @_builtins.property
+    def filter(self) -> Global___SightingFilter:
+        """Which sightings."""
+
+    def __init__(
+        self,
+        *,
+        bucket_id: _builtins.str = ...,
+        filter: Global___SightingFilter | None = ...,
+        order: Global___QueueOrder.ValueType = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "filter", b"filter", "order", b"order", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReviewQueueRequest: _TypeAlias = GetReviewQueueRequest  # noqa: Y015
+
+@_typing.final
+class QueuedSighting(_message.Message):
+    """A sighting in a bucket's review queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SIGHTING_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run it belongs to (decide it with DecideSighting(run_id, sighting.sighting_id))."""
+    score: _builtins.float
+    """Its score: the highest detected score of its boxes (0 for frames without boxes)."""
+    @_builtins.property
+    def sighting(self) -> _run_pb2.Sighting:
+        """The sighting, complete, with its state and who decided it last and when."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        sighting: _run_pb2.Sighting | None = ...,
+        score: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sighting", b"sighting"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "score", b"score", "sighting", b"sighting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuedSighting: _TypeAlias = QueuedSighting  # noqa: Y015
+
+@_typing.final
+class GetReviewQueueResponse(_message.Message):
+    """A page of a bucket's review queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGHTINGS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def sightings(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueuedSighting]:
+        """Sightings in the order asked."""
+
+    def __init__(
+        self,
+        *,
+        sightings: _abc.Iterable[Global___QueuedSighting] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "sightings", b"sightings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReviewQueueResponse: _TypeAlias = GetReviewQueueResponse  # noqa: Y015
+
+@_typing.final
+class BulkDecideSightingsRequest(_message.Message):
+    """Decide every sighting a filter selects, or preview it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUCKET_ID_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    CLASS_NAME_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    EXPECTED_SELECTION_REVISION_FIELD_NUMBER: _builtins.int
+    bucket_id: _builtins.str
+    """Bucket id."""
+    decision: Global___ReviewDecision.ValueType
+    """The decision."""
+    class_name: _builtins.str
+    """RELABEL only: the new class name (non-empty, at most 200 characters)."""
+    dry_run: _builtins.bool
+    """Preview only: answer the counts and the selection's revision, change nothing."""
+    expected_selection_revision: _builtins.str
+    """The selection_revision of a preview; when given and the selection changed since, ABORTED
+    (STALE_REVISION) and nothing changes. Empty: the decision applies to whatever the filter selects now.
+    """
+    @_builtins.property
+    def filter(self) -> Global___SightingFilter:
+        """Which sightings (review_states empty: PENDING only)."""
+
+    def __init__(
+        self,
+        *,
+        bucket_id: _builtins.str = ...,
+        filter: Global___SightingFilter | None = ...,
+        decision: Global___ReviewDecision.ValueType = ...,
+        class_name: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        expected_selection_revision: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "class_name", b"class_name", "decision", b"decision", "dry_run", b"dry_run", "expected_selection_revision", b"expected_selection_revision", "filter", b"filter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkDecideSightingsRequest: _TypeAlias = BulkDecideSightingsRequest  # noqa: Y015
+
+@_typing.final
+class BulkDecision(_message.Message):
+    """A bulk decision as recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    BUCKET_ID_FIELD_NUMBER: _builtins.int
+    REVIEW_STATE_FIELD_NUMBER: _builtins.int
+    RELABEL_CLASS_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    SIGHTINGS_SELECTED_FIELD_NUMBER: _builtins.int
+    SIGHTINGS_CHANGED_FIELD_NUMBER: _builtins.int
+    ITEMS_CHANGED_FIELD_NUMBER: _builtins.int
+    UNDONE_BY_FIELD_NUMBER: _builtins.int
+    UNDONE_AT_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    """Its id (UndoBulkDecision)."""
+    bucket_id: _builtins.str
+    """Bucket."""
+    review_state: _common_pb2.ReviewState.ValueType
+    """ACCEPTED or REJECTED."""
+    relabel_class: _builtins.str
+    """RELABEL: the class; absent otherwise."""
+    sightings_selected: _builtins.int
+    """Sightings selected."""
+    sightings_changed: _builtins.int
+    """Sightings that changed (those already so decided did not)."""
+    items_changed: _builtins.int
+    """Items whose review changed."""
+    @_builtins.property
+    def decided_by(self) -> _common_pb2.Principal:
+        """Who decided."""
+
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When (UTC)."""
+
+    @_builtins.property
+    def undone_by(self) -> _common_pb2.Principal:
+        """Who undid it; absent unless undone."""
+
+    @_builtins.property
+    def undone_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was undone (UTC); absent unless undone."""
+
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+        bucket_id: _builtins.str = ...,
+        review_state: _common_pb2.ReviewState.ValueType = ...,
+        relabel_class: _builtins.str | None = ...,
+        decided_by: _common_pb2.Principal | None = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+        sightings_selected: _builtins.int = ...,
+        sightings_changed: _builtins.int = ...,
+        items_changed: _builtins.int = ...,
+        undone_by: _common_pb2.Principal | None = ...,
+        undone_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "_undone_at", b"_undone_at", "_undone_by", b"_undone_by", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class", "undone_at", b"undone_at", "undone_by", b"undone_by"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "_undone_at", b"_undone_at", "_undone_by", b"_undone_by", "action_id", b"action_id", "bucket_id", b"bucket_id", "decided_at", b"decided_at", "decided_by", b"decided_by", "items_changed", b"items_changed", "relabel_class", b"relabel_class", "review_state", b"review_state", "sightings_changed", b"sightings_changed", "sightings_selected", b"sightings_selected", "undone_at", b"undone_at", "undone_by", b"undone_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
+    _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
+    _WhichOneofReturnType__undone_at: _TypeAlias = _typing.Literal["undone_at"]  # noqa: Y015
+    _WhichOneofArgType__undone_at: _TypeAlias = _typing.Literal["_undone_at", b"_undone_at"]  # noqa: Y015
+    _WhichOneofReturnType__undone_by: _TypeAlias = _typing.Literal["undone_by"]  # noqa: Y015
+    _WhichOneofArgType__undone_by: _TypeAlias = _typing.Literal["_undone_by", b"_undone_by"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__relabel_class) -> _WhichOneofReturnType__relabel_class | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__undone_at) -> _WhichOneofReturnType__undone_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__undone_by) -> _WhichOneofReturnType__undone_by | None: ...
+
+Global___BulkDecision: _TypeAlias = BulkDecision  # noqa: Y015
+
+@_typing.final
+class BulkDecideSightingsResponse(_message.Message):
+    """What a bulk decision selects and changes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGHTINGS_SELECTED_FIELD_NUMBER: _builtins.int
+    SIGHTINGS_CHANGED_FIELD_NUMBER: _builtins.int
+    ITEMS_CHANGED_FIELD_NUMBER: _builtins.int
+    SELECTION_REVISION_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    sightings_selected: _builtins.int
+    """Sightings the filter selects."""
+    sightings_changed: _builtins.int
+    """Of those, sightings the decision changes (or changed)."""
+    items_changed: _builtins.int
+    """Items whose review it changes (or changed)."""
+    selection_revision: _builtins.str
+    """The selection's revision (pass it as expected_selection_revision)."""
+    @_builtins.property
+    def action(self) -> Global___BulkDecision:
+        """The decision recorded; absent on a dry run."""
+
+    def __init__(
+        self,
+        *,
+        sightings_selected: _builtins.int = ...,
+        sightings_changed: _builtins.int = ...,
+        items_changed: _builtins.int = ...,
+        selection_revision: _builtins.str = ...,
+        action: Global___BulkDecision | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_action", b"_action", "action", b"action"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_action", b"_action", "action", b"action", "items_changed", b"items_changed", "selection_revision", b"selection_revision", "sightings_changed", b"sightings_changed", "sightings_selected", b"sightings_selected"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__action: _TypeAlias = _typing.Literal["action"]  # noqa: Y015
+    _WhichOneofArgType__action: _TypeAlias = _typing.Literal["_action", b"_action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__action) -> _WhichOneofReturnType__action | None: ...
+
+Global___BulkDecideSightingsResponse: _TypeAlias = BulkDecideSightingsResponse  # noqa: Y015
+
+@_typing.final
+class UndoBulkDecisionRequest(_message.Message):
+    """Undo a bulk decision."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    """The action_id of BulkDecideSightings."""
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_id", b"action_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndoBulkDecisionRequest: _TypeAlias = UndoBulkDecisionRequest  # noqa: Y015
+
+@_typing.final
+class UndoBulkDecisionResponse(_message.Message):
+    """The bulk decision, undone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def action(self) -> Global___BulkDecision:
+        """With undone_by and undone_at."""
+
+    def __init__(
+        self,
+        *,
+        action: Global___BulkDecision | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndoBulkDecisionResponse: _TypeAlias = UndoBulkDecisionResponse  # noqa: Y015
 
 @_typing.final
 class RequestPhotoRequest(_message.Message):

@@ -147,6 +147,21 @@ class WorkshopServiceStub:
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionResponse.FromString,
                 _registered_method=True)
+        self.GetReviewQueue = channel.unary_unary(
+                '/workshop.v1.WorkshopService/GetReviewQueue',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.GetReviewQueueRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.GetReviewQueueResponse.FromString,
+                _registered_method=True)
+        self.BulkDecideSightings = channel.unary_unary(
+                '/workshop.v1.WorkshopService/BulkDecideSightings',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.BulkDecideSightingsRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.BulkDecideSightingsResponse.FromString,
+                _registered_method=True)
+        self.UndoBulkDecision = channel.unary_unary(
+                '/workshop.v1.WorkshopService/UndoBulkDecision',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.UndoBulkDecisionRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.UndoBulkDecisionResponse.FromString,
+                _registered_method=True)
         self.GetSummary = channel.unary_unary(
                 '/workshop.v1.WorkshopService/GetSummary',
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.GetSummaryRequest.SerializeToString,
@@ -362,6 +377,40 @@ class WorkshopServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReviewQueue(self, request, context):
+        """Returns the next sightings of a bucket's review queue, across runs, in the order asked (oldest, lowest
+        score, by camera), filtered by review state (default PENDING), class as detected, camera, run, first frame
+        time and score; each with who decided it last and when. Pages by key (page_token), never by offset.
+        A footage:read key sees only its cameras' sightings. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad
+        filter, page_size over 100, page_token malformed or of another queue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BulkDecideSightings(self, request, context):
+        """Applies one decision (CONFIRM, NONE, RELABEL) to every sighting of a bucket a filter selects, in one
+        transaction, as DecideSighting would to each; dry_run previews it: how many sightings are selected, how
+        many sightings and items would change, and the selection's revision, changing nothing. Pass that
+        revision as expected_selection_revision: when the selection changed since (a sighting decided, items
+        joined, a sighting that now matches), ABORTED reason STALE_REVISION and nothing changes. An applied one
+        answers its action_id for UndoBulkDecision. Errors: as DecideSighting, NOT_FOUND (bucket),
+        INVALID_ARGUMENT (a selection over 100,000 sightings or changing over 100,000 items).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndoBulkDecision(self, request, context):
+        """Undoes a bulk decision as one: every box it changed goes back to its review before (pending included).
+        Errors: NOT_FOUND (action), ABORTED reason STALE_REVISION with "changed_since" (boxes decided again
+        since: nothing changes), FAILED_PRECONDITION reason NOTHING_TO_UNDO (undone already), PERMISSION_DENIED
+        (a camera-bound key, for an action over other cameras).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSummary(self, request, context):
         """Returns per-bucket and per-workflow figures; photos are excluded.
         Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
@@ -495,6 +544,21 @@ def add_WorkshopServiceServicer_to_server(servicer, server):
                     servicer.ClearItemDecision,
                     request_deserializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionResponse.SerializeToString,
+            ),
+            'GetReviewQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReviewQueue,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.GetReviewQueueRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.GetReviewQueueResponse.SerializeToString,
+            ),
+            'BulkDecideSightings': grpc.unary_unary_rpc_method_handler(
+                    servicer.BulkDecideSightings,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.BulkDecideSightingsRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.BulkDecideSightingsResponse.SerializeToString,
+            ),
+            'UndoBulkDecision': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndoBulkDecision,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.UndoBulkDecisionRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.UndoBulkDecisionResponse.SerializeToString,
             ),
             'GetSummary': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSummary,
@@ -1048,6 +1112,87 @@ class WorkshopService:
             '/workshop.v1.WorkshopService/ClearItemDecision',
             workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionRequest.SerializeToString,
             workshop_dot_v1_dot_workshop__pb2.ClearItemDecisionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReviewQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/GetReviewQueue',
+            workshop_dot_v1_dot_workshop__pb2.GetReviewQueueRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.GetReviewQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkDecideSightings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/BulkDecideSightings',
+            workshop_dot_v1_dot_workshop__pb2.BulkDecideSightingsRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.BulkDecideSightingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndoBulkDecision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/UndoBulkDecision',
+            workshop_dot_v1_dot_workshop__pb2.UndoBulkDecisionRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.UndoBulkDecisionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -145,6 +145,28 @@ class WorkshopServiceStub:
     """Clears an item decision: the item follows its sightings again. Errors: NOT_FOUND (item),
     FAILED_PRECONDITION reason NOTHING_TO_UNDO (no item decision), ABORTED reason STALE_REVISION.
     """
+    GetReviewQueue: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetReviewQueueRequest, _workshop_pb2.GetReviewQueueResponse]
+    """Returns the next sightings of a bucket's review queue, across runs, in the order asked (oldest, lowest
+    score, by camera), filtered by review state (default PENDING), class as detected, camera, run, first frame
+    time and score; each with who decided it last and when. Pages by key (page_token), never by offset.
+    A footage:read key sees only its cameras' sightings. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad
+    filter, page_size over 100, page_token malformed or of another queue).
+    """
+    BulkDecideSightings: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.BulkDecideSightingsRequest, _workshop_pb2.BulkDecideSightingsResponse]
+    """Applies one decision (CONFIRM, NONE, RELABEL) to every sighting of a bucket a filter selects, in one
+    transaction, as DecideSighting would to each; dry_run previews it: how many sightings are selected, how
+    many sightings and items would change, and the selection's revision, changing nothing. Pass that
+    revision as expected_selection_revision: when the selection changed since (a sighting decided, items
+    joined, a sighting that now matches), ABORTED reason STALE_REVISION and nothing changes. An applied one
+    answers its action_id for UndoBulkDecision. Errors: as DecideSighting, NOT_FOUND (bucket),
+    INVALID_ARGUMENT (a selection over 100,000 sightings or changing over 100,000 items).
+    """
+    UndoBulkDecision: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.UndoBulkDecisionRequest, _workshop_pb2.UndoBulkDecisionResponse]
+    """Undoes a bulk decision as one: every box it changed goes back to its review before (pending included).
+    Errors: NOT_FOUND (action), ABORTED reason STALE_REVISION with "changed_since" (boxes decided again
+    since: nothing changes), FAILED_PRECONDITION reason NOTHING_TO_UNDO (undone already), PERMISSION_DENIED
+    (a camera-bound key, for an action over other cameras).
+    """
     GetSummary: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetSummaryRequest, _workshop_pb2.GetSummaryResponse]
     """Returns per-bucket and per-workflow figures; photos are excluded.
     Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
@@ -279,6 +301,28 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     ClearItemDecision: _aio.UnaryUnaryMultiCallable[_workshop_pb2.ClearItemDecisionRequest, _workshop_pb2.ClearItemDecisionResponse]  # type: ignore[assignment]
     """Clears an item decision: the item follows its sightings again. Errors: NOT_FOUND (item),
     FAILED_PRECONDITION reason NOTHING_TO_UNDO (no item decision), ABORTED reason STALE_REVISION.
+    """
+    GetReviewQueue: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetReviewQueueRequest, _workshop_pb2.GetReviewQueueResponse]  # type: ignore[assignment]
+    """Returns the next sightings of a bucket's review queue, across runs, in the order asked (oldest, lowest
+    score, by camera), filtered by review state (default PENDING), class as detected, camera, run, first frame
+    time and score; each with who decided it last and when. Pages by key (page_token), never by offset.
+    A footage:read key sees only its cameras' sightings. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad
+    filter, page_size over 100, page_token malformed or of another queue).
+    """
+    BulkDecideSightings: _aio.UnaryUnaryMultiCallable[_workshop_pb2.BulkDecideSightingsRequest, _workshop_pb2.BulkDecideSightingsResponse]  # type: ignore[assignment]
+    """Applies one decision (CONFIRM, NONE, RELABEL) to every sighting of a bucket a filter selects, in one
+    transaction, as DecideSighting would to each; dry_run previews it: how many sightings are selected, how
+    many sightings and items would change, and the selection's revision, changing nothing. Pass that
+    revision as expected_selection_revision: when the selection changed since (a sighting decided, items
+    joined, a sighting that now matches), ABORTED reason STALE_REVISION and nothing changes. An applied one
+    answers its action_id for UndoBulkDecision. Errors: as DecideSighting, NOT_FOUND (bucket),
+    INVALID_ARGUMENT (a selection over 100,000 sightings or changing over 100,000 items).
+    """
+    UndoBulkDecision: _aio.UnaryUnaryMultiCallable[_workshop_pb2.UndoBulkDecisionRequest, _workshop_pb2.UndoBulkDecisionResponse]  # type: ignore[assignment]
+    """Undoes a bulk decision as one: every box it changed goes back to its review before (pending included).
+    Errors: NOT_FOUND (action), ABORTED reason STALE_REVISION with "changed_since" (boxes decided again
+    since: nothing changes), FAILED_PRECONDITION reason NOTHING_TO_UNDO (undone already), PERMISSION_DENIED
+    (a camera-bound key, for an action over other cameras).
     """
     GetSummary: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetSummaryRequest, _workshop_pb2.GetSummaryResponse]  # type: ignore[assignment]
     """Returns per-bucket and per-workflow figures; photos are excluded.
@@ -525,6 +569,46 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_workshop_pb2.ClearItemDecisionResponse, _abc.Awaitable[_workshop_pb2.ClearItemDecisionResponse]]:
         """Clears an item decision: the item follows its sightings again. Errors: NOT_FOUND (item),
         FAILED_PRECONDITION reason NOTHING_TO_UNDO (no item decision), ABORTED reason STALE_REVISION.
+        """
+
+    @_abc_1.abstractmethod
+    def GetReviewQueue(
+        self,
+        request: _workshop_pb2.GetReviewQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.GetReviewQueueResponse, _abc.Awaitable[_workshop_pb2.GetReviewQueueResponse]]:
+        """Returns the next sightings of a bucket's review queue, across runs, in the order asked (oldest, lowest
+        score, by camera), filtered by review state (default PENDING), class as detected, camera, run, first frame
+        time and score; each with who decided it last and when. Pages by key (page_token), never by offset.
+        A footage:read key sees only its cameras' sightings. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad
+        filter, page_size over 100, page_token malformed or of another queue).
+        """
+
+    @_abc_1.abstractmethod
+    def BulkDecideSightings(
+        self,
+        request: _workshop_pb2.BulkDecideSightingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.BulkDecideSightingsResponse, _abc.Awaitable[_workshop_pb2.BulkDecideSightingsResponse]]:
+        """Applies one decision (CONFIRM, NONE, RELABEL) to every sighting of a bucket a filter selects, in one
+        transaction, as DecideSighting would to each; dry_run previews it: how many sightings are selected, how
+        many sightings and items would change, and the selection's revision, changing nothing. Pass that
+        revision as expected_selection_revision: when the selection changed since (a sighting decided, items
+        joined, a sighting that now matches), ABORTED reason STALE_REVISION and nothing changes. An applied one
+        answers its action_id for UndoBulkDecision. Errors: as DecideSighting, NOT_FOUND (bucket),
+        INVALID_ARGUMENT (a selection over 100,000 sightings or changing over 100,000 items).
+        """
+
+    @_abc_1.abstractmethod
+    def UndoBulkDecision(
+        self,
+        request: _workshop_pb2.UndoBulkDecisionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.UndoBulkDecisionResponse, _abc.Awaitable[_workshop_pb2.UndoBulkDecisionResponse]]:
+        """Undoes a bulk decision as one: every box it changed goes back to its review before (pending included).
+        Errors: NOT_FOUND (action), ABORTED reason STALE_REVISION with "changed_since" (boxes decided again
+        since: nothing changes), FAILED_PRECONDITION reason NOTHING_TO_UNDO (undone already), PERMISSION_DENIED
+        (a camera-bound key, for an action over other cameras).
         """
 
     @_abc_1.abstractmethod

@@ -348,3 +348,207 @@ INSERT INTO item_decisions (item_id, revision, review_state, relabel_class, deci
                             decided_at)
 VALUES (:item_id::text, :revision::integer, :review_state::text, :relabel_class::text,
         :decided_by::jsonb, :decided_at::timestamptz);
+
+-- name: sightings_refresh
+-- The review columns of the sightings ($1[n], $2[n]) from their items (after a change to
+-- their items or decisions, under their timelines' locks).
+SELECT sightings_refresh_v1($1::text[], $2::text[]);
+
+-- name: timelines_lock_many
+-- Takes the lock rows of the timelines ($1[n], $2[n], $3[n]) (run, bucket, camera) in key
+-- order, made if new: what a bulk decision or its undo does first.
+INSERT INTO sighting_timelines AS t (run_id, bucket_id, camera_id)
+SELECT DISTINCT u.run_id, u.bucket_id, u.camera_id
+FROM unnest($1::text[], $2::text[], $3::text[]) AS u (run_id, bucket_id, camera_id)
+ORDER BY 1, 2, 3
+ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
+
+-- name: queue_oldest
+-- A page of a bucket's review queue, oldest sighting first (first frame time, then run and
+-- sighting id), after the key (after_time, after_run, after_sighting): per review state
+-- asked for, a range of sightings_queue_oldest, merged. Filters: class as detected, camera
+-- (camera_id, or the cameras the reader may see), run, first frame time in [frame_time_from,
+-- frame_time_to), score in [min_score, max_score].
+-- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
+SELECT q.run_id, q.sighting_id, q.camera_id, q.first_frame_time, q.score
+FROM unnest(:review_states::text[]) AS st (review_state)
+CROSS JOIN LATERAL (
+    SELECT s.run_id, s.sighting_id, s.camera_id, s.first_frame_time, s.score
+    FROM sightings s
+    WHERE s.bucket_id = :bucket_id::text AND s.review_state = st.review_state
+      AND (:class_name::text IS NULL OR s.class_name = :class_name)
+      AND (:camera_id::text IS NULL OR s.camera_id = :camera_id)
+      AND (:cameras::text[] IS NULL OR s.camera_id = ANY (:cameras))
+      AND (:run_id::text IS NULL OR s.run_id = :run_id)
+      AND (:frame_time_from::timestamptz IS NULL OR s.first_frame_time >= :frame_time_from)
+      AND (:frame_time_to::timestamptz IS NULL OR s.first_frame_time < :frame_time_to)
+      AND (:min_score::real IS NULL OR s.score >= :min_score)
+      AND (:max_score::real IS NULL OR s.score <= :max_score)
+      AND (s.first_frame_time, s.run_id, s.sighting_id)
+          > (:after_time::timestamptz, :after_run::text, :after_sighting::text)
+    ORDER BY s.first_frame_time, s.run_id, s.sighting_id
+    LIMIT :limit::bigint
+) q
+ORDER BY q.first_frame_time, q.run_id, q.sighting_id
+LIMIT :limit;
+
+-- name: queue_score
+-- As queue_oldest, lowest score first (then oldest), after the key (after_score,
+-- after_time, after_run, after_sighting): sightings_queue_score.
+-- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
+SELECT q.run_id, q.sighting_id, q.camera_id, q.first_frame_time, q.score
+FROM unnest(:review_states::text[]) AS st (review_state)
+CROSS JOIN LATERAL (
+    SELECT s.run_id, s.sighting_id, s.camera_id, s.first_frame_time, s.score
+    FROM sightings s
+    WHERE s.bucket_id = :bucket_id::text AND s.review_state = st.review_state
+      AND (:class_name::text IS NULL OR s.class_name = :class_name)
+      AND (:camera_id::text IS NULL OR s.camera_id = :camera_id)
+      AND (:cameras::text[] IS NULL OR s.camera_id = ANY (:cameras))
+      AND (:run_id::text IS NULL OR s.run_id = :run_id)
+      AND (:frame_time_from::timestamptz IS NULL OR s.first_frame_time >= :frame_time_from)
+      AND (:frame_time_to::timestamptz IS NULL OR s.first_frame_time < :frame_time_to)
+      AND (:min_score::real IS NULL OR s.score >= :min_score)
+      AND (:max_score::real IS NULL OR s.score <= :max_score)
+      AND (s.score, s.first_frame_time, s.run_id, s.sighting_id)
+          > (:after_score::real, :after_time::timestamptz, :after_run::text,
+             :after_sighting::text)
+    ORDER BY s.score, s.first_frame_time, s.run_id, s.sighting_id
+    LIMIT :limit::bigint
+) q
+ORDER BY q.score, q.first_frame_time, q.run_id, q.sighting_id
+LIMIT :limit;
+
+-- name: queue_camera
+-- As queue_oldest, by camera (then oldest), after the key (after_camera, after_time,
+-- after_run, after_sighting): sightings_queue_camera.
+-- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
+SELECT q.run_id, q.sighting_id, q.camera_id, q.first_frame_time, q.score
+FROM unnest(:review_states::text[]) AS st (review_state)
+CROSS JOIN LATERAL (
+    SELECT s.run_id, s.sighting_id, s.camera_id, s.first_frame_time, s.score
+    FROM sightings s
+    WHERE s.bucket_id = :bucket_id::text AND s.review_state = st.review_state
+      AND (:class_name::text IS NULL OR s.class_name = :class_name)
+      AND (:camera_id::text IS NULL OR s.camera_id = :camera_id)
+      AND (:cameras::text[] IS NULL OR s.camera_id = ANY (:cameras))
+      AND (:run_id::text IS NULL OR s.run_id = :run_id)
+      AND (:frame_time_from::timestamptz IS NULL OR s.first_frame_time >= :frame_time_from)
+      AND (:frame_time_to::timestamptz IS NULL OR s.first_frame_time < :frame_time_to)
+      AND (:min_score::real IS NULL OR s.score >= :min_score)
+      AND (:max_score::real IS NULL OR s.score <= :max_score)
+      AND (s.camera_id, s.first_frame_time, s.run_id, s.sighting_id)
+          > (:after_camera::text, :after_time::timestamptz, :after_run::text,
+             :after_sighting::text)
+    ORDER BY s.camera_id, s.first_frame_time, s.run_id, s.sighting_id
+    LIMIT :limit::bigint
+) q
+ORDER BY q.camera_id, q.first_frame_time, q.run_id, q.sighting_id
+LIMIT :limit;
+
+-- name: queue_sightings
+-- The sightings ($1[n], $2[n]) (run, sighting id) as GetReview shows them (sightings_get,
+-- across runs), with their run and score, in the order asked.
+SELECT s.run_id, s.score, s.sighting_id, s.bucket_id, s.camera_id, s.class_name, m.item_ids,
+       s.first_frame_time, s.last_frame_time, m.pending, m.accepted, m.rejected,
+       m.relabel_variants, m.relabel_class, m.decided_at, m.decided_by
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u (run_id, sighting_id, ordinal)
+JOIN sightings s ON s.run_id = u.run_id AND s.sighting_id = u.sighting_id
+CROSS JOIN LATERAL (
+    SELECT array_agg(bi.item_id ORDER BY bi.frame_time, bi.item_id) AS item_ids,
+           count(*) FILTER (WHERE b.review_state = 'pending') AS pending,
+           count(*) FILTER (WHERE b.review_state = 'accepted') AS accepted,
+           count(*) FILTER (WHERE b.review_state = 'rejected') AS rejected,
+           count(DISTINCT coalesce(b.relabel_class, '')) AS relabel_variants,
+           max(b.relabel_class) AS relabel_class,
+           max(b.decided_at) AS decided_at,
+           (array_agg(b.decided_by ORDER BY b.decided_at DESC NULLS LAST))[1] AS decided_by
+    FROM bucket_items bi
+    CROSS JOIN LATERAL (SELECT array_position(bi.box_sightings, s.sighting_id) AS position) p
+    CROSS JOIN LATERAL (
+        SELECT coalesce(bi.box_states[p.position], 'pending') AS review_state,
+               bi.box_relabels[p.position] AS relabel_class,
+               bi.box_decided_at[p.position] AS decided_at,
+               bi.box_decided_by[p.position] AS decided_by
+    ) b
+    WHERE bi.run_id = s.run_id AND bi.bucket_id = s.bucket_id AND bi.camera_id = s.camera_id
+      AND bi.frame_time >= s.first_frame_time AND bi.frame_time <= s.last_frame_time
+      AND p.position IS NOT NULL
+) m
+ORDER BY u.ordinal;
+
+-- name: bulk_selection
+-- The sightings a bulk decision selects in a bucket (filters as in queue_oldest), at most
+-- :limit, in key order, with what its selection revision digests.
+-- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
+SELECT s.run_id, s.sighting_id, s.bucket_id, s.camera_id, s.item_count, s.first_frame_time,
+       s.last_frame_time, s.review_state, s.pending_items, s.relabel_class, s.decided_at
+FROM sightings s
+WHERE s.bucket_id = :bucket_id::text AND s.review_state = ANY (:review_states::text[])
+  AND (:class_name::text IS NULL OR s.class_name = :class_name)
+  AND (:camera_id::text IS NULL OR s.camera_id = :camera_id)
+  AND (:cameras::text[] IS NULL OR s.camera_id = ANY (:cameras))
+  AND (:run_id::text IS NULL OR s.run_id = :run_id)
+  AND (:frame_time_from::timestamptz IS NULL OR s.first_frame_time >= :frame_time_from)
+  AND (:frame_time_to::timestamptz IS NULL OR s.first_frame_time < :frame_time_to)
+  AND (:min_score::real IS NULL OR s.score >= :min_score)
+  AND (:max_score::real IS NULL OR s.score <= :max_score)
+ORDER BY s.run_id, s.sighting_id
+LIMIT :limit::bigint;
+
+-- name: bulk_changes
+-- Of the sightings ($1[n], $2[n]), how many hold a box whose review is not already
+-- ($3, $4), and how many items hold such a box: what a bulk decision would change.
+SELECT count(DISTINCT (b.run_id, b.sighting_id))::integer AS sightings,
+       count(DISTINCT b.item_id)::integer AS items
+FROM sightings_boxes_v1($1::text[], $2::text[]) b
+WHERE (coalesce(b.review_state, 'pending'), b.relabel_class) IS DISTINCT FROM ($3::text, $4::text);
+
+-- name: bulk_decision_insert
+-- nullable: relabel_class
+INSERT INTO bulk_decisions (action_id, bucket_id, filter, review_state, relabel_class,
+                            decided_by, decided_at)
+VALUES (:action_id::text, :bucket_id::text, :filter::jsonb, :review_state::text,
+        :relabel_class::text, :decided_by::jsonb, :decided_at::timestamptz);
+
+-- name: bulk_decide
+-- nullable: relabel_class
+SELECT changed_sightings, changed_items
+FROM sightings_bulk_decide_v1(p_action => :action_id::text, p_runs => :run_ids::text[],
+                              p_sightings => :sighting_ids::text[],
+                              p_state => :review_state::text, p_relabel => :relabel_class::text,
+                              p_by => :decided_by::jsonb, p_now => :now::timestamptz);
+
+-- name: bulk_decision_get
+SELECT action_id, bucket_id, filter, review_state, relabel_class, decided_by, decided_at,
+       sightings_selected, sightings_changed, items_changed, undone_by, undone_at
+FROM bulk_decisions WHERE action_id = $1;
+
+-- name: bulk_decision_timelines
+-- The timelines of the items a bulk decision changed that still exist (their locks come
+-- before the action's row and the items).
+SELECT DISTINCT bi.run_id, bi.bucket_id, bi.camera_id
+FROM bulk_decision_boxes l JOIN bucket_items bi ON bi.item_id = l.item_id
+WHERE l.action_id = $1
+ORDER BY 1, 2, 3;
+
+-- name: bulk_decision_locked
+SELECT action_id, bucket_id, filter, review_state, relabel_class, decided_by, decided_at,
+       sightings_selected, sightings_changed, items_changed, undone_by, undone_at
+FROM bulk_decisions WHERE action_id = $1
+FOR UPDATE;
+
+-- name: bulk_decision_changed_since
+-- How many boxes a bulk decision changed were decided again since (their review is no
+-- longer the action's, or another decision's time), of items that still exist.
+SELECT count(*)::integer
+FROM bulk_decision_boxes l
+JOIN bulk_decisions a ON a.action_id = l.action_id
+JOIN bucket_items bi ON bi.item_id = l.item_id
+WHERE l.action_id = $1
+  AND (bi.box_states[l.box_position], bi.box_relabels[l.box_position],
+       bi.box_decided_at[l.box_position])
+      IS DISTINCT FROM (a.review_state, a.relabel_class, a.decided_at);
+
+-- name: bulk_decision_undo
+SELECT bulk_decision_undo_v1($1::text, $2::jsonb, $3::timestamptz);

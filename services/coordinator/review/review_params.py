@@ -156,3 +156,126 @@ class ItemDecisionLogged(Params):
     relabel_class: str | None
     decided_by: object
     decided_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueueOldest(Params):
+    """The parameters of `review.queue_oldest`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "queue_oldest"
+
+    review_states: Sequence[str]
+    bucket_id: str
+    class_name: str | None
+    camera_id: str | None
+    cameras: Sequence[str] | None
+    run_id: str | None
+    frame_time_from: datetime | None
+    frame_time_to: datetime | None
+    min_score: float | None
+    max_score: float | None
+    after_time: datetime
+    after_run: str
+    after_sighting: str
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueueScore(Params):
+    """The parameters of `review.queue_score`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "queue_score"
+
+    review_states: Sequence[str]
+    bucket_id: str
+    class_name: str | None
+    camera_id: str | None
+    cameras: Sequence[str] | None
+    run_id: str | None
+    frame_time_from: datetime | None
+    frame_time_to: datetime | None
+    min_score: float | None
+    max_score: float | None
+    after_score: float
+    after_time: datetime
+    after_run: str
+    after_sighting: str
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueueCamera(Params):
+    """The parameters of `review.queue_camera`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "queue_camera"
+
+    review_states: Sequence[str]
+    bucket_id: str
+    class_name: str | None
+    camera_id: str | None
+    cameras: Sequence[str] | None
+    run_id: str | None
+    frame_time_from: datetime | None
+    frame_time_to: datetime | None
+    min_score: float | None
+    max_score: float | None
+    after_camera: str
+    after_time: datetime
+    after_run: str
+    after_sighting: str
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BulkSelection(Params):
+    """The parameters of `review.bulk_selection`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "bulk_selection"
+
+    bucket_id: str
+    review_states: Sequence[str]
+    class_name: str | None
+    camera_id: str | None
+    cameras: Sequence[str] | None
+    run_id: str | None
+    frame_time_from: datetime | None
+    frame_time_to: datetime | None
+    min_score: float | None
+    max_score: float | None
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BulkDecisionInsert(Params):
+    """The parameters of `review.bulk_decision_insert`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "bulk_decision_insert"
+
+    action_id: str
+    bucket_id: str
+    filter: object
+    review_state: str
+    relabel_class: str | None
+    decided_by: object
+    decided_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BulkDecide(Params):
+    """The parameters of `review.bulk_decide`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "bulk_decide"
+
+    action_id: str
+    run_ids: Sequence[str]
+    sighting_ids: Sequence[str]
+    review_state: str
+    relabel_class: str | None
+    decided_by: object
+    now: datetime

@@ -192,6 +192,12 @@ class Grouping:
                 )
             )
         )
+        if found:  # their review columns, from their items as now written (the queue's)
+            await connection.execute(
+                sql("review", "sightings_refresh"),
+                [self.run_id] * len(found),
+                [c.sighting_id for c in found],
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -854,6 +860,10 @@ class ReviewApi:
                     )
                 )
             )
+            if updated:
+                await connection.execute(
+                    sql("review", "sightings_refresh"), [run_id], [locked.sighting_id]
+                )
             found = await fetch_one(
                 connection,
                 SightingRow,

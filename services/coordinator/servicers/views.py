@@ -8,7 +8,11 @@ The servicer modules (identity, jobs, operator, publication, workshop) import th
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
+import math
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -20,7 +24,7 @@ from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.leases.jobs import Lease, job_id, lease_from
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.previews.publication import PreviewRecord, Recorded
-from services.coordinator.review import reviews
+from services.coordinator.review import queue, reviews
 from services.coordinator.review.reviews import (
     BoxRow,
     ItemFilter,
@@ -36,6 +40,7 @@ from workshop.kit.errors import WorkshopError
 from workshop.kit.status import status_for
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
 from workshop.v1 import publication_pb2 as pub
+from workshop.v1 import workshop_pb2 as ws
 
 
 def lease(ref: common_pb2.LeaseRef) -> Lease:
@@ -297,4 +302,146 @@ def preview_outcome(outcome: Recorded | WorkshopError) -> pub.RecordPreviewOutco
             reason=outcome.reason,
             metadata=outcome.metadata,
         )
+    )
+
+
+ORDERS = {
+    ws.QUEUE_ORDER_UNSPECIFIED: "oldest",
+    ws.QUEUE_ORDER_OLDEST: "oldest",
+    ws.QUEUE_ORDER_LOWEST_SCORE: "score",
+    ws.QUEUE_ORDER_CAMERA: "camera",
+}
+
+
+def queue_order(value: ws.QueueOrder.ValueType) -> str:
+    found = ORDERS.get(value)
+    if found is None:
+        raise InvalidField(
+            "order must be OLDEST, LOWEST_SCORE or CAMERA.", metadata={"field": "order"}
+        )
+    return found
+
+
+def sighting_filter(value: ws.SightingFilter) -> queue.SightingFilter:
+    """A queue's or a bulk decision's filter; INVALID_ARGUMENT naming the field."""
+    states: list[str] = []
+    for state in value.review_states:
+        name = STATE_NAMES.get(state)
+        if name is None:
+            raise InvalidField(
+                "filter.review_states may hold PENDING, ACCEPTED or REJECTED only.",
+                metadata={"field": "filter.review_states"},
+            )
+        if name not in states:
+            states.append(name)
+    start = (
+        convert.from_ts("filter.frame_time_from", value.frame_time_from)
+        if value.HasField("frame_time_from")
+        else None
+    )
+    end = (
+        convert.from_ts("filter.frame_time_to", value.frame_time_to)
+        if value.HasField("frame_time_to")
+        else None
+    )
+    if start is not None and end is not None and end <= start:
+        raise InvalidField(
+            "filter.frame_time_to must be after filter.frame_time_from.",
+            metadata={"field": "filter.frame_time_to"},
+        )
+    for field in ("class_name", "camera_id", "run_id"):
+        if len(getattr(value, field)) > reviews.MAX_CLASS_LENGTH:
+            raise InvalidField(
+                f"filter.{field} is at most {reviews.MAX_CLASS_LENGTH} characters.",
+                metadata={"field": f"filter.{field}"},
+            )
+    low = value.min_score if value.HasField("min_score") else None
+    high = value.max_score if value.HasField("max_score") else None
+    for field, found in (("min_score", low), ("max_score", high)):
+        if found is not None and not math.isfinite(found):
+            raise InvalidField(
+                f"filter.{field} must be a number.", metadata={"field": f"filter.{field}"}
+            )
+    if low is not None and high is not None and high < low:
+        raise InvalidField(
+            "filter.max_score must be at least filter.min_score.",
+            metadata={"field": "filter.max_score"},
+        )
+    order = sorted(states, key=queue.STATES.index)
+    return queue.SightingFilter(
+        review_states=tuple(order),
+        class_name=value.class_name,
+        camera_id=value.camera_id,
+        run_id=value.run_id,
+        frame_time_from=start,
+        frame_time_to=end,
+        min_score=low,
+        max_score=high,
+    )
+
+
+def queue_token(scope: str, key: queue.QueueKey | None) -> str:
+    """The next queue page's token, bound to its bucket, filter and order; '' on the last."""
+    if key is None:
+        return ""
+    body = json.dumps(
+        [
+            scope,
+            key.score,
+            key.camera_id,
+            key.first_frame_time.isoformat(),
+            key.run_id,
+            key.sighting_id,
+        ]
+    )
+    return "q1." + base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
+
+
+def queue_key(token: str, scope: str) -> queue.QueueKey | None:
+    """Where the queue page of `token` starts; INVALID_ARGUMENT for a malformed token or one
+    of another bucket, filter or order."""
+    if not token:
+        return None
+    malformed = InvalidField(
+        "page_token is malformed; pass the next_page_token of a previous page.",
+        metadata={"field": "page_token"},
+    )
+    if not token.startswith("q1."):
+        raise malformed
+    try:
+        text = base64.urlsafe_b64decode(token[3:] + "=" * (-len(token[3:]) % 4)).decode()
+        found, score, camera, moment, run, sighting = json.loads(text)
+        key = queue.QueueKey(
+            float(score), str(camera), datetime.fromisoformat(moment), str(run), str(sighting)
+        )
+    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError):
+        raise malformed from None
+    if key.first_frame_time.tzinfo is None or math.isnan(key.score):
+        raise malformed
+    if found != scope:
+        raise InvalidField(
+            "page_token belongs to another queue (bucket, filter or order); pass the "
+            "next_page_token of a previous page of this one.",
+            metadata={"field": "page_token"},
+        )
+    return key
+
+
+def queued_sighting(row: queue.QueuedSightingRow) -> ws.QueuedSighting:
+    return ws.QueuedSighting(run_id=row.run_id, sighting=sighting(row.sighting), score=row.score)
+
+
+def bulk_decision(row: queue.BulkDecisionRow) -> ws.BulkDecision:
+    return ws.BulkDecision(
+        action_id=row.action_id,
+        bucket_id=row.bucket_id,
+        review_state=STATES[row.review_state],
+        relabel_class=row.relabel_class,
+        decided_by=auth.principal_proto(row.decided_by),
+        decided_at=convert.ts(row.decided_at),
+        sightings_selected=row.sightings_selected,
+        sightings_changed=row.sightings_changed,
+        items_changed=row.items_changed,
+        undone_by=auth.principal_proto(row.undone_by) if row.undone_by else None,
+        undone_at=convert.opt_ts(row.undone_at),
     )

@@ -15,6 +15,7 @@ from services.coordinator.leases.jobs import job_id
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.review import reviews
+from services.coordinator.review.queue import ReviewQueue
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.runs.admission import RunRequest, run_request
 from services.coordinator.runs.events import RunEvents
@@ -168,6 +169,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self.api = api
         self.photos = photos
         self.review = reviews
+        self.queue = ReviewQueue(reviews.db, reviews.clock)
         self.who = authenticate
         self.events = events
 
@@ -432,6 +434,56 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         )
         return pb.ClearItemDecisionResponse(item=views.item_view(view))
 
+    async def GetReviewQueue(
+        self, request: pb.GetReviewQueueRequest, context: Context
+    ) -> pb.GetReviewQueueResponse:
+        who = await self.who(context)
+        wanted = views.sighting_filter(request.filter)
+        order = views.queue_order(request.order)
+        limit = bounded("page_size", request.page_size, limits.QUEUE_PAGE)
+        scope = wanted.fingerprint(request.bucket_id, order)
+        page = await self.queue.page(
+            who,
+            request.bucket_id,
+            wanted,
+            order,
+            views.queue_key(request.page_token, scope),
+            limit,
+        )
+        return pb.GetReviewQueueResponse(
+            sightings=[views.queued_sighting(row) for row in page.sightings],
+            next_page_token=views.queue_token(scope, page.next_key),
+        )
+
+    async def BulkDecideSightings(
+        self, request: pb.BulkDecideSightingsRequest, context: Context
+    ) -> pb.BulkDecideSightingsResponse:
+        who = await self.who(context)
+        state, relabel = decision(request)
+        outcome = await self.queue.bulk_decide(
+            who,
+            request.bucket_id,
+            views.sighting_filter(request.filter),
+            state,
+            relabel,
+            dry_run=request.dry_run,
+            expected_revision=request.expected_selection_revision or None,
+        )
+        return pb.BulkDecideSightingsResponse(
+            sightings_selected=outcome.sightings_selected,
+            sightings_changed=outcome.sightings_changed,
+            items_changed=outcome.items_changed,
+            selection_revision=outcome.selection_revision,
+            action=views.bulk_decision(outcome.action) if outcome.action else None,
+        )
+
+    async def UndoBulkDecision(
+        self, request: pb.UndoBulkDecisionRequest, context: Context
+    ) -> pb.UndoBulkDecisionResponse:
+        who = await self.who(context)
+        action = await self.queue.undo(who, request.action_id)
+        return pb.UndoBulkDecisionResponse(action=views.bulk_decision(action))
+
     async def GetSummary(
         self, request: pb.GetSummaryRequest, context: Context
     ) -> pb.GetSummaryResponse:
@@ -532,7 +584,9 @@ def expected_revision(
     return request.expected_revision if request.HasField("expected_revision") else None
 
 
-def decision(request: pb.DecideSightingRequest | pb.DecideItemRequest) -> tuple[str, str | None]:
+def decision(
+    request: pb.DecideSightingRequest | pb.DecideItemRequest | pb.BulkDecideSightingsRequest,
+) -> tuple[str, str | None]:
     """The review state and relabel class a decision sets."""
     if request.decision == pb.REVIEW_DECISION_RELABEL:
         return "accepted", reviews.check_class(request.class_name)
