@@ -22,6 +22,7 @@ from services.coordinator.leases.maintenance import Maintenance
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
 from services.coordinator.previews.publication import PublicationApi
+from services.coordinator.resources.gauges import RuntimeGauges
 from services.coordinator.resources.registry import Resources, check_grant_targets
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.runs.events import RunEvents
@@ -36,7 +37,7 @@ from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
 from services.coordinator.workflows.documents import Workflows
-from workshop.kit.metrics import ScrapeCollector
+from workshop.kit.metrics import Cached, ScrapeCollector
 from workshop.kit.server import GrpcService, Worker
 from workshop.v1 import (
     identity_pb2_grpc,
@@ -69,8 +70,10 @@ def build(
     login_limits: LoginLimits | None = None,
     lease: timedelta = LEASE,
     max_image_bytes: int = MAX_IMAGE_BYTES,
+    metrics_max_age_seconds: float = 0.0,
 ) -> Coordinator:
-    """The coordinator's services and background workers (an interval of 0 s turns one off)."""
+    """The coordinator's services and background workers (an interval of 0 s turns one off)
+    and its scrape-time gauges, each read at most once per `metrics_max_age_seconds`."""
     limits = login_limits or LoginLimits()
     runs = Runs(db, clock, capacity=job_capacity)
     events = RunEvents(db.dsn, followers=[clock] if isinstance(clock, StoredClock) else [])
@@ -99,7 +102,10 @@ def build(
             max_image_bytes=max_image_bytes,
         ),
         workers,
-        [JobsByState(db)],
+        [
+            Cached(JobsByState(db), metrics_max_age_seconds),
+            Cached(RuntimeGauges(db, clock), metrics_max_age_seconds),
+        ],
     )
 
 

@@ -21,6 +21,7 @@ from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, Row, bind, fetch_one, sql
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
+from services.coordinator.platform.metrics import RUNS_CREATED
 from services.coordinator.resources import registry
 from services.coordinator.resources.registry import choose_runtime
 from services.coordinator.runs.runs import TEST_RESULT_LIFETIME
@@ -86,6 +87,8 @@ class PhotosApi:
             created = exists is None and await self._create(
                 connection, who, run_id, camera_id, moment, now
             )
+        if created:
+            RUNS_CREATED.labels("photo", "test").inc()
         return await self.get(who, run_id), created
 
     async def _create(

@@ -31,6 +31,7 @@ from services.coordinator.platform.errors import (
     IdConflict,
     NotFound,
 )
+from services.coordinator.platform.metrics import RUNS_CREATED
 from services.coordinator.runs.admission import Admission, RunRequest, admission_for
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.rows import (
@@ -92,6 +93,7 @@ class Runs:
                 )
             assert existing is not None  # the run that won the insert
             return _settle_existing(request.run_id, existing.fingerprint, fingerprint)
+        RUNS_CREATED.labels("workflow", request.mode).inc()
         return request.run_id, True
 
     async def plan_run(self, who: Principal, request: RunRequest) -> Admission:
