@@ -9,10 +9,12 @@ machine without it fails them with that advice.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
@@ -77,3 +79,15 @@ def assert_evaluates(expr: str, samples: Iterable[Sample], expected: float, tmp:
     path.write_text(yaml.safe_dump(test, sort_keys=False))
     done = run("test", "rules", path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def dashboard_expressions() -> list[str]:
+    """Every PromQL expression of the dashboard: its panels' targets and its variables'
+    queries, with the variables as the dashboard's "All" would set them."""
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    found = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query")
+        if isinstance(query, dict):
+            found.append(query["query"])
+    return [expr.replace("$runtime", ".*") for expr in found]
