@@ -19,6 +19,7 @@ from services.coordinator.identity.signin import IdentityApi, LoginLimits
 from services.coordinator.leases.gauges import JobsByState
 from services.coordinator.leases.jobs import LEASE, JobsApi
 from services.coordinator.leases.maintenance import Maintenance
+from services.coordinator.leases.timeline import Timelines
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
 from services.coordinator.previews.publication import PublicationApi
@@ -78,6 +79,7 @@ def build(
     runs = Runs(db, clock, capacity=job_capacity)
     events = RunEvents(db.dsn, followers=[clock] if isinstance(clock, StoredClock) else [])
     workers: list[Worker] = [events]
+    timelines = Timelines(db)
     if scheduler_interval_seconds > 0:
         workers.append(Scheduler(db, clock, runs, interval_seconds=scheduler_interval_seconds))
     if maintenance_interval_seconds > 0:
@@ -87,6 +89,7 @@ def build(
                 clock,
                 interval_seconds=maintenance_interval_seconds,
                 login_window=limits.window,
+                attempts_ended=timelines.ended,
             )
         )
     authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
@@ -100,6 +103,7 @@ def build(
             limits,
             lease=lease,
             max_image_bytes=max_image_bytes,
+            timelines=timelines,
         ),
         workers,
         [
@@ -119,8 +123,10 @@ def grpc_services(
     *,
     lease: timedelta = LEASE,
     max_image_bytes: int = MAX_IMAGE_BYTES,
+    timelines: Timelines | None = None,
 ) -> list[GrpcService]:
     snapshots = SnapshotCache(db)
+    timelines = timelines or Timelines(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
     accounts = Accounts(db, clock, check_grant_targets, passwords)
     operator = OperatorServicer(
@@ -134,10 +140,11 @@ def grpc_services(
         reviews,
         authenticate,
         events,
+        timelines,
     )
     previews = PublicationApi(db, clock, snapshots)
     jobs = JobServicer(
-        JobsApi(db, clock, snapshots, lease=lease),
+        JobsApi(db, clock, snapshots, lease=lease, attempts_ended=timelines.ended),
         authenticate,
         events,
         previews,

@@ -61,6 +61,7 @@ FIELDS: dict[str, Limit] = {
             "ListWorkflowsRequest",
             "ListRunsRequest",
             "GetRunSnapshotRequest",
+            "GetRunTimelineRequest",
             "ListBucketItemsRequest",
             "ListDevicesRequest",
             "ListRuntimesRequest",

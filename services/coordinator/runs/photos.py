@@ -30,6 +30,7 @@ from services.coordinator.runs.runs_params import (
     RunInsert,
     SnapshotRecordingsInsert,
 )
+from services.coordinator.runs.traces import record_trace
 from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2
@@ -131,6 +132,7 @@ class PhotosApi:
         )
         if seq is None:  # the same photo requested at once: that request's run stands
             return False
+        await record_trace(db, run_id)
         snapshot = snapshot_pb2.RunSnapshot(
             run_id=run_id,
             kind=common_pb2.RUN_KIND_PHOTO,

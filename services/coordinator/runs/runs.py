@@ -42,6 +42,7 @@ from services.coordinator.runs.rows import (
     SnapshotRecordingRow,
 )
 from services.coordinator.runs.runs_params import JobsInsert, RunInsert, SnapshotRecordingsInsert
+from services.coordinator.runs.traces import record_trace
 from services.coordinator.workflows import documents
 from services.coordinator.workflows.documents import STALE_RUN
 
@@ -86,6 +87,8 @@ class Runs:
             inserted = await self._insert(
                 connection, who, request, admission, fingerprint, policy_revision, now
             )
+            if inserted:
+                await record_trace(connection, request.run_id)
         if not inserted:  # a concurrent call with the same id won the insert
             async with self.db.connection() as connection:
                 existing = await fetch_one(
