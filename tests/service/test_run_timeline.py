@@ -24,6 +24,7 @@ from testbed.coordinator_leases import (
 )
 from testbed.coordinator_world import CODE
 from testbed.harness.coordinator import CoordinatorHarness
+from testbed.harness.gateway import GatewayHarness
 from tests.cli_runner import workshop
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2, run_pb2
@@ -185,3 +186,39 @@ async def test_pages_and_bad_input(coordinator: CoordinatorHarness) -> None:
         ),
     ):
         assert await refused(c.workshop.GetRunTimeline(request, metadata=c.admin)) == expected
+
+
+async def test_the_gateway_serves_the_timeline_as_json(gateway: GatewayHarness) -> None:
+    """GET /v1/workshop/runs/{id}/timeline (and /api/... for the console): the attempts as
+    the run page reads them, enums as words, refusals as a list."""
+    c = gateway.c
+    s = await setup(c)
+    await create_run(c, s)
+    first = await claimed(c, s)
+    c.clock.advance(timedelta(minutes=6))
+    await Maintenance(c.db, c.clock, interval_seconds=1).run_once()
+    assert await refused(
+        c.jobs.Heartbeat(jobs_pb2.HeartbeatRequest(lease=first.lease), metadata=s.processor)
+    ) == (FAILED_PRECONDITION, "LEASE_MISMATCH")
+    second = await claimed(c, s)
+    assert second.lease.generation == 2
+    agent = await gateway.agent(Grant(ScopeName.WORKSHOP))
+    answer = await agent.get("/v1/workshop/runs/r1/timeline")
+    assert answer.status_code == 200, answer.text
+    [j0, j1] = answer.json()["jobs"]
+    assert (j0["job_id"], j0["state"], j0["lapses"]) == ("j0", "leased", 1)
+    lapsed, running = j0["attempts"]
+    assert (lapsed["generation"], lapsed["outcome"], lapsed["claimed_by"]) == (
+        1,
+        "lapsed",
+        key_id(s),
+    )
+    assert lapsed["heartbeats_missed"] == 8  # 6 minutes from the claim, one due every 45 s
+    assert lapsed["refusals"] == [{"reason": "LEASE_MISMATCH", "count": 1}]
+    assert (running["generation"], running["outcome"]) == (2, "running")
+    assert "ended_at" not in running or not running["ended_at"]
+    assert j1["attempts"] == []
+    missing = await agent.get("/v1/workshop/runs/nope/timeline")
+    assert missing.status_code == 404
+    bad = await agent.get("/v1/workshop/runs/r1/timeline", params={"page_size": "5000"})
+    assert bad.status_code in (400, 422), bad.text
