@@ -51,8 +51,9 @@ CREATE TABLE job_attempts (
     failure_reason text,
     lease_until    timestamptz,
     refusals       jsonb NOT NULL DEFAULT '{}',
-    PRIMARY KEY (run_id, job_index, generation),
-    FOREIGN KEY (run_id, job_index) REFERENCES jobs (run_id, job_index)
+    -- no foreign key to jobs (jobs are never deleted): its check would lock the job's row
+    -- once more in every claim
+    PRIMARY KEY (run_id, job_index, generation)
 );
 
 -- Records attempts from jobs' own writes: a claim takes a new generation (an attempt
@@ -65,8 +66,7 @@ BEGIN
                                   claimed_at, lease_seconds)
         VALUES (NEW.run_id, NEW.job_index, NEW.generation, NEW.runtime_id, NEW.claimed_by,
                 NEW.updated_at,
-                extract(epoch FROM NEW.lease_expires_at - NEW.updated_at))
-        ON CONFLICT DO NOTHING;
+                extract(epoch FROM NEW.lease_expires_at - NEW.updated_at));
     ELSE
         UPDATE job_attempts a
         SET ended_at = NEW.updated_at,
