@@ -99,7 +99,7 @@ class Maintenance(Periodic):
                     exhausted += sum(job.state == "failed" for job in rescued)
                     requeued += sum(job.state == "queued" for job in rescued)
                     count_lapses(rescued)
-                    # the lapsed attempt is each job's latest (a rescue takes no generation)
+                    # each job's latest lapsed attempt (the rescue answers no generation)
                     self.attempts_ended([(job.run_id, job.job_index, None) for job in rescued])
                     if len(rescued) < BATCH:
                         break

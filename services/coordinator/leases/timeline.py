@@ -32,7 +32,8 @@ from workshop.kit.telemetry import tracing_enabled
 log = logging.getLogger(__name__)
 
 TRACER = "workshop.coordinator.attempts"
-# An attempt that ended: run id, job index, lease generation (None: the job's latest).
+# An attempt that ended: run id, job index, lease generation (None: the job's latest lapsed
+# one, as a maintenance pass's rescue names it).
 Ended = tuple[str, int, int | None]
 # Attempt spans exported at once at most; more wait (their ends are rare: one per job).
 SPANS_IN_FLIGHT = 64

@@ -21,12 +21,14 @@ SELECT r.run_id, r.runtime_id, run_traceparent_v1(r.run_id) AS traceparent
 FROM run_facts_v1($1) r;
 
 -- name: job_attempt_of
--- One attempt, as its trace span shows it: of generation $3, or the job's latest (NULL);
--- no row: not recorded.
+-- One attempt, as its trace span shows it: of generation $3, or (NULL) the job's latest
+-- lapsed one (a maintenance pass's rescue, which names no generation: the job may have
+-- been claimed again since); no row: not recorded.
 SELECT a.run_id, a.job_index, a.generation, a.runtime_id, a.claimed_by, a.claimed_at,
        a.lease_seconds, a.ended_at, a.outcome, a.failure_reason, a.lease_until, a.refusals,
        run_traceparent_v1(a.run_id) AS traceparent
 FROM job_attempts a
-WHERE a.run_id = $1 AND a.job_index = $2 AND ($3::bigint IS NULL OR a.generation = $3)
+WHERE a.run_id = $1 AND a.job_index = $2
+  AND (a.generation = $3 OR ($3::bigint IS NULL AND a.outcome = 'lapsed'))
 ORDER BY a.generation DESC
 LIMIT 1;
