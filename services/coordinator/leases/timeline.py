@@ -230,11 +230,6 @@ class Timelines:
             except Exception:  # a span is never worth an error: the attempt stands
                 log.warning("attempt spans: could not export %s", attempts, exc_info=True)
 
-    async def drain(self) -> None:
-        """Waits for the spans being exported (tests, and a stopping coordinator)."""
-        while self._exporting:
-            await asyncio.gather(*list(self._exporting), return_exceptions=True)
-
 
 def _ns(moment: datetime) -> int:
     return int(moment.timestamp() * 1_000_000_000)
