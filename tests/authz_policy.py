@@ -186,6 +186,7 @@ POLICY: dict[str, Rule] = {
     "/workshop.v1.WorkshopService/CancelRun": WORKSHOP,
     "/workshop.v1.WorkshopService/WatchRun": allow("session", "workshop", "gateway", "admin"),
     "/workshop.v1.WorkshopService/GetRunSnapshot": WORKSHOP,
+    "/workshop.v1.WorkshopService/GetRunTimeline": WORKSHOP,
     "/workshop.v1.WorkshopService/GetReview": READ_FOOTAGE,
     "/workshop.v1.WorkshopService/DecideSighting": WORKSHOP,
     "/workshop.v1.WorkshopService/CorrectItemBoxes": WORKSHOP,

@@ -62,6 +62,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             login_limits=settings.login_limits,
             lease=timedelta(seconds=settings.lease_seconds),
             max_image_bytes=settings.max_image_bytes,
+            metrics_max_age_seconds=settings.metrics_max_age_seconds,
         )
         await serve(
             label=LABEL,

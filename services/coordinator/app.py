@@ -19,9 +19,11 @@ from services.coordinator.identity.signin import IdentityApi, LoginLimits
 from services.coordinator.leases.gauges import JobsByState
 from services.coordinator.leases.jobs import LEASE, JobsApi
 from services.coordinator.leases.maintenance import Maintenance
+from services.coordinator.leases.timeline import Timelines
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
 from services.coordinator.previews.publication import PublicationApi
+from services.coordinator.resources.gauges import RuntimeGauges
 from services.coordinator.resources.registry import Resources, check_grant_targets
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.runs.events import RunEvents
@@ -36,7 +38,7 @@ from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
 from services.coordinator.workflows.documents import Workflows
-from workshop.kit.metrics import ScrapeCollector
+from workshop.kit.metrics import Cached, ScrapeCollector
 from workshop.kit.server import GrpcService, Worker
 from workshop.v1 import (
     identity_pb2_grpc,
@@ -69,12 +71,15 @@ def build(
     login_limits: LoginLimits | None = None,
     lease: timedelta = LEASE,
     max_image_bytes: int = MAX_IMAGE_BYTES,
+    metrics_max_age_seconds: float = 0.0,
 ) -> Coordinator:
-    """The coordinator's services and background workers (an interval of 0 s turns one off)."""
+    """The coordinator's services and background workers (an interval of 0 s turns one off)
+    and its scrape-time gauges, each read at most once per `metrics_max_age_seconds`."""
     limits = login_limits or LoginLimits()
     runs = Runs(db, clock, capacity=job_capacity)
     events = RunEvents(db.dsn, followers=[clock] if isinstance(clock, StoredClock) else [])
     workers: list[Worker] = [events]
+    timelines = Timelines(db)
     if scheduler_interval_seconds > 0:
         workers.append(Scheduler(db, clock, runs, interval_seconds=scheduler_interval_seconds))
     if maintenance_interval_seconds > 0:
@@ -84,6 +89,7 @@ def build(
                 clock,
                 interval_seconds=maintenance_interval_seconds,
                 login_window=limits.window,
+                attempts_ended=timelines.ended,
             )
         )
     authenticate = Authenticator(db, clock, cache_seconds=principal_cache_seconds)
@@ -97,9 +103,13 @@ def build(
             limits,
             lease=lease,
             max_image_bytes=max_image_bytes,
+            timelines=timelines,
         ),
         workers,
-        [JobsByState(db)],
+        [
+            Cached(JobsByState(db), metrics_max_age_seconds),
+            Cached(RuntimeGauges(db, clock), metrics_max_age_seconds),
+        ],
     )
 
 
@@ -113,8 +123,10 @@ def grpc_services(
     *,
     lease: timedelta = LEASE,
     max_image_bytes: int = MAX_IMAGE_BYTES,
+    timelines: Timelines | None = None,
 ) -> list[GrpcService]:
     snapshots = SnapshotCache(db)
+    timelines = timelines or Timelines(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
     accounts = Accounts(db, clock, check_grant_targets, passwords)
     operator = OperatorServicer(
@@ -128,10 +140,11 @@ def grpc_services(
         reviews,
         authenticate,
         events,
+        timelines,
     )
     previews = PublicationApi(db, clock, snapshots)
     jobs = JobServicer(
-        JobsApi(db, clock, snapshots, lease=lease),
+        JobsApi(db, clock, snapshots, lease=lease, attempts_ended=timelines.ended),
         authenticate,
         events,
         previews,

@@ -70,6 +70,13 @@ class CoordinatorSettings(ServerSettings):
         "bytes were written with.",
         check=between(1, MAX_IMAGE_BYTES_LIMIT, " bytes"),
     )
+    metrics_max_age_seconds: float = setting(
+        5.0,
+        help="Seconds a scrape of /metrics reuses the jobs and runtime gauges read by an "
+        "earlier one (one query each per this long, however often scrapers come; 0 reads on "
+        "every scrape).",
+        check=between(0, 300, " seconds"),
+    )
     principal_cache_seconds: float = setting(
         PRINCIPAL_CACHE_SECONDS,
         help="Seconds a caller's principal is reused by the lease and publication calls, "

@@ -258,6 +258,16 @@ OPERATIONS: tuple[Operation, ...] = (
         query=PAGE,
         errors=(404,),
     ),
+    _op(
+        "getRunTimeline",
+        "GET",
+        "/workshop/runs/{run_id}/timeline",
+        "workshop",
+        "GetRunTimeline",
+        "runs",
+        query=PAGE,
+        errors=(404,),
+    ),
     # review and summary
     _op(
         "getReview",

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Sequence
 
 from services.preview.coordinator import CoordinatorClient
-from services.preview.metrics import count_deletion
+from services.preview.metrics import CLEANUP_PASSES, count_deletion
 from services.preview.storage import ObjectStore
 from workshop.kit.periodic import Periodic
 from workshop.v1 import common_pb2
@@ -73,10 +73,14 @@ class Cleanup:
             not_deleted: list[str] = []
             try:
                 await self._pass(report, not_deleted)
+            except Exception:
+                CLEANUP_PASSES.labels("failed").inc()
+                raise
             finally:
                 # Handed back at the end, not batch by batch: within the pass a key the
                 # store keeps refusing would be listed again and again.
                 await self._hand_back(not_deleted)
+            CLEANUP_PASSES.labels("partial" if not_deleted else "ok").inc()
         log.info(
             "cleanup pass: deleted %d previews (%d of them never recorded) and %d uploads "
             "(%d bytes); uploads remaining: %s; handed back %d it could not delete",

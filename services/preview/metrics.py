@@ -36,6 +36,18 @@ CLEANUP_DELETED_BYTES = Counter(
     registry=REGISTRY,
 )
 
+# outcome: `ok` (the pass ran through), `partial` (it ran through, but the store refused to
+# delete some objects, handed back for the next pass) or `failed` (it stopped on an error:
+# the coordinator or the store did not answer).
+CLEANUP_PASSES = Counter(
+    "workshop_preview_cleanup_passes",
+    "Cleanup passes run (the loop's and RunCleanup's), by outcome (ok, partial, failed).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+for _outcome in ("ok", "partial", "failed"):
+    CLEANUP_PASSES.labels(_outcome)  # every series from the start, at 0
+
 
 def kind_of(key: str) -> str:
     """`preview` or `upload` from an object key (workshop.kit.object_keys); `other` for a

@@ -369,6 +369,7 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
             Row("GET", f"{w}/runs/{{run_id}}", WORKSHOP, full),
             Row("POST", f"{w}/runs/{{run_id}}/cancel", WORKSHOP, f"{w}/runs/cancel-{p}/cancel"),
             Row("GET", f"{w}/runs/{{run_id}}/snapshot", WORKSHOP, f"{full}/snapshot"),
+            Row("GET", f"{w}/runs/{{run_id}}/timeline", WORKSHOP, f"{full}/timeline"),
             # review and summary
             Row(
                 "GET",

@@ -127,6 +127,7 @@ def explicit_calls(prefix: str, ids: Ids, runtime: str) -> dict[str, list[Explic
         "getRun": [Explicit(200, full, {"job_limit": 2})],
         "cancelRun": [Explicit(200, {"run_id": f"cancel-{prefix}"})],
         "getRunSnapshot": [Explicit(200, full)],
+        "getRunTimeline": [Explicit(200, full), Explicit(404, {"run_id": "no-such-run"})],
         "getReview": [Explicit(200, full), Explicit(200, full, {"page_size": 1})],
         "decideSighting": [
             Explicit(

@@ -26,6 +26,7 @@ from testbed.harness.preview import CountingStore, PreviewHarness, running_previ
 from testbed.harness.s3 import S3Bucket
 from testbed.harness.tcp_proxy import fault_proxy
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.metrics import REGISTRY
 from workshop.kit.periodic import Periodic
 from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
@@ -68,6 +69,12 @@ async def collectable_objects(
 
     await asyncio.to_thread(put_all)
     return keys
+
+
+def passes(outcome: str) -> float:
+    value = REGISTRY.get_sample_value("workshop_preview_cleanup_passes_total", {"outcome": outcome})
+    assert value is not None
+    return value
 
 
 async def setup_once(c: CoordinatorHarness) -> None:
@@ -176,13 +183,19 @@ async def test_a_pass_whose_store_is_unreachable_hands_its_batch_back(
         running_preview(c, s3_bucket, s3_endpoint=proxy.address) as p,
     ):
         proxy.refuse()
+        before = {o: passes(o) for o in ("ok", "partial", "failed")}
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await cleanup(c, p)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert await held(c) == []
+        # the failed pass is counted (workshop_preview_cleanup_passes_total, alerted on)
+        assert passes("failed") == before["failed"] + 1
+        assert passes("ok") == before["ok"]
         proxy.heal()
         report = await cleanup(c, p)
         assert report.previews_deleted == 3
+        assert passes("ok") == before["ok"] + 1
+        assert passes("partial") == before["partial"]
         assert await p.keys() == []
     async with c.db.connection() as connection:
         deleted = await connection.fetchval(

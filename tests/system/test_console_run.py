@@ -196,6 +196,15 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
     assert int(await note.get_attribute("data-messages") or 0) >= 2
     await expect(page.locator("#images figure")).to_have_count(20)
     await expect(page.locator("#run-counts")).to_contain_text("Slots: 20 of 20 (100%)")
+    # The timeline (GET .../timeline, read again when a job changes): each job claimed
+    # once, by the processor's key, and completed.
+    claimed_jobs = page.locator("#timeline-jobs > li")
+    await expect(claimed_jobs).to_have_count(2, timeout=15_000)
+    for index in range(2):
+        attempts = claimed_jobs.nth(index).locator(".attempts > li")
+        await expect(attempts).to_have_count(1)
+        await expect(attempts).to_have_attribute("data-outcome", "completed", timeout=15_000)
+        await expect(attempts).to_contain_text("Attempt 1: claimed by key ")
     strips = page.locator("#jobs .slots")
     await expect(strips).to_have_count(2)
     for index in (1, 2):  # every slot of both jobs had a frame (the scenes always show one)

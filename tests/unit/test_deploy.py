@@ -149,38 +149,9 @@ KEDA_SCHEMAS: dict[str, dict[str, Any]] = {
             },
         },
     },
-    "TriggerAuthentication": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "additionalProperties": False,
-        "properties": {
-            "apiVersion": {"const": "keda.sh/v1alpha1"},
-            "kind": {"const": "TriggerAuthentication"},
-            "metadata": _OBJECT_META,
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "secretTargetRef": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["parameter", "name", "key"],
-                            "additionalProperties": False,
-                            "properties": {
-                                "parameter": {"type": "string"},
-                                "name": {"type": "string"},
-                                "key": {"type": "string"},
-                            },
-                        },
-                    }
-                },
-            },
-        },
-    },
 }
-# Fields the postgresql scaler needs (KEDA's scaler documentation).
-POSTGRESQL_TRIGGER_FIELDS = {"query", "targetQueryValue", "activationTargetQueryValue"}
+# Fields the prometheus scaler needs (KEDA's scaler documentation).
+PROMETHEUS_TRIGGER_FIELDS = {"serverAddress", "query", "threshold", "activationThreshold"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -194,17 +165,21 @@ def test_every_document_is_valid(overlay: str, version: str) -> None:
         k8s_schemas.validate(doc, version, strict=True)
 
 
-def test_keda_scales_processors_with_the_postgresql_scaler() -> None:
-    scaled = named(rendered("overlays/prod-gpu"), "ScaledObject", "processor")
+def test_keda_scales_processors_on_the_coordinators_queue_depth() -> None:
+    """The prometheus scaler on the coordinators' gauges: KEDA reads no database (what the
+    query counts: tests/service/test_deploy_scaling.py)."""
+    documents = rendered("overlays/prod-gpu")
+    scaled = named(documents, "ScaledObject", "processor")
     assert scaled["spec"]["scaleTargetRef"]["name"] == "processor"
     (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "postgresql"
-    assert trigger["metadata"].keys() >= POSTGRESQL_TRIGGER_FIELDS
-    processor = named(rendered("overlays/prod-gpu"), "Deployment", "processor")
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"].keys() >= PROMETHEUS_TRIGGER_FIELDS
+    assert "workshop_coordinator_claimable_jobs" in trigger["metadata"]["query"]
+    assert "authenticationRef" not in trigger
+    assert not of_kind(documents, "TriggerAuthentication")
+    processor = named(documents, "Deployment", "processor")
     # KEDA owns the replica count; one in the Deployment would fight it on every apply
     assert "replicas" not in processor["spec"]
-    auth = named(rendered("overlays/prod-gpu"), "TriggerAuthentication", "processor-scaling")
-    assert auth["metadata"]["name"] == trigger["authenticationRef"]["name"]
 
 
 # Postgres' default max_connections is 100; the migrate Job and operators need some.

@@ -1,4 +1,5 @@
-"""`workshop runs explain`: why a run waits or why it failed, from its detail (GetRun)."""
+"""`workshop runs explain`: why a run waits or why it failed, from its detail (GetRun), and
+its timeline: each job's attempts in order (GetRunTimeline)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,69 @@ FENCES = {
 }
 
 
-def explain(detail: run_pb2.RunDetail) -> dict[str, Any]:
+OUTCOMES = {
+    run_pb2.ATTEMPT_OUTCOME_RUNNING: "running",
+    run_pb2.ATTEMPT_OUTCOME_COMPLETED: "completed",
+    run_pb2.ATTEMPT_OUTCOME_FAILED: "failed",
+    run_pb2.ATTEMPT_OUTCOME_LAPSED: "lapsed",
+    run_pb2.ATTEMPT_OUTCOME_HANDED_BACK: "handed_back",
+    run_pb2.ATTEMPT_OUTCOME_CANCELLED: "cancelled",
+    run_pb2.ATTEMPT_OUTCOME_EXPIRED: "expired",
+}
+
+
+def _reason_word(reason: int) -> str:
+    if reason == common_pb2.FAILURE_REASON_UNSPECIFIED:
+        return ""
+    return common_pb2.FailureReason.Name(reason).removeprefix("FAILURE_REASON_").lower()  # type: ignore[arg-type]
+
+
+def _time(stamp: Any, present: bool) -> str:
+    return stamp.ToJsonString() if present else ""
+
+
+def attempt_facts(attempt: run_pb2.JobAttempt) -> dict[str, Any]:
+    return {
+        "generation": attempt.generation,
+        "claimed_by": attempt.claimed_by,
+        "runtime_id": attempt.runtime_id,
+        "device_id": attempt.device_id,
+        "claimed_at": attempt.claimed_at.ToJsonString(),
+        "ended_at": _time(attempt.ended_at, attempt.HasField("ended_at")),
+        "outcome": OUTCOMES.get(attempt.outcome, "unknown"),
+        "lease_until": _time(attempt.lease_until, attempt.HasField("lease_until")),
+        "heartbeats_missed": attempt.heartbeats_missed,
+        "refusals": {r.reason: r.count for r in attempt.refusals},
+        "failure_reason": _reason_word(attempt.failure_reason),
+    }
+
+
+def job_facts(job: run_pb2.JobTimeline) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "state": state_name(job.state),
+        "camera_id": job.camera_id,
+        "recording_id": job.recording_id,
+        "lapses": job.lapses,
+        "failure_reason": _reason_word(job.failure_reason),
+        "attempts": [attempt_facts(attempt) for attempt in job.attempts],
+    }
+
+
+def troubled(job: dict[str, Any]) -> bool:
+    """A job worth a line without --all-jobs: more than one attempt, or one that did not
+    simply complete (or still run), or met a fence."""
+    attempts = job["attempts"]
+    return len(attempts) > 1 or any(
+        a["outcome"] not in ("completed", "running") or a["refusals"] for a in attempts
+    )
+
+
+def explain(
+    detail: run_pb2.RunDetail, timeline: list[run_pb2.JobTimeline] | None = None
+) -> dict[str, Any]:
     """The facts: status, the runs ahead while queued, the failed jobs with reason, message
-    and fence, and a one-line verdict."""
+    and fence, each job's attempts, and a one-line verdict."""
     run = detail.run
     status = run.status
     failed = [
@@ -66,6 +127,7 @@ def explain(detail: run_pb2.RunDetail) -> dict[str, Any]:
         "verdict": verdict,
         "waiting_behind": list(run.waiting_behind),
         "failed_jobs": failed,
+        "timeline": [job_facts(job) for job in timeline or []],
         "jobs": {
             state_name(s): n
             for s, n in (
@@ -80,8 +142,33 @@ def explain(detail: run_pb2.RunDetail) -> dict[str, Any]:
     }
 
 
-def lines(explanation: dict[str, Any]) -> list[str]:
-    """The explanation for people."""
+def attempt_line(attempt: dict[str, Any]) -> str:
+    """One attempt for people: `#2 claimed by wk_b on gpu-box at ...: lapsed at ...`."""
+    line = (
+        f"#{attempt['generation']} claimed by {attempt['claimed_by'] or '?'} on "
+        f"{attempt['device_id'] or attempt['runtime_id']} at {attempt['claimed_at']}: "
+    )
+    outcome = attempt["outcome"]
+    if outcome == "running":
+        line += f"running, lease until {attempt['lease_until'] or '?'}"
+    elif outcome == "lapsed":
+        line += (
+            f"lapsed at {attempt['lease_until']} ({attempt['heartbeats_missed']} heartbeats "
+            f"missed), taken back at {attempt['ended_at']}"
+        )
+    else:
+        line += f"{outcome.replace('_', ' ')} at {attempt['ended_at']}"
+    if attempt["failure_reason"]:
+        line += f" ({attempt['failure_reason']})"
+    if attempt["refusals"]:
+        refusals = ", ".join(f"{r} x{n}" for r, n in sorted(attempt["refusals"].items()))
+        line += f"; fences refused {refusals}"
+    return line
+
+
+def lines(explanation: dict[str, Any], *, all_jobs: bool = False) -> list[str]:
+    """The explanation for people; the timeline of the jobs that met trouble (every job's
+    with `all_jobs`)."""
     out = [f"run {explanation['run_id']}: {explanation['verdict']}"]
     for ahead in explanation["waiting_behind"]:
         out.append(f"  ahead: {ahead}")
@@ -92,4 +179,10 @@ def lines(explanation: dict[str, Any]) -> list[str]:
         )
         if job["fence"]:
             out.append(f"    refused by {job['fence']}")
+    shown = [j for j in explanation["timeline"] if all_jobs or troubled(j)]
+    if shown:
+        out.append("timeline:")
+    for job in shown:
+        out.append(f"  job {job['job_id']} ({job['state']}, {len(job['attempts'])} attempt(s))")
+        out.extend(f"    {attempt_line(attempt)}" for attempt in job["attempts"])
     return out

@@ -213,14 +213,40 @@ def cancel(ctx: typer.Context, run_id: str = typer.Argument(..., help="run id"))
 
 
 @app.command()
-def explain(ctx: typer.Context, run_id: str = typer.Argument(..., help="run id")) -> None:
+def explain(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., help="run id"),
+    all_jobs: bool = typer.Option(
+        False, "--all-jobs", help="every job's attempts, not only those of jobs that met trouble"
+    ),
+) -> None:
     """Why a run waits (the runs ahead of it) or failed (each failed job's reason, message
-    and the fence that refused it)."""
+    and the fence that refused it), and its timeline: each job's attempts in order (who
+    claimed it, lapses with the heartbeats missed, hand-backs, fence refusals, the end)."""
     opts = options(ctx)
     detail = get_detail(opts, run_id)
-    explanation = explaining.explain(detail)
+    explanation = explaining.explain(detail, get_timeline(opts, run_id))
     if opts.json:
         emit(opts, explanation)
         return
-    for line in explaining.lines(explanation):
+    for line in explaining.lines(explanation, all_jobs=all_jobs):
         print(line)
+
+
+def get_timeline(opts: Options, run_id: str) -> list[run_pb2.JobTimeline]:
+    """Every job of the run's timeline (GetRunTimeline, page after page)."""
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> list[run_pb2.JobTimeline]:
+        jobs: list[run_pb2.JobTimeline] = []
+        token = ""
+        while True:
+            reply = await _stub(channel).GetRunTimeline(
+                ws.GetRunTimelineRequest(run_id=run_id, page_size=1000, page_token=token),
+                metadata=md,
+            )
+            jobs.extend(reply.jobs)
+            token = reply.next_page_token
+            if not token:
+                return jobs
+
+    return run(opts, call)

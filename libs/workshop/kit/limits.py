@@ -63,6 +63,7 @@ FIELDS: dict[str, Limit] = {
             "ListWorkflowsRequest",
             "ListRunsRequest",
             "GetRunSnapshotRequest",
+            "GetRunTimelineRequest",
             "ListBucketItemsRequest",
             "ListDevicesRequest",
             "ListRuntimesRequest",

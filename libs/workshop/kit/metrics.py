@@ -81,6 +81,41 @@ class ScrapeCollector(Protocol):
     async def collect_now(self) -> Iterable[Metric]: ...
 
 
+class Cached:
+    """A scrape-time collector read at most once per `max_age_seconds`: a scrape within that
+    time of the last read answers what it read, and scrapes that arrive while a read is in
+    flight share it. So several Prometheus servers, or one scraping every second, cost the
+    database one query per `max_age_seconds` at most. 0 reads on every scrape. A read that
+    fails is not kept (the next scrape reads again)."""
+
+    def __init__(
+        self,
+        collector: ScrapeCollector,
+        max_age_seconds: float,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.collector = collector
+        self.max_age_seconds = max_age_seconds
+        self._monotonic = monotonic
+        self._read: tuple[float, list[Metric]] | None = None
+        self._lock = asyncio.Lock()
+
+    async def collect_now(self) -> Iterable[Metric]:
+        if self.max_age_seconds <= 0:
+            return await self.collector.collect_now()
+        async with self._lock:  # scrapes behind a read in flight take its answer
+            if self._read is not None and self._monotonic() - self._read[0] < self.max_age_seconds:
+                return self._read[1]
+            started = self._monotonic()
+            metrics = list(await self.collector.collect_now())
+            self._read = (started, metrics)
+            return metrics
+
+    def __repr__(self) -> str:
+        return f"Cached({self.collector!r}, {self.max_age_seconds:g} s)"
+
+
 class _Collected:
     """What the scrape-time collectors answered, as something a registry can hold."""
 

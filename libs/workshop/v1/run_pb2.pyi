@@ -80,6 +80,54 @@ and classes.txt (one class name per line; the line number is the class index).
 """
 Global___DatasetFormat: _TypeAlias = DatasetFormat  # noqa: Y015
 
+class _AttemptOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AttemptOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AttemptOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ATTEMPT_OUTCOME_UNSPECIFIED: _AttemptOutcome.ValueType  # 0
+    """Never sent."""
+    ATTEMPT_OUTCOME_RUNNING: _AttemptOutcome.ValueType  # 1
+    """The lease is still held."""
+    ATTEMPT_OUTCOME_COMPLETED: _AttemptOutcome.ValueType  # 2
+    """Its result was committed."""
+    ATTEMPT_OUTCOME_FAILED: _AttemptOutcome.ValueType  # 3
+    """The job failed under it: the processor reported a failure, or a fence ended the job (failure_reason)."""
+    ATTEMPT_OUTCOME_LAPSED: _AttemptOutcome.ValueType  # 4
+    """No processor renewed the lease before it ran out; maintenance queued the job again, or failed it after
+    its third lapse (failure_reason ATTEMPTS_EXHAUSTED).
+    """
+    ATTEMPT_OUTCOME_HANDED_BACK: _AttemptOutcome.ValueType  # 5
+    """The processor handed the job back (Release) without spending an attempt."""
+    ATTEMPT_OUTCOME_CANCELLED: _AttemptOutcome.ValueType  # 6
+    """The run was cancelled."""
+    ATTEMPT_OUTCOME_EXPIRED: _AttemptOutcome.ValueType  # 7
+    """The job expired with its source."""
+
+class AttemptOutcome(_AttemptOutcome, metaclass=_AttemptOutcomeEnumTypeWrapper):
+    """How a job attempt (one lease) ended."""
+
+ATTEMPT_OUTCOME_UNSPECIFIED: AttemptOutcome.ValueType  # 0
+"""Never sent."""
+ATTEMPT_OUTCOME_RUNNING: AttemptOutcome.ValueType  # 1
+"""The lease is still held."""
+ATTEMPT_OUTCOME_COMPLETED: AttemptOutcome.ValueType  # 2
+"""Its result was committed."""
+ATTEMPT_OUTCOME_FAILED: AttemptOutcome.ValueType  # 3
+"""The job failed under it: the processor reported a failure, or a fence ended the job (failure_reason)."""
+ATTEMPT_OUTCOME_LAPSED: AttemptOutcome.ValueType  # 4
+"""No processor renewed the lease before it ran out; maintenance queued the job again, or failed it after
+its third lapse (failure_reason ATTEMPTS_EXHAUSTED).
+"""
+ATTEMPT_OUTCOME_HANDED_BACK: AttemptOutcome.ValueType  # 5
+"""The processor handed the job back (Release) without spending an attempt."""
+ATTEMPT_OUTCOME_CANCELLED: AttemptOutcome.ValueType  # 6
+"""The run was cancelled."""
+ATTEMPT_OUTCOME_EXPIRED: AttemptOutcome.ValueType  # 7
+"""The job expired with its source."""
+Global___AttemptOutcome: _TypeAlias = AttemptOutcome  # noqa: Y015
+
 @_typing.final
 class Run(_message.Message):
     """A run as listed and followed."""
@@ -1188,3 +1236,151 @@ class BucketItemFilter(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_time_to) -> _WhichOneofReturnType__frame_time_to | None: ...
 
 Global___BucketItemFilter: _TypeAlias = BucketItemFilter  # noqa: Y015
+
+@_typing.final
+class JobTimeline(_message.Message):
+    """A job of a run's timeline: its state now and its attempts in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CAMERA_ID_FIELD_NUMBER: _builtins.int
+    RECORDING_ID_FIELD_NUMBER: _builtins.int
+    LAPSES_FIELD_NUMBER: _builtins.int
+    FAILURE_REASON_FIELD_NUMBER: _builtins.int
+    FAILURE_MESSAGE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job's id within its run: "j" + its index."""
+    state: _common_pb2.JobState.ValueType
+    """State now."""
+    camera_id: _builtins.str
+    """Its camera."""
+    recording_id: _builtins.str
+    """Its recording."""
+    lapses: _builtins.int
+    """Leases that lapsed."""
+    failure_reason: _common_pb2.FailureReason.ValueType
+    """Why it failed, when it did."""
+    failure_message: _builtins.str
+    """The failure's message, for people."""
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobAttempt]:
+        """Its attempts, oldest first (attempts begun before the coordinator recorded them are absent)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        state: _common_pb2.JobState.ValueType = ...,
+        camera_id: _builtins.str = ...,
+        recording_id: _builtins.str = ...,
+        lapses: _builtins.int = ...,
+        failure_reason: _common_pb2.FailureReason.ValueType = ...,
+        failure_message: _builtins.str = ...,
+        attempts: _abc.Iterable[Global___JobAttempt] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "camera_id", b"camera_id", "failure_message", b"failure_message", "failure_reason", b"failure_reason", "job_id", b"job_id", "lapses", b"lapses", "recording_id", b"recording_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobTimeline: _TypeAlias = JobTimeline  # noqa: Y015
+
+@_typing.final
+class JobAttempt(_message.Message):
+    """One attempt at a job: the lease one claim took."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    CLAIMED_BY_FIELD_NUMBER: _builtins.int
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    CLAIMED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    LEASE_UNTIL_FIELD_NUMBER: _builtins.int
+    HEARTBEATS_MISSED_FIELD_NUMBER: _builtins.int
+    REFUSALS_FIELD_NUMBER: _builtins.int
+    FAILURE_REASON_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """The lease generation."""
+    claimed_by: _builtins.str
+    """Id of the key that claimed it (the processor's workshop:run key)."""
+    runtime_id: _builtins.str
+    """Runtime the job runs on."""
+    device_id: _builtins.str
+    """That runtime's device."""
+    outcome: Global___AttemptOutcome.ValueType
+    """How it ended."""
+    heartbeats_missed: _builtins.int
+    """A lapsed attempt: heartbeats due between its last renewal and its rescue that never came."""
+    failure_reason: _common_pb2.FailureReason.ValueType
+    """Why the job failed when this attempt ended it."""
+    @_builtins.property
+    def claimed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the lease was taken."""
+
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp:
+        """When the attempt ended; absent while the lease is held."""
+
+    @_builtins.property
+    def lease_until(self) -> _timestamp_pb2.Timestamp:
+        """Until when the lease held when it ended (a lapse: when it ran out)."""
+
+    @_builtins.property
+    def refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___FenceRefusals]:
+        """Calls under this lease that a fence refused, by reason (LEASE_MISMATCH, SOURCE_CHANGED, ...)."""
+
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        claimed_by: _builtins.str = ...,
+        runtime_id: _builtins.str = ...,
+        device_id: _builtins.str = ...,
+        claimed_at: _timestamp_pb2.Timestamp | None = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+        outcome: Global___AttemptOutcome.ValueType = ...,
+        lease_until: _timestamp_pb2.Timestamp | None = ...,
+        heartbeats_missed: _builtins.int = ...,
+        refusals: _abc.Iterable[Global___FenceRefusals] | None = ...,
+        failure_reason: _common_pb2.FailureReason.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["claimed_at", b"claimed_at", "ended_at", b"ended_at", "lease_until", b"lease_until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed_at", b"claimed_at", "claimed_by", b"claimed_by", "device_id", b"device_id", "ended_at", b"ended_at", "failure_reason", b"failure_reason", "generation", b"generation", "heartbeats_missed", b"heartbeats_missed", "lease_until", b"lease_until", "outcome", b"outcome", "refusals", b"refusals", "runtime_id", b"runtime_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobAttempt: _TypeAlias = JobAttempt  # noqa: Y015
+
+@_typing.final
+class FenceRefusals(_message.Message):
+    """How many calls under one lease a fence refused with one reason."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """The ErrorInfo reason."""
+    count: _builtins.int
+    """How many calls."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FenceRefusals: _TypeAlias = FenceRefusals  # noqa: Y015

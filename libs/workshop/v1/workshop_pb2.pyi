@@ -899,6 +899,68 @@ class GetRunSnapshotResponse(_message.Message):
 Global___GetRunSnapshotResponse: _TypeAlias = GetRunSnapshotResponse  # noqa: Y015
 
 @_typing.final
+class GetRunTimelineRequest(_message.Message):
+    """Get a run's timeline."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    page_size: _builtins.int
+    """Jobs per page; 0 means 100, at most 1,000."""
+    page_token: _builtins.str
+    """Token from a previous response; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunTimelineRequest: _TypeAlias = GetRunTimelineRequest  # noqa: Y015
+
+@_typing.final
+class GetRunTimelineResponse(_message.Message):
+    """A page of a run's timeline."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id."""
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last page."""
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.JobTimeline]:
+        """Jobs in job order, each with its attempts."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        jobs: _abc.Iterable[_run_pb2.JobTimeline] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunTimelineResponse: _TypeAlias = GetRunTimelineResponse  # noqa: Y015
+
+@_typing.final
 class GetReviewRequest(_message.Message):
     """Get the review page."""
 

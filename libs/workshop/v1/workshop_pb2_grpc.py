@@ -117,6 +117,11 @@ class WorkshopServiceStub:
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.GetRunSnapshotRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_workshop__pb2.GetRunSnapshotResponse.FromString,
                 _registered_method=True)
+        self.GetRunTimeline = channel.unary_unary(
+                '/workshop.v1.WorkshopService/GetRunTimeline',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.GetRunTimelineRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.GetRunTimelineResponse.FromString,
+                _registered_method=True)
         self.GetReview = channel.unary_unary(
                 '/workshop.v1.WorkshopService/GetReview',
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.GetReviewRequest.SerializeToString,
@@ -312,6 +317,17 @@ class WorkshopServiceServicer:
 
     def GetRunSnapshot(self, request, context):
         """Returns a run's snapshot and pages through its input recordings in job order. Errors: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunTimeline(self, request, context):
+        """Returns a run's timeline: a page of its jobs in job order, each with its attempts (leases) in order:
+        which key claimed it on which runtime and device, the lease generation, how the attempt ended
+        (completed, failed, lapsed with the heartbeats missed, handed back, cancelled, expired) and the fence
+        refusals calls under it met. Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000,
+        page_token malformed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -514,6 +530,11 @@ def add_WorkshopServiceServicer_to_server(servicer, server):
                     servicer.GetRunSnapshot,
                     request_deserializer=workshop_dot_v1_dot_workshop__pb2.GetRunSnapshotRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_workshop__pb2.GetRunSnapshotResponse.SerializeToString,
+            ),
+            'GetRunTimeline': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunTimeline,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.GetRunTimelineRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.GetRunTimelineResponse.SerializeToString,
             ),
             'GetReview': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReview,
@@ -950,6 +971,33 @@ class WorkshopService:
             '/workshop.v1.WorkshopService/GetRunSnapshot',
             workshop_dot_v1_dot_workshop__pb2.GetRunSnapshotRequest.SerializeToString,
             workshop_dot_v1_dot_workshop__pb2.GetRunSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunTimeline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/GetRunTimeline',
+            workshop_dot_v1_dot_workshop__pb2.GetRunTimelineRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.GetRunTimelineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -109,6 +109,13 @@ class WorkshopServiceStub:
     """
     GetRunSnapshot: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetRunSnapshotRequest, _workshop_pb2.GetRunSnapshotResponse]
     """Returns a run's snapshot and pages through its input recordings in job order. Errors: NOT_FOUND."""
+    GetRunTimeline: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetRunTimelineRequest, _workshop_pb2.GetRunTimelineResponse]
+    """Returns a run's timeline: a page of its jobs in job order, each with its attempts (leases) in order:
+    which key claimed it on which runtime and device, the lease generation, how the attempt ended
+    (completed, failed, lapsed with the heartbeats missed, handed back, cancelled, expired) and the fence
+    refusals calls under it met. Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000,
+    page_token malformed).
+    """
     GetReview: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetReviewRequest, _workshop_pb2.GetReviewResponse]
     """Returns what the review page needs: the run's recordings (for the player), its models' class lists, and
     up to 1,000 saved items oldest frame first with has_more, plus the sightings those items belong to.
@@ -266,6 +273,13 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     """
     GetRunSnapshot: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetRunSnapshotRequest, _workshop_pb2.GetRunSnapshotResponse]  # type: ignore[assignment]
     """Returns a run's snapshot and pages through its input recordings in job order. Errors: NOT_FOUND."""
+    GetRunTimeline: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetRunTimelineRequest, _workshop_pb2.GetRunTimelineResponse]  # type: ignore[assignment]
+    """Returns a run's timeline: a page of its jobs in job order, each with its attempts (leases) in order:
+    which key claimed it on which runtime and device, the lease generation, how the attempt ended
+    (completed, failed, lapsed with the heartbeats missed, handed back, cancelled, expired) and the fence
+    refusals calls under it met. Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000,
+    page_token malformed).
+    """
     GetReview: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetReviewRequest, _workshop_pb2.GetReviewResponse]  # type: ignore[assignment]
     """Returns what the review page needs: the run's recordings (for the player), its models' class lists, and
     up to 1,000 saved items oldest frame first with has_more, plus the sightings those items belong to.
@@ -498,6 +512,19 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_workshop_pb2.GetRunSnapshotResponse, _abc.Awaitable[_workshop_pb2.GetRunSnapshotResponse]]:
         """Returns a run's snapshot and pages through its input recordings in job order. Errors: NOT_FOUND."""
+
+    @_abc_1.abstractmethod
+    def GetRunTimeline(
+        self,
+        request: _workshop_pb2.GetRunTimelineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.GetRunTimelineResponse, _abc.Awaitable[_workshop_pb2.GetRunTimelineResponse]]:
+        """Returns a run's timeline: a page of its jobs in job order, each with its attempts (leases) in order:
+        which key claimed it on which runtime and device, the lease generation, how the attempt ended
+        (completed, failed, lapsed with the heartbeats missed, handed back, cancelled, expired) and the fence
+        refusals calls under it met. Errors: NOT_FOUND (run), INVALID_ARGUMENT (page_size over 1000,
+        page_token malformed).
+        """
 
     @_abc_1.abstractmethod
     def GetReview(

@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypedDict, TypeVar
 
@@ -307,13 +307,29 @@ def reporter(who: Principal) -> str:
     return who.key_id
 
 
+# Told of attempts (run id, job index, lease generation) that ended here: the timeline's
+# trace export (leases.timeline.Timelines.ended).
+AttemptsEnded = Callable[[Sequence[tuple[str, int, int | None]]], None]
+
+
+def nothing_ended(ended: Sequence[tuple[str, int, int | None]]) -> None:
+    return None
+
+
 class JobsApi:
     def __init__(
-        self, db: Database, clock: Clock, snapshots: SnapshotCache, *, lease: timedelta = LEASE
+        self,
+        db: Database,
+        clock: Clock,
+        snapshots: SnapshotCache,
+        *,
+        lease: timedelta = LEASE,
+        attempts_ended: AttemptsEnded = nothing_ended,
     ) -> None:
         self.db = db
         self.clock = clock
         self.snapshots = snapshots
+        self.attempts_ended = attempts_ended
         self.lease = lease
         self.heartbeat_interval = heartbeat_interval(lease)
         self._runtimes: dict[str, RuntimeIdentity] = {}
@@ -505,12 +521,14 @@ class JobsApi:
             )
         )
         raise_for(reason, lease)
+        self.attempts_ended([(lease.run_id, lease.job_index, lease.generation)])
 
     async def release(self, who: Principal, lease: Lease) -> None:
         reason = await self._reason(
             JobRelease(**lease_fields(lease), reporter=reporter(who), now=self.clock.now())
         )
         raise_for(reason, lease)
+        self.attempts_ended([(lease.run_id, lease.job_index, lease.generation)])
 
     async def complete(
         self,
@@ -553,6 +571,7 @@ class JobsApi:
         reason = answer.reason
         if reason == "":
             self._facts.pop((lease.run_id, lease.job_index), None)
+            self.attempts_ended([(lease.run_id, lease.job_index, lease.generation)])
             return _receipt(lease, digest, answer.receipt), False
         if answer.receipt.receipt_sha256 is not None:
             # A retry of this lease's own commit (the first answer was lost).

@@ -13,6 +13,7 @@ import logging
 from datetime import timedelta
 
 from services.coordinator.identity.signin import LOGIN_WINDOW, forget_login_failures
+from services.coordinator.leases.jobs import AttemptsEnded, nothing_ended
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Database, Row, fetch_all, sql
 from services.coordinator.platform.metrics import LEASE_LAPSES
@@ -59,11 +60,13 @@ class Maintenance(Periodic):
         *,
         interval_seconds: float,
         login_window: timedelta = LOGIN_WINDOW,
+        attempts_ended: AttemptsEnded = nothing_ended,
     ) -> None:
         super().__init__("maintenance", self._pass, interval_seconds=interval_seconds)
         self.db = db
         self.clock = clock
         self.login_window = login_window
+        self.attempts_ended = attempts_ended
 
     async def _pass(self) -> None:
         done = await self.run_once()
@@ -96,6 +99,8 @@ class Maintenance(Periodic):
                     exhausted += sum(job.state == "failed" for job in rescued)
                     requeued += sum(job.state == "queued" for job in rescued)
                     count_lapses(rescued)
+                    # each job's latest lapsed attempt (the rescue answers no generation)
+                    self.attempts_ended([(job.run_id, job.job_index, None) for job in rescued])
                     if len(rescued) < BATCH:
                         break
                 grouped = await reviews.group_backlog(self.db)

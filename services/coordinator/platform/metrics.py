@@ -1,5 +1,6 @@
 """The coordinator's own series (docs/metrics.md); RPC series come from the kit, and
-the jobs gauge is read at scrape time (services/coordinator/leases/gauges.py)."""
+the jobs and runtime gauges are read at scrape time (services/coordinator/leases/gauges.py,
+services/coordinator/resources/gauges.py)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,12 @@ PREVIEWS_RECORDED = Counter(
     "Previews recorded for jobs (RecordPreview, RecordPreviews), refusals not counted.",
     registry=REGISTRY,
 )
+RUNS_CREATED = Counter(
+    "workshop_coordinator_runs_created",
+    "Runs created (a CreateRun or RequestPhoto answered with an existing run is not counted), "
+    "by kind (workflow, photo) and mode (test, full).",
+    ["kind", "mode"],
+    registry=REGISTRY,
+)
+for _kind, _mode in (("workflow", "test"), ("workflow", "full"), ("photo", "test")):
+    RUNS_CREATED.labels(_kind, _mode)  # every series from the start, at 0

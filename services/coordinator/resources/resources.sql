@@ -42,6 +42,21 @@ ORDER BY last_seen_at DESC, registered_at DESC, runtime_id LIMIT 1;
 SELECT * FROM runtimes WHERE last_seen_at >= $1 AND capabilities @> $2::text[]
 ORDER BY last_seen_at DESC, registered_at DESC, runtime_id LIMIT 1;
 
+-- name: runtime_gauges
+-- The runtimes the metrics endpoint reports (docs/metrics.md): those seen since $1, and
+-- each device's newest registration (newest: the runtime a pool of that device's processors
+-- runs, as the KEDA trigger and register-runtime's rollout assume), with when each was last
+-- seen (NULL: never). The runtimes table holds one row per processor version: a scan.
+WITH newest AS (
+    SELECT DISTINCT ON (device_id) runtime_id FROM runtimes
+    ORDER BY device_id, registered_at DESC, runtime_id DESC
+)
+SELECT rt.runtime_id, rt.device_id, rt.last_seen_at,
+       rt.runtime_id IN (SELECT runtime_id FROM newest) AS newest
+FROM runtimes rt
+WHERE rt.last_seen_at >= $1 OR rt.runtime_id IN (SELECT runtime_id FROM newest)
+ORDER BY rt.device_id, rt.runtime_id;
+
 -- name: camera_put
 INSERT INTO cameras (camera_id, name, created_at, updated_at) VALUES ($1, $2, $3, $3)
 ON CONFLICT (camera_id) DO UPDATE SET name = EXCLUDED.name, updated_at = EXCLUDED.updated_at

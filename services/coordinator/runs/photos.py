@@ -21,6 +21,7 @@ from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Connection, Database, Row, bind, fetch_one, sql
 from services.coordinator.platform.errors import NO_MEDIA_MESSAGE, Expired, NoMedia, NotFound
+from services.coordinator.platform.metrics import RUNS_CREATED
 from services.coordinator.resources import registry
 from services.coordinator.resources.registry import choose_runtime
 from services.coordinator.runs.runs import TEST_RESULT_LIFETIME
@@ -29,6 +30,7 @@ from services.coordinator.runs.runs_params import (
     RunInsert,
     SnapshotRecordingsInsert,
 )
+from services.coordinator.runs.traces import record_trace
 from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import canonical_json, sha256_hex
 from workshop.v1 import common_pb2, snapshot_pb2
@@ -86,6 +88,8 @@ class PhotosApi:
             created = exists is None and await self._create(
                 connection, who, run_id, camera_id, moment, now
             )
+        if created:
+            RUNS_CREATED.labels("photo", "test").inc()
         return await self.get(who, run_id), created
 
     async def _create(
@@ -128,6 +132,7 @@ class PhotosApi:
         )
         if seq is None:  # the same photo requested at once: that request's run stands
             return False
+        await record_trace(db, run_id)
         snapshot = snapshot_pb2.RunSnapshot(
             run_id=run_id,
             kind=common_pb2.RUN_KIND_PHOTO,

@@ -31,6 +31,7 @@ from services.coordinator.platform.errors import (
     IdConflict,
     NotFound,
 )
+from services.coordinator.platform.metrics import RUNS_CREATED
 from services.coordinator.runs.admission import Admission, RunRequest, admission_for
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.rows import (
@@ -41,6 +42,7 @@ from services.coordinator.runs.rows import (
     SnapshotRecordingRow,
 )
 from services.coordinator.runs.runs_params import JobsInsert, RunInsert, SnapshotRecordingsInsert
+from services.coordinator.runs.traces import record_trace
 from services.coordinator.workflows import documents
 from services.coordinator.workflows.documents import STALE_RUN
 
@@ -85,6 +87,8 @@ class Runs:
             inserted = await self._insert(
                 connection, who, request, admission, fingerprint, policy_revision, now
             )
+            if inserted:
+                await record_trace(connection, request.run_id)
         if not inserted:  # a concurrent call with the same id won the insert
             async with self.db.connection() as connection:
                 existing = await fetch_one(
@@ -92,6 +96,7 @@ class Runs:
                 )
             assert existing is not None  # the run that won the insert
             return _settle_existing(request.run_id, existing.fingerprint, fingerprint)
+        RUNS_CREATED.labels("workflow", request.mode).inc()
         return request.run_id, True
 
     async def plan_run(self, who: Principal, request: RunRequest) -> Admission:

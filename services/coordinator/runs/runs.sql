@@ -134,3 +134,7 @@ SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.scheduler'));
 
 -- name: scheduler_unlock
 SELECT pg_advisory_unlock(hashtext('workshop.coordinator.scheduler'));
+
+-- name: run_trace_insert
+-- The trace context of the call that created the run (migration 0011's run_traces).
+INSERT INTO run_traces (run_id, traceparent) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING;

@@ -12,6 +12,7 @@ from services.coordinator import convert
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal
 from services.coordinator.leases.jobs import job_id
+from services.coordinator.leases.timeline import Attempt, JobTimeline, Timelines
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.review import reviews
@@ -58,6 +59,56 @@ FAILURE_REASONS = {
     "source_changed": common_pb2.FAILURE_REASON_SOURCE_CHANGED,
     "authority_lost": common_pb2.FAILURE_REASON_AUTHORITY_LOST,
 }
+
+
+ATTEMPT_OUTCOMES = {
+    "running": run_pb2.ATTEMPT_OUTCOME_RUNNING,
+    "completed": run_pb2.ATTEMPT_OUTCOME_COMPLETED,
+    "failed": run_pb2.ATTEMPT_OUTCOME_FAILED,
+    "lapsed": run_pb2.ATTEMPT_OUTCOME_LAPSED,
+    "handed_back": run_pb2.ATTEMPT_OUTCOME_HANDED_BACK,
+    "cancelled": run_pb2.ATTEMPT_OUTCOME_CANCELLED,
+    "expired": run_pb2.ATTEMPT_OUTCOME_EXPIRED,
+}
+
+
+def job_attempt(attempt: Attempt) -> run_pb2.JobAttempt:
+    answer = run_pb2.JobAttempt(
+        generation=attempt.generation,
+        claimed_by=attempt.claimed_by,
+        runtime_id=attempt.runtime_id,
+        device_id=attempt.device_id,
+        claimed_at=convert.ts(attempt.claimed_at),
+        outcome=ATTEMPT_OUTCOMES.get(attempt.outcome, run_pb2.ATTEMPT_OUTCOME_UNSPECIFIED),
+        heartbeats_missed=attempt.heartbeats_missed,
+        refusals=[
+            run_pb2.FenceRefusals(reason=reason, count=count)
+            for reason, count in sorted(attempt.refusals.items())
+        ],
+        failure_reason=FAILURE_REASONS.get(
+            attempt.failure_reason or "", common_pb2.FAILURE_REASON_UNSPECIFIED
+        ),
+    )
+    if attempt.ended_at is not None:
+        answer.ended_at.CopyFrom(convert.ts(attempt.ended_at))
+    if attempt.lease_until is not None:
+        answer.lease_until.CopyFrom(convert.ts(attempt.lease_until))
+    return answer
+
+
+def job_timeline(job: JobTimeline) -> run_pb2.JobTimeline:
+    return run_pb2.JobTimeline(
+        job_id=job.job_id,
+        state=JOB_STATES[job.state],
+        camera_id=job.camera_id,
+        recording_id=job.recording_id,
+        lapses=job.lapses,
+        failure_reason=FAILURE_REASONS.get(
+            job.failure_reason or "", common_pb2.FAILURE_REASON_UNSPECIFIED
+        ),
+        failure_message=job.failure_message or "",
+        attempts=[job_attempt(attempt) for attempt in job.attempts],
+    )
 
 
 def workflow(row: WorkflowRow) -> workflow_pb2.Workflow:
@@ -164,6 +215,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         reviews: ReviewApi,
         authenticate: Authenticator,
         events: RunEvents,
+        timelines: Timelines,
     ) -> None:
         self.workflows = workflows
         self.api = api
@@ -172,6 +224,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self.queue = ReviewQueue(reviews.db, reviews.clock)
         self.who = authenticate
         self.events = events
+        self.timelines = timelines
 
     async def SaveWorkflow(
         self, request: pb.SaveWorkflowRequest, context: Context
@@ -318,6 +371,22 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             snapshot=json_format.ParseDict(snapshot, snapshot_pb2.RunSnapshot()),
             recordings=[views.snapshot_recording(row) for row in rows],
             next_page_token=next_token(rows, limit, lambda row: (row.job_index,)),
+        )
+
+    async def GetRunTimeline(
+        self, request: pb.GetRunTimelineRequest, context: Context
+    ) -> pb.GetRunTimelineResponse:
+        limit = page_size(request.page_size)
+        token = split_token(request.page_token, 1)
+        if token is not None and not token[0].isdigit():
+            raise InvalidField("page_token is malformed.")
+        jobs = await self.timelines.page(
+            await self.who(context), request.run_id, int(token[0]) if token else -1, limit
+        )
+        return pb.GetRunTimelineResponse(
+            run_id=request.run_id,
+            jobs=[job_timeline(job) for job in jobs],
+            next_page_token=next_token(jobs, limit, lambda job: (job.job_index,)),
         )
 
     async def CancelRun(

@@ -1,6 +1,7 @@
 // The run page (#/run/<run_id>): one run's status and counts, why it waits, its jobs as
 // strips of slots, its newest images with their boxes (shown by frame time; a click shows
-// one full size), its provenance, Cancel and a test run's countdown. Live through the
+// one full size), its timeline (each job's attempts), its provenance, Cancel and a test
+// run's countdown. Live through the
 // run's WebSocket (docs/live.md); when the socket closes before the run finished, the
 // page polls GET run and says so.
 //
@@ -18,6 +19,7 @@ import { accountBar, age } from "./runs.js";
 const FINAL = new Set(["completed", "failed", "cancelled", "expired"]);
 const POLL_SECONDS = 3;
 const WAITING_REFRESH_MS = 5000;
+const TIMELINE_REFRESH_MS = 5000; // at most one GET timeline per this, when a job changed
 const JOB_LIMIT = 100; // what the live channel sends; GET run asks for the same
 const MAX_CELLS = 200; // a strip of a longer job draws each cell for several slots
 
@@ -325,6 +327,57 @@ async function provenance(runId, mode) {
   ];
 }
 
+const OUTCOME_WORDS = {
+  running: "running",
+  completed: "completed",
+  failed: "failed",
+  lapsed: "lapsed",
+  handed_back: "handed back",
+  cancelled: "cancelled",
+  expired: "expired",
+};
+
+/** One attempt in words: who claimed it, where and when, how it ended, what the fences
+ * refused under it. */
+export function attemptText(attempt) {
+  const where = attempt.device_id || attempt.runtime_id;
+  let text = `Attempt ${attempt.generation}: claimed by key ${attempt.claimed_by || "?"} on ${where} ` +
+    `at ${utc(attempt.claimed_at)}; `;
+  const outcome = attempt.outcome;
+  if (outcome === "running") text += `running, lease until ${utc(attempt.lease_until)}`;
+  else if (outcome === "lapsed") {
+    const missed = attempt.heartbeats_missed;
+    text += `lease lapsed at ${utc(attempt.lease_until)} (${missed} heartbeat${missed === 1 ? "" : "s"} missed), ` +
+      `taken back at ${utc(attempt.ended_at)}`;
+  } else text += `${OUTCOME_WORDS[outcome] || outcome} at ${utc(attempt.ended_at)}`;
+  if (attempt.failure_reason) text += ` (${attempt.failure_reason.replaceAll("_", " ")})`;
+  if (attempt.refusals.length) {
+    text += `; fences refused ${attempt.refusals.map((r) => `${r.reason} ×${r.count}`).join(", ")}`;
+  }
+  return `${text}.`;
+}
+
+/** The timeline panel's content: each job that was claimed, with its attempts in order. */
+async function timeline(runId) {
+  const answer = await api("GET", `${runPath(runId)}/timeline`, { query: { page_size: String(JOB_LIMIT) } });
+  const claimedJobs = answer.jobs.filter((job) => job.attempts.length > 0);
+  const unclaimed = answer.jobs.length - claimedJobs.length;
+  return [
+    h("h2", { id: "timeline-title", text: "Timeline" }),
+    claimedJobs.length === 0 ? h("p", { class: "muted", text: "No job has been claimed yet." })
+      : h("ol", { id: "timeline-jobs", class: "timeline" }, claimedJobs.map((job) => h(
+        "li", { "data-job-id": job.job_id },
+        h("strong", { text: `${job.job_id}` }), ` (${job.camera_id}, ${job.recording_id}): ${job.state}`,
+        job.lapses ? `, ${job.lapses} lapse${job.lapses === 1 ? "" : "s"}` : "",
+        h("ol", { class: "attempts" }, job.attempts.map((attempt) => h(
+          "li", { "data-generation": String(attempt.generation), "data-outcome": attempt.outcome,
+            text: attemptText(attempt) }))),
+      ))),
+    unclaimed ? h("p", { class: "muted", text: `${unclaimed} job${unclaimed === 1 ? "" : "s"} not claimed yet.` }) : null,
+    answer.next_page_token ? h("p", { class: "muted", text: `The first ${answer.jobs.length} jobs.` }) : null,
+  ];
+}
+
 export async function runView({ main, account, id, alive }) {
   const runId = id;
   // The session (which also holds the CSRF token Cancel needs) and the run at once; the
@@ -358,6 +411,11 @@ export async function runView({ main, account, id, alive }) {
   const fullSize = new FullSize();
   const snapshotPanel = h("section", { id: "provenance", class: "panel", "aria-labelledby": "provenance-title" },
     h("h2", { id: "provenance-title", text: "Provenance" }), h("p", { class: "muted", text: "Loading…" }));
+  const timelinePanel = h("section", { id: "timeline", class: "panel", "aria-labelledby": "timeline-title" },
+    h("h2", { id: "timeline-title", text: "Timeline" }), h("p", { class: "muted", text: "Loading…" }));
+  let timelineKey = null;
+  let timelineAt = 0;
+  let timelineTimer = null;
 
   const jobViews = new Map();
   const imageViews = new Map();
@@ -395,7 +453,31 @@ export async function runView({ main, account, id, alive }) {
     paintWaiting(run);
     paintJobs();
     paintImages();
+    paintTimeline();
     tick();
+  }
+
+  /** Reads the timeline again when a job changed state or lease (a claim, a lapse, an end),
+   * at most once per TIMELINE_REFRESH_MS. */
+  function paintTimeline() {
+    const key = detail.jobs.map((job) => `${job.job_id}:${job.state}:${job.generation}`).join(" ");
+    if (key === timelineKey || timelineTimer !== null) return;
+    const wait = Math.max(0, timelineAt + TIMELINE_REFRESH_MS - Date.now());
+    timelineTimer = setTimeout(() => {
+      timelineTimer = null;
+      if (stopped) return;
+      timelineKey = key;
+      timelineAt = Date.now();
+      timeline(runId).then(
+        (parts) => { if (!stopped) show(timelinePanel, parts); },
+        (error) => {
+          if (stopped) return;
+          if (error instanceof ApiError && error.status === 401) { stop(); sessionEnded(); return; }
+          show(timelinePanel, h("h2", { id: "timeline-title", text: "Timeline" }),
+            h("p", { class: "error", role: "alert", text: `The timeline could not be read: ${error.message}` }));
+        },
+      );
+    }, wait);
   }
 
   function schedule() {
@@ -537,6 +619,7 @@ export async function runView({ main, account, id, alive }) {
     stopped = true;
     clearInterval(ticker);
     clearTimeout(pollTimer);
+    clearTimeout(timelineTimer);
     if (socket) socket.close(1000, "page left");
     for (const view of imageViews.values()) forgetBoxes(view.layer);
     forgetBoxes(fullSize.layer);
@@ -646,6 +729,7 @@ export async function runView({ main, account, id, alive }) {
       jobList, jobsNote),
     h("section", { "aria-labelledby": "images-title" },
       h("h2", { id: "images-title", text: "Recent images" }), imagesNote, gallery),
+    timelinePanel,
     snapshotPanel,
     fullSize.node,
   );
