@@ -82,9 +82,9 @@ class PreviewServiceStub:
     data.yaml and the version's train/val split, COCO with the version's id in info) and the same bytes
     every time; `offset` resumes it (docs/datasets.md). Errors: NOT_FOUND (bucket, version),
     INVALID_ARGUMENT (format unset, bad filter, a filter with a version), FAILED_PRECONDITION reason
-    NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable), OUT_OF_RANGE
-    reason OFFSET_PAST_END (offset at or past the archive's end; metadata "total_bytes"), DATA_LOSS reason
-    IMAGE_CHANGED (an image's bytes no longer match their digest).
+    NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable),
+    INVALID_ARGUMENT reason OFFSET_PAST_END (HTTP 416: offset at or past the archive's end; metadata
+    "total_bytes"), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
     """
     GrantPreviewWrites: _grpc.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]
     """Grants the processor direct writes of its previews into object storage, so the bytes never pass
@@ -155,9 +155,9 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     data.yaml and the version's train/val split, COCO with the version's id in info) and the same bytes
     every time; `offset` resumes it (docs/datasets.md). Errors: NOT_FOUND (bucket, version),
     INVALID_ARGUMENT (format unset, bad filter, a filter with a version), FAILED_PRECONDITION reason
-    NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable), OUT_OF_RANGE
-    reason OFFSET_PAST_END (offset at or past the archive's end; metadata "total_bytes"), DATA_LOSS reason
-    IMAGE_CHANGED (an image's bytes no longer match their digest).
+    NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable),
+    INVALID_ARGUMENT reason OFFSET_PAST_END (HTTP 416: offset at or past the archive's end; metadata
+    "total_bytes"), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
     """
     GrantPreviewWrites: _aio.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]  # type: ignore[assignment]
     """Grants the processor direct writes of its previews into object storage, so the bytes never pass
@@ -255,9 +255,9 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
         data.yaml and the version's train/val split, COCO with the version's id in info) and the same bytes
         every time; `offset` resumes it (docs/datasets.md). Errors: NOT_FOUND (bucket, version),
         INVALID_ARGUMENT (format unset, bad filter, a filter with a version), FAILED_PRECONDITION reason
-        NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable), OUT_OF_RANGE
-        reason OFFSET_PAST_END (offset at or past the archive's end; metadata "total_bytes"), DATA_LOSS reason
-        IMAGE_CHANGED (an image's bytes no longer match their digest).
+        NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable),
+        INVALID_ARGUMENT reason OFFSET_PAST_END (HTTP 416: offset at or past the archive's end; metadata
+        "total_bytes"), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
         """
 
     @_abc_1.abstractmethod
