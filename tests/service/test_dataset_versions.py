@@ -17,7 +17,7 @@ from typing import cast
 
 import grpc
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 from pycocotools.coco import COCO
 
 from testbed.coordinator_world import error_reason
@@ -198,7 +198,7 @@ async def test_a_version_export_is_byte_identical_and_unaffected_by_later_review
     world: World,
 ) -> None:
     version = (await freeze(world)).version
-    made: dict[int, bytes] = {}
+    made: dict[run_pb2.DatasetFormat.ValueType, bytes] = {}
     for dataset_format in (COCO_FORMAT, YOLO_FORMAT):
         first, responses = await export_bytes(world, version.version_id, dataset_format)
         second, _ = await export_bytes(world, version.version_id, dataset_format)
