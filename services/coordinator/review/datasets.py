@@ -167,6 +167,17 @@ class DatasetsApi:
         self.db = db
         self.clock = clock
 
+    @staticmethod
+    def check_freezer(who: Principal) -> None:
+        """ScopeMissing unless `who` may freeze: `workshop` over every camera (a version is
+        the bucket's, not one camera's)."""
+        auth.require(who, ScopeName.WORKSHOP)
+        if auth.cameras_reached(who, ScopeName.WORKSHOP) is not None:
+            raise ScopeMissing(
+                "Freezing a dataset version needs the workshop scope over every camera; this "
+                "key is bound to some cameras.",
+            )
+
     async def freeze(
         self,
         who: Principal,
@@ -177,14 +188,8 @@ class DatasetsApi:
         val_fraction: float,
     ) -> tuple[VersionRow, bool]:
         """The version of the bucket's items matching `wanted` now, and whether this call
-        made it. Needs `workshop` over every camera: a version is the bucket's, not one
-        camera's."""
-        auth.require(who, ScopeName.WORKSHOP)
-        if auth.cameras_reached(who, ScopeName.WORKSHOP) is not None:
-            raise ScopeMissing(
-                "Freezing a dataset version needs the workshop scope over every camera; this "
-                "key is bound to some cameras.",
-            )
+        made it (`check_freezer` says who may)."""
+        self.check_freezer(who)
         if not bucket_id:
             raise InvalidField("bucket_id is required.", metadata={"field": "bucket_id"})
         wanted = (
@@ -289,6 +294,7 @@ class DatasetsApi:
     async def diff(
         self, who: Principal, from_id: str, to_id: str, after: str | None, limit: int
     ) -> Diff:
+        readable_cameras(who)  # the credential before the request's fields
         await self.get(who, check_version_id("from_version_id", from_id))
         await self.get(who, check_version_id("to_version_id", to_id))
         async with self.db.connection() as connection:

@@ -40,6 +40,7 @@ class DatasetServicer(dataset_pb2_grpc.DatasetServiceServicer):
         self, request: pb.CreateDatasetVersionRequest, context: Context
     ) -> pb.CreateDatasetVersionResponse:
         who = await self.who(context)
+        DatasetsApi.check_freezer(who)  # the credential before the request's fields
         wanted = views.item_filter(request.filter)
         name = check_name(request.name)
         val_fraction = check_split(
