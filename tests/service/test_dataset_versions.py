@@ -20,7 +20,9 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 from pycocotools.coco import COCO
 
+from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import error_reason
+from testbed.harness.gateway import GatewayHarness
 from tests.service.test_dataset_export import (
     COCO_FORMAT,
     CONFIRM,
@@ -378,3 +380,39 @@ async def test_resuming_refuses_what_it_cannot_resume(world: World) -> None:
     assert (await refused(filtered))[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
     unknown = pb.ExportBucketRequest(dataset_version_id="dv_" + "0" * 64, format=YOLO_FORMAT)
     assert (await refused(unknown))[0] == grpc.StatusCode.NOT_FOUND
+
+
+async def test_an_http_download_resumes_with_range(world: World, gateway: GatewayHarness) -> None:
+    agent = await gateway.agent(Grant(ScopeName.WORKSHOP))
+    made = await agent.post("/v1/workshop/buckets/yard/versions", json={"name": "http", "seed": 5})
+    assert made.status_code == 200, made.text
+    version_id = made.json()["version"]["version_id"]
+    url = f"/v1/workshop/versions/{version_id}/export"
+    whole = await agent.get(url, params={"format": "yolo"})
+    assert whole.status_code == 200, whole.text
+    assert whole.headers["accept-ranges"] == "bytes"
+    etag = whole.headers["etag"]
+    size = len(whole.content)
+    for start in (0, 1000, size - 10):
+        part = await agent.get(url, params={"format": "yolo"}, headers={"range": f"bytes={start}-"})
+        assert part.status_code == 206, part.text
+        assert part.headers["content-range"] == f"bytes {start}-{size - 1}/{size}"
+        assert part.content == whole.content[start:]
+    # If-Range of another representation: the whole archive
+    other = await agent.get(
+        url, params={"format": "yolo"}, headers={"range": "bytes=10-", "if-range": '"other"'}
+    )
+    assert other.status_code == 200
+    assert other.content == whole.content
+    same = await agent.get(
+        url, params={"format": "yolo"}, headers={"range": "bytes=10-", "if-range": etag}
+    )
+    assert same.status_code == 206
+    past = await agent.get(url, params={"format": "yolo"}, headers={"range": f"bytes={size}-"})
+    assert (past.status_code, past.json()["reason"]) == (416, "OFFSET_PAST_END")
+    closed = await agent.get(url, params={"format": "yolo"}, headers={"range": "bytes=0-99"})
+    assert (closed.status_code, closed.json()["reason"]) == (400, "INVALID_FIELD")
+    live = await agent.get(
+        "/v1/workshop/buckets/yard/export", params={"format": "yolo"}, headers={"range": "bytes=5-"}
+    )
+    assert (live.status_code, live.json()["reason"]) == (409, "NOT_RESUMABLE")
