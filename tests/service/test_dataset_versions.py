@@ -23,6 +23,7 @@ from pycocotools.coco import COCO
 from services.coordinator.identity.auth import Grant, ScopeName
 from testbed.coordinator_world import error_reason
 from testbed.harness.gateway import GatewayHarness
+from tests.cli_runner import workshop
 from tests.service.test_dataset_export import (
     COCO_FORMAT,
     CONFIRM,
@@ -416,3 +417,52 @@ async def test_an_http_download_resumes_with_range(world: World, gateway: Gatewa
         "/v1/workshop/buckets/yard/export", params={"format": "yolo"}, headers={"range": "bytes=5-"}
     )
     assert (live.status_code, live.json()["reason"]) == (409, "NOT_RESUMABLE")
+
+
+async def test_the_cli_freezes_compares_and_resumes_an_export(world: World, tmp_path: Path) -> None:
+    c, preview = world.c, f"127.0.0.1:{world.p.port}"
+    made = await workshop(
+        c, "-o", "json", "datasets", "freeze", "yard", "--name", "cli", "--seed", "3"
+    )
+    assert made.code == 0, made.err
+    version = json.loads(made.out)
+    assert version["created"] is True
+    again = await workshop(
+        c, "-o", "json", "datasets", "freeze", "yard", "--name", "x", "--seed", "3"
+    )
+    assert json.loads(again.out)["version_id"] == version["version_id"]
+    assert json.loads(again.out)["created"] is False
+    listed = await workshop(c, "-o", "json", "datasets", "list", "yard")
+    assert [v["version_id"] for v in json.loads(listed.out)] == [version["version_id"]]
+    shown = await workshop(c, "datasets", "show", version["version_id"])
+    assert shown.code == 0
+    assert "cli" in shown.out
+    await decide_differently(world)
+    later = json.loads(
+        (await workshop(c, "-o", "json", "datasets", "freeze", "yard", "--name", "v2")).out
+    )
+    diffed = await workshop(
+        c, "-o", "json", "datasets", "diff", version["version_id"], later["version_id"]
+    )
+    assert diffed.code == 0, diffed.err
+    assert json.loads(diffed.out)["counts"]["removed"] == 1
+    # a download broken off after 5,000 bytes: the same command resumes it
+    whole, _ = await export_bytes(world, version["version_id"], YOLO_FORMAT)
+    out = tmp_path / "v.tar"
+    (tmp_path / "v.tar.part").write_bytes(whole[:5000])
+    got = await workshop(
+        c,
+        "-o",
+        "json",
+        "--preview",
+        preview,
+        "datasets",
+        "export",
+        version["version_id"],
+        "--out",
+        str(out),
+    )
+    assert got.code == 0, got.err
+    assert json.loads(got.out)["resumed_at"] == 5000
+    assert out.read_bytes() == whole
+    assert not (tmp_path / "v.tar.part").exists()
