@@ -1,7 +1,7 @@
 """Exporting a bucket as a dataset (ExportBucket) through the preview service over real S3.
 
     .venv/bin/python -m bench.export [--items 100000 | --quick] [--format coco|yolo]
-                                     [--check]
+                                     [--check] [--version]
 
 Starts a throwaway Postgres cluster (the test harness's) with a migrated database,
 SeaweedFS (`weed mini`, data in a temporary directory), and the coordinator and the
@@ -26,6 +26,13 @@ the client only counting the bytes (`--check` also reads the whole archive back 
 tarfile, after the clock stops). Reported: items/s, MB/s of archive, CPU seconds of the
 preview service, the coordinator and SeaweedFS, and the preview service's peak RSS
 growth. The last line is `RESULT export_items_per_s=<x> export_peak_rss_mb=<y>`.
+
+`--version` (docs/datasets.md) first freezes the bucket into a dataset version
+(DatasetService.CreateDatasetVersion: the freeze's wall time is the figure, its target
+10 s for 100,000 items), exports the version instead of the live bucket, then resumes
+that export half-way (`offset`: the layout pass over every image's header, then the
+second half) and checks the two halves give the whole archive's bytes; the RESULT line
+adds `freeze_s=<x> resume_s=<y>`.
 Everything it starts is stopped on exit, also on error, Ctrl-C or SIGTERM.
 """
 
@@ -66,7 +73,7 @@ from testbed.harness.s3 import REGION, S3HarnessError, S3Server, running_s3_serv
 from workshop.kit.channels import open_channel
 from workshop.kit.object_keys import object_key
 from workshop.kit.server import run_event_loop
-from workshop.v1 import common_pb2, preview_pb2_grpc, run_pb2
+from workshop.v1 import common_pb2, dataset_pb2, dataset_pb2_grpc, preview_pb2_grpc, run_pb2
 from workshop.v1 import preview_pb2 as pb
 
 DATABASE = "bench_export"
@@ -117,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--format", choices=sorted(FORMATS), default="coco")
     parser.add_argument("--check", action="store_true", help="read the archive back")
+    parser.add_argument(
+        "--version", action="store_true", help="freeze a dataset version and export it"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.items = QUICK_ITEMS
@@ -137,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dsn = create_migrated_database(cluster, DATABASE)
             s3.client().make_bucket(BUCKET)
             try:
-                rate, peak_mb = run_event_loop(_bench(dsn, s3, Path(scratch), args))
+                rate, peak_mb, extra = run_event_loop(_bench(dsn, s3, Path(scratch), args))
             except asyncio.CancelledError:  # SIGTERM while the loop ran
                 raise SystemExit(128 + signal.SIGTERM) from None
     except PostgresUnavailable as unavailable:
@@ -146,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except S3HarnessError as problem:
         say(f"cannot start SeaweedFS: {problem}")
         return 2
-    say(f"RESULT export_items_per_s={rate:.1f} export_peak_rss_mb={peak_mb:.1f}")
+    more = "".join(f" {name}={value:.2f}" for name, value in extra.items())
+    say(f"RESULT export_items_per_s={rate:.1f} export_peak_rss_mb={peak_mb:.1f}{more}")
     return 0
 
 
@@ -160,7 +171,7 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 async def _bench(
     dsn: str, s3: S3Server, scratch: Path, args: argparse.Namespace
-) -> tuple[float, float]:
+) -> tuple[float, float, dict[str, float]]:
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
@@ -172,7 +183,78 @@ async def _bench(
             f"setup: {args.items:,} items ({sum(len(image) for image in images):,} bytes of "
             f"JPEG in S3) in {time.perf_counter() - began:.1f} s; services as their own processes"
         )
-        return await _export(services, s3, args, images)
+        extra: dict[str, float] = {}
+        version_id = ""
+        if args.version:
+            version_id, extra["freeze_s"] = await _freeze(c, args.items)
+        rate, growth = await _export(services, s3, args, images, version_id)
+        if version_id:
+            extra["resume_s"] = await _resume(services, args, version_id)
+        return rate, growth, extra
+
+
+async def _freeze(c: CoordinatorHarness, items: int) -> tuple[str, float]:
+    """Freezes the bucket (every item accepted) into a version; its id and the wall time."""
+    stub = dataset_pb2_grpc.DatasetServiceStub(c.channel)
+    began = time.perf_counter()
+    answer = await stub.CreateDatasetVersion(
+        dataset_pb2.CreateDatasetVersionRequest(bucket_id=DATASET, name="bench", seed=1),
+        metadata=c.admin,
+        timeout=120,
+    )
+    wall = time.perf_counter() - began
+    version = answer.version
+    if version.item_count != items:
+        raise AssertionError(f"froze {version.item_count} items of {items}")
+    say()
+    say(
+        f"CreateDatasetVersion of {items:,} items: {wall:.2f} s wall (target 10 s at "
+        f"100,000); {version.train_count:,} train, {version.val_count:,} val, "
+        f"{version.box_count:,} boxes"
+    )
+    return version.version_id, wall
+
+
+async def _resume(services: SeparateServices, args: argparse.Namespace, version_id: str) -> float:
+    """The version's export whole, then from half-way: the same bytes; the resume's wall."""
+    channel = open_channel(f"127.0.0.1:{services.preview_port}", max_attempts=1)
+    md = services.coordinator.admin
+    try:
+        stub = preview_pb2_grpc.PreviewServiceStub(channel)
+        request = pb.ExportBucketRequest(dataset_version_id=version_id, format=FORMATS[args.format])
+        digest, size = hashlib.sha256(), 0
+        async for response in stub.ExportBucket(request, metadata=md):
+            size += len(response.data)
+            digest.update(response.data)
+        whole = digest.hexdigest()
+        half = size // 2 + 777  # in the middle of a member, whatever the layout
+        first = hashlib.sha256()
+        taken = 0
+        async for response in stub.ExportBucket(request, metadata=md):
+            piece = response.data[: max(0, half - taken)]
+            first.update(piece)
+            taken += len(response.data)
+            if taken >= half:
+                break
+        request.offset = half
+        began = time.perf_counter()
+        rest = 0
+        total = 0
+        async for response in stub.ExportBucket(request, metadata=md):
+            if response.HasField("total_bytes"):
+                total = response.total_bytes
+            first.update(response.data)
+            rest += len(response.data)
+        wall = time.perf_counter() - began
+    finally:
+        await channel.close()
+    if first.hexdigest() != whole or total != size:
+        raise AssertionError("the resumed archive differs from the whole one")
+    say(
+        f"  resumed at byte {half:,} of {size:,}: {rest:,} bytes in {wall:.2f} s wall "
+        "(layout from headers, then the second half); the same bytes as the whole archive"
+    )
+    return wall
 
 
 async def _fill_bucket(c: CoordinatorHarness, s3: S3Server, items: int) -> list[bytes]:
@@ -291,12 +373,18 @@ def _upload(s3: S3Server, keys: list[str], images: list[bytes]) -> None:
 
 
 async def _export(
-    services: SeparateServices, s3: S3Server, args: argparse.Namespace, images: list[bytes]
+    services: SeparateServices,
+    s3: S3Server,
+    args: argparse.Namespace,
+    images: list[bytes],
+    version_id: str = "",
 ) -> tuple[float, float]:
     preview_pid = services.preview_process.process.pid
     coordinator_pid = services.coordinator_process.process.pid
     weed_pid = s3.pid
     request = pb.ExportBucketRequest(bucket_id=DATASET, format=FORMATS[args.format])
+    if version_id:
+        request = pb.ExportBucketRequest(dataset_version_id=version_id, format=FORMATS[args.format])
     channel = open_channel(f"127.0.0.1:{services.preview_port}", max_attempts=1)
     try:
         stub = preview_pb2_grpc.PreviewServiceStub(channel)
@@ -323,7 +411,11 @@ async def _export(
     rate = exported / wall
     cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
     say()
-    say(f"ExportBucket ({args.format}) of {exported:,} items: {size:,} bytes in {chunks} chunks")
+    what = f"version {version_id[:15]}" if version_id else "the live bucket"
+    say(
+        f"ExportBucket ({args.format}, {what}) of {exported:,} items: {size:,} bytes in "
+        f"{chunks} chunks"
+    )
     say(
         f"  {wall:.2f} s wall: {rate:,.0f} items/s, {size / wall / 1e6:.1f} MB/s; "
         f"{cpu['preview'] / exported * 1e6:.0f} us preview CPU per item"

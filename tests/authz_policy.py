@@ -200,6 +200,13 @@ POLICY: dict[str, Rule] = {
     "/workshop.v1.WorkshopService/ListBucketItems": READ_FOOTAGE,
     "/workshop.v1.WorkshopService/RequestPhoto": WORKSHOP,
     "/workshop.v1.WorkshopService/GetPhoto": WORKSHOP,
+    # DatasetService: freezing needs `workshop` (over every camera); reading `workshop` or
+    # footage:read (a camera-bound key reads only versions of its cameras)
+    "/workshop.v1.DatasetService/CreateDatasetVersion": WORKSHOP,
+    "/workshop.v1.DatasetService/GetDatasetVersion": READ_FOOTAGE,
+    "/workshop.v1.DatasetService/ListDatasetVersions": READ_FOOTAGE,
+    "/workshop.v1.DatasetService/DiffDatasetVersions": READ_FOOTAGE,
+    "/workshop.v1.DatasetService/ListItemVersions": READ_FOOTAGE,
 }
 
 # The calls on a JobService.Session stream (SessionRequest's `call` fields): the stream's

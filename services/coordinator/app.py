@@ -25,6 +25,7 @@ from services.coordinator.platform.db import Database
 from services.coordinator.previews.publication import PublicationApi
 from services.coordinator.resources.gauges import RuntimeGauges
 from services.coordinator.resources.registry import Resources, check_grant_targets
+from services.coordinator.review.datasets import DatasetsApi
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.photos import PhotosApi
@@ -32,6 +33,7 @@ from services.coordinator.runs.runs import Runs, cancel_bucket_runs, cancel_work
 from services.coordinator.runs.scheduler import Scheduler
 from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
+from services.coordinator.servicers.datasets import DatasetServicer
 from services.coordinator.servicers.identity import IdentityServicer
 from services.coordinator.servicers.jobs import MAX_IMAGE_BYTES, JobServicer
 from services.coordinator.servicers.operator import OperatorServicer
@@ -41,6 +43,7 @@ from services.coordinator.workflows.documents import Workflows
 from workshop.kit.metrics import Cached, ScrapeCollector
 from workshop.kit.server import GrpcService, Worker
 from workshop.v1 import (
+    dataset_pb2_grpc,
     identity_pb2_grpc,
     jobs_pb2_grpc,
     operator_pb2_grpc,
@@ -150,7 +153,9 @@ def grpc_services(
         previews,
         max_image_bytes=max_image_bytes,
     )
-    publication = PublicationServicer(previews, reviews, authenticate)
+    datasets = DatasetsApi(db, clock)
+    publication = PublicationServicer(previews, reviews, authenticate, datasets)
+    dataset_service = DatasetServicer(datasets, authenticate)
     identity = IdentityServicer(
         authenticate, IdentityApi(db, clock, passwords, check_grant_targets, login_limits)
     )
@@ -183,5 +188,12 @@ def grpc_services(
             lambda server: publication_pb2_grpc.add_PublicationServiceServicer_to_server(
                 publication, server
             ),
+        ),
+        GrpcService(
+            "workshop.v1.DatasetService",
+            lambda server: dataset_pb2_grpc.add_DatasetServiceServicer_to_server(
+                dataset_service, server
+            ),
+            max_request_bytes=WORKSHOP_REQUEST_MAX_BYTES,
         ),
     ]

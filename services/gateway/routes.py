@@ -19,13 +19,14 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescri
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from workshop.v1 import identity_pb2, operator_pb2, preview_pb2, workshop_pb2
+from workshop.v1 import dataset_pb2, identity_pb2, operator_pb2, preview_pb2, workshop_pb2
 
 SERVICES = {
     "workshop": workshop_pb2.DESCRIPTOR.services_by_name["WorkshopService"],
     "operator": operator_pb2.DESCRIPTOR.services_by_name["OperatorService"],
     "identity": identity_pb2.DESCRIPTOR.services_by_name["IdentityService"],
     "preview": preview_pb2.DESCRIPTOR.services_by_name["PreviewService"],
+    "datasets": dataset_pb2.DESCRIPTOR.services_by_name["DatasetService"],
 }
 API, V1 = "api", "v1"
 JSON, IMAGE, TAR = "json", "image", "tar"
@@ -460,5 +461,66 @@ OPERATIONS: tuple[Operation, ...] = (
         "RevokeOwnKey",
         "keys",
         errors=(404,),
+    ),
+    # dataset versions (docs/datasets.md)
+    _op(
+        "createDatasetVersion",
+        "POST",
+        "/workshop/buckets/{bucket_id}/versions",
+        "datasets",
+        "CreateDatasetVersion",
+        "datasets",
+        body=True,
+        errors=(404,),
+    ),
+    _op(
+        "listDatasetVersions",
+        "GET",
+        "/workshop/buckets/{bucket_id}/versions",
+        "datasets",
+        "ListDatasetVersions",
+        "datasets",
+        query=PAGE,
+        errors=(404,),
+    ),
+    _op(
+        "getDatasetVersion",
+        "GET",
+        "/workshop/versions/{version_id}",
+        "datasets",
+        "GetDatasetVersion",
+        "datasets",
+        errors=(404,),
+    ),
+    _op(
+        "diffDatasetVersions",
+        "GET",
+        "/workshop/versions/{to_version_id}/diff",
+        "datasets",
+        "DiffDatasetVersions",
+        "datasets",
+        query={**PAGE, "from": "from_version_id"},
+        errors=(404,),
+    ),
+    _op(
+        "listItemVersions",
+        "GET",
+        "/workshop/items/{item_id}/versions",
+        "datasets",
+        "ListItemVersions",
+        "datasets",
+        query=PAGE,
+        errors=(404,),
+    ),
+    _op(
+        "exportDatasetVersion",
+        "GET",
+        "/workshop/versions/{dataset_version_id}/export",
+        "preview",
+        "ExportBucket",
+        "datasets",
+        query={"format": "format"},
+        errors=(404, 409, 416),
+        answer=TAR,
     ),
 )

@@ -26,6 +26,7 @@ from workshop.kit.status import status_of_reason, status_of_transport
 from workshop.kit.telemetry import client_interceptors
 from workshop.kit.tls import ClientTls
 from workshop.v1 import (
+    dataset_pb2_grpc,
     identity_pb2_grpc,
     operator_pb2_grpc,
     preview_pb2_grpc,
@@ -140,6 +141,7 @@ class Upstream:
         self.operator = operator_pb2_grpc.OperatorServiceStub(self._coordinator)
         self.identity = identity_pb2_grpc.IdentityServiceStub(self._coordinator)
         self.preview = preview_pb2_grpc.PreviewServiceStub(self._preview)
+        self.datasets = dataset_pb2_grpc.DatasetServiceStub(self._coordinator)
 
     def method(self, service: str, name: str) -> Any:
         return getattr(getattr(self, service), name)

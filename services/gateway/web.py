@@ -159,7 +159,7 @@ class Gateway:
             if operation.answer == IMAGE:
                 return await media.image(self.upstream, request, message, secret)  # type: ignore[arg-type]
             if operation.answer == TAR:
-                return await media.export(self.upstream, message, secret)  # type: ignore[arg-type]
+                return await media.export(self.upstream, message, secret, request)  # type: ignore[arg-type]
             answer = await self.upstream.call(operation.service, operation.rpc, message, secret)
             return JSONResponse(jsonmap.to_json(answer), headers={"Cache-Control": "no-store"})
 

@@ -64,3 +64,25 @@ class ImageNotExportable(errors.FailedPrecondition):
 
     def __init__(self, item_id: str, message: str) -> None:
         super().__init__(message, metadata={"item_id": item_id})
+
+
+class NotResumable(errors.FailedPrecondition):
+    """An offset (or a size) asked of an export that is not a dataset version's: the bucket
+    changes under a live export, so its bytes cannot be resumed."""
+
+    reason = "NOT_RESUMABLE"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, metadata={"field": field})
+
+
+class OffsetPastEnd(errors.InvalidArgument):
+    """A resumed export's offset is at or past the archive's end (HTTP 416)."""
+
+    reason = "OFFSET_PAST_END"
+
+    def __init__(self, offset: int, total: int) -> None:
+        super().__init__(
+            f"offset {offset} is at or past the end of the archive ({total} bytes).",
+            metadata={"field": "offset", "total_bytes": str(total)},
+        )

@@ -16,10 +16,19 @@ Memory stays flat at any bucket size:
 
 Pure apart from those temporary files: the caller reads the images; `add` checks that
 they are the bytes that were reviewed and JPEGs whose size the labels are scaled to.
+
+The archive is a deterministic function of its items (a dataset version's are frozen), so
+it can start at any byte (`start`, a resumed download): members that end before it are
+only counted, from their sizes (`add_known`: an image's byte size and, for COCO, its
+width and height, read from its header), and the bytes before it are left out of the
+chunks. Every tar header is written as tarfile's stream mode writes it (ustar, no owner
+names), so an archive is the same bytes whichever way it was made.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import json
 import re
@@ -29,13 +38,13 @@ import tempfile
 from collections import deque
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from services.preview.errors import ImageChanged, ImageNotExportable
 from services.preview.images import JPEG, ImageError, inspect_image
 from workshop.kit.hashing import sha256_hex
+from workshop.v1 import dataset_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub
-from workshop.v1 import run_pb2
 
 MIB = 1024 * 1024
 CHUNK_BYTES = MIB  # ExportBucketResponse.data: up to 1 MiB
@@ -46,29 +55,92 @@ FILE_MODE = 0o644
 # Item ids become file names: the coordinator's are "it_<hex>"; nothing else may reach a
 # path in the archive (no "/", no "..").
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# The split of a live export's items (a version's are frozen with the version's own seed
+# and fraction): the same function of the item id (`split_of`), seed 0, a fifth in val.
+LIVE_SEED = 0
+LIVE_VAL_FRACTION = 0.2
+BLOCK = tarfile.BLOCKSIZE
+RECORD = tarfile.RECORDSIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFacts:
+    """What laying out an image's members takes without its bytes."""
+
+    size: int  # bytes
+    width: int
+    height: int
+
+
+def split_of(item_id: str, seed: int, val_fraction: float) -> str:
+    """ "val" when the first 13 hex digits of SHA-256("<seed>:<item id>"), as a fraction of
+    16^13, are below val_fraction, else "train" (as the coordinator freezes a version)."""
+    digest = hashlib.sha256(f"{seed}:{item_id}".encode()).hexdigest()
+    return "val" if int(digest[:13], 16) < val_fraction * 16**13 else "train"
+
+
+def member_span(size: int) -> int:
+    """Bytes a member of `size` bytes takes in the archive: its header and padded data."""
+    return BLOCK + -(-size // BLOCK) * BLOCK
 
 
 class DatasetArchive:
     """The tar stream and the class list; COCO and YOLO say what goes into it."""
 
-    def __init__(self, bucket_id: str, classes: Sequence[str]) -> None:
+    def __init__(
+        self,
+        bucket_id: str,
+        classes: Sequence[str],
+        *,
+        version: dataset_pb2.DatasetVersion | None = None,
+        start: int = 0,
+    ) -> None:
         self.bucket_id = bucket_id
         self.classes = ClassList(classes)
+        self.version = version
         self.items = 0
-        self._tar = TarStream()
+        self._tar = TarStream(start)
         self._latest = 0  # newest frame time so far: the index's mtime
+
+    @property
+    def size(self) -> int:
+        """Bytes of the archive so far (the whole archive once finished)."""
+        return self._tar.position
 
     def add(self, item: pub.ExportItem, image: bytes) -> Iterator[bytes]:
         """Adds one item (checked, see `jpeg_size`); the archive's next full chunks."""
         width, height = jpeg_size(item, image)
+        self._add(item, io.BytesIO(image), ImageFacts(len(image), width, height))
+        return self._tar.chunks()
+
+    def skips(self, item: pub.ExportItem, facts: ImageFacts) -> bool:
+        """Whether the item's members all end before the archive's start (`add_known`
+        may add it without its bytes)."""
+        span = member_span(facts.size) + sum(member_span(n) for n in self._label_sizes(item))
+        return self._tar.position + span <= self._tar.start
+
+    def add_known(self, item: pub.ExportItem, facts: ImageFacts) -> None:
+        """Adds an item that `skips`: its members are counted, not written."""
+        self._add(item, None, facts)
+
+    def _add(self, item: pub.ExportItem, image: IO[bytes] | None, facts: ImageFacts) -> None:
         if SAFE_NAME.fullmatch(item.item_id) is None:
             raise ValueError(f"item id {item.item_id!r} cannot be a file name")
         mtime = item.frame_time.seconds
         self._latest = max(self._latest, mtime)
         self.items += 1
-        self._tar.add(f"images/{item.item_id}.jpg", io.BytesIO(image), len(image), mtime)
-        self._add_labels(item, width, height, mtime)
-        return self._tar.chunks()
+        self._tar.add(f"images/{item.item_id}.jpg", image, facts.size, mtime)
+        self._add_labels(item, facts.width, facts.height, mtime)
+
+    def _label_sizes(self, item: pub.ExportItem) -> list[int]:
+        """Sizes of the item's members besides its image."""
+        return []
+
+    def split(self, item: pub.ExportItem) -> str:
+        """The item's split: the version's, else the live default (LIVE_SEED)."""
+        if self.version is not None:
+            return item.split
+        return split_of(item.item_id, LIVE_SEED, LIVE_VAL_FRACTION)
 
     def finish(self) -> Iterator[bytes]:
         """Adds the index and closes the archive; every remaining chunk, the last shorter."""
@@ -100,24 +172,32 @@ class DatasetArchive:
 class CocoArchive(DatasetArchive):
     """images/<item id>.jpg for each item, then annotations.json (COCO object detection)."""
 
-    def __init__(self, bucket_id: str, classes: Sequence[str]) -> None:
-        super().__init__(bucket_id, classes)
+    def __init__(
+        self,
+        bucket_id: str,
+        classes: Sequence[str],
+        *,
+        version: dataset_pb2.DatasetVersion | None = None,
+        start: int = 0,
+    ) -> None:
+        super().__init__(bucket_id, classes, version=version, start=start)
         self._images = JsonArray()
         self._annotations = JsonArray()
 
     def _add_labels(self, item: pub.ExportItem, width: int, height: int, mtime: int) -> None:
         image_id = self.items
-        self._images.append(
-            {
-                "id": image_id,
-                "file_name": f"images/{item.item_id}.jpg",
-                "width": width,
-                "height": height,
-                "workshop_item_id": item.item_id,
-                "camera_id": item.camera_id,
-                "frame_time": item.frame_time.ToJsonString(),
-            }
-        )
+        entry: dict[str, Any] = {
+            "id": image_id,
+            "file_name": f"images/{item.item_id}.jpg",
+            "width": width,
+            "height": height,
+            "workshop_item_id": item.item_id,
+            "camera_id": item.camera_id,
+            "frame_time": item.frame_time.ToJsonString(),
+        }
+        if self.version is not None:
+            entry["workshop_split"] = item.split
+        self._images.append(entry)
         for box in item.boxes:
             # Pixels, unrounded: box * size divided by the size again gives back the float32.
             bbox = [box.x * width, box.y * height, box.w * width, box.h * height]
@@ -134,7 +214,22 @@ class CocoArchive(DatasetArchive):
             )
 
     def _add_index(self, mtime: int) -> None:
-        info = {"description": f"Workshop bucket {self.bucket_id}", "bucket_id": self.bucket_id}
+        info: dict[str, Any] = {
+            "description": f"Workshop bucket {self.bucket_id}",
+            "bucket_id": self.bucket_id,
+        }
+        if self.version is not None:
+            version = self.version
+            info = {
+                "description": f"Workshop dataset version {version.name!r} of bucket "
+                f"{self.bucket_id}",
+                "version": version.version_id,
+                "date_created": version.created_at.ToJsonString(),
+                "bucket_id": self.bucket_id,
+                "dataset_version_id": version.version_id,
+                "dataset_version_name": version.name,
+                "split": {"seed": version.seed, "val_fraction": version.val_fraction},
+            }
         categories = [{"id": n + 1, "name": name} for n, name in enumerate(self.classes.names)]
         head = f'{{"info":{_json(info)},"images":['.encode()
         middle = b'],"annotations":['
@@ -156,19 +251,77 @@ class CocoArchive(DatasetArchive):
 
 
 class YoloArchive(DatasetArchive):
-    """images/<item id>.jpg and labels/<item id>.txt for each item, then classes.txt."""
+    """images/<item id>.jpg and labels/<item id>.txt for each item, then the Ultralytics
+    index: train.txt and val.txt (the split's image paths), data.yaml, classes.txt."""
 
-    def _add_labels(self, item: pub.ExportItem, width: int, height: int, mtime: int) -> None:
-        lines = "".join(
+    def __init__(
+        self,
+        bucket_id: str,
+        classes: Sequence[str],
+        *,
+        version: dataset_pb2.DatasetVersion | None = None,
+        start: int = 0,
+    ) -> None:
+        super().__init__(bucket_id, classes, version=version, start=start)
+        self._lists = {"train": Lines(), "val": Lines()}
+
+    def _labels(self, item: pub.ExportItem) -> bytes:
+        return "".join(
             f"{self.classes.index(box.class_name)} {float32_text(box.x + box.w / 2)} "
             f"{float32_text(box.y + box.h / 2)} {float32_text(box.w)} {float32_text(box.h)}\n"
             for box in item.boxes
         ).encode()
+
+    def _label_sizes(self, item: pub.ExportItem) -> list[int]:
+        return [len(self._labels(item))]
+
+    def _add_labels(self, item: pub.ExportItem, width: int, height: int, mtime: int) -> None:
+        lines = self._labels(item)
         self._tar.add(f"labels/{item.item_id}.txt", io.BytesIO(lines), len(lines), mtime)
+        self._lists[self.split(item)].append(f"./images/{item.item_id}.jpg\n")
 
     def _add_index(self, mtime: int) -> None:
+        for split, lines in self._lists.items():
+            self._tar.add(f"{split}.txt", lines.reader(), lines.size, mtime)
+        data = self._data_yaml().encode()
+        self._tar.add("data.yaml", io.BytesIO(data), len(data), mtime)
         text = "".join(f"{name}\n" for name in self.classes.names).encode()
         self._tar.add("classes.txt", io.BytesIO(text), len(text), mtime)
+
+    def _data_yaml(self) -> str:
+        """Ultralytics' dataset file: the split lists, nc, names; the split stated."""
+        version = self.version
+        seed = version.seed if version else LIVE_SEED
+        fraction = version.val_fraction if version else LIVE_VAL_FRACTION
+        if version is not None:
+            title = (
+                f"# Workshop dataset version {version.version_id} ({_json(version.name)}) "
+                f"of bucket {self.bucket_id}.\n"
+            )
+        else:
+            title = (
+                f"# Workshop bucket {self.bucket_id} as it was when exported (not a frozen "
+                "version: freeze one for a dataset that stays the same).\n"
+            )
+        train, val = self._lists["train"].count, self._lists["val"].count
+        names = "".join(f"  {n}: {_json(name)}\n" for n, name in enumerate(self.classes.names))
+        return (
+            title + "# Train/val split, seeded: an item is in val when the first 13 hex digits "
+            'of SHA-256("<seed>:<item id>"),\n'
+            f"# as a fraction of 16^13, are below val_fraction. seed: {seed}, val_fraction: "
+            f"{fraction!r}; {train} train, {val} val images.\n"
+            "# No `path`: Ultralytics then takes this file's directory as the dataset root, "
+            "wherever the archive is extracted.\n"
+            "train: train.txt\n"
+            "val: val.txt\n"
+            f"nc: {len(self.classes.names)}\n"
+            "names:\n" + names
+        )
+
+    def close(self) -> None:
+        for lines in self._lists.values():
+            lines.close()
+        super().close()
 
 
 FORMATS: dict[int, type[DatasetArchive]] = {
@@ -179,10 +332,16 @@ SUFFIXES = {run_pb2.DATASET_FORMAT_COCO: "coco", run_pb2.DATASET_FORMAT_YOLO: "y
 
 
 def dataset_archive(
-    dataset_format: run_pb2.DatasetFormat.ValueType, bucket_id: str, classes: Sequence[str]
+    dataset_format: run_pb2.DatasetFormat.ValueType,
+    bucket_id: str,
+    classes: Sequence[str],
+    *,
+    version: dataset_pb2.DatasetVersion | None = None,
+    start: int = 0,
 ) -> DatasetArchive:
-    """The archive of `dataset_format` (COCO or YOLO), from the bucket's `classes` on."""
-    return FORMATS[dataset_format](bucket_id, classes)
+    """The archive of `dataset_format` (COCO or YOLO), from the bucket's `classes` on; a
+    version's (`version`) from byte `start` on."""
+    return FORMATS[dataset_format](bucket_id, classes, version=version, start=start)
 
 
 def jpeg_size(item: pub.ExportItem, image: bytes) -> tuple[int, int]:
@@ -273,6 +432,28 @@ class JsonArray:
         self._file.close()
 
 
+class Lines:
+    """Text lines in a spooled temporary file (YOLO's train.txt and val.txt)."""
+
+    def __init__(self) -> None:
+        self._file = _spooled()
+        self.count = 0
+        self.size = 0
+
+    def append(self, line: str) -> None:
+        data = line.encode()
+        self._file.write(data)
+        self.count += 1
+        self.size += len(data)
+
+    def reader(self) -> IO[bytes]:
+        self._file.seek(0)
+        return self._file
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class Joined:
     """Reads byte strings and files one after another, as one file (annotations.json)."""
 
@@ -293,33 +474,50 @@ class Joined:
         return bytes(out)
 
 
-class _ForgetfulTarFile(tarfile.TarFile):
-    """A TarFile that keeps no TarInfo of the members it wrote (nothing reads them when
-    writing a stream), so 100,000 items cost no memory once they are out."""
-
-    members: list[tarfile.TarInfo]
-
-    def addfile(self, tarinfo: tarfile.TarInfo, fileobj: Any = None) -> None:
-        super().addfile(tarinfo, fileobj)
-        self.members.clear()
+class Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class TarStream:
-    """An uncompressed ustar archive written in stream mode; its bytes come out in chunks."""
+    """An uncompressed ustar archive, written member by member as tarfile's stream mode
+    ("w|") writes it (header, data, padding to a block; two zero blocks and padding to a
+    record at the end), its bytes from `start` on coming out in chunks. Nothing of a
+    member is kept once written, so 100,000 items cost no memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: int = 0) -> None:
         self._spool = Spool()
-        self._tar = _ForgetfulTarFile.open(
-            fileobj=self._spool, mode="w|", format=tarfile.USTAR_FORMAT
-        )
+        self.start = start
+        self.position = 0  # bytes of the archive so far, the ones before `start` included
 
-    def add(self, name: str, data: Any, size: int, mtime: int) -> None:
-        """Writes one regular file of `size` bytes read from `data`."""
+    def add(self, name: str, data: Readable | None, size: int, mtime: int) -> None:
+        """Writes one regular file of `size` bytes read from `data`; None: a member that
+        ends before `start`, only counted."""
+        if data is None:
+            if self.position + member_span(size) > self.start:
+                raise ValueError(f"{name}: the bytes of a member after the start are needed")
+            self.position += member_span(size)
+            return
         info = tarfile.TarInfo(name)
         info.size = size
         info.mtime = mtime
         info.mode = FILE_MODE
-        self._tar.addfile(info, data)
+        self._emit(info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
+        left = size
+        while left:
+            piece = data.read(min(left, CHUNK_BYTES))
+            if not piece:
+                raise ValueError(f"{name}: {left} of its {size} bytes are missing")
+            self._emit(piece)
+            left -= len(piece)
+        self._emit(tarfile.NUL * (-size % BLOCK))
+
+    def _emit(self, data: bytes) -> None:
+        skip = self.start - self.position
+        self.position += len(data)
+        if skip <= 0:
+            self._spool.write(data)
+        elif skip < len(data):
+            self._spool.write(data[skip:])
 
     def chunks(self) -> Iterator[bytes]:
         """The full chunks written so far (the rest waits for more)."""
@@ -327,7 +525,8 @@ class TarStream:
 
     def close(self) -> Iterator[bytes]:
         """Ends the archive (end-of-archive blocks, padding); every remaining chunk."""
-        self._tar.close()
+        self._emit(tarfile.NUL * (2 * BLOCK))
+        self._emit(tarfile.NUL * (-self.position % RECORD))
         return self._spool.take(whole=True)
 
     def discard(self) -> None:
@@ -335,8 +534,8 @@ class TarStream:
 
 
 class Spool:
-    """A first-in first-out byte store: tarfile writes at its end and chunks are taken
-    from its front. In memory up to SPOOL_BYTES, in a temporary file beyond."""
+    """A first-in first-out byte store: the archive is written at its end and chunks are
+    taken from its front. In memory up to SPOOL_BYTES, in a temporary file beyond."""
 
     def __init__(self) -> None:
         self._file = _spooled()
@@ -369,16 +568,6 @@ class Spool:
         self._file = _spooled()
         self._file.write(rest)
         self._start, self._end = 0, len(rest)
-
-    # The rest of the file protocol tarfile asks of its fileobj; a stream only writes.
-    def read(self, size: int = -1) -> bytes:
-        raise io.UnsupportedOperation("the spool is written by tarfile, not read")
-
-    def tell(self) -> int:
-        return self._end
-
-    def seek(self, position: int) -> int:
-        raise io.UnsupportedOperation("the spool is written in order")
 
     def close(self) -> None:
         self._file.close()

@@ -111,3 +111,28 @@ def _sof_size(data: bytes, position: int, length: int) -> tuple[int, int]:
     if width == 0 or height == 0:
         raise ImageError(f"The JPEG has no decodable dimensions ({width}x{height}).")
     return width, height
+
+
+def jpeg_dimensions(prefix: bytes) -> tuple[int, int] | None:
+    """Width and height from the first bytes of a JPEG (its SOFn segment), without the
+    rest of it; None when they are not within `prefix` or it is no JPEG's start."""
+    if not prefix.startswith(JPEG_SOI):
+        return None
+    position = len(JPEG_SOI)
+    try:
+        while True:
+            marker, position = _next_marker(prefix, position)
+            if marker in MARKERS_STANDALONE:
+                continue
+            if position + 2 > len(prefix):
+                return None
+            (length,) = struct.unpack_from(">H", prefix, position)
+            if marker in MARKERS_SOF:
+                if position + length > len(prefix):
+                    return None
+                return _sof_size(prefix, position, length)
+            if marker == MARKER_SOS or length < 2:
+                return None
+            position += length
+    except ImageError:
+        return None

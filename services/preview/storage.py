@@ -224,6 +224,25 @@ class ObjectStore:
         except S3Error as error:
             raise ImageMissing("The image's bytes are missing from object storage.") from error
 
+    async def get_head(self, key: str, length: int) -> tuple[bytes, int]:
+        """The object's first `length` bytes (fewer when it is shorter) and its whole size;
+        ImageMissing when the store has no such object."""
+
+        def get() -> tuple[bytes, int]:
+            response = self._client.get_object(self.bucket, key, offset=0, length=length)
+            try:
+                data = response.read()
+                whole = response.headers.get("Content-Range", "").rpartition("/")[2]
+                return data, int(whole) if whole.isdigit() else len(data)
+            finally:
+                response.close()
+                response.release_conn()
+
+        try:
+            return await self._call(get)
+        except S3Error as error:
+            raise ImageMissing("The image's bytes are missing from object storage.") from error
+
     async def list_under(self, prefix: str) -> list[tuple[str, int]]:
         """Every object's key and size under `prefix`."""
 

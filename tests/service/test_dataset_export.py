@@ -317,8 +317,8 @@ async def test_a_yolo_export_has_normalized_lines_and_the_class_index(world: Wor
         archive = await export(world.p, world.c.admin, bucket, YOLO_FORMAT)
         expected = world.items(bucket)
         check_stream(archive, f"{bucket}-yolo.tar", len(expected))
-        assert archive.names[-1] == "classes.txt"
-        assert sorted(archive.names[:-1]) == sorted(
+        assert archive.names[-4:] == ["train.txt", "val.txt", "data.yaml", "classes.txt"]
+        assert sorted(archive.names[:-4]) == sorted(
             name for item in expected for name in (f"images/{item}.jpg", f"labels/{item}.txt")
         )
         classes = archive.files["classes.txt"].decode().splitlines()
@@ -471,8 +471,9 @@ async def test_an_empty_bucket_is_an_archive_with_only_its_index(
     index = json.loads(coco.files["annotations.json"])
     assert (index["images"], index["annotations"], index["categories"]) == ([], [], [])
     yolo = await export(p, c.admin, "lot", YOLO_FORMAT)
-    assert yolo.names == ["classes.txt"]
+    assert yolo.names == ["train.txt", "val.txt", "data.yaml", "classes.txt"]
     assert yolo.files["classes.txt"] == b""
+    assert yolo.files["train.txt"] == yolo.files["val.txt"] == b""
 
 
 async def test_exports_write_corrected_boxes_and_follow_item_decisions(world: World) -> None:

@@ -79,7 +79,15 @@ from testbed.review_world import (
 from tests.sweep.stack import table_digests
 from workshop.kit import jsonmap
 from workshop.kit.auth import bearer_metadata
-from workshop.v1 import common_pb2, identity_pb2, jobs_pb2, workshop_pb2
+from workshop.v1 import (
+    common_pb2,
+    dataset_pb2,
+    dataset_pb2_grpc,
+    identity_pb2,
+    jobs_pb2,
+    run_pb2,
+    workshop_pb2,
+)
 from workshop.v1 import operator_pb2 as op
 
 pytestmark = pytest.mark.timeout(120)
@@ -130,6 +138,8 @@ OWN_KEYS_API = statuses(" 401  401  401  401  403  403  403  200  401")
 # A key may not list, mint or revoke keys (only a website session may): the valid
 # Agent key of /v1 is refused too, so these /v1 routes never succeed for an Agent key.
 OWN_KEYS_V1 = statuses("  401  401  401  401  403  403  403  403  401")
+# Dataset versions of cam-a's items: a key of another camera is refused the version (403)
+VERSION_READ = statuses(" 401  401  401  401  403  403  403  200  401")
 # A write that names a stale revision: refused (409) only once the credential may make it.
 WORKSHOP_STALE = statuses("401  401  401  401  403  403  403  409  401")
 # A write that names what does not exist: 404 only once the credential may make it.
@@ -155,6 +165,7 @@ class Ids:
     sighting_id: str  # a sighting of run `full`, cam-a
     photo_id: str
     own_keys: dict[str, str]  # prefix -> a key of ada's to revoke
+    version_id: str = ""  # a dataset version of bucket yard (cam-a's items)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +216,14 @@ SESSION_GET_CHECKS: dict[str, Callable[[httpx.Response], None]] = {
     "valid": signed_in,
     "wrong_transport": never_signed_in,
 }
+
+
+def no_versions(answer: httpx.Response) -> None:
+    assert answer.json().get("versions", []) == [], answer.text
+
+
+def has_versions(answer: httpx.Response) -> None:
+    assert answer.json()["versions"], answer.text
 
 
 def no_items(answer: httpx.Response) -> None:
@@ -464,6 +483,53 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
                 no_scope="service",
                 checks={"footage_other_camera": no_images, "valid": has_images},
             ),
+            # dataset versions
+            Row(
+                "POST",
+                f"{w}/buckets/{{bucket_id}}/versions",
+                WORKSHOP,
+                f"{w}/buckets/yard/versions",
+                body={"name": f"authz {p}"},
+            ),
+            Row(
+                "GET",
+                f"{w}/buckets/{{bucket_id}}/versions",
+                FOOTAGE_LIST,
+                f"{w}/buckets/yard/versions",
+                no_scope="service",
+                checks={"footage_other_camera": no_versions, "valid": has_versions},
+            ),
+            Row(
+                "GET",
+                f"{w}/versions/{{version_id}}",
+                VERSION_READ,
+                f"{w}/versions/{ids.version_id}",
+                no_scope="service",
+            ),
+            Row(
+                "GET",
+                f"{w}/versions/{{to_version_id}}/diff",
+                VERSION_READ,
+                f"{w}/versions/{ids.version_id}/diff",
+                params=(("from", ids.version_id),),
+                no_scope="service",
+            ),
+            Row(
+                "GET",
+                f"{w}/items/{{item_id}}/versions",
+                VERSION_READ,
+                f"{w}/items/{ids.item_id}/versions",
+                no_scope="service",
+            ),
+            Row(
+                "GET",
+                f"{w}/versions/{{dataset_version_id}}/export",
+                VERSION_READ,
+                f"{w}/versions/{ids.version_id}/export",
+                params=(("format", "yolo"),),
+                no_scope="service",
+                checks={"valid": has_images},
+            ),
             # images
             Row(
                 "GET",
@@ -658,6 +724,18 @@ async def build(gateway: GatewayHarness) -> World:
         sighting_id=review.sightings[0].sighting_id,
         photo_id=photo.photo.photo_id,
         own_keys=own_keys,
+        version_id=(
+            await dataset_pb2_grpc.DatasetServiceStub(c.channel).CreateDatasetVersion(
+                dataset_pb2.CreateDatasetVersionRequest(
+                    bucket_id="yard",
+                    name="authz",
+                    filter=run_pb2.BucketItemFilter(
+                        review_states=[common_pb2.REVIEW_STATE_PENDING]
+                    ),
+                ),
+                metadata=md,
+            )
+        ).version.version_id,
     )
     return World(ids, secrets, {"leaving": await session_of(gateway, "ada")})
 

@@ -175,6 +175,19 @@ def explicit_calls(prefix: str, ids: Ids, runtime: str) -> dict[str, list[Explic
         "exportBucket": [
             Explicit(200, {"bucket_id": "yard"}, {"format": "yolo", "review_state": ["accepted"]})
         ],
+        "createDatasetVersion": [
+            Explicit(200, {"bucket_id": "yard"}, body={"name": f"openapi {prefix}", "seed": 3}),
+            Explicit(404, {"bucket_id": "nowhere"}, body={"name": "openapi"}),
+        ],
+        "listDatasetVersions": [Explicit(200, {"bucket_id": "yard"}, {"page_size": 5})],
+        "getDatasetVersion": [Explicit(200, {"version_id": ids.version_id})],
+        "diffDatasetVersions": [
+            Explicit(200, {"to_version_id": ids.version_id}, {"from": ids.version_id})
+        ],
+        "listItemVersions": [Explicit(200, {"item_id": ids.item_id})],
+        "exportDatasetVersion": [
+            Explicit(200, {"dataset_version_id": ids.version_id}, {"format": "coco"})
+        ],
         "getPreviewImage": [Explicit(200, {"run_id": "t", "item_id": ids.preview_id})],
         "getItemImage": [Explicit(200, {**full, "item_id": ids.item_id})],
         "requestPhoto": [

@@ -21,7 +21,7 @@ from services.preview.errors import ImageChanged, ImageNotExportable
 from services.preview.export import CHUNK_BYTES, dataset_archive, float32_text
 from testbed.harness.preview import jpeg_bytes, png_bytes
 from workshop.kit.hashing import sha256_hex
-from workshop.v1 import common_pb2, run_pb2
+from workshop.v1 import common_pb2, dataset_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub
 
 IMAGE = jpeg_bytes(64, 48, seed=7)
@@ -127,3 +127,63 @@ def test_float32_text_is_short_for_the_usual_values() -> None:
         "1",
         "0",
     ]
+
+
+def _tarfile_bytes(members: list[tuple[str, bytes, int]]) -> bytes:
+    """The archive as tarfile's stream mode writes it (the writer export.py matches)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data, mtime in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), mtime, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 2**31)), min_size=0, max_size=6),
+    st.data(),
+)
+def test_the_tar_stream_is_tarfiles_bytes_from_any_start(
+    sizes: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    """Byte for byte what tarfile writes, and from any start the same bytes' tail, the
+    members before the start only counted (no data)."""
+    members = [
+        (f"m/{n}.bin", bytes([n % 251]) * size, mtime) for n, (size, mtime) in enumerate(sizes)
+    ]
+    whole = _tarfile_bytes(members)
+    start = data.draw(st.integers(0, len(whole) - 1))
+    stream = export.TarStream(start)
+    chunks: list[bytes] = []
+    for name, body, mtime in members:
+        skipped = stream.position + export.member_span(len(body)) <= start
+        stream.add(name, None if skipped else io.BytesIO(body), len(body), mtime)
+        chunks.extend(stream.chunks())
+    chunks.extend(stream.close())
+    stream.discard()
+    assert stream.position == len(whole)
+    assert b"".join(chunks) == whole[start:]
+
+
+def test_a_versions_yolo_index_states_the_split() -> None:
+    version = dataset_pb2.DatasetVersion(
+        version_id="dv_" + "a" * 64, name="night", seed=7, val_fraction=0.5, classes=["car"]
+    )
+    chunks: list[bytes] = []
+    items = [item(n, "car") for n in range(20)]
+    for one in items:
+        one.split = export.split_of(one.item_id, 7, 0.5)
+    with dataset_archive(run_pb2.DATASET_FORMAT_YOLO, "yard", ["car"], version=version) as archive:
+        for one in items:
+            chunks.extend(archive.add(one, IMAGE))
+        chunks.extend(archive.finish())
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r:") as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    text = files["data.yaml"].decode()
+    assert "seed: 7, val_fraction: 0.5" in text
+    val = files["val.txt"].decode().splitlines()
+    assert sorted(val) == sorted(
+        f"./images/{one.item_id}.jpg" for one in items if one.split == "val"
+    )
+    assert 0 < len(val) < 20

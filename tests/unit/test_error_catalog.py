@@ -32,7 +32,7 @@ KINDS = [
     errors.NotImplementedYet,
 ]
 # What a client may be answered for bad input (anything else is a fault of ours).
-CLIENT_STATUSES = {400, 401, 403, 404, 405, 409, 413, 421, 422, 426, 429, 503}
+CLIENT_STATUSES = {400, 401, 403, 404, 405, 409, 413, 416, 421, 422, 426, 429, 503}
 
 
 def _error_classes() -> Iterator[type[errors.WorkshopError]]:

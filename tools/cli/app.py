@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from tools.cli import doctor, operator, recordings, runs, workflows
+from tools.cli import datasets, doctor, operator, recordings, runs, workflows
 from tools.cli.command import GlobalOptionsGroup, build
 from tools.cli.context import Options
 from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
@@ -40,6 +40,7 @@ app.add_typer(operator.models, name="models")
 app.add_typer(operator.keys, name="keys")
 app.add_typer(operator.users, name="users")
 app.add_typer(operator.buckets, name="buckets")
+app.add_typer(datasets.app, name="datasets")
 app.command("doctor")(doctor.doctor)
 
 

@@ -99,6 +99,8 @@ REASONS: dict[str, Status] = {
     "IMAGE_CORRUPTED": INTERNAL,
     "IMAGE_CHANGED": Status(_C.DATA_LOSS, 500),
     "IMAGE_NOT_JPEG": _PRECONDITION,
+    "NOT_RESUMABLE": _PRECONDITION,
+    "OFFSET_PAST_END": Status(_C.INVALID_ARGUMENT, 416),
     # the gateway's (HTTP only; docs/http-api.md)
     "MALFORMED_JSON": _BAD_REQUEST,
     "UNSUPPORTED_MEDIA_TYPE": _BAD_REQUEST,

@@ -274,13 +274,28 @@ class ExportBucketRequest(_message.Message):
     BUCKET_ID_FIELD_NUMBER: _builtins.int
     FORMAT_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
+    DATASET_VERSION_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    WITH_SIZE_FIELD_NUMBER: _builtins.int
     bucket_id: _builtins.str
     """Bucket id."""
     format: _run_pb2.DatasetFormat.ValueType
     """COCO or YOLO."""
+    dataset_version_id: _builtins.str
+    """Export a frozen dataset version instead of the bucket as it is now: the archive is the same bytes
+    every time (bucket_id empty or the version's bucket).
+    """
+    offset: _builtins.int
+    """Resume: the archive from this byte on, the bytes before it left out (a version's archive only; the
+    members before the offset are laid out from the images' headers, never read whole).
+    """
+    with_size: _builtins.bool
+    """A version's archive only: work out the archive's size first and send it in the first chunk's
+    total_bytes (reads the header of every image).
+    """
     @_builtins.property
     def filter(self) -> _run_pb2.BucketItemFilter:
-        """Which items; review_states empty means ACCEPTED only."""
+        """Which items; review_states empty means ACCEPTED only. Unset with dataset_version_id."""
 
     def __init__(
         self,
@@ -288,10 +303,13 @@ class ExportBucketRequest(_message.Message):
         bucket_id: _builtins.str = ...,
         format: _run_pb2.DatasetFormat.ValueType = ...,
         filter: _run_pb2.BucketItemFilter | None = ...,
+        dataset_version_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        with_size: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "filter", b"filter", "format", b"format"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "dataset_version_id", b"dataset_version_id", "filter", b"filter", "format", b"format", "offset", b"offset", "with_size", b"with_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -307,6 +325,7 @@ class ExportBucketResponse(_message.Message):
     FILE_NAME_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     """Next bytes of the archive (up to 1 MiB)."""
     file_name: _builtins.str
@@ -315,6 +334,10 @@ class ExportBucketResponse(_message.Message):
     """Last chunk only: true, with the number of items exported."""
     items: _builtins.int
     """Last chunk only: items exported."""
+    total_bytes: _builtins.int
+    """First chunk only, when asked for with with_size or resuming at an offset: the whole archive's size,
+    bytes (the offset included).
+    """
     def __init__(
         self,
         *,
@@ -322,12 +345,15 @@ class ExportBucketResponse(_message.Message):
         file_name: _builtins.str = ...,
         last: _builtins.bool = ...,
         items: _builtins.int = ...,
+        total_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_total_bytes", b"_total_bytes", "total_bytes", b"total_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file_name", b"file_name", "items", b"items", "last", b"last"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_total_bytes", b"_total_bytes", "data", b"data", "file_name", b"file_name", "items", b"items", "last", b"last", "total_bytes", b"total_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__total_bytes: _TypeAlias = _typing.Literal["total_bytes"]  # noqa: Y015
+    _WhichOneofArgType__total_bytes: _TypeAlias = _typing.Literal["_total_bytes", b"_total_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__total_bytes) -> _WhichOneofReturnType__total_bytes | None: ...
 
 Global___ExportBucketResponse: _TypeAlias = ExportBucketResponse  # noqa: Y015
 

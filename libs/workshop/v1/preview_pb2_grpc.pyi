@@ -78,8 +78,13 @@ class PreviewServiceStub:
     """Exports a bucket as a dataset: an uncompressed tar archive streamed in chunks, with the images and
     the labels in the requested format (relabels applied, rejected boxes left out). Accepted items only
     unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
-    exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
-    filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
+    exports only its cameras' items. With dataset_version_id the archive is the version's (YOLO with
+    data.yaml and the version's train/val split, COCO with the version's id in info) and the same bytes
+    every time; `offset` resumes it (docs/datasets.md). Errors: NOT_FOUND (bucket, version),
+    INVALID_ARGUMENT (format unset, bad filter, a filter with a version), FAILED_PRECONDITION reason
+    NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable),
+    INVALID_ARGUMENT reason OFFSET_PAST_END (HTTP 416: offset at or past the archive's end; metadata
+    "total_bytes"), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
     """
     GrantPreviewWrites: _grpc.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]
     """Grants the processor direct writes of its previews into object storage, so the bytes never pass
@@ -146,8 +151,13 @@ class PreviewServiceAsyncStub(PreviewServiceStub):
     """Exports a bucket as a dataset: an uncompressed tar archive streamed in chunks, with the images and
     the labels in the requested format (relabels applied, rejected boxes left out). Accepted items only
     unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
-    exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
-    filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
+    exports only its cameras' items. With dataset_version_id the archive is the version's (YOLO with
+    data.yaml and the version's train/val split, COCO with the version's id in info) and the same bytes
+    every time; `offset` resumes it (docs/datasets.md). Errors: NOT_FOUND (bucket, version),
+    INVALID_ARGUMENT (format unset, bad filter, a filter with a version), FAILED_PRECONDITION reason
+    NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable),
+    INVALID_ARGUMENT reason OFFSET_PAST_END (HTTP 416: offset at or past the archive's end; metadata
+    "total_bytes"), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
     """
     GrantPreviewWrites: _aio.UnaryUnaryMultiCallable[_preview_pb2.GrantPreviewWritesRequest, _preview_pb2.GrantPreviewWritesResponse]  # type: ignore[assignment]
     """Grants the processor direct writes of its previews into object storage, so the bytes never pass
@@ -241,8 +251,13 @@ class PreviewServiceServicer(metaclass=_abc_1.ABCMeta):
         """Exports a bucket as a dataset: an uncompressed tar archive streamed in chunks, with the images and
         the labels in the requested format (relabels applied, rejected boxes left out). Accepted items only
         unless the filter names review states. The caller needs what ListBucketItems needs; a footage:read key
-        exports only its cameras' items. Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (format unset, bad
-        filter), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
+        exports only its cameras' items. With dataset_version_id the archive is the version's (YOLO with
+        data.yaml and the version's train/val split, COCO with the version's id in info) and the same bytes
+        every time; `offset` resumes it (docs/datasets.md). Errors: NOT_FOUND (bucket, version),
+        INVALID_ARGUMENT (format unset, bad filter, a filter with a version), FAILED_PRECONDITION reason
+        NOT_RESUMABLE (offset or with_size without a version: a live export is not immutable),
+        INVALID_ARGUMENT reason OFFSET_PAST_END (HTTP 416: offset at or past the archive's end; metadata
+        "total_bytes"), DATA_LOSS reason IMAGE_CHANGED (an image's bytes no longer match their digest).
         """
 
     @_abc_1.abstractmethod

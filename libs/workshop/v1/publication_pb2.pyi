@@ -28,6 +28,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from workshop.v1 import common_pb2 as _common_pb2
+from workshop.v1 import dataset_pb2 as _dataset_pb2
 from workshop.v1 import run_pb2 as _run_pb2
 import builtins as _builtins
 import sys
@@ -778,12 +779,17 @@ class ListExportItemsRequest(_message.Message):
     FILTER_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    DATASET_VERSION_ID_FIELD_NUMBER: _builtins.int
     bucket_id: _builtins.str
     """Bucket id."""
     page_size: _builtins.int
     """Items per page; 0 means 500, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response with the same bucket and filter; empty for the first page."""
+    dataset_version_id: _builtins.str
+    """A dataset version to list instead of the bucket's items as they are now: bucket_id empty or the
+    version's bucket, filter unset.
+    """
     @_builtins.property
     def filter(self) -> _run_pb2.BucketItemFilter:
         """Which items (review_states empty: every state; the preview service passes its default)."""
@@ -795,10 +801,11 @@ class ListExportItemsRequest(_message.Message):
         filter: _run_pb2.BucketItemFilter | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        dataset_version_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "filter", b"filter", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bucket_id", b"bucket_id", "dataset_version_id", b"dataset_version_id", "filter", b"filter", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -817,6 +824,7 @@ class ExportItem(_message.Message):
     FRAME_TIME_FIELD_NUMBER: _builtins.int
     REVIEW_STATE_FIELD_NUMBER: _builtins.int
     BOXES_FIELD_NUMBER: _builtins.int
+    SPLIT_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     """Item id."""
     object_key: _builtins.str
@@ -826,7 +834,9 @@ class ExportItem(_message.Message):
     camera_id: _builtins.str
     """Camera of the frame."""
     review_state: _common_pb2.ReviewState.ValueType
-    """Review state of the item."""
+    """Review state of the item; unset for a dataset version's items (frozen without it)."""
+    split: _builtins.str
+    """Items of a dataset version: "train" or "val", the split the version gave it; empty otherwise."""
     @_builtins.property
     def frame_time(self) -> _timestamp_pb2.Timestamp:
         """Presentation time of the frame (UTC)."""
@@ -845,10 +855,11 @@ class ExportItem(_message.Message):
         frame_time: _timestamp_pb2.Timestamp | None = ...,
         review_state: _common_pb2.ReviewState.ValueType = ...,
         boxes: _abc.Iterable[_common_pb2.Box] | None = ...,
+        split: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["frame_time", b"frame_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "camera_id", b"camera_id", "frame_time", b"frame_time", "item_id", b"item_id", "object_key", b"object_key", "review_state", b"review_state", "sha256", b"sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boxes", b"boxes", "camera_id", b"camera_id", "frame_time", b"frame_time", "item_id", b"item_id", "object_key", b"object_key", "review_state", b"review_state", "sha256", b"sha256", "split", b"split"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -863,6 +874,7 @@ class ListExportItemsResponse(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     CLASSES_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Token of the next page; empty on the last page."""
     @_builtins.property
@@ -872,8 +884,12 @@ class ListExportItemsResponse(_message.Message):
     @_builtins.property
     def classes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """On the first page: every class name the bucket's boxes carry after relabels, sorted (classes met
-        later that are not in it are added after it).
+        later that are not in it are added after it). For a version: the version's classes.
         """
+
+    @_builtins.property
+    def version(self) -> _dataset_pb2.DatasetVersion:
+        """First page of a version's items only: the version."""
 
     def __init__(
         self,
@@ -881,10 +897,11 @@ class ListExportItemsResponse(_message.Message):
         items: _abc.Iterable[Global___ExportItem] | None = ...,
         next_page_token: _builtins.str = ...,
         classes: _abc.Iterable[_builtins.str] | None = ...,
+        version: _dataset_pb2.DatasetVersion | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "items", b"items", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["classes", b"classes", "items", b"items", "next_page_token", b"next_page_token", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -191,7 +191,9 @@ class PublicationServiceServicer:
     def ListExportItems(self, request, context):
         """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
         WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
-        rejected boxes left out, relabels applied. Errors: as ListBucketItems.
+        rejected boxes left out, relabels applied. With dataset_version_id: the version's frozen items in its
+        order instead (the reader must be allowed the version, as DatasetService.GetDatasetVersion decides).
+        Errors: as ListBucketItems; NOT_FOUND (no such version), INVALID_ARGUMENT (a filter with a version).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

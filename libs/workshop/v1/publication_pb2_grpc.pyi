@@ -115,7 +115,9 @@ class PublicationServiceStub:
     ListExportItems: _grpc.UnaryUnaryMultiCallable[_publication_pb2.ListExportItemsRequest, _publication_pb2.ListExportItemsResponse]
     """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
     WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
-    rejected boxes left out, relabels applied. Errors: as ListBucketItems.
+    rejected boxes left out, relabels applied. With dataset_version_id: the version's frozen items in its
+    order instead (the reader must be allowed the version, as DatasetService.GetDatasetVersion decides).
+    Errors: as ListBucketItems; NOT_FOUND (no such version), INVALID_ARGUMENT (a filter with a version).
     """
 
 @_typing.type_check_only
@@ -186,7 +188,9 @@ class PublicationServiceAsyncStub(PublicationServiceStub):
     ListExportItems: _aio.UnaryUnaryMultiCallable[_publication_pb2.ListExportItemsRequest, _publication_pb2.ListExportItemsResponse]  # type: ignore[assignment]
     """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
     WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
-    rejected boxes left out, relabels applied. Errors: as ListBucketItems.
+    rejected boxes left out, relabels applied. With dataset_version_id: the version's frozen items in its
+    order instead (the reader must be allowed the version, as DatasetService.GetDatasetVersion decides).
+    Errors: as ListBucketItems; NOT_FOUND (no such version), INVALID_ARGUMENT (a filter with a version).
     """
 
 class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -308,7 +312,9 @@ class PublicationServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_publication_pb2.ListExportItemsResponse, _abc.Awaitable[_publication_pb2.ListExportItemsResponse]]:
         """A page of a bucket's items to export, for the on-behalf-of credential (who may list them exactly as
         WorkshopService.ListBucketItems decides), with where their bytes are and their boxes after review:
-        rejected boxes left out, relabels applied. Errors: as ListBucketItems.
+        rejected boxes left out, relabels applied. With dataset_version_id: the version's frozen items in its
+        order instead (the reader must be allowed the version, as DatasetService.GetDatasetVersion decides).
+        Errors: as ListBucketItems; NOT_FOUND (no such version), INVALID_ARGUMENT (a filter with a version).
         """
 
 def add_PublicationServiceServicer_to_server(servicer: PublicationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

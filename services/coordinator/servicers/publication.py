@@ -12,9 +12,11 @@ from services.coordinator.previews.publication import (
     PublicationApi,
     Sweep,
 )
-from services.coordinator.review.reviews import ReviewApi
+from services.coordinator.review.datasets import DatasetsApi
+from services.coordinator.review.reviews import FIRST_KEY, PageKey, ReviewApi
 from services.coordinator.servicers import views
 from services.coordinator.servicers.common import Authenticator, Context
+from services.coordinator.servicers.dataset_views import frozen_boxes, version
 from services.coordinator.servicers.views import (
     lease,
     preview_outcome,
@@ -35,10 +37,15 @@ OBJECT_KINDS = {common_pb2.OBJECT_KIND_PREVIEW: "preview", common_pb2.OBJECT_KIN
 
 class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     def __init__(
-        self, api: PublicationApi, reviews: ReviewApi, authenticate: Authenticator
+        self,
+        api: PublicationApi,
+        reviews: ReviewApi,
+        authenticate: Authenticator,
+        datasets: DatasetsApi | None = None,
     ) -> None:
         self.api = api
         self.review = reviews
+        self.datasets = datasets
         self.who = authenticate
 
     async def _callers(
@@ -198,6 +205,8 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         self, request: pb.ListExportItemsRequest, context: Context
     ) -> pb.ListExportItemsResponse:
         _, reader = await self._callers(context)
+        if request.dataset_version_id:
+            return await self._version_items(reader, request)
         wanted = views.item_filter(request.filter)
         scope = wanted.fingerprint(request.bucket_id)
         after = views.page_key(request.page_token, scope)
@@ -223,3 +232,54 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
             for box in page.boxes.get(row.item.item_id, ()):
                 views.fill_box_row(item.boxes.add(), box)
         return response
+
+    async def _version_items(
+        self, reader: Principal, request: pb.ListExportItemsRequest
+    ) -> pb.ListExportItemsResponse:
+        """A page of a dataset version's frozen items (docs/datasets.md), by ordinal."""
+        if self.datasets is None:
+            raise InvalidField("dataset versions are not served here")  # not reached: app.py
+        if request.HasField("filter"):
+            raise InvalidField(
+                "filter must be unset with dataset_version_id: a version's items are frozen.",
+                metadata={"field": "filter"},
+            )
+        scope = f"v{request.dataset_version_id[3:19]}"
+        key = views.page_key(request.page_token, scope)
+        after = _ordinal(key.item_id) if key else 0
+        limit = page_size(request.page_size, limits.EXPORT_PAGE)
+        row, items = await self.datasets.items(reader, request.dataset_version_id, after, limit + 1)
+        if request.bucket_id and request.bucket_id != row.bucket_id:
+            raise InvalidField(
+                f"Dataset version {row.version_id} is of bucket {row.bucket_id!r}, not "
+                f"{request.bucket_id!r}.",
+                metadata={"field": "bucket_id"},
+            )
+        more = len(items) > limit
+        items = items[:limit]
+        response = pb.ListExportItemsResponse(
+            next_page_token=views.page_token(
+                scope, PageKey(FIRST_KEY.frame_time, str(items[-1].ordinal)) if more else None
+            )
+        )
+        if after == 0:
+            response.classes.extend(row.classes)
+            response.version.CopyFrom(version(row))
+        for item in items:
+            response.items.add(
+                item_id=item.item_id,
+                object_key=item.object_key,
+                sha256=item.sha256,
+                camera_id=item.camera_id,
+                frame_time=convert.ts(item.frame_time),
+                boxes=frozen_boxes(item.boxes),
+                split=item.split,
+            )
+        return response
+
+
+def _ordinal(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidField("page_token is malformed.", metadata={"field": "page_token"}) from None
