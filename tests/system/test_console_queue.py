@@ -43,7 +43,9 @@ def sbox(class_name: str, x: float, score: float) -> common_pb2.Box:
     return common_pb2.Box(class_name=class_name, score=score, x=x, y=0.35, w=0.18, h=0.4)
 
 
-def scene(boxes: tuple[common_pb2.Box, ...], seed: int, width: int = 320, height: int = 180) -> bytes:
+def scene(
+    boxes: tuple[common_pb2.Box, ...], seed: int, width: int = 320, height: int = 180
+) -> bytes:
     """A JPEG of a plain yard (sky over ground) with a block where each box is: something
     a screenshot can show."""
     rng = np.random.default_rng(seed)
@@ -177,7 +179,9 @@ async def test_the_queue_is_ordered_filtered_decided_and_bulk_decided_with_the_k
     await page.locator("#f-class_name").focus()
     await page.keyboard.type("vehicle")
     await page.keyboard.press("Enter")
-    await expect(page).to_have_url(re.compile(r"#/queue/yard\?page_size=2&order=lowest_score&class_name=vehicle$"))
+    await expect(page).to_have_url(
+        re.compile(r"#/queue/yard\?page_size=2&order=lowest_score&class_name=vehicle$")
+    )
     await expect(page.get_by_role("heading", name="Review queue of yard")).to_be_focused()
     vehicles = await api_queue(api, order="lowest_score", class_name="vehicle")
     assert [round(q["score"], 2) for q in vehicles] == [0.6, 0.92, 0.97]
@@ -219,6 +223,7 @@ async def test_the_queue_is_ordered_filtered_decided_and_bulk_decided_with_the_k
     await expect(state).to_have_text("accepted")
     await expect(page.locator("#queue-status")).to_contain_text("Undone")
     assert (await stored())["review_state"] == "accepted"
+    await page.screenshot(path=str(screenshots / "queue.png"), full_page=True)
     await page.keyboard.press("u")
     await expect(page.locator("#queue-error")).to_contain_text("Cannot undo")
     assert (await stored())["review_state"] == "accepted"
@@ -234,7 +239,6 @@ async def test_the_queue_is_ordered_filtered_decided_and_bulk_decided_with_the_k
     await expect(
         row.locator(f"figure[data-item-id='{target['sighting']['item_ids'][0]}'] .thumb-edit")
     ).to_be_focused()
-    await page.screenshot(path=str(screenshots / "queue.png"), full_page=True)
 
     # bulk: every pending person sighting -> confirm, previewed first
     await page.goto("/#/queue/yard?class_name=person")
@@ -295,7 +299,9 @@ async def test_the_queue_is_ordered_filtered_decided_and_bulk_decided_with_the_k
     undo = page.locator("#bulk-undo")
     await expect(undo).to_be_focused()
     await page.keyboard.press("Enter")
-    await expect(page.locator("#bulk-undone")).to_contain_text(f"Undone: bulk action {action_id} by Ada")
+    await expect(page.locator("#bulk-undone")).to_contain_text(
+        f"Undone: bulk action {action_id} by Ada"
+    )
     again = await api_queue(api, class_name="person")
     assert [q["sighting"]["sighting_id"] for q in again] == [
         q["sighting"]["sighting_id"] for q in people[:-1]

@@ -89,7 +89,7 @@ export async function bucketsView(context) {
       button,
       h("span", { class: "item-caption" },
         h("span", { class: `state state-${item.review_state}`, text: item.review_state }),
-        ` ${item.camera_id} · ${utcTime(item.frame_time).slice(5)}`),
+        h("span", { class: "item-when", title: `${utcTime(item.frame_time)} UTC`, text: `${item.camera_id} ${utcTime(item.frame_time).slice(5)}` })),
     );
     drawBoxes(layer, shownBoxes(item));
     return node;
@@ -101,7 +101,7 @@ export async function bucketsView(context) {
     grid.replaceChildren(...shown.map(cell));
     const start = pageIndex * pageSize + 1;
     where.textContent = shown.length
-      ? `Page ${pageIndex + 1}: items ${start}–${start + shown.length - 1}${nextToken ? "" : " (the last page)"}.`
+      ? `Page ${pageIndex + 1}: items ${start} to ${start + shown.length - 1}${nextToken ? "" : " (the last page)"}.`
       : "No items match.";
     previous.disabled = pageIndex === 0;
     firstPage.disabled = pageIndex === 0;
