@@ -1,14 +1,13 @@
 // The buckets (#/buckets: each with its counts, its browser and its review queue) and a
 // bucket's browser (#/buckets/<bucket_id>?state=...&class_name=...): a grid of its items,
 // a page of 200 at a time (GET /api/workshop/buckets/{id}/items, oldest frame first), each
-// a thumbnail with its boxes after review drawn (boxes.js). Paging is by the listing's
+// a thumbnail with its boxes after review drawn (their classes in its caption). Paging is by the listing's
 // keyset token, never an offset: Next page asks for the page after the last token, and a
 // stack of the tokens seen serves Previous page, so page 5,000 costs what page 1 does and
 // only one page is ever in the DOM. The grid is one tab stop; arrows move in it, Home and
 // End go to its ends, Enter opens the item in the item editor (full size, its history:
 // result → corrections → decisions). The filters live in the URL (filters.js).
 import { api, ApiError, currentSession } from "./api.js";
-import { drawBoxes, forgetBoxes } from "./boxes.js";
 import { h, show } from "./dom.js";
 import { apiQuery, classesOfRun, describeFilter, filterForm, ITEM_FIELDS, listBuckets } from "./filters.js";
 import { ItemEditor } from "./item_editor.js";
@@ -44,6 +43,15 @@ function itemWords(item) {
     `${classes.length ? `, ${classes.join(", ")}` : ", no boxes"}${marks.length ? ` (${marks.join(", ")})` : ""}`;
 }
 
+/** For bench/bucket_browser.py: `bucket-page` from asking for a page to its items in the
+ * DOM, `bucket-page-painted` to the task after the next frame (styled, laid out, painted). */
+function measured(started) {
+  performance.measure("bucket-page", { start: started, end: performance.now() });
+  requestAnimationFrame(() => setTimeout(() => {
+    performance.measure("bucket-page-painted", { start: started, end: performance.now() });
+  }));
+}
+
 export async function bucketsView(context) {
   if (!context.id) return listView(context);
   const { main, account, id: bucketId, params, alive } = context;
@@ -60,18 +68,33 @@ export async function bucketsView(context) {
   const next = h("button", { type: "button", id: "next-page", class: "secondary", text: "Next page", onclick: () => turn(1) });
   const firstPage = h("button", { type: "button", id: "first-page", class: "secondary", text: "First page", onclick: () => turn(0) });
   const editor = new ItemEditor();
-  const tokens = [""]; // tokens[n]: the token of page n+1 (the first page's is empty)
+  // `page` in the URL: start at that listing token (a link to a position deep in the
+  // bucket); pages are then counted from there.
+  let startToken = params.get("page") || "";
+  const tokens = [startToken]; // tokens[n]: the token of page n+1 (the first page's is empty)
   let pageIndex = 0;
   let nextToken = "";
   let shown = []; // the page's items
   let focused = 0;
 
   async function fetchPage(token) {
-    return api("GET", `${bucketPath(bucketId)}/items?${query}`, { query: { page_size: pageSize, page_token: token } });
+    const asked = performance.now();
+    const page = await api("GET", `${bucketPath(bucketId)}/items?${query}`, { query: { page_size: pageSize, page_token: token } });
+    performance.measure("bucket-fetch", { start: asked, end: performance.now() });
+    return page;
   }
 
   function cell(item, index) {
-    const layer = h("span", { class: "boxes" });
+    // Outlines placed in percentages only: nothing here reads layout, so a page of 200
+    // costs one layout (boxes.js's labels, placed in pixels, are the full-size view's).
+    const layer = h("span", { class: "boxes" }, shownBoxes(item).map((box) => {
+      const outline = h("span", { class: "box" });
+      outline.style.left = `${box.x * 100}%`;
+      outline.style.top = `${box.y * 100}%`;
+      outline.style.width = `${box.w * 100}%`;
+      outline.style.height = `${box.h * 100}%`;
+      return outline;
+    }));
     const button = h(
       "button", {
         type: "button", class: "item-open", tabindex: index === focused ? "0" : "-1",
@@ -89,28 +112,33 @@ export async function bucketsView(context) {
       button,
       h("span", { class: "item-caption" },
         h("span", { class: `state state-${item.review_state}`, text: item.review_state }),
+        h("span", { class: "item-classes", text: [...new Set(shownBoxes(item).map((b) => b.class_name))].join(", ") || "no boxes" }),
         h("span", { class: "item-when", title: `${utcTime(item.frame_time)} UTC`, text: `${item.camera_id} ${utcTime(item.frame_time).slice(5)}` })),
     );
-    drawBoxes(layer, shownBoxes(item));
     return node;
   }
 
   function render() {
-    for (const layer of grid.querySelectorAll(".boxes")) forgetBoxes(layer);
     focused = Math.min(focused, Math.max(0, shown.length - 1));
     grid.replaceChildren(...shown.map(cell));
     const start = pageIndex * pageSize + 1;
+    const from = startToken ? " from the linked position" : "";
     where.textContent = shown.length
-      ? `Page ${pageIndex + 1}: items ${start} to ${start + shown.length - 1}${nextToken ? "" : " (the last page)"}.`
+      ? `Page ${pageIndex + 1}${from}: items ${start} to ${start + shown.length - 1}${nextToken ? "" : " (the last page)"}.`
       : "No items match.";
     previous.disabled = pageIndex === 0;
-    firstPage.disabled = pageIndex === 0;
+    firstPage.disabled = pageIndex === 0 && !startToken;
     next.disabled = !nextToken;
   }
 
   /** -1: the previous page, 1: the next, 0: the first. */
   async function turn(step) {
     const target = step === 0 ? 0 : pageIndex + step;
+    if (step === 0 && startToken) {
+      startToken = ""; // First page: the bucket's, not the linked one
+      tokens.length = 1;
+      tokens[0] = "";
+    }
     if (target < 0 || (step > 0 && !nextToken)) return;
     if (step > 0 && tokens.length <= target) tokens.push(nextToken);
     for (const button of [previous, next, firstPage]) button.disabled = true;
@@ -127,7 +155,7 @@ export async function bucketsView(context) {
       render();
       grid.querySelector("[tabindex='0']")?.focus({ preventScroll: true });
       window.scrollTo({ top: grid.offsetTop - 80 });
-      performance.measure("bucket-page", { start: started, end: performance.now() });
+      measured(started);
     } catch (error) {
       if (!alive()) return;
       if (error instanceof ApiError && error.status === 401) sessionEnded();
@@ -178,10 +206,7 @@ export async function bucketsView(context) {
         onChange: (changed) => {
           shown[index] = changed;
           const old = grid.children[index];
-          if (old) {
-            forgetBoxes(old.querySelector(".boxes"));
-            old.replaceWith(cell(changed, index));
-          }
+          if (old) old.replaceWith(cell(changed, index));
         },
       });
     } catch (error) {
@@ -191,7 +216,7 @@ export async function bucketsView(context) {
   }
 
   const started = performance.now();
-  const first = await fetchPage("");
+  const first = await fetchPage(startToken);
   if (!alive()) return;
   accountBar(account, session);
   shown = first.items;
@@ -230,6 +255,6 @@ export async function bucketsView(context) {
   );
   document.title = `Bucket ${bucketId} · Workshop`;
   heading.focus();
-  performance.measure("bucket-page", { start: started, end: performance.now() });
+  measured(started);
   performance.mark("bucket-shown");
 }
