@@ -83,6 +83,10 @@ async def test_a_bucket_is_browsed_page_by_page_and_an_item_opened_with_the_keyb
         r"/api/workshop/runs/r[12]/items/[^/]+/image",
         await first.locator("img").get_attribute("src") or "",
     )
+    await page.wait_for_function(  # every thumbnail (all in view) loaded, for the picture
+        "() => [...document.querySelectorAll('#item-grid img')]"
+        ".every((img) => img.complete && img.naturalWidth > 0)"
+    )
     await page.screenshot(path=str(screenshots / "buckets.png"), full_page=True)
     await no_sideways_scroll(page)
 
