@@ -61,7 +61,7 @@ async def test_a_bucket_is_browsed_page_by_page_and_an_item_opened_with_the_keyb
     assert [len(p) for p in pages] == [3, 3, 3, 2]
     problems = troubles(page)
 
-    # the header's Buckets link lists them; Browse yard opens its browser
+    # the header's Buckets link lists them; Browse items of yard opens its browser
     await page.goto("/#/buckets")
     await sign_in(page, "ada", PASSWORD)
     await expect(page.get_by_role("heading", name="Buckets", exact=True)).to_be_focused()
@@ -69,7 +69,7 @@ async def test_a_bucket_is_browsed_page_by_page_and_an_item_opened_with_the_keyb
         "11 items, 11 pending"
     )
     await no_sideways_scroll(page)
-    await page.get_by_role("link", name="Browse yard").focus()
+    await page.get_by_role("link", name="Browse items of yard").focus()
     await page.keyboard.press("Enter")
     await expect(page.get_by_role("heading", name="Bucket yard")).to_be_focused()
     await expect(page.locator("#item-grid li.item-cell")).to_have_count(11)

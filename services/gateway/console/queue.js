@@ -49,7 +49,7 @@ export function bucketList(buckets, id) {
       h("span", { class: "muted", text: `${bucket.images} items, ${bucket.pending} pending` }),
       h("span", { class: "bucket-links" },
         h("a", { href: `#/queue/${encodeURIComponent(bucket.bucket_id)}`, "aria-label": `Review queue of ${bucket.bucket_id}`, text: "Review queue" }),
-        h("a", { href: `#/buckets/${encodeURIComponent(bucket.bucket_id)}`, "aria-label": `Browse ${bucket.bucket_id}`, text: "Browse items" })),
+        h("a", { href: `#/buckets/${encodeURIComponent(bucket.bucket_id)}`, "aria-label": `Browse items of ${bucket.bucket_id}`, text: "Browse items" })),
     )),
   );
 }
@@ -218,7 +218,7 @@ export async function queueView(context) {
         h("span", { class: "sighting-class", text: sighting.class_name || "no detection" }),
         h("span", { class: "score", text: `score ${entry.score.toFixed(2)}` }),
         h("span", { class: "muted", text: `${sighting.camera_id} · ${timeSpan(sighting)} · ${plural(count, "item")}` }),
-        h("a", { href: `#/review/${encodeURIComponent(entry.run_id)}`, class: "run-link", tabindex: "-1", text: `run ${entry.run_id}` }),
+        h("a", { href: `#/review/${encodeURIComponent(entry.run_id)}`, class: "run-link", text: `run ${entry.run_id}` }),
         h("span", { class: `state state-${sighting.review_state}`, "data-state": sighting.review_state, text: stateText(sighting) }),
         sighting.decided_by
           ? h("span", { class: "muted decided-by", text: `by ${byline(sighting.decided_by, sighting.decided_at)}` })
