@@ -12,9 +12,12 @@ import { reviewView } from "./review.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
 import { summaryView } from "./summary.js";
+import { queueView } from "./queue.js";
+import { bucketsView } from "./buckets.js";
 
 const VIEWS = {
   login: loginView, runs: runsView, run: runView, review: reviewView, summary: summaryView,
+  queue: queueView, buckets: bucketsView,
 };
 
 const account = () => document.getElementById("account");

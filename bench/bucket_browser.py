@@ -1,0 +1,240 @@
+"""The bucket browser (#/buckets/<bucket>) in Chromium: one page of 200 items, asked for
+and drawn, at the start, the middle and the end of a large bucket.
+
+    .venv/bin/python -m bench.bucket_browser [--samples 50] [--quick] [--million]
+
+Set-up (timed, not measured), bench/review.py's world: a throwaway Postgres cluster, the
+coordinator as its own process, a full run over 10 cameras whose 100,000 items (one box
+each, 2,000 sightings) are inserted straight into bucket b00 and grouped with the commit
+path's code; `--million` adds bench/review.py's 90 more runs (1,000,000 items in 20
+buckets); `--quick` a tenth of b00. The gateway runs in this process (uvicorn, as the
+tests run it), in front of that coordinator; Chromium (Debian's /usr/bin/chromium,
+driven by Playwright) signs in with the login form. Thumbnails are answered by this
+process with one small JPEG (Playwright's routing), so the figures are the listing and
+the page, not the object store.
+
+Measured, `--samples` times each: the browser opened at a position (`#/buckets/b00?page=
+TOKEN`, the token of the item at 0 %, 50 % and 100 % - 200 of the bucket, made as the
+coordinator makes them), and Next page pressed from the middle. A figure is the page's
+own measure from asking for the page (GET .../items?page_size=200) to the task after the
+next frame once its 200 items are in the DOM (`bucket-page-painted`, buckets.js): API call,
+DOM, style, layout and paint. Target (2-core machine): p99 <= 100 ms at any depth. The last
+line is `RESULT bucket_page_p99_ms=<x> bucket_mid_page_p99_ms=<y> bucket_deep_page_p99_ms=<z>
+bucket_next_page_p99_ms=<w>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+from playwright.async_api import Page, Route, async_playwright
+
+from bench.results import result_line
+from bench.review import (
+    COORDINATOR_ENV,
+    FULL,
+    QUICK,
+    Scale,
+    _exit_on_sigterm,
+    _group,
+    _review_run,
+    _summary_runs,
+    _world,
+)
+from bench.stats import median, percentile
+from services.coordinator.review.reviews import ItemFilter, PageKey
+from services.coordinator.servicers.views import page_token
+from testbed.harness.browser import CHROMIUM, CHROMIUM_ARGS
+from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
+from testbed.harness.gateway import PASSWORD, running_gateway
+from testbed.harness.postgres import PostgresUnavailable, create_migrated_database, postgres_cluster
+from testbed.harness.preview import jpeg_bytes
+from tools.localstack.processes import running_service
+
+DATABASE = "bench_bucket_browser"
+BUCKET = "b00"
+PAGE = 200
+TARGET_MS = 100.0
+PAINTED = "bucket-page-painted"
+THUMB = jpeg_bytes(160, 90, seed=3)
+PARTS: list[list[float]] = []  # per page: the API call, and until the items are in the DOM
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.bucket_browser",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--samples", type=int, default=50, help="pages timed per figure")
+    parser.add_argument("--quick", action="store_true", help="10,000 items in the bucket")
+    parser.add_argument("--million", action="store_true", help="1,000,000 items in 20 buckets")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    if shutil.which(CHROMIUM) is None:
+        print(f"no Chromium at {CHROMIUM} (scripts/system-deps.sh installs it)")
+        return 2
+    scale = QUICK if args.quick else FULL
+    if not args.million:
+        scale = dataclasses.replace(scale, extra_runs=0)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with postgres_cluster() as cluster:
+            dsn = create_migrated_database(cluster, DATABASE)
+            figures = asyncio.run(_bench(dsn, scale, args.samples))
+    except PostgresUnavailable as unavailable:
+        print(f"cannot start a private Postgres cluster: {unavailable}")
+        return 2
+    print(
+        result_line(
+            {
+                "bucket_page_p99_ms": f"{figures['start']:.1f}",
+                "bucket_mid_page_p99_ms": f"{figures['middle']:.1f}",
+                "bucket_deep_page_p99_ms": f"{figures['end']:.1f}",
+                "bucket_next_page_p99_ms": f"{figures['next']:.1f}",
+            }
+        ),
+        flush=True,
+    )
+    return 1 if args.check and max(figures.values()) > TARGET_MS else 0
+
+
+async def _bench(dsn: str, scale: Scale, samples: int) -> dict[str, float]:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-browser-") as scratch,
+        running_service(
+            "services.coordinator",
+            {f"COORDINATOR_{key}": value for key, value in COORDINATOR_ENV.items()}
+            | {"COORDINATOR_DATABASE_URL": dsn},
+            Path(scratch) / "coordinator.log",
+        ) as (_, serving),
+    ):
+        async with coordinator_client(dsn, int(serving["port"])) as c:
+            tokens = await _setup(c, scale)
+            # the preview service is never asked: thumbnails are answered by the route
+            async with running_gateway(c, preview_port=9) as gateway:
+                await gateway.user("bench")
+                return await _measure(gateway.url, tokens, samples)
+
+
+async def _setup(c: CoordinatorHarness, scale: Scale) -> dict[str, str]:
+    began = time.perf_counter()
+    runtime = await _world(c, scale)
+    await _review_run(c, runtime, scale)
+    await _group(c)
+    print(f"setup: bucket {BUCKET} ({time.perf_counter() - began:.1f} s)", flush=True)
+    if scale.extra_runs:
+        began = time.perf_counter()
+        extra = await _summary_runs(c, runtime, scale)
+        print(f"setup: {extra:,} more items in other buckets ({time.perf_counter() - began:.1f} s)")
+    async with c.db.connection() as connection:
+        await connection.execute("VACUUM ANALYZE")
+        total = await connection.fetchval("SELECT count(*) FROM bucket_items")
+        size = await connection.fetchval(
+            "SELECT count(*) FROM bucket_items_current WHERE bucket_id = $1", BUCKET
+        )
+        print(f"data: {total:,} items, {size:,} in bucket {BUCKET}", flush=True)
+        scope = ItemFilter().fingerprint(BUCKET)
+        tokens = {"start": ""}
+        for name, depth in (("middle", size // 2), ("end", size - PAGE - 1)):
+            row = await connection.fetchrow(
+                "SELECT frame_time, item_id FROM bucket_items_current WHERE bucket_id = $1 "
+                "ORDER BY frame_time, item_id OFFSET $2 LIMIT 1",
+                BUCKET,
+                depth,
+            )
+            tokens[name] = page_token(scope, PageKey(row["frame_time"], row["item_id"]))
+    return tokens
+
+
+async def _thumb(route: Route) -> None:
+    await route.fulfill(status=200, body=THUMB, content_type="image/jpeg")
+
+
+async def _measure(url: str, tokens: dict[str, str], samples: int) -> dict[str, float]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = await browser.new_context(
+                base_url=url, viewport={"width": 1280, "height": 900}
+            )
+            page = await context.new_page()
+            page.set_default_timeout(30_000)
+            await page.route("**/items/*/image", _thumb)
+            await page.goto("/#/login")
+            await page.get_by_label("User id").fill("bench")
+            await page.get_by_label("Password").fill(PASSWORD)
+            await page.get_by_role("button", name="Sign in").click()
+            await page.get_by_role("heading", name="Runs").wait_for()
+            timings: dict[str, list[float]] = {name: [] for name in (*tokens, "next")}
+            for _ in range(2):  # warm-up: modules parsed, connections open
+                for token in tokens.values():
+                    await _open(page, token)
+            for _ in range(samples):
+                for name, token in tokens.items():
+                    timings[name].append(await _open(page, token))
+            await _open(page, tokens["middle"])
+            for _ in range(samples):
+                timings["next"].append(await _next(page))
+        finally:
+            await browser.close()
+    print(
+        f"{'position':<10}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}"
+        f"   target p99 <= {TARGET_MS:.0f} ms"
+    )
+    print(
+        f"of which, p50: the API call {median([p[0] for p in PARTS]):.1f} ms, "
+        f"to the items in the DOM {median([p[1] for p in PARTS]):.1f} ms"
+    )
+    figures = {}
+    for name, values in timings.items():
+        figures[name] = percentile(values, 0.99)
+        print(f"{name:<10}{median(values):>10.1f}{figures[name]:>10.1f}{max(values):>10.1f}")
+    return figures
+
+
+async def _painted(page: Page) -> float:
+    await page.wait_for_function(
+        f"() => performance.getEntriesByName('{PAINTED}').length > 0", polling="raf"
+    )
+    duration: float = await page.evaluate(
+        f"() => performance.getEntriesByName('{PAINTED}')[0].duration"
+    )
+    parts = await page.evaluate(
+        "() => ['bucket-fetch', 'bucket-page']"
+        ".map((n) => performance.getEntriesByName(n)[0].duration)"
+    )
+    PARTS.append(parts)
+    cells = await page.locator("#item-grid li.item-cell").count()
+    assert cells == PAGE, f"a page of {PAGE} items, not {cells}"
+    return duration
+
+
+async def _open(page: Page, token: str) -> float:
+    """The browser opened at `token` (a new view: the callers never ask for the same
+    position twice in a row, so the hash changes every time)."""
+    await page.evaluate(
+        "(hash) => { performance.clearMeasures(); location.hash = hash; }",
+        f"#/buckets/{BUCKET}?page={quote(token, safe='')}" if token else f"#/buckets/{BUCKET}",
+    )
+    return await _painted(page)
+
+
+async def _next(page: Page) -> float:
+    await page.evaluate("() => performance.clearMeasures()")
+    await page.locator("#next-page").click()
+    return await _painted(page)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
