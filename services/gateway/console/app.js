@@ -6,15 +6,18 @@
 // when one did (that answer's `ended`, or any 401 later); a first visit gets it plainly.
 import { ApiError, SignedOut, Unreachable, checkSession } from "./api.js";
 import { h, show } from "./dom.js";
+import { editorView } from "./editor.js";
 import { loginView } from "./login.js";
 import { parseRoute, sessionEnded, toLogin } from "./nav.js";
 import { reviewView } from "./review.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
 import { summaryView } from "./summary.js";
+import { workflowsView } from "./workflows.js";
 
 const VIEWS = {
   login: loginView, runs: runsView, run: runView, review: reviewView, summary: summaryView,
+  workflows: workflowsView, workflow: editorView,
 };
 
 const account = () => document.getElementById("account");
@@ -28,6 +31,7 @@ async function render() {
   const alive = () => mine === generation;
   const { name, id, params } = parseRoute(window.location.hash);
   show(account());
+  main().removeAttribute("data-view");
   try {
     if (name !== "login") await checkSession();
     await VIEWS[name]({ main: main(), account: account(), id, params, alive });
