@@ -125,3 +125,113 @@ async def test_build_save_conflict_and_schedule_in_the_editor(
     assert steps["output"]["output"] == {"bucket_id": "yard"}
     assert saved["spec"]["graph"]["edges"] == DEMO_EDGES
     await page.screenshot(path=str(screenshots / "editor.png"), full_page=True)
+
+    # Keyboard: a step moves with the arrow keys, and Delete removes it with its edges.
+    await add(page, "model")  # after the selected step, the rule (on its MATCH branch)
+    extra = node(page, "model-2")
+    await expect(extra).to_be_focused()
+    before = await extra.bounding_box()
+    await page.keyboard.press("ArrowDown")
+    await page.keyboard.press("Shift+ArrowRight")
+    after = await extra.bounding_box()
+    assert before is not None and after is not None
+    assert (after["x"] - before["x"], after["y"] - before["y"]) == (50, 10)
+    await expect(extra.locator(".node-problem")).to_contain_text(["has no outgoing edge"])
+    await page.keyboard.press("Delete")
+    await expect(extra).to_have_count(0)
+    await expect(page.locator("#save-state")).to_have_text("All changes saved")
+
+    # A stale save: a second page saves first; this one is offered a choice.
+    other = await page.context.new_page()
+    await other.goto("/#/workflow/yard-watch")
+    await other.get_by_label("Name", exact=True).fill("Yard watch (theirs)")
+    await other.get_by_role("button", name="Save", exact=True).click()
+    await expect(other.locator("#editor-state")).to_contain_text("Revision 2")
+    await node(page, "rule").click()
+    await page.get_by_label("Minimum score").fill("0.7")
+    await page.get_by_role("button", name="Save", exact=True).click()
+    dialog = page.get_by_role("dialog", name="This workflow was saved meanwhile")
+    await expect(dialog).to_be_visible()
+    await expect(dialog).to_contain_text("You are editing revision 1; revision 2 was saved since.")
+    await dialog.get_by_role("button", name="See what changed").click()
+    await expect(dialog.locator("#conflict-list li")).to_contain_text(
+        ['Name: theirs "Yard watch (theirs)", yours "Yard watch".', 'Rule "rule": changed']
+    )
+    await page.screenshot(path=str(screenshots / "editor-conflict.png"))
+    assert (await ada.client.get("/api/workshop/workflows/yard-watch")).json()["workflow"][
+        "revision"
+    ] == 2  # nothing was overwritten
+    await dialog.get_by_role("button", name="Reload revision 2 (drop my changes)").click()
+    await expect(dialog).to_be_hidden()
+    await expect(page.get_by_label("Name", exact=True)).to_have_value("Yard watch (theirs)")
+    await expect(page.locator("#editor-state")).to_contain_text("Revision 2")
+
+    # The schedule, in a time zone; a zone that is not one is refused where it is typed.
+    await page.get_by_label("Time zone").fill("Mars/Olympus")
+    await expect(page.locator("#document-problems")).to_contain_text("Mars/Olympus")
+    await expect(page.get_by_label("Time zone")).to_have_attribute("aria-invalid", "true")
+    await page.get_by_label("Time zone").fill("Europe/Berlin")
+    await page.get_by_label("A full run every day at").check()
+    await page.get_by_label("Time of the daily run").fill("06:30")
+    await expect(page.locator("#validation")).to_have_text("No problems: the workflow is valid.")
+    await page.get_by_role("button", name="Save", exact=True).click()
+    await expect(page.locator("#editor-state")).to_contain_text("Revision 3")
+    saved = (await ada.client.get("/api/workshop/workflows/yard-watch")).json()["workflow"]
+    assert saved["spec"]["time_zone"] == "Europe/Berlin"
+    assert saved["spec"]["schedule"] == {"time_of_day": {"hours": 6, "minutes": 30, "seconds": 0}}
+
+    # Stale again (the second page still holds revision 2): this time saved as a copy.
+    await other.get_by_label("Name", exact=True).fill("Yard watch (mine)")
+    await other.get_by_role("button", name="Save", exact=True).click()
+    stale = other.get_by_role("dialog", name="This workflow was saved meanwhile")
+    await stale.get_by_role("button", name="Save mine as a copy").click()
+    await expect(stale.get_by_label("Id of the copy")).to_have_value("yard-watch-copy")
+    await stale.get_by_role("button", name="Save the copy").click()
+    await expect(stale).to_be_hidden()
+    assert other.url.endswith("#/workflow/yard-watch-copy")
+    copy = (await ada.client.get("/api/workshop/workflows/yard-watch-copy")).json()["workflow"]
+    assert (copy["revision"], copy["spec"]["name"]) == (1, "Yard watch (mine) (copy)")
+    original = (await ada.client.get("/api/workshop/workflows/yard-watch")).json()["workflow"]
+    assert original["revision"] == 3
+    await other.close()
+
+    # The workflows page lists both, with revision and schedule.
+    await page.get_by_role("link", name="Workflows").click()
+    row = page.locator("tr[data-workflow-id='yard-watch']")
+    await expect(row).to_contain_text("daily at 06:30 Europe/Berlin")
+    await expect(row.locator("td").nth(1)).to_have_text("3")
+    await page.screenshot(path=str(screenshots / "workflows.png"), full_page=True)
+
+
+async def check_phone_and_axe(page: Page) -> None:
+    assert await axe_violations(page) == []
+    await page.set_viewport_size(PHONE)
+    assert await sideways_overflow(page) == 0
+    assert await axe_violations(page) == []
+    await page.set_viewport_size({"width": 1280, "height": 800})
+
+
+async def test_the_workflows_page_and_the_editor_at_phone_width_and_by_axe(
+    gateway: GatewayHarness, gateway_world: World, page: Page
+) -> None:
+    await page.goto("/#/workflows")
+    await sign_in(page)
+    await expect(page.locator("tr[data-workflow-id='night']")).to_be_visible()
+    await check_phone_and_axe(page)
+    await page.get_by_role("link", name="yard watch").click()
+    await expect(page.get_by_role("heading", name="Workflow yard watch")).to_be_focused()
+    await expect(page.locator("#validation")).to_have_text("No problems: the workflow is valid.")
+    await node(page, "rule").click()
+    await check_phone_and_axe(page)
+    # With problems on a step and on an edge: a cycle's message is written on its edge.
+    await page.get_by_label("Minimum score").fill("2")
+    await expect(node(page, "rule").locator(".node-problem")).to_contain_text(["has minimum score 2; use a value from 0 to 1."])
+    await page.get_by_label("Branch").select_option("match")
+    await page.get_by_label("Connect to").select_option("detect")
+    await page.get_by_role("button", name="Connect", exact=True).click()
+    note = page.locator(".edge-note")
+    await expect(note).to_contain_text("cycle")
+    await note.click()
+    await expect(page.locator("#panel-title")).to_have_text(re.compile(r"^Edge (detect → rule|rule → detect \(match\))$"))
+    await expect(page.locator("#step-panel .panel-problems")).to_contain_text("cycle")
+    await check_phone_and_axe(page)
