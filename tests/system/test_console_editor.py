@@ -235,3 +235,65 @@ async def test_the_workflows_page_and_the_editor_at_phone_width_and_by_axe(
     await expect(page.locator("#panel-title")).to_have_text(re.compile(r"^Edge (detect → rule|rule → detect \(match\))$"))
     await expect(page.locator("#step-panel .panel-problems")).to_contain_text("cycle")
     await check_phone_and_axe(page)
+
+
+@pytest.mark.triton
+async def test_a_test_run_from_the_editor_completes_on_its_live_page(
+    gateway: GatewayHarness,
+    preview: PreviewHarness,
+    triton_server: TritonServer,
+    tmp_path: Path,
+    page: Page,
+) -> None:
+    c = gateway.c
+    world = await build_world(c, preview, triton_server, tmp_path)
+    await gateway.user("ada")
+    ada = await gateway.login("ada")
+    dialogs: list[str] = []
+
+    async def answer(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        await dialog.dismiss()  # Run full is asked for, then declined
+
+    page.on("dialog", answer)
+    await page.goto("/#/workflows")
+    await sign_in(page)
+    await expect(page.locator("#workflows-empty")).to_be_visible()
+    await build_demo_workflow(page, "yard-watch", ["cam-a", "cam-b"], ["person", "vehicle"], "2")
+    await node(page, "model").click()
+    await expect(page.get_by_label("Model", exact=True)).to_have_value(world.model)
+    # Not saved yet: the page cannot choose a runtime before the workflow exists.
+    await expect(page.locator("#editor-runtime")).to_have_text(
+        "Runtime: chosen once the workflow is saved."
+    )
+
+    # Run full asks first, naming the bucket; declined, nothing is saved or created.
+    async with page.expect_event("dialog"):
+        await page.get_by_role("button", name="Run full…").click()
+    assert "saved into bucket yard" in dialogs[0], dialogs
+    assert "Your changes are saved first." in dialogs[0], dialogs
+    missing = await ada.client.get("/api/workshop/workflows/yard-watch")
+    assert missing.status_code == 404, missing.text
+
+    async with running_processor(c, preview, triton_server, world.runtime_id):
+        await page.get_by_label("Test images").fill("4")
+        await page.get_by_role("button", name="Run test").click()  # saves first
+        await expect(page).to_have_url(re.compile(r"#/run/yard-watch-"))
+        run_id = page.url.split("#/run/")[1]
+        await expect(page.locator("#run-status")).to_have_text("completed", timeout=60_000)
+    saved = (await ada.client.get("/api/workshop/workflows/yard-watch")).json()["workflow"]
+    assert saved["revision"] == 1
+    detail = (await ada.client.get(f"/api/workshop/runs/{run_id}")).json()["detail"]
+    run = detail["run"]
+    assert (run["mode"], run["workflow_revision"], run["runtime_id"], run["image_limit"]) == (
+        "test",
+        1,
+        world.runtime_id,
+        4,
+    )
+
+    # Back in the editor, the runtime the website's rule picks is named.
+    await page.goto("/#/workflow/yard-watch")
+    await expect(page.locator("#editor-runtime")).to_contain_text(
+        f"Runtime: {world.runtime_id} ("
+    )

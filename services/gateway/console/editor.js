@@ -536,5 +536,5 @@ export async function editorView({ main, account, id, alive }) {
   editor.heading.focus();
   performance.mark("workshop:editor-painted");
   editor.validate();
-  if (!editor.isNew) editor.runBar.chooseRuntime();
+  editor.runBar.chooseRuntime();
 }
