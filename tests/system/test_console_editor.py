@@ -124,6 +124,8 @@ async def test_build_save_conflict_and_schedule_in_the_editor(
     assert steps["rule"]["rule"]["class_names"] == ["person", "vehicle"]
     assert steps["output"]["output"] == {"bucket_id": "yard"}
     assert saved["spec"]["graph"]["edges"] == DEMO_EDGES
+    await page.get_by_role("button", name="Arrange the steps by depth").click()
+    await node(page, "input").click()
     await page.screenshot(path=str(screenshots / "editor.png"), full_page=True)
 
     # Keyboard: a step moves with the arrow keys, and Delete removes it with its edges.
