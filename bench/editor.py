@@ -46,8 +46,8 @@ from testbed.harness.browser import CHROMIUM, CHROMIUM_ARGS
 from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
 from testbed.harness.postgres import PostgresUnavailable, create_migrated_database, postgres_cluster
 from testbed.harness.processes import ServiceProcess, running_service
-from workshop.v1 import workflow_pb2
 from workshop.v1 import operator_pb2 as op
+from workshop.v1 import workflow_pb2
 from workshop.v1 import workshop_pb2 as ws
 
 WORKFLOW = "bench-50"
@@ -70,8 +70,9 @@ def fifty_steps() -> workflow_pb2.WorkflowSpec:
     """input → sample → detect; RULES rules after detect, each MATCH to its own output and
     NO_MATCH to one shared do-nothing: 50 steps, all valid."""
     spec = workflow_spec(cameras=("cam-a", "cam-b"))
-    steps = list(spec.graph.steps[:3]) + [
-        workflow_pb2.Step(step_id="drop", do_nothing=workflow_pb2.DoNothingStep())
+    steps = [
+        *spec.graph.steps[:3],
+        workflow_pb2.Step(step_id="drop", do_nothing=workflow_pb2.DoNothingStep()),
     ]
     edges = list(spec.graph.edges[:2])
     for i in range(RULES):
@@ -82,10 +83,16 @@ def fifty_steps() -> workflow_pb2.WorkflowSpec:
                 rule=workflow_pb2.RuleStep(class_names=["person"], min_score=0.5),
             )
         )
-        steps.append(workflow_pb2.Step(step_id=out, output=workflow_pb2.OutputStep(bucket_id="yard")))
+        steps.append(
+            workflow_pb2.Step(step_id=out, output=workflow_pb2.OutputStep(bucket_id="yard"))
+        )
         edges += [
-            workflow_pb2.Edge(from_step_id="detect", to_step_id=rule, branch=workflow_pb2.EDGE_BRANCH_NEXT),
-            workflow_pb2.Edge(from_step_id=rule, to_step_id=out, branch=workflow_pb2.EDGE_BRANCH_MATCH),
+            workflow_pb2.Edge(
+                from_step_id="detect", to_step_id=rule, branch=workflow_pb2.EDGE_BRANCH_NEXT
+            ),
+            workflow_pb2.Edge(
+                from_step_id=rule, to_step_id=out, branch=workflow_pb2.EDGE_BRANCH_MATCH
+            ),
             workflow_pb2.Edge(
                 from_step_id=rule, to_step_id="drop", branch=workflow_pb2.EDGE_BRANCH_NO_MATCH
             ),
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     say("")
     say(f"{'figure':28} {'ms':>8} {'target':>8}")
     for name, value in figures.items():
-        target = TARGETS_MS.get(name.removesuffix("_ms"), None)
+        target = TARGETS_MS.get(name.removesuffix("_ms"))
         say(f"{name:28} {value:>8.1f} {'' if target is None else f'<= {target:.0f}':>8}")
     say(
         f"RESULT first_paint_ms={figures['first_paint_ms']:.0f} "

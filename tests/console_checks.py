@@ -8,10 +8,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from playwright.async_api import Page
+from playwright.async_api import Page, ViewportSize
 
 AXE = Path(__file__).resolve().parent / "assets" / "axe-core" / "axe.min.js"
-PHONE = {"width": 390, "height": 844}
+PHONE: ViewportSize = {"width": 390, "height": 844}
+DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 SERIOUS = ("serious", "critical")
 
 

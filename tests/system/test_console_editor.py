@@ -26,10 +26,10 @@ from playwright.async_api import Dialog, Page, expect
 
 from testbed.coordinator_world import World
 from testbed.harness.browser import needs_chromium
-from testbed.harness.gateway import PASSWORD, Browser, GatewayHarness
+from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
-from tests.console_checks import PHONE, axe_violations, sideways_overflow
+from tests.console_checks import DESKTOP, PHONE, axe_violations, sideways_overflow
 from tests.processor_world import build_world, running_processor
 
 pytestmark = [pytest.mark.timeout(180), needs_chromium]
@@ -136,7 +136,8 @@ async def test_build_save_conflict_and_schedule_in_the_editor(
     await page.keyboard.press("ArrowDown")
     await page.keyboard.press("Shift+ArrowRight")
     after = await extra.bounding_box()
-    assert before is not None and after is not None
+    assert before is not None
+    assert after is not None
     assert (after["x"] - before["x"], after["y"] - before["y"]) == (50, 10)
     await expect(extra.locator(".node-problem")).to_contain_text(["has no outgoing edge"])
     await page.keyboard.press("Delete")
@@ -210,7 +211,7 @@ async def check_phone_and_axe(page: Page) -> None:
     await page.set_viewport_size(PHONE)
     assert await sideways_overflow(page) == 0
     assert await axe_violations(page) == []
-    await page.set_viewport_size({"width": 1280, "height": 800})
+    await page.set_viewport_size(DESKTOP)
 
 
 async def test_the_workflows_page_and_the_editor_at_phone_width_and_by_axe(
@@ -227,14 +228,18 @@ async def test_the_workflows_page_and_the_editor_at_phone_width_and_by_axe(
     await check_phone_and_axe(page)
     # With problems on a step and on an edge: a cycle's message is written on its edge.
     await page.get_by_label("Minimum score").fill("2")
-    await expect(node(page, "rule").locator(".node-problem")).to_contain_text(["has minimum score 2; use a value from 0 to 1."])
+    await expect(node(page, "rule").locator(".node-problem")).to_contain_text(
+        ["has minimum score 2; use a value from 0 to 1."]
+    )
     await page.get_by_label("Branch").select_option("match")
     await page.get_by_label("Connect to").select_option("detect")
     await page.get_by_role("button", name="Connect", exact=True).click()
     note = page.locator(".edge-note")
     await expect(note).to_contain_text("cycle")
     await note.click()
-    await expect(page.locator("#panel-title")).to_have_text(re.compile(r"^Edge (detect → rule|rule → detect \(match\))$"))
+    await expect(page.locator("#panel-title")).to_have_text(
+        re.compile(r"^Edge (detect → rule|rule → detect \(match\))$")
+    )
     await expect(page.locator("#step-panel .panel-problems")).to_contain_text("cycle")
     await check_phone_and_axe(page)
 
@@ -296,6 +301,4 @@ async def test_a_test_run_from_the_editor_completes_on_its_live_page(
 
     # Back in the editor, the runtime the website's rule picks is named.
     await page.goto("/#/workflow/yard-watch")
-    await expect(page.locator("#editor-runtime")).to_contain_text(
-        f"Runtime: {world.runtime_id} ("
-    )
+    await expect(page.locator("#editor-runtime")).to_contain_text(f"Runtime: {world.runtime_id} (")
