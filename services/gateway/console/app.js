@@ -7,8 +7,10 @@
 import { ApiError, SignedOut, Unreachable, checkSession } from "./api.js";
 import { h, show } from "./dom.js";
 import { editorView } from "./editor.js";
+import { keysView } from "./keys.js";
 import { loginView } from "./login.js";
 import { parseRoute, sessionEnded, toLogin } from "./nav.js";
+import { modelsView, runtimesView } from "./resources.js";
 import { reviewView } from "./review.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
@@ -17,7 +19,7 @@ import { workflowsView } from "./workflows.js";
 
 const VIEWS = {
   login: loginView, runs: runsView, run: runView, review: reviewView, summary: summaryView,
-  workflows: workflowsView, workflow: editorView,
+  workflows: workflowsView, workflow: editorView, models: modelsView, runtimes: runtimesView, keys: keysView,
 };
 
 const account = () => document.getElementById("account");
