@@ -5,7 +5,7 @@
 // /api/workshop/keys/{id}, confirmed). A user may grant only those two scopes: processor
 // and admin keys are an operator's, and the page says so.
 import { ApiError, api, currentSession } from "./api.js";
-import { h, show } from "./dom.js";
+import { h, scrollBox, show } from "./dom.js";
 import { sessionEnded } from "./nav.js";
 import { accountBar, age } from "./runs.js";
 
@@ -52,7 +52,7 @@ export async function keysView({ main, account, alive }) {
     });
     list.replaceChildren(answer.keys.length === 0
       ? h("p", { id: "keys-empty", text: "You have no Agent keys yet." })
-      : h("div", { class: "table-scroll" }, h("table", { id: "keys" },
+      : scrollBox("Your Agent keys", h("table", { id: "keys" },
         h("caption", { text: "Your Agent keys, newest first" }),
         h("thead", {}, h("tr", {}, ["Name", "Key id", "Scope", "State", "Last used", "Action"].map((t) => h("th", { scope: "col", text: t })))),
         h("tbody", {}, rows))));

@@ -4,7 +4,7 @@
 // and which workflows use each model's "latest"). Registering runtimes and publishing
 // models are an operator's (admin keys, the `workshop` CLI); the pages say so.
 import { api, currentSession } from "./api.js";
-import { h, show } from "./dom.js";
+import { h, scrollBox, show } from "./dom.js";
 import { accountBar, age } from "./runs.js";
 import { kindOf } from "./workflow_graph.js";
 
@@ -23,7 +23,7 @@ function page(main, title, ...children) {
 }
 
 function table(id, caption, headings, rows) {
-  return h("div", { class: "table-scroll" }, h("table", { id },
+  return scrollBox(caption, h("table", { id },
     h("caption", { text: caption }),
     h("thead", {}, h("tr", {}, headings.map((title) => h("th", { scope: "col", text: title })))),
     h("tbody", {}, rows)));
@@ -52,7 +52,7 @@ export async function runtimesView({ main, account, alive }) {
       "operator's task (an admin key or `workshop runtimes register`): read-only here." }),
     answer.runtimes.length === 0
       ? h("p", { id: "runtimes-empty", text: "No runtime is registered yet." })
-      : table("runtimes", "Runtimes, newest check-in first", ["Runtime", "Device", "Engine", "Capabilities", "Last check-in", "Registered", "Code SHA-256"], rows));
+      : table("runtimes", "Runtimes, newest registration first", ["Runtime", "Device", "Engine", "Capabilities", "Last check-in", "Registered", "Code SHA-256"], rows));
 }
 
 /** Per model name, the workflows whose model steps name it: [{workflow, latest}]. */

@@ -5,7 +5,7 @@
 // mode (the API has no such filter: applied to the page of runs read). The newest page
 // refreshes itself every 5 s while the browser shows it.
 import { api, currentSession, signOut } from "./api.js";
-import { h, show } from "./dom.js";
+import { h, scrollBox, show } from "./dom.js";
 import { go, sessionEnded } from "./nav.js";
 import { runForm } from "./run_form.js";
 
@@ -116,7 +116,7 @@ function emptyText(filters, read) {
 function runsTable(filters, answer) {
   const runs = shown(answer.runs, filters.status, filters.mode);
   if (runs.length === 0) return h("p", { id: "runs-empty", text: emptyText(filters, answer.runs.length) });
-  return h("div", { class: "table-scroll" }, h(
+  return scrollBox("Runs", h(
     "table", { id: "runs" },
     h("caption", { text: caption(filters, runs.length, answer.runs.length) }),
     h("thead", {}, h("tr", {}, ...["Run", "Workflow", "Status", "Mode", "Jobs", "Slots", "Review", "Age"]

@@ -3,7 +3,7 @@
 // summary, GET /api/workshop/summary) and its schedule; each name opens the editor, and
 // New workflow opens an empty one.
 import { api, currentSession } from "./api.js";
-import { h, show } from "./dom.js";
+import { h, scrollBox, show } from "./dom.js";
 import { accountBar, age } from "./runs.js";
 import { clock } from "./workflow_graph.js";
 
@@ -34,7 +34,7 @@ export async function workflowsView({ main, account, alive }) {
   const create = h("a", { class: "button", id: "new-workflow", href: "#/workflow", text: "New workflow" });
   const list = answer.workflows.length === 0
     ? h("p", { id: "workflows-empty", text: "No workflows yet: start one with New workflow." })
-    : h("div", { class: "table-scroll" }, h("table", { id: "workflows" },
+    : scrollBox("Workflows", h("table", { id: "workflows" },
       h("caption", { text: "Workflows, most recently saved first" }),
       h("thead", {}, h("tr", {}, ["Name", "Id", "Revision", "Saved", "Last run", "Schedule"]
         .map((title) => h("th", { scope: "col", text: title })))),
