@@ -126,7 +126,9 @@ async def test_build_save_conflict_and_schedule_in_the_editor(
     assert saved["spec"]["graph"]["edges"] == DEMO_EDGES
     await page.get_by_role("button", name="Arrange the steps by depth").click()
     await node(page, "input").click()
+    await page.set_viewport_size({"width": 1680, "height": 1000})  # the whole graph in view
     await page.screenshot(path=str(screenshots / "editor.png"), full_page=True)
+    await page.set_viewport_size(DESKTOP)
 
     # Keyboard: a step moves with the arrow keys, and Delete removes it with its edges.
     await add(page, "model")  # after the selected step, the rule (on its MATCH branch)
