@@ -60,6 +60,32 @@ async def test_models_runtimes_and_keys_pages(
     await expect(model.get_by_text('Uses "latest"')).to_contain_text("yard watch")
     await check_phone_and_axe(page)
 
+    # Cameras: cam-a's two recordings (08:00-09:00, 09:00-10:00 on 2026-11-29) as one span.
+    await page.get_by_role("link", name="Cameras").click()
+    await expect(page.get_by_role("heading", name="cam-a on 2026-11-29 (UTC)")).to_be_visible()
+    await expect(page.locator("#coverage-covered")).to_have_text(
+        "Covered: 08:00:00 to 10:00:00 (cam-a-0, cam-a-1)"
+    )
+    await expect(page.locator("#coverage-gaps")).to_have_text(
+        "Gaps: 00:00:00 to 08:00:00; 10:00:00 to 24:00:00"
+    )
+    covered = page.locator(".timeline-covered")
+    await expect(covered).to_have_count(1)
+    assert (await covered.get_attribute("x"), await covered.get_attribute("width")) == (
+        "480",
+        "120",
+    )
+    await page.get_by_label("Camera", exact=True).select_option("cam-b")
+    await page.get_by_label("Day (UTC)").fill("2026-11-28")
+    await page.get_by_role("button", name="Show").click()
+    await expect(page.locator("#coverage-covered")).to_have_text("Covered: nothing")
+    await expect(page.get_by_role("link", name="2026-11-29")).to_be_visible()
+    await check_phone_and_axe(page)
+    # No processor ever checked in here: the photo is refused with the API's reason.
+    await page.get_by_role("link", name="2026-11-29").click()
+    await page.get_by_role("button", name="Take a photo").click()
+    await expect(page.locator("#photo-error")).not_to_be_empty()
+
     await page.get_by_role("link", name="Keys").click()
     await expect(page.locator("#keys-empty")).to_have_text("You have no Agent keys yet.")
     await page.get_by_label("Name").fill("laptop agent")

@@ -5,6 +5,7 @@
 // #/login, and back after signing in. The login page says "Your session has ended" only
 // when one did (that answer's `ended`, or any 401 later); a first visit gets it plainly.
 import { ApiError, SignedOut, Unreachable, checkSession } from "./api.js";
+import { camerasView } from "./cameras.js";
 import { h, show } from "./dom.js";
 import { editorView } from "./editor.js";
 import { keysView } from "./keys.js";
@@ -20,6 +21,7 @@ import { workflowsView } from "./workflows.js";
 const VIEWS = {
   login: loginView, runs: runsView, run: runView, review: reviewView, summary: summaryView,
   workflows: workflowsView, workflow: editorView, models: modelsView, runtimes: runtimesView, keys: keysView,
+  cameras: camerasView,
 };
 
 const account = () => document.getElementById("account");
