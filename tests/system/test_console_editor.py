@@ -7,8 +7,9 @@ show is compared with what the gateway's API answers.
 The demo's workflow (input → sample → model → rule → output, the rule's NO_MATCH branch
 to do nothing) is built from nothing with the mouse and the keyboard; a validation
 message lands on the step it concerns; saving, a stale save from a second page (see what
-changed, reload, save as a copy), the schedule, and a test run from the editor followed
-to completion on its live page. Both pages pass at 390 px without sideways scrolling and
+changed, reload, save as a copy), the schedule, a test run from the editor followed
+to completion on its live page, and then a still of a camera taken from the cameras page
+(a photo the processor takes). Both pages pass at 390 px without sideways scrolling and
 with no serious or critical axe-core violation.
 
 Takes the screenshots workflows.png, editor.png and editor-conflict.png (into
@@ -290,6 +291,17 @@ async def test_a_test_run_from_the_editor_completes_on_its_live_page(
         await expect(page).to_have_url(re.compile(r"#/run/yard-watch-"))
         run_id = page.url.split("#/run/")[1]
         await expect(page.locator("#run-status")).to_have_text("completed", timeout=60_000)
+        # A still of cam-a 5 s into its recording, from the cameras page: a photo the
+        # processor takes.
+        await page.goto("/#/cameras/cam-a")
+        await expect(page.locator("#coverage-covered")).to_have_text(
+            "Covered: 08:00:00 to 08:00:20 (cam-a-0)"
+        )
+        await page.get_by_label("Time on 2026-11-29 (UTC)").fill("08:00:05")
+        await page.get_by_role("button", name="Take a photo").click()
+        photo = page.get_by_role("img", name="cam-a at 2026-11-29T08:00:05")
+        await expect(photo).to_be_visible(timeout=60_000)
+        await expect(photo).to_have_js_property("naturalWidth", 640)  # the frame, loaded
     saved = (await ada.client.get("/api/workshop/workflows/yard-watch")).json()["workflow"]
     assert saved["revision"] == 1
     detail = (await ada.client.get(f"/api/workshop/runs/{run_id}")).json()["detail"]
