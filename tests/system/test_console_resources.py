@@ -4,7 +4,8 @@ SeaweedFS): each shows what the API answers; a key created on the page works ove
 with its secret (shown once) and is refused once revoked on the page; each page passes
 at 390 px without sideways scrolling and with no serious or critical axe-core violation.
 
-Takes the screenshot keys.png (into docs/screenshots/ under `make screenshots`)."""
+Takes the screenshots cameras.png and keys.png (into docs/screenshots/ under `make
+screenshots`)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ async def test_models_runtimes_and_keys_pages(
         "480",
         "120",
     )
+    await page.screenshot(path=str(screenshots / "cameras.png"), full_page=True)
     await page.get_by_label("Camera", exact=True).select_option("cam-b")
     await page.get_by_label("Day (UTC)").fill("2026-11-28")
     await page.get_by_role("button", name="Show").click()

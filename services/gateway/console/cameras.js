@@ -51,16 +51,15 @@ function span(s) {
 function timeline(day, cover) {
   const minutes = (ms) => (ms - cover.start) / 60000;
   const title = `Coverage of ${day} (UTC): ${cover.covered.length ? cover.covered.map(span).join(", ") : "none"}`;
-  return svg("svg", { class: "timeline", viewBox: "0 0 1440 46", role: "img", "aria-labelledby": "timeline-title", preserveAspectRatio: "none" },
-    svg("title", { id: "timeline-title", text: title }),
-    svg("rect", { x: 0, y: 0, width: 1440, height: 30, class: "timeline-gap" }),
-    cover.covered.map((s) => svg("rect", {
-      x: minutes(s.from), y: 0, width: Math.max(1, minutes(s.to) - minutes(s.from)), height: 30, class: "timeline-covered",
-    }, svg("title", { text: `${span(s)}: ${s.ids.join(", ")}` }))),
-    [0, 6, 12, 18, 24].map((hour) => svg("text", {
-      x: Math.min(1425, Math.max(2, hour * 60)), y: 44, class: "timeline-label", "text-anchor": hour === 0 ? "start" : hour === 24 ? "end" : "middle",
-      text: `${String(hour).padStart(2, "0")}:00`,
-    })));
+  return h("div", { class: "timeline-box" },
+    svg("svg", { class: "timeline", viewBox: "0 0 1440 30", role: "img", "aria-labelledby": "timeline-title", preserveAspectRatio: "none" },
+      svg("title", { id: "timeline-title", text: title }),
+      svg("rect", { x: 0, y: 0, width: 1440, height: 30, class: "timeline-gap" }),
+      cover.covered.map((s) => svg("rect", {
+        x: minutes(s.from), y: 0, width: Math.max(1, minutes(s.to) - minutes(s.from)), height: 30, class: "timeline-covered",
+      }, svg("title", { text: `${span(s)}: ${s.ids.join(", ")}` })))),
+    h("div", { class: "timeline-hours", "aria-hidden": "true" },
+      ["00:00", "06:00", "12:00", "18:00", "24:00"].map((text) => h("span", { text }))));
 }
 
 export async function camerasView({ main, account, id, params, alive }) {
