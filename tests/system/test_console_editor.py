@@ -229,6 +229,39 @@ async def test_the_workflows_page_and_the_editor_at_phone_width_and_by_axe(
     await expect(page.locator("#validation")).to_have_text("No problems: the workflow is valid.")
     await node(page, "rule").click()
     await check_phone_and_axe(page)
+
+    # The mouse: a step dragged moves; a drag from a branch handle onto a step draws an edge
+    # (in a viewport tall enough for both ends: a mouse drag does not scroll).
+    await page.set_viewport_size({"width": 1280, "height": 1400})
+    await add(page, "do nothing")  # after the rule: its first branch, MATCH
+    extra = node(page, "do-nothing")
+    before = await extra.bounding_box()
+    assert before is not None
+    await page.mouse.move(before["x"] + 20, before["y"] + 10)
+    await page.mouse.down()
+    await page.mouse.move(before["x"] + 60, before["y"] + 90, steps=5)
+    await page.mouse.up()
+    after = await extra.bounding_box()
+    assert after is not None
+    assert (round(after["x"] - before["x"]), round(after["y"] - before["y"])) == (40, 80)
+    handle = node(page, "rule").locator(".port-no_match")
+    await handle.hover()
+    await page.mouse.down()
+    target = await extra.bounding_box()
+    assert target is not None
+    await page.mouse.move(target["x"] + 30, target["y"] + 20, steps=5)
+    await page.mouse.up()
+    await node(page, "rule").click()
+    await expect(page.locator("#step-panel .edge-list li")).to_contain_text(
+        ["rule → do-nothing (match)", "rule → do-nothing (no match)"]
+    )
+    await expect(page.locator("#validation")).to_have_text("No problems: the workflow is valid.")
+    await node(page, "do-nothing").focus()
+    await page.keyboard.press("Delete")
+    await expect(node(page, "do-nothing")).to_have_count(0)
+    await page.set_viewport_size(DESKTOP)
+    await node(page, "rule").click()
+
     # With problems on a step and on an edge: a cycle's message is written on its edge.
     await page.get_by_label("Minimum score").fill("2")
     await expect(node(page, "rule").locator(".node-problem")).to_contain_text(

@@ -243,6 +243,9 @@ export class Canvas {
       window.removeEventListener("pointerup", up);
       if (line) line.remove();
       if (!this.dragged) return;
+      // The click that may follow this pointerup is the drag's, not a selection; any later
+      // click is a click again.
+      window.setTimeout(() => { this.dragged = false; }, 0);
       if (port) {
         const target = document.elementFromPoint(e.clientX, e.clientY);
         const onto = target && target.closest(".node");
