@@ -132,7 +132,7 @@ POLICY: dict[str, Rule] = {
     "/workshop.v1.OperatorService/ListCameras": ADMIN,
     "/workshop.v1.OperatorService/PutRecording": ADMIN,
     "/workshop.v1.OperatorService/DeleteRecording": ADMIN,
-    "/workshop.v1.OperatorService/ListRecordings": ADMIN,
+    "/workshop.v1.OperatorService/ListRecordings": WORKSHOP,
     "/workshop.v1.OperatorService/PublishModelVersion": ADMIN,
     "/workshop.v1.OperatorService/ListModelVersions": ADMIN,
     "/workshop.v1.OperatorService/CreateBucket": ADMIN,

@@ -209,6 +209,21 @@ OPERATIONS: tuple[Operation, ...] = (
         body=True,
         errors=(404, 409),
     ),
+    # cameras' recordings
+    _op(
+        "listRecordings",
+        "GET",
+        "/workshop/recordings",
+        "operator",
+        "ListRecordings",
+        "cameras",
+        query={
+            **PAGE,
+            "camera_id": "camera_id",
+            "from": "overlaps_from",
+            "to": "overlaps_until",
+        },
+    ),
     # runs
     _op(
         "createRun",

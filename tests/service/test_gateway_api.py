@@ -189,6 +189,32 @@ async def test_runtimes_are_registered_listed_and_chosen(
     assert_error(unknown_device, 404, "NOT_FOUND")
 
 
+async def test_recordings_are_listed_for_the_website_and_a_key_of_their_camera(
+    gateway: GatewayHarness, gateway_world: World, ada: Browser
+) -> None:
+    day = {"from": "2026-11-29T00:00:00Z", "to": "2026-11-30T00:00:00Z"}
+    listed = await ada.client.get("/api/workshop/recordings", params={"camera_id": "cam-a", **day})
+    assert listed.status_code == 200, listed.text
+    recordings = listed.json()["recordings"]
+    assert [r["recording_id"] for r in recordings] == ["cam-a-0", "cam-a-1"]
+    assert (recordings[0]["start"], recordings[0]["end"]) == (
+        "2026-11-29T08:00:00Z",
+        "2026-11-29T09:00:00Z",
+    )
+    # A workshop key bound to cam-b reads cam-b's recordings, and no other camera's.
+    bound = await gateway.agent(Grant(ScopeName.WORKSHOP, camera_ids=("cam-b",)))
+    own = await bound.get("/v1/workshop/recordings", params={"camera_id": "cam-b"})
+    assert [r["camera_id"] for r in own.json()["recordings"]] == ["cam-b", "cam-b"]
+    other = await bound.get("/v1/workshop/recordings", params={"camera_id": "cam-a"})
+    assert (
+        "its own cameras only ('cam-b')" in assert_error(other, 403, "PERMISSION_DENIED")["message"]
+    )
+    assert_error(await bound.get("/v1/workshop/recordings"), 403, "PERMISSION_DENIED")
+    footage = await gateway.agent(Grant(ScopeName.FOOTAGE_READ, camera_ids=("cam-a",)))
+    refused = await footage.get("/v1/workshop/recordings", params={"camera_id": "cam-a"})
+    assert_error(refused, 403, "SCOPE_MISSING")
+
+
 # bad input --------------------------------------------------------------------------------
 
 

@@ -369,6 +369,14 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
                     "capabilities": ["workshop-v3"],
                 },
             ),
+            # cameras' recordings
+            Row(
+                "GET",
+                f"{w}/recordings",
+                WORKSHOP,
+                f"{w}/recordings",
+                params=(("camera_id", "cam-a"),),
+            ),
             # runs
             Row(
                 "POST",

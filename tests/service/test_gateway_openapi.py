@@ -103,6 +103,9 @@ def explicit_calls(prefix: str, ids: Ids, runtime: str) -> dict[str, list[Explic
         "getCatalog": [Explicit(200)],
         "listDevices": [Explicit(200)],
         "listRuntimes": [Explicit(200, query={"device_id": "gpu-box"})],
+        "listRecordings": [
+            Explicit(200, query={"camera_id": "cam-a", "from": "2026-11-29T00:00:00Z"})
+        ],
         "registerRuntime": [
             Explicit(
                 200,

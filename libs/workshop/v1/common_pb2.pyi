@@ -400,7 +400,7 @@ class _ScopeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Scope.ValueType
     """"workshop:run": a processor key bound to one device: JobService and the fenced PreviewService writes."""
     SCOPE_ADMIN: _Scope.ValueType  # 4
     """"admin": operator key; may call every RPC of every service (OperatorService only with this scope, but for
-    ListDevices, ListRuntimes and RegisterRuntime, which "workshop" may call too).
+    ListDevices, ListRuntimes, RegisterRuntime and ListRecordings, which "workshop" may call too).
     """
     SCOPE_SERVICE: _Scope.ValueType  # 5
     """"service": internal key of the preview service for PublicationService."""
@@ -426,7 +426,7 @@ SCOPE_WORKSHOP_RUN: Scope.ValueType  # 3
 """"workshop:run": a processor key bound to one device: JobService and the fenced PreviewService writes."""
 SCOPE_ADMIN: Scope.ValueType  # 4
 """"admin": operator key; may call every RPC of every service (OperatorService only with this scope, but for
-ListDevices, ListRuntimes and RegisterRuntime, which "workshop" may call too).
+ListDevices, ListRuntimes, RegisterRuntime and ListRecordings, which "workshop" may call too).
 """
 SCOPE_SERVICE: Scope.ValueType  # 5
 """"service": internal key of the preview service for PublicationService."""

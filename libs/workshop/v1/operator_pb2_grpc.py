@@ -29,13 +29,13 @@ class OperatorServiceStub:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
-    "workshop" (a website session or an Agent key), so the website can show
-    devices and runtimes and register a runtime on a registered device. Errors
-    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
-    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
-    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
-    out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes, RegisterRuntime and ListRecordings
+    also take scope "workshop" (a website session or an Agent key), so the website
+    can show devices, runtimes and each camera's recordings and register a runtime
+    on a registered device. Errors common to every RPC: UNAUTHENTICATED (missing,
+    malformed, unknown or revoked credential), PERMISSION_DENIED reason
+    SCOPE_MISSING (not an admin key, or for those four neither admin nor
+    workshop), INVALID_ARGUMENT (malformed or out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -187,13 +187,13 @@ class OperatorServiceServicer:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
-    "workshop" (a website session or an Agent key), so the website can show
-    devices and runtimes and register a runtime on a registered device. Errors
-    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
-    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
-    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
-    out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes, RegisterRuntime and ListRecordings
+    also take scope "workshop" (a website session or an Agent key), so the website
+    can show devices, runtimes and each camera's recordings and register a runtime
+    on a registered device. Errors common to every RPC: UNAUTHENTICATED (missing,
+    malformed, unknown or revoked credential), PERMISSION_DENIED reason
+    SCOPE_MISSING (not an admin key, or for those four neither admin nor
+    workshop), INVALID_ARGUMENT (malformed or out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -268,7 +268,8 @@ class OperatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRecordings(self, request, context):
-        """Lists current (not deleted, not expired) recordings, oldest start first.
+        """Lists current (not deleted, not expired) recordings, oldest start first. Scope "admin" or "workshop"; a
+        workshop key bound to cameras must name one of them in camera_id (else PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -551,13 +552,13 @@ class OperatorService:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
-    "workshop" (a website session or an Agent key), so the website can show
-    devices and runtimes and register a runtime on a registered device. Errors
-    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
-    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
-    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
-    out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes, RegisterRuntime and ListRecordings
+    also take scope "workshop" (a website session or an Agent key), so the website
+    can show devices, runtimes and each camera's recordings and register a runtime
+    on a registered device. Errors common to every RPC: UNAUTHENTICATED (missing,
+    malformed, unknown or revoked credential), PERMISSION_DENIED reason
+    SCOPE_MISSING (not an admin key, or for those four neither admin nor
+    workshop), INVALID_ARGUMENT (malformed or out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body

@@ -33,13 +33,13 @@ class OperatorServiceStub:
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
-    "workshop" (a website session or an Agent key), so the website can show
-    devices and runtimes and register a runtime on a registered device. Errors
-    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
-    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
-    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
-    out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes, RegisterRuntime and ListRecordings
+    also take scope "workshop" (a website session or an Agent key), so the website
+    can show devices, runtimes and each camera's recordings and register a runtime
+    on a registered device. Errors common to every RPC: UNAUTHENTICATED (missing,
+    malformed, unknown or revoked credential), PERMISSION_DENIED reason
+    SCOPE_MISSING (not an admin key, or for those four neither admin nor
+    workshop), INVALID_ARGUMENT (malformed or out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -82,7 +82,9 @@ class OperatorServiceStub:
     Errors: NOT_FOUND.
     """
     ListRecordings: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListRecordingsRequest, _operator_pb2.ListRecordingsResponse]
-    """Lists current (not deleted, not expired) recordings, oldest start first."""
+    """Lists current (not deleted, not expired) recordings, oldest start first. Scope "admin" or "workshop"; a
+    workshop key bound to cameras must name one of them in camera_id (else PERMISSION_DENIED).
+    """
     PublishModelVersion: _grpc.UnaryUnaryMultiCallable[_operator_pb2.PublishModelVersionRequest, _operator_pb2.PublishModelVersionResponse]
     """Records a model version already copied into the Triton model repository; versions are immutable.
     Errors: ABORTED reason ID_CONFLICT (same name and version, other weights, classes or shape).
@@ -145,13 +147,13 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
-    "workshop" (a website session or an Agent key), so the website can show
-    devices and runtimes and register a runtime on a registered device. Errors
-    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
-    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
-    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
-    out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes, RegisterRuntime and ListRecordings
+    also take scope "workshop" (a website session or an Agent key), so the website
+    can show devices, runtimes and each camera's recordings and register a runtime
+    on a registered device. Errors common to every RPC: UNAUTHENTICATED (missing,
+    malformed, unknown or revoked credential), PERMISSION_DENIED reason
+    SCOPE_MISSING (not an admin key, or for those four neither admin nor
+    workshop), INVALID_ARGUMENT (malformed or out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -191,7 +193,9 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     Errors: NOT_FOUND.
     """
     ListRecordings: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListRecordingsRequest, _operator_pb2.ListRecordingsResponse]  # type: ignore[assignment]
-    """Lists current (not deleted, not expired) recordings, oldest start first."""
+    """Lists current (not deleted, not expired) recordings, oldest start first. Scope "admin" or "workshop"; a
+    workshop key bound to cameras must name one of them in camera_id (else PERMISSION_DENIED).
+    """
     PublishModelVersion: _aio.UnaryUnaryMultiCallable[_operator_pb2.PublishModelVersionRequest, _operator_pb2.PublishModelVersionResponse]  # type: ignore[assignment]
     """Records a model version already copied into the Triton model repository; versions are immutable.
     Errors: ABORTED reason ID_CONFLICT (same name and version, other weights, classes or shape).
@@ -253,13 +257,13 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     """Served by the coordinator to operators (CLI, grpcurl) and end-to-end tests.
 
     Authentication: metadata `authorization: Bearer <secret>` of a key with
-    scope "admin". ListDevices, ListRuntimes and RegisterRuntime also take scope
-    "workshop" (a website session or an Agent key), so the website can show
-    devices and runtimes and register a runtime on a registered device. Errors
-    common to every RPC: UNAUTHENTICATED (missing, malformed, unknown or revoked
-    credential), PERMISSION_DENIED reason SCOPE_MISSING (not an admin key, or
-    for those three neither admin nor workshop), INVALID_ARGUMENT (malformed or
-    out-of-range fields).
+    scope "admin". ListDevices, ListRuntimes, RegisterRuntime and ListRecordings
+    also take scope "workshop" (a website session or an Agent key), so the website
+    can show devices, runtimes and each camera's recordings and register a runtime
+    on a registered device. Errors common to every RPC: UNAUTHENTICATED (missing,
+    malformed, unknown or revoked credential), PERMISSION_DENIED reason
+    SCOPE_MISSING (not an admin key, or for those four neither admin nor
+    workshop), INVALID_ARGUMENT (malformed or out-of-range fields).
 
     Create/Register calls with a client-chosen id are idempotent: the same id
     with the same body returns the existing resource; with a different body
@@ -351,7 +355,9 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.ListRecordingsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ListRecordingsResponse, _abc.Awaitable[_operator_pb2.ListRecordingsResponse]]:
-        """Lists current (not deleted, not expired) recordings, oldest start first."""
+        """Lists current (not deleted, not expired) recordings, oldest start first. Scope "admin" or "workshop"; a
+        workshop key bound to cameras must name one of them in camera_id (else PERMISSION_DENIED).
+        """
 
     @_abc_1.abstractmethod
     def PublishModelVersion(

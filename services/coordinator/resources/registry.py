@@ -43,6 +43,7 @@ from services.coordinator.resources.resources_params import (
     RecordingPut,
     RuntimeRegister,
 )
+from workshop.kit.errors import PermissionDenied
 from workshop.kit.hashing import canonical_json, runtime_manifest
 from workshop.kit.hashing import runtime_id as compute_runtime_id
 
@@ -342,7 +343,14 @@ class Resources:
         after: tuple[datetime, str] | None,
         limit: int,
     ) -> list[RecordingRow]:
-        _require_admin(who)
+        _require_workshop(who)
+        reach = auth.cameras_reached(who, ScopeName.WORKSHOP)
+        if reach is not None and camera_id not in reach:
+            covered = ", ".join(repr(c) for c in sorted(reach)) or "none"
+            raise PermissionDenied(
+                f"This key reads the recordings of its own cameras only ({covered}): "
+                "name one of them in camera_id."
+            )
         after_start, after_id = after if after else (None, None)
         return await self._all(
             RecordingRow,

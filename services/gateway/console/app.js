@@ -5,19 +5,26 @@
 // #/login, and back after signing in. The login page says "Your session has ended" only
 // when one did (that answer's `ended`, or any 401 later); a first visit gets it plainly.
 import { ApiError, SignedOut, Unreachable, checkSession } from "./api.js";
+import { camerasView } from "./cameras.js";
 import { h, show } from "./dom.js";
+import { editorView } from "./editor.js";
+import { keysView } from "./keys.js";
 import { loginView } from "./login.js";
 import { parseRoute, sessionEnded, toLogin } from "./nav.js";
+import { modelsView, runtimesView } from "./resources.js";
 import { reviewView } from "./review.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
 import { summaryView } from "./summary.js";
 import { queueView } from "./queue.js";
 import { bucketsView } from "./buckets.js";
+import { workflowsView } from "./workflows.js";
 
 const VIEWS = {
   login: loginView, runs: runsView, run: runView, review: reviewView, summary: summaryView,
   queue: queueView, buckets: bucketsView,
+  workflows: workflowsView, workflow: editorView, models: modelsView, runtimes: runtimesView, keys: keysView,
+  cameras: camerasView,
 };
 
 const account = () => document.getElementById("account");
@@ -31,6 +38,7 @@ async function render() {
   const alive = () => mine === generation;
   const { name, id, params } = parseRoute(window.location.hash);
   show(account());
+  main().removeAttribute("data-view");
   try {
     if (name !== "login") await checkSession();
     await VIEWS[name]({ main: main(), account: account(), id, params, alive });

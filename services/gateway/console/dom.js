@@ -36,3 +36,9 @@ export function svg(tag, attributes = {}, ...children) {
   }
   return node;
 }
+
+/** A wide table in a box that scrolls sideways on a narrow screen (the page does not): a
+ * named region in the tab order, so the keyboard can scroll it too. */
+export function scrollBox(label, child) {
+  return h("div", { class: "table-scroll", tabindex: "0", role: "region", "aria-label": label }, child);
+}

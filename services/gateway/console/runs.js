@@ -1,8 +1,11 @@
 // The runs page: the newest runs (GET /api/workshop/runs, optionally of one workflow),
-// each with its status, mode, job and slot counts, review counts and age, a link to
-// each run's page, older pages by the list's page token, and the form to create a run.
+// each with its status, mode, job and slot counts, review counts (a link to the review
+// page) and age, a link to each run's page, older pages by the list's page token, and the
+// form to create a run. Filters: the workflow (a picker; the API filters), status and
+// mode (the API has no such filter: applied to the page of runs read). The newest page
+// refreshes itself every 5 s while the browser shows it.
 import { api, currentSession, signOut } from "./api.js";
-import { h, show } from "./dom.js";
+import { h, scrollBox, show } from "./dom.js";
 import { go, sessionEnded } from "./nav.js";
 import { runForm } from "./run_form.js";
 
@@ -38,7 +41,10 @@ function slots(counts) {
 function review(entry) {
   if (entry.run.mode !== "full") return h("span", { class: "muted", text: "test run: not saved" });
   const c = entry.review_counts;
-  return `${c.pending} pending, ${c.accepted} accepted, ${c.rejected} rejected`;
+  return h("a", {
+    href: `#/review/${encodeURIComponent(entry.run.run_id)}`,
+    text: `${c.pending} pending, ${c.accepted} accepted, ${c.rejected} rejected`,
+  });
 }
 
 function row(entry) {
@@ -78,12 +84,59 @@ export function accountBar(account, session) {
   show(account, h("span", { text: `Signed in as ${name}` }), button);
 }
 
+export const STATUSES = ["queued", "running", "completed", "failed", "cancelled", "expired"];
+export const MODES = ["test", "full"];
+const REFRESH_MS = 5000;
+
+function select(id, label, value, options) {
+  const node = h("select", { id, name: id },
+    options.map(([v, text]) => h("option", { value: v, text, selected: v === value })));
+  return h("div", { class: "field" }, h("label", { for: id, text: label }), node);
+}
+
+/** The runs of `answer` that pass the page's status and mode filters. */
+export function shown(runs, status, mode) {
+  return runs.filter((e) => (!status || e.run.status === status) && (!mode || e.run.mode === mode));
+}
+
+function caption(filters, count, read) {
+  const scope = filters.workflow ? `of workflow ${filters.workflow}` : "of every workflow";
+  const narrowed = [filters.status && `status ${filters.status}`, filters.mode && `mode ${filters.mode}`].filter(Boolean);
+  const tail = narrowed.length ? ` (${narrowed.join(", ")}: ${count} of the ${read} runs read)` : "";
+  return `Recent runs ${scope}, newest first${tail}`;
+}
+
+function emptyText(filters, read) {
+  const of = filters.workflow ? ` of workflow ${filters.workflow}` : "";
+  const kinds = [filters.status, filters.mode].filter(Boolean);
+  if (kinds.length === 0) return of ? `No runs${of}.` : "No runs yet.";
+  return `No ${kinds.join(" ")} runs${of} among the ${read} newest read.`;
+}
+
+function runsTable(filters, answer) {
+  const runs = shown(answer.runs, filters.status, filters.mode);
+  if (runs.length === 0) return h("p", { id: "runs-empty", text: emptyText(filters, answer.runs.length) });
+  return scrollBox("Runs", h(
+    "table", { id: "runs" },
+    h("caption", { text: caption(filters, runs.length, answer.runs.length) }),
+    h("thead", {}, h("tr", {}, ...["Run", "Workflow", "Status", "Mode", "Jobs", "Slots", "Review", "Age"]
+      .map((title) => h("th", { scope: "col", text: title })))),
+    h("tbody", {}, runs.map(row)),
+  ));
+}
+
 export async function runsView({ main, account, params, alive }) {
-  const workflow = (params.get("workflow") || "").trim();
+  const filters = {
+    workflow: (params.get("workflow") || "").trim(),
+    status: STATUSES.includes(params.get("status")) ? params.get("status") : "",
+    mode: MODES.includes(params.get("mode")) ? params.get("mode") : "",
+  };
   const pageToken = params.get("page") || "";
   const session = await currentSession();
-  const [answer, form] = await Promise.all([
-    api("GET", "/api/workshop/runs", { query: { workflow, page_token: pageToken } }),
+  const query = { workflow: filters.workflow, page_token: pageToken };
+  const [answer, workflows, form] = await Promise.all([
+    api("GET", "/api/workshop/runs", { query }),
+    api("GET", "/api/workshop/workflows", { query: { page_size: "1000" } }),
     runForm().catch((error) => {
       if (error.status === 401) throw error;
       return h("p", { class: "error", role: "alert", text: `The form to create a run: ${error.message}` });
@@ -92,34 +145,33 @@ export async function runsView({ main, account, params, alive }) {
   if (!alive()) return;
   accountBar(account, session);
 
-  const input = h("input", { id: "workflow", name: "workflow", value: workflow, autocomplete: "off" });
+  const known = workflows.workflows.map((w) => [w.workflow_id, `${w.spec.name || w.workflow_id} (${w.workflow_id})`]);
+  if (filters.workflow && !known.some(([id]) => id === filters.workflow)) known.push([filters.workflow, filters.workflow]);
   const filter = h(
     "form", {
       class: "filter", role: "search", "aria-label": "Filter runs",
       onsubmit: (event) => {
         event.preventDefault();
-        const value = input.value.trim();
-        go(value ? `#/runs?${new URLSearchParams({ workflow: value })}` : "#/runs");
+        const chosen = {};
+        for (const name of ["workflow", "status", "mode"]) {
+          const value = document.getElementById(`filter-${name}`).value;
+          if (value) chosen[name] = value;
+        }
+        const search = new URLSearchParams(chosen).toString();
+        go(search ? `#/runs?${search}` : "#/runs");
       },
     },
-    h("div", { class: "field" }, h("label", { for: "workflow", text: "Workflow" }), input),
+    select("filter-workflow", "Workflow", filters.workflow, [["", "Every workflow"], ...known]),
+    select("filter-status", "Status", filters.status, [["", "Any status"], ...STATUSES.map((v) => [v, v])]),
+    select("filter-mode", "Mode", filters.mode, [["", "Test and full"], ...MODES.map((v) => [v, v])]),
     h("button", { type: "submit", text: "Filter" }),
-    workflow
+    filters.workflow || filters.status || filters.mode
       ? h("button", { type: "button", class: "secondary", onclick: () => go("#/runs"), text: "Show all" })
       : null,
   );
 
-  const scope = workflow ? `of workflow ${workflow}` : "of every workflow";
-  const list = answer.runs.length === 0
-    ? h("p", { id: "runs-empty", text: workflow ? `No runs of workflow ${workflow}.` : "No runs yet." })
-    : h(
-      "table", { id: "runs" },
-      h("caption", { text: `Recent runs ${scope}, newest first` }),
-      h("thead", {}, h("tr", {}, ...["Run", "Workflow", "Status", "Mode", "Jobs", "Slots", "Review", "Age"]
-        .map((title) => h("th", { scope: "col", text: title })))),
-      h("tbody", {}, answer.runs.map(row)),
-    );
-  const here = workflow ? { workflow } : {};
+  const list = h("div", { id: "runs-list" }, runsTable(filters, answer));
+  const here = Object.fromEntries(Object.entries(filters).filter(([, v]) => v));
   const pages = h(
     "nav", { class: "pages", "aria-label": "Pages of runs" },
     pageToken ? h("a", { href: `#/runs?${new URLSearchParams(here)}`, text: "Newest runs" }) : null,
@@ -130,8 +182,47 @@ export async function runsView({ main, account, params, alive }) {
       })
       : null,
   );
+  const updated = h("p", { id: "runs-updated", class: "muted" },
+    pageToken ? "An older page: not refreshed." : `Refreshes every ${REFRESH_MS / 1000} s while shown.`);
   const heading = h("h1", { tabindex: "-1", text: "Runs" });
-  show(main, heading, form, filter, list, pages);
+  show(main, heading, form, filter, updated, list, pages);
   document.title = "Runs · Workshop";
   heading.focus();
+  if (!pageToken) keepUp({ list, updated, filters, query, alive, last: JSON.stringify(answer.runs) });
+}
+
+/** Reads the newest page again every REFRESH_MS while this view is shown and the browser
+ * shows the page; repaints the table only when a run changed, keeping the focus on the
+ * same run's link. A 401 ends the session; other failures are said and retried. */
+function keepUp({ list, updated, filters, query, alive, last }) {
+  let seen = last;
+  const tick = async () => {
+    if (!alive()) return;
+    if (document.visibilityState === "visible") {
+      try {
+        const answer = await api("GET", "/api/workshop/runs", { query });
+        if (!alive()) return;
+        const now = JSON.stringify(answer.runs);
+        if (now !== seen) {
+          seen = now;
+          const focused = document.activeElement && list.contains(document.activeElement)
+            ? document.activeElement.closest("tr") : null;
+          const runId = focused ? focused.dataset.runId : "";
+          list.replaceChildren(runsTable(filters, answer));
+          const again = runId && list.querySelector(`tr[data-run-id="${CSS.escape(runId)}"] a`);
+          if (again) again.focus();
+        }
+        updated.textContent = `Refreshes every ${REFRESH_MS / 1000} s while shown; last read ${new Date().toLocaleTimeString()}.`;
+      } catch (error) {
+        if (!alive()) return;
+        if (error.status === 401) {
+          sessionEnded();
+          return;
+        }
+        updated.textContent = `Could not refresh the list (${error.message}); trying again in ${REFRESH_MS / 1000} s.`;
+      }
+    }
+    window.setTimeout(tick, REFRESH_MS);
+  };
+  window.setTimeout(tick, REFRESH_MS);
 }
