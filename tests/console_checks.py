@@ -49,3 +49,33 @@ async def axe_violations(page: Page, impacts: tuple[str, ...] = SERIOUS) -> list
         for v in results["violations"]
         if v["impact"] in impacts
     ]
+
+
+async def check_phone_and_axe(page: Page) -> None:
+    """The page as it is now, at the desktop's width and then a phone's: no serious or
+    critical axe violation, and no sideways scroll at 390 px; back at the desktop's width."""
+    found = await axe_violations(page)
+    assert found == [], found
+    await page.set_viewport_size(PHONE)
+    overflow = await sideways_overflow(page)
+    assert overflow == 0, f"{overflow} px wider than a phone at {page.url}: {await widest(page)}"
+    found = await axe_violations(page)
+    assert found == [], found
+    await page.set_viewport_size(DESKTOP)
+
+
+async def widest(page: Page) -> list[str]:
+    """The elements that reach past the viewport's right edge, innermost first (what makes
+    a page scroll sideways), as tag.class and their right edge."""
+    found: list[str] = await page.evaluate(
+        """() => {
+            const width = document.documentElement.clientWidth;
+            const past = [...document.querySelectorAll("body *")].filter(
+                (e) => e.getBoundingClientRect().right > width + 0.5);
+            const innermost = past.filter((e) => !past.some((o) => o !== e && e.contains(o)));
+            return innermost.slice(0, 8).map((e) =>
+                `${e.tagName.toLowerCase()}.${[...e.classList].join(".")}#${e.id} ` +
+                `right=${Math.round(e.getBoundingClientRect().right)}`);
+        }"""
+    )
+    return found

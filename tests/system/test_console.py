@@ -21,6 +21,7 @@ from services.gateway.dispatch import SESSION_COOKIE
 from testbed.coordinator_world import World
 from testbed.harness.browser import needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
+from tests.console_checks import check_phone_and_axe
 
 ENDED = "Your session has ended; sign in again."
 
@@ -60,6 +61,7 @@ async def test_signing_in_lands_on_the_runs_page_listing_a_run(
     await expect(page.get_by_role("heading", name="Sign in to Workshop")).to_be_visible()
     await expect(page.get_by_label("User id")).to_be_focused()
     await page.screenshot(path=str(screenshots / "login.png"))
+    await check_phone_and_axe(page)
 
     await sign_in(page, "ada", PASSWORD)
     await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
@@ -79,6 +81,7 @@ async def test_signing_in_lands_on_the_runs_page_listing_a_run(
     ]
     await expect(page.get_by_text("Signed in as Ada")).to_be_visible()
     await page.screenshot(path=str(screenshots / "runs.png"), full_page=True)
+    await check_phone_and_axe(page)
 
     # the workflow filter (a picker of the saved workflows) asks the API for its runs only
     await page.get_by_label("Workflow", exact=True).select_option("night")

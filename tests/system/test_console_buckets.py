@@ -20,6 +20,7 @@ from playwright.async_api import Page, expect
 
 from testbed.harness.browser import needs_chromium, troubles
 from testbed.harness.gateway import PASSWORD, GatewayHarness
+from tests.console_checks import check_phone_and_axe
 from tests.system.test_console import sign_in
 from tests.system.test_console_queue import bucket_world, no_sideways_scroll
 
@@ -88,6 +89,7 @@ async def test_a_bucket_is_browsed_page_by_page_and_an_item_opened_with_the_keyb
         ".every((img) => img.complete && img.naturalWidth > 0)"
     )
     await page.screenshot(path=str(screenshots / "buckets.png"), full_page=True)
+    await check_phone_and_axe(page)
     await no_sideways_scroll(page)
 
     # three a page: Next page to the end, Previous page back, First page

@@ -19,6 +19,7 @@ from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
+from tests.console_checks import check_phone_and_axe
 from tests.system.test_console import sign_in
 from tests.system.test_console_review import review, reviewed_run
 
@@ -79,6 +80,7 @@ async def test_boxes_are_corrected_and_a_frame_decided_alone_with_the_keyboard(
     await expect(boxes.last).to_have_attribute("aria-label", re.compile(r"\(added\)"))
     await page.keyboard.press("Alt+ArrowLeft")
     await screenshots_of(page, screenshots)
+    await check_phone_and_axe(page)
     await page.keyboard.press("s")
     status = dialog.locator("#item-editor-status")
     await expect(status).to_contain_text(f"Saved {len(detected) + 1} boxes as a correction")

@@ -30,7 +30,7 @@ from testbed.harness.browser import needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
-from tests.console_checks import DESKTOP, PHONE, axe_violations, sideways_overflow
+from tests.console_checks import DESKTOP, check_phone_and_axe
 from tests.processor_world import build_world, running_processor
 
 pytestmark = [pytest.mark.timeout(180), needs_chromium]
@@ -207,14 +207,6 @@ async def test_build_save_conflict_and_schedule_in_the_editor(
     await expect(row).to_contain_text("daily at 06:30 Europe/Berlin")
     await expect(row.locator("td").nth(1)).to_have_text("3")
     await page.screenshot(path=str(screenshots / "workflows.png"), full_page=True)
-
-
-async def check_phone_and_axe(page: Page) -> None:
-    assert await axe_violations(page) == []
-    await page.set_viewport_size(PHONE)
-    assert await sideways_overflow(page) == 0
-    assert await axe_violations(page) == []
-    await page.set_viewport_size(DESKTOP)
 
 
 async def test_the_workflows_page_and_the_editor_at_phone_width_and_by_axe(

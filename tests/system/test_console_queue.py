@@ -27,6 +27,7 @@ from testbed.coordinator_leases import Setup
 from testbed.harness.browser import needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.review_world import Frame, commit_images, review_world, start_run
+from tests.console_checks import check_phone_and_axe
 from tests.system.test_console import sign_in
 from workshop.v1 import common_pb2, jobs_pb2
 
@@ -224,6 +225,7 @@ async def test_the_queue_is_ordered_filtered_decided_and_bulk_decided_with_the_k
     await expect(page.locator("#queue-status")).to_contain_text("Undone")
     assert (await stored())["review_state"] == "accepted"
     await page.screenshot(path=str(screenshots / "queue.png"), full_page=True)
+    await check_phone_and_axe(page)
     await page.keyboard.press("u")
     await expect(page.locator("#queue-error")).to_contain_text("Cannot undo")
     assert (await stored())["review_state"] == "accepted"

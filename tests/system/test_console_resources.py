@@ -18,18 +18,10 @@ from playwright.async_api import Dialog, Page, expect
 from testbed.coordinator_world import World
 from testbed.harness.browser import needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
-from tests.console_checks import DESKTOP, PHONE, axe_violations, sideways_overflow
+from tests.console_checks import check_phone_and_axe
 
 pytestmark = [pytest.mark.timeout(120), needs_chromium]
 AGO = re.compile(r"^(just now|\d+ (min|h|d) ago)$")  # by the harness's clock
-
-
-async def check_phone_and_axe(page: Page) -> None:
-    assert await axe_violations(page) == []
-    await page.set_viewport_size(PHONE)
-    assert await sideways_overflow(page) == 0
-    assert await axe_violations(page) == []
-    await page.set_viewport_size(DESKTOP)
 
 
 async def test_models_runtimes_and_keys_pages(

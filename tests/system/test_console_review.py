@@ -25,6 +25,7 @@ from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
+from tests.console_checks import check_phone_and_axe
 from tests.processor_world import finished, one_camera_run, running_processor
 from tests.system.test_console import sign_in
 from workshop.v1 import common_pb2
@@ -183,6 +184,7 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     await expect(status).to_contain_text(f"now {relabel}")
     assert box_states(await review(gateway, api), sid) == [("accepted", relabel)] * count
     await page.screenshot(path=str(screenshots / "review.png"), full_page=True)
+    await check_phone_and_axe(page)
 
     # u: back to what each decision replaced, newest first
     await page.keyboard.press("u")
@@ -251,6 +253,7 @@ async def test_a_sighting_is_reviewed_with_the_keyboard_and_the_summary_shows_it
     hidden_rows = workflow.locator(".visually-hidden table tbody tr")
     await expect(hidden_rows).to_have_count(30)
     await page.screenshot(path=str(screenshots / "summary.png"), full_page=True)
+    await check_phone_and_axe(page)
 
     # a reader 14 hours ahead of UTC gets the days of their own zone
     assert page.context.browser is not None

@@ -23,6 +23,7 @@ from testbed.harness.browser import needs_chromium
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
+from tests.console_checks import check_phone_and_axe
 from tests.processor_world import build_world, finished, put_recording, running_processor, yard_spec
 from workshop.v1 import common_pb2
 
@@ -262,6 +263,7 @@ async def test_a_run_created_through_the_form_shows_its_progress_images_and_boxe
             panel.locator(f"li[data-recording-id='{recording['recording_id']}']")
         ).to_contain_text(f"generation {recording['generation']}")
     await page.screenshot(path=str(screenshots / "run.png"), full_page=True)
+    await check_phone_and_axe(page)
 
     # The runs page links each run to its page.
     await page.goto("/#/runs")

@@ -2,7 +2,7 @@
 // per bucket its images and review counts, per workflow its runs, last run, classes and
 // images saved per local day (a bar chart drawn as SVG, with a table as its text).
 import { api, currentSession } from "./api.js";
-import { h, show, svg } from "./dom.js";
+import { h, scrollBox, show, svg } from "./dom.js";
 import { accountBar, age } from "./runs.js";
 
 const DAYS = 30;
@@ -34,7 +34,7 @@ function when(timestamp) {
 function bucketsTable(buckets) {
   if (buckets.length === 0) return h("p", { id: "buckets-empty", text: "No buckets yet." });
   const columns = ["Bucket", "Images", "Accepted", "Rejected", "Pending", "Saved", "Last added"];
-  return h(
+  return scrollBox("Buckets", h(
     "table", { id: "buckets" },
     h("caption", { text: "Per bucket: its items and their review (saved: still current)" }),
     h("thead", {}, h("tr", {}, columns.map((title) => h("th", { scope: "col", text: title })))),
@@ -46,7 +46,7 @@ function bucketsTable(buckets) {
         .map((n) => h("td", { class: "number", text: String(n) })),
       h("td", {}, when(bucket.last_added_at)),
     ))),
-  );
+  ));
 }
 
 /** Images saved per day as bars, named for assistive technology, with the same numbers
@@ -105,7 +105,7 @@ function classesTable(workflow) {
   if (workflow.classes.length === 0) {
     return h("p", { class: "muted", text: "No detections saved by its full runs yet." });
   }
-  return h(
+  return scrollBox(`Classes of ${workflow.name || workflow.workflow_id}`, h(
     "table", { class: "classes", "data-workflow-id": workflow.workflow_id },
     h("caption", { text: "Per class (after relabels): boxes in saved items, and of those in accepted items" }),
     h("thead", {}, h("tr", {}, ["Class", "Detections", "Confirmations"]
@@ -116,7 +116,7 @@ function classesTable(workflow) {
       h("td", { class: "number", text: String(entry.detections) }),
       h("td", { class: "number", text: String(entry.confirmations) }),
     ))),
-  );
+  ));
 }
 
 function lastRun(run) {
