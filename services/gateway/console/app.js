@@ -5,6 +5,7 @@
 // #/login, and back after signing in. The login page says "Your session has ended" only
 // when one did (that answer's `ended`, or any 401 later); a first visit gets it plainly.
 import { ApiError, SignedOut, Unreachable, checkSession } from "./api.js";
+import { datasetsView, versionPageView } from "./datasets.js";
 import { h, show } from "./dom.js";
 import { loginView } from "./login.js";
 import { parseRoute, sessionEnded, toLogin } from "./nav.js";
@@ -15,6 +16,7 @@ import { summaryView } from "./summary.js";
 
 const VIEWS = {
   login: loginView, runs: runsView, run: runView, review: reviewView, summary: summaryView,
+  datasets: datasetsView, version: versionPageView,
 };
 
 const account = () => document.getElementById("account");

@@ -2,7 +2,7 @@
 // #/runs?workflow=ID, #/<view>/<id> for one resource's page): app.js renders the view
 // on every `hashchange`.
 
-export const VIEW_NAMES = ["login", "runs", "run", "review", "summary"];
+export const VIEW_NAMES = ["login", "runs", "run", "review", "summary", "datasets", "version"];
 export const DEFAULT_VIEW = "runs";
 
 export function parseRoute(fragment) {
