@@ -108,7 +108,7 @@ function versionsTable(versions) {
         h("a", { href: `#/version/${enc(v.version_id)}`, text: v.name })),
       h("td", { "data-label": "Id" }, shortId(v.version_id)),
       h("td", { class: "number items", "data-label": "Items", text: String(v.item_count || 0) }),
-      h("td", { class: "classes", "data-label": "Classes", text: (v.classes || []).join(", ") || "none" }),
+      h("td", { class: "version-classes", "data-label": "Classes", text: (v.classes || []).join(", ") || "none" }),
       h("td", { "data-label": "Split", text: splitText(v) }),
       h("td", { "data-label": "Created" }, `${who(v.created_by)}, `, when(v.created_at)),
     ))),
