@@ -340,7 +340,7 @@ function exportSection(version) {
     progress, status,
     h("p", { class: "muted" }, "The archive is held in this tab until it is complete, then saved. " +
       "For a very large one use the ", link, " instead: the browser downloads it itself " +
-      "(and `curl -C -` resumes it)."));
+      "(and ", h("code", { text: "curl -C -" }), " resumes it)."));
 }
 
 function boxesText(boxes) {
