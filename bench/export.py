@@ -31,8 +31,8 @@ growth. The last line is `RESULT export_items_per_s=<x> export_peak_rss_mb=<y>`.
 (DatasetService.CreateDatasetVersion: the freeze's wall time is the figure, its target
 10 s for 100,000 items), exports the version instead of the live bucket, then resumes
 that export half-way (`offset`: the layout the whole export stored in S3, then the
-second half; the time to the first byte is reported too) and checks the two halves give the whole archive's bytes; the RESULT line
-adds `freeze_s=<x> resume_s=<y>`.
+second half; the time to the first byte is reported too) and checks the two halves give
+the whole archive's bytes; the RESULT line adds `freeze_s=<x> resume_s=<y>`.
 Everything it starts is stopped on exit, also on error, Ctrl-C or SIGTERM.
 """
 
