@@ -51,7 +51,7 @@ test-fast: $(STAMP)
 # The web console's browser tests, told to write docs/screenshots/*.png (the README's);
 # without WORKSHOP_WRITE_SCREENSHOTS=1 (any other test run) they write them to a tmp dir.
 screenshots: $(STAMP)
-	WORKSHOP_WRITE_SCREENSHOTS=1 $(BIN)/pytest -q tests/system/test_console.py tests/system/test_console_run.py tests/system/test_console_review.py tests/system/test_console_corrections.py tests/system/test_console_queue.py tests/system/test_console_buckets.py tests/system/test_console_editor.py tests/system/test_console_resources.py
+	WORKSHOP_WRITE_SCREENSHOTS=1 $(BIN)/pytest -q tests/system/test_console.py tests/system/test_console_run.py tests/system/test_console_review.py tests/system/test_console_corrections.py tests/system/test_console_queue.py tests/system/test_console_buckets.py tests/system/test_console_editor.py tests/system/test_console_resources.py tests/system/test_console_datasets.py
 
 # The whole system on this machine (Postgres, SeaweedFS, Triton, coordinator, preview,
 # gateway, processor) runs a 20-image test run and stops; ARGS=--keep keeps it running

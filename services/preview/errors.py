@@ -86,3 +86,14 @@ class OffsetPastEnd(errors.InvalidArgument):
             f"offset {offset} is at or past the end of the archive ({total} bytes).",
             metadata={"field": "offset", "total_bytes": str(total)},
         )
+
+
+class LayoutMismatch(errors.Unavailable):
+    """A resumed export's stored layout (docs/datasets.md) did not match the archive it
+    wrote: the layout object is deleted, so asking again lays the archive out anew."""
+
+    def __init__(self, version_id: str) -> None:
+        super().__init__(
+            f"The stored layout of version {version_id}'s archive did not match its images; "
+            "it is deleted. Retry: the export lays the archive out again.",
+        )

@@ -72,6 +72,12 @@ class ImageFacts:
     height: int
 
 
+class FactsLog(Protocol):
+    """Takes the facts of each item as it is added (a version's stored layout)."""
+
+    def append(self, one: ImageFacts) -> None: ...
+
+
 def split_of(item_id: str, seed: int, val_fraction: float) -> str:
     """ "val" when the first 13 hex digits of SHA-256("<seed>:<item id>"), as a fraction of
     16^13, are below val_fraction, else "train" (as the coordinator freezes a version)."""
@@ -99,6 +105,8 @@ class DatasetArchive:
         self.classes = ClassList(classes)
         self.version = version
         self.items = 0
+        # Where each added item's facts go, when the caller keeps the archive's layout.
+        self.recording: FactsLog | None = None
         self._tar = TarStream(start)
         self._latest = 0  # newest frame time so far: the index's mtime
 
@@ -129,6 +137,8 @@ class DatasetArchive:
         mtime = item.frame_time.seconds
         self._latest = max(self._latest, mtime)
         self.items += 1
+        if self.recording is not None:
+            self.recording.append(facts)
         self._tar.add(f"images/{item.item_id}.jpg", image, facts.size, mtime)
         self._add_labels(item, facts.width, facts.height, mtime)
 

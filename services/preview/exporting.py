@@ -18,6 +18,7 @@ images whose members reach past it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
@@ -28,13 +29,18 @@ from services.preview.errors import (
     ImageChanged,
     ImageMissing,
     InvalidField,
+    LayoutMismatch,
     NotResumable,
     OffsetPastEnd,
+    StorageUnavailable,
 )
 from services.preview.export import SUFFIXES, DatasetArchive, ImageFacts, dataset_archive
 from services.preview.images import jpeg_dimensions
+from services.preview.layouts import CONTENT_TYPE as LAYOUT_CONTENT_TYPE
+from services.preview.layouts import BadLayout, Layout, decode, encode, layout_key
+from services.preview.metrics import EXPORT_LAYOUTS, EXPORT_READS
 from services.preview.storage import ObjectStore
-from workshop.v1 import common_pb2, run_pb2
+from workshop.v1 import common_pb2, dataset_pb2, run_pb2
 from workshop.v1 import preview_pb2 as pb
 from workshop.v1 import publication_pb2 as pub
 
@@ -47,6 +53,8 @@ READ_AHEAD = 8
 HEADER_BYTES = 64 * 1024
 # Header reads in flight at once while laying out a version's archive.
 LAYOUT_READS = 32
+
+log = logging.getLogger(__name__)
 
 
 class BucketExports:
@@ -89,30 +97,43 @@ class BucketExports:
             version = first.version if first.HasField("version") else None
             bucket_id = version.bucket_id if version is not None else request.bucket_id
             total: int | None = None
-            facts: dict[str, ImageFacts] = {}
+            layout: Layout | None = None  # what the archive is said to be (a resume's)
+            recording: Layout | None = None  # what a whole export learns, to be stored
             if version is not None and (request.offset or request.with_size):
-                facts, total = await self._layout(source, request.format, first)
+                layout = await self._layout(source, request.format, first)
+                total = layout.total_bytes
                 if request.offset >= total:
                     raise OffsetPastEnd(request.offset, total)
+            elif version is not None and not await self.store.exists(
+                layout_key(version.version_id, suffix)
+            ):
+                recording = Layout(version.version_id, suffix, 0)
             name = f"{bucket_id}-{suffix}.tar"
             if version is not None:
                 name = f"{bucket_id}-{version.version_id[:15]}-{suffix}.tar"
             with dataset_archive(
                 request.format, bucket_id, first.classes, version=version, start=request.offset
             ) as archive:
+                archive.recording = recording
                 out = _Responses(name, archive, total)
                 # aclosing: an abandoned stream cancels the reads in flight at once.
-                async with aclosing(_with_bytes(pages, self.store, archive, facts)) as items:
-                    async for item, image in items:
-                        chunks = (
-                            archive.add(item, image)
-                            if image is not None
-                            else _known(archive, item, facts[item.item_id])
-                        )
-                        for response in out.send(chunks):
+                async with aclosing(_with_bytes(pages, self.store, archive, layout)) as items:
+                    async for item, image, known in items:
+                        if image is None:
+                            assert known is not None
+                            archive.add_known(item, known)
+                            continue
+                        for response in out.send(archive.add(item, image)):
                             yield response
                 for response in out.send(archive.finish()):
                     yield response
+                if layout is not None and archive.size != layout.total_bytes:
+                    EXPORT_LAYOUTS.labels("mismatch").inc()
+                    await self.store.remove([layout_key(layout.version_id, suffix)])
+                    raise LayoutMismatch(layout.version_id)
+                if recording is not None:
+                    recording.total_bytes = archive.size
+                    await self._store_layout(recording)
                 yield out.last()
         finally:
             pages.stop()
@@ -122,10 +143,68 @@ class BucketExports:
         source: _Source,
         dataset_format: run_pb2.DatasetFormat.ValueType,
         first: pub.ListExportItemsResponse,
-    ) -> tuple[dict[str, ImageFacts], int]:
-        """Every image's facts from its header, and the archive's size: the archive made
-        with no byte written (every member counted, none emitted)."""
-        facts: dict[str, ImageFacts] = {}
+    ) -> Layout:
+        """The version's archive layout: stored, else laid out from the images' headers
+        (or from the facts of its layout in the other format) and stored."""
+        version = first.version
+        suffix = SUFFIXES[dataset_format]
+        stored = await self._stored_layout(version, suffix)
+        if stored is not None:
+            return stored
+        facts: Layout | None = None
+        for other in SUFFIXES.values():
+            if other != suffix and facts is None:
+                facts = await self._stored_layout(version, other, quiet=True)
+        layout = await self._lay_out(source, dataset_format, first, facts)
+        await self._store_layout(layout)
+        return layout
+
+    async def _stored_layout(
+        self, version: dataset_pb2.DatasetVersion, suffix: str, *, quiet: bool = False
+    ) -> Layout | None:
+        """The stored layout, checked; None when there is none or it is not this one's."""
+        key = layout_key(version.version_id, suffix)
+        try:
+            data = await self.store.get(key)
+        except ImageMissing:
+            if not quiet:
+                EXPORT_LAYOUTS.labels("missing").inc()
+            return None
+        EXPORT_READS.labels("layout").inc()
+        try:
+            layout = await asyncio.to_thread(
+                decode, data, version.version_id, suffix, version.item_count
+            )
+        except BadLayout as error:
+            EXPORT_LAYOUTS.labels("bad").inc()
+            log.warning("the stored layout %s is not usable (%s); laying out again", key, error)
+            return None
+        if not quiet:
+            EXPORT_LAYOUTS.labels("found").inc()
+        return layout
+
+    async def _store_layout(self, layout: Layout) -> None:
+        """Stores a layout; a failure costs the next resume a layout pass, not this export."""
+        key = layout_key(layout.version_id, layout.suffix)
+        try:
+            data = await asyncio.to_thread(encode, layout)
+            await self.store.put_unrecorded(key, data, LAYOUT_CONTENT_TYPE)
+        except StorageUnavailable as error:
+            log.warning("could not store the layout %s: %s", key, error)
+            return
+        EXPORT_LAYOUTS.labels("stored").inc()
+
+    async def _lay_out(
+        self,
+        source: _Source,
+        dataset_format: run_pb2.DatasetFormat.ValueType,
+        first: pub.ListExportItemsResponse,
+        known: Layout | None,
+    ) -> Layout:
+        """Every image's facts from its header (or from `known`, the layout in another
+        format), and the archive's size: the archive made with no byte written (every
+        member counted, none emitted)."""
+        layout = Layout(first.version.version_id, SUFFIXES[dataset_format], 0)
         pages = source.pages()
         gate = asyncio.Semaphore(LAYOUT_READS)
         try:
@@ -140,24 +219,23 @@ class BucketExports:
                 while True:
                     batch = list(pages.items)
                     pages.items.clear()
-                    found = await asyncio.gather(
-                        *(_facts(self.store, item, gate) for item in batch)
-                    )
+                    if known is not None:
+                        found = [known.at(layout.items + n) for n in range(len(batch))]
+                    else:
+                        found = await asyncio.gather(
+                            *(_facts(self.store, item, gate) for item in batch)
+                        )
                     for item, one in zip(batch, found, strict=True):
-                        facts[item.item_id] = one
+                        layout.append(one)
                         archive.add_known(item, one)
                     if not await pages.more():
                         break
                 for _ in archive.finish():
                     pass  # nothing is emitted before the start
-                return facts, archive.size
+                layout.total_bytes = archive.size
+                return layout
         finally:
             pages.stop()
-
-
-def _known(archive: DatasetArchive, item: pub.ExportItem, facts: ImageFacts) -> Iterator[bytes]:
-    archive.add_known(item, facts)
-    return iter(())
 
 
 async def _facts(store: ObjectStore, item: pub.ExportItem, gate: asyncio.Semaphore) -> ImageFacts:
@@ -166,9 +244,11 @@ async def _facts(store: ObjectStore, item: pub.ExportItem, gate: asyncio.Semapho
     async with gate:
         try:
             head, size = await store.get_head(item.object_key, HEADER_BYTES)
+            EXPORT_READS.labels("header").inc()
             dimensions = jpeg_dimensions(head)
             if dimensions is None and size > len(head):
                 head = await store.get(item.object_key)
+                EXPORT_READS.labels("image").inc()
                 dimensions = jpeg_dimensions(head)
         except ImageMissing:
             raise _missing(item) from None
@@ -257,30 +337,34 @@ async def _with_bytes(
     pages: _Pages,
     store: ObjectStore,
     archive: DatasetArchive,
-    facts: dict[str, ImageFacts],
-) -> AsyncGenerator[tuple[pub.ExportItem, bytes | None], None]:
-    """Each item with its bytes, in order, reading up to READ_AHEAD objects ahead; None
-    for the items of a resumed archive that end before its start (`facts` knows them)."""
+    layout: Layout | None,
+) -> AsyncGenerator[tuple[pub.ExportItem, bytes | None, ImageFacts | None], None]:
+    """Each item with its bytes, in order, reading up to READ_AHEAD objects ahead; for the
+    items of a resumed archive that end before its start, no bytes but their facts (from
+    `layout`)."""
     window: deque[tuple[pub.ExportItem, asyncio.Task[bytes]]] = deque()
+    taken = 0  # items taken off the pages: the next one's index in the layout
     try:
         while True:
             # Take the next page once it is here, or once there is nothing else to do.
             while not pages.items and (pages.ready() or not window) and await pages.more():
                 pass  # a page may come empty with more after it
-            while not window and pages.items:
-                known = facts.get(pages.items[0].item_id)
-                if known is None or not archive.skips(pages.items[0], known):
+            while layout is not None and not window and pages.items:
+                known = layout.at(taken)
+                if not archive.skips(pages.items[0], known):
                     break
-                yield pages.items.popleft(), None
+                taken += 1
+                yield pages.items.popleft(), None, known
             while pages.items and len(window) < READ_AHEAD:
                 item = pages.items.popleft()
+                taken += 1
                 window.append((item, asyncio.ensure_future(_read(store, item))))
             if not window:
                 if pages.has_more():
                     continue  # every item of this page was skipped
                 return
             item, read = window.popleft()
-            yield item, await read
+            yield item, await read, None
     finally:
         for _, read in window:
             _abandon(read)
@@ -288,9 +372,11 @@ async def _with_bytes(
 
 async def _read(store: ObjectStore, item: pub.ExportItem) -> bytes:
     try:
-        return await store.get(item.object_key)
+        image = await store.get(item.object_key)
     except ImageMissing:
         raise _missing(item) from None
+    EXPORT_READS.labels("image").inc()
+    return image
 
 
 def _missing(item: pub.ExportItem) -> ImageChanged:

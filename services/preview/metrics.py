@@ -66,3 +66,27 @@ def count_deletion(key: str, size: int) -> None:
     kind = kind_of(key)
     CLEANUP_DELETIONS.labels(kind).inc()
     CLEANUP_DELETED_BYTES.labels(kind).inc(size)
+
+
+# kind: `image` (an exported image read whole), `header` (its first HEADER_BYTES, to lay a
+# version's archive out) or `layout` (a version's stored layout, docs/datasets.md).
+EXPORT_READS = Counter(
+    "workshop_preview_export_reads",
+    "Objects read from the bucket by dataset exports, by kind (image, header, layout).",
+    ["kind"],
+    registry=REGISTRY,
+)
+# outcome: `found` (a resume read it back), `missing`, `bad` (corrupt or of something else:
+# laid out again), `stored` (written by the export that worked it out) or `mismatch` (the
+# archive written did not match it: deleted).
+EXPORT_LAYOUTS = Counter(
+    "workshop_preview_export_layouts",
+    "Stored archive layouts of dataset versions, by outcome (found, missing, bad, stored, "
+    "mismatch).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+for _kind in ("image", "header", "layout"):
+    EXPORT_READS.labels(_kind)
+for _outcome in ("found", "missing", "bad", "stored", "mismatch"):
+    EXPORT_LAYOUTS.labels(_outcome)

@@ -135,13 +135,32 @@ class ObjectStore:
         return await self._call(ensure)
 
     async def put(self, key: str, data: bytes, content_type: str) -> None:
+        await self.put_unrecorded(key, data, content_type)
+        count_put(key, len(data))
+
+    async def put_unrecorded(self, key: str, data: bytes, content_type: str) -> None:
+        """Writes an object the coordinator does not record (an export's layout)."""
+
         def put() -> None:
             self._client.put_object(
                 self.bucket, key, io.BytesIO(data), length=len(data), content_type=content_type
             )
 
         await self._call(put)
-        count_put(key, len(data))
+
+    async def exists(self, key: str) -> bool:
+        """Whether the store holds `key` (a HEAD request)."""
+
+        def stat() -> bool:
+            try:
+                self._client.stat_object(self.bucket, key)
+            except S3Error as error:
+                if error.code in MISSING_CODES:
+                    return False
+                raise
+            return True
+
+        return await self._call(stat)
 
     def post_policy(
         self, key: str, content_type: str, max_bytes: int, expires_at: datetime.datetime

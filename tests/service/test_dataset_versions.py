@@ -16,8 +16,10 @@ from pathlib import Path, PurePosixPath
 from typing import cast
 
 import grpc
+import httpx
 import pytest
 import yaml  # type: ignore[import-untyped]
+from prometheus_client.parser import text_string_to_metric_families
 from pycocotools.coco import COCO
 
 from services.coordinator.identity.auth import Grant, ScopeName
@@ -347,6 +349,95 @@ async def test_a_broken_download_resumes_to_the_same_bytes(
         assert listed == {item: split_of(item, seed, fraction) for item in expected}
         assert f"seed: {seed}, val_fraction: {fraction}" in files["data.yaml"].decode()
         assert version.val_count == sum(1 for s in listed.values() if s == "val")
+
+
+async def export_reads(world: World) -> dict[str, float]:
+    """The preview service's own count of the objects its exports read, by kind, and of
+    its stored layouts by outcome (layout_<outcome>), from its /metrics."""
+    assert world.p.metrics_port
+    async with httpx.AsyncClient() as client:
+        answer = await client.get(f"http://127.0.0.1:{world.p.metrics_port}/metrics")
+    assert answer.status_code == 200
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            if sample.name == "workshop_preview_export_reads_total":
+                found[sample.labels["kind"]] = sample.value
+            if sample.name == "workshop_preview_export_layouts_total":
+                found["layout_" + sample.labels["outcome"]] = sample.value
+    return found
+
+
+def reads_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {
+        kind: after[kind] - before.get(kind, 0)
+        for kind in after
+        if after[kind] != before.get(kind, 0)
+    }
+
+
+def images_past(whole: bytes, cut: int) -> int:
+    """Images of the archive whose members reach past byte `cut` (a resume reads those)."""
+    with tarfile.open(fileobj=io.BytesIO(whole), mode="r:") as tar:
+        return sum(
+            1
+            for member in tar
+            if member.name.startswith("images/") and member.offset_data + member.size > cut
+        )
+
+
+def image_starts(whole: bytes) -> list[int]:
+    """Where each image's bytes start in the archive."""
+    with tarfile.open(fileobj=io.BytesIO(whole), mode="r:") as tar:
+        return [member.offset_data for member in tar if member.name.startswith("images/")]
+
+
+async def test_a_resume_reads_the_stored_layout_not_the_skipped_images(world: World) -> None:
+    """A whole export stores the version's layout; a resume then reads that one object and
+    the images past its offset, no header of any image before it, and gives the same bytes.
+    A corrupt layout is laid out again (and stored again); the other format's resume takes
+    the images' facts from the first format's layout."""
+    version = (await freeze(world, name="layout", seed=5)).version
+    vid = version.version_id
+    yolo_key = f"exports/layouts/{vid}/yolo.json.gz"
+    before = await export_reads(world)
+    whole, _ = await export_bytes(world, vid, YOLO_FORMAT)
+    spent = reads_since(before, await export_reads(world))
+    assert spent == {"image": version.item_count, "layout_stored": 1}
+    assert await world.p.keys(f"exports/layouts/{vid}/") == [yolo_key]
+
+    cut = image_starts(whole)[-2] + 5  # in the second last image
+    assert images_past(whole, cut) == 2
+    before = await export_reads(world)
+    rest, answers = await export_bytes(world, vid, YOLO_FORMAT, cut)
+    spent = reads_since(before, await export_reads(world))
+    assert spent == {"layout": 1, "layout_found": 1, "image": images_past(whole, cut)}
+    assert answers[0].total_bytes == len(whole)
+    assert whole[:cut] + rest == whole
+
+    # a corrupt layout: laid out again from the headers, the same bytes, stored anew
+    stored = await world.p.object_bytes(yolo_key)
+    await world.p.store.put_unrecorded(yolo_key, stored[:-9] + b"x" * 9, "application/gzip")
+    before = await export_reads(world)
+    rest, _ = await export_bytes(world, vid, YOLO_FORMAT, cut)
+    spent = reads_since(before, await export_reads(world))
+    assert spent["header"] == version.item_count
+    assert (spent["layout_bad"], spent["layout_stored"]) == (1, 1)
+    assert whole[:cut] + rest == whole
+    assert await world.p.object_bytes(yolo_key) == stored  # the same layout again
+
+    # COCO, never exported whole: its layout from YOLO's facts, no header read
+    coco, _ = await export_bytes(world, vid, COCO_FORMAT)
+    await world.p.store.remove([f"exports/layouts/{vid}/coco.json.gz"])
+    middle = len(coco) // 2
+    before = await export_reads(world)
+    rest, answers = await export_bytes(world, vid, COCO_FORMAT, middle)
+    spent = reads_since(before, await export_reads(world))
+    assert "header" not in spent
+    assert spent["layout_stored"] == 1
+    assert spent["image"] == images_past(coco, middle)
+    assert answers[0].total_bytes == len(coco)
+    assert coco[:middle] + rest == coco
 
 
 async def test_resuming_refuses_what_it_cannot_resume(world: World) -> None:

@@ -6,6 +6,7 @@
 // when one did (that answer's `ended`, or any 401 later); a first visit gets it plainly.
 import { ApiError, SignedOut, Unreachable, checkSession } from "./api.js";
 import { camerasView } from "./cameras.js";
+import { datasetsView, versionPageView } from "./datasets.js";
 import { h, show } from "./dom.js";
 import { editorView } from "./editor.js";
 import { keysView } from "./keys.js";
@@ -25,6 +26,7 @@ const VIEWS = {
   queue: queueView, buckets: bucketsView,
   workflows: workflowsView, workflow: editorView, models: modelsView, runtimes: runtimesView, keys: keysView,
   cameras: camerasView,
+  datasets: datasetsView, version: versionPageView,
 };
 
 const account = () => document.getElementById("account");

@@ -245,11 +245,12 @@ export async function bucketsView(context) {
       h("p", {},
         "These items (the filters above) as a dataset archive: ",
         h("a", { id: "export-coco", href: exportQuery("coco"), download: "", text: "COCO" }), " or ",
-        h("a", { id: "export-yolo", href: exportQuery("yolo"), download: "", text: "YOLO" }), "."),
-      // HOOK(dataset versions, issue 36 item 5): "Export a version" (freeze these filters
-      // into a named, content-addressed version, then download its export with progress)
-      // goes here once the datasets API exists; until then this section offers only the
-      // plain ExportBucket archives above, which are not versions.
+        h("a", { id: "export-yolo", href: exportQuery("yolo"), download: "", text: "YOLO" }),
+        " (not a version: made again, it follows later decisions)."),
+      h("p", {},
+        "A reproducible dataset: ",
+        h("a", { id: "bucket-datasets", href: `#/datasets/${encodeURIComponent(bucketId)}`, text: "this bucket's dataset versions" }),
+        " (freeze a version, export it with progress, compare two)."),
     ),
     editor.node,
   );

@@ -2,7 +2,10 @@
 // #/runs?workflow=ID, #/<view>/<id> for one resource's page): app.js renders the view
 // on every `hashchange`.
 
-export const VIEW_NAMES = ["login", "runs", "run", "review", "summary", "queue", "buckets", "workflows", "workflow", "models", "runtimes", "keys", "cameras"];
+export const VIEW_NAMES = [
+  "login", "runs", "run", "review", "summary", "queue", "buckets", "workflows", "workflow", "models",
+  "runtimes", "keys", "cameras", "datasets", "version",
+];
 export const DEFAULT_VIEW = "runs";
 
 export function parseRoute(fragment) {
