@@ -20,6 +20,7 @@ from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.gateway import PASSWORD, GatewayHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
+from tests.console_checks import check_phone_and_axe
 from tests.system.test_console import sign_in
 from tests.system.test_console_review import review, reviewed_run
 
@@ -171,6 +172,7 @@ async def test_versions_are_frozen_exported_and_compared_from_the_console(
     await expect(changes).to_have_count(min(len(diff["changes"]), 50))
     await page.locator("#diff-section").screenshot(path=str(screenshots / "datasets-diff.png"))
     await page.screenshot(path=str(screenshots / "datasets.png"), full_page=True)
+    await check_phone_and_axe(page)
 
     # 390 px wide: nothing scrolls sideways, on either page
     await page.set_viewport_size({"width": 390, "height": 800})
