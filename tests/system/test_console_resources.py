@@ -77,6 +77,8 @@ async def test_models_runtimes_and_keys_pages(
     await check_phone_and_axe(page)
     # No processor ever checked in here: the photo is refused with the API's reason.
     await page.get_by_role("link", name="2026-11-29").click()
+    # the day's page is drawn anew: click its form's button, not the one it replaces
+    await expect(page.get_by_label("Time on 2026-11-29 (UTC)")).to_be_visible()
     await page.get_by_role("button", name="Take a photo").click()
     await expect(page.locator("#photo-error")).not_to_be_empty()
 

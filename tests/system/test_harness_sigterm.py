@@ -84,7 +84,9 @@ def _run_and_terminate(tmp_path: Path, plugin: bool) -> tuple[int, str]:
     )
     try:
         deadline = time.monotonic() + WAIT_S
-        while not marker.exists():
+        # "started" written, not merely the file made: a SIGTERM between the two (a loaded
+        # machine) would end the fixture's setup before it yields, with nothing to tear down
+        while not (marker.exists() and marker.read_text() == "started"):
             if time.monotonic() > deadline or process.poll() is not None:
                 pytest.fail("the inner test run never started its fixture")
             time.sleep(0.05)

@@ -66,7 +66,7 @@ BEGIN
                                   claimed_at, lease_seconds)
         VALUES (NEW.run_id, NEW.job_index, NEW.generation, NEW.runtime_id, NEW.claimed_by,
                 NEW.updated_at,
-                extract(epoch FROM NEW.lease_expires_at - NEW.updated_at));
+                coalesce(extract(epoch FROM NEW.lease_expires_at - NEW.updated_at), 0));
     ELSE
         UPDATE job_attempts a
         SET ended_at = NEW.updated_at,
