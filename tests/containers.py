@@ -180,7 +180,8 @@ class Containers:
         listed = podman("ps", "--all", "--quiet", f"--filter=label={self.label}", check=False)
         ids = listed.stdout.split()
         if ids:
-            podman("rm", "--force", "--time=5", *ids, check=False, timeout=180)
+            # SIGKILL at once: the test is over (a graceful stop only costs the suite time)
+            podman("rm", "--force", "--time=0", *ids, check=False, timeout=180)
 
 
 @contextlib.contextmanager

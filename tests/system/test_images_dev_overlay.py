@@ -291,8 +291,9 @@ def test_the_dev_overlay_plays_and_completes_a_run(tmp_path: Path) -> None:
 
         @cleanup.callback
         def _remove() -> None:
-            # All at once: each stops within its own grace (5 s) in parallel.
-            podman("pod", "rm", "--force", "--time=5", *pods, check=False, timeout=300)
+            # All at once and at once (SIGKILL): the run is over and checked, and a graceful
+            # stop of every pod cost the suite about 40 s
+            podman("pod", "rm", "--force", "--time=0", *pods, check=False, timeout=300)
             podman("rm", "--force", f"{prefix}-register", check=False)
             for forward in forwards:
                 forward.close()
