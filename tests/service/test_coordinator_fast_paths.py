@@ -281,6 +281,16 @@ async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
                         item_sightings=[],
                         item_keys=[],
                         item_sha256s=[],
+                        camera_id="",
+                        changed_items=[],
+                        changed_sightings=[],
+                        gone=[],
+                        sighting_ids=[],
+                        sighting_buckets=[],
+                        sighting_classes=[],
+                        sighting_firsts=[],
+                        sighting_lasts=[],
+                        sighting_counts=[],
                         now=c.clock.now(),
                     )
                 )
