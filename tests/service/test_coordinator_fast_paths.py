@@ -291,6 +291,9 @@ async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
                         sighting_firsts=[],
                         sighting_lasts=[],
                         sighting_counts=[],
+                        count_buckets=[],
+                        count_classes=[],
+                        count_boxes=[],
                         now=c.clock.now(),
                     )
                 )

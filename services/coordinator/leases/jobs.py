@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TypedDict, TypeVar
@@ -284,6 +285,31 @@ class CommitPrepared(Row):
             reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, boxes)
             for item, boxes in zip(items, by_item, strict=True)
         ]
+
+    def box_counts(self, items: Sequence[results.Item]) -> BoxCounts:
+        """The items' boxes by bucket and class as detected (what the summary's class
+        counts add), as job_complete's count_ arrays; an item without boxes adds none."""
+        counts = Counter(
+            (items[position - 1].bucket_id, class_name)
+            for position, index, class_name in zip(
+                self.box_items, self.box_indexes, self.box_classes, strict=True
+            )
+            if index >= 0
+        )
+        pairs = sorted(counts)
+        return {
+            "count_buckets": [bucket for bucket, _ in pairs],
+            "count_classes": [class_name for _, class_name in pairs],
+            "count_boxes": [counts[pair] for pair in pairs],
+        }
+
+
+class BoxCounts(TypedDict):
+    """A commit's boxes by bucket and class, as job_complete's count_ arrays."""
+
+    count_buckets: list[str]
+    count_classes: list[str]
+    count_boxes: list[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -695,6 +721,9 @@ class JobsApi:
             # what the grouping changed besides the items (none yet: `_group` says)
             **reviews.Grouping(lease.run_id, "").changes_columns(),
             camera_id="",
+            count_buckets=[],
+            count_classes=[],
+            count_boxes=[],
             now=self.clock.now(),
         )
         if not items:  # job_complete alone is one statement: no transaction round trips
@@ -705,23 +734,33 @@ class JobsApi:
         # grouping needs), each written once with its sightings, so no read ever sees items
         # without them; job_complete then writes the grouping's other changes.
         async with self.db.transaction() as connection:
-            grouping = await self._group(connection, lease, items)
-            complete = dataclasses.replace(
-                complete,
-                item_sightings=[grouping.literal(i.item_id) for i in items],
-                camera_id=grouping.camera_id,
-                **grouping.changes_columns(),
-            )
+            prepared = await self._prepare(connection, lease, items)
+            if prepared is not None:
+                grouping = reviews.plan_grouping(
+                    lease.run_id,
+                    prepared.camera_id,
+                    prepared.new_items(items),
+                    prepared.context.boxes(),
+                    sorted({i.bucket_id for i in items}),
+                )
+                complete = dataclasses.replace(
+                    complete,
+                    item_sightings=[grouping.literal(i.item_id) for i in items],
+                    camera_id=grouping.camera_id,
+                    **grouping.changes_columns(),
+                    **prepared.box_counts(items),
+                )
+            # else the job is gone: nothing to group, and the commit refuses it
             return await self._answer_on(connection, CommitAnswer, complete)
 
     @staticmethod
-    async def _group(
+    async def _prepare(
         connection: Connection, lease: Lease, items: Sequence[results.Item]
-    ) -> reviews.Grouping:
-        """Locks the job and its items' timelines, reads its items' boxes as the commit
-        saves them and the timelines' context, and groups the items (review's); nothing to
-        group when the job is gone (the commit refuses it)."""
-        prepared = await fetch_one(
+    ) -> CommitPrepared | None:
+        """Locks the job and its items' timelines, and reads what grouping the items needs:
+        their boxes as the commit saves them and the timelines' context (None: no such
+        job)."""
+        return await fetch_one(
             connection,
             CommitPrepared,
             *bind(
@@ -734,15 +773,6 @@ class JobsApi:
                     item_times=[i.frame_time for i in items],
                 )
             ),
-        )
-        if prepared is None:
-            return reviews.Grouping(lease.run_id, "")
-        return reviews.plan_grouping(
-            lease.run_id,
-            prepared.camera_id,
-            prepared.new_items(items),
-            prepared.context.boxes(),
-            sorted({i.bucket_id for i in items}),
         )
 
     async def _answer(self, answer: type[A], params: Params) -> A:

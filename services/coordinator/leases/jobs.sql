@@ -89,6 +89,8 @@ SELECT * FROM job_commit_prepare_v1(
 -- what that grouping changed besides (review's sightings_apply, written only when the
 -- commit is): the items already written whose sightings changed, the sightings gone, and
 -- those made or changed, of the job's camera (:camera_id; '' when nothing was grouped).
+-- The items' boxes by bucket and class as detected, one element per pair in each count_
+-- array (the commit counts its items from them for the summary).
 -- nullable: item_boxes[], item_sightings[]
 SELECT * FROM job_complete_v3(
     p_run => :run_id::text, p_job => :job_index::integer,
@@ -110,7 +112,9 @@ SELECT * FROM job_complete_v3(
     p_sighting_classes => :sighting_classes::text[],
     p_sighting_firsts => :sighting_firsts::timestamptz[],
     p_sighting_lasts => :sighting_lasts::timestamptz[],
-    p_sighting_counts => :sighting_counts::integer[], p_now => :now::timestamptz);
+    p_sighting_counts => :sighting_counts::integer[],
+    p_count_buckets => :count_buckets::text[], p_count_classes => :count_classes::text[],
+    p_count_boxes => :count_boxes::bigint[], p_now => :now::timestamptz);
 
 -- name: job_check_lease
 SELECT workshop_fence_v1(

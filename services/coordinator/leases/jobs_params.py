@@ -168,6 +168,9 @@ class JobComplete(Params):
     sighting_firsts: Sequence[datetime]
     sighting_lasts: Sequence[datetime]
     sighting_counts: Sequence[int]
+    count_buckets: Sequence[str]
+    count_classes: Sequence[str]
+    count_boxes: Sequence[int]
     now: datetime
 
 
