@@ -40,6 +40,7 @@ from services.coordinator.servicers.views import (
     leases,
     preview_outcome,
     preview_record,
+    previews_boxes,
     snapshot_recording,
 )
 from workshop.kit.errors import ResourceExhausted, WorkshopError
@@ -329,9 +330,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 f"Give 1..{MAX_RECORD_BATCH} previews per call.", metadata={"field": "previews"}
             )
         previews: list[PreviewRecord | WorkshopError] = []
-        for one in request.previews:
+        boxes = previews_boxes(request.previews)
+        for one, one_boxes in zip(request.previews, boxes, strict=True):
             try:
-                previews.append(self._written(one))
+                previews.append(self._written(one, one_boxes))
             except WorkshopError as error:
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
@@ -343,7 +345,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             ]
         )
 
-    def _written(self, preview: pub.RecordPreviewRequest) -> PreviewRecord:
+    def _written(self, preview: pub.RecordPreviewRequest, boxes: str) -> PreviewRecord:
         """A written preview's record, checked as the preview service checks it (its bytes
         never passed a service: the grant bound their key, type and size at the store)."""
         if preview.content_type not in EXTENSIONS:
@@ -363,7 +365,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             )
         if not preview.HasField("frame_time"):
             raise InvalidField("frame_time is required.", metadata={"field": "frame_time"})
-        return preview_record(preview)
+        return preview_record(preview, boxes)
 
 
 # A Session's calls: the SessionRequest field of each (also its SessionResponse field), its

@@ -19,6 +19,7 @@ from services.coordinator.servicers.views import (
     lease,
     preview_outcome,
     preview_record,
+    previews_boxes,
     recorded_preview,
 )
 from workshop.kit import limits
@@ -118,9 +119,10 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         if not 1 <= len(request.previews) <= MAX_RECORD_BATCH:
             raise InvalidField(f"Give 1..{MAX_RECORD_BATCH} previews per call.")
         previews: list[PreviewRecord | WorkshopError] = []
-        for one in request.previews:
+        boxes = previews_boxes(request.previews)
+        for one, one_boxes in zip(request.previews, boxes, strict=True):
             try:
-                previews.append(preview_record(one))
+                previews.append(preview_record(one, one_boxes))
             except WorkshopError as error:
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
