@@ -38,9 +38,9 @@ from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.views import (
     lease,
     leases,
-    preview_outcome,
     preview_record,
     previews_boxes,
+    previews_response,
     snapshot_recording,
 )
 from workshop.kit.errors import ResourceExhausted, WorkshopError
@@ -338,11 +338,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
         answers = iter(await self.publication.record_own_previews(who, valid) if valid else [])
-        return pub.RecordPreviewsResponse(
-            outcomes=[
-                preview_outcome(preview if isinstance(preview, WorkshopError) else next(answers))
-                for preview in previews
-            ]
+        return previews_response(
+            preview if isinstance(preview, WorkshopError) else next(answers) for preview in previews
         )
 
     def _written(self, preview: pub.RecordPreviewRequest, boxes: str) -> PreviewRecord:

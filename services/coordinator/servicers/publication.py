@@ -17,9 +17,9 @@ from services.coordinator.servicers import views
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.views import (
     lease,
-    preview_outcome,
     preview_record,
     previews_boxes,
+    previews_response,
     recorded_preview,
 )
 from workshop.kit import limits
@@ -127,11 +127,8 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
         answers = iter(await self.api.record_previews(service, processor, valid) if valid else [])
-        return pb.RecordPreviewsResponse(
-            outcomes=[
-                preview_outcome(preview if isinstance(preview, WorkshopError) else next(answers))
-                for preview in previews
-            ]
+        return previews_response(
+            preview if isinstance(preview, WorkshopError) else next(answers) for preview in previews
         )
 
     async def ListCollectableObjects(
