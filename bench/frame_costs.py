@@ -1,6 +1,7 @@
 """What a full run's published frame costs Postgres: its preview's record and its commit.
 
     .venv/bin/python -m bench.frame_costs [--rounds 12] [--batch 60] [--boxes 1] [--join-gap S]
+    .venv/bin/python -m bench.frame_costs --python [--batch 90] [--boxes 3]
 
 A processor of a full run records each frame's preview (its boxes with it) in batches,
 then its Complete names every preview as its frame's upload and leaves the boxes to the
@@ -26,6 +27,9 @@ boxes up to S seconds apart join (it sets review's `sightings.MAX_GAP` in this p
 where the coordinator runs), as the processor benchmark's frames 0.5 s apart do: 60 gives
 that benchmark's few sightings a job.
 
+`--python` starts nothing and times the coordinator's own handler Python for the same
+frames instead, piece by piece (`bench/frame_python.py`).
+
 Last line: `RESULT record_us_per_frame=<r> commit_us_per_frame=<c> total_us_per_frame=<t>
 coordinator_us_per_frame=<p>` (Postgres, then this process).
 """
@@ -40,6 +44,7 @@ from datetime import timedelta
 
 import asyncpg
 
+from bench import frame_python
 from bench.proc_stats import children
 from bench.profiling import enable_pg_stat_statements, statements_report, statements_reset
 from services.coordinator.review import sightings
@@ -213,7 +218,15 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="pg_stat_statements per frame (bench.profiling)"
     )
+    parser.add_argument(
+        "--python",
+        action="store_true",
+        help="the coordinator's handler Python per frame only, no servers (bench.frame_python)",
+    )
     args = parser.parse_args()
+    if args.python:
+        frame_python.report(args.batch, args.boxes)
+        return 0
     try:
         with postgres_cluster() as cluster:
             if args.profile:

@@ -1,10 +1,10 @@
 """The coordinator's own Python per published frame of a full run, piece by piece.
 
-    .venv/bin/python -m bench.frame_python [--batch 90] [--frames 120] [--boxes 3]
+    .venv/bin/python -m bench.frame_costs --python [--batch 90] [--boxes 3]
 
 A full run's frame reaches the coordinator twice: in a record batch (the processor's
 `record_previews` on its session, `--batch` previews of `--boxes` boxes) and in its job's
-Complete (`--frames` slots, each a frame whose one output takes the boxes recorded with
+Complete (120 slots, each a frame whose one output takes the boxes recorded with
 its preview, as `bench.processor_throughput`'s processor sends it). This times, with
 `time.process_time` (CPU of this process, which other work on a shared host disturbs far
 less than wall time), the handler code each of them runs per frame without the database
@@ -13,12 +13,13 @@ and boxes' JSON (`servicers.views.preview_record`, `previews_boxes`), the previe
 the batch's answer (`previews_response`), the result check (`leases.results.check_result`)
 and the grouping of the job's items into sightings (`review.reviews.plan_grouping`, its
 boxes moving a little a frame, so a job holds `--boxes` sightings). No servers; about
-10 s. Last line: `RESULT record_us=<r> commit_us=<c> total_us=<t>`, per frame.
+10 s. Last line: `RESULT record_us=<r> commit_us=<c> total_us=<t>`, per frame. (Part of
+`bench.frame_costs`, as the coordinator's side of the same frames, not a benchmark with
+results of its own.)
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 import timeit
 import uuid
@@ -135,20 +136,16 @@ def _commit_pieces(frames: int, boxes: int) -> dict[str, Callable[[], object]]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=90, help="previews a record batch holds")
-    parser.add_argument("--frames", type=int, default=120, help="frames a job holds")
-    parser.add_argument("--boxes", type=int, default=3, help="boxes a frame holds")
-    args = parser.parse_args()
+def report(batch: int, boxes: int, frames: int = 120) -> None:
+    """Prints each piece's CPU per frame and the RESULT line."""
     totals = {}
-    for side, pieces, frames in (
-        ("record", _record_pieces(_records(args.batch, args.boxes)), args.batch),
-        ("commit", _commit_pieces(args.frames, args.boxes), args.frames),
+    for side, pieces, count in (
+        ("record", _record_pieces(_records(batch, boxes)), batch),
+        ("commit", _commit_pieces(frames, boxes), frames),
     ):
         total = 0.0
         for name, work in pieces.items():
-            spent = _us_per_frame(work, frames)
+            spent = _us_per_frame(work, count)
             total += spent
             print(f"{side:<7} {name:<15} {spent:6.2f} us a frame")
         totals[side] = total
@@ -156,8 +153,3 @@ def main() -> int:
         f"RESULT record_us={totals['record']:.1f} commit_us={totals['commit']:.1f} "
         f"total_us={totals['record'] + totals['commit']:.1f}"
     )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
