@@ -1,6 +1,7 @@
 """What a full run's published frame costs Postgres: its preview's record and its commit.
 
-    .venv/bin/python -m bench.frame_costs [--rounds 12] [--batch 60]
+    .venv/bin/python -m bench.frame_costs [--rounds 12] [--batch 60] [--boxes 1] [--join-gap S]
+    .venv/bin/python -m bench.frame_costs --python [--batch 90] [--boxes 3]
 
 A processor of a full run records each frame's preview (its boxes with it) in batches,
 then its Complete names every preview as its frame's upload and leaves the boxes to the
@@ -16,18 +17,37 @@ warm the backends' plans and caches and are not counted; `--verbose` prints ever
 CPU itself). Other work on the machine does not count in a process's CPU, so the figures
 hold on a busy host far better than wall time.
 
-Last line: `RESULT record_us_per_frame=<r> commit_us_per_frame=<c> total_us_per_frame=<t>`.
+Also printed: this process's CPU per frame (`time.process_time`), which is the
+coordinator's Python and C code plus the benchmark's own gRPC client (its requests are
+built before the clock starts): the same client for every tree, so it compares the
+coordinator's per-frame CPU of two trees. `--boxes N` gives each preview N boxes (the demo
+detector of `bench.processor_throughput` finds 3). Frames are 30 s apart, so each box would
+start a sighting of its own (a commit then writes 120 x N sightings); `--join-gap S` lets
+boxes up to S seconds apart join (it sets review's `sightings.MAX_GAP` in this process,
+where the coordinator runs), as the processor benchmark's frames 0.5 s apart do: 60 gives
+that benchmark's few sightings a job.
+
+`--python` starts nothing and times the coordinator's own handler Python for the same
+frames instead, piece by piece (`bench/frame_python.py`).
+
+Last line: `RESULT record_us_per_frame=<r> commit_us_per_frame=<c> total_us_per_frame=<t>
+coordinator_us_per_frame=<p>` (Postgres, then this process).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import time
+from datetime import timedelta
 
 import asyncpg
 
+from bench import frame_python
 from bench.proc_stats import children
 from bench.profiling import enable_pg_stat_statements, statements_report, statements_reset
+from services.coordinator.review import sightings
 from testbed.coordinator_leases import (
     Setup,
     claim,
@@ -63,28 +83,49 @@ def family_cpu_s(root: int) -> float:
     return total / 1e9
 
 
-BOX = common_pb2.Box(class_name="person", score=0.9, x=0.1, y=0.1, w=0.2, h=0.3)
+def _boxes(slot: int, count: int) -> list[common_pb2.Box]:
+    """A frame's boxes: `count` objects side by side, each moving a little a frame."""
+    return [
+        common_pb2.Box(
+            class_name="person", score=0.9, x=0.1 + 0.25 * n + 0.001 * slot, y=0.1, w=0.2, h=0.3
+        )
+        for n in range(count)
+    ]
+
+
+@dataclasses.dataclass
+class Costs:
+    """CPU seconds of one job: Postgres's and this process's, during records and commit."""
+
+    frames: int
+    record: float = 0.0
+    commit: float = 0.0
+    record_here: float = 0.0
+    commit_here: float = 0.0
 
 
 async def _round(
-    c: CoordinatorHarness, s: Setup, run_id: str, batch: int, postmaster: int
-) -> tuple[int, float, float]:
+    c: CoordinatorHarness, s: Setup, run_id: str, batch: int, boxes: int, postmaster: int
+) -> Costs:
     """One full run's first job: its frames, the CPU of its records and of its commit."""
     await create_run(c, s, run_id)
     job = await claim(c, s)
     assert job is not None
     assert job.lease.run_id == run_id, job
-    requests = [
-        record_request(job, slot.index, test=False, data=b"frame-%d" % slot.index)
-        for slot in job.input.slots
+    requests = []
+    for slot in job.input.slots:
+        request = record_request(job, slot.index, test=False, data=b"frame-%d" % slot.index)
+        del request.boxes[:]
+        request.boxes.extend(_boxes(slot.index, boxes))
+        requests.append(request)
+    batches = [
+        pub.RecordPreviewsRequest(previews=requests[start : start + batch])
+        for start in range(0, len(requests), batch)
     ]
-    began = family_cpu_s(postmaster)
-    for start in range(0, len(requests), batch):
-        await c.publication.RecordPreviews(
-            pub.RecordPreviewsRequest(previews=requests[start : start + batch]),
-            metadata=on_behalf(s),
-        )
-    recorded = family_cpu_s(postmaster)
+    began, began_here = family_cpu_s(postmaster), time.process_time()
+    for message in batches:
+        await c.publication.RecordPreviews(message, metadata=on_behalf(s))
+    recorded, recorded_here = family_cpu_s(postmaster), time.process_time()
     result = empty_result(job)
     for request, out in zip(requests, result.slots, strict=True):
         out.outcome = common_pb2.SLOT_OUTCOME_FRAME
@@ -92,17 +133,24 @@ async def _round(
         out.outputs.add(step_id="save", boxes_recorded=True)
         out.upload_key = request.object_key
         out.upload_sha256 = request.sha256
-    reply: jobs_pb2.CompleteResponse = await c.jobs.Complete(
-        complete_request(job, result), metadata=s.processor
-    )
-    committed = family_cpu_s(postmaster)
+    completing = complete_request(job, result)
+    began_commit, began_commit_here = family_cpu_s(postmaster), time.process_time()
+    reply: jobs_pb2.CompleteResponse = await c.jobs.Complete(completing, metadata=s.processor)
+    committed, committed_here = family_cpu_s(postmaster), time.process_time()
     assert reply.receipt.items_saved == len(requests), reply
-    return len(requests), recorded - began, committed - recorded
+    return Costs(
+        len(requests),
+        recorded - began,
+        committed - began_commit,
+        recorded_here - began_here,
+        committed_here - began_commit_here,
+    )
 
 
 async def _bench(dsn: str, postmaster: int, args: argparse.Namespace) -> None:
-    frames = 0
-    record_s = commit_s = 0.0
+    total = Costs(0)
+    if args.join_gap is not None:
+        sightings.MAX_GAP = timedelta(seconds=args.join_gap)
     for setting in args.setting:
         name, _, value = setting.partition("=")
         connection = await asyncpg.connect(dsn)
@@ -116,30 +164,35 @@ async def _bench(dsn: str, postmaster: int, args: argparse.Namespace) -> None:
             for statement in args.before:
                 await connection.execute(statement)
         for number in range(args.rounds + WARM_ROUNDS):
-            count, record, commit = await _round(c, s, f"f{number}", args.batch, postmaster)
+            costs = await _round(c, s, f"f{number}", args.batch, args.boxes, postmaster)
             if number == WARM_ROUNDS - 1 and args.profile:
                 await statements_reset(dsn)
             if args.verbose:
                 print(
-                    f"round {number}: record {record / count * 1e6:.1f} us/frame, "
-                    f"commit {commit / count * 1e6:.1f} us/frame"
+                    f"round {number}: record {costs.record / costs.frames * 1e6:.1f} us/frame, "
+                    f"commit {costs.commit / costs.frames * 1e6:.1f} us/frame"
                 )
             if number >= WARM_ROUNDS:
-                frames += count
-                record_s += record
-                commit_s += commit
+                for name in ("frames", "record", "commit", "record_here", "commit_here"):
+                    setattr(total, name, getattr(total, name) + getattr(costs, name))
+    frames = total.frames
     if args.profile:
         await statements_report(dsn, frames, "frame")
-    record_us = record_s / frames * 1e6
-    commit_us = commit_s / frames * 1e6
+    record_us = total.record / frames * 1e6
+    commit_us = total.commit / frames * 1e6
+    record_here_us = total.record_here / frames * 1e6
+    commit_here_us = total.commit_here / frames * 1e6
     print(
-        f"{args.rounds} jobs of {frames // args.rounds} frames, records in batches of "
-        f"{args.batch}: Postgres CPU per frame: record {record_us:.1f} us, commit "
-        f"{commit_us:.1f} us, both {record_us + commit_us:.1f} us"
+        f"{args.rounds} jobs of {frames // args.rounds} frames, {args.boxes} boxes each, "
+        f"records in batches of {args.batch}: Postgres CPU per frame: record {record_us:.1f} us, "
+        f"commit {commit_us:.1f} us, both {record_us + commit_us:.1f} us; this process "
+        f"(the coordinator and the client): record {record_here_us:.1f} us, commit "
+        f"{commit_here_us:.1f} us, both {record_here_us + commit_here_us:.1f} us"
     )
     print(
         f"RESULT record_us_per_frame={record_us:.1f} commit_us_per_frame={commit_us:.1f} "
-        f"total_us_per_frame={record_us + commit_us:.1f}"
+        f"total_us_per_frame={record_us + commit_us:.1f} "
+        f"coordinator_us_per_frame={record_here_us + commit_here_us:.1f}"
     )
 
 
@@ -154,11 +207,26 @@ def main() -> int:
     parser.add_argument(
         "--setting", action="append", default=[], help="NAME=VALUE for the database (an experiment)"
     )
+    parser.add_argument("--boxes", type=int, default=1, help="boxes a preview holds")
+    parser.add_argument(
+        "--join-gap",
+        type=float,
+        default=None,
+        help="seconds between frames whose boxes may join a sighting (review's is 5)",
+    )
     parser.add_argument("--verbose", action="store_true", help="each round's figures")
     parser.add_argument(
         "--profile", action="store_true", help="pg_stat_statements per frame (bench.profiling)"
     )
+    parser.add_argument(
+        "--python",
+        action="store_true",
+        help="the coordinator's handler Python per frame only, no servers (bench.frame_python)",
+    )
     args = parser.parse_args()
+    if args.python:
+        frame_python.report(args.batch, args.boxes)
+        return 0
     try:
         with postgres_cluster() as cluster:
             if args.profile:

@@ -65,6 +65,9 @@ PG_TYPES: dict[str, tuple[type, ...]] = {
     "text[]": (list,),
     "int8[]": (list,),
     "int4[]": (list,),
+    "float4[]": (list,),
+    "bool[]": (list,),
+    "timestamptz[]": (list,),
 }
 
 

@@ -329,6 +329,17 @@ def test_enum_check_finds_nested_repeated_and_map_values() -> None:
     problem = field_problem(document)
     assert problem is not None
     assert problem.metadata == {"field": "fields['a'].null_value"}
+    # a type that holds itself (Struct -> Value -> ListValue -> Value -> Struct), at depth
+    deep = struct_pb2.Struct()
+    deep.update({"a": {"b": ["x", {"c": "d\0"}]}})
+    problem = field_problem(deep)
+    assert problem is not None
+    assert problem.metadata == {
+        "field": "fields['a'].struct_value.fields['b'].list_value.values[1].struct_value"
+        ".fields['c'].string_value"
+    }
+    deep.update({"a": {"b": ["x", {"c": "d"}]}})
+    assert field_problem(deep) is None
 
 
 def test_timestamps_and_durations_out_of_their_range_are_invalid_fields() -> None:

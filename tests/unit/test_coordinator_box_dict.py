@@ -1,5 +1,6 @@
-"""leases.boxes.box_dict stores a box exactly as json_format.MessageToDict did, and
-leases.boxes.boxes_json writes the same values as JSON text."""
+"""leases.boxes.box_dict stores a box exactly as json_format.MessageToDict did,
+leases.boxes.boxes_json writes the same values as JSON text, and boxes_json_many the same
+text as boxes_json for a batch of frames."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from decimal import Decimal
 
 from google.protobuf import json_format
 
-from services.coordinator.leases.boxes import box_dict, boxes_json
+from services.coordinator.leases.boxes import box_dict, boxes_json, boxes_json_many
 from workshop.v1 import common_pb2
 
 
@@ -74,3 +75,34 @@ def test_boxes_json_prints_every_normal_float_as_protobuf_does() -> None:
         box = common_pb2.Box(x=value)
         expected = json.dumps([box_dict(box)])
         assert _stored(boxes_json([box])) == _stored(expected), value
+
+
+def test_boxes_json_many_writes_each_frames_boxes_json() -> None:
+    """A batch of frames (0 to 4 boxes each) is each frame's boxes_json, text for text; a
+    batch holding a value boxes_json writes box_dict's way (NaN, infinities, subnormals)
+    too, and a batch of frames without boxes."""
+    chosen = random.Random(20)
+    boxes = _boxes(20)
+    plain = [
+        common_pb2.Box(
+            class_name=chosen.choice(["", "person", 'a "quoted" café']),
+            score=chosen.random(),
+            x=chosen.choice([0.0, -0.0, chosen.random()]),
+            y=chosen.random(),
+            w=chosen.random(),
+            h=chosen.random(),
+            **({"track_id": chosen.randint(-(2**63), 2**63 - 1)} if chosen.random() < 0.3 else {}),
+        )
+        for _ in range(3000)
+    ]
+    for pool in (plain, boxes):
+        frames, start = [], 0
+        while start < len(pool):
+            count = chosen.randint(0, 4)
+            frames.append(pool[start : start + count])
+            start += count
+        for first in range(0, len(frames), 90):  # a record batch at a time
+            batch = frames[first : first + 90]
+            assert boxes_json_many(batch) == [boxes_json(frame) for frame in batch]
+    assert boxes_json_many([[], []]) == ["[]", "[]"]
+    assert boxes_json_many([]) == []

@@ -24,8 +24,10 @@ message type.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from functools import cache
+from keyword import iskeyword
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
@@ -135,48 +137,111 @@ class _Step:
     shape: int
     enum: EnumDescriptor | None = None
     numbers: frozenset[int] = frozenset()
+    child: Descriptor | None = None  # a message step's type (a map's value type)
+
+
+Check = Callable[[Any], tuple[str, str] | None]
 
 
 def _first_problem(message: Message) -> tuple[str, str] | None:
-    """(path below `message`, what is wrong) of the first value out of range, or None.
+    """(path below `message`, what is wrong) of the first value out of range, or None."""
+    descriptor: Descriptor = message.DESCRIPTOR  # type: ignore[assignment]  # upb's own class
+    return _check_of(descriptor)(message)
 
-    Hot for large requests (a result of 10,000 slots): positions are formatted only for
-    the value that fails, and a field's values are looked at in one loop."""
-    descriptor = message.DESCRIPTOR
-    check = _VALUE_CHECKS.get(descriptor.full_name)
-    if check is not None:
-        problem = check(message)
-        return None if problem is None else ("", problem)
-    for step in _walk(descriptor):
-        value = getattr(message, step.name)
+
+# Each message type's check, made once: a function whose body looks at each of the type's
+# steps (`_walk`) in order, straight from the message's attributes. A record batch of 90
+# previews (3 boxes each) took 4.3 us a preview walking the steps generically, a call per
+# step and value; positions are still formatted only for the value that fails. Checks are
+# made under a lock and published when whole (a deserializer may run on any thread).
+_CHECKS: dict[Descriptor, Check] = {}
+_MAKING = threading.Lock()
+
+
+def _check_of(descriptor: Descriptor) -> Check:
+    found = _CHECKS.get(descriptor)
+    if found is None:
+        with _MAKING:
+            made: dict[Descriptor, list[Check]] = {}
+            found = _CHECKS.get(descriptor) or _compile(descriptor, made)
+            _CHECKS.update({made_for: cell[0] for made_for, cell in made.items()})
+    return found
+
+
+def _compile(descriptor: Descriptor, made: dict[Descriptor, list[Check]]) -> Check:
+    """The check of `descriptor`'s messages, and in `made` each one this made (those of its
+    fields' types), for the caller to publish."""
+    if descriptor in _CHECKS:
+        return _CHECKS[descriptor]
+    if descriptor in made:
+        cell = made[descriptor]
+        if cell:
+            return cell[0]
+        # a type that holds itself, at some depth: its check calls it through the cell
+        # that holds it once it is made
+        return lambda message: cell[0](message)
+    value_check = _VALUE_CHECKS.get(descriptor.full_name)
+    if value_check is not None:
+        problem_of = value_check
+
+        def check_value(message: Any) -> tuple[str, str] | None:
+            problem = problem_of(message)
+            return None if problem is None else ("", problem)
+
+        made[descriptor] = [check_value]
+        return check_value
+    made[descriptor] = []
+    scope: dict[str, Any] = {"below": _below, "NUL": NUL_PROBLEM, "enum_problem": _enum_problem}
+    lines = ["def check(m):"]
+    for number, step in enumerate(_walk(descriptor)):
+        field = f"m.{step.name}" if not iskeyword(step.name) else f"getattr(m, {step.name!r})"
+        name = repr(step.name)
+        scope[f"step{number}"] = step
+        scope[f"numbers{number}"] = step.numbers
+        if step.child is not None:
+            scope[f"child{number}"] = _compile(step.child, made)
         if step.shape == _SINGLE:
-            found = _single_problem(step, message, value)
-            if found is not None:
-                return _below(step.name, None, found)
+            if step.kind == _TEXT:
+                lines.append(f"    if '\\0' in {field}: return ({name}, NUL)")
+            elif step.kind == _ENUM:
+                lines += [
+                    f"    v = {field}",
+                    f"    if v not in numbers{number}:",
+                    f"        return ({name}, enum_problem(step{number}, v))",
+                ]
+            else:
+                lines += [
+                    f"    if m.HasField({name}):",
+                    f"        found = child{number}({field})",
+                    f"        if found is not None: return below({name}, None, found)",
+                ]
             continue
-        items = value.items() if step.shape == _MAP else enumerate(value)
-        for position, item in items:
-            found = _item_problem(step, position, item)
-            if found is not None:
-                return _below(step.name, repr(position) if step.shape == _MAP else position, found)
-    return None
-
-
-def _single_problem(step: _Step, message: Message, value: Any) -> tuple[str, str] | None:
-    if step.kind == _ENUM:
-        return None if value in step.numbers else ("", _enum_problem(step, value))
-    if step.kind == _TEXT:
-        return ("", NUL_PROBLEM) if "\0" in value else None
-    return _first_problem(value) if message.HasField(step.name) else None
-
-
-def _item_problem(step: _Step, key: object, item: Any) -> tuple[str, str] | None:
-    if step.kind == _ENUM:
-        return None if item in step.numbers else ("", _enum_problem(step, item))
-    if step.kind == _TEXT:
-        text_key = isinstance(key, str) and "\0" in key
-        return ("", NUL_PROBLEM) if text_key or (isinstance(item, str) and "\0" in item) else None
-    return _first_problem(item)
+        if step.shape == _MAP:
+            lines.append(f"    for p, v in {field}.items():")
+            where = "repr(p)"
+        else:
+            lines.append(f"    for p, v in enumerate({field}):")
+            where = "p"
+        if step.kind == _TEXT:
+            test = "'\\0' in v"
+            if step.shape == _MAP:  # a key or a value may be the text
+                test = "(isinstance(p, str) and '\\0' in p) or (isinstance(v, str) and '\\0' in v)"
+            lines.append(f"        if {test}: return below({name}, {where}, ('', NUL))")
+        elif step.kind == _ENUM:
+            lines += [
+                f"        if v not in numbers{number}:",
+                f"            return below({name}, {where}, ('', enum_problem(step{number}, v)))",
+            ]
+        else:
+            lines += [
+                f"        found = child{number}(v)",
+                f"        if found is not None: return below({name}, {where}, found)",
+            ]
+    lines.append("    return None")
+    exec(compile("\n".join(lines), f"<request check {descriptor.full_name}>", "exec"), scope)
+    check: Check = scope["check"]
+    made[descriptor].append(check)
+    return check
 
 
 def _below(name: str, position: object, found: tuple[str, str]) -> tuple[str, str]:
@@ -226,7 +291,7 @@ def _walk(descriptor: Descriptor) -> tuple[_Step, ...]:
             numbers = frozenset(value.number for value in held.enum_type.values)
             steps.append(_Step(field.name, _ENUM, shape, held.enum_type, numbers))
         elif held.message_type is not None and _needs_checks(held.message_type):
-            steps.append(_Step(field.name, _MESSAGE, shape))
+            steps.append(_Step(field.name, _MESSAGE, shape, child=held.message_type))
     return tuple(steps)
 
 

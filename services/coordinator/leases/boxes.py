@@ -8,11 +8,13 @@ pass. Reading it back into a message is the servicers' (`convert.boxes`, `fill_b
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -78,6 +80,63 @@ def boxes_json(boxes: Sequence[common_pb2.Box]) -> str:
             fields.append(f'"track_id": "{box.track_id}"')
         parts.append("{" + ", ".join(fields) + "}")
     return "[" + ", ".join(parts) + "]"
+
+
+_FLOATS_OF = attrgetter(*BOX_FLOATS)
+
+
+@functools.cache
+def _template(written: int, named: bool, tracked: bool) -> str:
+    """A box's stored text with `%s` for its values, for the fields it writes: the class
+    name (`named`), the floats set (bit i of `written`: BOX_FLOATS[i]), the track id."""
+    fields = ['"class_name": %s'] if named else []
+    fields.extend(f'"{name}": %s' for bit, name in enumerate(BOX_FLOATS) if written >> bit & 1)
+    if tracked:
+        fields.append('"track_id": "%s"')
+    return "{" + ", ".join(fields) + "}"
+
+
+_ALL_FLOATS = (1 << len(BOX_FLOATS)) - 1
+
+
+def boxes_json_many(frames: Sequence[Sequence[common_pb2.Box]]) -> list[str]:
+    """`boxes_json` of each frame's boxes (the same text), for a batch of frames at once: a
+    record batch's previews (90 frames of 3 boxes in bench.processor_throughput). numpy
+    prints the whole batch's floats in one call (`astype(str)`, the shortest form as
+    `str` of each 32-bit float, at under half its cost a value), and the checks that send a
+    value to box_dict's way run once per batch; a batch with such a value takes
+    `boxes_json` frame by frame."""
+    boxes = [box for frame in frames for box in frame]
+    if not boxes:
+        return ["[]" for _ in frames]
+    values = np.array([_FLOATS_OF(box) for box in boxes], dtype=np.float32)
+    magnitude = np.abs(values)
+    if not np.isfinite(values).all() or ((magnitude < _FLOAT32_TINY) & (values != 0)).any():
+        return [boxes_json(frame) for frame in frames]
+    texts = values.astype(str).tolist()
+    # a field is written when set: not 0, or -0.0 (as in box_dict); bit i: BOX_FLOATS[i]
+    written = (((values != 0) | np.signbit(values)) @ (1 << np.arange(len(BOX_FLOATS)))).tolist()
+    parts: list[str] = []
+    for box, box_texts, box_written in zip(boxes, texts, written, strict=True):
+        named = box.class_name
+        tracked = box.HasField("track_id")
+        shown = (
+            box_texts
+            if box_written == _ALL_FLOATS
+            else [text for bit, text in enumerate(box_texts) if box_written >> bit & 1]
+        )
+        if named:
+            shown = [encode_basestring_ascii(named), *shown]
+        if tracked:
+            shown = [*shown, box.track_id]
+        parts.append(_template(box_written, bool(named), tracked) % tuple(shown))
+    stored = []
+    start = 0
+    for frame in frames:
+        end = start + len(frame)
+        stored.append("[" + ", ".join(parts[start:end]) + "]")
+        start = end
+    return stored
 
 
 def _shortest_float(number: float) -> float:

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypedDict, TypeVar
@@ -24,7 +25,7 @@ from services.coordinator.leases import results
 from services.coordinator.leases.jobs_params import (
     JobCheckLease,
     JobClaim,
-    JobCommitBoxes,
+    JobCommitPrepare,
     JobComplete,
     JobFail,
     JobHeartbeat,
@@ -250,17 +251,65 @@ class CommitAnswer(Row):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class CommitBox(Row):
-    """A box of an item about to be committed (job_commit_boxes; box_index -1: none)."""
+class CommitPrepared(Row):
+    """job_commit_prepare's answer, one row of arrays: the job's camera, the boxes of the
+    items about to be committed (one element per box in each box_ array; box_items is the
+    item's 1-based position in the result's item order; box_index -1: an item without
+    boxes), and their timelines' context (review's)."""
 
     camera_id: str
-    item_position: int  # from 1, in the result's item order
-    box_index: int
-    class_name: str
-    x: float
-    y: float
-    w: float
-    h: float
+    box_items: list[int]
+    box_indexes: list[int]
+    box_classes: list[str]
+    box_xs: list[float]
+    box_ys: list[float]
+    box_ws: list[float]
+    box_hs: list[float]
+    context: reviews.ContextColumns
+
+    def new_items(self, items: Sequence[results.Item]) -> list[reviews.NewItem]:
+        """The items with their boxes, as review groups them."""
+        by_item: list[list[reviews.NewBox]] = [[] for _ in items]
+        for position, *box in zip(
+            self.box_items,
+            self.box_indexes,
+            self.box_classes,
+            self.box_xs,
+            self.box_ys,
+            self.box_ws,
+            self.box_hs,
+            strict=True,
+        ):
+            by_item[position - 1].append(reviews.NewBox(*box))
+        return [
+            reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, boxes)
+            for item, boxes in zip(items, by_item, strict=True)
+        ]
+
+    def box_counts(self, items: Sequence[results.Item]) -> BoxCounts:
+        """The items' boxes by bucket and class as detected (what the summary's class
+        counts add), as job_complete's count_ arrays; an item without boxes adds none."""
+        counts = Counter(
+            (items[position - 1].bucket_id, class_name)
+            for position, index, class_name in zip(
+                self.box_items, self.box_indexes, self.box_classes, strict=True
+            )
+            if index >= 0
+        )
+        pairs = sorted(counts)
+        return {
+            "count_buckets": [bucket for bucket, _ in pairs],
+            "count_classes": [class_name for _, class_name in pairs],
+            "count_boxes": [counts[pair] for pair in pairs],
+        }
+
+
+class BoxCounts(TypedDict):
+    """A commit's boxes by bucket and class, as job_complete's count_ arrays."""
+
+    count_buckets: list[str]
+    count_classes: list[str]
+    count_boxes: list[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -688,55 +737,66 @@ class JobsApi:
             item_sightings=[None for _ in items],
             item_keys=[i.object_key for i in items],
             item_sha256s=[i.sha256 for i in items],
+            # what the grouping changed besides the items (none yet: `_group` says)
+            **reviews.Grouping(lease.run_id, "").changes_columns(),
+            camera_id="",
+            count_buckets=[],
+            count_classes=[],
+            count_boxes=[],
             now=self.clock.now(),
         )
         if not items:  # job_complete alone is one statement: no transaction round trips
             return await self._answer(CommitAnswer, complete)
         # One transaction with the sightings and counters of the items it saves: the items
-        # are grouped before they are written (reviews.group_items, under the job's and
-        # then the timelines' locks), each written once with its sightings, so no read
-        # ever sees items without them.
+        # are grouped before they are written (review's plan_grouping, under the job's and
+        # then the timelines' locks, which job_commit_prepare takes as it reads what the
+        # grouping needs), each written once with its sightings, so no read ever sees items
+        # without them; job_complete then writes the grouping's other changes.
         async with self.db.transaction() as connection:
-            grouping = await self._group(connection, lease, items)
-            complete = dataclasses.replace(
-                complete, item_sightings=[grouping.literal(i.item_id) for i in items]
-            )
+            prepared = await self._prepare(connection, lease, items)
+            if prepared is not None:
+                grouping = reviews.plan_grouping(
+                    lease.run_id,
+                    prepared.camera_id,
+                    prepared.new_items(items),
+                    prepared.context.boxes(),
+                    sorted({i.bucket_id for i in items}),
+                )
+                complete = dataclasses.replace(
+                    complete,
+                    item_sightings=[grouping.literal(i.item_id) for i in items],
+                    camera_id=grouping.camera_id,
+                    **grouping.changes_columns(),
+                    **prepared.box_counts(items),
+                )
+            # else the job is gone: nothing to group, and the commit refuses it
             answer = await self._answer_on(connection, CommitAnswer, complete)
-            if answer.reason == "":
-                await grouping.apply(connection)
-        return answer
+            if not answer.reason and complete.sighting_ids:
+                # the review queue's columns of the sightings the commit made or changed
+                await reviews.refresh_sightings(connection, lease.run_id, complete.sighting_ids)
+            return answer
 
     @staticmethod
-    async def _group(
+    async def _prepare(
         connection: Connection, lease: Lease, items: Sequence[results.Item]
-    ) -> reviews.Grouping:
-        """Locks the job, reads its items' boxes as the commit saves them, and groups them
-        into their timelines (review's); nothing to group when the job is gone (the commit
-        refuses it)."""
-        boxes = await fetch_all(
+    ) -> CommitPrepared | None:
+        """Locks the job and its items' timelines, and reads what grouping the items needs:
+        their boxes as the commit saves them and the timelines' context (None: no such
+        job)."""
+        return await fetch_one(
             connection,
-            CommitBox,
+            CommitPrepared,
             *bind(
-                JobCommitBoxes(
+                JobCommitPrepare(
                     run_id=lease.run_id,
                     job_index=lease.job_index,
                     item_boxes=[i.boxes for i in items],
                     item_keys=[i.object_key for i in items],
+                    item_buckets=[i.bucket_id for i in items],
+                    item_times=[i.frame_time for i in items],
                 )
             ),
         )
-        if not boxes:
-            return reviews.Grouping(lease.run_id, "")
-        by_item: dict[int, list[reviews.NewBox]] = {}
-        for box in boxes:
-            by_item.setdefault(box.item_position, []).append(
-                reviews.NewBox(box.box_index, box.class_name, box.x, box.y, box.w, box.h)
-            )
-        added = [
-            reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, by_item[n + 1])
-            for n, item in enumerate(items)
-        ]
-        return await reviews.group_items(connection, lease.run_id, boxes[0].camera_id, added)
 
     async def _answer(self, answer: type[A], params: Params) -> A:
         """The one-row answer of the lease function `params` call."""

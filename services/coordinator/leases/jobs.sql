@@ -68,23 +68,31 @@ CROSS JOIN LATERAL run_facts_v1(j.run_id) r
 LEFT JOIN receipts rc ON rc.run_id = j.run_id AND rc.job_index = j.job_index
 WHERE j.run_id = $1 AND j.job_index = $2;
 
--- name: job_commit_boxes
--- Locks the job about to commit and answers its camera and each item's boxes as the
--- commit saves them (NULL boxes sent: those recorded with the upload's preview), in item
--- and box order (box -1: an item without boxes), for the committing transaction to group
--- them before they are written.
+-- name: job_commit_prepare
+-- Locks the job about to commit, then its items' timelines, and answers in one row of
+-- arrays its camera, each item's boxes as the commit saves them (NULL boxes sent: those
+-- recorded with the upload's preview; box -1: an item without boxes; box_items: the
+-- item's 1-based position) and the timelines' context, for the committing transaction to
+-- group the items before job_complete writes them (job_commit_prepare_v1). No row: no
+-- such job.
 -- nullable: item_boxes[]
-SELECT camera_id, item_position, box_index, class_name, x, y, w, h
-FROM job_commit_boxes_v1(p_run => :run_id::text, p_job => :job_index::integer,
-                         p_item_boxes => :item_boxes::text[], p_item_keys => :item_keys::text[]);
+SELECT * FROM job_commit_prepare_v1(
+    p_run => :run_id::text, p_job => :job_index::integer, p_item_boxes => :item_boxes::text[],
+    p_item_keys => :item_keys::text[], p_item_buckets => :item_buckets::text[],
+    p_item_times => :item_times::timestamptz[]);
 
 -- name: job_complete
 -- The slot facts the result was checked against (job_complete verifies them), the
 -- result's counts, its uploads and its items: one element per upload, per item, in each
 -- array. An item's boxes NULL: those recorded with its upload's preview; its sightings
--- (a text array literal, grouped by the committing transaction), NULL: ungrouped.
+-- (a text array literal, grouped by the committing transaction), NULL: ungrouped. Then
+-- what that grouping changed besides (review's sightings_apply, written only when the
+-- commit is): the items already written whose sightings changed, the sightings gone, and
+-- those made or changed, of the job's camera (:camera_id; '' when nothing was grouped).
+-- The items' boxes by bucket and class as detected, one element per pair in each count_
+-- array (the commit counts its items from them for the summary).
 -- nullable: item_boxes[], item_sightings[]
-SELECT * FROM job_complete_v2(
+SELECT * FROM job_complete_v3(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
@@ -98,7 +106,15 @@ SELECT * FROM job_complete_v2(
     p_item_steps => :item_steps::text[], p_item_times => :item_times::timestamptz[],
     p_item_boxes => :item_boxes::text[], p_item_sightings => :item_sightings::text[],
     p_item_keys => :item_keys::text[], p_item_sha256 => :item_sha256s::text[],
-    p_now => :now::timestamptz);
+    p_camera => :camera_id::text, p_changed_items => :changed_items::text[],
+    p_changed_sightings => :changed_sightings::text[], p_gone => :gone::text[],
+    p_sighting_ids => :sighting_ids::text[], p_sighting_buckets => :sighting_buckets::text[],
+    p_sighting_classes => :sighting_classes::text[],
+    p_sighting_firsts => :sighting_firsts::timestamptz[],
+    p_sighting_lasts => :sighting_lasts::timestamptz[],
+    p_sighting_counts => :sighting_counts::integer[],
+    p_count_buckets => :count_buckets::text[], p_count_classes => :count_classes::text[],
+    p_count_boxes => :count_boxes::bigint[], p_now => :now::timestamptz);
 
 -- name: job_check_lease
 SELECT workshop_fence_v1(

@@ -111,16 +111,18 @@ class JobRelease(Params):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class JobCommitBoxes(Params):
-    """The parameters of `jobs.job_commit_boxes`."""
+class JobCommitPrepare(Params):
+    """The parameters of `jobs.job_commit_prepare`."""
 
     FILE: ClassVar[str] = "jobs"
-    NAME: ClassVar[str] = "job_commit_boxes"
+    NAME: ClassVar[str] = "job_commit_prepare"
 
     run_id: str
     job_index: int
     item_boxes: Sequence[str | None]
     item_keys: Sequence[str]
+    item_buckets: Sequence[str]
+    item_times: Sequence[datetime]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +158,19 @@ class JobComplete(Params):
     item_sightings: Sequence[str | None]
     item_keys: Sequence[str]
     item_sha256s: Sequence[str]
+    camera_id: str
+    changed_items: Sequence[str]
+    changed_sightings: Sequence[str]
+    gone: Sequence[str]
+    sighting_ids: Sequence[str]
+    sighting_buckets: Sequence[str]
+    sighting_classes: Sequence[str]
+    sighting_firsts: Sequence[datetime]
+    sighting_lasts: Sequence[datetime]
+    sighting_counts: Sequence[int]
+    count_buckets: Sequence[str]
+    count_classes: Sequence[str]
+    count_boxes: Sequence[int]
     now: datetime
 
 

@@ -80,10 +80,18 @@ def _invalid(slot_index: int, message: str) -> ResultInvalid:
     return ResultInvalid(message, metadata={"slot_index": str(slot_index)})
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def _frame_time(slot: jobs_pb2.SlotResult, facts: JobFacts) -> datetime:
+    """The frame's time, checked to lie inside its slot (and the window). Worked out in
+    whole microseconds, as Timestamp.ToDatetime rounds it (its nanos are 0..999,999,999:
+    the request check refuses others): a Complete checks every frame of its job."""
     if not slot.HasField("frame_time"):
         raise _invalid(slot.slot_index, f"Slot {slot.slot_index}: a frame needs its frame_time.")
-    moment = slot.frame_time.ToDatetime(tzinfo=UTC)
+    stamp = slot.frame_time
+    moment = _EPOCH + timedelta(seconds=stamp.seconds, microseconds=stamp.nanos // 1000)
     start, end = facts.slot_span(slot.slot_index)
     if not start <= moment < end:
         raise _invalid(
@@ -146,50 +154,58 @@ def _frame_items(
     job_index: int,
     uploads: list[Upload],
 ) -> list[Item]:
+    # Each field is read from the message once (a Complete checks every frame of its job,
+    # and each read of a protobuf field makes a new Python object).
     index = slot.slot_index
+    outputs = list(slot.outputs)
+    steps = [output.step_id for output in outputs]
+    recorded = [output.boxes_recorded for output in outputs]
+    upload_key = slot.upload_key
+    buckets = facts.output_buckets
     seen_steps = set()
-    for output in slot.outputs:
-        if output.step_id not in facts.output_buckets:
-            raise _invalid(index, f"Slot {index}: {output.step_id!r} is not an output step.")
-        if output.step_id in seen_steps:
-            raise _invalid(index, f"Slot {index}: output {output.step_id!r} is listed twice.")
-        seen_steps.add(output.step_id)
+    for step_id in steps:
+        if step_id not in buckets:
+            raise _invalid(index, f"Slot {index}: {step_id!r} is not an output step.")
+        if step_id in seen_steps:
+            raise _invalid(index, f"Slot {index}: output {step_id!r} is listed twice.")
+        seen_steps.add(step_id)
     if not facts.full_run:
-        if slot.upload_key:
+        if upload_key:
             raise _invalid(index, f"Slot {index}: test runs upload nothing; previews are all.")
-        if any(output.boxes_recorded for output in slot.outputs):
+        if any(recorded):
             raise _invalid(index, f"Slot {index}: boxes_recorded is for a full run's items.")
         return []
-    if not slot.outputs:
-        if slot.upload_key:
+    if not outputs:
+        if upload_key:
             raise _invalid(index, f"Slot {index}: a frame that reaches no output is not uploaded.")
         return []
-    if not slot.upload_key or len(slot.upload_sha256) != 64:
+    upload_sha256 = slot.upload_sha256
+    if not upload_key or len(upload_sha256) != 64:
         raise _invalid(
             index, f"Slot {index}: a full run's frame needs upload_key and upload_sha256."
         )
-    if any(output.boxes_recorded for output in slot.outputs):
-        if len(slot.outputs) != 1:
+    if any(recorded):
+        if len(outputs) != 1:
             raise _invalid(
                 index,
                 f"Slot {index}: boxes_recorded names the preview's boxes, which are those of "
                 "a frame with one output; list each output's boxes.",
             )
-        if slot.outputs[0].boxes:
+        if outputs[0].boxes:
             raise _invalid(index, f"Slot {index}: an output with boxes_recorded carries no boxes.")
-    uploads.append(Upload(slot.upload_key, slot.upload_sha256, index))
+    uploads.append(Upload(upload_key, upload_sha256, index))
     return [
         Item(
-            item_id=item_id(run_id, job_index, index, output.step_id),
-            bucket_id=facts.output_buckets[output.step_id],
+            item_id=item_id(run_id, job_index, index, step_id),
+            bucket_id=buckets[step_id],
             slot_index=index,
-            step_id=output.step_id,
+            step_id=step_id,
             frame_time=moment,
-            boxes=None if output.boxes_recorded else boxes_json(output.boxes),
-            object_key=slot.upload_key,
-            sha256=slot.upload_sha256,
+            boxes=None if boxes_recorded else boxes_json(output.boxes),
+            object_key=upload_key,
+            sha256=upload_sha256,
         )
-        for output in slot.outputs
+        for output, step_id, boxes_recorded in zip(outputs, steps, recorded, strict=True)
     ]
 
 

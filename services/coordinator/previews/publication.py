@@ -306,6 +306,7 @@ class PublicationApi:
                 outcomes.append(None)
         if not checked:
             return [outcome for outcome in outcomes if outcome is not None]
+        item_ids = [preview_item_id(preview.key) for preview in checked]
         async with self.db.connection() as connection:
             answers = await fetch_all(
                 connection,
@@ -323,13 +324,13 @@ class PublicationApi:
                         content_types=[preview.content_type for preview in checked],
                         frame_times=[preview.frame_time for preview in checked],
                         boxes=[preview.boxes for preview in checked],
-                        item_ids=[preview_item_id(preview.key) for preview in checked],
+                        item_ids=item_ids,
                         now=self.clock.now(),
                     )
                 ),
             )
         PREVIEWS_RECORDED.inc(sum(not answer.reason for answer in answers))
-        recorded = iter(zip(checked, answers, strict=True))
+        recorded = iter(zip(checked, item_ids, answers, strict=True))
         return [
             outcome if outcome is not None else _recorded(*next(recorded), own=own)
             for outcome in outcomes
@@ -508,7 +509,7 @@ class PublicationApi:
 
 
 def _recorded(
-    preview: PreviewRecord, answer: PreviewAnswer, *, own: bool = False
+    preview: PreviewRecord, item_id: str, answer: PreviewAnswer, *, own: bool = False
 ) -> Recorded | WorkshopError:
     """preview_record's answer for one preview: recorded, or the error its refusal means
     (`own`: the processor recorded it with its own key, so a key no longer live is its
@@ -520,4 +521,4 @@ def _recorded(
         _raise_refusal(reason, preview.lease, preview.slot)
     except WorkshopError as error:
         return error
-    return Recorded(preview_item_id(preview.key), answer.expires_at)
+    return Recorded(item_id, answer.expires_at)

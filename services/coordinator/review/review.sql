@@ -45,32 +45,19 @@ LEFT JOIN sightings s
 WHERE w.start IS NOT NULL;
 
 -- name: sightings_apply
--- What a grouping changed, under the timelines' locks: the items already written whose
--- box_sightings changed (:item_ids, each one's new array as a text array literal), the
--- sightings of run :run_id and camera :camera_id that lost every item (:gone), and the
--- sightings made or changed, with their item range and count.
-WITH assigned AS (
-    UPDATE bucket_items bi SET box_sightings = u.sightings::text[]
-    FROM unnest(:item_ids::text[], :item_sightings::text[]) AS u (item_id, sightings)
-    WHERE bi.item_id = u.item_id
-    RETURNING 1
-), gone AS (
-    DELETE FROM sightings s
-    WHERE s.run_id = :run_id::text AND s.sighting_id = ANY (:gone::text[])
-    RETURNING 1
-)
-INSERT INTO sightings AS s (run_id, sighting_id, bucket_id, camera_id, class_name,
-                            first_frame_time, last_frame_time, item_count)
-SELECT :run_id, u.sighting_id, u.bucket_id, :camera_id::text, u.class_name, u.first_frame_time,
-       u.last_frame_time, u.item_count
-FROM unnest(:sighting_ids::text[], :sighting_buckets::text[], :sighting_classes::text[],
-            :sighting_firsts::timestamptz[], :sighting_lasts::timestamptz[],
-            :sighting_counts::integer[])
-     AS u (sighting_id, bucket_id, class_name, first_frame_time, last_frame_time, item_count)
-ORDER BY 2
-ON CONFLICT ON CONSTRAINT sightings_pkey DO UPDATE
-SET first_frame_time = EXCLUDED.first_frame_time, last_frame_time = EXCLUDED.last_frame_time,
-    item_count = EXCLUDED.item_count;
+-- What a grouping changed, under the timelines' locks (sightings_apply_v1 says what): the
+-- items already written whose box_sightings changed (:item_ids, each one's new array as a
+-- text array literal), the sightings of run :run_id and camera :camera_id that lost every
+-- item (:gone), and the sightings made or changed, with their item range and count. (A
+-- commit does the same inside job_complete_v3.)
+SELECT sightings_apply_v1(
+    p_run => :run_id::text, p_camera => :camera_id::text, p_item_ids => :item_ids::text[],
+    p_item_sightings => :item_sightings::text[], p_gone => :gone::text[],
+    p_sighting_ids => :sighting_ids::text[], p_sighting_buckets => :sighting_buckets::text[],
+    p_sighting_classes => :sighting_classes::text[],
+    p_sighting_firsts => :sighting_firsts::timestamptz[],
+    p_sighting_lasts => :sighting_lasts::timestamptz[],
+    p_sighting_counts => :sighting_counts::integer[]);
 
 -- name: timelines_ungrouped
 SELECT DISTINCT run_id, bucket_id, camera_id FROM bucket_items

@@ -32,11 +32,11 @@ class SightingsApply(Params):
     FILE: ClassVar[str] = "review"
     NAME: ClassVar[str] = "sightings_apply"
 
+    run_id: str
+    camera_id: str
     item_ids: Sequence[str]
     item_sightings: Sequence[str]
-    run_id: str
     gone: Sequence[str]
-    camera_id: str
     sighting_ids: Sequence[str]
     sighting_buckets: Sequence[str]
     sighting_classes: Sequence[str]

@@ -15,7 +15,7 @@ import math
 import unicodedata
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from services.coordinator.identity import auth
@@ -170,34 +170,114 @@ class Grouping:
     def changes(self) -> int:
         return len(self.changed_items) + len(self.changed_sightings) + len(self.gone)
 
+    def changes_columns(self) -> SightingChanges:
+        """What `apply` writes, as the array parameters that write it (review's
+        sightings_apply, and a commit's job_complete, which applies them itself), each in
+        key order."""
+        items = sorted(self.changed_items)
+        found = sorted(self.changed_sightings, key=lambda change: change.sighting_id)
+        return {
+            "changed_items": items,
+            "changed_sightings": [array_literal(self.changed_items[i]) for i in items],
+            "gone": sorted(self.gone),
+            "sighting_ids": [c.sighting_id for c in found],
+            "sighting_buckets": [c.bucket_id for c in found],
+            "sighting_classes": [c.class_name for c in found],
+            "sighting_firsts": [c.first_frame_time for c in found],
+            "sighting_lasts": [c.last_frame_time for c in found],
+            "sighting_counts": [c.item_count for c in found],
+        }
+
     async def apply(self, connection: Connection) -> None:
         if not self.changes:
             return
-        items = sorted(self.changed_items)
-        found = sorted(self.changed_sightings, key=lambda change: change.sighting_id)
+        columns = self.changes_columns()
         await connection.execute(
             *bind(
                 SightingsApply(
-                    item_ids=items,
-                    item_sightings=[array_literal(self.changed_items[i]) for i in items],
                     run_id=self.run_id,
-                    gone=sorted(self.gone),
                     camera_id=self.camera_id,
-                    sighting_ids=[c.sighting_id for c in found],
-                    sighting_buckets=[c.bucket_id for c in found],
-                    sighting_classes=[c.class_name for c in found],
-                    sighting_firsts=[c.first_frame_time for c in found],
-                    sighting_lasts=[c.last_frame_time for c in found],
-                    sighting_counts=[c.item_count for c in found],
+                    item_ids=columns["changed_items"],
+                    item_sightings=columns["changed_sightings"],
+                    gone=columns["gone"],
+                    sighting_ids=columns["sighting_ids"],
+                    sighting_buckets=columns["sighting_buckets"],
+                    sighting_classes=columns["sighting_classes"],
+                    sighting_firsts=columns["sighting_firsts"],
+                    sighting_lasts=columns["sighting_lasts"],
+                    sighting_counts=columns["sighting_counts"],
                 )
             )
         )
-        if found:  # their review columns, from their items as now written (the queue's)
-            await connection.execute(
-                sql("review", "sightings_refresh"),
-                [self.run_id] * len(found),
-                [c.sighting_id for c in found],
+        await refresh_sightings(connection, self.run_id, columns["sighting_ids"])
+
+
+async def refresh_sightings(
+    connection: Connection, run_id: str, sighting_ids: Sequence[str]
+) -> None:
+    """The review columns of a run's sightings (the queue's), from their items as now
+    written: after whatever made or changed them, in the same transaction."""
+    if sighting_ids:
+        await connection.execute(
+            sql("review", "sightings_refresh"), [run_id] * len(sighting_ids), list(sighting_ids)
+        )
+
+
+class SightingChanges(TypedDict):
+    """A grouping's changes as array parameters (`Grouping.changes_columns`): items already
+    written with their new box sightings (text array literals), sightings gone, and
+    sightings made or changed with their ranges and counts."""
+
+    changed_items: list[str]
+    changed_sightings: list[str]
+    gone: list[str]
+    sighting_ids: list[str]
+    sighting_buckets: list[str]
+    sighting_classes: list[str]
+    sighting_firsts: list[datetime]
+    sighting_lasts: list[datetime]
+    sighting_counts: list[int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContextColumns(Row):
+    """The boxes a regroup reads (timelines_context_v1, a commit's job_commit_prepare), as
+    one row of arrays: one element per box in each (see ContextBox)."""
+
+    context_buckets: list[str]
+    context_items: list[str]
+    context_boxes: list[int]
+    context_times: list[datetime]
+    context_classes: list[str]
+    context_xs: list[float]
+    context_ys: list[float]
+    context_ws: list[float]
+    context_hs: list[float]
+    context_sightings: list[str]
+    context_fixed: list[bool]
+    context_firsts: list[datetime | None]
+    context_counts: list[int | None]
+
+    def boxes(self) -> list[ContextBox]:
+        return [
+            ContextBox(*values)
+            for values in zip(
+                self.context_buckets,
+                self.context_items,
+                self.context_boxes,
+                self.context_times,
+                self.context_classes,
+                self.context_xs,
+                self.context_ys,
+                self.context_ws,
+                self.context_hs,
+                self.context_sightings,
+                self.context_fixed,
+                self.context_firsts,
+                self.context_counts,
+                strict=True,
             )
+        ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -572,22 +652,16 @@ async def group_items(
     lock: bool = True,
     buckets: Sequence[str] = (),
 ) -> Grouping:
-    """Groups the items `added` (not written yet: a commit's) into their timelines (run,
-    their bucket, `camera_id`), with the timelines' ungrouped items, from the first of
-    them on, starting from the sightings open just before it; also the timelines of
-    `buckets` with nothing added (their ungrouped items only). Takes the timelines' locks
-    first unless the caller holds them (`lock`). Reads only: the caller writes the added
-    items with `Grouping.literal` and then `Grouping.apply`."""
-    firsts: dict[str, datetime | None] = dict.fromkeys(buckets)
-    by_bucket: dict[str, list[sightings.Detection]] = {}
-    for item in added:
-        first = firsts.get(item.bucket_id)
-        if first is None or item.frame_time < first:
-            firsts[item.bucket_id] = item.frame_time
-        by_bucket.setdefault(item.bucket_id, []).extend(item.detections())
-    grouping = Grouping(run_id, camera_id)
+    """Groups the items `added` (not written yet) into their timelines (run, their bucket,
+    `camera_id`), with the timelines' ungrouped items, from the first of them on, starting
+    from the sightings open just before it; also the timelines of `buckets` with nothing
+    added (their ungrouped items only). Takes the timelines' locks first unless the caller
+    holds them (`lock`). Reads only: the caller writes the added items with
+    `Grouping.literal` and then `Grouping.apply`. (A commit reads its context with its
+    job's lock, job_commit_prepare, and calls `plan_grouping` itself.)"""
+    firsts = first_new(added, buckets)
     if not firsts:
-        return grouping
+        return Grouping(run_id, camera_id)
     names = sorted(firsts)  # the timelines' lock order
     if lock:
         await connection.execute(sql("review", "timelines_lock"), run_id, camera_id, names)
@@ -603,10 +677,37 @@ async def group_items(
             )
         ),
     )
+    return plan_grouping(run_id, camera_id, added, rows, names)
+
+
+def first_new(added: Sequence[NewItem], buckets: Sequence[str] = ()) -> dict[str, datetime | None]:
+    """The timelines (by bucket) a grouping of `added` regroups, each with the first frame
+    time of its added items (None: the bucket's ungrouped items only)."""
+    firsts: dict[str, datetime | None] = dict.fromkeys(buckets)
+    for item in added:
+        first = firsts.get(item.bucket_id)
+        if first is None or item.frame_time < first:
+            firsts[item.bucket_id] = item.frame_time
+    return firsts
+
+
+def plan_grouping(
+    run_id: str,
+    camera_id: str,
+    added: Sequence[NewItem],
+    rows: Sequence[ContextBox],
+    buckets: Sequence[str],
+) -> Grouping:
+    """What grouping `added` into the timelines of `buckets` changes, from their context
+    `rows` (timeline_context, read under the timelines' locks)."""
+    grouping = Grouping(run_id, camera_id)
+    by_bucket: dict[str, list[sightings.Detection]] = {}
+    for item in added:
+        by_bucket.setdefault(item.bucket_id, []).extend(item.detections())
     context: dict[str, list[ContextBox]] = {}
     for row in rows:
         context.setdefault(row.bucket_id, []).append(row)
-    for name in names:
+    for name in buckets:
         _plan(grouping, name, context.get(name, []), by_bucket.get(name, []))
     return grouping
 

@@ -38,8 +38,9 @@ from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.views import (
     lease,
     leases,
-    preview_outcome,
     preview_record,
+    previews_boxes,
+    previews_response,
     snapshot_recording,
 )
 from workshop.kit.errors import ResourceExhausted, WorkshopError
@@ -329,21 +330,19 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 f"Give 1..{MAX_RECORD_BATCH} previews per call.", metadata={"field": "previews"}
             )
         previews: list[PreviewRecord | WorkshopError] = []
-        for one in request.previews:
+        boxes = previews_boxes(request.previews)
+        for one, one_boxes in zip(request.previews, boxes, strict=True):
             try:
-                previews.append(self._written(one))
+                previews.append(self._written(one, one_boxes))
             except WorkshopError as error:
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
         answers = iter(await self.publication.record_own_previews(who, valid) if valid else [])
-        return pub.RecordPreviewsResponse(
-            outcomes=[
-                preview_outcome(preview if isinstance(preview, WorkshopError) else next(answers))
-                for preview in previews
-            ]
+        return previews_response(
+            preview if isinstance(preview, WorkshopError) else next(answers) for preview in previews
         )
 
-    def _written(self, preview: pub.RecordPreviewRequest) -> PreviewRecord:
+    def _written(self, preview: pub.RecordPreviewRequest, boxes: str) -> PreviewRecord:
         """A written preview's record, checked as the preview service checks it (its bytes
         never passed a service: the grant bound their key, type and size at the store)."""
         if preview.content_type not in EXTENSIONS:
@@ -363,7 +362,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             )
         if not preview.HasField("frame_time"):
             raise InvalidField("frame_time is required.", metadata={"field": "frame_time"})
-        return preview_record(preview)
+        return preview_record(preview, boxes)
 
 
 # A Session's calls: the SessionRequest field of each (also its SessionResponse field), its

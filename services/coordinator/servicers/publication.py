@@ -19,8 +19,9 @@ from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.dataset_views import frozen_boxes, version
 from services.coordinator.servicers.views import (
     lease,
-    preview_outcome,
     preview_record,
+    previews_boxes,
+    previews_response,
     recorded_preview,
 )
 from workshop.kit import limits
@@ -125,18 +126,16 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
         if not 1 <= len(request.previews) <= MAX_RECORD_BATCH:
             raise InvalidField(f"Give 1..{MAX_RECORD_BATCH} previews per call.")
         previews: list[PreviewRecord | WorkshopError] = []
-        for one in request.previews:
+        boxes = previews_boxes(request.previews)
+        for one, one_boxes in zip(request.previews, boxes, strict=True):
             try:
-                previews.append(preview_record(one))
+                previews.append(preview_record(one, one_boxes))
             except WorkshopError as error:
                 previews.append(error)
         valid = [preview for preview in previews if isinstance(preview, PreviewRecord)]
         answers = iter(await self.api.record_previews(service, processor, valid) if valid else [])
-        return pb.RecordPreviewsResponse(
-            outcomes=[
-                preview_outcome(preview if isinstance(preview, WorkshopError) else next(answers))
-                for preview in previews
-            ]
+        return previews_response(
+            preview if isinstance(preview, WorkshopError) else next(answers) for preview in previews
         )
 
     async def ListCollectableObjects(
