@@ -39,10 +39,12 @@ proto: $(STAMP)
 
 # The tests marked `alone`, one after another on a quiet machine (pytest's exit 5, no
 # test selected, is no failure), then the rest on every core (pytest-xdist; each worker
-# starts its own Postgres, SeaweedFS and Triton). Both add to .test-results/durations.txt.
+# starts its own Postgres, SeaweedFS and Triton; `--dist worksteal`: a worker that runs out
+# takes tests queued for the other, so a long test near the end does not leave a core idle).
+# Both add to .test-results/durations.txt.
 test: $(STAMP)
 	$(BIN)/pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	WORKSHOP_DURATIONS_CONTINUE=1 $(BIN)/pytest -n $(TEST_WORKERS) -m "not alone" $(PYTEST_ARGS)
+	WORKSHOP_DURATIONS_CONTINUE=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" $(PYTEST_ARGS)
 
 # The edit-test loop: the unit and service layers (tests/unit, tests/service), in parallel.
 test-fast: $(STAMP)
