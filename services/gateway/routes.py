@@ -243,7 +243,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "workshop",
         "ListRuns",
         "runs",
-        query={**PAGE, "workflow": "workflow_id"},
+        query={**PAGE, "workflow": "workflow_id", "status": "status", "mode": "mode"},
     ),
     _op(
         "getRun",

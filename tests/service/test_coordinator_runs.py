@@ -617,3 +617,41 @@ async def test_validate_only_plans_the_run_without_creating_it(
     night.validate_only = True
     code, reason, _, _ = await _refused(c, night)
     assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NO_MEDIA")
+
+
+async def test_list_runs_filters_by_status_and_mode_as_the_runs_answer_them(
+    coordinator: CoordinatorHarness, world: World
+) -> None:
+    """ListRuns' status filter (SQL) keeps exactly the runs whose status (RunCounts.status,
+    Python) is the one asked, and its mode filter those of the mode: the two rules agree."""
+    c = coordinator
+    full = common_pb2.RUN_MODE_FULL
+    for run_id, mode in (("t1", common_pb2.RUN_MODE_TEST), ("f1", full), ("f2", full)):
+        await c.workshop.CreateRun(
+            run_request(run_id, "yard", world.tracking_runtime, mode=mode), metadata=c.admin
+        )
+    await c.workshop.CancelRun(ws.CancelRunRequest(run_id="f2"), metadata=c.admin)
+    c.clock.advance(timedelta(hours=2))  # the test run is past its hour: expired
+
+    async def listed(**fields: object) -> dict[str, int]:
+        answer = await c.workshop.ListRuns(ws.ListRunsRequest(**fields), metadata=c.admin)  # type: ignore[arg-type]
+        return {entry.run.run_id: entry.run.status for entry in answer.runs}
+
+    every = await listed()
+    assert every == {
+        "t1": common_pb2.RUN_STATUS_EXPIRED,
+        "f1": common_pb2.RUN_STATUS_QUEUED,
+        "f2": common_pb2.RUN_STATUS_CANCELLED,
+    }
+    for status in common_pb2.RunStatus.values():
+        if status == common_pb2.RUN_STATUS_UNSPECIFIED:
+            continue
+        assert await listed(status=status) == {
+            run_id: s for run_id, s in every.items() if s == status
+        }, common_pb2.RunStatus.Name(status)
+    assert set(await listed(mode=full)) == {"f1", "f2"}
+    assert set(await listed(mode=common_pb2.RUN_MODE_TEST)) == {"t1"}
+    assert await listed(mode=full, status=common_pb2.RUN_STATUS_CANCELLED) == {
+        "f2": common_pb2.RUN_STATUS_CANCELLED
+    }
+    assert await listed(status=common_pb2.RUN_STATUS_CANCELLED, workflow_id="other") == {}

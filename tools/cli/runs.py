@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import grpc
@@ -141,19 +142,45 @@ def _print_plan(opts: Options, reply: ws.CreateRunResponse) -> None:
     emit(opts, models, table=models, title="model pins")
 
 
+class RunStatusName(enum.StrEnum):
+    """A run's status as `runs list --status` takes it."""
+
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+    expired = "expired"
+
+
+class RunModeName(enum.StrEnum):
+    test = "test"
+    full = "full"
+
+
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
     workflow: str = typer.Option("", "--workflow", "-w", help="only this workflow's runs"),
+    status: RunStatusName | None = typer.Option(None, help="only runs in this status now"),
+    mode: RunModeName | None = typer.Option(None, help="only test or only full runs"),
     limit: int = limit_option("newest first"),
 ) -> None:
     """List recent runs, newest first (ListRuns)."""
     opts = options(ctx)
+    request = ws.ListRunsRequest(
+        workflow_id=workflow,
+        page_size=limit,
+        status=common_pb2.RunStatus.Value(f"RUN_STATUS_{status.upper()}")
+        if status
+        else common_pb2.RUN_STATUS_UNSPECIFIED,
+        mode=common_pb2.RunMode.Value(f"RUN_MODE_{mode.upper()}")
+        if mode
+        else common_pb2.RUN_MODE_UNSPECIFIED,
+    )
 
     async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.ListRunsResponse:
-        reply: ws.ListRunsResponse = await _stub(channel).ListRuns(
-            ws.ListRunsRequest(workflow_id=workflow, page_size=limit), metadata=md
-        )
+        reply: ws.ListRunsResponse = await _stub(channel).ListRuns(request, metadata=md)
         return reply
 
     reply = run(opts, call)

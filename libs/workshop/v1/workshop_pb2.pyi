@@ -645,22 +645,30 @@ class ListRunsRequest(_message.Message):
     WORKFLOW_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     workflow_id: _builtins.str
     """Only runs of this workflow; empty for all workflows."""
     page_size: _builtins.int
     """Page size; 0 means 100, at most 1,000."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page."""
+    status: _common_pb2.RunStatus.ValueType
+    """Only runs in this status now (the rule of Run.status); unspecified for every status."""
+    mode: _common_pb2.RunMode.ValueType
+    """Only runs of this mode; unspecified for both."""
     def __init__(
         self,
         *,
         workflow_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        status: _common_pb2.RunStatus.ValueType = ...,
+        mode: _common_pb2.RunMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "workflow_id", b"workflow_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "page_size", b"page_size", "page_token", b"page_token", "status", b"status", "workflow_id", b"workflow_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1023,10 +1023,19 @@ class ReviewApi:
         )
 
     async def list_runs(
-        self, who: Principal, workflow_id: str, before_seq: int | None, limit: int
+        self,
+        who: Principal,
+        workflow_id: str,
+        before_seq: int | None,
+        limit: int,
+        *,
+        status: str = "",
+        mode: str = "",
     ) -> list[ListedRun]:
         """A page of runs (newest first, Runs.list_runs) with their items by review state."""
-        views = await self.runs.list_runs(who, workflow_id, before_seq, limit)
+        views = await self.runs.list_runs(
+            who, workflow_id, before_seq, limit, status=status, mode=mode
+        )
         async with self.db.connection() as connection:
             rows = await fetch_all(
                 connection,

@@ -232,12 +232,28 @@ class Runs:
             return view
 
     async def list_runs(
-        self, who: Principal, workflow_id: str, before_seq: int | None, limit: int
+        self,
+        who: Principal,
+        workflow_id: str,
+        before_seq: int | None,
+        limit: int,
+        *,
+        status: str = "",
+        mode: str = "",
     ) -> list[RunView]:
+        """A page of runs, newest first; `status` and `mode` ("": any) keep those that match."""
         auth.require(who, ScopeName.WORKSHOP)
         async with self.db.connection() as connection:
             rows = await fetch_all(
-                connection, RunRow, sql("runs", "run_list"), workflow_id or None, before_seq, limit
+                connection,
+                RunRow,
+                sql("runs", "run_list"),
+                workflow_id or None,
+                before_seq,
+                limit,
+                status or None,
+                mode or None,
+                self.clock.now(),
             )
             return [await self._view(connection, row, []) for row in rows]
 

@@ -45,6 +45,7 @@ STATUSES = {
     "cancelled": common_pb2.RUN_STATUS_CANCELLED,
     "expired": common_pb2.RUN_STATUS_EXPIRED,
 }
+STATUS_NAMES = {value: name for name, value in STATUSES.items()}
 JOB_STATES = {
     "queued": common_pb2.JOB_STATE_QUEUED,
     "leased": common_pb2.JOB_STATE_LEASED,
@@ -348,6 +349,8 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
             request.workflow_id,
             int(token[0]) if token else None,
             limit,
+            status=STATUS_NAMES.get(request.status, ""),
+            mode=MODES.get(request.mode, ""),
         )
         return pb.ListRunsResponse(
             runs=[

@@ -1,9 +1,8 @@
 // The runs page: the newest runs (GET /api/workshop/runs, optionally of one workflow),
 // each with its status, mode, job and slot counts, review counts (a link to the review
 // page) and age, a link to each run's page, older pages by the list's page token, and the
-// form to create a run. Filters: the workflow (a picker; the API filters), status and
-// mode (the API has no such filter: applied to the page of runs read). The newest page
-// refreshes itself every 5 s while the browser shows it.
+// form to create a run. Filters: the workflow (a picker), status and mode, each applied by
+// the API (ListRuns). The newest page refreshes itself every 5 s while the browser shows it.
 import { api, currentSession, signOut } from "./api.js";
 import { h, scrollBox, show } from "./dom.js";
 import { go, sessionEnded } from "./nav.js";
@@ -94,31 +93,25 @@ function select(id, label, value, options) {
   return h("div", { class: "field" }, h("label", { for: id, text: label }), node);
 }
 
-/** The runs of `answer` that pass the page's status and mode filters. */
-export function shown(runs, status, mode) {
-  return runs.filter((e) => (!status || e.run.status === status) && (!mode || e.run.mode === mode));
-}
-
-function caption(filters, count, read) {
+function caption(filters) {
   const scope = filters.workflow ? `of workflow ${filters.workflow}` : "of every workflow";
   const narrowed = [filters.status && `status ${filters.status}`, filters.mode && `mode ${filters.mode}`].filter(Boolean);
-  const tail = narrowed.length ? ` (${narrowed.join(", ")}: ${count} of the ${read} runs read)` : "";
-  return `Recent runs ${scope}, newest first${tail}`;
+  return `Recent runs ${scope}${narrowed.length ? ` (${narrowed.join(", ")})` : ""}, newest first`;
 }
 
-function emptyText(filters, read) {
+function emptyText(filters) {
   const of = filters.workflow ? ` of workflow ${filters.workflow}` : "";
   const kinds = [filters.status, filters.mode].filter(Boolean);
   if (kinds.length === 0) return of ? `No runs${of}.` : "No runs yet.";
-  return `No ${kinds.join(" ")} runs${of} among the ${read} newest read.`;
+  return `No ${kinds.join(" ")} runs${of}.`;
 }
 
 function runsTable(filters, answer) {
-  const runs = shown(answer.runs, filters.status, filters.mode);
-  if (runs.length === 0) return h("p", { id: "runs-empty", text: emptyText(filters, answer.runs.length) });
+  const runs = answer.runs;
+  if (runs.length === 0) return h("p", { id: "runs-empty", text: emptyText(filters) });
   return scrollBox("Runs", h(
     "table", { id: "runs" },
-    h("caption", { text: caption(filters, runs.length, answer.runs.length) }),
+    h("caption", { text: caption(filters) }),
     h("thead", {}, h("tr", {}, ...["Run", "Workflow", "Status", "Mode", "Jobs", "Slots", "Review", "Age"]
       .map((title) => h("th", { scope: "col", text: title })))),
     h("tbody", {}, runs.map(row)),
@@ -133,7 +126,7 @@ export async function runsView({ main, account, params, alive }) {
   };
   const pageToken = params.get("page") || "";
   const session = await currentSession();
-  const query = { workflow: filters.workflow, page_token: pageToken };
+  const query = { workflow: filters.workflow, status: filters.status, mode: filters.mode, page_token: pageToken };
   const [answer, workflows, form] = await Promise.all([
     api("GET", "/api/workshop/runs", { query }),
     api("GET", "/api/workshop/workflows", { query: { page_size: "1000" } }),
