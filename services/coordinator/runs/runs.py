@@ -41,7 +41,12 @@ from services.coordinator.runs.rows import (
     RunRow,
     SnapshotRecordingRow,
 )
-from services.coordinator.runs.runs_params import JobsInsert, RunInsert, SnapshotRecordingsInsert
+from services.coordinator.runs.runs_params import (
+    JobsInsert,
+    RunInsert,
+    RunList,
+    SnapshotRecordingsInsert,
+)
 from services.coordinator.runs.traces import record_trace
 from services.coordinator.workflows import documents
 from services.coordinator.workflows.documents import STALE_RUN
@@ -247,13 +252,16 @@ class Runs:
             rows = await fetch_all(
                 connection,
                 RunRow,
-                sql("runs", "run_list"),
-                workflow_id or None,
-                before_seq,
-                limit,
-                status or None,
-                mode or None,
-                self.clock.now(),
+                *bind(
+                    RunList(
+                        workflow_id=workflow_id or None,
+                        before_seq=before_seq,
+                        mode=mode or None,
+                        status=status or None,
+                        now=self.clock.now(),
+                        limit=limit,
+                    )
+                ),
             )
             return [await self._view(connection, row, []) for row in rows]
 

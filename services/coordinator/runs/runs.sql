@@ -43,17 +43,18 @@ SELECT run_jobs_enqueue_v1(
 SELECT * FROM run_status WHERE run_id = $1;
 
 -- name: run_list
--- Recent runs, newest first; photos are never listed. $4: only runs of this status now,
--- by the rule of status.RunCounts.status (a test run past its expiry is expired; then the
--- first of leased, queued, failed, cancelled, expired jobs; else completed), which
--- tests/service/test_coordinator_runs.py holds the two to; $5: only runs of this mode.
+-- Recent runs, newest first; photos are never listed. status: only runs of this status
+-- now, by the rule of status.RunCounts.status (a test run past its expiry is expired; then
+-- the first of leased, queued, failed, cancelled, expired jobs; else completed), which
+-- tests/service/test_coordinator_runs.py holds the two to; mode: only runs of this mode.
+-- nullable: workflow_id, before_seq, status, mode
 SELECT * FROM run_status
 WHERE kind = 'workflow'
-  AND ($1::text IS NULL OR workflow_id = $1)
-  AND ($2::bigint IS NULL OR seq < $2)
-  AND ($5::text IS NULL OR mode = $5)
-  AND ($4::text IS NULL OR $4 = CASE
-          WHEN expires_at IS NOT NULL AND expires_at <= $6 THEN 'expired'
+  AND (:workflow_id::text IS NULL OR workflow_id = :workflow_id)
+  AND (:before_seq::bigint IS NULL OR seq < :before_seq)
+  AND (:mode::text IS NULL OR mode = :mode)
+  AND (:status::text IS NULL OR :status = CASE
+          WHEN expires_at IS NOT NULL AND expires_at <= :now::timestamptz THEN 'expired'
           WHEN jobs_leased > 0 THEN 'running'
           WHEN jobs_queued > 0 THEN 'queued'
           WHEN jobs_failed > 0 THEN 'failed'
@@ -61,7 +62,7 @@ WHERE kind = 'workflow'
           WHEN jobs_expired > 0 THEN 'expired'
           ELSE 'completed' END)
 ORDER BY seq DESC
-LIMIT $3;
+LIMIT :limit::integer;
 
 -- name: run_jobs
 SELECT * FROM run_jobs_of_v1($1) ORDER BY job_index LIMIT $2;

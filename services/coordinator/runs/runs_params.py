@@ -77,6 +77,21 @@ class JobsInsert(Params):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunList(Params):
+    """The parameters of `runs.run_list`."""
+
+    FILE: ClassVar[str] = "runs"
+    NAME: ClassVar[str] = "run_list"
+
+    workflow_id: str | None
+    before_seq: int | None
+    mode: str | None
+    status: str | None
+    now: datetime
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PhotoJobInsert(Params):
     """The parameters of `runs.photo_job_insert`."""
 
