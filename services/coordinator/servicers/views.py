@@ -121,7 +121,11 @@ def page_key(token: str, scope: str) -> PageKey | None:
     return PageKey(moment, parts[2])
 
 
-def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
+def _states_and_times(
+    value: run_pb2.BucketItemFilter | ws.SightingFilter,
+) -> tuple[list[str], datetime | None, datetime | None]:
+    """A filter's review states (their names, each once) and its frame time range, as the
+    item and the sighting filters share them; INVALID_ARGUMENT naming the field."""
     states: list[str] = []
     for state in value.review_states:
         name = STATE_NAMES.get(state)
@@ -147,6 +151,11 @@ def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
             "filter.frame_time_to must be after filter.frame_time_from.",
             metadata={"field": "filter.frame_time_to"},
         )
+    return states, start, end
+
+
+def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
+    states, start, end = _states_and_times(value)
     if len(value.class_name) > reviews.MAX_CLASS_LENGTH:
         raise InvalidField(
             f"filter.class_name is at most {reviews.MAX_CLASS_LENGTH} characters.",
@@ -352,31 +361,7 @@ def queue_order(value: ws.QueueOrder.ValueType) -> str:
 
 def sighting_filter(value: ws.SightingFilter) -> queue.SightingFilter:
     """A queue's or a bulk decision's filter; INVALID_ARGUMENT naming the field."""
-    states: list[str] = []
-    for state in value.review_states:
-        name = STATE_NAMES.get(state)
-        if name is None:
-            raise InvalidField(
-                "filter.review_states may hold PENDING, ACCEPTED or REJECTED only.",
-                metadata={"field": "filter.review_states"},
-            )
-        if name not in states:
-            states.append(name)
-    start = (
-        convert.from_ts("filter.frame_time_from", value.frame_time_from)
-        if value.HasField("frame_time_from")
-        else None
-    )
-    end = (
-        convert.from_ts("filter.frame_time_to", value.frame_time_to)
-        if value.HasField("frame_time_to")
-        else None
-    )
-    if start is not None and end is not None and end <= start:
-        raise InvalidField(
-            "filter.frame_time_to must be after filter.frame_time_from.",
-            metadata={"field": "filter.frame_time_to"},
-        )
+    states, start, end = _states_and_times(value)
     for field in ("class_name", "camera_id", "run_id"):
         if len(getattr(value, field)) > reviews.MAX_CLASS_LENGTH:
             raise InvalidField(
