@@ -65,6 +65,9 @@ PIP_PYTHON="$PIP_PYTHON" python3 scripts/images_pip_conf.py "$secrets"
 for image in $IMAGES; do
     step=$SECONDS
     log="$secrets/$image.log"
+    # the image this tag named before: replaced by a changed build, it is removed below, so
+    # that rebuilding after every change does not keep a copy of each build on the disk
+    before=$("$PODMAN" image inspect --format '{{.Id}}' "localhost/workshop/$image:$IMAGE_TAG" 2>/dev/null || true)
     if ! "$PODMAN" build --layers --quiet -f deploy/docker/Dockerfile --target "$image" \
         --build-arg BASE="$BASE" --build-arg PROCESSOR_BASE="$BASE" \
         --secret id=pip.conf,src="$secrets/pip.conf" \
@@ -75,6 +78,10 @@ for image in $IMAGES; do
         exit 1
     fi
     echo "images: $image built in $((SECONDS - step)) s"
+    after=$("$PODMAN" image inspect --format '{{.Id}}' "localhost/workshop/$image:$IMAGE_TAG")
+    if [ -n "$before" ] && [ "$before" != "$after" ]; then
+        "$PODMAN" rmi "$before" >/dev/null 2>&1 || true  # in use by a container: kept
+    fi
 done
 
 for image in $IMAGES; do
