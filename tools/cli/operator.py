@@ -686,10 +686,20 @@ def _sighting_filter(
     )
 
 
-REVIEW_HELP = "pending, accepted or rejected (repeatable; default pending)"
-CLASS_HELP = "only sightings of this class as detected"
-FROM_HELP = "only sightings starting at or after this instant (RFC 3339)"
-TO_HELP = "only sightings starting before this instant (RFC 3339)"
+# The sighting filter's options (`_sighting_filter`), one definition for `buckets queue`
+# and `buckets bulk-decide` (typer copies an option's definition for each command).
+REVIEW_OPTION = typer.Option(
+    [], "--review", help="pending, accepted or rejected (repeatable; default pending)"
+)
+CLASS_OPTION = typer.Option("", "--class", help="only sightings of this class as detected")
+CAMERA_OPTION = typer.Option("", "--camera", help="only this camera's sightings")
+RUN_OPTION = typer.Option("", "--run", help="only this run's sightings")
+FROM_OPTION = typer.Option(
+    "", "--from", help="only sightings starting at or after this instant (RFC 3339)"
+)
+TO_OPTION = typer.Option("", "--to", help="only sightings starting before this instant (RFC 3339)")
+MIN_SCORE_OPTION = typer.Option(None, "--min-score", help="only sightings scoring at least this")
+MAX_SCORE_OPTION = typer.Option(None, "--max-score", help="only sightings scoring at most this")
 
 
 @buckets.command("queue")
@@ -697,14 +707,14 @@ def bucket_queue(
     ctx: typer.Context,
     bucket_id: str = typer.Argument(..., help="bucket id"),
     order: str = typer.Option("oldest", help="oldest, lowest-score or camera"),
-    review: list[str] = typer.Option([], help=REVIEW_HELP),
-    class_name: str = typer.Option("", "--class", help=CLASS_HELP),
-    camera: str = typer.Option("", help="only this camera's sightings"),
-    run_id: str = typer.Option("", "--run", help="only this run's sightings"),
-    since: str = typer.Option("", "--from", help=FROM_HELP),
-    until: str = typer.Option("", "--to", help=TO_HELP),
-    min_score: float | None = typer.Option(None, help="only sightings scoring at least this"),
-    max_score: float | None = typer.Option(None, help="only sightings scoring at most this"),
+    review: list[str] = REVIEW_OPTION,
+    class_name: str = CLASS_OPTION,
+    camera: str = CAMERA_OPTION,
+    run_id: str = RUN_OPTION,
+    since: str = FROM_OPTION,
+    until: str = TO_OPTION,
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
     limit: int = typer.Option(10, min=1, max=100, help="at most this many (1..100)"),
 ) -> None:
     """The next sightings of a bucket's review queue, across runs (GetReviewQueue); decide
@@ -754,14 +764,14 @@ def bucket_bulk_decide(
     bucket_id: str = typer.Argument(..., help="bucket id"),
     decision: str = typer.Argument(..., help="confirm, none or relabel"),
     relabel: str = typer.Option("", "--relabel", help="relabel: the new class"),
-    review: list[str] = typer.Option([], help=REVIEW_HELP),
-    class_name: str = typer.Option("", "--class", help=CLASS_HELP),
-    camera: str = typer.Option("", help="only this camera's sightings"),
-    run_id: str = typer.Option("", "--run", help="only this run's sightings"),
-    since: str = typer.Option("", "--from", help=FROM_HELP),
-    until: str = typer.Option("", "--to", help=TO_HELP),
-    min_score: float | None = typer.Option(None, help="only sightings scoring at least this"),
-    max_score: float | None = typer.Option(None, help="only sightings scoring at most this"),
+    review: list[str] = REVIEW_OPTION,
+    class_name: str = CLASS_OPTION,
+    camera: str = CAMERA_OPTION,
+    run_id: str = RUN_OPTION,
+    since: str = FROM_OPTION,
+    until: str = TO_OPTION,
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="say what would change; change nothing"),
     expect: str = typer.Option(
         "",
