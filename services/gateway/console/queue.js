@@ -10,7 +10,7 @@
 // #/queue without a bucket: the buckets to pick one from.
 import { api, ApiError, currentSession } from "./api.js";
 import { SightingDecisions } from "./decisions.js";
-import { h, show } from "./dom.js";
+import { h, placed, show } from "./dom.js";
 import { apiQuery, classesOfRun, describeFilter, filterForm, listBuckets, QUEUE_FIELDS, sightingFilter } from "./filters.js";
 import { byline, ItemEditor } from "./item_editor.js";
 import { sampled, stateText } from "./review.js";
@@ -171,14 +171,7 @@ export async function queueView(context) {
       );
       const review = item && item.box_reviews.find((r) => r.sighting_id === sighting.sighting_id);
       const box = review && review.box_index >= 0 ? item.boxes[review.box_index] : null;
-      if (box) {
-        const outline = h("span", { class: "thumb-box", "aria-hidden": "true" });
-        outline.style.left = `${box.x * 100}%`;
-        outline.style.top = `${box.y * 100}%`;
-        outline.style.width = `${box.w * 100}%`;
-        outline.style.height = `${box.h * 100}%`;
-        figure.append(outline);
-      }
+      if (box) figure.append(placed(h("span", { class: "thumb-box", "aria-hidden": "true" }), box));
       return figure;
     });
   }

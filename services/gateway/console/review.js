@@ -5,7 +5,7 @@
 // answered that it stored it.
 import { api, currentSession } from "./api.js";
 import { SightingDecisions } from "./decisions.js";
-import { h, show } from "./dom.js";
+import { h, placed, show } from "./dom.js";
 import { byline, ItemEditor } from "./item_editor.js";
 import { accountBar } from "./runs.js";
 
@@ -150,14 +150,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       );
       const review = item && item.box_reviews.find((r) => ids.includes(r.sighting_id));
       const box = review && review.box_index >= 0 ? item.boxes[review.box_index] : null;
-      if (box) {
-        const outline = h("span", { class: "thumb-box", "aria-hidden": "true" });
-        outline.style.left = `${box.x * 100}%`;
-        outline.style.top = `${box.y * 100}%`;
-        outline.style.width = `${box.w * 100}%`;
-        outline.style.height = `${box.h * 100}%`;
-        figure.append(outline);
-      }
+      if (box) figure.append(placed(h("span", { class: "thumb-box", "aria-hidden": "true" }), box));
       return figure;
     });
   }
