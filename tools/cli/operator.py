@@ -76,6 +76,17 @@ def _unary(opts: Options, rpc: str, request: Message) -> Any:
     return run(opts, call)
 
 
+def _workshop(opts: Options, rpc: str, request: Message) -> Any:
+    """One WorkshopService call by name."""
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> Any:
+        return await getattr(workshop_pb2_grpc.WorkshopServiceStub(channel), rpc)(
+            request, metadata=md
+        )
+
+    return run(opts, call)
+
+
 def _listing(
     opts: Options,
     items: list[Message],
@@ -507,13 +518,7 @@ def bucket_items(
         bucket_id=bucket_id, filter=_filter(review, class_name, camera), page_size=limit
     )
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.ListBucketItemsResponse:
-        reply: ws.ListBucketItemsResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).ListBucketItems(request, metadata=md)
-        return reply
-
-    reply = run(opts, call)
+    reply = _workshop(opts, "ListBucketItems", request)
     _listing(
         opts,
         list(reply.items),
@@ -562,12 +567,7 @@ def _revision(value: int | None) -> dict[str, int]:
 def _item_call(ctx: typer.Context, rpc: str, request: Message) -> None:
     """Calls a WorkshopService RPC answering an item and prints the item."""
     opts = options(ctx)
-
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> Any:
-        stub = workshop_pb2_grpc.WorkshopServiceStub(channel)
-        return await getattr(stub, rpc)(request, metadata=md)
-
-    emit(opts, as_dict(run(opts, call).item))
+    emit(opts, as_dict(_workshop(opts, rpc, request).item))
 
 
 @buckets.command("correct")
@@ -731,13 +731,7 @@ def bucket_queue(
         page_size=limit,
     )
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.GetReviewQueueResponse:
-        reply: ws.GetReviewQueueResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).GetReviewQueue(request, metadata=md)
-        return reply
-
-    reply = run(opts, call)
+    reply = _workshop(opts, "GetReviewQueue", request)
     _listing(
         opts,
         list(reply.sightings),
@@ -796,13 +790,7 @@ def bucket_bulk_decide(
         expected_selection_revision=expect,
     )
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.BulkDecideSightingsResponse:
-        reply: ws.BulkDecideSightingsResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).BulkDecideSightings(request, metadata=md)
-        return reply
-
-    emit(opts, as_dict(run(opts, call)))
+    emit(opts, as_dict(_workshop(opts, "BulkDecideSightings", request)))
 
 
 @buckets.command("undo-bulk")
@@ -815,13 +803,7 @@ def bucket_undo_bulk(
     opts = options(ctx)
     request = ws.UndoBulkDecisionRequest(action_id=action_id)
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.UndoBulkDecisionResponse:
-        reply: ws.UndoBulkDecisionResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).UndoBulkDecision(request, metadata=md)
-        return reply
-
-    emit(opts, as_dict(run(opts, call)))
+    emit(opts, as_dict(_workshop(opts, "UndoBulkDecision", request)))
 
 
 @buckets.command("export")
