@@ -35,13 +35,14 @@ from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.datasets import DatasetServicer
 from services.coordinator.servicers.identity import IdentityServicer
-from services.coordinator.servicers.jobs import MAX_IMAGE_BYTES, JobServicer
+from services.coordinator.servicers.jobs import JobServicer
 from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
 from services.coordinator.workflows.documents import Workflows
 from workshop.kit.metrics import Cached, ScrapeCollector
 from workshop.kit.server import GrpcService, Worker
+from workshop.kit.written_previews import MAX_IMAGE_BYTES
 from workshop.v1 import (
     dataset_pb2_grpc,
     identity_pb2_grpc,

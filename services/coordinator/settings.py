@@ -13,9 +13,9 @@ from services.coordinator.identity.signin import (
     LoginLimits,
 )
 from services.coordinator.leases.jobs import LEASE
-from services.coordinator.servicers.jobs import MAX_IMAGE_BYTES, MAX_IMAGE_BYTES_LIMIT
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
+from workshop.kit.written_previews import MAX_IMAGE_BYTES, MAX_IMAGE_BYTES_LIMIT
 
 PREFIX = "COORDINATOR"
 

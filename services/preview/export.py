@@ -419,49 +419,40 @@ def _spooled() -> IO[bytes]:
     return tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
 
 
-class JsonArray:
+class _Entries:
+    """Entries written one after another to a spooled temporary file, counted and sized,
+    then read back from the start."""
+
+    def __init__(self) -> None:
+        self._file = _spooled()
+        self.count = 0
+        self.size = 0
+
+    def _write(self, data: bytes) -> None:
+        self._file.write(data)
+        self.count += 1
+        self.size += len(data)
+
+    def reader(self) -> IO[bytes]:
+        self._file.seek(0)
+        return self._file
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class JsonArray(_Entries):
     """Entries of a JSON array (without its brackets) in a spooled temporary file."""
 
-    def __init__(self) -> None:
-        self._file = _spooled()
-        self.count = 0
-        self.size = 0
-
     def append(self, value: dict[str, Any]) -> None:
-        text = ("," if self.count else "") + _json(value)
-        data = text.encode()
-        self._file.write(data)
-        self.count += 1
-        self.size += len(data)
-
-    def reader(self) -> IO[bytes]:
-        self._file.seek(0)
-        return self._file
-
-    def close(self) -> None:
-        self._file.close()
+        self._write((("," if self.count else "") + _json(value)).encode())
 
 
-class Lines:
+class Lines(_Entries):
     """Text lines in a spooled temporary file (YOLO's train.txt and val.txt)."""
 
-    def __init__(self) -> None:
-        self._file = _spooled()
-        self.count = 0
-        self.size = 0
-
     def append(self, line: str) -> None:
-        data = line.encode()
-        self._file.write(data)
-        self.count += 1
-        self.size += len(data)
-
-    def reader(self) -> IO[bytes]:
-        self._file.seek(0)
-        return self._file
-
-    def close(self) -> None:
-        self._file.close()
+        self._write(line.encode())
 
 
 class Joined:

@@ -23,7 +23,6 @@ processor's own image unreadable; the size is bounded by the policy.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -37,13 +36,13 @@ from services.preview.storage import ObjectStore
 from workshop.kit.errors import PermissionDenied, Unauthenticated, Unavailable, WorkshopError
 from workshop.kit.object_keys import EXTENSIONS, job_prefix, object_key
 from workshop.kit.status import status_for
+from workshop.kit.written_previews import check_written_preview
 from workshop.v1 import common_pb2
 from workshop.v1 import preview_pb2 as pb
 from workshop.v1 import publication_pb2 as pub
 
 MAX_PER_CALL = 256
 MIN_GRANT_SECONDS = 1  # a lease about to lapse still gets a grant; its record is then refused
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class WriteGrants:
@@ -179,18 +178,7 @@ class WriteGrants:
         return reply
 
     def _record_request(self, written: pb.WrittenPreview) -> pub.RecordPreviewRequest:
-        if written.content_type not in CONTENT_TYPES:
-            raise InvalidField(
-                "content_type", f"content_type must be one of {', '.join(CONTENT_TYPES)}."
-            )
-        if not 1 <= written.byte_size <= self.max_image_bytes:
-            raise InvalidField(
-                "byte_size", f"byte_size must be 1..{self.max_image_bytes}, as the grant allows."
-            )
-        if not SHA256_HEX.fullmatch(written.sha256):
-            raise InvalidField("sha256", "sha256 must be 64 lowercase hex digits.")
-        if not written.HasField("frame_time"):
-            raise InvalidField("frame_time", "frame_time is required.")
+        check_written_preview(written, self.max_image_bytes)  # as the coordinator checks it
         # The coordinator refuses a key that is not this lease's preview key for the slot
         # and content type, so a grant's key is the only one that can be recorded.
         return pub.RecordPreviewRequest(

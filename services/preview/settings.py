@@ -7,11 +7,9 @@ import dataclasses
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
 from workshop.kit.tls import ClientTlsSettings
+from workshop.kit.written_previews import MAX_IMAGE_BYTES, MAX_IMAGE_BYTES_LIMIT
 
 PREFIX = "PREVIEW"
-MIB = 1024 * 1024
-# The server and channels accept 16 MiB messages; an image must leave room for the rest.
-MAX_IMAGE_BYTES_LIMIT = 15 * MIB
 
 
 def _host_port(value: str) -> str | None:
@@ -71,7 +69,7 @@ class PreviewSettings(ServerSettings, ClientTlsSettings):
         check=between(1, 600, " s"),
     )
     max_image_bytes: int = setting(
-        4 * MIB,
+        MAX_IMAGE_BYTES,
         help="Largest image accepted by PublishPreview and StageUpload, bytes.",
         check=between(1, MAX_IMAGE_BYTES_LIMIT, " bytes"),
     )

@@ -227,7 +227,8 @@ def _seconds(delta: timedelta) -> Fraction:
 
 class Decoder(Protocol):
     """Decodes selected frames to uint8 RGB arrays of shape [n, out_height, out_width, 3]:
-    stretched to that size, or placed as `placement` says (a letterbox)."""
+    stretched to that size, or placed as `placement` says (a letterbox). A decoder that
+    subclasses it writes `chunks` and inherits `decode`."""
 
     def chunks(
         self,
@@ -251,7 +252,10 @@ class Decoder(Protocol):
         placement: Placement | None = None,
     ) -> Frames:
         """All requested frames at once; prefer `chunks` for long requests."""
-        ...
+        chunks = self.chunks(
+            source, frame_indices, out_height=out_height, out_width=out_width, placement=placement
+        )
+        return _collect(chunks, out_height, out_width)
 
 
 def _collect(chunks: Iterator[Frames], out_height: int, out_width: int) -> Frames:
@@ -347,7 +351,7 @@ def _layout(source: Source) -> _Layout | None:
 _Shape = tuple[tuple[int, int] | None, Placement | None]
 
 
-class DaliDecoder:
+class DaliDecoder(Decoder):
     """NVIDIA DALI `fn.decoders.video`, with `fn.resize` in the same pipeline when the
     stream's size is not the requested one.
 
@@ -395,20 +399,6 @@ class DaliDecoder:
         limit = frames_per_chunk(largest, self.max_chunk_frames)
         for batch in plan_chunks(frame_indices, layout.keyframes if layout else (), limit):
             yield self._run(encoded, batch, shape)
-
-    def decode(
-        self,
-        source: Source,
-        frame_indices: Sequence[int],
-        *,
-        out_height: int,
-        out_width: int,
-        placement: Placement | None = None,
-    ) -> Frames:
-        chunks = self.chunks(
-            source, frame_indices, out_height=out_height, out_width=out_width, placement=placement
-        )
-        return _collect(chunks, out_height, out_width)
 
     def _run(self, encoded: Frames, batch: list[int], resize: _Shape) -> Frames:
         pipeline = self._take(resize)
@@ -500,7 +490,7 @@ def _dali_message(text: str) -> str:
     return " ".join(body.split()) or text.strip()
 
 
-class PyAvDecoder:
+class PyAvDecoder(Decoder):
     """FFmpeg through PyAV: any codec FFmpeg decodes, on CPU.
 
     Seeks to the nearest keyframe before a requested frame when that skips
@@ -536,20 +526,6 @@ class PyAvDecoder:
                     yield reader.read(frame_indices[offset : offset + limit])
         except av.error.FFmpegError as error:
             raise DecodeError(_ffmpeg_message(error)) from error
-
-    def decode(
-        self,
-        source: Source,
-        frame_indices: Sequence[int],
-        *,
-        out_height: int,
-        out_width: int,
-        placement: Placement | None = None,
-    ) -> Frames:
-        chunks = self.chunks(
-            source, frame_indices, out_height=out_height, out_width=out_width, placement=placement
-        )
-        return _collect(chunks, out_height, out_width)
 
 
 class _FrameReader:

@@ -18,7 +18,6 @@ import grpc
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
-from services.coordinator.servicers.jobs import MAX_IMAGE_BYTES
 from testbed.coordinator_leases import (
     Metadata,
     Setup,
@@ -43,6 +42,7 @@ from tests.service.test_coordinator_previews import (
 )
 from tests.service.test_coordinator_sessions import counted
 from workshop.kit.auth import bearer_metadata
+from workshop.kit.written_previews import MAX_IMAGE_BYTES
 from workshop.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from workshop.v1 import operator_pb2 as op
 from workshop.v1 import publication_pb2 as pub

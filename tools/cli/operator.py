@@ -76,6 +76,17 @@ def _unary(opts: Options, rpc: str, request: Message) -> Any:
     return run(opts, call)
 
 
+def _workshop(opts: Options, rpc: str, request: Message) -> Any:
+    """One WorkshopService call by name."""
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> Any:
+        return await getattr(workshop_pb2_grpc.WorkshopServiceStub(channel), rpc)(
+            request, metadata=md
+        )
+
+    return run(opts, call)
+
+
 def _listing(
     opts: Options,
     items: list[Message],
@@ -507,13 +518,7 @@ def bucket_items(
         bucket_id=bucket_id, filter=_filter(review, class_name, camera), page_size=limit
     )
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.ListBucketItemsResponse:
-        reply: ws.ListBucketItemsResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).ListBucketItems(request, metadata=md)
-        return reply
-
-    reply = run(opts, call)
+    reply = _workshop(opts, "ListBucketItems", request)
     _listing(
         opts,
         list(reply.items),
@@ -562,12 +567,7 @@ def _revision(value: int | None) -> dict[str, int]:
 def _item_call(ctx: typer.Context, rpc: str, request: Message) -> None:
     """Calls a WorkshopService RPC answering an item and prints the item."""
     opts = options(ctx)
-
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> Any:
-        stub = workshop_pb2_grpc.WorkshopServiceStub(channel)
-        return await getattr(stub, rpc)(request, metadata=md)
-
-    emit(opts, as_dict(run(opts, call).item))
+    emit(opts, as_dict(_workshop(opts, rpc, request).item))
 
 
 @buckets.command("correct")
@@ -686,10 +686,20 @@ def _sighting_filter(
     )
 
 
-REVIEW_HELP = "pending, accepted or rejected (repeatable; default pending)"
-CLASS_HELP = "only sightings of this class as detected"
-FROM_HELP = "only sightings starting at or after this instant (RFC 3339)"
-TO_HELP = "only sightings starting before this instant (RFC 3339)"
+# The sighting filter's options (`_sighting_filter`), one definition for `buckets queue`
+# and `buckets bulk-decide` (typer copies an option's definition for each command).
+REVIEW_OPTION = typer.Option(
+    [], "--review", help="pending, accepted or rejected (repeatable; default pending)"
+)
+CLASS_OPTION = typer.Option("", "--class", help="only sightings of this class as detected")
+CAMERA_OPTION = typer.Option("", "--camera", help="only this camera's sightings")
+RUN_OPTION = typer.Option("", "--run", help="only this run's sightings")
+FROM_OPTION = typer.Option(
+    "", "--from", help="only sightings starting at or after this instant (RFC 3339)"
+)
+TO_OPTION = typer.Option("", "--to", help="only sightings starting before this instant (RFC 3339)")
+MIN_SCORE_OPTION = typer.Option(None, "--min-score", help="only sightings scoring at least this")
+MAX_SCORE_OPTION = typer.Option(None, "--max-score", help="only sightings scoring at most this")
 
 
 @buckets.command("queue")
@@ -697,14 +707,14 @@ def bucket_queue(
     ctx: typer.Context,
     bucket_id: str = typer.Argument(..., help="bucket id"),
     order: str = typer.Option("oldest", help="oldest, lowest-score or camera"),
-    review: list[str] = typer.Option([], help=REVIEW_HELP),
-    class_name: str = typer.Option("", "--class", help=CLASS_HELP),
-    camera: str = typer.Option("", help="only this camera's sightings"),
-    run_id: str = typer.Option("", "--run", help="only this run's sightings"),
-    since: str = typer.Option("", "--from", help=FROM_HELP),
-    until: str = typer.Option("", "--to", help=TO_HELP),
-    min_score: float | None = typer.Option(None, help="only sightings scoring at least this"),
-    max_score: float | None = typer.Option(None, help="only sightings scoring at most this"),
+    review: list[str] = REVIEW_OPTION,
+    class_name: str = CLASS_OPTION,
+    camera: str = CAMERA_OPTION,
+    run_id: str = RUN_OPTION,
+    since: str = FROM_OPTION,
+    until: str = TO_OPTION,
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
     limit: int = typer.Option(10, min=1, max=100, help="at most this many (1..100)"),
 ) -> None:
     """The next sightings of a bucket's review queue, across runs (GetReviewQueue); decide
@@ -721,13 +731,7 @@ def bucket_queue(
         page_size=limit,
     )
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.GetReviewQueueResponse:
-        reply: ws.GetReviewQueueResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).GetReviewQueue(request, metadata=md)
-        return reply
-
-    reply = run(opts, call)
+    reply = _workshop(opts, "GetReviewQueue", request)
     _listing(
         opts,
         list(reply.sightings),
@@ -754,14 +758,14 @@ def bucket_bulk_decide(
     bucket_id: str = typer.Argument(..., help="bucket id"),
     decision: str = typer.Argument(..., help="confirm, none or relabel"),
     relabel: str = typer.Option("", "--relabel", help="relabel: the new class"),
-    review: list[str] = typer.Option([], help=REVIEW_HELP),
-    class_name: str = typer.Option("", "--class", help=CLASS_HELP),
-    camera: str = typer.Option("", help="only this camera's sightings"),
-    run_id: str = typer.Option("", "--run", help="only this run's sightings"),
-    since: str = typer.Option("", "--from", help=FROM_HELP),
-    until: str = typer.Option("", "--to", help=TO_HELP),
-    min_score: float | None = typer.Option(None, help="only sightings scoring at least this"),
-    max_score: float | None = typer.Option(None, help="only sightings scoring at most this"),
+    review: list[str] = REVIEW_OPTION,
+    class_name: str = CLASS_OPTION,
+    camera: str = CAMERA_OPTION,
+    run_id: str = RUN_OPTION,
+    since: str = FROM_OPTION,
+    until: str = TO_OPTION,
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="say what would change; change nothing"),
     expect: str = typer.Option(
         "",
@@ -786,13 +790,7 @@ def bucket_bulk_decide(
         expected_selection_revision=expect,
     )
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.BulkDecideSightingsResponse:
-        reply: ws.BulkDecideSightingsResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).BulkDecideSightings(request, metadata=md)
-        return reply
-
-    emit(opts, as_dict(run(opts, call)))
+    emit(opts, as_dict(_workshop(opts, "BulkDecideSightings", request)))
 
 
 @buckets.command("undo-bulk")
@@ -805,13 +803,7 @@ def bucket_undo_bulk(
     opts = options(ctx)
     request = ws.UndoBulkDecisionRequest(action_id=action_id)
 
-    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.UndoBulkDecisionResponse:
-        reply: ws.UndoBulkDecisionResponse = await workshop_pb2_grpc.WorkshopServiceStub(
-            channel
-        ).UndoBulkDecision(request, metadata=md)
-        return reply
-
-    emit(opts, as_dict(run(opts, call)))
+    emit(opts, as_dict(_workshop(opts, "UndoBulkDecision", request)))
 
 
 @buckets.command("export")

@@ -35,9 +35,7 @@ from services.coordinator.review.review_params import (
     BulkDecide,
     BulkDecisionInsert,
     BulkSelection,
-    QueueCamera,
-    QueueOldest,
-    QueueScore,
+    QueuePageKeys,
 )
 from services.coordinator.review.reviews import (
     SightingRow,
@@ -248,24 +246,19 @@ class ReviewQueue:
         """The next `limit` sightings of the bucket's queue in `order` after `after`."""
         cameras = readable_cameras(who)
         key = after or FIRST
-        common = wanted.params(bucket_id, cameras) | {
-            "after_time": key.first_frame_time,
-            "after_run": key.run_id,
-            "after_sighting": key.sighting_id,
-            "limit": limit + 1,
-        }
+        keys = QueuePageKeys(
+            **wanted.params(bucket_id, cameras),
+            order_by=order if order in ORDERS else "oldest",
+            after_score=key.score,
+            after_camera=key.camera_id,
+            after_time=key.first_frame_time,
+            after_run=key.run_id,
+            after_sighting=key.sighting_id,
+            limit=limit + 1,
+        )
         async with self.db.connection() as connection:
             await _bucket_exists(connection, bucket_id)
-            if order == "score":
-                rows = await fetch_all(
-                    connection, QueueRow, *bind(QueueScore(**common, after_score=key.score))
-                )
-            elif order == "camera":
-                rows = await fetch_all(
-                    connection, QueueRow, *bind(QueueCamera(**common, after_camera=key.camera_id))
-                )
-            else:
-                rows = await fetch_all(connection, QueueRow, *bind(QueueOldest(**common)))
+            rows = await fetch_all(connection, QueueRow, *bind(keys))
             next_key = rows[limit - 1].key() if len(rows) > limit else None
             rows = rows[:limit]
             found = (

@@ -350,19 +350,27 @@ FROM unnest($1::text[], $2::text[], $3::text[]) AS u (run_id, bucket_id, camera_
 ORDER BY 1, 2, 3
 ON CONFLICT ON CONSTRAINT sighting_timelines_pkey DO UPDATE SET run_id = t.run_id;
 
--- name: queue_oldest
--- A page of a bucket's review queue, oldest sighting first (first frame time, then run and
--- sighting id), after the key (after_time, after_run, after_sighting): per review state
--- asked for, a range of sightings_queue_oldest, merged. Filters: class as detected, camera
--- (camera_id, or the cameras the reader may see), run, first frame time in [frame_time_from,
--- frame_time_to), score in [min_score, max_score].
+-- name: queue_page_keys
+-- The keys of a page of a bucket's review queue in the order asked (order_by), after the
+-- key of the page before: per review state asked for, a range of the order's index, merged.
+--   oldest: first frame time, then run and sighting id; after (after_time, after_run,
+--           after_sighting); sightings_queue_oldest.
+--   score:  lowest score first, then as oldest; after (after_score, after_time, ...);
+--           sightings_queue_score.
+--   camera: by camera, then as oldest; after (after_camera, after_time, ...);
+--           sightings_queue_camera.
+-- Filters (`matching`, written once): class as detected, camera (camera_id, or the cameras
+-- the reader may see), run, first frame time in [frame_time_from, frame_time_to), score in
+-- [min_score, max_score]. NOT MATERIALIZED inlines them into each order's range, so that
+-- the bucket, the state and the key stay an index range of that order's index (EXPLAIN:
+-- its Index Scan, at most `limit` rows a state); only the order asked is read (each
+-- range's order_by test is a one-time filter: the others are never started). The merge
+-- sorts at most `limit` rows a state.
 -- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
-SELECT q.run_id, q.sighting_id, q.camera_id, q.first_frame_time, q.score
-FROM unnest(:review_states::text[]) AS st (review_state)
-CROSS JOIN LATERAL (
-    SELECT s.run_id, s.sighting_id, s.camera_id, s.first_frame_time, s.score
+WITH matching AS NOT MATERIALIZED (
+    SELECT s.run_id, s.sighting_id, s.camera_id, s.first_frame_time, s.score, s.review_state
     FROM sightings s
-    WHERE s.bucket_id = :bucket_id::text AND s.review_state = st.review_state
+    WHERE s.bucket_id = :bucket_id::text
       AND (:class_name::text IS NULL OR s.class_name = :class_name)
       AND (:camera_id::text IS NULL OR s.camera_id = :camera_id)
       AND (:cameras::text[] IS NULL OR s.camera_id = ANY (:cameras))
@@ -371,66 +379,34 @@ CROSS JOIN LATERAL (
       AND (:frame_time_to::timestamptz IS NULL OR s.first_frame_time < :frame_time_to)
       AND (:min_score::real IS NULL OR s.score >= :min_score)
       AND (:max_score::real IS NULL OR s.score <= :max_score)
-      AND (s.first_frame_time, s.run_id, s.sighting_id)
-          > (:after_time::timestamptz, :after_run::text, :after_sighting::text)
-    ORDER BY s.first_frame_time, s.run_id, s.sighting_id
-    LIMIT :limit::bigint
-) q
-ORDER BY q.first_frame_time, q.run_id, q.sighting_id
-LIMIT :limit;
-
--- name: queue_score
--- As queue_oldest, lowest score first (then oldest), after the key (after_score,
--- after_time, after_run, after_sighting): sightings_queue_score.
--- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
+)
 SELECT q.run_id, q.sighting_id, q.camera_id, q.first_frame_time, q.score
 FROM unnest(:review_states::text[]) AS st (review_state)
 CROSS JOIN LATERAL (
-    SELECT s.run_id, s.sighting_id, s.camera_id, s.first_frame_time, s.score
-    FROM sightings s
-    WHERE s.bucket_id = :bucket_id::text AND s.review_state = st.review_state
-      AND (:class_name::text IS NULL OR s.class_name = :class_name)
-      AND (:camera_id::text IS NULL OR s.camera_id = :camera_id)
-      AND (:cameras::text[] IS NULL OR s.camera_id = ANY (:cameras))
-      AND (:run_id::text IS NULL OR s.run_id = :run_id)
-      AND (:frame_time_from::timestamptz IS NULL OR s.first_frame_time >= :frame_time_from)
-      AND (:frame_time_to::timestamptz IS NULL OR s.first_frame_time < :frame_time_to)
-      AND (:min_score::real IS NULL OR s.score >= :min_score)
-      AND (:max_score::real IS NULL OR s.score <= :max_score)
-      AND (s.score, s.first_frame_time, s.run_id, s.sighting_id)
-          > (:after_score::real, :after_time::timestamptz, :after_run::text,
-             :after_sighting::text)
-    ORDER BY s.score, s.first_frame_time, s.run_id, s.sighting_id
-    LIMIT :limit::bigint
+    (SELECT m.* FROM matching m
+     WHERE :order_by::text = 'oldest' AND m.review_state = st.review_state
+       AND (m.first_frame_time, m.run_id, m.sighting_id)
+           > (:after_time::timestamptz, :after_run::text, :after_sighting::text)
+     ORDER BY m.first_frame_time, m.run_id, m.sighting_id
+     LIMIT :limit::bigint)
+    UNION ALL
+    (SELECT m.* FROM matching m
+     WHERE :order_by = 'score' AND m.review_state = st.review_state
+       AND (m.score, m.first_frame_time, m.run_id, m.sighting_id)
+           > (:after_score::real, :after_time, :after_run, :after_sighting)
+     ORDER BY m.score, m.first_frame_time, m.run_id, m.sighting_id
+     LIMIT :limit)
+    UNION ALL
+    (SELECT m.* FROM matching m
+     WHERE :order_by = 'camera' AND m.review_state = st.review_state
+       AND (m.camera_id, m.first_frame_time, m.run_id, m.sighting_id)
+           > (:after_camera::text, :after_time, :after_run, :after_sighting)
+     ORDER BY m.camera_id, m.first_frame_time, m.run_id, m.sighting_id
+     LIMIT :limit)
 ) q
-ORDER BY q.score, q.first_frame_time, q.run_id, q.sighting_id
-LIMIT :limit;
-
--- name: queue_camera
--- As queue_oldest, by camera (then oldest), after the key (after_camera, after_time,
--- after_run, after_sighting): sightings_queue_camera.
--- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
-SELECT q.run_id, q.sighting_id, q.camera_id, q.first_frame_time, q.score
-FROM unnest(:review_states::text[]) AS st (review_state)
-CROSS JOIN LATERAL (
-    SELECT s.run_id, s.sighting_id, s.camera_id, s.first_frame_time, s.score
-    FROM sightings s
-    WHERE s.bucket_id = :bucket_id::text AND s.review_state = st.review_state
-      AND (:class_name::text IS NULL OR s.class_name = :class_name)
-      AND (:camera_id::text IS NULL OR s.camera_id = :camera_id)
-      AND (:cameras::text[] IS NULL OR s.camera_id = ANY (:cameras))
-      AND (:run_id::text IS NULL OR s.run_id = :run_id)
-      AND (:frame_time_from::timestamptz IS NULL OR s.first_frame_time >= :frame_time_from)
-      AND (:frame_time_to::timestamptz IS NULL OR s.first_frame_time < :frame_time_to)
-      AND (:min_score::real IS NULL OR s.score >= :min_score)
-      AND (:max_score::real IS NULL OR s.score <= :max_score)
-      AND (s.camera_id, s.first_frame_time, s.run_id, s.sighting_id)
-          > (:after_camera::text, :after_time::timestamptz, :after_run::text,
-             :after_sighting::text)
-    ORDER BY s.camera_id, s.first_frame_time, s.run_id, s.sighting_id
-    LIMIT :limit::bigint
-) q
-ORDER BY q.camera_id, q.first_frame_time, q.run_id, q.sighting_id
+ORDER BY CASE WHEN :order_by = 'score' THEN q.score END,
+         CASE WHEN :order_by = 'camera' THEN q.camera_id END,
+         q.first_frame_time, q.run_id, q.sighting_id
 LIMIT :limit;
 
 -- name: queue_sightings
@@ -465,7 +441,7 @@ CROSS JOIN LATERAL (
 ORDER BY u.ordinal;
 
 -- name: bulk_selection
--- The sightings a bulk decision selects in a bucket (filters as in queue_oldest), at most
+-- The sightings a bulk decision selects in a bucket (filters as in queue_page_keys), at most
 -- :limit, in key order, with what its selection revision digests.
 -- nullable: class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
 SELECT s.run_id, s.sighting_id, s.bucket_id, s.camera_id, s.item_count, s.first_frame_time,

@@ -159,13 +159,12 @@ class ItemDecisionLogged(Params):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class QueueOldest(Params):
-    """The parameters of `review.queue_oldest`."""
+class QueuePageKeys(Params):
+    """The parameters of `review.queue_page_keys`."""
 
     FILE: ClassVar[str] = "review"
-    NAME: ClassVar[str] = "queue_oldest"
+    NAME: ClassVar[str] = "queue_page_keys"
 
-    review_states: Sequence[str]
     bucket_id: str
     class_name: str | None
     camera_id: str | None
@@ -175,58 +174,14 @@ class QueueOldest(Params):
     frame_time_to: datetime | None
     min_score: float | None
     max_score: float | None
+    review_states: Sequence[str]
+    order_by: str
     after_time: datetime
     after_run: str
     after_sighting: str
     limit: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class QueueScore(Params):
-    """The parameters of `review.queue_score`."""
-
-    FILE: ClassVar[str] = "review"
-    NAME: ClassVar[str] = "queue_score"
-
-    review_states: Sequence[str]
-    bucket_id: str
-    class_name: str | None
-    camera_id: str | None
-    cameras: Sequence[str] | None
-    run_id: str | None
-    frame_time_from: datetime | None
-    frame_time_to: datetime | None
-    min_score: float | None
-    max_score: float | None
     after_score: float
-    after_time: datetime
-    after_run: str
-    after_sighting: str
-    limit: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class QueueCamera(Params):
-    """The parameters of `review.queue_camera`."""
-
-    FILE: ClassVar[str] = "review"
-    NAME: ClassVar[str] = "queue_camera"
-
-    review_states: Sequence[str]
-    bucket_id: str
-    class_name: str | None
-    camera_id: str | None
-    cameras: Sequence[str] | None
-    run_id: str | None
-    frame_time_from: datetime | None
-    frame_time_to: datetime | None
-    min_score: float | None
-    max_score: float | None
     after_camera: str
-    after_time: datetime
-    after_run: str
-    after_sighting: str
-    limit: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -45,8 +44,8 @@ from services.coordinator.servicers.views import (
 )
 from workshop.kit.errors import ResourceExhausted, WorkshopError
 from workshop.kit.interceptors import error_status
-from workshop.kit.object_keys import EXTENSIONS
 from workshop.kit.rpc_metrics import observe_call
+from workshop.kit.written_previews import MAX_IMAGE_BYTES, check_written_preview
 from workshop.v1 import common_pb2, jobs_pb2_grpc
 from workshop.v1 import jobs_pb2 as pb
 from workshop.v1 import publication_pb2 as pub
@@ -57,12 +56,6 @@ MAX_CLAIM_WAIT_SECONDS = 60
 DEADLINE_MARGIN_SECONDS = 1.0
 # Calls in flight on one Session stream; one more is answered RESOURCE_EXHAUSTED.
 MAX_SESSION_CALLS = 64
-MIB = 1024 * 1024
-# The largest preview a processor may record (COORDINATOR_MAX_IMAGE_BYTES): the preview
-# service's PREVIEW_MAX_IMAGE_BYTES, which bounds its grants, by default and at most.
-MAX_IMAGE_BYTES = 4 * MIB
-MAX_IMAGE_BYTES_LIMIT = 15 * MIB
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def duration(value: timedelta) -> Duration:
@@ -345,23 +338,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def _written(self, preview: pub.RecordPreviewRequest, boxes: str) -> PreviewRecord:
         """A written preview's record, checked as the preview service checks it (its bytes
         never passed a service: the grant bound their key, type and size at the store)."""
-        if preview.content_type not in EXTENSIONS:
-            raise InvalidField(
-                f"content_type must be one of {', '.join(EXTENSIONS)}.",
-                metadata={"field": "content_type"},
-            )
-        if not 1 <= preview.byte_size <= self.max_image_bytes:
-            raise InvalidField(
-                f"byte_size must be 1..{self.max_image_bytes}, as the grant allows.",
-                metadata={"field": "byte_size"},
-            )
-        if not SHA256_HEX.fullmatch(preview.sha256):
-            raise InvalidField(
-                "sha256 must be 64 lower-case hex characters (a SHA-256 digest).",
-                metadata={"field": "sha256"},
-            )
-        if not preview.HasField("frame_time"):
-            raise InvalidField("frame_time is required.", metadata={"field": "frame_time"})
+        check_written_preview(preview, self.max_image_bytes)
         return preview_record(preview, boxes)
 
 

@@ -6,7 +6,7 @@
 // pixels, so where it fits depends on the displayed size: labels are placed in pixels
 // after layout, and again whenever the layer is resized (a ResizeObserver, which also
 // fires once the image has loaded and given the layer its height).
-import { h } from "./dom.js";
+import { h, placed } from "./dom.js";
 
 const drawn = new WeakMap(); // layer -> { boxes, labels }
 const waiting = new Set(); // layers drawn since the last placement
@@ -20,14 +20,7 @@ export function labelText(box) {
 
 /** Draws `boxes` (fractions of the frame) into `layer`, replacing what was there. */
 export function drawBoxes(layer, boxes) {
-  const outlines = boxes.map((box, index) => {
-    const node = h("span", { class: "box", "data-box-index": index });
-    node.style.left = `${box.x * 100}%`;
-    node.style.top = `${box.y * 100}%`;
-    node.style.width = `${box.w * 100}%`;
-    node.style.height = `${box.h * 100}%`;
-    return node;
-  });
+  const outlines = boxes.map((box, index) => placed(h("span", { class: "box", "data-box-index": index }), box));
   const labels = boxes.map((box, index) => h("span", {
     class: "box-label", "data-box-index": index, text: labelText(box),
   }));

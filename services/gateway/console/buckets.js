@@ -8,7 +8,7 @@
 // End go to its ends, Enter opens the item in the item editor (full size, its history:
 // result → corrections → decisions). The filters live in the URL (filters.js).
 import { api, ApiError, currentSession } from "./api.js";
-import { h, show } from "./dom.js";
+import { h, placed, show } from "./dom.js";
 import { apiQuery, classesOfRun, describeFilter, filterForm, ITEM_FIELDS, listBuckets } from "./filters.js";
 import { ItemEditor } from "./item_editor.js";
 import { sessionEnded } from "./nav.js";
@@ -87,14 +87,7 @@ export async function bucketsView(context) {
   function cell(item, index) {
     // Outlines placed in percentages only: nothing here reads layout, so a page of 200
     // costs one layout (boxes.js's labels, placed in pixels, are the full-size view's).
-    const layer = h("span", { class: "boxes" }, shownBoxes(item).map((box) => {
-      const outline = h("span", { class: "box" });
-      outline.style.left = `${box.x * 100}%`;
-      outline.style.top = `${box.y * 100}%`;
-      outline.style.width = `${box.w * 100}%`;
-      outline.style.height = `${box.h * 100}%`;
-      return outline;
-    }));
+    const layer = h("span", { class: "boxes" }, shownBoxes(item).map((box) => placed(h("span", { class: "box" }), box)));
     const button = h(
       "button", {
         type: "button", class: "item-open", tabindex: index === focused ? "0" : "-1",

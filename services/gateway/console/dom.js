@@ -20,6 +20,16 @@ export function show(parent, ...children) {
   parent.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
 }
 
+/** `node` placed over `box` (x, y, w, h: fractions of its frame), in percentages of the
+ * layer that covers the frame, so that it stays on its object at any size. */
+export function placed(node, box) {
+  node.style.left = `${box.x * 100}%`;
+  node.style.top = `${box.y * 100}%`;
+  node.style.width = `${box.w * 100}%`;
+  node.style.height = `${box.h * 100}%`;
+  return node;
+}
+
 const SVG = "http://www.w3.org/2000/svg";
 
 /** `h` for SVG elements (charts): attributes and text only, in the SVG namespace. */

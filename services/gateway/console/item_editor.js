@@ -10,7 +10,7 @@
 // box of the chosen class, s saves, u undoes the last correction, c / n decide this frame
 // alone, f makes it follow its sighting again (`shortcuts`).
 import { api, ApiError } from "./api.js";
-import { h, show } from "./dom.js";
+import { h, placed, show } from "./dom.js";
 
 const STEP = 0.01;
 const BIG_STEP = 0.1;
@@ -173,11 +173,7 @@ export class ItemEditor {
         "aria-label": `${box.class_name} box ${index + 1} of ${this.boxes.length}${box.source < 0 ? " (added)" : ""}, at ${percent(box.x)}, ${percent(box.y)}, ${percent(box.w)} by ${percent(box.h)}`,
         onfocus: () => this.select(index),
       }, h("span", { class: "edit-box-label", text: box.class_name }), h("span", { class: "edit-handle", "data-handle": "resize" }));
-      node.style.left = `${box.x * 100}%`;
-      node.style.top = `${box.y * 100}%`;
-      node.style.width = `${box.w * 100}%`;
-      node.style.height = `${box.h * 100}%`;
-      return node;
+      return placed(node, box);
     });
     this.layer.replaceChildren(...nodes);
     this.save.disabled = !this.dirty;

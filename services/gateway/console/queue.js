@@ -2,18 +2,18 @@
 // sightings across runs (GET /api/workshop/buckets/{id}/queue), in the order and with the
 // filters of the URL (filters.js), a page at a time by the queue's keyset token as the
 // user reaches the end; decided from the keyboard as on the review page (j/k, c, n, 1-9,
-// u, e) through each sighting's run (POST .../runs/{run}/sightings/{id}/decision); a
+// u, e; decisions.js) through each sighting's run (POST .../runs/{run}/sightings/{id}/decision); a
 // frame opens the item editor (item_editor.js). A bulk action decides every sighting the
 // filters select: previewed (dry run), confirmed with its counts, applied with the
 // preview's selection revision (a changed selection is shown and asked again, never
 // applied), and undone as one (DELETE /api/workshop/bulk-decisions/{id}).
 // #/queue without a bucket: the buckets to pick one from.
 import { api, ApiError, currentSession } from "./api.js";
-import { h, show } from "./dom.js";
+import { SightingDecisions } from "./decisions.js";
+import { h, placed, show } from "./dom.js";
 import { apiQuery, classesOfRun, describeFilter, filterForm, listBuckets, QUEUE_FIELDS, sightingFilter } from "./filters.js";
 import { byline, ItemEditor } from "./item_editor.js";
-import { sessionEnded } from "./nav.js";
-import { decisionRestoring, sampled, stateText } from "./review.js";
+import { sampled, stateText } from "./review.js";
 import { accountBar } from "./runs.js";
 
 const THUMB_WIDTH = 160;
@@ -34,7 +34,6 @@ function timeSpan(sighting) {
 const describe = (sighting) =>
   `${sighting.class_name || "no detection"} on ${sighting.camera_id} at ${timeSpan(sighting)}`;
 
-const DONE = { confirm: "Confirmed", none: "Decided None for", relabel: "Relabelled" };
 const DECISIONS = { confirm: "confirm", none: "none (not there)" };
 
 /** The buckets to pick from, each with its pending count, a link to its queue and to
@@ -80,37 +79,30 @@ export async function queueView(context) {
   const rows = new Map(); // sighting id -> its <li>
   const items = new Map(); // item id -> BucketItem, of the sightings loaded
   const order = [];
-  const undo = [];
   const classes = []; // the relabel keys' classes: every loaded run's, in the order met
   let nextToken = "";
-  let current = -1;
-  let inFlight = null;
 
   const heading = h("h1", { tabindex: "-1", text: `Review queue of ${bucketId}` });
   const scope = h("p", { id: "queue-scope", class: "muted" });
-  const announce = h("div", { id: "queue-status", role: "status" });
-  const failure = h("div", { id: "queue-error", role: "alert" });
   const list = h("ol", { id: "queue", class: "sightings", "aria-label": "Sightings" });
   const empty = h("p", { id: "queue-empty", hidden: true, text: "No sightings match: the queue is empty." });
   const more = h("button", { type: "button", id: "queue-more", class: "secondary", hidden: true, onclick: () => loadMore(), text: "Load more sightings" });
-  const relabelKeys = h("ol", { id: "relabel-classes", class: "key-list", "aria-label": "Relabel to" });
-  const relabelTo = h("select", { id: "relabel-to" });
-
-  function say(text) {
-    show(failure);
-    show(announce, h("p", { class: "notice", text }));
-  }
-
-  function fail(text) {
-    show(announce);
-    show(failure, h("p", { class: "error", text }));
-  }
-
-  function failed(error, prefix = "") {
-    if (!alive()) return;
-    if (error instanceof ApiError && error.status === 401) sessionEnded();
-    else fail(`${prefix}${error.message}`);
-  }
+  const decisions = new SightingDecisions({
+    idPrefix: "queue", order, rows, classes, alive,
+    sighting: (id) => entries.get(id).sighting,
+    describe,
+    decisionPath: (id) => `${runPath(entries.get(id).run_id)}/sightings/${encodeURIComponent(id)}/decision`,
+    decided: showDecided,
+    joinedSince: "since it was shown",
+    render: renderRow,
+    settled: updateScope,
+    hasMore: () => Boolean(nextToken),
+    loadMore,
+    edit: (id) => openEditor(id, entries.get(id).sighting.item_ids[0]), // its first thumbnail
+    editHelp: "open the current sighting's first frame in the item editor (or Enter on a frame)",
+  });
+  const fail = (text) => decisions.fail(text);
+  const failed = (error) => decisions.failed(error);
 
   function updateScope() {
     const decided = order.filter((id) => entries.get(id).sighting.review_state !== "pending").length;
@@ -130,10 +122,7 @@ export async function queueView(context) {
       }
     }
     if (!added) return;
-    show(relabelKeys, classes.slice(0, 9).map((name, index) => h("li", {}, h("kbd", { text: String(index + 1) }), ` relabel to ${name}`)));
-    const chosen = relabelTo.value;
-    show(relabelTo, classes.map((name, index) => h("option", { value: name, text: index < 9 ? `${index + 1} ${name}` : name })));
-    if (chosen) relabelTo.value = chosen;
+    decisions.classesChanged();
     bulk.classesChanged();
   }
 
@@ -182,14 +171,7 @@ export async function queueView(context) {
       );
       const review = item && item.box_reviews.find((r) => r.sighting_id === sighting.sighting_id);
       const box = review && review.box_index >= 0 ? item.boxes[review.box_index] : null;
-      if (box) {
-        const outline = h("span", { class: "thumb-box", "aria-hidden": "true" });
-        outline.style.left = `${box.x * 100}%`;
-        outline.style.top = `${box.y * 100}%`;
-        outline.style.width = `${box.w * 100}%`;
-        outline.style.height = `${box.h * 100}%`;
-        figure.append(outline);
-      }
+      if (box) figure.append(placed(h("span", { class: "thumb-box", "aria-hidden": "true" }), box));
       return figure;
     });
   }
@@ -197,20 +179,20 @@ export async function queueView(context) {
   function renderRow(sightingId) {
     const entry = entries.get(sightingId);
     const sighting = entry.sighting;
-    const saving = inFlight === sightingId;
+    const saving = decisions.saving(sightingId);
     const count = sighting.item_ids.length;
     let row = rows.get(sightingId);
     if (!row) {
       row = h("li", {
         class: "sighting", tabindex: "-1", "data-sighting-id": sightingId, "data-run-id": entry.run_id,
-        onclick: () => select(order.indexOf(sightingId)),
+        onclick: () => decisions.select(order.indexOf(sightingId)),
       });
       rows.set(sightingId, row);
     }
     row.setAttribute("aria-label", `${describe(sighting)}, run ${entry.run_id}, score ${entry.score.toFixed(2)}: ${stateText(sighting)}`);
     row.setAttribute("aria-busy", String(saving));
     row.classList.toggle("is-saving", saving);
-    row.classList.toggle("current", order[current] === sightingId);
+    row.classList.toggle("current", decisions.currentId() === sightingId);
     show(
       row,
       h(
@@ -301,153 +283,20 @@ export async function queueView(context) {
     entries.clear();
     rows.clear();
     order.length = 0;
-    undo.length = 0;
-    current = -1;
+    decisions.reset();
     list.replaceChildren();
     await addPage(page);
   }
 
-  function select(index) {
-    if (order.length === 0) return;
-    if (current >= 0 && rows.get(order[current])) {
-      const old = rows.get(order[current]);
-      old.classList.remove("current");
-      old.removeAttribute("aria-current");
-    }
-    current = Math.max(0, Math.min(order.length - 1, index));
-    const row = rows.get(order[current]);
-    row.classList.add("current");
-    row.setAttribute("aria-current", "true");
-    row.focus({ preventScroll: true });
-    row.scrollIntoView({ block: "nearest" });
-  }
-
-  async function move(step) {
-    if (step > 0 && current + step >= order.length && nextToken) await loadMore();
-    select(current < 0 ? 0 : current + step);
-  }
-
-  async function decide(body, { recordUndo = true, what = DONE[body.decision] } = {}) {
-    if (inFlight) {
-      say("The last decision is still being saved; wait for it.");
-      return;
-    }
-    if (current < 0) select(0);
-    const sightingId = order[current];
-    if (sightingId === undefined) return;
+  /** A stored decision: the row shows it; the items' boxes are read again (the editor
+   * reads them when opened), and how the message names the sighting. */
+  function showDecided(sightingId, answer) {
     const entry = entries.get(sightingId);
-    const before = entry.sighting;
-    if (body.decision === "relabel" && !before.class_name) {
-      fail("A sighting without detections can be confirmed or decided None, not relabelled.");
-      return;
-    }
-    inFlight = sightingId;
-    show(failure);
-    renderRow(sightingId);
-    try {
-      const answer = await api(
-        "POST", `${runPath(entry.run_id)}/sightings/${encodeURIComponent(sightingId)}/decision`,
-        { body: { ...body, seen_item_count: before.item_ids.length } },
-      );
-      if (!alive()) return;
-      entries.set(sightingId, { ...entry, sighting: answer.sighting });
-      if (recordUndo) {
-        undo.push({ sightingId, before: { review_state: before.review_state, relabel_class: before.relabel_class } });
-      }
-      // the boxes' reviews changed: the editor reads the items again when opened
-      for (const itemId of answer.sighting.item_ids) items.delete(itemId);
-      let text = `${what} ${describe(answer.sighting)} (run ${entry.run_id}): ${plural(answer.items_updated, "item")} updated`;
-      if (answer.sighting.relabel_class) text += `, now ${answer.sighting.relabel_class}`;
-      text += ".";
-      if (answer.items_joined > 0) text += ` ${plural(answer.items_joined, "item")} joined the sighting since it was shown; the decision includes them.`;
-      say(text);
-      loadItems(entries.get(sightingId)).then(() => alive() && renderRow(sightingId)).catch(() => {});
-    } catch (error) {
-      failed(error, "Not saved: ");
-    } finally {
-      if (inFlight === sightingId) inFlight = null;
-      if (alive()) {
-        renderRow(sightingId);
-        updateScope();
-      }
-    }
+    entries.set(sightingId, { ...entry, sighting: answer.sighting });
+    for (const itemId of answer.sighting.item_ids) items.delete(itemId);
+    loadItems(entries.get(sightingId)).then(() => alive() && renderRow(sightingId)).catch(() => {});
+    return `${describe(answer.sighting)} (run ${entry.run_id})`;
   }
-
-  async function undoLast() {
-    if (inFlight) {
-      say("The last decision is still being saved; wait for it.");
-      return;
-    }
-    const last = undo.pop();
-    if (!last) {
-      say("Nothing to undo.");
-      return;
-    }
-    select(order.indexOf(last.sightingId));
-    const restoring = decisionRestoring(last.before);
-    if (!restoring) {
-      fail(
-        `Cannot undo: ${describe(entries.get(last.sightingId).sighting)} was pending before, and a decision ` +
-        "cannot make a sighting pending again. Decide it again (c, n or 1–9).",
-      );
-      return;
-    }
-    await decide(restoring, { recordUndo: false, what: "Undone: back to" });
-  }
-
-  function editCurrent() {
-    if (current < 0) select(0);
-    const sightingId = order[current];
-    if (sightingId === undefined) return;
-    const entry = entries.get(sightingId);
-    openEditor(sightingId, sampled(entry.sighting.item_ids.length).map((i) => entry.sighting.item_ids[i])[0]);
-  }
-
-  function onkey(event) {
-    if (!alive()) {
-      document.removeEventListener("keydown", onkey);
-      return;
-    }
-    if (event.ctrlKey || event.metaKey || event.altKey) return;
-    if (event.target instanceof Element && event.target.closest("input, select, textarea, dialog, form")) return;
-    const key = event.key;
-    if (key === "j") move(1);
-    else if (key === "k") move(-1);
-    else if (key === "c") decide({ decision: "confirm" });
-    else if (key === "n") decide({ decision: "none" });
-    else if (key === "u") undoLast();
-    else if (key === "e") editCurrent();
-    else if (/^[1-9]$/.test(key) && Number(key) <= classes.length) {
-      decide({ decision: "relabel", class_name: classes[Number(key) - 1] });
-    } else return;
-    event.preventDefault();
-  }
-
-  const keys = h(
-    "section", { class: "review-keys", "aria-labelledby": "keys-title" },
-    h("h2", { id: "keys-title", text: "Keys" }),
-    h(
-      "ul", { class: "key-list" },
-      h("li", {}, h("kbd", { text: "j" }), " / ", h("kbd", { text: "k" }), " next / previous sighting"),
-      h("li", {}, h("kbd", { text: "c" }), " confirm"),
-      h("li", {}, h("kbd", { text: "n" }), " none (the object is not there)"),
-      h("li", {}, h("kbd", { text: "u" }), " undo the last decision"),
-      h("li", {}, h("kbd", { text: "e" }), " open the current sighting's first frame in the item editor (or Enter on a frame)"),
-    ),
-    relabelKeys,
-  );
-
-  const actions = h(
-    "div", { class: "review-actions", role: "group", "aria-label": "Decide the current sighting" },
-    h("button", { type: "button", "aria-keyshortcuts": "c", onclick: () => decide({ decision: "confirm" }), text: "Confirm" }),
-    h("button", { type: "button", "aria-keyshortcuts": "n", onclick: () => decide({ decision: "none" }), text: "None" }),
-    h(
-      "span", { class: "relabel" },
-      h("label", { for: "relabel-to", text: "Relabel to" }), relabelTo,
-      h("button", { type: "button", onclick: () => relabelTo.value && decide({ decision: "relabel", class_name: relabelTo.value }), text: "Relabel" }),
-    ),
-    h("button", { type: "button", class: "secondary", "aria-keyshortcuts": "u", onclick: () => undoLast(), text: "Undo" }),
-  );
 
   const bulk = bulkAction({ bucketId, params, classes, alive, reload, failed });
 
@@ -460,15 +309,15 @@ export async function queueView(context) {
     filterForm({ base, params, fields: QUEUE_FIELDS, fallbackState: "pending", keep: ["page_size"] }),
     scope,
     bulk.node,
-    keys,
-    h("div", { class: "review-sticky" }, actions, announce, failure),
+    decisions.keys,
+    h("div", { class: "review-sticky" }, decisions.actions, decisions.announce, decisions.failure),
     list,
     empty,
     more,
     editor.node,
   );
   document.title = `Review queue ${bucketId} · Workshop`;
-  document.addEventListener("keydown", onkey);
+  decisions.listen();
   heading.focus();
   performance.mark("queue-shown");
 }

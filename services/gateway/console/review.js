@@ -1,10 +1,11 @@
 // The review page (#/review/<run_id>): a full run's saved items grouped by sighting
 // (GET /api/workshop/runs/{run_id}/review), one row of thumbnails per sighting, decided
-// from the keyboard (j/k, c, n, 1-9, u) through POST .../sightings/{id}/decision. A
-// decision shows as made only once the server answered that it stored it.
-import { api, ApiError, currentSession } from "./api.js";
-import { h, show } from "./dom.js";
-import { sessionEnded } from "./nav.js";
+// from the keyboard (j/k, c, n, 1-9, u, e; decisions.js, as on the review queue) through
+// POST .../sightings/{id}/decision. A decision shows as made only once the server
+// answered that it stored it.
+import { api, currentSession } from "./api.js";
+import { SightingDecisions } from "./decisions.js";
+import { h, placed, show } from "./dom.js";
 import { byline, ItemEditor } from "./item_editor.js";
 import { accountBar } from "./runs.js";
 
@@ -37,18 +38,6 @@ export function stateText(sighting) {
   return sighting.review_state;
 }
 
-/** The decision that puts a sighting back to `before`, or null when none can: the API
- * has no decision that makes a sighting pending again. */
-export function decisionRestoring(before) {
-  if (before.review_state === "rejected") return { decision: "none" };
-  if (before.review_state === "accepted") {
-    return before.relabel_class
-      ? { decision: "relabel", class_name: before.relabel_class }
-      : { decision: "confirm" };
-  }
-  return null;
-}
-
 /** Indexes of `count` frames to show: all up to `limit`, else `limit` of them evenly
  * spread, the first and the last included. */
 export function sampled(count, limit = SAMPLE) {
@@ -75,8 +64,6 @@ function timeSpan(sighting) {
 const describe = (sighting) =>
   `${sighting.class_name || "no detection"} on ${sighting.camera_id} at ${timeSpan(sighting)}`;
 
-const DONE = { confirm: "Confirmed", none: "Decided None for", relabel: "Relabelled" };
-
 export async function reviewView({ main, account, id: runId, params, alive }) {
   const pageSize = params.get("page_size") || undefined;
   const session = await currentSession();
@@ -92,34 +79,34 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
   const items = new Map(); // item id -> BucketItem, of the pages loaded
   const sightings = new Map(); // sighting id -> Sighting, in page order
   const rows = new Map(); // sighting id -> its <li>
-  const undo = []; // {sightingId, before}: what each decision replaced, newest last
   let nextToken = "";
   let hasMore = false;
-  let current = -1; // index into order
-  let inFlight = null; // the sighting id whose decision is being stored
   const order = []; // sighting ids as shown
 
   const heading = h("h1", { tabindex: "-1", text: `Review of run ${runId}` });
   const progress = h("p", { id: "review-progress", class: "progress" });
-  // Live regions stay in the page (a region added or unhidden with its text is not
-  // always announced); each holds the latest message, or nothing.
-  const announce = h("div", { id: "review-status", role: "status" });
-  const failure = h("div", { id: "review-error", role: "alert" });
   const list = h("ol", { id: "sightings", class: "sightings", "aria-label": "Sightings" });
   const more = h("button", {
     type: "button", id: "load-more", class: "secondary", hidden: true, onclick: () => loadMore(),
     text: "Load more items",
   });
-
-  function say(text) {
-    show(failure);
-    show(announce, h("p", { class: "notice", text }));
-  }
-
-  function fail(text) {
-    show(announce);
-    show(failure, h("p", { class: "error", text }));
-  }
+  const decisions = new SightingDecisions({
+    idPrefix: "review", order, rows, classes, alive,
+    sighting: (id) => sightings.get(id),
+    describe,
+    decisionPath: (id) => `${path(runId)}/sightings/${encodeURIComponent(id)}/decision`,
+    decided: (id, answer) => {
+      applyDecided(id, answer.sighting);
+      return describe(answer.sighting);
+    },
+    joinedSince: "since this page loaded",
+    render: renderRow,
+    settled: updateProgress,
+    hasMore: () => hasMore,
+    loadMore,
+    edit: editFirstFrame,
+    editHelp: "correct the boxes of the current sighting's first frame, or decide that frame alone (or Enter on a frame)",
+  });
 
   function updateProgress() {
     const all = [...sightings.values()];
@@ -163,14 +150,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       );
       const review = item && item.box_reviews.find((r) => ids.includes(r.sighting_id));
       const box = review && review.box_index >= 0 ? item.boxes[review.box_index] : null;
-      if (box) {
-        const outline = h("span", { class: "thumb-box", "aria-hidden": "true" });
-        outline.style.left = `${box.x * 100}%`;
-        outline.style.top = `${box.y * 100}%`;
-        outline.style.width = `${box.w * 100}%`;
-        outline.style.height = `${box.h * 100}%`;
-        figure.append(outline);
-      }
+      if (box) figure.append(placed(h("span", { class: "thumb-box", "aria-hidden": "true" }), box));
       return figure;
     });
   }
@@ -197,7 +177,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
 
   function renderRow(sightingId) {
     const sighting = sightings.get(sightingId);
-    const saving = inFlight === sightingId;
+    const saving = decisions.saving(sightingId);
     const count = sighting.item_ids.length;
     const content = [
       h(
@@ -234,7 +214,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     if (!row) {
       row = h("li", {
         class: "sighting", tabindex: "-1", "data-sighting-id": sightingId,
-        onclick: () => select(order.indexOf(sightingId)),
+        onclick: () => decisions.select(order.indexOf(sightingId)),
       });
       rows.set(sightingId, row);
     }
@@ -259,7 +239,7 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       }
     }
     for (const sightingId of touched) renderRow(sightingId); // now with this page's boxes
-    if (current >= 0) rows.get(order[current]).classList.add("current");
+    if (decisions.current >= 0) rows.get(decisions.currentId()).classList.add("current");
     hasMore = page.has_more;
     nextToken = page.next_page_token;
     more.hidden = !hasMore;
@@ -275,35 +255,12 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
       .then((page) => {
         if (alive()) addPage(page);
       })
-      .catch((error) => {
-        if (error instanceof ApiError && error.status === 401) sessionEnded();
-        else fail(error.message);
-      })
+      .catch((error) => decisions.failed(error))
       .finally(() => {
         more.disabled = false;
         loading = null;
       });
     return loading;
-  }
-
-  function select(index) {
-    if (order.length === 0) return;
-    if (current >= 0 && rows.get(order[current])) {
-      const old = rows.get(order[current]);
-      old.classList.remove("current");
-      old.removeAttribute("aria-current");
-    }
-    current = Math.max(0, Math.min(order.length - 1, index));
-    const row = rows.get(order[current]);
-    row.classList.add("current");
-    row.setAttribute("aria-current", "true");
-    row.focus({ preventScroll: true });
-    row.scrollIntoView({ block: "nearest" });
-  }
-
-  async function move(step) {
-    if (step > 0 && current + step >= order.length && hasMore) await loadMore();
-    select(current < 0 ? 0 : current + step);
   }
 
   /** Applies the decision to the sighting's items as the server did (every box of it).
@@ -325,152 +282,11 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     }
   }
 
-  async function decide(body, { recordUndo = true, what = DONE[body.decision] } = {}) {
-    if (inFlight) {
-      say("The last decision is still being saved; wait for it.");
-      return;
-    }
-    if (current < 0) select(0);
-    const sightingId = order[current];
-    if (sightingId === undefined) return;
-    const before = sightings.get(sightingId);
-    if (body.decision === "relabel" && !before.class_name) {
-      fail("A sighting without detections can be confirmed or decided None, not relabelled.");
-      return;
-    }
-    inFlight = sightingId;
-    show(failure);
-    renderRow(sightingId);
-    try {
-      const answer = await api(
-        "POST", `${path(runId)}/sightings/${encodeURIComponent(sightingId)}/decision`,
-        { body: { ...body, seen_item_count: before.item_ids.length } },
-      );
-      if (!alive()) return;
-      applyDecided(sightingId, answer.sighting);
-      if (recordUndo) {
-        undo.push({ sightingId, before: { review_state: before.review_state, relabel_class: before.relabel_class } });
-      }
-      const updated = answer.items_updated;
-      let text = `${what} ${describe(answer.sighting)}: ${updated} item${updated === 1 ? "" : "s"} updated`;
-      if (answer.sighting.relabel_class) text += `, now ${answer.sighting.relabel_class}`;
-      text += ".";
-      if (answer.items_joined > 0) {
-        const n = answer.items_joined;
-        text += ` ${n} item${n === 1 ? "" : "s"} joined the sighting since this page loaded; the decision includes ${n === 1 ? "it" : "them"}.`;
-      }
-      say(text);
-    } catch (error) {
-      if (!alive()) return;
-      if (error instanceof ApiError && error.status === 401) {
-        sessionEnded();
-        return;
-      }
-      fail(`Not saved: ${error.message}`);
-    } finally {
-      if (inFlight === sightingId) inFlight = null;
-      if (alive()) {
-        renderRow(sightingId);
-        updateProgress();
-      }
-    }
-  }
-
-  async function undoLast() {
-    if (inFlight) {
-      say("The last decision is still being saved; wait for it.");
-      return;
-    }
-    const last = undo.pop();
-    if (!last) {
-      say("Nothing to undo.");
-      return;
-    }
-    select(order.indexOf(last.sightingId));
-    const restoring = decisionRestoring(last.before);
-    if (!restoring) {
-      const sighting = sightings.get(last.sightingId);
-      fail(
-        `Cannot undo: ${describe(sighting)} was pending before, and a decision cannot make a ` +
-        "sighting pending again. Decide it again (c, n or 1–9).",
-      );
-      return;
-    }
-    await decide(restoring, { recordUndo: false, what: "Undone: back to" });
-  }
-
-  /** "e": the item editor on the current sighting's first frame shown. */
-  function editCurrent() {
-    if (current < 0) select(0);
-    const sighting = sightings.get(order[current]);
-    if (!sighting) return;
-    const row = rows.get(order[current]);
-    const first = row.querySelector(".thumb-edit:not([disabled])");
+  /** "e": the item editor on the sighting's first frame shown. */
+  function editFirstFrame(sightingId) {
+    const first = rows.get(sightingId).querySelector(".thumb-edit:not([disabled])");
     if (first) openEditor(first.closest("[data-item-id]").dataset.itemId, first);
   }
-
-  function onkey(event) {
-    if (!alive()) {
-      document.removeEventListener("keydown", onkey);
-      return;
-    }
-    if (event.ctrlKey || event.metaKey || event.altKey) return;
-    if (event.target instanceof Element && event.target.closest("input, select, textarea, dialog")) return;
-    const key = event.key;
-    if (key === "j") move(1);
-    else if (key === "k") move(-1);
-    else if (key === "c") decide({ decision: "confirm" });
-    else if (key === "n") decide({ decision: "none" });
-    else if (key === "u") undoLast();
-    else if (key === "e") editCurrent();
-    else if (/^[1-9]$/.test(key) && Number(key) <= classes.length) {
-      decide({ decision: "relabel", class_name: classes[Number(key) - 1] });
-    } else return;
-    event.preventDefault();
-  }
-
-  const keys = h(
-    "section", { class: "review-keys", "aria-labelledby": "keys-title" },
-    h("h2", { id: "keys-title", text: "Keys" }),
-    h(
-      "ul", { class: "key-list" },
-      h("li", {}, h("kbd", { text: "j" }), " / ", h("kbd", { text: "k" }), " next / previous sighting"),
-      h("li", {}, h("kbd", { text: "c" }), " confirm"),
-      h("li", {}, h("kbd", { text: "n" }), " none (the object is not there)"),
-      h("li", {}, h("kbd", { text: "u" }), " undo the last decision"),
-      h("li", {}, h("kbd", { text: "e" }), " correct the boxes of the current sighting's first frame, or decide that frame alone (or Enter on a frame)"),
-    ),
-    classes.length
-      ? h(
-        "ol", { id: "relabel-classes", class: "key-list", "aria-label": "Relabel to" },
-        classes.slice(0, 9).map((name, index) =>
-          h("li", {}, h("kbd", { text: String(index + 1) }), ` relabel to ${name}`)),
-      )
-      : null,
-  );
-
-  // The same decisions for a pointer (or a screen reader's browse mode, which keeps the
-  // letter keys): they act on the current sighting, as the keys do.
-  const relabelTo = h(
-    "select", { id: "relabel-to" },
-    classes.map((name, index) => h("option", { value: name, text: index < 9 ? `${index + 1} ${name}` : name })),
-  );
-  const actions = h(
-    "div", { class: "review-actions", role: "group", "aria-label": "Decide the current sighting" },
-    h("button", { type: "button", "aria-keyshortcuts": "c", onclick: () => decide({ decision: "confirm" }), text: "Confirm" }),
-    h("button", { type: "button", "aria-keyshortcuts": "n", onclick: () => decide({ decision: "none" }), text: "None" }),
-    classes.length
-      ? h(
-        "span", { class: "relabel" },
-        h("label", { for: "relabel-to", text: "Relabel to" }), relabelTo,
-        h("button", {
-          type: "button", onclick: () => decide({ decision: "relabel", class_name: relabelTo.value }),
-          text: "Relabel",
-        }),
-      )
-      : null,
-    h("button", { type: "button", class: "secondary", "aria-keyshortcuts": "u", onclick: () => undoLast(), text: "Undo" }),
-  );
 
   if (run.mode !== "full") {
     show(main, heading, h("p", {
@@ -487,15 +303,15 @@ export async function reviewView({ main, account, id: runId, params, alive }) {
     main,
     heading,
     h("p", { class: "muted", text: `Workflow ${run.workflow_id || "photo"}, run ${run.status}.` }),
-    keys,
+    decisions.keys,
     // kept in view while the list scrolls: what is decided, the buttons, what happened
-    h("div", { class: "review-sticky" }, progress, actions, announce, failure),
+    h("div", { class: "review-sticky" }, progress, decisions.actions, decisions.announce, decisions.failure),
     order.length ? list : h("p", { id: "review-empty", text: "No saved items to review yet." }),
     more,
     editor.node,
   );
   document.title = `Review ${runId} · Workshop`;
-  document.addEventListener("keydown", onkey);
+  decisions.listen();
   heading.focus();
   performance.mark("review-shown"); // for bench/page_load.py's timing
 }
