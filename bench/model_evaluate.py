@@ -70,6 +70,7 @@ from workshop.kit.evaluation import (
     served_model,
 )
 from workshop.kit.model_io import CONTRACT_OUTPUTS, STRETCH_INPUT
+from workshop.kit.shared_memory import is_loopback
 
 CHUNK = 1 << 20
 LABELS = b"0 0.25 0.5 0.2 0.4\n1 0.7 0.5 0.3 0.3\n"
@@ -233,7 +234,12 @@ def speed(items: int, workers: int, batch: int) -> dict[str, float]:
             for label, chosen in (("alone", models[:1]), ("side_by_side", models)):
                 cpu, busy = meter.mark(), busy_cores_s()
                 evaluation = run_over(
-                    export_chunks(items, images), connect, chosen, workers=workers, batch=batch
+                    export_chunks(items, images),
+                    connect,
+                    chosen,
+                    workers=workers,
+                    batch=batch,
+                    shared_memory=is_loopback(server.grpc_url),  # as evaluation_plan decides
                 )
                 cpu_after, busy_after = meter.mark(), busy_cores_s()
                 ours = sum(cpu_after[k] - cpu[k] for k in cpu)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -42,10 +41,10 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from services.processor.shared_memory import Region
 from workshop.kit.letterbox import Placement, letterbox, stretch
 from workshop.kit.model_io import CONTRACT_OUTPUTS, INPUTS, LETTERBOX_INPUT, STRETCH_INPUT
 from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
+from workshop.kit.shared_memory import Region, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -358,22 +357,6 @@ def batch_spans(count: int, max_batch_size: int, instances: int) -> list[tuple[i
         spans.append((start, stop))
         start = stop
     return spans
-
-
-def is_loopback(target: str) -> bool:
-    """Whether a gRPC target ("host:port", "[::1]:port", "dns:///host:port", "unix:...")
-    names this host."""
-    if target.startswith("unix:"):
-        return True
-    address = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
-    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]" in address else address
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _instance_count(config: dict[str, Any]) -> int:

@@ -1,4 +1,6 @@
-"""POSIX shared-memory regions that a Triton on the same host reads inputs from.
+"""POSIX shared-memory regions that a Triton on the same host reads inputs from (the
+processor's frames, `services.processor.inference`; an evaluation's images,
+`workshop.kit.evaluation`), and whether a Triton target is on this host (`is_loopback`).
 
 Written here rather than with `tritonclient.utils.shared_memory`: that module rides on
 `multiprocessing.shared_memory`, which on Python 3.11 starts a resource-tracker helper
@@ -11,6 +13,7 @@ mapping lives on; nothing is left behind if this process dies), `close` unmaps i
 
 from __future__ import annotations
 
+import ipaddress
 import mmap
 import os
 import secrets
@@ -61,3 +64,19 @@ class Region:
     def close(self) -> None:
         self.release_name()
         self._map.close()
+
+
+def is_loopback(target: str) -> bool:
+    """Whether a gRPC target ("host:port", "[::1]:port", "dns:///host:port", "unix:...")
+    names this host."""
+    if target.startswith("unix:"):
+        return True
+    address = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]" in address else address
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
