@@ -228,7 +228,7 @@ async def _one_evaluation_at_a_time(c: CoordinatorHarness, port: int) -> None:
         no_baseline=True,
     )
 
-    async def evaluated(stub: evaluation_pb2_grpc.EvaluationServiceStub) -> int:
+    async def evaluated(stub: evaluation_pb2_grpc.EvaluationServiceAsyncStub) -> int:
         answers = [a async for a in stub.EvaluateModelVersion(request, metadata=c.admin)]
         return answers[-1].report.images
 

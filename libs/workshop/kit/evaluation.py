@@ -636,19 +636,18 @@ def registered_region(client: triton.InferenceServerClient, byte_size: int) -> R
     """A new region of `byte_size` that Triton has mapped; None (the images then go in the
     requests) when it cannot: Triton in a container that does not share this host's
     /dev/shm, say."""
+    region = None
     try:
         region = Region.create(f"{REGION_PREFIX}-{os.getpid()}", byte_size)
-    except OSError as error:
-        log.warning("no shared memory for the evaluation's images (%s): sending them over gRPC", error)
-        return None
-    try:
         client.register_system_shared_memory(region.name, region.key, byte_size)
-    except InferenceServerException as error:
+    except (OSError, InferenceServerException) as error:
+        reason = error.message() if isinstance(error, InferenceServerException) else error
         log.warning(
             "Triton cannot read this host's shared memory (%s): sending the images over gRPC",
-            error.message(),
+            reason,
         )
-        region.close()
+        if region is not None:
+            region.close()
         return None
     region.release_name()  # Triton has mapped it: a crash now leaves no file behind
     return region
