@@ -44,15 +44,19 @@ from tritonclient.utils import InferenceServerException
 from workshop.kit.letterbox import Placement, letterbox, stretch
 from workshop.kit.model_io import CONTRACT_OUTPUTS, INPUTS, LETTERBOX_INPUT, STRETCH_INPUT
 from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
-from workshop.kit.shared_memory import Region, is_loopback
+from workshop.kit.shared_memory import (
+    UNREGISTER_ATTEMPTS,
+    UNREGISTER_PAUSE_S,
+    Region,
+    is_loopback,
+    still_in_use,
+)
 
 log = logging.getLogger(__name__)
 
 INPUT = STRETCH_INPUT  # frames resized to the model's size
 OUTPUTS = CONTRACT_OUTPUTS
 REGION_PREFIX = "workshop-processor"
-UNREGISTER_ATTEMPTS = 100
-UNREGISTER_PAUSE_S = 0.02
 
 SharedMemoryMode = Literal["auto", "on", "off"]
 Transport = Literal["shared-memory", "grpc"]
@@ -151,7 +155,7 @@ class ModelServer:
                 await self._client.unregister_system_shared_memory(region.name)
                 return
             except InferenceServerException as error:
-                if "in use" not in (error.message() or ""):
+                if not still_in_use(error.message()):
                     log.info("unregistering %s: %s", region.name, error.message())
                     return
             await asyncio.sleep(UNREGISTER_PAUSE_S)

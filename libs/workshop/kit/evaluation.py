@@ -7,7 +7,8 @@ The bucket's items arrive as the preview service's YOLO export, read as a stream
 `--review` says otherwise, with the reviewers' relabels applied, so the boxes people confirmed
 are the ground truth. Each image is prepared as the processor prepares frames (letterboxed or
 resized, as the model's input asks) and goes through the Triton that serves each version, a
-few images in flight. What is kept of an image is its boxes in compact arrays (`Boxes`: 28
+few images in flight (in system shared memory when that Triton is on this host, as the
+processor's frames). What is kept of an image is its boxes in compact arrays (`Boxes`: 28
 bytes a box, `BYTES_PER_BOX`), never the image, so memory grows with the boxes, not with the
 bucket's bytes. At the end pycocotools' COCOeval scores each class on its own (only the
 images with a box of that class on either side, one area range, up to 100 detections an
@@ -43,7 +44,12 @@ from tritonclient.utils import InferenceServerException
 
 from workshop.kit.letterbox import PAD_VALUE, Placement, letterbox, stretch
 from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT, STRETCH_INPUT
-from workshop.kit.shared_memory import Region
+from workshop.kit.shared_memory import (
+    UNREGISTER_ATTEMPTS,
+    UNREGISTER_PAUSE_S,
+    Region,
+    still_in_use,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +62,6 @@ WORKERS = 4  # batches of images in preparation or on Triton at once
 BATCH = 1  # images a request: Triton's dynamic batcher groups them (8 a request cost the
 # python backend more CPU a frame than 1: bench.model_evaluate --batch 8)
 REGION_PREFIX = "workshop-evaluation"
-UNREGISTER_ATTEMPTS = 100
-UNREGISTER_PAUSE_S = 0.02
 
 
 class EvaluationError(RuntimeError):
@@ -654,15 +658,14 @@ def registered_region(client: triton.InferenceServerClient, byte_size: int) -> R
 
 
 def unregister_region(client: triton.InferenceServerClient, region: Region) -> None:
-    """Triton answers a request before it lets go of the request's region ("currently in
-    use" for a few milliseconds more), so this waits a little for that; then unmaps it."""
+    """Unregisters the region once Triton lets go of it (`still_in_use`), then unmaps it."""
     try:
         for _ in range(UNREGISTER_ATTEMPTS):
             try:
                 client.unregister_system_shared_memory(region.name)
                 return
             except InferenceServerException as error:
-                if "in use" not in (error.message() or ""):
+                if not still_in_use(error.message()):
                     log.info("unregistering %s: %s", region.name, error.message())
                     return
             time.sleep(UNREGISTER_PAUSE_S)

@@ -24,6 +24,16 @@ import numpy as np
 import numpy.typing as npt
 
 SHM_DIR = Path("/dev/shm")
+# Triton answers a request before it lets go of the request's region ("currently in use"
+# for a few milliseconds more): unregistering tries again, this many times this far apart.
+UNREGISTER_ATTEMPTS = 100
+UNREGISTER_PAUSE_S = 0.02
+
+
+def still_in_use(refusal: str | None) -> bool:
+    """Whether Triton refused to unregister a region only because a request it has
+    answered still holds it (try again in UNREGISTER_PAUSE_S)."""
+    return "in use" in (refusal or "")
 
 
 @dataclass
