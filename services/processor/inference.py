@@ -42,7 +42,13 @@ import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
 from workshop.kit.letterbox import Placement, letterbox, stretch
-from workshop.kit.model_io import CONTRACT_OUTPUTS, INPUTS, LETTERBOX_INPUT, STRETCH_INPUT
+from workshop.kit.model_io import (
+    CONTRACT_OUTPUTS,
+    INPUTS,
+    LETTERBOX_INPUT,
+    STRETCH_INPUT,
+    UNREACHABLE_STATUSES,
+)
 from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
 from workshop.kit.shared_memory import (
     UNREGISTER_ATTEMPTS,
@@ -68,11 +74,6 @@ class ModelUnavailable(RuntimeError):
 
 class TritonUnreachable(RuntimeError):
     """Triton did not answer (down, restarting, too slow); the job is handed back."""
-
-
-# Statuses of tritonclient's errors that mean Triton did not answer, as its gRPC
-# client words them; any other is Triton's answer about the model or the request.
-UNREACHABLE_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"})
 
 
 def triton_error(error: InferenceServerException) -> ModelUnavailable | TritonUnreachable:

@@ -43,7 +43,12 @@ from pycocotools.cocoeval import COCOeval
 from tritonclient.utils import InferenceServerException
 
 from workshop.kit.letterbox import PAD_VALUE, Placement, letterbox, stretch
-from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT, STRETCH_INPUT
+from workshop.kit.model_io import (
+    CONTRACT_OUTPUTS,
+    LETTERBOX_INPUT,
+    STRETCH_INPUT,
+    UNREACHABLE_STATUSES,
+)
 from workshop.kit.shared_memory import (
     UNREGISTER_ATTEMPTS,
     UNREGISTER_PAUSE_S,
@@ -66,6 +71,16 @@ REGION_PREFIX = "workshop-evaluation"
 
 class EvaluationError(RuntimeError):
     """The evaluation cannot run; the message says why."""
+
+
+class TritonUnreachable(EvaluationError):
+    """Triton did not answer (down, restarting, too slow): worth asking again."""
+
+
+def _triton_error(error: InferenceServerException) -> EvaluationError:
+    if error.status() in UNREACHABLE_STATUSES:
+        return TritonUnreachable(f"Triton did not answer: {error.message()}")
+    return EvaluationError(f"Triton: {error.message()}")
 
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2 in image pixels
@@ -379,7 +394,7 @@ def served_model(
             raise EvaluationError(f"Triton did not make {name} v{version} ready")
         config = client.get_model_config(name, str(version), as_json=True)["config"]
     except InferenceServerException as error:
-        raise EvaluationError(f"Triton: {error.message()}") from None
+        raise _triton_error(error) from None
     inputs = [i for i in config["input"] if i["name"] in (LETTERBOX_INPUT, STRETCH_INPUT)]
     if not inputs:
         raise EvaluationError(f"{name} v{version} takes no frames Workshop sends")
@@ -471,7 +486,7 @@ def detect(
                 outputs=[triton.InferRequestedOutput(n) for n in CONTRACT_OUTPUTS],
             )
         except InferenceServerException as error:
-            raise EvaluationError(f"Triton: {error.message()}") from None
+            raise _triton_error(error) from None
         counts, boxes, scores, labels = (np.asarray(reply.as_numpy(n)) for n in CONTRACT_OUTPUTS)
         for row in range(len(batch)):
             (_, place), (height, width) = frames[start + row], sizes[start + row]

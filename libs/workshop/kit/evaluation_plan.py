@@ -34,6 +34,7 @@ from workshop.kit.evaluation import (
     EvaluationError,
     Progress,
     ServedModel,
+    TritonUnreachable,
     run_over,
     served_model,
 )
@@ -342,6 +343,8 @@ def _pass(
             progress=progress,
             shared_memory=is_loopback(triton),
         )
+    except TritonUnreachable as error:
+        raise Unavailable(str(error)) from None
     except EvaluationError as error:
         raise FailedPrecondition(str(error)) from None
     finally:
