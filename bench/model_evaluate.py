@@ -35,29 +35,24 @@ much less than wall time. `--check`: exit 1 below 200 items/s or above
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
-from fractions import Fraction
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import av
 import numpy as np
 import tritonclient.grpc as triton
 
 from bench.proc_stats import CpuMeter, busy_cores_s, status_kb
 from bench.results import result_line
 from testbed.harness.preview import jpeg_bytes
-from tools.demo.scenes import ground_truth, random_scene, render_frame
+from testbed.yolo_exports import export_chunks, scene_items
 from tools.localstack.triton import running_triton
 from tools.model_repository.detector import CLASSES, build_detector
 from tools.model_repository.repository import publish_version
@@ -70,8 +65,8 @@ from workshop.kit.evaluation import (
     served_model,
 )
 from workshop.kit.model_io import CONTRACT_OUTPUTS, STRETCH_INPUT
+from workshop.kit.shared_memory import is_loopback
 
-CHUNK = 1 << 20
 LABELS = b"0 0.25 0.5 0.2 0.4\n1 0.7 0.5 0.3 0.3\n"
 ITEMS_PER_S_TARGET = 200.0
 PEAK_MB_TARGET = 1000.0
@@ -79,57 +74,6 @@ PEAK_MB_TARGET = 1000.0
 
 def say(line: str = "") -> None:
     print(line, flush=True)
-
-
-def scene_items(count: int) -> list[tuple[bytes, bytes]]:
-    """`count` frames of the demo's scenes (640x360, the demo detector's size) as JPEGs
-    (PyAV's mjpeg, as the processor's previews), each with its YOLO labels: the scene's
-    ground truth."""
-    items = []
-    for n in range(count):
-        scene = random_scene(n + 1)
-        t = (n % 10) * 0.7
-        pixels = render_frame(scene, t)
-        codec = av.CodecContext.create("mjpeg", "w")
-        codec.width, codec.height = scene.width, scene.height
-        codec.pix_fmt = "yuvj420p"
-        codec.time_base = Fraction(1, 25)
-        frame = av.VideoFrame.from_ndarray(pixels, format="rgb24").reformat(format="yuvj420p")
-        jpeg = b"".join(bytes(p) for p in [*codec.encode(frame), *codec.encode(None)])
-        labels = "".join(
-            f"{CLASSES.index(box.class_name)} {b.x + b.w / 2:.6f} {b.y + b.h / 2:.6f} "
-            f"{b.w:.6f} {b.h:.6f}\n"
-            for box in ground_truth(scene, t)
-            if box.class_name in CLASSES
-            for b in [box.normalized(scene.width, scene.height)]
-        )
-        items.append((jpeg, labels.encode()))
-    return items
-
-
-def export_chunks(items: int, images: list[tuple[bytes, bytes]]) -> Iterator[bytes]:
-    """A YOLO export of `items` items (the preview service's layout) as 1 MiB chunks,
-    written as they are read."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w|") as tar:
-        for n in range(items):
-            jpeg, labels = images[n % len(images)]
-            for name, data in (
-                (f"images/it_{n:08d}.jpg", jpeg),
-                (f"labels/it_{n:08d}.txt", labels),
-            ):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-            if buffer.tell() >= CHUNK:
-                yield buffer.getvalue()
-                buffer.seek(0)
-                buffer.truncate()
-        classes = "".join(f"{c}\n" for c in CLASSES).encode()
-        info = tarfile.TarInfo("classes.txt")
-        info.size = len(classes)
-        tar.addfile(info, io.BytesIO(classes))
-    yield buffer.getvalue()
 
 
 def timed_scores(evaluation: Evaluation) -> tuple[float, list[dict[str, Any]]]:
@@ -233,7 +177,12 @@ def speed(items: int, workers: int, batch: int) -> dict[str, float]:
             for label, chosen in (("alone", models[:1]), ("side_by_side", models)):
                 cpu, busy = meter.mark(), busy_cores_s()
                 evaluation = run_over(
-                    export_chunks(items, images), connect, chosen, workers=workers, batch=batch
+                    export_chunks(items, images),
+                    connect,
+                    chosen,
+                    workers=workers,
+                    batch=batch,
+                    shared_memory=is_loopback(server.grpc_url),  # as evaluation_plan decides
                 )
                 cpu_after, busy_after = meter.mark(), busy_cores_s()
                 ours = sum(cpu_after[k] - cpu[k] for k in cpu)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -42,18 +41,28 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from services.processor.shared_memory import Region
 from workshop.kit.letterbox import Placement, letterbox, stretch
-from workshop.kit.model_io import CONTRACT_OUTPUTS, INPUTS, LETTERBOX_INPUT, STRETCH_INPUT
+from workshop.kit.model_io import (
+    CONTRACT_OUTPUTS,
+    INPUTS,
+    LETTERBOX_INPUT,
+    STRETCH_INPUT,
+    UNREACHABLE_STATUSES,
+)
 from workshop.kit.model_repository import RepositoryError, served_classes, served_weights_sha256
+from workshop.kit.shared_memory import (
+    UNREGISTER_ATTEMPTS,
+    UNREGISTER_PAUSE_S,
+    Region,
+    is_loopback,
+    still_in_use,
+)
 
 log = logging.getLogger(__name__)
 
 INPUT = STRETCH_INPUT  # frames resized to the model's size
 OUTPUTS = CONTRACT_OUTPUTS
 REGION_PREFIX = "workshop-processor"
-UNREGISTER_ATTEMPTS = 100
-UNREGISTER_PAUSE_S = 0.02
 
 SharedMemoryMode = Literal["auto", "on", "off"]
 Transport = Literal["shared-memory", "grpc"]
@@ -65,11 +74,6 @@ class ModelUnavailable(RuntimeError):
 
 class TritonUnreachable(RuntimeError):
     """Triton did not answer (down, restarting, too slow); the job is handed back."""
-
-
-# Statuses of tritonclient's errors that mean Triton did not answer, as its gRPC
-# client words them; any other is Triton's answer about the model or the request.
-UNREACHABLE_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"})
 
 
 def triton_error(error: InferenceServerException) -> ModelUnavailable | TritonUnreachable:
@@ -152,7 +156,7 @@ class ModelServer:
                 await self._client.unregister_system_shared_memory(region.name)
                 return
             except InferenceServerException as error:
-                if "in use" not in (error.message() or ""):
+                if not still_in_use(error.message()):
                     log.info("unregistering %s: %s", region.name, error.message())
                     return
             await asyncio.sleep(UNREGISTER_PAUSE_S)
@@ -358,22 +362,6 @@ def batch_spans(count: int, max_batch_size: int, instances: int) -> list[tuple[i
         spans.append((start, stop))
         start = stop
     return spans
-
-
-def is_loopback(target: str) -> bool:
-    """Whether a gRPC target ("host:port", "[::1]:port", "dns:///host:port", "unix:...")
-    names this host."""
-    if target.startswith("unix:"):
-        return True
-    address = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
-    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]" in address else address
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _instance_count(config: dict[str, Any]) -> int:

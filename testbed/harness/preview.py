@@ -25,6 +25,7 @@ from typing import Any
 
 import av
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
@@ -171,7 +172,13 @@ async def preview_fixture(
 
 @cache
 def _encoded_jpeg(width: int, height: int, seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return jpeg_of(np.random.default_rng(seed).integers(0, 256, (height, width, 3), np.uint8))
+
+
+def jpeg_of(pixels: npt.NDArray[np.uint8]) -> bytes:
+    """RGB pixels (height, width, 3) as a JPEG of PyAV's mjpeg encoder, as the processor
+    encodes its previews."""
+    height, width = pixels.shape[:2]
     codec = av.CodecContext.create("mjpeg", "w")
     codec.width, codec.height = width, height
     codec.pix_fmt = "yuvj420p"

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton
 
-from services.processor import shared_memory
 from services.processor.inference import (
     Detection,
     ModelServer,
@@ -21,7 +20,6 @@ from services.processor.inference import (
     SharedMemoryMode,
     TritonUnreachable,
     batch_spans,
-    is_loopback,
 )
 from testbed.harness.triton import TritonServer
 from tools.demo.scenes import Scene, ground_truth, random_scene, render_frame
@@ -29,6 +27,8 @@ from tools.localstack.host import free_ports
 from tools.localstack.triton import restartable_triton
 from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
 from tools.model_repository.repository import publish_version
+from workshop.kit import shared_memory
+from workshop.kit.shared_memory import is_loopback
 
 pytestmark = pytest.mark.triton
 HEIGHT, WIDTH = 360, 640

@@ -4,7 +4,8 @@ the real Triton, registered with the real coordinator), pinned by a run that kee
 while a new one is published, and run by a processor that letterboxes the frames (DALI for
 cam-a's VP9, PyAV for cam-b's H.264), has Triton decode the raw head, and reports boxes in the
 frames' own coordinates, as the scenes' ground truth has them. Then `workshop models evaluate`
-scores versions against the bucket a full run filled."""
+scores versions against the bucket a full run filled, in the operator's shell and on a
+processor, which runs one evaluation at a time."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from collections.abc import AsyncIterator
 from datetime import UTC
 from pathlib import Path
 
+import grpc
 import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
 from services.processor.evaluation import evaluation_service
-from testbed.coordinator_world import run_request, save_workflow
+from testbed.coordinator_world import error_reason, run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness
 from testbed.harness.triton import TritonServer
@@ -30,7 +32,7 @@ from tests.processor_world import START, build_world, finished, running_processo
 from tools.demo.scenes import ground_truth
 from tools.model_repository.__main__ import main as publish
 from workshop.kit.server import Server, ServerSettings
-from workshop.v1 import common_pb2
+from workshop.v1 import common_pb2, evaluation_pb2, evaluation_pb2_grpc
 from workshop.v1 import workshop_pb2 as ws
 
 pytestmark = pytest.mark.triton
@@ -203,6 +205,7 @@ async def test_models_evaluate_scores_versions_against_a_buckets_boxes(
                 await c.key(Grant(ScopeName.WORKSHOP), name="not-admin"),
             ),
         )
+        await _one_evaluation_at_a_time(c, port)
     assert remote.code == 0, remote.err
     timing = ("seconds", "items_per_second")
     assert {k: v for k, v in remote.json().items() if k not in timing} == {
@@ -210,6 +213,46 @@ async def test_models_evaluate_scores_versions_against_a_buckets_boxes(
     }
     assert refused.code != 0
     assert "SCOPE_MISSING" in refused.err
+
+
+async def _one_evaluation_at_a_time(c: CoordinatorHarness, port: int) -> None:
+    """A processor evaluates one version at a time: a second call while the first runs is
+    refused with CAPACITY, and a call after the first has finished runs. The first is held
+    where it reads the version's pin from the coordinator: this test locks model_versions
+    (Postgres) until the second call has been answered."""
+    request = evaluation_pb2.EvaluateModelVersionRequest(
+        model_name="blobs",
+        version=1,
+        bucket_id="yard",
+        review_states=[common_pb2.REVIEW_STATE_PENDING],
+        no_baseline=True,
+    )
+
+    async def evaluated(stub: evaluation_pb2_grpc.EvaluationServiceAsyncStub) -> int:
+        answers = [a async for a in stub.EvaluateModelVersion(request, metadata=c.admin)]
+        return answers[-1].report.images
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = evaluation_pb2_grpc.EvaluationServiceStub(channel)
+        async with c.db.connection() as holder, holder.transaction():
+            await holder.execute("LOCK TABLE model_versions IN ACCESS EXCLUSIVE MODE")
+            first = asyncio.create_task(evaluated(stub))
+            async with c.db.connection() as watcher:
+                for _ in range(500):
+                    waiting = await watcher.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE wait_event_type = 'Lock' AND query LIKE '%model_versions%'"
+                    )
+                    if waiting:
+                        break
+                    await asyncio.sleep(0.01)
+                assert waiting == 1, "the first evaluation never read the version's pin"
+            with pytest.raises(grpc.aio.AioRpcError) as second:
+                await evaluated(stub)
+            code, reason, _ = error_reason(second.value)
+            assert (code, reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "CAPACITY")
+        assert await asyncio.wait_for(first, 30) == 20
+        assert await evaluated(stub) == 20  # the processor is free again
 
 
 @contextlib.asynccontextmanager

@@ -3,7 +3,7 @@ COCOeval over compact box arrays gives the AP of pycocotools' usual whole-datase
 random detections and truths; the precision and recall at IoU 0.50 of a case worked by hand;
 the YOLO export read as a stream of chunks; a pass over a bucket with a stand-in Triton maps
 letterboxed answers back to the images' pixels; the baseline chosen from the runs' pins and
-put beside the version in the table."""
+put beside the version in the table; a Triton that does not answer is UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from pycocotools.cocoeval import COCOeval
 
 from testbed.harness.preview import jpeg_bytes
 from tools.cli.operator import _side_by_side
+from tools.localstack.host import free_ports
 from workshop.kit import evaluation as evaluate
+from workshop.kit.errors import Unavailable
 from workshop.kit.evaluation import (
     Boxes,
     EvaluationError,
@@ -31,8 +33,9 @@ from workshop.kit.evaluation import (
     run_over,
     score,
 )
-from workshop.kit.evaluation_plan import Pin, baseline_of
+from workshop.kit.evaluation_plan import Ask, Pin, _pass, baseline_of
 from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
+from workshop.v1 import resources_pb2
 
 
 @dataclass(frozen=True)
@@ -299,3 +302,13 @@ def test_the_table_puts_the_baseline_beside_the_version() -> None:
     assert rows[1]["ap50 v2"] == ""  # a class only the baseline knows
     alone = _side_by_side(figures, None)
     assert alone[0]["ap50"] == 0.9
+
+
+def test_a_triton_that_does_not_answer_makes_the_evaluation_unavailable() -> None:
+    """UNAVAILABLE (ask again), as EvaluationService's contract says, not FAILED_PRECONDITION,
+    which is kept for what Triton answers about the version."""
+    (port,) = free_ports(1)  # nothing listens there
+    ask = Ask(name="m", version=1, bucket="b")
+    version = resources_pb2.ModelVersion(name="m", version=1, classes=["a"])
+    with pytest.raises(Unavailable, match="Triton did not answer"):
+        _pass(f"127.0.0.1:{port}", ask, version, None, iter([]), None)

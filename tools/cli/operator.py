@@ -246,7 +246,8 @@ def model_evaluate(
     """Score a published version against a bucket's reviewed boxes (pycocotools: AP50-95,
     AP50, precision and recall by class), side by side with the version the bucket's items
     came from: on a processor (--processor, which checks the weights against its model
-    repository) or here, through the Triton serving both (--triton; needs --preview)."""
+    repository) or here, through the Triton serving both (--triton; needs --coordinator and
+    --preview)."""
     from tools.cli.evaluation import evaluate_here, evaluate_on
     from workshop.kit.evaluation_plan import report_json
 

@@ -7,7 +7,8 @@ The bucket's items arrive as the preview service's YOLO export, read as a stream
 `--review` says otherwise, with the reviewers' relabels applied, so the boxes people confirmed
 are the ground truth. Each image is prepared as the processor prepares frames (letterboxed or
 resized, as the model's input asks) and goes through the Triton that serves each version, a
-few images in flight. What is kept of an image is its boxes in compact arrays (`Boxes`: 28
+few images in flight (in system shared memory when that Triton is on this host, as the
+processor's frames). What is kept of an image is its boxes in compact arrays (`Boxes`: 28
 bytes a box, `BYTES_PER_BOX`), never the image, so memory grows with the boxes, not with the
 bucket's bytes. At the end pycocotools' COCOeval scores each class on its own (only the
 images with a box of that class on either side, one area range, up to 100 detections an
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
+import os
 import tarfile
 import threading
 import time
@@ -40,7 +43,20 @@ from pycocotools.cocoeval import COCOeval
 from tritonclient.utils import InferenceServerException
 
 from workshop.kit.letterbox import PAD_VALUE, Placement, letterbox, stretch
-from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT, STRETCH_INPUT
+from workshop.kit.model_io import (
+    CONTRACT_OUTPUTS,
+    LETTERBOX_INPUT,
+    STRETCH_INPUT,
+    UNREACHABLE_STATUSES,
+)
+from workshop.kit.shared_memory import (
+    UNREGISTER_ATTEMPTS,
+    UNREGISTER_PAUSE_S,
+    Region,
+    still_in_use,
+)
+
+log = logging.getLogger(__name__)
 
 MAX_DETECTIONS = 100  # per image, as COCO's default
 BYTES_PER_BOX = 4 + 4 + 4 + 4 * 4  # image, class, score, x1 y1 x2 y2
@@ -50,10 +66,21 @@ ACCUMULATED = ("dtScores", "dtMatches", "dtIgnore", "gtIgnore")  # what accumula
 WORKERS = 4  # batches of images in preparation or on Triton at once
 BATCH = 1  # images a request: Triton's dynamic batcher groups them (8 a request cost the
 # python backend more CPU a frame than 1: bench.model_evaluate --batch 8)
+REGION_PREFIX = "workshop-evaluation"
 
 
 class EvaluationError(RuntimeError):
     """The evaluation cannot run; the message says why."""
+
+
+class TritonUnreachable(EvaluationError):
+    """Triton did not answer (down, restarting, too slow): worth asking again."""
+
+
+def _triton_error(error: InferenceServerException) -> EvaluationError:
+    if error.status() in UNREACHABLE_STATUSES:
+        return TritonUnreachable(f"Triton did not answer: {error.message()}")
+    return EvaluationError(f"Triton: {error.message()}")
 
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2 in image pixels
@@ -367,7 +394,7 @@ def served_model(
             raise EvaluationError(f"Triton did not make {name} v{version} ready")
         config = client.get_model_config(name, str(version), as_json=True)["config"]
     except InferenceServerException as error:
-        raise EvaluationError(f"Triton: {error.message()}") from None
+        raise _triton_error(error) from None
     inputs = [i for i in config["input"] if i["name"] in (LETTERBOX_INPUT, STRETCH_INPUT)]
     if not inputs:
         raise EvaluationError(f"{name} v{version} takes no frames Workshop sends")
@@ -385,23 +412,35 @@ def served_model(
     )
 
 
+def jpeg_decoder() -> Any:
+    """A JPEG decoder that one thread reuses for every image: opening each JPEG as a file
+    (`av.open`, which probes its format) cost as much again as decoding it. One thread, so
+    that each packet gives its frame at once."""
+    decoder = av.CodecContext.create("mjpeg", "r")
+    decoder.thread_count = 1
+    return decoder
+
+
 def prepare(
-    jpeg: bytes, models: Sequence[ServedModel]
+    jpeg: bytes, models: Sequence[ServedModel], decoder: Any = None
 ) -> tuple[int, int, list[tuple[npt.NDArray[np.uint8], Placement]]]:
     """The image's height and width, and the image placed in each model's input as the
-    processor places a frame (decoded once; one canvas for models taking the same)."""
+    processor places a frame (decoded once, by `decoder` or a new one; one canvas for models
+    taking the same)."""
     try:
-        with av.open(io.BytesIO(jpeg), "r") as container:
-            frame = next(container.decode(video=0))
-            height, width = frame.height, frame.width
-            made: dict[Placement, npt.NDArray[np.uint8]] = {}
-            frames = []
-            for model in models:
-                place = model.placement(height, width)
-                if place not in made:
-                    made[place] = _placed(frame, place)
-                frames.append((made[place], place))
-    except (av.error.FFmpegError, StopIteration) as error:
+        decoded = (decoder or jpeg_decoder()).decode(av.Packet(jpeg))
+        if not decoded:
+            raise EvaluationError("cannot decode an image of the export: no picture in it")
+        frame = decoded[0]
+        height, width = frame.height, frame.width
+        made: dict[Placement, npt.NDArray[np.uint8]] = {}
+        frames = []
+        for model in models:
+            place = model.placement(height, width)
+            if place not in made:
+                made[place] = _placed(frame, place)
+            frames.append((made[place], place))
+    except av.error.FFmpegError as error:
         raise EvaluationError(f"cannot decode an image of the export: {error}") from None
     return height, width, frames
 
@@ -425,15 +464,20 @@ def detect(
     model: ServedModel,
     frames: Sequence[tuple[npt.NDArray[np.uint8], Placement]],
     sizes: Sequence[tuple[int, int]],
+    region: Region | None = None,
 ) -> list[Found]:
-    """The version's detections on prepared images (up to `model.max_batch` in a request):
-    for each, class indexes, scores and boxes in the image's pixels (clipped to it, as the
-    processor clips)."""
+    """The version's detections on prepared images (up to `model.max_batch` in a request,
+    through `region` when Triton has mapped one, else in the request): for each, class
+    indexes, scores and boxes in the image's pixels (clipped to it, as the processor clips)."""
     found: list[Found] = []
     for start in range(0, len(frames), model.max_batch):
-        batch = np.stack([frame for frame, _ in frames[start : start + model.max_batch]])
+        chosen = [frame for frame, _ in frames[start : start + model.max_batch]]
+        batch = chosen[0][np.newaxis] if len(chosen) == 1 else np.stack(chosen)
         request = triton.InferInput(model.input_name, list(batch.shape), "UINT8")
-        request.set_data_from_numpy(batch)
+        if region is None:
+            request.set_data_from_numpy(batch)
+        else:
+            request.set_shared_memory(region.name, region.write(batch))
         try:
             reply = client.infer(
                 model.name,
@@ -442,7 +486,7 @@ def detect(
                 outputs=[triton.InferRequestedOutput(n) for n in CONTRACT_OUTPUTS],
             )
         except InferenceServerException as error:
-            raise EvaluationError(f"Triton: {error.message()}") from None
+            raise _triton_error(error) from None
         counts, boxes, scores, labels = (np.asarray(reply.as_numpy(n)) for n in CONTRACT_OUTPUTS)
         for row in range(len(batch)):
             (_, place), (height, width) = frames[start + row], sizes[start + row]
@@ -522,6 +566,16 @@ class Evaluation:
         }
 
 
+@dataclass
+class _Lane:
+    """What one worker thread keeps for the whole pass: its Triton client, its JPEG decoder,
+    and with Triton on this host the region its requests' images travel in."""
+
+    client: triton.InferenceServerClient
+    decoder: Any
+    region: Region | None
+
+
 def run_over(
     chunks: Iterable[bytes],
     connect: Callable[[], triton.InferenceServerClient],
@@ -530,25 +584,35 @@ def run_over(
     workers: int = WORKERS,
     batch: int = BATCH,
     progress: Callable[[Progress], None] | None = None,
+    shared_memory: bool = False,
 ) -> Evaluation:
     """Every item of the export through every model, in order: `workers` batches at once
     (of `batch` images, or the smallest max batch of the models), two more waiting; what is
-    kept of an image is its boxes."""
+    kept of an image is its boxes. With `shared_memory` (Triton on this host) each worker's
+    images travel in a region of system shared memory instead of in its requests, as the
+    processor's frames do, unless Triton cannot map it."""
     size = max(1, min(batch, *(model.max_batch for model in models)))
     evaluation = Evaluation(models, found=[Boxes() for _ in models])
     stream = YoloStream(chunks)
     local = threading.local()
-    clients: list[triton.InferenceServerClient] = []
+    lanes: list[_Lane] = []
+    region_bytes = size * max(model.height * model.width * 3 for model in models)
+
+    def lane() -> _Lane:
+        found: _Lane | None = getattr(local, "lane", None)
+        if found is None:
+            client = connect()
+            region = registered_region(client, region_bytes) if shared_memory else None
+            found = local.lane = _Lane(client, jpeg_decoder(), region)
+            lanes.append(found)
+        return found
 
     def one(items: list[Item]) -> list[tuple[Item, FloatArray, list[Found]]]:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = connect()
-            clients.append(client)
-        prepared = [prepare(item.jpeg, models) for item in items]
+        mine = lane()
+        prepared = [prepare(item.jpeg, models, mine.decoder) for item in items]
         sizes = [(height, width) for height, width, _ in prepared]
         answers = [
-            detect(client, model, [frames[m] for _, _, frames in prepared], sizes)
+            detect(mine.client, model, [frames[m] for _, _, frames in prepared], sizes, mine.region)
             for m, model in enumerate(models)
         ]
         return [
@@ -578,11 +642,51 @@ def run_over(
     finally:
         for future in window:
             future.cancel()
-        for client in clients:
-            client.close()
+        for done in lanes:
+            if done.region is not None:
+                unregister_region(done.client, done.region)
+            done.client.close()
     evaluation.seconds = time.monotonic() - started
     evaluation.bucket_classes = stream.classes or ()
     return evaluation
+
+
+def registered_region(client: triton.InferenceServerClient, byte_size: int) -> Region | None:
+    """A new region of `byte_size` that Triton has mapped; None (the images then go in the
+    requests) when it cannot: Triton in a container that does not share this host's
+    /dev/shm, say."""
+    region = None
+    try:
+        region = Region.create(f"{REGION_PREFIX}-{os.getpid()}", byte_size)
+        client.register_system_shared_memory(region.name, region.key, byte_size)
+    except (OSError, InferenceServerException) as error:
+        reason = error.message() if isinstance(error, InferenceServerException) else error
+        log.warning(
+            "Triton cannot read this host's shared memory (%s): sending the images over gRPC",
+            reason,
+        )
+        if region is not None:
+            region.close()
+        return None
+    region.release_name()  # Triton has mapped it: a crash now leaves no file behind
+    return region
+
+
+def unregister_region(client: triton.InferenceServerClient, region: Region) -> None:
+    """Unregisters the region once Triton lets go of it (`still_in_use`), then unmaps it."""
+    try:
+        for _ in range(UNREGISTER_ATTEMPTS):
+            try:
+                client.unregister_system_shared_memory(region.name)
+                return
+            except InferenceServerException as error:
+                if not still_in_use(error.message()):
+                    log.info("unregistering %s: %s", region.name, error.message())
+                    return
+            time.sleep(UNREGISTER_PAUSE_S)
+        log.warning("Triton still uses region %s; left registered", region.name)
+    finally:
+        region.close()
 
 
 def _take(evaluation: Evaluation, done: list[tuple[Item, FloatArray, list[Found]]]) -> None:

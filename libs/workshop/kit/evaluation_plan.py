@@ -11,7 +11,8 @@ the data decide what the caller may read:
 2. unless a baseline is named, the version the bucket's items came from: the items' run ids
    page by page (only their counts kept), then each of those runs' snapshots;
 3. the bucket's YOLO export streamed from the preview service, a few chunks ahead of the pass
-   (`workshop.kit.evaluation.run_over`, in a worker thread: it blocks on Triton).
+   (`workshop.kit.evaluation.run_over`, in a worker thread: it blocks on Triton), the images
+   handed to a Triton on this host through system shared memory.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from workshop.kit.evaluation import (
     EvaluationError,
     Progress,
     ServedModel,
+    TritonUnreachable,
     run_over,
     served_model,
 )
 from workshop.kit.model_repository import RepositoryError, served_weights_sha256
+from workshop.kit.shared_memory import is_loopback
 from workshop.v1 import (
     common_pb2,
     evaluation_pb2,
@@ -338,7 +341,10 @@ def _pass(
             models,
             workers=ask.workers,
             progress=progress,
+            shared_memory=is_loopback(triton),
         )
+    except TritonUnreachable as error:
+        raise Unavailable(str(error)) from None
     except EvaluationError as error:
         raise FailedPrecondition(str(error)) from None
     finally:

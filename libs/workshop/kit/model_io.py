@@ -11,3 +11,6 @@ LETTERBOX_INPUT = "letterboxed_images"
 INPUTS = (STRETCH_INPUT, LETTERBOX_INPUT)
 # The contract's outputs, in the order they are read.
 CONTRACT_OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
+# Statuses of tritonclient's errors that mean Triton did not answer, as its gRPC
+# client words them; any other is Triton's answer about the model or the request.
+UNREACHABLE_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"})

@@ -1,4 +1,6 @@
-"""POSIX shared-memory regions that a Triton on the same host reads inputs from.
+"""POSIX shared-memory regions that a Triton on the same host reads inputs from (the
+processor's frames, `services.processor.inference`; an evaluation's images,
+`workshop.kit.evaluation`), and whether a Triton target is on this host (`is_loopback`).
 
 Written here rather than with `tritonclient.utils.shared_memory`: that module rides on
 `multiprocessing.shared_memory`, which on Python 3.11 starts a resource-tracker helper
@@ -11,6 +13,7 @@ mapping lives on; nothing is left behind if this process dies), `close` unmaps i
 
 from __future__ import annotations
 
+import ipaddress
 import mmap
 import os
 import secrets
@@ -21,6 +24,16 @@ import numpy as np
 import numpy.typing as npt
 
 SHM_DIR = Path("/dev/shm")
+# Triton answers a request before it lets go of the request's region ("currently in use"
+# for a few milliseconds more): unregistering tries again, this many times this far apart.
+UNREGISTER_ATTEMPTS = 100
+UNREGISTER_PAUSE_S = 0.02
+
+
+def still_in_use(refusal: str | None) -> bool:
+    """Whether Triton refused to unregister a region only because a request it has
+    answered still holds it (try again in UNREGISTER_PAUSE_S)."""
+    return "in use" in (refusal or "")
 
 
 @dataclass
@@ -61,3 +74,19 @@ class Region:
     def close(self) -> None:
         self.release_name()
         self._map.close()
+
+
+def is_loopback(target: str) -> bool:
+    """Whether a gRPC target ("host:port", "[::1]:port", "dns:///host:port", "unix:...")
+    names this host."""
+    if target.startswith("unix:"):
+        return True
+    address = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]" in address else address
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
