@@ -120,14 +120,14 @@ async def _bench(dsn: str, scale: Scale, samples: int) -> dict[str, float]:
         ) as (_, serving),
     ):
         async with coordinator_client(dsn, int(serving["port"])) as c:
-            tokens = await _setup(c, scale)
+            tokens, full_pages = await _setup(c, scale)
             # the preview service is never asked: thumbnails are answered by the route
             async with running_gateway(c, preview_port=9) as gateway:
                 await gateway.user("bench")
-                return await _measure(gateway.url, tokens, samples)
+                return await _measure(gateway.url, tokens, full_pages, samples)
 
 
-async def _setup(c: CoordinatorHarness, scale: Scale) -> dict[str, str]:
+async def _setup(c: CoordinatorHarness, scale: Scale) -> tuple[dict[str, str], int]:
     began = time.perf_counter()
     runtime = await _world(c, scale)
     await _review_run(c, runtime, scale)
@@ -154,14 +154,18 @@ async def _setup(c: CoordinatorHarness, scale: Scale) -> dict[str, str]:
                 depth,
             )
             tokens[name] = page_token(scope, PageKey(row["frame_time"], row["item_id"]))
-    return tokens
+    # the middle's page holds the 200 after item size // 2; whole pages after it
+    return tokens, (size - size // 2 - 1) // PAGE - 1
 
 
 async def _thumb(route: Route) -> None:
     await route.fulfill(status=200, body=THUMB, content_type="image/jpeg")
 
 
-async def _measure(url: str, tokens: dict[str, str], samples: int) -> dict[str, float]:
+async def _measure(
+    url: str, tokens: dict[str, str], full_pages: int, samples: int
+) -> dict[str, float]:
+    """`full_pages`: how many full pages follow the middle's first one."""
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -184,8 +188,14 @@ async def _measure(url: str, tokens: dict[str, str], samples: int) -> dict[str, 
                 for name, token in tokens.items():
                     timings[name].append(await _open(page, token))
             await _open(page, tokens["middle"])
+            turned = 0
             for _ in range(samples):
+                if turned == full_pages:  # near the end (--quick): from the middle again
+                    await _open(page, tokens["start"])  # (Next leaves the URL as it was)
+                    await _open(page, tokens["middle"])
+                    turned = 0
                 timings["next"].append(await _next(page))
+                turned += 1
         finally:
             await browser.close()
     print(
