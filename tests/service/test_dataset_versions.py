@@ -102,6 +102,19 @@ async def test_freezing_is_content_addressed_and_idempotent(world: World) -> Non
         other.version.version_id,
     }
     assert not rest.next_page_token
+    # the run and score filters: stored with the version and part of its content (every
+    # box of this world scores 0.9)
+    same = await freeze(world, wanted=run_pb2.BucketItemFilter(run_id="r1", max_score=0.95))
+    assert same.created
+    assert same.version.item_count == len(expected)
+    assert (same.version.filter.run_id, same.version.filter.HasField("min_score")) == ("r1", False)
+    assert same.version.filter.max_score == pytest.approx(0.95)
+    for empty in (
+        run_pb2.BucketItemFilter(run_id="r2"),
+        run_pb2.BucketItemFilter(min_score=0.95),
+    ):
+        none = await freeze(world, wanted=empty)
+        assert none.version.item_count == 0, empty
 
 
 async def test_bad_input_is_refused_precisely(world: World) -> None:
