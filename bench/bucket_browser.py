@@ -8,14 +8,19 @@ coordinator as its own process, a full run over 10 cameras whose 100,000 items (
 each, 2,000 sightings) are inserted straight into bucket b00 and grouped with the commit
 path's code; `--million` adds bench/review.py's 90 more runs (1,000,000 items in 20
 buckets); `--quick` a tenth of b00. The gateway runs in this process (uvicorn, as the
-tests run it), in front of that coordinator; Chromium (Debian's /usr/bin/chromium,
+tests run it), in front of that coordinator, with what the set-up left frozen out of the
+garbage collector's generations (gc.freeze) as the gateway's own process has what its
+start-up built (workshop.kit.server.serve): before, a full collection walked the set-up's
+half a million objects in the middle of a page now and then, a pause no gateway process
+has. Chromium (Debian's /usr/bin/chromium,
 driven by Playwright) signs in with the login form. Thumbnails are answered by this
 process with one small JPEG (Playwright's routing), so the figures are the listing and
 the page, not the object store.
 
 Measured, `--samples` times each: the browser opened at a position (`#/buckets/b00?page=
 TOKEN`, the token of the item at 0 %, 50 % and 100 % - 200 of the bucket, made as the
-coordinator makes them), and Next page pressed from the middle. A figure is the page's
+coordinator makes them), and Next page pressed from the middle (with `--quick`, from the middle again each time
+the bucket's end is near). A figure is the page's
 own measure from asking for the page (GET .../items?page_size=200) to the task after the
 next frame once its 200 items are in the DOM (`bucket-page-painted`, buckets.js): API call,
 DOM, style, layout and paint. Target (2-core machine): p99 <= 100 ms at any depth. The last
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import shutil
 import signal
 import sys
@@ -124,6 +130,11 @@ async def _bench(dsn: str, scale: Scale, samples: int) -> dict[str, float]:
             # the preview service is never asked: thumbnails are answered by the route
             async with running_gateway(c, preview_port=9) as gateway:
                 await gateway.user("bench")
+                # What the set-up built stays for good, as in a gateway process after
+                # start-up (workshop.kit.server.serve freezes it): out of the collector's
+                # way, so a full collection does not walk it in the middle of a page.
+                gc.collect()
+                gc.freeze()
                 return await _measure(gateway.url, tokens, full_pages, samples)
 
 
