@@ -19,9 +19,9 @@ the page, not the object store.
 
 Measured, `--samples` times each: the browser opened at a position (`#/buckets/b00?page=
 TOKEN`, the token of the item at 0 %, 50 % and 100 % - 200 of the bucket, made as the
-coordinator makes them), and Next page pressed from the middle (with `--quick`, from the middle again each time
-the bucket's end is near). A figure is the page's
-own measure from asking for the page (GET .../items?page_size=200) to the task after the
+coordinator makes them), and Next page pressed from the middle (with `--quick`, from the
+middle again each time the bucket's end is near). A figure is the page's own measure from
+asking for the page (GET .../items?page_size=200) to the task after the
 next frame once its 200 items are in the DOM (`bucket-page-painted`, buckets.js): API call,
 DOM, style, layout and paint. Target (2-core machine): p99 <= 100 ms at any depth. The last
 line is `RESULT bucket_page_p99_ms=<x> bucket_mid_page_p99_ms=<y> bucket_deep_page_p99_ms=<z>
