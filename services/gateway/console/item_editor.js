@@ -98,7 +98,7 @@ export class ItemEditor {
     this.history = h("div", { id: "item-history", class: "item-history" });
     // Every change of the item, oldest first, and the versions holding it (GET .../items/{id}
     // and .../versions), read after the dialog opens and after each change made in it.
-    this.log = h("div", { id: "history-log", "aria-live": "polite" });
+    this.log = h("div", { id: "history-log" });
     this.logAsked = 0;
     this.decisionPick = h("select", { id: "item-relabel" });
     const close = h("button", { type: "button", class: "secondary", text: "Close" });
