@@ -541,6 +541,26 @@ async def test_the_cli_freezes_compares_and_resumes_an_export(world: World, tmp_
     shown = await workshop(c, "datasets", "show", version["version_id"])
     assert shown.code == 0
     assert "cli" in shown.out
+    # the run and score filters: every box here scores 0.9
+    sure = await workshop(
+        c,
+        "-o",
+        "json",
+        "datasets",
+        "freeze",
+        "yard",
+        "--name",
+        "sure",
+        "--run",
+        "r1",
+        "--min-score",
+        "0.95",
+    )
+    assert sure.code == 0, sure.err
+    frozen = json.loads(sure.out)
+    assert frozen["item_count"] == 0
+    assert frozen["filter"]["run_id"] == "r1"
+    assert frozen["filter"]["min_score"] == pytest.approx(0.95)
     await decide_differently(world)
     later = json.loads(
         (await workshop(c, "-o", "json", "datasets", "freeze", "yard", "--name", "v2")).out

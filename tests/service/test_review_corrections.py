@@ -663,6 +663,11 @@ async def test_the_cli_corrects_undoes_decides_and_clears(coordinator: Coordinat
     again = await workshop(c, "buckets", "undo-correction", target)
     assert again.code == 1
     assert again.err.startswith("workshop: NOTHING_TO_UNDO: "), again.err
+    # the listing's run and score filters (every box of this world scores 0.9)
+    for flags, count in ((("--run", "r1", "--min-score", "0.5"), 4), (("--max-score", "0.5"), 0)):
+        listed = await workshop(c, "-o", "json", "buckets", "items", "yard", *flags)
+        assert listed.code == 0, listed.err
+        assert len(listed.json()) == count, flags
     # the item with its history: the correction (undone), the decision and its clear
     shown = await workshop(c, "-o", "json", "buckets", "item", target)
     assert shown.code == 0, shown.err

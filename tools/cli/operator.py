@@ -509,6 +509,16 @@ def _filter(
     )
 
 
+# The run and score filters of a bucket's items (buckets items and export, datasets freeze).
+RUN_OPTION = typer.Option("", "--run", help="only this run's items")
+MIN_SCORE_OPTION = typer.Option(
+    None,
+    "--min-score",
+    help="only items whose highest detected box score is at least this (0 without boxes)",
+)
+MAX_SCORE_OPTION = typer.Option(None, "--max-score", help="only items whose score is at most this")
+
+
 @buckets.command("items")
 def bucket_items(
     ctx: typer.Context,
@@ -516,13 +526,11 @@ def bucket_items(
     review: list[str] = typer.Option([], help="pending, accepted or rejected (repeatable)"),
     class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
     camera: str = typer.Option("", help="only this camera's items"),
-    run_id: str = typer.Option("", "--run", help="only this run's items"),
+    run_id: str = RUN_OPTION,
     since: str = typer.Option("", "--from", help="only frames at or after this instant (RFC 3339)"),
     until: str = typer.Option("", "--to", help="only frames before this instant (RFC 3339)"),
-    min_score: float | None = typer.Option(
-        None, help="only items whose highest detected box score is at least this (0 without boxes)"
-    ),
-    max_score: float | None = typer.Option(None, help="only items whose score is at most this"),
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
     limit: int = limit_option("oldest frame first"),
 ) -> None:
     """List a bucket's items (ListBucketItems)."""
@@ -927,14 +935,20 @@ def bucket_export(
     review: list[str] = typer.Option([], help="review states (default: accepted only)"),
     class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
     camera: str = typer.Option("", help="only this camera's items"),
+    run_id: str = RUN_OPTION,
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
 ) -> None:
     """Export a bucket as a COCO or YOLO tar archive (PreviewService.ExportBucket; needs
     --preview / WORKSHOP_PREVIEW)."""
     opts = options(ctx)
     if format not in FORMATS:
         raise typer.BadParameter("must be coco or yolo", param_hint="--format")
+    wanted = _filter(
+        review, class_name, camera, run_id=run_id, min_score=min_score, max_score=max_score
+    )
     request = preview_pb2.ExportBucketRequest(
-        bucket_id=bucket_id, format=FORMATS[format], filter=_filter(review, class_name, camera)
+        bucket_id=bucket_id, format=FORMATS[format], filter=wanted
     )
 
     async def call(channel: grpc.aio.Channel, md: Metadata) -> dict[str, Any]:
