@@ -53,6 +53,7 @@ import functools
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from decimal import ROUND_HALF_EVEN, Decimal
 from importlib import resources
@@ -317,9 +318,12 @@ def _body_writer(
 
 
 # Each message's writer, and the messages whose writer is being made: a field of one of
-# them (a recursive message) finds the writer when it runs, not while it is made.
+# them (a recursive message) finds the writer when it runs, not while it is made. Made
+# under a lock (re-entered by the nested messages' making), so a thread never sees a
+# writer half made.
 _writers: dict[Descriptor, Writer] = {}
 _making: set[Descriptor] = set()
+_making_lock = threading.RLock()
 
 
 def _message_writer(descriptor: Descriptor) -> Writer:
@@ -327,14 +331,18 @@ def _message_writer(descriptor: Descriptor) -> Writer:
     made = _writers.get(descriptor)
     if made is not None:
         return made
-    if descriptor in _making:
-        return lambda message: _writers[descriptor](message)
-    _making.add(descriptor)
-    try:
-        made = _writers[descriptor] = _writer(descriptor.full_name, _fields(descriptor))
-    finally:
-        _making.discard(descriptor)
-    return made
+    with _making_lock:
+        made = _writers.get(descriptor)
+        if made is not None:
+            return made
+        if descriptor in _making:
+            return lambda message: _writers[descriptor](message)
+        _making.add(descriptor)
+        try:
+            made = _writers[descriptor] = _writer(descriptor.full_name, _fields(descriptor))
+        finally:
+            _making.discard(descriptor)
+        return made
 
 
 def _writer(title: str, layout: Layout) -> Writer:
