@@ -198,6 +198,7 @@ POLICY: dict[str, Rule] = {
     "/workshop.v1.WorkshopService/UndoBulkDecision": WORKSHOP,
     "/workshop.v1.WorkshopService/GetSummary": WORKSHOP,
     "/workshop.v1.WorkshopService/ListBucketItems": READ_FOOTAGE,
+    "/workshop.v1.WorkshopService/GetBucketItem": READ_FOOTAGE,
     "/workshop.v1.WorkshopService/RequestPhoto": WORKSHOP,
     "/workshop.v1.WorkshopService/GetPhoto": WORKSHOP,
     # DatasetService: freezing needs `workshop` (over every camera); reading `workshop` or

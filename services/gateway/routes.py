@@ -107,15 +107,9 @@ def _op(
 
 
 PAGE = {"page_size": "page_size", "page_token": "page_token"}
-ITEM_FILTER = {
-    "review_state": "filter.review_states",
-    "class_name": "filter.class_name",
-    "camera_id": "filter.camera_id",
-    "from": "filter.frame_time_from",
-    "to": "filter.frame_time_to",
-}
-
-SIGHTING_FILTER = {
+# The item and the sighting filters take the same parameters (BucketItemFilter,
+# SightingFilter).
+ITEM_FILTER = SIGHTING_FILTER = {
     "review_state": "filter.review_states",
     "class_name": "filter.class_name",
     "camera_id": "filter.camera_id",
@@ -363,6 +357,15 @@ OPERATIONS: tuple[Operation, ...] = (
         "ListBucketItems",
         "buckets",
         query={**PAGE, **ITEM_FILTER},
+        errors=(404,),
+    ),
+    _op(
+        "getBucketItem",
+        "GET",
+        "/workshop/items/{item_id}",
+        "workshop",
+        "GetBucketItem",
+        "buckets",
         errors=(404,),
     ),
     _op(

@@ -351,6 +351,9 @@ PROBES: dict[str, Callable[[Matrix], Message]] = {
     "/workshop.v1.WorkshopService/ClearItemDecision": lambda m: ws.ClearItemDecisionRequest(
         item_id="no-such-item"
     ),
+    "/workshop.v1.WorkshopService/GetBucketItem": lambda m: ws.GetBucketItemRequest(
+        item_id="no-such-item"
+    ),
     "/workshop.v1.WorkshopService/RequestPhoto": lambda m: ws.RequestPhotoRequest(
         camera_id="cam-a", time=Timestamp(seconds=1_700_000_000)
     ),

@@ -102,6 +102,19 @@ async def test_freezing_is_content_addressed_and_idempotent(world: World) -> Non
         other.version.version_id,
     }
     assert not rest.next_page_token
+    # the run and score filters: stored with the version and part of its content (every
+    # box of this world scores 0.9)
+    same = await freeze(world, wanted=run_pb2.BucketItemFilter(run_id="r1", max_score=0.95))
+    assert same.created
+    assert same.version.item_count == len(expected)
+    assert (same.version.filter.run_id, same.version.filter.HasField("min_score")) == ("r1", False)
+    assert same.version.filter.max_score == pytest.approx(0.95)
+    for empty in (
+        run_pb2.BucketItemFilter(run_id="r2"),
+        run_pb2.BucketItemFilter(min_score=0.95),
+    ):
+        none = await freeze(world, wanted=empty)
+        assert none.version.item_count == 0, empty
 
 
 async def test_bad_input_is_refused_precisely(world: World) -> None:
@@ -528,6 +541,26 @@ async def test_the_cli_freezes_compares_and_resumes_an_export(world: World, tmp_
     shown = await workshop(c, "datasets", "show", version["version_id"])
     assert shown.code == 0
     assert "cli" in shown.out
+    # the run and score filters: every box here scores 0.9
+    sure = await workshop(
+        c,
+        "-o",
+        "json",
+        "datasets",
+        "freeze",
+        "yard",
+        "--name",
+        "sure",
+        "--run",
+        "r1",
+        "--min-score",
+        "0.95",
+    )
+    assert sure.code == 0, sure.err
+    frozen = json.loads(sure.out)
+    assert frozen["item_count"] == 0
+    assert frozen["filter"]["run_id"] == "r1"
+    assert frozen["filter"]["min_score"] == pytest.approx(0.95)
     await decide_differently(world)
     later = json.loads(
         (await workshop(c, "-o", "json", "datasets", "freeze", "yard", "--name", "v2")).out

@@ -226,6 +226,12 @@ def has_versions(answer: httpx.Response) -> None:
     assert answer.json()["versions"], answer.text
 
 
+def has_item_history(answer: httpx.Response) -> None:
+    body = answer.json()
+    assert body["item"]["item_id"], answer.text
+    assert body["sightings"], answer.text
+
+
 def no_items(answer: httpx.Response) -> None:
     assert answer.json()["items"] == [], answer.text
 
@@ -450,6 +456,15 @@ def rows(ids: Ids, sessions: dict[str, str]) -> list[Row]:
                 f"{w}/buckets/yard/items",
                 no_scope="service",
                 checks={"footage_other_camera": no_items, "valid": has_items},
+            ),
+            # an item of cam-a: a key of another camera is refused it (403)
+            Row(
+                "GET",
+                f"{w}/items/{{item_id}}",
+                VERSION_READ,
+                f"{w}/items/{ids.item_id}",
+                no_scope="service",
+                checks={"valid": has_item_history},
             ),
             Row(
                 "GET",

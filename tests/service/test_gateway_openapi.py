@@ -156,7 +156,14 @@ def explicit_calls(prefix: str, ids: Ids, runtime: str) -> dict[str, list[Explic
         "listBucketItems": [
             Explicit(
                 200, {"bucket_id": "yard"}, {"review_state": ["accepted"], "camera_id": "cam-a"}
-            )
+            ),
+            Explicit(200, {"bucket_id": "yard"}, {"run_id": "r1", "min_score": 0.5}),
+            Explicit(400, {"bucket_id": "yard"}, {"min_score": 0.9, "max_score": 0.1}),
+        ],
+        "getBucketItem": [
+            Explicit(200, {"item_id": ids.item_id}),
+            Explicit(404, {"item_id": "no-such-item"}),
+            Explicit(400, {"item_id": "bad id!"}),
         ],
         "getReviewQueue": [
             Explicit(200, {"bucket_id": "yard"}, {"order": "lowest_score", "min_score": 0.5}),

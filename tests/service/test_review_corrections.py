@@ -378,6 +378,28 @@ async def test_an_item_decision_overrides_its_sighting_and_both_show(
         )
     assert [r["review_state"] for r in logged] == ["rejected", "accepted", None]
 
+    # its history in one call: the detections, the decisions on it alone (the clear too),
+    # its sightings' decisions with who and when
+    history = await c.workshop.GetBucketItem(
+        ws.GetBucketItemRequest(item_id=target), metadata=c.admin
+    )
+    assert history.item == await item_of(c, target)
+    assert [
+        (d.revision, d.review_state, d.relabel_class, d.decided_by.display_name)
+        for d in history.item_decisions
+    ] == [(1, REJECTED, "", "admin"), (2, ACCEPTED, "cyclist", "admin"), (3, 0, "", "admin")]
+    assert not history.item_decisions[0].HasField("relabel_class")
+    assert list(history.corrections) == []
+    assert [x.sighting_id for x in history.sightings] == [
+        r.sighting_id for r in history.item.box_reviews
+    ]
+    person_now = history.sightings[0]
+    assert (person_now.review_state, person_now.relabel_class) == (ACCEPTED, "worker")
+    assert person_now.decided_by.display_name == "admin"
+    assert person_now.HasField("decided_at")
+    assert history.sightings[1].review_state == PENDING
+    assert not history.sightings[1].HasField("decided_by")
+
 
 async def snapshot(c: CoordinatorHarness) -> tuple[Any, ...]:
     async with c.db.connection() as connection:
@@ -544,6 +566,16 @@ async def test_bad_input_is_refused_precisely_and_changes_nothing(
             "",
         ),
     ]
+    for what, item_id in (("no item id", ""), ("not an id", "it x/../y"), ("long", "i" * 129)):
+        cases.append(
+            (
+                what,
+                "GetBucketItem",
+                ws.GetBucketItemRequest(item_id=item_id),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "item_id",
+            )
+        )
     for what, rpc, request, code, field in cases:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await getattr(c.workshop, rpc)(request, metadata=c.admin)
@@ -551,6 +583,18 @@ async def test_bad_input_is_refused_precisely_and_changes_nothing(
         assert found == code, (what, caught.value.details())
         if field:
             assert (reason, info.get("field")) == ("INVALID_FIELD", field), what
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await c.workshop.GetBucketItem(ws.GetBucketItemRequest(item_id="nope"), metadata=c.admin)
+    assert error_reason(caught.value)[:2] == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+    assert "'nope'" in (caught.value.details() or "")
+    # reading: a key of another camera may not, a footage:read key of its camera may
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await c.workshop.GetBucketItem(
+            ws.GetBucketItemRequest(item_id=target), metadata=other_camera
+        )
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    seen = await c.workshop.GetBucketItem(ws.GetBucketItemRequest(item_id=target), metadata=footage)
+    assert [x.revision for x in seen.corrections] == [1]
     for metadata in (other_camera, footage):
         for rpc, request in (
             ("CorrectItemBoxes", Correct(item_id=target, boxes=[good])),
@@ -619,6 +663,29 @@ async def test_the_cli_corrects_undoes_decides_and_clears(coordinator: Coordinat
     again = await workshop(c, "buckets", "undo-correction", target)
     assert again.code == 1
     assert again.err.startswith("workshop: NOTHING_TO_UNDO: "), again.err
+    # the listing's run and score filters (every box of this world scores 0.9)
+    for flags, count in ((("--run", "r1", "--min-score", "0.5"), 4), (("--max-score", "0.5"), 0)):
+        listed = await workshop(c, "-o", "json", "buckets", "items", "yard", *flags)
+        assert listed.code == 0, listed.err
+        assert len(listed.json()) == count, flags
+    # the item with its history: the correction (undone), the decision and its clear
+    shown = await workshop(c, "-o", "json", "buckets", "item", target)
+    assert shown.code == 0, shown.err
+    history = shown.json()
+    assert history["item"]["item_id"] == target
+    [correction] = history["corrections"]
+    assert correction["revision"] == 1
+    assert correction["undone_by"]["display_name"]
+    assert correction["undone_at"]
+    assert [d["review_state"] for d in history["item_decisions"]] == ["accepted", "unspecified"]
+    assert len(history["sightings"]) == 2
+    text = await workshop(c, "buckets", "item", target)
+    assert text.code == 0, text.err
+    assert "undone" in text.out, text.out
+    assert "cyclist" in text.out, text.out
+    missing = await workshop(c, "buckets", "item", "nope")
+    assert missing.code == 1
+    assert missing.err.startswith("workshop: NOT_FOUND: "), missing.err
     await check_counts(c)
 
 

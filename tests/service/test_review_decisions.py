@@ -7,6 +7,7 @@ are reconciled with raw counts taken by SQL from the items and boxes themselves.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Sequence
@@ -479,6 +480,21 @@ async def test_bad_input_is_a_precise_error_and_changes_nothing(
             invalid,
             "INVALID_FIELD",
         ),
+        *(
+            (
+                c.workshop.ListBucketItems(
+                    ws.ListBucketItemsRequest(bucket_id="yard", filter=wrong), metadata=c.admin
+                ),
+                invalid,
+                "INVALID_FIELD",
+            )
+            for wrong in (
+                run_pb2.BucketItemFilter(min_score=0.8, max_score=0.2),
+                run_pb2.BucketItemFilter(min_score=math.nan),
+                run_pb2.BucketItemFilter(max_score=math.inf),
+                run_pb2.BucketItemFilter(run_id="r" * 201),
+            )
+        ),
     ]
     before = await snapshot_of_review(c)
     for call, code, reason in cases:
@@ -546,6 +562,49 @@ async def test_bucket_items_filter_and_page(coordinator: CoordinatorHarness) -> 
     window = await listed(frame_time_from=start, frame_time_to=end)
     assert all(start.ToDatetime() <= i.frame_time.ToDatetime() < end.ToDatetime() for i in window)
     assert window
+
+    # score: the highest detected score of an item's boxes (0 without boxes)
+    unsure = common_pb2.Box(class_name="person", score=0.3, x=0.1, y=0.1, w=0.1, h=0.1)
+    await commit(c, s, jobs[1], [Frame(0, "save", (unsure,)), Frame(1, "save", ())])
+    assert len(await listed(min_score=0.5)) == 12  # every box of two_objects scores 0.9
+    low = await listed(max_score=0.5)
+    assert sorted(len(i.boxes) for i in low) == [0, 1]
+    assert [i.boxes[0].score for i in await listed(min_score=0.2, max_score=0.4)] == [
+        pytest.approx(0.3)
+    ]
+    assert len(await listed(min_score=0.0, max_score=0.0)) == 1
+    assert len(await listed(min_score=0.85, camera_id="cam-b")) == 3
+    # run: a second run's items of the same bucket
+    for job in (jobs[2], jobs[4], jobs[5]):
+        await commit(c, s, job, [])
+    second = await start_run(c, s, "r2")
+    await commit(c, s, second[0], two_objects(range(0, 2)))
+    theirs = await listed(run_id="r2")
+    assert len(theirs) == 2
+    assert {i.run_id for i in theirs} == {"r2"}
+    assert len(await listed(run_id="r1")) == 14
+    assert len(await listed(run_id="r2", max_score=0.5)) == 0
+    assert await listed(run_id="nope") == []
+    # a page token is bound to its filter, the new fields included
+    first = await c.workshop.ListBucketItems(
+        ws.ListBucketItemsRequest(
+            bucket_id="yard", filter=run_pb2.BucketItemFilter(run_id="r1"), page_size=1
+        ),
+        metadata=c.admin,
+    )
+    for other in (
+        run_pb2.BucketItemFilter(run_id="r2"),
+        run_pb2.BucketItemFilter(run_id="r1", min_score=0.1),
+        run_pb2.BucketItemFilter(),
+    ):
+        assert await refused(
+            c.workshop.ListBucketItems(
+                ws.ListBucketItemsRequest(
+                    bucket_id="yard", filter=other, page_token=first.next_page_token
+                ),
+                metadata=c.admin,
+            )
+        ) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
 
 
 async def test_an_image_read_shows_its_boxes_after_relabels(

@@ -3,7 +3,8 @@ browser (Debian's Chromium driven by Playwright) on the real stack, keyboard onl
 bucket picked from the list, its items a page at a time by the listing's keyset token
 (Next, Previous and First page, each page exactly the API's), the grid walked with the
 arrows, an item opened full size with its history, a filter from the form kept in the
-URL, the boxes after review drawn on every thumbnail; no horizontal scroll at 390 px. A
+URL (the run and score filters too), the item's history of changes in its full-size view,
+the boxes after review drawn on every thumbnail; no horizontal scroll at 390 px. A
 screenshot of the browser is taken (docs/screenshots/ under `make screenshots`).
 
 The world is test_console_queue.py's: 11 items of two runs in bucket yard, real JPEGs.
@@ -141,6 +142,13 @@ async def test_a_bucket_is_browsed_page_by_page_and_an_item_opened_with_the_keyb
     # deciding the frame alone from here shows in its history and in the grid
     await page.keyboard.press("n")
     await expect(dialog.locator("#history-decision")).to_contain_text("rejected (none) by Ada")
+    # every change, oldest first (GetBucketItem), and the versions holding it
+    log = dialog.locator("#history-log li")
+    await expect(log.first).to_have_text(f"Saved with {len(item['boxes'])} boxes detected.")
+    await expect(log.nth(1)).to_contain_text("Revision 1: this frame rejected (none) by Ada")
+    await expect(log.filter(has_text="sighting")).to_have_count(len(item["boxes"]))
+    await expect(log.filter(has_text="not decided yet")).to_have_count(len(item["boxes"]))
+    await expect(dialog.locator("#history-versions")).to_have_text("In no dataset version.")
     await page.keyboard.press("Escape")
     await expect(dialog).to_be_hidden()
     await expect(cells.nth(1)).to_be_focused()
@@ -168,5 +176,23 @@ async def test_a_bucket_is_browsed_page_by_page_and_an_item_opened_with_the_keyb
     await expect(page.locator("#export-coco")).to_have_attribute(
         "href", "/api/workshop/buckets/yard/export?review_state=pending&camera_id=cam-b&format=coco"
     )
+
+    # the run and score filters (as the queue's): r2's pending items scoring 0.45 or more
+    await page.locator("#f-camera_id").focus()
+    await page.keyboard.press("Control+A")
+    await page.keyboard.press("Backspace")
+    await page.locator("#f-run_id").focus()
+    await page.keyboard.type("r2")
+    await page.locator("#f-min_score").focus()
+    await page.keyboard.type("0.45")
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(
+        re.compile(r"#/buckets/yard\?page_size=3&state=pending&run_id=r2&min_score=0\.45$")
+    )
+    await expect(page.get_by_role("heading", name="Bucket yard")).to_be_focused()
+    scored = await api_items(api, 3, review_state="pending", run_id="r2", min_score=0.45)
+    assert [len(p) for p in scored] == [2]  # r2's vehicle of 0.97 and its person of 0.5
+    assert await grid_ids(page) == [i["item_id"] for i in scored[0]]
+    await expect(page.locator("#f-run_id")).to_have_value("r2")
     await no_sideways_scroll(page)
     assert problems == []

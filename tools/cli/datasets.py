@@ -10,7 +10,7 @@ import grpc
 import typer
 
 from tools.cli.context import fail, options, run
-from tools.cli.operator import FORMATS, _filter
+from tools.cli.operator import FORMATS, MAX_SCORE_OPTION, MIN_SCORE_OPTION, RUN_OPTION, _filter
 from tools.cli.output import as_dict, emit
 from workshop.kit.cli import Metadata
 from workshop.v1 import dataset_pb2 as pb
@@ -65,6 +65,9 @@ def freeze(
     review: list[str] = typer.Option([], help="review states (default: accepted only)"),
     class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
     camera: str = typer.Option("", help="only this camera's items"),
+    run_id: str = RUN_OPTION,
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
     seed: int = typer.Option(0, help="seed of the train/val split"),
     val_fraction: float = typer.Option(0.2, help="share of items in val, 0 <= f < 1"),
 ) -> None:
@@ -73,7 +76,9 @@ def freeze(
     request = pb.CreateDatasetVersionRequest(
         bucket_id=bucket_id,
         name=name,
-        filter=_filter(review, class_name, camera),
+        filter=_filter(
+            review, class_name, camera, run_id=run_id, min_score=min_score, max_score=max_score
+        ),
         seed=seed,
         val_fraction=val_fraction,
     )

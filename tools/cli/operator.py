@@ -492,7 +492,17 @@ def bucket_list(ctx: typer.Context) -> None:
     )
 
 
-def _filter(review: list[str], class_name: str, camera: str) -> run_pb2.BucketItemFilter:
+def _filter(
+    review: list[str],
+    class_name: str,
+    camera: str,
+    *,
+    run_id: str = "",
+    since: str = "",
+    until: str = "",
+    min_score: float | None = None,
+    max_score: float | None = None,
+) -> run_pb2.BucketItemFilter:
     unknown = [r for r in review if r not in REVIEW_STATES]
     if unknown:
         raise typer.BadParameter(
@@ -500,8 +510,25 @@ def _filter(review: list[str], class_name: str, camera: str) -> run_pb2.BucketIt
             param_hint="--review",
         )
     return run_pb2.BucketItemFilter(
-        review_states=[REVIEW_STATES[r] for r in review], class_name=class_name, camera_id=camera
+        review_states=[REVIEW_STATES[r] for r in review],
+        class_name=class_name,
+        camera_id=camera,
+        run_id=run_id,
+        frame_time_from=_instant(since, "--from"),
+        frame_time_to=_instant(until, "--to"),
+        min_score=min_score,
+        max_score=max_score,
     )
+
+
+# The run and score filters of a bucket's items (buckets items and export, datasets freeze).
+RUN_OPTION = typer.Option("", "--run", help="only this run's items")
+MIN_SCORE_OPTION = typer.Option(
+    None,
+    "--min-score",
+    help="only items whose highest detected box score is at least this (0 without boxes)",
+)
+MAX_SCORE_OPTION = typer.Option(None, "--max-score", help="only items whose score is at most this")
 
 
 @buckets.command("items")
@@ -511,13 +538,26 @@ def bucket_items(
     review: list[str] = typer.Option([], help="pending, accepted or rejected (repeatable)"),
     class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
     camera: str = typer.Option("", help="only this camera's items"),
+    run_id: str = RUN_OPTION,
+    since: str = typer.Option("", "--from", help="only frames at or after this instant (RFC 3339)"),
+    until: str = typer.Option("", "--to", help="only frames before this instant (RFC 3339)"),
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
     limit: int = limit_option("oldest frame first"),
 ) -> None:
     """List a bucket's items (ListBucketItems)."""
     opts = options(ctx)
-    request = ws.ListBucketItemsRequest(
-        bucket_id=bucket_id, filter=_filter(review, class_name, camera), page_size=limit
+    wanted = _filter(
+        review,
+        class_name,
+        camera,
+        run_id=run_id,
+        since=since,
+        until=until,
+        min_score=min_score,
+        max_score=max_score,
     )
+    request = ws.ListBucketItemsRequest(bucket_id=bucket_id, filter=wanted, page_size=limit)
 
     reply = _workshop(opts, "ListBucketItems", request)
     _listing(
@@ -533,6 +573,76 @@ def bucket_items(
         },
         f"bucket {bucket_id}",
     )
+
+
+@buckets.command("item")
+def bucket_item(
+    ctx: typer.Context, item_id: str = typer.Argument(..., help="bucket item id")
+) -> None:
+    """One item with its history: detections, corrections and their undos, decisions on it
+    alone, its sightings' decisions (GetBucketItem)."""
+    opts = options(ctx)
+    request = ws.GetBucketItemRequest(item_id=item_id)
+
+    async def call(channel: grpc.aio.Channel, md: Metadata) -> ws.GetBucketItemResponse:
+        reply: ws.GetBucketItemResponse = await workshop_pb2_grpc.WorkshopServiceStub(
+            channel
+        ).GetBucketItem(request, metadata=md)
+        return reply
+
+    reply = run(opts, call)
+    emit(opts, as_dict(reply), table=_history(reply), title=f"item {item_id}")
+
+
+def _history(reply: ws.GetBucketItemResponse) -> list[dict[str, Any]]:
+    """The item's history for people, one event a row, oldest first within each kind."""
+    item = reply.item
+    rows = [
+        {
+            "when": item.saved_at.ToJsonString(),
+            "what": f"saved with {len(item.boxes)} detected boxes (kept as they were)",
+            "by": "",
+        }
+    ]
+    for c in reply.corrections:
+        rows.append(
+            {
+                "when": c.corrected_at.ToJsonString(),
+                "what": f"revision {c.revision}: corrected to {len(c.boxes)} boxes",
+                "by": c.corrected_by.display_name,
+            }
+        )
+        if c.HasField("undone_at"):
+            rows.append(
+                {
+                    "when": c.undone_at.ToJsonString(),
+                    "what": f"revision {c.revision}'s correction undone",
+                    "by": c.undone_by.display_name,
+                }
+            )
+    for d in reply.item_decisions:
+        state = REVIEW_NAMES.get(d.review_state)
+        what = "cleared: follows its sightings" if state is None else f"frame {state}"
+        if d.HasField("relabel_class"):
+            what += f" as {d.relabel_class}"
+        rows.append(
+            {
+                "when": d.decided_at.ToJsonString(),
+                "what": f"revision {d.revision}: {what}",
+                "by": d.decided_by.display_name,
+            }
+        )
+    for s in reply.sightings:
+        state = REVIEW_NAMES.get(s.review_state, "unspecified")
+        relabel = f" as {s.relabel_class}" if s.HasField("relabel_class") else ""
+        rows.append(
+            {
+                "when": s.decided_at.ToJsonString() if s.HasField("decided_at") else "",
+                "what": f"sighting {s.sighting_id} ({s.class_name}): {state}{relabel}",
+                "by": s.decided_by.display_name if s.HasField("decided_by") else "",
+            }
+        )
+    return rows
 
 
 DECISIONS = {
@@ -818,14 +928,20 @@ def bucket_export(
     review: list[str] = typer.Option([], help="review states (default: accepted only)"),
     class_name: str = typer.Option("", "--class", help="only items with a box of this class"),
     camera: str = typer.Option("", help="only this camera's items"),
+    run_id: str = RUN_OPTION,
+    min_score: float | None = MIN_SCORE_OPTION,
+    max_score: float | None = MAX_SCORE_OPTION,
 ) -> None:
     """Export a bucket as a COCO or YOLO tar archive (PreviewService.ExportBucket; needs
     --preview / WORKSHOP_PREVIEW)."""
     opts = options(ctx)
     if format not in FORMATS:
         raise typer.BadParameter("must be coco or yolo", param_hint="--format")
+    wanted = _filter(
+        review, class_name, camera, run_id=run_id, min_score=min_score, max_score=max_score
+    )
     request = preview_pb2.ExportBucketRequest(
-        bucket_id=bucket_id, format=FORMATS[format], filter=_filter(review, class_name, camera)
+        bucket_id=bucket_id, format=FORMATS[format], filter=wanted
     )
 
     async def call(channel: grpc.aio.Channel, md: Metadata) -> dict[str, Any]:

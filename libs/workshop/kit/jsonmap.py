@@ -53,9 +53,11 @@ import functools
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from decimal import ROUND_HALF_EVEN, Decimal
 from importlib import resources
+from math import isfinite
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from google.protobuf import descriptor_pb2
@@ -65,6 +67,7 @@ from google.protobuf.message import Message
 from workshop.kit import limits
 from workshop.kit.bounds import shortened
 from workshop.kit.errors import InvalidArgument
+from workshop.kit.jsonmap_writers import ARRAY, MAP, SINGLE, FieldPlan, Writer, compile_writer
 from workshop.kit.requests import (
     DURATION_MAX_SECONDS,
     NANOS_PER_SECOND,
@@ -159,7 +162,7 @@ class _Wrong(Exception):
 
 # --- layouts: which fields a body has, under which keys -------------------------------
 
-_SINGLE, _ARRAY, _MAP = range(3)
+_SINGLE, _ARRAY, _MAP = SINGLE, ARRAY, MAP  # a slot's shape, as the writers read it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,7 +176,6 @@ class _Slot:
     shape: int  # _SINGLE, _ARRAY or _MAP
     presence: bool  # in a response only when set
     oneof: tuple[str, ...]  # proto names of the members of its real oneof; () outside one
-    out: Callable[[Any], Any] | None  # one value to JSON; None where it is JSON already
 
 
 def _key(rename: Mapping[str, str] | None, exclude: Collection[str]) -> tuple[Any, ...]:
@@ -226,9 +228,8 @@ def _fields(descriptor: Descriptor) -> Layout:
         _check_type(held)
         shape = _MAP if held is not field else _ARRAY if field.is_repeated else _SINGLE
         oneof = groups.get(field.name, ())
-        out = _converter(held)
         layout[field.name] = _Slot(
-            field.name, field.name, field, held, shape, field.has_presence, oneof, out
+            field.name, field.name, field, held, shape, field.has_presence, oneof
         )
     return layout
 
@@ -306,57 +307,86 @@ def to_json(
 ) -> dict[str, Any]:
     """The response body of `message` (see the module docstring); ValueError for a value
     no JSON can carry (a non-finite float, a Timestamp or Duration out of range)."""
-    return _object_out(message, _layout(message.DESCRIPTOR, *_key(rename, exclude)))
+    return _body_writer(message.DESCRIPTOR, *_key(rename, exclude))(message)
 
 
-def _object_out(message: Message, layout: Layout) -> dict[str, Any]:
-    body: dict[str, Any] = {}
-    for slot in layout.values():
-        if slot.presence and not message.HasField(slot.name):
-            continue
-        value = getattr(message, slot.name)
-        out = slot.out
-        if slot.shape == _MAP:
-            body[slot.key] = dict(value) if out is None else {k: out(v) for k, v in value.items()}
-        elif slot.shape == _ARRAY:
-            body[slot.key] = list(value) if out is None else [out(item) for item in value]
-        else:
-            body[slot.key] = value if out is None else out(value)
-    return body
+@functools.cache
+def _body_writer(
+    descriptor: Descriptor, rename: tuple[tuple[str, str], ...], exclude: frozenset[str]
+) -> Writer:
+    return _writer(descriptor.full_name, _layout(descriptor, rename, exclude))
 
 
-def _converter(field: FieldDescriptor) -> Callable[[Any], Any] | None:
-    """How one value of `field` becomes JSON; None where the Python value is JSON already."""
-    if field.message_type is not None:
-        return _message_out
+# Each message's writer, and the messages whose writer is being made: a field of one of
+# them (a recursive message) finds the writer when it runs, not while it is made. Made
+# under a lock (re-entered by the nested messages' making), so a thread never sees a
+# writer half made.
+_writers: dict[Descriptor, Writer] = {}
+_making: set[Descriptor] = set()
+_making_lock = threading.RLock()
+
+
+def _message_writer(descriptor: Descriptor) -> Writer:
+    """A nested message's writer (Timestamp and Duration are values: _value_out)."""
+    made = _writers.get(descriptor)
+    if made is not None:
+        return made
+    with _making_lock:
+        made = _writers.get(descriptor)
+        if made is not None:
+            return made
+        if descriptor in _making:
+            return lambda message: _writers[descriptor](message)
+        _making.add(descriptor)
+        try:
+            made = _writers[descriptor] = _writer(descriptor.full_name, _fields(descriptor))
+        finally:
+            _making.discard(descriptor)
+        return made
+
+
+def _writer(title: str, layout: Layout) -> Writer:
+    return compile_writer(
+        title,
+        [
+            FieldPlan(slot.key, slot.name, slot.shape, slot.presence, _value_out(slot.held))
+            for slot in layout.values()
+        ],
+    )
+
+
+def _value_out(field: FieldDescriptor) -> Callable[[Any], Any] | None:
+    """How one value of `field` becomes JSON; None where the Python value is JSON already.
+    A nested message's writer and an enum's names are found once, here."""
+    message = field.message_type
+    if message is not None:
+        if message.full_name == TIMESTAMP:
+            return lambda value: _timestamp_out(value.seconds, value.nanos)
+        if message.full_name == DURATION:
+            return lambda value: _duration_out(value.seconds, value.nanos)
+        return _message_writer(message)
     if field.enum_type is not None:
-        return functools.partial(enum_word, field.enum_type)
+        names = _enum_names(field.enum_type)
+        zero = names[field.enum_type.values[0].number]
+        return lambda number: names.get(number) or zero
     if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
-        return functools.partial(_finite_out, field.full_name)
+        return _finite_out(field.full_name)
     if field.type == _F.TYPE_BYTES:
         return _base64_out
     return None
 
 
-def _finite_out(name: str, value: float) -> float:
-    if not math.isfinite(value):
+def _finite_out(name: str) -> Callable[[float], float]:
+    def finite(value: float) -> float:
+        if isfinite(value):
+            return value
         raise ValueError(f"{name} is {value}, which JSON cannot carry")
-    return value
+
+    return finite
 
 
 def _base64_out(value: bytes) -> str:
     return base64.b64encode(value).decode("ascii")
-
-
-def _message_out(message: Message) -> Any:
-    name = message.DESCRIPTOR.full_name
-    seconds: int = getattr(message, "seconds", 0)
-    nanos: int = getattr(message, "nanos", 0)
-    if name == TIMESTAMP:
-        return _timestamp_out(seconds, nanos)
-    if name == DURATION:
-        return _duration_out(seconds, nanos)
-    return _object_out(message, _fields(message.DESCRIPTOR))
 
 
 def _timestamp_out(seconds: int, nanos: int) -> str:

@@ -1197,10 +1197,21 @@ class BucketItemFilter(_message.Message):
     CAMERA_ID_FIELD_NUMBER: _builtins.int
     FRAME_TIME_FROM_FIELD_NUMBER: _builtins.int
     FRAME_TIME_TO_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    MIN_SCORE_FIELD_NUMBER: _builtins.int
+    MAX_SCORE_FIELD_NUMBER: _builtins.int
     class_name: _builtins.str
     """Only items with a box of this class (after relabels); empty means any."""
     camera_id: _builtins.str
     """Only items of this camera; empty means any."""
+    run_id: _builtins.str
+    """Only items of this run; empty means any."""
+    min_score: _builtins.float
+    """Only items whose score (the highest detected score of their boxes as the model gave them, before
+    corrections; 0 for an item without boxes) is at least this.
+    """
+    max_score: _builtins.float
+    """Only items whose score is at most this."""
     @_builtins.property
     def review_states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.ReviewState.ValueType]:
         """Review states to include; empty means every state."""
@@ -1221,19 +1232,30 @@ class BucketItemFilter(_message.Message):
         camera_id: _builtins.str = ...,
         frame_time_from: _timestamp_pb2.Timestamp | None = ...,
         frame_time_to: _timestamp_pb2.Timestamp | None = ...,
+        run_id: _builtins.str = ...,
+        min_score: _builtins.float | None = ...,
+        max_score: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "_max_score", b"_max_score", "_min_score", b"_min_score", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to", "max_score", b"max_score", "min_score", b"min_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "camera_id", b"camera_id", "class_name", b"class_name", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to", "review_states", b"review_states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from", "_frame_time_to", b"_frame_time_to", "_max_score", b"_max_score", "_min_score", b"_min_score", "camera_id", b"camera_id", "class_name", b"class_name", "frame_time_from", b"frame_time_from", "frame_time_to", b"frame_time_to", "max_score", b"max_score", "min_score", b"min_score", "review_states", b"review_states", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__frame_time_from: _TypeAlias = _typing.Literal["frame_time_from"]  # noqa: Y015
     _WhichOneofArgType__frame_time_from: _TypeAlias = _typing.Literal["_frame_time_from", b"_frame_time_from"]  # noqa: Y015
     _WhichOneofReturnType__frame_time_to: _TypeAlias = _typing.Literal["frame_time_to"]  # noqa: Y015
     _WhichOneofArgType__frame_time_to: _TypeAlias = _typing.Literal["_frame_time_to", b"_frame_time_to"]  # noqa: Y015
+    _WhichOneofReturnType__max_score: _TypeAlias = _typing.Literal["max_score"]  # noqa: Y015
+    _WhichOneofArgType__max_score: _TypeAlias = _typing.Literal["_max_score", b"_max_score"]  # noqa: Y015
+    _WhichOneofReturnType__min_score: _TypeAlias = _typing.Literal["min_score"]  # noqa: Y015
+    _WhichOneofArgType__min_score: _TypeAlias = _typing.Literal["_min_score", b"_min_score"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_time_from) -> _WhichOneofReturnType__frame_time_from | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__frame_time_to) -> _WhichOneofReturnType__frame_time_to | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_score) -> _WhichOneofReturnType__max_score | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_score) -> _WhichOneofReturnType__min_score | None: ...
 
 Global___BucketItemFilter: _TypeAlias = BucketItemFilter  # noqa: Y015
 

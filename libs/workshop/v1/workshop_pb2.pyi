@@ -1509,6 +1509,177 @@ class ListBucketItemsResponse(_message.Message):
 Global___ListBucketItemsResponse: _TypeAlias = ListBucketItemsResponse  # noqa: Y015
 
 @_typing.final
+class GetBucketItemRequest(_message.Message):
+    """Get one bucket item with its history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    """Bucket item id (from ListBucketItems, GetReview or GetReviewQueue)."""
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item_id", b"item_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBucketItemRequest: _TypeAlias = GetBucketItemRequest  # noqa: Y015
+
+@_typing.final
+class GetBucketItemResponse(_message.Message):
+    """A bucket item and how it came to be as it is: result, corrections, decisions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    CORRECTIONS_FIELD_NUMBER: _builtins.int
+    ITEM_DECISIONS_FIELD_NUMBER: _builtins.int
+    SIGHTINGS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def item(self) -> _run_pb2.BucketItem:
+        """The item as ListBucketItems shows it (boxes as detected, the correction and item decision in force,
+        the boxes after review).
+        """
+
+    @_builtins.property
+    def corrections(self) -> _containers.RepeatedCompositeFieldContainer[Global___CorrectionEntry]:
+        """Every correction of its boxes and every undo of one, oldest first."""
+
+    @_builtins.property
+    def item_decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ItemDecisionEntry]:
+        """Every decision on the item alone, oldest first; one with review_state unspecified cleared the one
+        before (the item followed its sightings again).
+        """
+
+    @_builtins.property
+    def sightings(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.Sighting]:
+        """The sightings its boxes belong to, in box order, with their decision, who made it last and when."""
+
+    def __init__(
+        self,
+        *,
+        item: _run_pb2.BucketItem | None = ...,
+        corrections: _abc.Iterable[Global___CorrectionEntry] | None = ...,
+        item_decisions: _abc.Iterable[Global___ItemDecisionEntry] | None = ...,
+        sightings: _abc.Iterable[_run_pb2.Sighting] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrections", b"corrections", "item", b"item", "item_decisions", b"item_decisions", "sightings", b"sightings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBucketItemResponse: _TypeAlias = GetBucketItemResponse  # noqa: Y015
+
+@_typing.final
+class CorrectionEntry(_message.Message):
+    """A correction of an item's boxes as logged."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    BOXES_FIELD_NUMBER: _builtins.int
+    CORRECTED_BY_FIELD_NUMBER: _builtins.int
+    CORRECTED_AT_FIELD_NUMBER: _builtins.int
+    UNDONE_BY_FIELD_NUMBER: _builtins.int
+    UNDONE_AT_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The item's revision it made."""
+    @_builtins.property
+    def boxes(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.CorrectedBox]:
+        """The boxes it put in force, in order."""
+
+    @_builtins.property
+    def corrected_by(self) -> _common_pb2.Principal:
+        """Who made it."""
+
+    @_builtins.property
+    def corrected_at(self) -> _timestamp_pb2.Timestamp:
+        """When (UTC)."""
+
+    @_builtins.property
+    def undone_by(self) -> _common_pb2.Principal:
+        """Who undid it; absent unless undone (the boxes before it came back then)."""
+
+    @_builtins.property
+    def undone_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was undone (UTC); absent unless undone."""
+
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        boxes: _abc.Iterable[_run_pb2.CorrectedBox] | None = ...,
+        corrected_by: _common_pb2.Principal | None = ...,
+        corrected_at: _timestamp_pb2.Timestamp | None = ...,
+        undone_by: _common_pb2.Principal | None = ...,
+        undone_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_undone_at", b"_undone_at", "_undone_by", b"_undone_by", "corrected_at", b"corrected_at", "corrected_by", b"corrected_by", "undone_at", b"undone_at", "undone_by", b"undone_by"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_undone_at", b"_undone_at", "_undone_by", b"_undone_by", "boxes", b"boxes", "corrected_at", b"corrected_at", "corrected_by", b"corrected_by", "revision", b"revision", "undone_at", b"undone_at", "undone_by", b"undone_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__undone_at: _TypeAlias = _typing.Literal["undone_at"]  # noqa: Y015
+    _WhichOneofArgType__undone_at: _TypeAlias = _typing.Literal["_undone_at", b"_undone_at"]  # noqa: Y015
+    _WhichOneofReturnType__undone_by: _TypeAlias = _typing.Literal["undone_by"]  # noqa: Y015
+    _WhichOneofArgType__undone_by: _TypeAlias = _typing.Literal["_undone_by", b"_undone_by"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__undone_at) -> _WhichOneofReturnType__undone_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__undone_by) -> _WhichOneofReturnType__undone_by | None: ...
+
+Global___CorrectionEntry: _TypeAlias = CorrectionEntry  # noqa: Y015
+
+@_typing.final
+class ItemDecisionEntry(_message.Message):
+    """A decision on one item as logged."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    REVIEW_STATE_FIELD_NUMBER: _builtins.int
+    RELABEL_CLASS_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The item's revision it made."""
+    review_state: _common_pb2.ReviewState.ValueType
+    """ACCEPTED or REJECTED; unspecified for a clear (the item followed its sightings again)."""
+    relabel_class: _builtins.str
+    """RELABEL: the class its boxes were accepted as; absent otherwise."""
+    @_builtins.property
+    def decided_by(self) -> _common_pb2.Principal:
+        """Who decided."""
+
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When (UTC)."""
+
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        review_state: _common_pb2.ReviewState.ValueType = ...,
+        relabel_class: _builtins.str | None = ...,
+        decided_by: _common_pb2.Principal | None = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class", "decided_at", b"decided_at", "decided_by", b"decided_by", "relabel_class", b"relabel_class", "review_state", b"review_state", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__relabel_class: _TypeAlias = _typing.Literal["relabel_class"]  # noqa: Y015
+    _WhichOneofArgType__relabel_class: _TypeAlias = _typing.Literal["_relabel_class", b"_relabel_class"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__relabel_class) -> _WhichOneofReturnType__relabel_class | None: ...
+
+Global___ItemDecisionEntry: _TypeAlias = ItemDecisionEntry  # noqa: Y015
+
+@_typing.final
 class SightingFilter(_message.Message):
     """Which of a bucket's sightings (GetReviewQueue, BulkDecideSightings): every field set must match."""
 

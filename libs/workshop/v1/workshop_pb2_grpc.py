@@ -177,6 +177,11 @@ class WorkshopServiceStub:
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsRequest.SerializeToString,
                 response_deserializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsResponse.FromString,
                 _registered_method=True)
+        self.GetBucketItem = channel.unary_unary(
+                '/workshop.v1.WorkshopService/GetBucketItem',
+                request_serializer=workshop_dot_v1_dot_workshop__pb2.GetBucketItemRequest.SerializeToString,
+                response_deserializer=workshop_dot_v1_dot_workshop__pb2.GetBucketItemResponse.FromString,
+                _registered_method=True)
         self.RequestPhoto = channel.unary_unary(
                 '/workshop.v1.WorkshopService/RequestPhoto',
                 request_serializer=workshop_dot_v1_dot_workshop__pb2.RequestPhotoRequest.SerializeToString,
@@ -436,10 +441,22 @@ class WorkshopServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListBucketItems(self, request, context):
-        """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
-        and frame time. A footage:read key sees only its cameras' items.
+        """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera,
+        run, frame time and score. A footage:read key sees only its cameras' items.
         Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
         or of another listing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBucketItem(self, request, context):
+        """Returns one bucket item with its history: the boxes as detected (item.boxes, never changed), every
+        correction and undo of them, every decision on the item alone (cleared ones included), and the
+        sightings its boxes belong to with their decision, who made it and when. The versions holding the
+        item are DatasetService.ListItemVersions'. Errors: INVALID_ARGUMENT reason INVALID_FIELD (item_id
+        empty or not an id), NOT_FOUND (no such item), PERMISSION_DENIED (an item of a camera a
+        camera-bound key does not reach).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -590,6 +607,11 @@ def add_WorkshopServiceServicer_to_server(servicer, server):
                     servicer.ListBucketItems,
                     request_deserializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsRequest.FromString,
                     response_serializer=workshop_dot_v1_dot_workshop__pb2.ListBucketItemsResponse.SerializeToString,
+            ),
+            'GetBucketItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBucketItem,
+                    request_deserializer=workshop_dot_v1_dot_workshop__pb2.GetBucketItemRequest.FromString,
+                    response_serializer=workshop_dot_v1_dot_workshop__pb2.GetBucketItemResponse.SerializeToString,
             ),
             'RequestPhoto': grpc.unary_unary_rpc_method_handler(
                     servicer.RequestPhoto,
@@ -1295,6 +1317,33 @@ class WorkshopService:
             '/workshop.v1.WorkshopService/ListBucketItems',
             workshop_dot_v1_dot_workshop__pb2.ListBucketItemsRequest.SerializeToString,
             workshop_dot_v1_dot_workshop__pb2.ListBucketItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBucketItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workshop.v1.WorkshopService/GetBucketItem',
+            workshop_dot_v1_dot_workshop__pb2.GetBucketItemRequest.SerializeToString,
+            workshop_dot_v1_dot_workshop__pb2.GetBucketItemResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -179,10 +179,18 @@ class WorkshopServiceStub:
     Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
     """
     ListBucketItems: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.ListBucketItemsRequest, _workshop_pb2.ListBucketItemsResponse]
-    """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
-    and frame time. A footage:read key sees only its cameras' items.
+    """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera,
+    run, frame time and score. A footage:read key sees only its cameras' items.
     Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
     or of another listing).
+    """
+    GetBucketItem: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.GetBucketItemRequest, _workshop_pb2.GetBucketItemResponse]
+    """Returns one bucket item with its history: the boxes as detected (item.boxes, never changed), every
+    correction and undo of them, every decision on the item alone (cleared ones included), and the
+    sightings its boxes belong to with their decision, who made it and when. The versions holding the
+    item are DatasetService.ListItemVersions'. Errors: INVALID_ARGUMENT reason INVALID_FIELD (item_id
+    empty or not an id), NOT_FOUND (no such item), PERMISSION_DENIED (an item of a camera a
+    camera-bound key does not reach).
     """
     RequestPhoto: _grpc.UnaryUnaryMultiCallable[_workshop_pb2.RequestPhotoRequest, _workshop_pb2.RequestPhotoResponse]
     """Requests a still frame of a camera at an instant: a one-frame test with no model from the newest
@@ -343,10 +351,18 @@ class WorkshopServiceAsyncStub(WorkshopServiceStub):
     Errors: INVALID_ARGUMENT (unknown time zone, days outside 1..366).
     """
     ListBucketItems: _aio.UnaryUnaryMultiCallable[_workshop_pb2.ListBucketItemsRequest, _workshop_pb2.ListBucketItemsResponse]  # type: ignore[assignment]
-    """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
-    and frame time. A footage:read key sees only its cameras' items.
+    """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera,
+    run, frame time and score. A footage:read key sees only its cameras' items.
     Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
     or of another listing).
+    """
+    GetBucketItem: _aio.UnaryUnaryMultiCallable[_workshop_pb2.GetBucketItemRequest, _workshop_pb2.GetBucketItemResponse]  # type: ignore[assignment]
+    """Returns one bucket item with its history: the boxes as detected (item.boxes, never changed), every
+    correction and undo of them, every decision on the item alone (cleared ones included), and the
+    sightings its boxes belong to with their decision, who made it and when. The versions holding the
+    item are DatasetService.ListItemVersions'. Errors: INVALID_ARGUMENT reason INVALID_FIELD (item_id
+    empty or not an id), NOT_FOUND (no such item), PERMISSION_DENIED (an item of a camera a
+    camera-bound key does not reach).
     """
     RequestPhoto: _aio.UnaryUnaryMultiCallable[_workshop_pb2.RequestPhotoRequest, _workshop_pb2.RequestPhotoResponse]  # type: ignore[assignment]
     """Requests a still frame of a camera at an instant: a one-frame test with no model from the newest
@@ -654,10 +670,24 @@ class WorkshopServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _workshop_pb2.ListBucketItemsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workshop_pb2.ListBucketItemsResponse, _abc.Awaitable[_workshop_pb2.ListBucketItemsResponse]]:
-        """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera
-        and frame time. A footage:read key sees only its cameras' items.
+        """Lists a bucket's items, oldest frame first, filtered by review state, class (after relabels), camera,
+        run, frame time and score. A footage:read key sees only its cameras' items.
         Errors: NOT_FOUND (bucket), INVALID_ARGUMENT (bad filter, page_size over 1000, page_token malformed
         or of another listing).
+        """
+
+    @_abc_1.abstractmethod
+    def GetBucketItem(
+        self,
+        request: _workshop_pb2.GetBucketItemRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workshop_pb2.GetBucketItemResponse, _abc.Awaitable[_workshop_pb2.GetBucketItemResponse]]:
+        """Returns one bucket item with its history: the boxes as detected (item.boxes, never changed), every
+        correction and undo of them, every decision on the item alone (cleared ones included), and the
+        sightings its boxes belong to with their decision, who made it and when. The versions holding the
+        item are DatasetService.ListItemVersions'. Errors: INVALID_ARGUMENT reason INVALID_FIELD (item_id
+        empty or not an id), NOT_FOUND (no such item), PERMISSION_DENIED (an item of a camera a
+        camera-bound key does not reach).
         """
 
     @_abc_1.abstractmethod

@@ -19,7 +19,8 @@ def check_id(field: str, value: str) -> str:
         shown = repr(value) if value else "empty"
         raise InvalidField(
             f"{field} must be 1-128 characters of letters, digits, '.', '_' or '-', "
-            f"starting with a letter or digit (got {shown})."
+            f"starting with a letter or digit (got {shown}).",
+            metadata={"field": field},
         )
     return value
 

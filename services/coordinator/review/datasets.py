@@ -107,14 +107,23 @@ class Diff:
 
 
 def filter_json(wanted: ItemFilter) -> dict[str, Any]:
-    """The filter as a version stores it, and as its content hashes it (canonical JSON)."""
-    return {
+    """The filter as a version stores it, and as its content hashes it (canonical JSON).
+    The run and the score range only when set: a version frozen again without them keeps
+    the id it had before they existed."""
+    stored: dict[str, Any] = {
         "review_states": list(wanted.review_states),
         "class_name": wanted.class_name,
         "camera_id": wanted.camera_id,
         "frame_time_from": _iso(wanted.frame_time_from),
         "frame_time_to": _iso(wanted.frame_time_to),
     }
+    if wanted.run_id:
+        stored["run_id"] = wanted.run_id
+    if wanted.min_score is not None:
+        stored["min_score"] = wanted.min_score
+    if wanted.max_score is not None:
+        stored["max_score"] = wanted.max_score
+    return stored
 
 
 def _iso(moment: datetime | None) -> str:
@@ -211,8 +220,11 @@ class DatasetsApi:
                         review_states=list(wanted.review_states),
                         class_name=wanted.class_name or None,
                         camera_id=wanted.camera_id or None,
+                        run_id=wanted.run_id or None,
                         frame_time_from=wanted.frame_time_from,
                         frame_time_to=wanted.frame_time_to,
+                        min_score=wanted.min_score,
+                        max_score=wanted.max_score,
                         filter=canonical(filter_json(wanted)),
                         name=name,
                         created_by=who.to_json(),

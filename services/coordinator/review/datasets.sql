@@ -13,7 +13,7 @@
 -- a fraction of 16^13, are below val_fraction. The classes are the bucket's (as exports
 -- list them) and the version's boxes', sorted. Answers the version id and whether this
 -- call made it (false: a version with this content existed; nothing was written).
--- nullable: review_states, class_name, camera_id, frame_time_from, frame_time_to
+-- nullable: review_states, class_name, camera_id, run_id, frame_time_from, frame_time_to, min_score, max_score
 WITH picked AS MATERIALIZED (
     SELECT bi.item_id, bi.object_key, bi.sha256, bi.camera_id, bi.frame_time,
            coalesce(b.boxes, '[]'::jsonb) AS boxes,
@@ -41,8 +41,11 @@ WITH picked AS MATERIALIZED (
                                                  bi.item_relabel) r
               WHERE r.class_name = :class_name))
       AND (:camera_id::text IS NULL OR bi.camera_id = :camera_id)
+      AND (:run_id::text IS NULL OR bi.run_id = :run_id)
       AND (:frame_time_from::timestamptz IS NULL OR bi.frame_time >= :frame_time_from)
       AND (:frame_time_to::timestamptz IS NULL OR bi.frame_time < :frame_time_to)
+      AND (:min_score::real IS NULL OR bucket_item_score_v1(bi.boxes) >= :min_score)
+      AND (:max_score::real IS NULL OR bucket_item_score_v1(bi.boxes) <= :max_score)
 ), classes AS (
     SELECT coalesce(array_agg(u.class_name ORDER BY u.class_name), '{}') AS classes
     FROM (

@@ -25,8 +25,11 @@ class DatasetVersionFreeze(Params):
     review_states: Sequence[str] | None
     class_name: str | None
     camera_id: str | None
+    run_id: str | None
     frame_time_from: datetime | None
     frame_time_to: datetime | None
+    min_score: float | None
+    max_score: float | None
     filter: str
     name: str
     created_by: object

@@ -193,8 +193,10 @@ SELECT bucket_id FROM buckets_live_v1() WHERE bucket_id = $1;
 -- name: bucket_items_page
 -- A page of a bucket's items, oldest frame first, after the key (after_frame_time,
 -- after_item_id), filtered by review states, class after corrections and relabels, camera (camera_id, or
--- the cameras the reader may see) and frame time [frame_time_from, frame_time_to).
--- nullable: review_states, class_name, camera_id, cameras, frame_time_from, frame_time_to
+-- the cameras the reader may see), run, frame time [frame_time_from, frame_time_to) and score
+-- in [min_score, max_score] (the highest detected score of its boxes, 0 without boxes, as a
+-- sighting's score is).
+-- nullable: review_states, class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
        NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
@@ -211,8 +213,11 @@ WHERE bi.bucket_id = :bucket_id::text
           WHERE r.class_name = :class_name))
   AND (:camera_id::text IS NULL OR bi.camera_id = :camera_id)
   AND (:cameras::text[] IS NULL OR bi.camera_id = ANY (:cameras))
+  AND (:run_id::text IS NULL OR bi.run_id = :run_id)
   AND (:frame_time_from::timestamptz IS NULL OR bi.frame_time >= :frame_time_from)
   AND (:frame_time_to::timestamptz IS NULL OR bi.frame_time < :frame_time_to)
+  AND (:min_score::real IS NULL OR bucket_item_score_v1(bi.boxes) >= :min_score)
+  AND (:max_score::real IS NULL OR bucket_item_score_v1(bi.boxes) <= :max_score)
   AND (bi.frame_time, bi.item_id) > (:after_frame_time::timestamptz, :after_item_id::text)
 ORDER BY bi.frame_time, bi.item_id
 LIMIT :limit::bigint;
@@ -324,6 +329,16 @@ VALUES (:item_id::text, :revision::integer, :previous::jsonb, :boxes::jsonb,
 SELECT revision, boxes, corrected_by, corrected_at FROM box_corrections
 WHERE item_id = $1 AND undone_at IS NULL
 ORDER BY revision DESC LIMIT 2;
+
+-- name: item_correction_log
+-- Every correction of the item and its undo, oldest first (GetBucketItem's history).
+SELECT revision, boxes, corrected_by, corrected_at, undone_by, undone_at FROM box_corrections
+WHERE item_id = $1 ORDER BY revision;
+
+-- name: item_decision_log
+-- Every decision on the item alone, oldest first (review_state NULL: a clear).
+SELECT revision, review_state, relabel_class, decided_by, decided_at FROM item_decisions
+WHERE item_id = $1 ORDER BY revision;
 
 -- name: item_correction_undone
 UPDATE box_corrections SET undone_by = $3::jsonb, undone_at = $4

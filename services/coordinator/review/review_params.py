@@ -102,8 +102,11 @@ class BucketItemsPage(Params):
     class_name: str | None
     camera_id: str | None
     cameras: Sequence[str] | None
+    run_id: str | None
     frame_time_from: datetime | None
     frame_time_to: datetime | None
+    min_score: float | None
+    max_score: float | None
     after_frame_time: datetime
     after_item_id: str
     limit: int

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -477,6 +478,9 @@ class ItemFilter:
     camera_id: str = ""
     frame_time_from: datetime | None = None
     frame_time_to: datetime | None = None
+    run_id: str = ""
+    min_score: float | None = None  # the highest detected score of its boxes (0: none)
+    max_score: float | None = None
 
     def fingerprint(self, bucket_id: str) -> str:
         """What a page token is bound to, so a token of another listing is refused."""
@@ -490,6 +494,10 @@ class ItemFilter:
                 self.frame_time_to.isoformat() if self.frame_time_to else "",
             )
         )
+        later = (self.run_id, self.min_score, self.max_score)
+        if later != ("", None, None):
+            # only when set: the tokens of the filters from before these fields stay valid
+            text += "|" + json.dumps(later)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -1071,8 +1079,11 @@ class ReviewApi:
                         class_name=wanted.class_name or None,
                         camera_id=wanted.camera_id or None,
                         cameras=sorted(cameras) if cameras is not None else None,
+                        run_id=wanted.run_id or None,
                         frame_time_from=wanted.frame_time_from,
                         frame_time_to=wanted.frame_time_to,
+                        min_score=wanted.min_score,
+                        max_score=wanted.max_score,
                         after_frame_time=(after or FIRST_KEY).frame_time,
                         after_item_id=(after or FIRST_KEY).item_id,
                         limit=limit + 1,
@@ -1169,7 +1180,7 @@ class ReviewApi:
                     )
                 )
             )
-            return await _item_view(connection, item_id)
+            return await item_view_of(connection, item_id)
 
     async def undo_correction(
         self, who: Principal, item_id: str, expected_revision: int | None
@@ -1200,7 +1211,7 @@ class ReviewApi:
             await connection.execute(
                 sql("review", "item_correction_undone"), item_id, in_force[0].revision, by, now
             )
-            return await _item_view(connection, item_id)
+            return await item_view_of(connection, item_id)
 
     async def decide_item(
         self,
@@ -1240,7 +1251,7 @@ class ReviewApi:
                     )
                 )
             )
-            return await _item_view(connection, item_id)
+            return await item_view_of(connection, item_id)
 
     async def _revise(
         self,
@@ -1459,7 +1470,7 @@ async def _lock_item(
     return locked
 
 
-async def _item_view(connection: Connection, item_id: str) -> ItemView:
+async def item_view_of(connection: Connection, item_id: str) -> ItemView:
     item = await fetch_one(connection, ItemRow, sql("review", "item_get"), item_id)
     assert item is not None
     boxes = await items_boxes(connection, [item_id])

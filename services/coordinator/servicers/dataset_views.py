@@ -40,6 +40,9 @@ def item_filter(stored: dict[str, Any]) -> run_pb2.BucketItemFilter:
         review_states=[views.STATES[state] for state in stored.get("review_states", ())],
         class_name=stored.get("class_name", ""),
         camera_id=stored.get("camera_id", ""),
+        run_id=stored.get("run_id", ""),
+        min_score=stored.get("min_score"),
+        max_score=stored.get("max_score"),
     )
     for field in ("frame_time_from", "frame_time_to"):
         if stored.get(field):

@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from google.protobuf import json_format
 
@@ -26,6 +27,7 @@ from services.coordinator.leases.jobs import Lease, job_id, lease_from
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.previews.publication import PreviewRecord, Recorded
 from services.coordinator.review import queue, reviews
+from services.coordinator.review.history import ItemHistory
 from services.coordinator.review.reviews import (
     BoxRow,
     ItemFilter,
@@ -154,19 +156,44 @@ def _states_and_times(
     return states, start, end
 
 
+def _names_and_scores(
+    value: run_pb2.BucketItemFilter | ws.SightingFilter,
+) -> tuple[float | None, float | None]:
+    """Checks a filter's class, camera and run (their length) and answers its score range
+    (min_score, max_score), as the item and the sighting filters share them."""
+    for field in ("class_name", "camera_id", "run_id"):
+        if len(getattr(value, field)) > reviews.MAX_CLASS_LENGTH:
+            raise InvalidField(
+                f"filter.{field} is at most {reviews.MAX_CLASS_LENGTH} characters.",
+                metadata={"field": f"filter.{field}"},
+            )
+    low = value.min_score if value.HasField("min_score") else None
+    high = value.max_score if value.HasField("max_score") else None
+    for field, found in (("min_score", low), ("max_score", high)):
+        if found is not None and not math.isfinite(found):
+            raise InvalidField(
+                f"filter.{field} must be a number.", metadata={"field": f"filter.{field}"}
+            )
+    if low is not None and high is not None and high < low:
+        raise InvalidField(
+            "filter.max_score must be at least filter.min_score.",
+            metadata={"field": "filter.max_score"},
+        )
+    return low, high
+
+
 def item_filter(value: run_pb2.BucketItemFilter) -> ItemFilter:
     states, start, end = _states_and_times(value)
-    if len(value.class_name) > reviews.MAX_CLASS_LENGTH:
-        raise InvalidField(
-            f"filter.class_name is at most {reviews.MAX_CLASS_LENGTH} characters.",
-            metadata={"field": "filter.class_name"},
-        )
+    low, high = _names_and_scores(value)
     return ItemFilter(
         review_states=tuple(sorted(states)),
         class_name=value.class_name,
         camera_id=value.camera_id,
         frame_time_from=start,
         frame_time_to=end,
+        run_id=value.run_id,
+        min_score=low,
+        max_score=high,
     )
 
 
@@ -210,13 +237,7 @@ def fill_bucket_item(
     if row.corrected_boxes is not None:
         correction = target.correction
         correction.SetInParent()
-        for stored in row.corrected_boxes:
-            corrected = correction.boxes.add(source_box_index=int(stored["source"]))
-            corrected.box.class_name = stored["class_name"]
-            corrected.box.x = stored["x"]
-            corrected.box.y = stored["y"]
-            corrected.box.w = stored["w"]
-            corrected.box.h = stored["h"]
+        correction.boxes.extend(corrected_boxes(row.corrected_boxes))
         if row.corrected_by is not None:
             correction.corrected_by.CopyFrom(auth.principal_proto(row.corrected_by))
         if row.corrected_at is not None:
@@ -248,6 +269,48 @@ def item_view(view: ItemView) -> run_pb2.BucketItem:
     target = run_pb2.BucketItem()
     fill_bucket_item(target, view.item, view.boxes, view.reviewed)
     return target
+
+
+def item_history(history: ItemHistory) -> ws.GetBucketItemResponse:
+    """GetBucketItem's answer: the item, its correction and item decision logs, its
+    sightings."""
+    answer = ws.GetBucketItemResponse(
+        item=item_view(history.view),
+        sightings=[sighting(row) for row in history.sightings],
+    )
+    for logged in history.corrections:
+        entry = answer.corrections.add(
+            revision=logged.revision,
+            boxes=corrected_boxes(logged.boxes or ()),
+            corrected_by=auth.principal_proto(logged.corrected_by),
+            corrected_at=convert.ts(logged.corrected_at),
+        )
+        if logged.undone_by is not None:
+            entry.undone_by.CopyFrom(auth.principal_proto(logged.undone_by))
+        if logged.undone_at is not None:
+            convert.set_ts(entry.undone_at, logged.undone_at)
+    for decided in history.decisions:
+        answer.item_decisions.add(
+            revision=decided.revision,
+            review_state=STATES[decided.review_state] if decided.review_state else 0,
+            relabel_class=decided.relabel_class,
+            decided_by=auth.principal_proto(decided.decided_by),
+            decided_at=convert.ts(decided.decided_at),
+        )
+    return answer
+
+
+def corrected_boxes(stored: Iterable[dict[str, Any]]) -> list[run_pb2.CorrectedBox]:
+    """A correction's boxes as stored ({"source", "class_name", "x", "y", "w", "h"})."""
+    return [
+        run_pb2.CorrectedBox(
+            source_box_index=int(box["source"]),
+            box=common_pb2.Box(
+                class_name=box["class_name"], x=box["x"], y=box["y"], w=box["w"], h=box["h"]
+            ),
+        )
+        for box in stored
+    ]
 
 
 def fill_box_row(target: common_pb2.Box, box: BoxRow) -> None:
@@ -362,24 +425,7 @@ def queue_order(value: ws.QueueOrder.ValueType) -> str:
 def sighting_filter(value: ws.SightingFilter) -> queue.SightingFilter:
     """A queue's or a bulk decision's filter; INVALID_ARGUMENT naming the field."""
     states, start, end = _states_and_times(value)
-    for field in ("class_name", "camera_id", "run_id"):
-        if len(getattr(value, field)) > reviews.MAX_CLASS_LENGTH:
-            raise InvalidField(
-                f"filter.{field} is at most {reviews.MAX_CLASS_LENGTH} characters.",
-                metadata={"field": f"filter.{field}"},
-            )
-    low = value.min_score if value.HasField("min_score") else None
-    high = value.max_score if value.HasField("max_score") else None
-    for field, found in (("min_score", low), ("max_score", high)):
-        if found is not None and not math.isfinite(found):
-            raise InvalidField(
-                f"filter.{field} must be a number.", metadata={"field": f"filter.{field}"}
-            )
-    if low is not None and high is not None and high < low:
-        raise InvalidField(
-            "filter.max_score must be at least filter.min_score.",
-            metadata={"field": "filter.max_score"},
-        )
+    low, high = _names_and_scores(value)
     order = sorted(states, key=queue.STATES.index)
     return queue.SightingFilter(
         review_states=tuple(order),

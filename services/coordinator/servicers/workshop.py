@@ -16,6 +16,7 @@ from services.coordinator.leases.timeline import Attempt, JobTimeline, Timelines
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.platform.fields import bounded, page_size
 from services.coordinator.review import reviews
+from services.coordinator.review.history import ItemHistories
 from services.coordinator.review.queue import ReviewQueue
 from services.coordinator.review.reviews import ReviewApi
 from services.coordinator.runs.admission import RunRequest, run_request
@@ -223,6 +224,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         self.photos = photos
         self.review = reviews
         self.queue = ReviewQueue(reviews.db, reviews.clock)
+        self.histories = ItemHistories(reviews.db)
         self.who = authenticate
         self.events = events
         self.timelines = timelines
@@ -626,6 +628,12 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
                 page.reviewed.get(row.item.item_id, ()),
             )
         return response
+
+    async def GetBucketItem(
+        self, request: pb.GetBucketItemRequest, context: Context
+    ) -> pb.GetBucketItemResponse:
+        history = await self.histories.get(await self.who(context), request.item_id)
+        return views.item_history(history)
 
     async def RequestPhoto(
         self, request: pb.RequestPhotoRequest, context: Context

@@ -1,7 +1,8 @@
 // The filters of a bucket's pages (queue.js, buckets.js), kept in the URL's fragment
 // (#/queue/<bucket>?class_name=vehicle&camera_id=cam-b&...): a form that shows them and,
 // when applied, moves to the URL with the new ones (so reload, back and links keep them),
-// and their translations to the API's query (GetReviewQueue, ListBucketItems) and to a
+// and their translations to the API's query (GetReviewQueue, ListBucketItems: the same
+// filters, the queue's order aside) and to a
 // SightingFilter body (BulkDecideSightings). Times are UTC, typed as datetime-local.
 import { api } from "./api.js";
 import { h } from "./dom.js";
@@ -18,7 +19,7 @@ const STATES = {
 };
 
 export const QUEUE_FIELDS = ["order", "state", "class_name", "camera_id", "run_id", "from", "to", "min_score", "max_score"];
-export const ITEM_FIELDS = ["state", "class_name", "camera_id", "from", "to"];
+export const ITEM_FIELDS = ["state", "class_name", "camera_id", "run_id", "from", "to", "min_score", "max_score"];
 
 /** A datetime-local value ("2024-05-01T08:00") as an RFC 3339 UTC instant. */
 export function utcInstant(value) {

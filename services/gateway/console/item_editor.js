@@ -47,6 +47,45 @@ export function contained(box) {
   return { ...box, w, h: h2, x: clamp(box.x, 0, 1 - w), y: clamp(box.y, 0, 1 - h2) };
 }
 
+function decisionWords(state, relabel) {
+  if (state === "accepted") return relabel ? `accepted as ${relabel}` : "accepted";
+  return state === "rejected" ? "rejected (none)" : state;
+}
+
+const boxCount = (n) => `${n} box${n === 1 ? "" : "es"}`;
+
+/** GetBucketItem's history as a list, oldest first: the result, each correction and undo,
+ * each decision on the frame alone, each sighting's last decision; then the dataset
+ * versions holding the item (ListItemVersions' first page). */
+export function itemLog(history, held) {
+  const events = [{ at: history.item.saved_at, text: `Saved with ${boxCount(history.item.boxes.length)} detected.` }];
+  for (const c of history.corrections) {
+    events.push({ at: c.corrected_at, text: `Revision ${c.revision}: corrected to ${boxCount(c.boxes.length)} by ${byline(c.corrected_by, c.corrected_at)}.` });
+    if (c.undone_at) events.push({ at: c.undone_at, text: `Revision ${c.revision}'s correction undone by ${byline(c.undone_by, c.undone_at)}.` });
+  }
+  for (const d of history.item_decisions) {
+    const what = d.review_state === "unspecified"
+      ? "the frame's own decision cleared (it follows its sighting again)"
+      : `this frame ${decisionWords(d.review_state, d.relabel_class)}`;
+    events.push({ at: d.decided_at, text: `Revision ${d.revision}: ${what} by ${byline(d.decided_by, d.decided_at)}.` });
+  }
+  const undecided = [];
+  for (const s of history.sightings) {
+    const name = `Its ${s.class_name || "empty-frame"} sighting (${s.item_ids.length} frame${s.item_ids.length === 1 ? "" : "s"})`;
+    if (s.decided_at) events.push({ at: s.decided_at, text: `${name}: ${decisionWords(s.review_state, s.relabel_class)} by ${byline(s.decided_by, s.decided_at)}.` });
+    else undecided.push(`${name}: not decided yet.`);
+  }
+  events.sort((a, b) => Date.parse(a.at) - Date.parse(b.at)); // stable: ties keep their order
+  const versions = held.versions || [];
+  return [
+    h("h4", { text: "Every change, oldest first" }),
+    h("ol", { class: "history-list" }, [...events.map((e) => e.text), ...undecided].map((text) => h("li", { text }))),
+    h("p", { id: "history-versions" }, versions.length
+      ? `In dataset version${versions.length === 1 ? "" : "s"} ${versions.map((v) => `“${v.name}”`).join(", ")}${held.next_page_token ? " and more" : ""}.`
+      : "In no dataset version."),
+  ];
+}
+
 export class ItemEditor {
   constructor() {
     this.title = h("h2", { id: "item-editor-title" });
@@ -57,6 +96,10 @@ export class ItemEditor {
     this.failure = h("div", { id: "item-editor-error", role: "alert" });
     this.classPick = h("select", { id: "box-class" });
     this.history = h("div", { id: "item-history", class: "item-history" });
+    // Every change of the item, oldest first, and the versions holding it (GET .../items/{id}
+    // and .../versions), read after the dialog opens and after each change made in it.
+    this.log = h("div", { id: "history-log" });
+    this.logAsked = 0;
     this.decisionPick = h("select", { id: "item-relabel" });
     const close = h("button", { type: "button", class: "secondary", text: "Close" });
     this.save = h("button", { type: "button", id: "save-correction", "aria-keyshortcuts": "s", text: "Save boxes", onclick: () => this.saveBoxes() });
@@ -142,6 +185,21 @@ export class ItemEditor {
     show(this.failure);
     if (!this.node.open) this.node.showModal();
     this.focusBox(this.boxes.length ? 0 : -1);
+    this.readLog();
+  }
+
+  async readLog() {
+    const asked = ++this.logAsked;
+    const path = itemPath(this.item.item_id);
+    show(this.log, h("p", { class: "muted", text: "Reading its history…" }));
+    try {
+      const [history, held] = await Promise.all([
+        api("GET", path), api("GET", `${path}/versions`, { query: { page_size: 20 } }),
+      ]);
+      if (asked === this.logAsked) show(this.log, ...itemLog(history, held));
+    } catch (error) {
+      if (asked === this.logAsked) show(this.log, h("p", { class: "error", text: `History not read: ${error.message}` }));
+    }
   }
 
   reset(item) {
@@ -196,7 +254,7 @@ export class ItemEditor {
     } else {
       lines.push(h("li", { id: "history-decision" }, `This frame follows its sighting: ${item.review_state}.`));
     }
-    show(this.history, h("h3", { text: "History" }), h("ol", { class: "history-list" }, lines));
+    show(this.history, h("h3", { text: "History" }), h("ol", { class: "history-list" }, lines), this.log);
   }
 
   select(index) {
@@ -319,6 +377,7 @@ export class ItemEditor {
       if (this.onChange) this.onChange(answer.item);
       this.say(done);
       this.focusBox(this.boxes.length ? 0 : -1);
+      this.readLog();
     } catch (error) {
       this.fail(error);
     }
