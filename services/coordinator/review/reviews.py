@@ -774,21 +774,21 @@ def _plan(
     for detection in replay:
         by_item.setdefault(detection.item_id, []).append(detection)
     added_items = {detection.item_id for detection in added}
+    regrouped: set[str] = set()  # the sightings a written box left or joined
     for item_id, boxes in by_item.items():
         boxes.sort(key=lambda d: d.box_index)
         now = [assigned[box.key] for box in boxes]
         if item_id in added_items:
             grouping.added[item_id] = now
-        elif now != [before[box.key] for box in boxes]:
+        elif now != (was := [before[box.key] for box in boxes]):
             grouping.changed_items[item_id] = now
+            regrouped.update(now, was)
 
     # the sightings whose items changed
     members_before: dict[str, set[str]] = {}
-    boxes_before: dict[str, set[tuple[str, int]]] = {}
     for key, sid in before.items():
         if sid:
             members_before.setdefault(sid, set()).add(key[0])
-            boxes_before.setdefault(sid, set()).add(key)
     members_now: dict[str, list[sightings.Detection]] = {}
     for detection in replay:
         members_now.setdefault(assigned[detection.key], []).append(detection)
@@ -812,7 +812,6 @@ def _plan(
             continue
         example = now_boxes[0] if now_boxes else last
         assert example is not None
-        written = {d.key for d in now_boxes if d.item_id not in added_items}
         grouping.changed_sightings.append(
             SightingChange(
                 sid,
@@ -821,7 +820,7 @@ def _plan(
                 min(times),
                 max(times),
                 count,
-                appended=written == boxes_before.get(sid, set()),
+                appended=sid not in regrouped,
             )
         )
 
