@@ -43,15 +43,6 @@ from workshop.kit.tls import ServerTlsSettings, server_credentials
 log = logging.getLogger(__name__)
 
 HEALTH_SERVICE_NAME = "grpc.health.v1.Health"
-# Allocations (net of frees) between two collections of the youngest generation once
-# serving; Python's default is 700. A commit or a record batch holds a few thousand objects
-# at once (boxes, rows, messages), so at 700 a collection ran in the middle of most
-# requests, each about 3 ms of the coordinator's CPU (gc.callbacks in
-# bench.processor_throughput: 21 young collections, 72 ms, in two passes of 360 frames:
-# about 0.1 ms a published frame). Reference counting frees nearly all of those objects
-# when the request ends, so at this threshold a collection runs only when that many objects
-# stay alive (none in those passes); it also covers a commit of about 1,000 frames.
-YOUNG_COLLECTION_THRESHOLD = 100_000
 T = TypeVar("T")
 _infrastructure_call = any_of(service_prefix("grpc.health."), service_prefix("grpc.reflection."))
 
@@ -274,7 +265,6 @@ async def serve(
         # the middle of a request (GetReview's p99 fell from about 77 to 45 ms with it).
         gc.collect()
         gc.freeze()
-        gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
         announce(
             label, event="serving", host=settings.host, port=port, metrics_port=server.metrics_port
         )
