@@ -20,10 +20,9 @@ services.coordinator`, scheduler and maintenance loops off), the preview service
 processor (`python -m services.processor`, PROCESSOR_IN_FLIGHT = `--in-flight`; `--set
 NAME=VALUE` adds PROCESSOR_NAME=VALUE, e.g. TRITON_SHARED_MEMORY=off).
 
-Measured, after a warm-up test run of two frames (and `--warm-passes` processor passes
-not measured, default none), `--repeat` passes of each side, alternated so that a host
-whose speed drifts weighs on both alike: baseline, plain, processor, then processor,
-baseline, plain, and so on:
+Measured, after a warm-up test run of two frames, `--repeat` passes of each side,
+alternated so that a host whose speed drifts weighs on both alike: baseline, plain,
+processor, then processor, baseline, plain, and so on:
 - **baseline**: one plain loop in this process doing the work the processor does for a
   full run: it decodes the frames the run samples with PyAV (its default threading,
   forward decoding, rgb24 at the model's size), runs the same ONNX file with onnxruntime
@@ -61,14 +60,6 @@ nested statements tracked), py-spy samples of the coordinator and the preview se
 (py-spy next to the interpreter, on PATH or in `$PY_SPY`), their CPU per thread, and
 the calls each made per frame; the profilers cost a little, so take the per-frame
 figures of record from a run without it.
-
-Warm passes: the test run commits no items, so the first processor pass meets
-Postgres backends that never ran a full run's record and commit: each plans those
-functions once and loads its catalog caches then (`bench.frame_costs` with the pool's
-connections closed before each job: about 190 us of Postgres a frame against 75 warm). A
-deployed coordinator pays that once per pooled connection, not per frame; `--warm-passes
-1` runs a whole processor pass first, unmeasured, so that the passes measured show the
-steady state.
 
 Memory: the processor's peak resident set is the kernel's high-water mark (`VmHWM` in
 /proc/<pid>/status) of the processor process, plus those of any children it has (none
@@ -246,12 +237,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="route every frame to Do nothing: no previews or uploads (the processor's core)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="passes of each side, alternated")
-    parser.add_argument(
-        "--warm-passes",
-        type=int,
-        default=0,
-        help="processor passes before the measured ones, not measured (Postgres' backends warm)",
-    )
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument(
         "--profile", action="store_true", help="run the processor under cProfile; print it"
@@ -405,16 +390,6 @@ async def _bench(
             )
             with MemoryWatch(processor.pid, triton.pid) as memory:
                 await _warm_up(c, runtime_id, processor)
-                for warm in range(1, args.warm_passes + 1):
-                    await _processor_run(
-                        c,
-                        runtime_id,
-                        processor,
-                        recordings,
-                        frames,
-                        f"warm-{warm}",
-                        args.drop_frames,
-                    )
                 phases = []
                 threads: dict[str, float] = {}
                 store = None if args.drop_frames else s3.client()
