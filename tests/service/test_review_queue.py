@@ -261,6 +261,106 @@ async def test_a_commit_brings_a_decided_sighting_back_to_the_queue(
     assert round(entry.score, 2) == 0.8
 
 
+# Each sighting whose stored review columns differ from what all its items say
+# (sighting_review_v1, the full recomputation), with both: none when the columns are exact.
+QUEUE_COLUMNS_MISMATCHED = """
+SELECT s.run_id, s.sighting_id,
+       (s.review_state, s.pending_items, s.relabel_class, s.score, s.decided_by, s.decided_at)
+           AS stored,
+       (r.review_state, r.pending_items, r.relabel_class, r.score, r.decided_by, r.decided_at)
+           AS computed
+FROM sightings s
+CROSS JOIN LATERAL sighting_review_v1(s.run_id, s.sighting_id, s.bucket_id, s.camera_id,
+                                      s.first_frame_time, s.last_frame_time) r
+WHERE (s.review_state, s.pending_items, s.relabel_class, s.score, s.decided_by, s.decided_at)
+      IS DISTINCT FROM
+      (r.review_state, r.pending_items, r.relabel_class, r.score, r.decided_by, r.decided_at)
+"""
+
+
+async def check_queue_columns(c: CoordinatorHarness) -> int:
+    """The stored queue columns of every sighting equal a full recomputation from its
+    items; answers how many sightings there are."""
+    async with c.db.connection() as connection:
+        assert [tuple(r) for r in await connection.fetch(QUEUE_COLUMNS_MISMATCHED)] == []
+        count: int = await connection.fetchval("SELECT count(*) FROM sightings")
+    return count
+
+
+async def test_commits_keep_the_queue_columns_as_a_full_recomputation_would(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """A commit refreshes a sighting it only extends from its stored columns and the added
+    boxes (sightings_refresh_v2), one it regroups from all its items: after every step of
+    commits across jobs (in and out of order), sighting and item decisions and a bulk
+    decision with its undo, the columns are what recomputing them from the items gives."""
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    # a person, and a vehicle without a score (0 is not stored) in its last two frames
+    person, vehicle = sbox("person", 0.1, 0.5), sbox("vehicle", 0.6, 0.0)
+    await commit(
+        c,
+        s,
+        jobs[0],
+        [Frame(n, "save", (person,)) for n in (56, 57)]
+        + [Frame(n, "save", (person, vehicle)) for n in (58, 59)],
+    )
+    assert await check_queue_columns(c) == 2
+    (first, _) = sorted(await queue(c))
+    await c.workshop.DecideSighting(
+        ws.DecideSightingRequest(run_id="r1", sighting_id=first[1], decision=CONFIRM),
+        metadata=c.admin,
+    )
+    await check_queue_columns(c)
+    # the next minute extends the decided person, and the vehicle with a score below 0
+    person, vehicle = sbox("person", 0.1, 0.9), sbox("vehicle", 0.6, -0.5)
+    await commit(
+        c,
+        s,
+        jobs[1],
+        [Frame(n, "save", (person, vehicle)) for n in (0, 1)]
+        + [Frame(2, "save", (person,))]
+        + [Frame(n, "save", (sbox("person", 0.5, 0.7),)) for n in (58, 59)],
+    )
+    assert await check_queue_columns(c) == 3
+    rows = await c.workshop.GetReviewQueue(
+        ws.GetReviewQueueRequest(bucket_id="yard", filter=ws.SightingFilter(class_name="person")),
+        metadata=c.admin,
+    )
+    extended = [q for q in rows.sightings if q.sighting.sighting_id == first[1]]
+    assert [
+        (q.sighting.review_state, q.sighting.pending_items, round(q.score, 2)) for q in extended
+    ] == [(PENDING, 3, 0.9)]
+    page = await c.workshop.GetReview(ws.GetReviewRequest(run_id="r1"), metadata=c.admin)
+    await c.workshop.DecideItem(
+        ws.DecideItemRequest(item_id=page.items[-1].item.item_id, decision=NONE),
+        metadata=c.admin,
+    )
+    await check_queue_columns(c)
+    # cam-b out of order: its second minute first, then its first, which regroups the
+    # second minute's items into the sighting the first starts
+    await commit(c, s, jobs[4], [Frame(n, "save", (sbox("person", 0.3, 0.6),)) for n in (0, 1)])
+    await check_queue_columns(c)
+    await commit(c, s, jobs[3], [Frame(n, "save", (sbox("person", 0.3, 0.4),)) for n in (58, 59)])
+    assert await check_queue_columns(c) == 4
+    # the third minute extends the person of 08:01:58 once more
+    await commit(c, s, jobs[2], [Frame(n, "save", (sbox("person", 0.5, 0.8),)) for n in (0, 1)])
+    await check_queue_columns(c)
+    bulk = await c.workshop.BulkDecideSightings(
+        ws.BulkDecideSightingsRequest(
+            bucket_id="yard", filter=ws.SightingFilter(class_name="person"), decision=NONE
+        ),
+        metadata=c.admin,
+    )
+    await check_queue_columns(c)
+    await c.workshop.UndoBulkDecision(
+        ws.UndoBulkDecisionRequest(action_id=bulk.action.action_id), metadata=c.admin
+    )
+    await check_queue_columns(c)
+    await check_counts(c)
+
+
 async def snapshot(c: CoordinatorHarness) -> list[Any]:
     async with c.db.connection() as connection:
         items = await connection.fetch(

@@ -712,6 +712,7 @@ class JobsApi:
     ) -> CommitAnswer:
         items = checked.items
         uploads = checked.uploads
+        grouping = reviews.Grouping(lease.run_id, "")  # none yet: grouped below, under the locks
         complete = JobComplete(
             **lease_fields(lease),
             reporter=key,
@@ -737,8 +738,8 @@ class JobsApi:
             item_sightings=[None for _ in items],
             item_keys=[i.object_key for i in items],
             item_sha256s=[i.sha256 for i in items],
-            # what the grouping changed besides the items (none yet: `_group` says)
-            **reviews.Grouping(lease.run_id, "").changes_columns(),
+            # what the grouping changed besides the items
+            **grouping.changes_columns(),
             camera_id="",
             count_buckets=[],
             count_classes=[],
@@ -773,7 +774,10 @@ class JobsApi:
             answer = await self._answer_on(connection, CommitAnswer, complete)
             if not answer.reason and complete.sighting_ids:
                 # the review queue's columns of the sightings the commit made or changed
-                await reviews.refresh_sightings(connection, lease.run_id, complete.sighting_ids)
+                full, appended = grouping.refreshed()
+                await reviews.refresh_sightings(
+                    connection, lease.run_id, full, appended, complete.item_ids
+                )
             return answer
 
     @staticmethod

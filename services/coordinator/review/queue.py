@@ -1,8 +1,9 @@
 """A bucket's review queue across runs, and bulk decisions on a filtered selection of its
 sightings (docs/review.md, "Review queue" and "Bulk decisions").
 
-The queue reads the review columns each sighting keeps (migration 0010:
-`sightings_refresh_v1`, called by every writer of a sighting's items or decisions), one
+The queue reads the review columns each sighting keeps (migration 0010, set by every
+writer of a sighting's items or decisions: `sightings_refresh_v1` from all its items, and
+since 0015 `sightings_refresh_v2` from the added boxes for a commit that only appends), one
 index range per review state asked for, in the order asked, after the last key of the
 page before (keyset paging: no OFFSET, so a page deep in a bucket costs what the first
 one does). A bulk decision selects the sightings a filter matches, takes their

@@ -352,9 +352,10 @@ VALUES (:item_id::text, :revision::integer, :review_state::text, :relabel_class:
         :decided_by::jsonb, :decided_at::timestamptz);
 
 -- name: sightings_refresh
--- The review columns of the sightings ($1[n], $2[n]) from their items (after a change to
--- their items or decisions, under their timelines' locks).
-SELECT sightings_refresh_v1($1::text[], $2::text[]);
+-- The review columns of run $1's sightings $2 from all their items, and of its sightings $3
+-- from their columns and the boxes the just written items $4 hold in them (after a change
+-- to their items or decisions, under their timelines' locks; sightings_refresh_v2).
+SELECT sightings_refresh_v2($1::text, $2::text[], $3::text[], $4::text[]);
 
 -- name: timelines_lock_many
 -- Takes the lock rows of the timelines ($1[n], $2[n], $3[n]) (run, bucket, camera) in key

@@ -140,6 +140,9 @@ class SightingChange:
     first_frame_time: datetime
     last_frame_time: datetime
     item_count: int
+    # only added boxes joined it: its boxes already written are those it had, so its review
+    # columns follow from theirs and the added boxes' (sightings_refresh_v2's shortcut)
+    appended: bool = False
 
 
 def array_literal(values: Sequence[str]) -> str:
@@ -212,15 +215,33 @@ class Grouping:
         )
         await refresh_sightings(connection, self.run_id, columns["sighting_ids"])
 
+    def refreshed(self) -> tuple[list[str], list[str]]:
+        """The sightings made or changed whose review columns a commit of the added items
+        refreshes: (those recomputed from all their items, those only appended to)."""
+        full = [c.sighting_id for c in self.changed_sightings if not c.appended]
+        appended = [c.sighting_id for c in self.changed_sightings if c.appended]
+        return sorted(full), sorted(appended)
+
 
 async def refresh_sightings(
-    connection: Connection, run_id: str, sighting_ids: Sequence[str]
+    connection: Connection,
+    run_id: str,
+    sighting_ids: Sequence[str],
+    appended: Sequence[str] = (),
+    added_items: Sequence[str] = (),
 ) -> None:
-    """The review columns of a run's sightings (the queue's), from their items as now
-    written: after whatever made or changed them, in the same transaction."""
-    if sighting_ids:
+    """The review columns of a run's sightings (the queue's) as their items now say, after
+    whatever made or changed them, in the same transaction: `sighting_ids` from all their
+    items, `appended` (sightings whose only change is boxes of the just written
+    `added_items`) from their columns and those boxes, so a commit's cost does not grow
+    with the length of the sightings it extends (sightings_refresh_v2)."""
+    if sighting_ids or appended:
         await connection.execute(
-            sql("review", "sightings_refresh"), [run_id] * len(sighting_ids), list(sighting_ids)
+            sql("review", "sightings_refresh"),
+            run_id,
+            list(sighting_ids),
+            list(appended),
+            list(added_items),
         )
 
 
@@ -761,13 +782,15 @@ def _plan(
     for detection in replay:
         by_item.setdefault(detection.item_id, []).append(detection)
     added_items = {detection.item_id for detection in added}
+    regrouped: set[str] = set()  # the sightings a written box left or joined
     for item_id, boxes in by_item.items():
         boxes.sort(key=lambda d: d.box_index)
         now = [assigned[box.key] for box in boxes]
         if item_id in added_items:
             grouping.added[item_id] = now
-        elif now != [before[box.key] for box in boxes]:
+        elif now != (was := [before[box.key] for box in boxes]):
             grouping.changed_items[item_id] = now
+            regrouped.update(now, was)
 
     # the sightings whose items changed
     members_before: dict[str, set[str]] = {}
@@ -798,7 +821,15 @@ def _plan(
         example = now_boxes[0] if now_boxes else last
         assert example is not None
         grouping.changed_sightings.append(
-            SightingChange(sid, bucket_id, example.class_name, min(times), max(times), count)
+            SightingChange(
+                sid,
+                bucket_id,
+                example.class_name,
+                min(times),
+                max(times),
+                count,
+                appended=sid not in regrouped,
+            )
         )
 
 
@@ -970,9 +1001,7 @@ class ReviewApi:
                 )
             )
             if updated:
-                await connection.execute(
-                    sql("review", "sightings_refresh"), [run_id], [locked.sighting_id]
-                )
+                await refresh_sightings(connection, run_id, [locked.sighting_id])
             found = await fetch_one(
                 connection,
                 SightingRow,

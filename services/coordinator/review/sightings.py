@@ -76,27 +76,6 @@ def parse_sighting_id(value: str) -> tuple[str, int] | None:
     return (item, box) if box >= NO_BOX else None
 
 
-_NO_GAP = timedelta(0)
-
-
-def distance(last: Detection, box: Detection) -> float | None:
-    """How far `box` is from where the sighting was `last`, or None when it cannot join.
-
-    Called for every (box, open sighting) pair of a commit's items (about 9 a frame), so
-    the centres are worked out inline rather than through `Detection.centre`."""
-    if box.class_name != last.class_name:
-        return None
-    gap = box.frame_time - last.frame_time
-    if gap <= _NO_GAP or gap > MAX_GAP:
-        return None
-    if box.box_index == NO_BOX:
-        return 0.0 if last.box_index == NO_BOX else None
-    moved = math.hypot(
-        (box.x + box.w / 2) - (last.x + last.w / 2), (box.y + box.h / 2) - (last.y + last.h / 2)
-    )
-    return moved if moved <= REACH_IN_WIDTHS * box.w else None
-
-
 def group(
     detections: Iterable[Detection], open_before: Sequence[tuple[str, Detection]] = ()
 ) -> dict[tuple[str, int], str]:
@@ -119,12 +98,7 @@ def group(
         # sightings whose last box is over 5 s old can never be joined again
         open_sightings = [s for s in open_sightings if frame_time - s.last.frame_time <= MAX_GAP]
         boxes = sorted(by_item[item_id], key=lambda d: d.box_index)
-        pairs = sorted(
-            (found, box.box_index, sighting.sighting_id, index, position)
-            for index, box in enumerate(boxes)
-            for position, sighting in enumerate(open_sightings)
-            if (found := distance(sighting.last, box)) is not None
-        )
+        pairs = _pairs(boxes, open_sightings, frame_time)
         taken_boxes: set[int] = set()
         taken_sightings: set[int] = set()
         for _, _, sid, index, position in pairs:
@@ -140,3 +114,39 @@ def group(
                 assigned[box.key] = sid
                 open_sightings.append(_Open(sid, box))
     return assigned
+
+
+def _pairs(
+    boxes: Sequence[Detection], open_sightings: Sequence[_Open], frame_time: datetime
+) -> list[tuple[float, int, str, int, int]]:
+    """Every (box, open sighting) pair of one item's `boxes` (all of `frame_time`) that may
+    join, as (distance, box index, sighting id, box position, sighting position), nearest
+    first: the rule of the module's docstring.
+
+    Called for every item a commit groups (about 9 pairs a frame), so the frame time is
+    compared once per sighting rather than per pair, and the centres are worked out inline
+    (the same sums as `Detection.centre`, so the same distances)."""
+    # (the caller dropped the sightings more than MAX_GAP old; one whose last box is of
+    # this frame time, another item's, cannot be joined by this one)
+    joinable = [
+        (position, sighting)
+        for position, sighting in enumerate(open_sightings)
+        if sighting.last.frame_time < frame_time
+    ]
+    pairs = []
+    for index, box in enumerate(boxes):
+        class_name, box_index = box.class_name, box.box_index
+        x, y, reach = box.x + box.w / 2, box.y + box.h / 2, REACH_IN_WIDTHS * box.w
+        for position, sighting in joinable:
+            last = sighting.last
+            if last.class_name != class_name:
+                continue
+            if box_index == NO_BOX:
+                if last.box_index == NO_BOX:
+                    pairs.append((0.0, box_index, sighting.sighting_id, index, position))
+                continue
+            moved = math.hypot(x - (last.x + last.w / 2), y - (last.y + last.h / 2))
+            if moved <= reach:
+                pairs.append((moved, box_index, sighting.sighting_id, index, position))
+    pairs.sort()
+    return pairs
