@@ -5,14 +5,15 @@ class, a score floor or a camera that few of a million items match read all of t
 three statements find a page (review.sql, bucket_items_page*), and this module picks one
 from two cheap counts (bucket_items_path_sizes) before each page:
 
-- bucket_items_page_sparse when a class, a score floor above 0 or decided states only (no 'pending') is
-  asked and the items that may match (those of the sightings that may hold one, and the
-  few items with an item decision, a correction or no grouping yet) are at most
-  SPARSE_MOST: those are read, filtered and sorted;
-- else bucket_items_page_timelines when a camera or a run is asked and at most TIMELINES_MOST of the
-  bucket's timelines (run, camera) hold them: a page from each, merged;
-- else bucket_items_page: the bucket in frame order, where the filter keeps enough items to fill a
-  page soon.
+- bucket_items_page_sparse when a class, a score floor above 0 or decided states only (no
+  'pending') is asked and the items that may match (those of the sightings that may hold
+  one, and the few items with an item decision, a correction or no grouping yet) are at
+  most SPARSE_MOST: those are read, filtered and sorted;
+- else bucket_items_page_timelines when a camera or a run is asked and at most
+  TIMELINES_MOST of the bucket's timelines (run, camera) hold them: a page from each,
+  merged;
+- else bucket_items_page: the bucket in frame order, where the filter keeps enough items
+  to fill a page soon.
 
 Every statement returns the same items (the same filter: bucket_item_listed_v1 and the class
 test); only how many rows it reads differs.
