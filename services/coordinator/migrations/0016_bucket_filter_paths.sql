@@ -54,13 +54,15 @@ $$;
 
 -- The sightings of bucket p_bucket that may hold an item of a sparse filter, from their
 -- columns: of detected class p_class or with a decision (a relabel may have made any box
--- p_class), with score at least p_min (> 0; an item's score is its best box's, and a box's
--- sighting's score is at least the box's), with a decision when p_decided (an item decided
--- without an item decision has decided boxes), each condition NULL: any; the ones that end
--- before p_after are left out. p_driver names the index that finds them ('class', 'score'
--- or 'decided'; it must be a condition given); the other conditions filter.
+-- p_class); with score at least p_min (> 0; an item's score is its best box's, and a box's
+-- sighting's score is at least the box's); with a decision when p_state is 'decided' (an
+-- item accepted or rejected without an item decision has decided boxes), or pending when
+-- it is 'pending' (an item pending without an item decision has a pending box, and a
+-- sighting with one is pending). Each condition NULL: any; the sightings that end before
+-- p_after are left out. p_driver names the index that finds them ('class', 'score',
+-- 'decided' or 'pending'; it must be a condition given); the other conditions filter.
 CREATE FUNCTION bucket_sightings_wanted_v1(
-    p_bucket text, p_driver text, p_class text, p_min real, p_decided boolean,
+    p_bucket text, p_driver text, p_class text, p_min real, p_state text,
     p_after timestamptz
 ) RETURNS SETOF sightings LANGUAGE sql STABLE AS $$
     SELECT s.* FROM (
@@ -77,9 +79,14 @@ CREATE FUNCTION bucket_sightings_wanted_v1(
         UNION ALL
         SELECT * FROM sightings
         WHERE p_driver = 'decided' AND bucket_id = p_bucket AND decided_at IS NOT NULL
+        UNION ALL
+        SELECT * FROM sightings  -- (sightings_queue_oldest)
+        WHERE p_driver = 'pending' AND bucket_id = p_bucket AND review_state = 'pending'
     ) s
     WHERE s.last_frame_time >= p_after
       AND (p_class IS NULL OR s.class_name = p_class OR s.decided_at IS NOT NULL)
       AND (p_min IS NULL OR s.score >= p_min)
-      AND (p_decided IS NOT TRUE OR s.decided_at IS NOT NULL)
+      AND (p_state IS NULL
+           OR p_state = 'decided' AND s.decided_at IS NOT NULL
+           OR p_state = 'pending' AND s.review_state = 'pending')
 $$;

@@ -5,10 +5,11 @@ class, a score floor or a camera that few of a million items match read all of t
 three statements find a page (review.sql, bucket_items_page*), and this module picks one
 from two cheap counts (bucket_items_path_sizes) before each page:
 
-- bucket_items_page_sparse when a class, a score floor above 0 or decided states only (no
-  'pending') is asked and the items that may match (those of the sightings that may hold
-  one, and the few items with an item decision, a correction or no grouping yet) are at
-  most SPARSE_MOST: those are read, filtered and sorted;
+- bucket_items_page_sparse when a class, a score floor above 0, decided states only
+  (ACCEPTED and/or REJECTED) or PENDING alone is asked and the items that may match (those
+  of the sightings that may hold one, and the few items with an item decision, a
+  correction or no grouping yet) are at most SPARSE_MOST: those are read, filtered and
+  sorted;
 - else bucket_items_page_timelines when a camera or a run is asked and at most
   TIMELINES_MOST of the bucket's timelines (run, camera) hold them: a page from each,
   merged;
@@ -50,6 +51,16 @@ class PathSizes(Row):
     timelines: int
 
 
+def sighting_state(wanted: ItemFilter) -> str | None:
+    """What the sightings of an item of the filter's review states have: 'decided' (a
+    decision) for ACCEPTED and/or REJECTED, 'pending' for PENDING alone, else None."""
+    if not wanted.review_states:
+        return None
+    if "pending" not in wanted.review_states:
+        return "decided"
+    return "pending" if wanted.review_states == ("pending",) else None
+
+
 def sparse_driver(wanted: ItemFilter) -> str | None:
     """The sightings index that finds the items a filter may keep, when the sightings can
     say which may (bucket_sightings_wanted_v1), else None."""
@@ -57,9 +68,7 @@ def sparse_driver(wanted: ItemFilter) -> str | None:
         return "class"
     if wanted.min_score is not None and wanted.min_score > 0:
         return "score"
-    if wanted.review_states and "pending" not in wanted.review_states:
-        return "decided"
-    return None
+    return sighting_state(wanted)
 
 
 PageStatement = BucketItemsPage | BucketItemsPageTimelines | BucketItemsPageSparse
@@ -79,7 +88,7 @@ async def page_statement(
     sighting_min_score = (
         wanted.min_score if wanted.min_score is not None and wanted.min_score > 0 else None
     )
-    decided = bool(wanted.review_states) and "pending" not in wanted.review_states
+    state = sighting_state(wanted)
     sizes = PathSizes(sparse_items=SPARSE_MOST + 1, timelines=TIMELINES_MOST + 1)
     if driver is not None or wanted.camera_id or wanted.run_id:
         counted = await fetch_one(
@@ -91,7 +100,7 @@ async def page_statement(
                     bucket_id=bucket_id,
                     class_name=wanted.class_name or None,
                     sighting_min_score=sighting_min_score,
-                    decided=decided,
+                    sighting_state=state,
                     after_frame_time=after_frame_time,
                     camera_id=wanted.camera_id or None,
                     cameras=cameras,
@@ -118,7 +127,7 @@ async def page_statement(
     }
     if driver is not None and sizes.sparse_items <= SPARSE_MOST:
         return BucketItemsPageSparse(
-            driver=driver, sighting_min_score=sighting_min_score, decided=decided, **common
+            driver=driver, sighting_min_score=sighting_min_score, sighting_state=state, **common
         )
     if (wanted.camera_id or wanted.run_id) and sizes.timelines <= TIMELINES_MOST:
         return BucketItemsPageTimelines(**common)
