@@ -10,9 +10,9 @@ from two cheap counts (bucket_items_path_sizes) before each page:
   of the sightings that may hold one, and the few items with an item decision, a
   correction or no grouping yet) are at most SPARSE_MOST: those are read, filtered and
   sorted;
-- else bucket_items_page_timelines when a camera or a run is asked and at most
-  TIMELINES_MOST of the bucket's timelines (run, camera) hold them: a page from each,
-  merged;
+- else bucket_items_page_timelines when a camera or a run is asked, or the reader sees some
+  cameras only, and at most TIMELINES_MOST of the bucket's timelines (run, camera) hold
+  them: a page from each, merged;
 - else bucket_items_page: the bucket in frame order, where the filter keeps enough items
   to fill a page soon.
 
@@ -90,7 +90,8 @@ async def page_statement(
     )
     state = sighting_state(wanted)
     sizes = PathSizes(sparse_items=SPARSE_MOST + 1, timelines=TIMELINES_MOST + 1)
-    if driver is not None or wanted.camera_id or wanted.run_id:
+    by_timeline = bool(wanted.camera_id or wanted.run_id) or cameras is not None
+    if driver is not None or by_timeline:
         counted = await fetch_one(
             connection,
             PathSizes,
@@ -129,6 +130,6 @@ async def page_statement(
         return BucketItemsPageSparse(
             driver=driver, sighting_min_score=sighting_min_score, sighting_state=state, **common
         )
-    if (wanted.camera_id or wanted.run_id) and sizes.timelines <= TIMELINES_MOST:
+    if by_timeline and sizes.timelines <= TIMELINES_MOST:
         return BucketItemsPageTimelines(**common)
     return BucketItemsPage(**common)
