@@ -657,7 +657,11 @@ async def test_bucket_items_every_page_path_lists_the_same(
         assert len(await connection.fetch(COPY_ITEMS)) == 12
     for job in (jobs[1], jobs[2], jobs[4], jobs[5]):
         await commit(c, s, job, [])
-    await commit(c, s, (await start_run(c, s, "r2"))[0], two_objects(range(0, 2)))
+    # r2: an unsure person beside a sure vehicle (their own sightings), then a sure person
+    unsure = common_pb2.Box(class_name="person", score=0.3, x=0.1, y=0.1, w=0.1, h=0.1)
+    sure = box("vehicle", 0.6, 0.6, 0.1)
+    frames = [Frame(0, "save", (unsure, sure)), *two_objects(range(1, 2))]
+    await commit(c, s, (await start_run(c, s, "r2"))[0], frames)
     everything = await listed_items(c)
     start, end = everything[3].frame_time, everything[20].frame_time
     accepted, rejected_state, pending = (
@@ -685,6 +689,11 @@ async def test_bucket_items_every_page_path_lists_the_same(
         {"min_score": 0.95},
         {"max_score": 0.5},
         {"min_score": 0.5, "review_states": [rejected_state], "camera_id": "cam-b"},
+        # each condition met by another box (sighting) of the item
+        {"class_name": "person", "min_score": 0.5, "run_id": "r2"},
+        {"class_name": "person", "review_states": [pending]},
+        {"class_name": "truck", "review_states": [pending]},
+        {"min_score": 0.5, "review_states": [accepted]},
         {"frame_time_from": start, "frame_time_to": end, "class_name": "person"},
     ]
     chosen = [[i.item_id for i in await listed_items(c, **f)] for f in filters]
@@ -702,6 +711,8 @@ async def test_bucket_items_every_page_path_lists_the_same(
     assert counts[str({"review_states": [accepted]})] == 3  # cam-b's, the bus's by itself
     assert counts[str({"review_states": [rejected_state]})] == 1  # the item decided NONE
     assert counts[str({"run_id": "r2"})] == 2
+    assert counts[str({"class_name": "person", "min_score": 0.5, "run_id": "r2"})] == 2
+    assert counts[str({"class_name": "truck", "review_states": [pending]})] == 3
     # a page token is bound to its filter
     monkeypatch.undo()
     first = await c.workshop.ListBucketItems(

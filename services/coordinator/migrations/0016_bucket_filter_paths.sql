@@ -52,41 +52,35 @@ CREATE FUNCTION bucket_item_listed_v1(
        AND (p_max IS NULL OR bucket_item_score_v1(p_boxes) <= p_max)
 $$;
 
--- The sightings of bucket p_bucket that may hold an item of a sparse filter, from their
--- columns: of detected class p_class or with a decision (a relabel may have made any box
--- p_class); with score at least p_min (> 0; an item's score is its best box's, and a box's
--- sighting's score is at least the box's); with a decision when p_state is 'decided' (an
--- item accepted or rejected without an item decision has decided boxes), or pending when
--- it is 'pending' (an item pending without an item decision has a pending box, and a
--- sighting with one is pending). Each condition NULL: any; the sightings that end before
--- p_after are left out. p_driver names the index that finds them ('class', 'score',
--- 'decided' or 'pending'; it must be a condition given); the other conditions filter.
+-- The sightings of bucket p_bucket that may hold an item of a sparse filter, by one of its
+-- conditions (p_driver), from their columns: 'class', of detected class p_class or with a
+-- decision (a relabel may have made any box p_class); 'score', with score at least p_min
+-- (> 0; an item's score is its best box's, and a box's sighting's score is at least the
+-- box's); 'decided', with a decision (an item accepted or rejected without an item decision
+-- has decided boxes); 'pending', pending (an item pending without an item decision has a
+-- pending box, and a sighting with one is pending). One condition only: an item's other
+-- conditions may hold through another of its boxes, so another sighting. The sightings
+-- that end before p_after are left out.
 CREATE FUNCTION bucket_sightings_wanted_v1(
-    p_bucket text, p_driver text, p_class text, p_min real, p_state text,
-    p_after timestamptz
+    p_bucket text, p_driver text, p_class text, p_min real, p_after timestamptz
 ) RETURNS SETOF sightings LANGUAGE sql STABLE AS $$
     SELECT s.* FROM (
-        SELECT * FROM sightings
+        SELECT * FROM sightings  -- (sightings_by_class)
         WHERE p_driver = 'class' AND bucket_id = p_bucket AND class_name = p_class
         UNION ALL
-        SELECT * FROM sightings
+        SELECT * FROM sightings  -- (sightings_decided)
         WHERE p_driver = 'class' AND bucket_id = p_bucket AND decided_at IS NOT NULL
           AND class_name <> p_class
         UNION ALL
-        SELECT * FROM sightings
+        SELECT * FROM sightings  -- (sightings_queue_score, a range per state)
         WHERE p_driver = 'score' AND bucket_id = p_bucket
           AND review_state IN ('pending', 'accepted', 'rejected') AND score >= p_min
         UNION ALL
-        SELECT * FROM sightings
+        SELECT * FROM sightings  -- (sightings_decided)
         WHERE p_driver = 'decided' AND bucket_id = p_bucket AND decided_at IS NOT NULL
         UNION ALL
         SELECT * FROM sightings  -- (sightings_queue_oldest)
         WHERE p_driver = 'pending' AND bucket_id = p_bucket AND review_state = 'pending'
     ) s
     WHERE s.last_frame_time >= p_after
-      AND (p_class IS NULL OR s.class_name = p_class OR s.decided_at IS NOT NULL)
-      AND (p_min IS NULL OR s.score >= p_min)
-      AND (p_state IS NULL
-           OR p_state = 'decided' AND s.decided_at IS NOT NULL
-           OR p_state = 'pending' AND s.review_state = 'pending')
 $$;

@@ -52,7 +52,7 @@ class PathSizes(Row):
 
 
 def sighting_state(wanted: ItemFilter) -> str | None:
-    """What the sightings of an item of the filter's review states have: 'decided' (a
+    """What a sighting of an item of the filter's review states has: 'decided' (a
     decision) for ACCEPTED and/or REJECTED, 'pending' for PENDING alone, else None."""
     if not wanted.review_states:
         return None
@@ -62,8 +62,9 @@ def sighting_state(wanted: ItemFilter) -> str | None:
 
 
 def sparse_driver(wanted: ItemFilter) -> str | None:
-    """The sightings index that finds the items a filter may keep, when the sightings can
-    say which may (bucket_sightings_wanted_v1), else None."""
+    """The condition of the filter whose sightings hold the items it may keep
+    (bucket_sightings_wanted_v1: one condition, the first of class, score floor and
+    state), else None."""
     if wanted.class_name:
         return "class"
     if wanted.min_score is not None and wanted.min_score > 0:
@@ -88,7 +89,6 @@ async def page_statement(
     sighting_min_score = (
         wanted.min_score if wanted.min_score is not None and wanted.min_score > 0 else None
     )
-    state = sighting_state(wanted)
     sizes = PathSizes(sparse_items=SPARSE_MOST + 1, timelines=TIMELINES_MOST + 1)
     by_timeline = bool(wanted.camera_id or wanted.run_id) or cameras is not None
     if driver is not None or by_timeline:
@@ -101,7 +101,6 @@ async def page_statement(
                     bucket_id=bucket_id,
                     class_name=wanted.class_name or None,
                     sighting_min_score=sighting_min_score,
-                    sighting_state=state,
                     after_frame_time=after_frame_time,
                     camera_id=wanted.camera_id or None,
                     cameras=cameras,
@@ -127,9 +126,7 @@ async def page_statement(
         "limit": limit,
     }
     if driver is not None and sizes.sparse_items <= SPARSE_MOST:
-        return BucketItemsPageSparse(
-            driver=driver, sighting_min_score=sighting_min_score, sighting_state=state, **common
-        )
+        return BucketItemsPageSparse(driver=driver, sighting_min_score=sighting_min_score, **common)
     if by_timeline and sizes.timelines <= TIMELINES_MOST:
         return BucketItemsPageTimelines(**common)
     return BucketItemsPage(**common)

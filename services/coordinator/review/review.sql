@@ -264,16 +264,16 @@ LIMIT :limit;
 
 -- name: bucket_items_page_sparse
 -- bucket_items_page (the same filter and key) for a class, a score floor above 0
--- (sighting_min_score), decided states only or PENDING only (sighting_state) few items pass: the items that
--- may pass, read and filtered: those of the sightings that may hold one
--- (bucket_sightings_wanted_v1, found by the index `driver` names), those with an item
--- decision or a correction (bucket_items_item_reviewed) and those not grouped yet
+-- (sighting_min_score), decided states only or PENDING alone that few items pass: the
+-- items that may pass, read and filtered: those of the sightings that may hold one by the
+-- condition `driver` names (bucket_sightings_wanted_v1), those with an item decision or a
+-- correction (bucket_items_item_reviewed) and those not grouped yet
 -- (bucket_items_ungrouped).
--- nullable: review_states, class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score, sighting_min_score, sighting_state
+-- nullable: review_states, class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score, sighting_min_score
 WITH candidates AS (
     SELECT bi.item_id
     FROM bucket_sightings_wanted_v1(:bucket_id::text, :driver::text, :class_name::text,
-                                    :sighting_min_score::real, :sighting_state::text,
+                                    :sighting_min_score::real,
                                     :after_frame_time::timestamptz) s
     JOIN bucket_items bi
         ON bi.run_id = s.run_id AND bi.bucket_id = s.bucket_id AND bi.camera_id = s.camera_id
@@ -315,11 +315,11 @@ LIMIT :limit::bigint;
 -- items of the 'sparse' path (those of the sightings that may hold a match, and the
 -- bucket's items with an item decision or a correction or not grouped yet, after the key;
 -- 0 without a driver), and timelines, the timelines of the 'timeline' path.
--- nullable: driver, class_name, sighting_min_score, sighting_state, camera_id, cameras, run_id
+-- nullable: driver, class_name, sighting_min_score, camera_id, cameras, run_id
 SELECT CASE WHEN :driver::text IS NULL THEN 0 ELSE
            (SELECT coalesce(sum(s.item_count), 0)
             FROM bucket_sightings_wanted_v1(:bucket_id::text, :driver, :class_name::text,
-                                            :sighting_min_score::real, :sighting_state::text,
+                                            :sighting_min_score::real,
                                             :after_frame_time::timestamptz) s)
            + (SELECT count(*) FROM bucket_items bi
               WHERE bi.bucket_id = :bucket_id

@@ -145,7 +145,6 @@ class BucketItemsPageSparse(Params):
     driver: str
     class_name: str | None
     sighting_min_score: float | None
-    sighting_state: str | None
     after_frame_time: datetime
     after_item_id: str
     review_states: Sequence[str] | None
@@ -170,7 +169,6 @@ class BucketItemsPathSizes(Params):
     bucket_id: str
     class_name: str | None
     sighting_min_score: float | None
-    sighting_state: str | None
     after_frame_time: datetime
     camera_id: str | None
     cameras: Sequence[str] | None
