@@ -311,10 +311,11 @@ ORDER BY bi.frame_time, bi.item_id
 LIMIT :limit::bigint;
 
 -- name: bucket_items_path_sizes
--- What each path of bucket_items_page would read (the same arguments): sparse_items, the
--- items of the 'sparse' path (those of the sightings that may hold a match, and the
--- bucket's items with an item decision or a correction or not grouped yet, after the key;
--- 0 without a driver), and timelines, the timelines of the 'timeline' path.
+-- What the statements of a page would read (their arguments; review/listing.py picks one):
+-- sparse_items, the items bucket_items_page_sparse reads (those of the sightings that may
+-- hold a match, and the bucket's items with an item decision or a correction or not
+-- grouped yet, after the key; 0 without a driver), and timelines, the timelines
+-- bucket_items_page_timelines reads.
 -- nullable: driver, class_name, sighting_min_score, camera_id, cameras, run_id
 SELECT CASE WHEN :driver::text IS NULL THEN 0 ELSE
            (SELECT coalesce(sum(s.item_count), 0)
