@@ -19,7 +19,7 @@ import pytest
 
 from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.db import Connection
-from services.coordinator.review import reviews
+from services.coordinator.review import listing, reviews
 from testbed.coordinator_leases import Setup, on_behalf, record_request, refused
 from testbed.coordinator_world import CODE, DAY, put_recording, run_request
 from testbed.harness.coordinator import CoordinatorHarness
@@ -605,6 +605,150 @@ async def test_bucket_items_filter_and_page(coordinator: CoordinatorHarness) -> 
                 metadata=c.admin,
             )
         ) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+
+
+async def test_bucket_items_every_page_path_lists_the_same(
+    coordinator: CoordinatorHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListBucketItems finds a page with one of three statements (review/listing.py): the
+    bucket in frame order, a page per timeline (camera, run), or the items a class, score
+    floor or decided states may match, found through the sightings and the items with an
+    item decision, a correction or no grouping yet. Each filter lists the same items,
+    page after page, whichever is taken."""
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    await commit(c, s, jobs[0], two_objects(range(0, 9)))
+    await commit(c, s, jobs[3], two_objects(range(0, 3)))
+    found = await all_sightings(c, "r1")
+    # cam-a's vehicle relabelled; cam-b's sightings decided, one of its people rejected
+    for sid, sighting in found.items():
+        if sighting.camera_id == "cam-a" and sighting.class_name == "vehicle":
+            await decide(c, "r1", sid, RELABEL, "truck")
+        elif sighting.camera_id == "cam-b":
+            first_person = sighting.class_name == "person" and sid.endswith("~0")
+            await decide(c, "r1", sid, NONE if first_person else CONFIRM)
+    by_slot = {(i.camera_id, i.slot_index): i.item_id for i in await listed_items(c)}
+    # item decisions relabel a cam-b frame to "bus" and reject a cam-a frame; a correction
+    # leaves a cam-a frame a vehicle alone, where it had people
+    await c.workshop.DecideItem(
+        ws.DecideItemRequest(
+            item_id=by_slot["cam-b", 1], decision=RELABEL, class_name="bus", expected_revision=0
+        ),
+        metadata=c.admin,
+    )
+    await c.workshop.CorrectItemBoxes(
+        ws.CorrectItemBoxesRequest(
+            item_id=by_slot["cam-a", 4],
+            boxes=[
+                ws.BoxCorrectionInput(
+                    source_box_index=-1, class_name="vehicle", x=0.5, y=0.5, w=0.1, h=0.1
+                )
+            ],
+            expected_revision=0,
+        ),
+        metadata=c.admin,
+    )
+    await c.workshop.DecideItem(
+        ws.DecideItemRequest(item_id=by_slot["cam-a", 2], decision=NONE, expected_revision=0),
+        metadata=c.admin,
+    )
+    async with c.db.connection() as connection:  # items no grouping reached yet
+        assert len(await connection.fetch(COPY_ITEMS)) == 12
+    for job in (jobs[1], jobs[2], jobs[4], jobs[5]):
+        await commit(c, s, job, [])
+    # r2: an unsure person beside a sure vehicle (their own sightings), then a sure person
+    unsure = common_pb2.Box(class_name="person", score=0.3, x=0.1, y=0.1, w=0.1, h=0.1)
+    sure = box("vehicle", 0.6, 0.6, 0.1)
+    frames = [Frame(0, "save", (unsure, sure)), *two_objects(range(1, 2))]
+    await commit(c, s, (await start_run(c, s, "r2"))[0], frames)
+    everything = await listed_items(c)
+    start, end = everything[3].frame_time, everything[20].frame_time
+    accepted, rejected_state, pending = (
+        common_pb2.REVIEW_STATE_ACCEPTED,
+        common_pb2.REVIEW_STATE_REJECTED,
+        common_pb2.REVIEW_STATE_PENDING,
+    )
+    filters: list[dict[str, object]] = [
+        {},
+        {"class_name": "person"},
+        {"class_name": "vehicle"},
+        {"class_name": "truck"},
+        {"class_name": "bus"},
+        {"class_name": "cat"},
+        {"class_name": "truck", "camera_id": "cam-a"},
+        {"camera_id": "cam-b"},
+        {"run_id": "r1"},
+        {"run_id": "r2"},
+        {"run_id": "nope"},
+        {"review_states": [accepted]},
+        {"review_states": [rejected_state]},
+        {"review_states": [accepted, rejected_state]},
+        {"review_states": [pending]},
+        {"min_score": 0.5},
+        {"min_score": 0.95},
+        {"max_score": 0.5},
+        {"min_score": 0.5, "review_states": [rejected_state], "camera_id": "cam-b"},
+        # each condition met by another box (sighting) of the item
+        {"class_name": "person", "min_score": 0.5, "run_id": "r2"},
+        {"class_name": "person", "review_states": [pending]},
+        {"class_name": "truck", "review_states": [pending]},
+        {"min_score": 0.5, "review_states": [accepted]},
+        {"frame_time_from": start, "frame_time_to": end, "class_name": "person"},
+    ]
+    chosen = [[i.item_id for i in await listed_items(c, **f)] for f in filters]
+    monkeypatch.setattr(listing, "SPARSE_MOST", -1)  # never through the sightings
+    by_timeline = [[i.item_id for i in await listed_items(c, **f)] for f in filters]
+    monkeypatch.setattr(listing, "TIMELINES_MOST", -1)  # the bucket in frame order only
+    scanned = [[i.item_id for i in await listed_items(c, **f)] for f in filters]
+    assert chosen == by_timeline == scanned
+    counts = dict(zip((str(f) for f in filters), (len(ids) for ids in scanned), strict=True))
+    assert counts[str({"class_name": "truck"})] == 3  # cam-a slots 0, 3, 6 (not the copies)
+    assert counts[str({"class_name": "bus"})] == 1
+    # cam-b slot 0, its copy and r2's; cam-a's copies of slots 0, 3, 6; the box added
+    assert counts[str({"class_name": "vehicle"})] == 7
+    assert counts[str({"class_name": "cat"})] == 0
+    assert counts[str({"review_states": [accepted]})] == 3  # cam-b's, the bus's by itself
+    assert counts[str({"review_states": [rejected_state]})] == 1  # the item decided NONE
+    assert counts[str({"run_id": "r2"})] == 2
+    assert counts[str({"class_name": "person", "min_score": 0.5, "run_id": "r2"})] == 2
+    assert counts[str({"class_name": "truck", "review_states": [pending]})] == 3
+    # a page token is bound to its filter
+    monkeypatch.undo()
+    first = await c.workshop.ListBucketItems(
+        ws.ListBucketItemsRequest(
+            bucket_id="yard", filter=run_pb2.BucketItemFilter(class_name="truck"), page_size=1
+        ),
+        metadata=c.admin,
+    )
+    assert await refused(
+        c.workshop.ListBucketItems(
+            ws.ListBucketItemsRequest(
+                bucket_id="yard",
+                filter=run_pb2.BucketItemFilter(class_name="bus"),
+                page_token=first.next_page_token,
+            ),
+            metadata=c.admin,
+        )
+    ) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+
+
+async def listed_items(c: CoordinatorHarness, **filters: object) -> list[run_pb2.BucketItem]:
+    """Every item of bucket yard the filter keeps, two a page."""
+    wanted = run_pb2.BucketItemFilter(**filters)  # type: ignore[arg-type]
+    items: list[run_pb2.BucketItem] = []
+    token = ""
+    while True:
+        page = await c.workshop.ListBucketItems(
+            ws.ListBucketItemsRequest(
+                bucket_id="yard", filter=wanted, page_size=2, page_token=token
+            ),
+            metadata=c.admin,
+        )
+        items.extend(page.items)
+        if not page.next_page_token:
+            return items
+        token = page.next_page_token
 
 
 async def test_an_image_read_shows_its_boxes_after_relabels(

@@ -192,10 +192,14 @@ SELECT bucket_id FROM buckets_live_v1() WHERE bucket_id = $1;
 
 -- name: bucket_items_page
 -- A page of a bucket's items, oldest frame first, after the key (after_frame_time,
--- after_item_id), filtered by review states, class after corrections and relabels, camera (camera_id, or
--- the cameras the reader may see), run, frame time [frame_time_from, frame_time_to) and score
--- in [min_score, max_score] (the highest detected score of its boxes, 0 without boxes, as a
--- sighting's score is).
+-- after_item_id), that pass the filter: bucket_item_listed_v1 (review states, camera
+-- (camera_id, or the cameras the reader may see), run, frame time [frame_time_from,
+-- frame_time_to), score in [min_score, max_score]) and the class after corrections and
+-- relabels. Three statements find them, each reading about the items it returns where
+-- it is chosen (services/coordinator/review/listing.py): this one reads the bucket in
+-- frame order until the page is full (for no filter, or one most items pass; the caller
+-- starts the key at frame_time_from, so a time range is an index range);
+-- bucket_items_page_timelines and bucket_items_page_sparse below.
 -- nullable: review_states, class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
 SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
        bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
@@ -205,22 +209,131 @@ SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.came
        bi.item_relabel, bi.item_decided_by, bi.item_decided_at
 FROM bucket_items_current bi
 WHERE bi.bucket_id = :bucket_id::text
-  AND (:review_states::text[] IS NULL OR bi.review_state = ANY (:review_states))
+  AND (bi.frame_time, bi.item_id) > (:after_frame_time::timestamptz, :after_item_id::text)
+  AND bi.frame_time < coalesce(:frame_time_to::timestamptz, 'infinity')
+  AND bucket_item_listed_v1(
+          :review_states::text[], :camera_id::text, :cameras::text[], :run_id::text,
+          :frame_time_from::timestamptz, :frame_time_to::timestamptz, :min_score::real,
+          :max_score::real, bi.review_state, bi.camera_id, bi.run_id, bi.frame_time, bi.boxes)
   AND (:class_name::text IS NULL OR EXISTS (
           SELECT 1
           FROM bucket_item_reviewed_boxes_v1(bi.boxes, bi.corrected_boxes, bi.box_states,
                                              bi.box_relabels, bi.item_state, bi.item_relabel) r
           WHERE r.class_name = :class_name))
-  AND (:camera_id::text IS NULL OR bi.camera_id = :camera_id)
-  AND (:cameras::text[] IS NULL OR bi.camera_id = ANY (:cameras))
-  AND (:run_id::text IS NULL OR bi.run_id = :run_id)
-  AND (:frame_time_from::timestamptz IS NULL OR bi.frame_time >= :frame_time_from)
-  AND (:frame_time_to::timestamptz IS NULL OR bi.frame_time < :frame_time_to)
-  AND (:min_score::real IS NULL OR bucket_item_score_v1(bi.boxes) >= :min_score)
-  AND (:max_score::real IS NULL OR bucket_item_score_v1(bi.boxes) <= :max_score)
-  AND (bi.frame_time, bi.item_id) > (:after_frame_time::timestamptz, :after_item_id::text)
 ORDER BY bi.frame_time, bi.item_id
 LIMIT :limit::bigint;
+
+-- name: bucket_items_page_timelines
+-- bucket_items_page (the same filter and key) for a camera or run filter: a page from each
+-- timeline (run, camera) of the bucket the filter keeps, in frame order
+-- (bucket_items_by_timeline), merged.
+-- nullable: review_states, class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score
+SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
+       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
+       NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
+       bi.object_key, bi.sha256,
+       bi.revision, bi.corrected_boxes, bi.corrected_by, bi.corrected_at, bi.item_state,
+       bi.item_relabel, bi.item_decided_by, bi.item_decided_at
+FROM sighting_timelines t
+CROSS JOIN LATERAL (
+    SELECT bi.* FROM bucket_items_current bi
+    WHERE bi.run_id = t.run_id AND bi.bucket_id = t.bucket_id AND bi.camera_id = t.camera_id
+      AND bi.frame_time >= :after_frame_time::timestamptz
+      AND (bi.frame_time, bi.item_id) > (:after_frame_time, :after_item_id::text)
+      AND bi.frame_time < coalesce(:frame_time_to::timestamptz, 'infinity')
+      AND bucket_item_listed_v1(
+              :review_states::text[], :camera_id::text, :cameras::text[], :run_id::text,
+              :frame_time_from::timestamptz, :frame_time_to::timestamptz, :min_score::real,
+              :max_score::real, bi.review_state, bi.camera_id, bi.run_id, bi.frame_time, bi.boxes)
+      AND (:class_name::text IS NULL OR EXISTS (
+              SELECT 1
+              FROM bucket_item_reviewed_boxes_v1(bi.boxes, bi.corrected_boxes, bi.box_states,
+                                                 bi.box_relabels, bi.item_state, bi.item_relabel) r
+              WHERE r.class_name = :class_name))
+    -- (frame time alone: the index's order, read in order, not sorted; the ties at the
+    -- end come too, so the merge below orders by item id right)
+    ORDER BY bi.frame_time
+    FETCH FIRST (:limit::bigint) ROWS WITH TIES
+) bi
+WHERE t.bucket_id = :bucket_id::text
+  AND (:camera_id IS NULL OR t.camera_id = :camera_id)
+  AND (:cameras IS NULL OR t.camera_id = ANY (:cameras))
+  AND (:run_id IS NULL OR t.run_id = :run_id)
+ORDER BY bi.frame_time, bi.item_id
+LIMIT :limit;
+
+-- name: bucket_items_page_sparse
+-- bucket_items_page (the same filter and key) for a class, a score floor above 0
+-- (sighting_min_score), decided states only or PENDING alone that few items pass: the
+-- items that may pass, read and filtered: those of the sightings that may hold one by the
+-- condition `driver` names (bucket_sightings_wanted_v1), those with an item decision or a
+-- correction (bucket_items_item_reviewed) and those not grouped yet
+-- (bucket_items_ungrouped).
+-- nullable: review_states, class_name, camera_id, cameras, run_id, frame_time_from, frame_time_to, min_score, max_score, sighting_min_score
+WITH candidates AS (
+    SELECT bi.item_id
+    FROM bucket_sightings_wanted_v1(:bucket_id::text, :driver::text, :class_name::text,
+                                    :sighting_min_score::real,
+                                    :after_frame_time::timestamptz) s
+    JOIN bucket_items bi
+        ON bi.run_id = s.run_id AND bi.bucket_id = s.bucket_id AND bi.camera_id = s.camera_id
+       AND bi.frame_time >= greatest(s.first_frame_time, :after_frame_time)
+       AND bi.frame_time <= s.last_frame_time AND s.sighting_id = ANY (bi.box_sightings)
+    UNION
+    SELECT bi.item_id FROM bucket_items bi
+    WHERE bi.bucket_id = :bucket_id
+      AND (bi.item_state IS NOT NULL OR bi.corrected_boxes IS NOT NULL)
+      AND bi.frame_time >= :after_frame_time
+    UNION
+    SELECT bi.item_id FROM bucket_items bi
+    WHERE bi.box_sightings IS NULL AND bi.bucket_id = :bucket_id
+      AND bi.frame_time >= :after_frame_time
+)
+SELECT bi.item_id, bi.bucket_id, bi.run_id, bi.job_index, bi.slot_index, bi.camera_id,
+       bi.recording_id, bi.recording_generation, bi.output_current, bi.frame_time,
+       NULL::jsonb AS boxes, bi.review_state, bi.relabel_class, bi.saved_at, bi.reviewed_at,
+       bi.object_key, bi.sha256,
+       bi.revision, bi.corrected_boxes, bi.corrected_by, bi.corrected_at, bi.item_state,
+       bi.item_relabel, bi.item_decided_by, bi.item_decided_at
+FROM bucket_items_current bi
+WHERE bi.item_id IN (SELECT item_id FROM candidates)
+  AND (bi.frame_time, bi.item_id) > (:after_frame_time, :after_item_id::text)
+  AND bucket_item_listed_v1(
+          :review_states::text[], :camera_id::text, :cameras::text[], :run_id::text,
+          :frame_time_from::timestamptz, :frame_time_to::timestamptz, :min_score::real,
+          :max_score::real, bi.review_state, bi.camera_id, bi.run_id, bi.frame_time, bi.boxes)
+  AND (:class_name IS NULL OR EXISTS (
+          SELECT 1
+          FROM bucket_item_reviewed_boxes_v1(bi.boxes, bi.corrected_boxes, bi.box_states,
+                                             bi.box_relabels, bi.item_state, bi.item_relabel) r
+          WHERE r.class_name = :class_name))
+ORDER BY bi.frame_time, bi.item_id
+LIMIT :limit::bigint;
+
+-- name: bucket_items_path_sizes
+-- What the statements of a page would read (their arguments; review/listing.py picks one):
+-- sparse_items, the items bucket_items_page_sparse reads (those of the sightings that may
+-- hold a match, and the bucket's items with an item decision or a correction or not
+-- grouped yet, after the key; 0 without a driver), and timelines, the timelines
+-- bucket_items_page_timelines reads.
+-- nullable: driver, class_name, sighting_min_score, camera_id, cameras, run_id
+SELECT CASE WHEN :driver::text IS NULL THEN 0 ELSE
+           (SELECT coalesce(sum(s.item_count), 0)
+            FROM bucket_sightings_wanted_v1(:bucket_id::text, :driver, :class_name::text,
+                                            :sighting_min_score::real,
+                                            :after_frame_time::timestamptz) s)
+           + (SELECT count(*) FROM bucket_items bi
+              WHERE bi.bucket_id = :bucket_id
+                AND (bi.item_state IS NOT NULL OR bi.corrected_boxes IS NOT NULL)
+                AND bi.frame_time >= :after_frame_time)
+           + (SELECT count(*) FROM bucket_items bi
+              WHERE bi.box_sightings IS NULL AND bi.bucket_id = :bucket_id
+                AND bi.frame_time >= :after_frame_time) END AS sparse_items,
+       (SELECT count(*) FROM sighting_timelines t
+        WHERE t.bucket_id = :bucket_id
+          AND (:camera_id::text IS NULL OR t.camera_id = :camera_id)
+          AND (:cameras::text[] IS NULL OR t.camera_id = ANY (:cameras))
+          AND (:run_id::text IS NULL OR t.run_id = :run_id)) AS timelines;
 
 -- name: bucket_classes
 -- Every class the bucket's boxes carry after relabels.

@@ -98,8 +98,56 @@ class BucketItemsPage(Params):
     NAME: ClassVar[str] = "bucket_items_page"
 
     bucket_id: str
+    after_frame_time: datetime
+    after_item_id: str
+    frame_time_to: datetime | None
     review_states: Sequence[str] | None
+    camera_id: str | None
+    cameras: Sequence[str] | None
+    run_id: str | None
+    frame_time_from: datetime | None
+    min_score: float | None
+    max_score: float | None
     class_name: str | None
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BucketItemsPageTimelines(Params):
+    """The parameters of `review.bucket_items_page_timelines`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "bucket_items_page_timelines"
+
+    after_frame_time: datetime
+    after_item_id: str
+    frame_time_to: datetime | None
+    review_states: Sequence[str] | None
+    camera_id: str | None
+    cameras: Sequence[str] | None
+    run_id: str | None
+    frame_time_from: datetime | None
+    min_score: float | None
+    max_score: float | None
+    class_name: str | None
+    limit: int
+    bucket_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BucketItemsPageSparse(Params):
+    """The parameters of `review.bucket_items_page_sparse`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "bucket_items_page_sparse"
+
+    bucket_id: str
+    driver: str
+    class_name: str | None
+    sighting_min_score: float | None
+    after_frame_time: datetime
+    after_item_id: str
+    review_states: Sequence[str] | None
     camera_id: str | None
     cameras: Sequence[str] | None
     run_id: str | None
@@ -107,9 +155,24 @@ class BucketItemsPage(Params):
     frame_time_to: datetime | None
     min_score: float | None
     max_score: float | None
-    after_frame_time: datetime
-    after_item_id: str
     limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BucketItemsPathSizes(Params):
+    """The parameters of `review.bucket_items_path_sizes`."""
+
+    FILE: ClassVar[str] = "review"
+    NAME: ClassVar[str] = "bucket_items_path_sizes"
+
+    driver: str | None
+    bucket_id: str
+    class_name: str | None
+    sighting_min_score: float | None
+    after_frame_time: datetime
+    camera_id: str | None
+    cameras: Sequence[str] | None
+    run_id: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

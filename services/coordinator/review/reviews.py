@@ -39,9 +39,8 @@ from services.coordinator.platform.errors import (
     StaleRevision,
     TestRunNotReviewable,
 )
-from services.coordinator.review import sightings
+from services.coordinator.review import listing, sightings
 from services.coordinator.review.review_params import (
-    BucketItemsPage,
     ItemCorrectionLogged,
     ItemDecisionLogged,
     ItemRevise,
@@ -1098,27 +1097,20 @@ class ReviewApi:
         async with self.db.connection() as connection:
             if await connection.fetchval(sql("review", "bucket_exists"), bucket_id) is None:
                 raise NotFound("bucket", bucket_id, f"Bucket {bucket_id!r} does not exist.")
-            rows = await fetch_all(
+            # A frame time range starts the keyset there (an index range, not a filter).
+            start = after or FIRST_KEY
+            if wanted.frame_time_from is not None and wanted.frame_time_from > start.frame_time:
+                start = PageKey(wanted.frame_time_from, "")
+            statement = await listing.page_statement(
                 connection,
-                StoredItemRow,
-                *bind(
-                    BucketItemsPage(
-                        bucket_id=bucket_id,
-                        review_states=list(wanted.review_states) or None,
-                        class_name=wanted.class_name or None,
-                        camera_id=wanted.camera_id or None,
-                        cameras=sorted(cameras) if cameras is not None else None,
-                        run_id=wanted.run_id or None,
-                        frame_time_from=wanted.frame_time_from,
-                        frame_time_to=wanted.frame_time_to,
-                        min_score=wanted.min_score,
-                        max_score=wanted.max_score,
-                        after_frame_time=(after or FIRST_KEY).frame_time,
-                        after_item_id=(after or FIRST_KEY).item_id,
-                        limit=limit + 1,
-                    )
-                ),
+                bucket_id,
+                wanted,
+                sorted(cameras) if cameras is not None else None,
+                start.frame_time,
+                start.item_id,
+                limit + 1,
             )
+            rows = await fetch_all(connection, StoredItemRow, *bind(statement))
             rows, next_key = _page(rows, limit, lambda row: row.item)
             ids = [row.item.item_id for row in rows]
             boxes = await items_boxes(connection, ids)
