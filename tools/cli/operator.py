@@ -492,6 +492,36 @@ def bucket_list(ctx: typer.Context) -> None:
     )
 
 
+def _filter_fields(
+    review: list[str],
+    class_name: str,
+    camera: str,
+    *,
+    run_id: str = "",
+    since: str = "",
+    until: str = "",
+    min_score: float | None = None,
+    max_score: float | None = None,
+) -> dict[str, Any]:
+    """The fields a bucket item filter and a sighting filter share, from the options."""
+    unknown = [r for r in review if r not in REVIEW_STATES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown review state {unknown[0]!r}; one of {', '.join(REVIEW_STATES)}",
+            param_hint="--review",
+        )
+    return {
+        "review_states": [REVIEW_STATES[r] for r in review],
+        "class_name": class_name,
+        "camera_id": camera,
+        "run_id": run_id,
+        "frame_time_from": _instant(since, "--from"),
+        "frame_time_to": _instant(until, "--to"),
+        "min_score": min_score,
+        "max_score": max_score,
+    }
+
+
 def _filter(
     review: list[str],
     class_name: str,
@@ -503,21 +533,17 @@ def _filter(
     min_score: float | None = None,
     max_score: float | None = None,
 ) -> run_pb2.BucketItemFilter:
-    unknown = [r for r in review if r not in REVIEW_STATES]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown review state {unknown[0]!r}; one of {', '.join(REVIEW_STATES)}",
-            param_hint="--review",
-        )
     return run_pb2.BucketItemFilter(
-        review_states=[REVIEW_STATES[r] for r in review],
-        class_name=class_name,
-        camera_id=camera,
-        run_id=run_id,
-        frame_time_from=_instant(since, "--from"),
-        frame_time_to=_instant(until, "--to"),
-        min_score=min_score,
-        max_score=max_score,
+        **_filter_fields(
+            review,
+            class_name,
+            camera,
+            run_id=run_id,
+            since=since,
+            until=until,
+            min_score=min_score,
+            max_score=max_score,
+        )
     )
 
 
@@ -779,21 +805,17 @@ def _sighting_filter(
     min_score: float | None,
     max_score: float | None,
 ) -> ws.SightingFilter:
-    unknown = [r for r in review if r not in REVIEW_STATES]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown review state {unknown[0]!r}; one of {', '.join(REVIEW_STATES)}",
-            param_hint="--review",
-        )
     return ws.SightingFilter(
-        review_states=[REVIEW_STATES[r] for r in review],
-        class_name=class_name,
-        camera_id=camera,
-        run_id=run_id,
-        frame_time_from=_instant(since, "--from"),
-        frame_time_to=_instant(until, "--to"),
-        min_score=min_score,
-        max_score=max_score,
+        **_filter_fields(
+            review,
+            class_name,
+            camera,
+            run_id=run_id,
+            since=since,
+            until=until,
+            min_score=min_score,
+            max_score=max_score,
+        )
     )
 
 
