@@ -91,6 +91,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -115,7 +116,15 @@ from bench.footage import (
     sampled_frames,
     whole_ms,
 )
-from bench.proc_stats import CpuMeter, MemoryWatch, busy_cores_s, delta, hwm_mb, thread_cpu
+from bench.proc_stats import (
+    CpuMeter,
+    MemoryWatch,
+    busy_cores_s,
+    delta,
+    hwm_mb,
+    thread_cpu,
+    user_system_s,
+)
 from bench.results import result_line
 from bench.services import separate_services
 from bench.stats import median
@@ -411,6 +420,8 @@ async def _bench(
                     threads_before = thread_cpu(processor.pid)
                     profiled = args.profile_control and attempt == 1
                     profiler = _ControlProfile(dsn, pids, scratch) if profiled else None
+                    if profiler is not None:
+                        await profiler.idle()  # before py-spy attaches
                     with profiler or contextlib.nullcontext():
                         if profiler is not None:
                             await profiler.start()
@@ -418,18 +429,13 @@ async def _bench(
                             await meter.measure(
                                 "processor",
                                 lambda attempt=attempt: _processor_run(
-                                    c,
-                                    runtime_id,
-                                    processor,
-                                    recordings,
-                                    frames,
-                                    f"measured-{attempt}",
-                                    args.drop_frames,
+                                    c, runtime_id, processor, frames, f"measured-{attempt}"
                                 ),
                             )
                         )
                     if profiler is not None:
                         await profiler.report(frames)
+                    await _check_run(c, f"measured-{attempt}", recordings, frames, args.drop_frames)
                     for name, seconds in delta(thread_cpu(processor.pid), threads_before).items():
                         threads[name] = threads.get(name, 0.0) + seconds
 
@@ -488,6 +494,9 @@ async def _bench(
     return Outcome(fps["processor"], fps["baseline"], fps["plain"], control, peak, cpu_ratio)
 
 
+IDLE_WINDOW_S = 5.0
+
+
 class _ControlProfile:
     """--profile-control around one processor pass: pg_stat_statements, py-spy and the CPU
     per thread of the coordinator and the preview service."""
@@ -495,12 +504,32 @@ class _ControlProfile:
     def __init__(self, dsn: str, pids: dict[str, int], scratch: Path) -> None:
         self.dsn = dsn
         self.pids = {name: pids[name] for name in ("coordinator", "preview")}
+        self.metrics_ports = {name: pids.get(f"{name}_metrics_port") for name in self.pids}
         self.spy = profiling.PySpy(self.pids, scratch)
         self.threads: dict[str, dict[str, float]] = {}
+        self.calls: dict[str, Counter[str]] = {}
+        self.user_system: dict[str, tuple[float, float]] = {}
 
     async def start(self) -> None:
         await profiling.statements_reset(self.dsn)
+        self.calls = {
+            name: await profiling.rpc_counts(port) for name, port in self.metrics_ports.items()
+        }
         self.threads = {name: thread_cpu(pid) for name, pid in self.pids.items()}
+        self.user_system = {name: user_system_s(pid) for name, pid in self.pids.items()}
+
+    async def idle(self) -> None:
+        """The services' CPU a second with the stack up and no work (the processor connected,
+        nothing queued): a fixed cost that a short pass would put on its frames."""
+        before = {name: user_system_s(pid) for name, pid in self.pids.items()}
+        await asyncio.sleep(IDLE_WINDOW_S)
+        for name, pid in self.pids.items():
+            user, system = (a - b for a, b in zip(user_system_s(pid), before[name], strict=True))
+            say(
+                f"{name} idle: {(user + system) * 1000 / IDLE_WINDOW_S:.2f} CPU ms a second "
+                f"(user {user * 1000:.0f} ms, system {system * 1000:.0f} ms "
+                f"in {IDLE_WINDOW_S:.0f} s)"
+            )
 
     def __enter__(self) -> _ControlProfile:
         self.spy.__enter__()
@@ -511,11 +540,19 @@ class _ControlProfile:
             name: delta(thread_cpu(pid), self.threads.get(name, {}))
             for name, pid in self.pids.items()
         }
+        for name, pid in self.pids.items():
+            (user, system), (user_0, system_0) = user_system_s(pid), self.user_system[name]
+            self.user_system[name] = (user - user_0, system - system_0)
         self.spy.__exit__(*exc)
 
     async def report(self, frames: int) -> None:
         say()
         say(f"control-plane profile of the first processor pass ({frames} frames):")
+        for name, (user, system) in self.user_system.items():
+            say(
+                f"{name} CPU ms per frame: user {user * 1000 / frames:.3f}, "
+                f"system {system * 1000 / frames:.3f} (the kernel's share: sockets, wake-ups)"
+            )
         for name, threads in self.threads.items():
             busiest = sorted(threads.items(), key=lambda item: -item[1])[:5]
             say(
@@ -524,6 +561,9 @@ class _ControlProfile:
                     f"{thread} {seconds * 1000 / frames:.3f}" for thread, seconds in busiest
                 )
             )
+        for name, port in self.metrics_ports.items():
+            after = await profiling.rpc_counts(port)
+            profiling.rpc_report(name, self.calls.get(name, Counter()), after, frames, "frame")
         await profiling.statements_report(self.dsn, frames, "frame")
         self.spy.report(frames, "frame")
         say()
@@ -550,6 +590,11 @@ async def _services(
                 "coordinator": services.coordinator_process.pid,
                 "preview": services.preview_process.pid,
                 "preview_port": services.preview_port,
+                **{
+                    f"{name}_metrics_port": port
+                    for name, port in services.metrics_ports.items()
+                    if port is not None
+                },
             },
         )
 
@@ -686,7 +731,8 @@ async def _warm_up(c: CoordinatorHarness, runtime_id: str, processor: ServicePro
         image_limit=2,
     )
     await c.workshop.CreateRun(request, metadata=c.admin)
-    detail, _ = await _finished(c, "warm-up", processor)
+    await _finished(c, "warm-up", processor)
+    detail = await _run_detail(c, "warm-up")
     if detail.run.status != common_pb2.RUN_STATUS_COMPLETED:
         raise AssertionError(f"the warm-up run did not complete: {detail}")
 
@@ -695,11 +741,13 @@ async def _processor_run(
     c: CoordinatorHarness,
     runtime_id: str,
     processor: ServiceProcess,
-    recordings: list[Recording],
     frames: int,
     run_id: str,
-    drop_frames: bool,
 ) -> int:
+    """The measured part of a pass: CreateRun, then the processor's work until every job
+    has finished (polled in the database). The run is read back and checked afterwards
+    (`_check_run`), outside the measured window: that GetRun is this benchmark's, not
+    the processor's."""
     request = ws.CreateRunRequest(
         run_id=run_id,
         workflow_id="bench",
@@ -709,8 +757,19 @@ async def _processor_run(
     )
     created = time.perf_counter()
     await c.workshop.CreateRun(request, metadata=c.admin)
-    detail, claimed = await _finished(c, run_id, processor)
+    claimed = await _finished(c, run_id, processor)
     finished = time.perf_counter()
+    say(
+        f"processor run: first claim {claimed - created:.2f} s after CreateRun, from there "
+        f"{frames / (finished - claimed):.1f} frames/s"
+    )
+    return frames
+
+
+async def _check_run(
+    c: CoordinatorHarness, run_id: str, recordings: list[Recording], frames: int, drop_frames: bool
+) -> None:
+    detail = await _run_detail(c, run_id)
     run = detail.run
     decoders: dict[str, int] = {}
     for job in detail.jobs:
@@ -720,8 +779,6 @@ async def _processor_run(
         f"{run.counts.slots_frame} frames, {run.counts.slots_dropped} dropped, "
         f"{run.counts.items_saved} items saved; decoders "
         + ", ".join(f"{name or '?'} x{count}" for name, count in sorted(decoders.items()))
-        + f"; first claim {claimed - created:.2f} s after CreateRun, from there "
-        f"{frames / (finished - claimed):.1f} frames/s"
     )
     if (
         run.status != common_pb2.RUN_STATUS_COMPLETED
@@ -730,14 +787,11 @@ async def _processor_run(
     ):
         failed = [job.failure_message for job in detail.jobs if job.failure_message]
         raise AssertionError(f"the run did not label all {frames} frames: {run} {failed[:3]}")
-    return frames
 
 
-async def _finished(
-    c: CoordinatorHarness, run_id: str, processor: ServiceProcess
-) -> tuple[run_pb2.RunDetail, float]:
+async def _finished(c: CoordinatorHarness, run_id: str, processor: ServiceProcess) -> float:
     """Waits for the run's jobs to finish; fails early when nothing moves for STALL_S.
-    Returns the run's detail and when its first job was seen claimed (perf_counter).
+    Returns when its first job was seen claimed (perf_counter).
 
     Polled in the database (one cheap query), not with GetRun: its detail of recent
     images would cost the coordinator and this process CPU while the processor works."""
@@ -748,7 +802,7 @@ async def _finished(
         if row["started"] and not claimed:
             claimed = time.perf_counter()
         if row["jobs"] and not row["unfinished"]:
-            break
+            return claimed
         progress = (row["unfinished"], row["progress"])
         if progress != last:
             last, moved = progress, time.monotonic()
@@ -758,10 +812,13 @@ async def _finished(
                 f"{processor.log_tail()}"
             )
         await asyncio.sleep(POLL_S)
+
+
+async def _run_detail(c: CoordinatorHarness, run_id: str) -> run_pb2.RunDetail:
     reply: ws.GetRunResponse = await c.workshop.GetRun(
         ws.GetRunRequest(run_id=run_id), metadata=c.admin
     )
-    return reply.detail, claimed
+    return reply.detail
 
 
 def _check_alive(processor: ServiceProcess) -> None:

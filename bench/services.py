@@ -24,6 +24,8 @@ class SeparateServices:
     coordinator_process: ServiceProcess
     preview_process: ServiceProcess
     preview_port: int
+    # their /metrics ports (None: turned off)
+    metrics_ports: dict[str, int | None] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.asynccontextmanager
@@ -67,4 +69,13 @@ async def separate_services(
                 scratch / "preview.log",
                 ready_timeout=READY_TIMEOUT_S,
             ) as (preview, announced):
-                yield SeparateServices(c, coordinator, preview, int(announced["port"]))
+                yield SeparateServices(
+                    c,
+                    coordinator,
+                    preview,
+                    int(announced["port"]),
+                    {
+                        "coordinator": serving.get("metrics_port"),
+                        "preview": announced.get("metrics_port"),
+                    },
+                )
