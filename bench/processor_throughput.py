@@ -382,7 +382,8 @@ async def _bench(
     frames = sum(len(indices) for indices in wanted)
     _load_model(triton)
     session = _session(detector)
-    async with _services(dsn, s3, scratch) as (c, pids):
+    steps = scratch / "cpu-steps.txt" if args.profile_control else None
+    async with _services(dsn, s3, scratch, steps) as (c, pids):
         runtime_id, key = await _world(c, s3, recordings, detector, args)
         env = _processor_env(c, s3, triton, pids["preview_port"], runtime_id, key, args, extra)
         profile = scratch / "processor.prof" if args.profile else None
@@ -506,11 +507,13 @@ class _ControlProfile:
         self.pids = {name: pids[name] for name in ("coordinator", "preview")}
         self.metrics_ports = {name: pids.get(f"{name}_metrics_port") for name in self.pids}
         self.spy = profiling.PySpy(self.pids, scratch)
+        self.steps = scratch / "cpu-steps.txt"
         self.threads: dict[str, dict[str, float]] = {}
         self.calls: dict[str, Counter[str]] = {}
         self.user_system: dict[str, tuple[float, float]] = {}
 
     async def start(self) -> None:
+        os.kill(self.pids["coordinator"], signal.SIGUSR1)  # bench.cpu_steps: from zero
         await profiling.statements_reset(self.dsn)
         self.calls = {
             name: await profiling.rpc_counts(port) for name, port in self.metrics_ports.items()
@@ -543,6 +546,8 @@ class _ControlProfile:
         for name, pid in self.pids.items():
             (user, system), (user_0, system_0) = user_system_s(pid), self.user_system[name]
             self.user_system[name] = (user - user_0, system - system_0)
+        self.steps.unlink(missing_ok=True)
+        os.kill(self.pids["coordinator"], signal.SIGUSR2)  # bench.cpu_steps: written out
         self.spy.__exit__(*exc)
 
     async def report(self, frames: int) -> None:
@@ -565,8 +570,27 @@ class _ControlProfile:
             after = await profiling.rpc_counts(port)
             profiling.rpc_report(name, self.calls.get(name, Counter()), after, frames, "frame")
         await profiling.statements_report(self.dsn, frames, "frame")
+        await self._steps_report(frames)
         self.spy.report(frames, "frame")
         say()
+
+    async def _steps_report(self, frames: int) -> None:
+        for _ in range(50):
+            if self.steps.exists():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            say("(no CPU by call kind: the coordinator wrote no bench.cpu_steps totals)")
+            return
+        user, system = self.user_system["coordinator"]
+        say(
+            "coordinator CPU by call kind (bench.cpu_steps: the event-loop thread's CPU of "
+            "each kind's steps; a statement counts again inside its handler), us per frame; "
+            f"the whole process {(user + system) * 1e6 / frames:.1f}:"
+        )
+        for line in self.steps.read_text(encoding="utf-8").splitlines():
+            ms, calls, kind = line.split(" ", 2)
+            say(f"  {float(ms) * 1000 / frames:8.1f}  {int(calls):>5} calls  {kind}")
 
 
 def _load_model(triton: TritonServer) -> None:
@@ -580,10 +604,13 @@ def _load_model(triton: TritonServer) -> None:
 
 @contextlib.asynccontextmanager
 async def _services(
-    dsn: str, s3: S3Server, scratch: Path
+    dsn: str, s3: S3Server, scratch: Path, cpu_steps: Path | None
 ) -> AsyncIterator[tuple[CoordinatorHarness, dict[str, int]]]:
-    """The coordinator and the preview service as their own processes."""
-    async with separate_services(dsn, s3, scratch, bucket=PREVIEW_BUCKET) as services:
+    """The coordinator and the preview service as their own processes (the coordinator
+    under `bench.cpu_steps` when `cpu_steps` names its output)."""
+    async with separate_services(
+        dsn, s3, scratch, bucket=PREVIEW_BUCKET, cpu_steps=cpu_steps
+    ) as services:
         yield (
             services.coordinator,
             {
