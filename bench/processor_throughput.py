@@ -55,11 +55,16 @@ getrusage) and the rate the machine's cores would give at that CPU per frame
 processor under cProfile (its event-loop thread) and prints the top functions; the
 processor's per-thread CPU is always printed.
 `--profile-control` shows where the control plane's CPU goes in the first processor pass
-(`bench/profiling.py`): pg_stat_statements (the cluster restarted with it preloaded,
-nested statements tracked), py-spy samples of the coordinator and the preview service
-(py-spy next to the interpreter, on PATH or in `$PY_SPY`), their CPU per thread, and
-the calls each made per frame; the profilers cost a little, so take the per-frame
-figures of record from a run without it.
+(`bench/profiling.py`): the coordinator's and the preview service's CPU a second with the
+stack up and no work (5 s before the pass), pg_stat_statements (the cluster restarted with
+it preloaded, nested statements tracked), the coordinator's CPU by call kind
+(`bench.cpu_steps`, under which the coordinator then runs), the calls each service
+answered per frame (from their /metrics), their user and system CPU and CPU per thread,
+and py-spy samples of both (py-spy next to the interpreter, on PATH or in `$PY_SPY`;
+`$PY_SPY_RATE`, `$PY_SPY_NATIVE`, `$PY_SPY_GIL` as `bench/profiling.py` says); the
+profilers cost a little, so take the per-frame figures of record from a run without it.
+The pass measures CreateRun and the processor's work; the run is read back (GetRun) and
+checked after the pass, outside its figures.
 
 Memory: the processor's peak resident set is the kernel's high-water mark (`VmHWM` in
 /proc/<pid>/status) of the processor process, plus those of any children it has (none

@@ -11,7 +11,14 @@ are for the breakdown, not for the record.
 - `PySpy(pids, folder)` samples each process (raw collapsed stacks, `--nonblocking`)
   while its block runs; `report()` prints the functions with the most samples. py-spy is
   found next to the interpreter or on PATH, or under `$PY_SPY`; without it the block runs
-  unprofiled and a line says so.
+  unprofiled and a line says so. `$PY_SPY_RATE` sets the samples a second (250);
+  `$PY_SPY_NATIVE=1` adds the C frames (gRPC, uvloop, asyncpg), pausing the target for
+  each sample, which costs it several times its own CPU; `$PY_SPY_GIL=1` keeps only
+  samples that hold the GIL (a thread waiting in C is otherwise sometimes counted busy).
+  The C code between Python frames is counted on the last Python frame, so per-function
+  shares are approximate (`bench.cpu_steps` measures a service's calls exactly).
+- `rpc_counts(port)` / `rpc_report(...)`: the calls a service answered, by method and
+  code, from its `/metrics` (`workshop_rpc_requests_total`), before and after.
 """
 
 from __future__ import annotations
