@@ -40,6 +40,14 @@ def proc_times(pid: int) -> tuple[float, float, int] | None:
     return own, reaped, int(fields[1])
 
 
+def user_system_s(pid: int) -> tuple[float, float]:
+    """(user CPU s, system CPU s) of a process; zeros when it is gone."""
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    if fields is None:
+        return 0.0, 0.0
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+
+
 def proc_stat(pid: int) -> tuple[float, int] | None:
     """(own CPU s, parent pid) from /proc; None when the process is gone."""
     times = proc_times(pid)

@@ -55,11 +55,16 @@ getrusage) and the rate the machine's cores would give at that CPU per frame
 processor under cProfile (its event-loop thread) and prints the top functions; the
 processor's per-thread CPU is always printed.
 `--profile-control` shows where the control plane's CPU goes in the first processor pass
-(`bench/profiling.py`): pg_stat_statements (the cluster restarted with it preloaded,
-nested statements tracked), py-spy samples of the coordinator and the preview service
-(py-spy next to the interpreter, on PATH or in `$PY_SPY`), their CPU per thread, and
-the calls each made per frame; the profilers cost a little, so take the per-frame
-figures of record from a run without it.
+(`bench/profiling.py`): the coordinator's and the preview service's CPU a second with the
+stack up and no work (5 s before the pass), pg_stat_statements (the cluster restarted with
+it preloaded, nested statements tracked), the coordinator's CPU by call kind
+(`bench.cpu_steps`, under which the coordinator then runs), the calls each service
+answered per frame (from their /metrics), their user and system CPU and CPU per thread,
+and py-spy samples of both (py-spy next to the interpreter, on PATH or in `$PY_SPY`;
+`$PY_SPY_RATE`, `$PY_SPY_NATIVE`, `$PY_SPY_GIL` as `bench/profiling.py` says); the
+profilers cost a little, so take the per-frame figures of record from a run without it.
+The pass measures CreateRun and the processor's work; the run is read back (GetRun) and
+checked after the pass, outside its figures.
 
 Memory: the processor's peak resident set is the kernel's high-water mark (`VmHWM` in
 /proc/<pid>/status) of the processor process, plus those of any children it has (none
@@ -91,6 +96,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -115,7 +121,15 @@ from bench.footage import (
     sampled_frames,
     whole_ms,
 )
-from bench.proc_stats import CpuMeter, MemoryWatch, busy_cores_s, delta, hwm_mb, thread_cpu
+from bench.proc_stats import (
+    CpuMeter,
+    MemoryWatch,
+    busy_cores_s,
+    delta,
+    hwm_mb,
+    thread_cpu,
+    user_system_s,
+)
 from bench.results import result_line
 from bench.services import separate_services
 from bench.stats import median
@@ -373,7 +387,8 @@ async def _bench(
     frames = sum(len(indices) for indices in wanted)
     _load_model(triton)
     session = _session(detector)
-    async with _services(dsn, s3, scratch) as (c, pids):
+    steps = scratch / "cpu-steps.txt" if args.profile_control else None
+    async with _services(dsn, s3, scratch, steps) as (c, pids):
         runtime_id, key = await _world(c, s3, recordings, detector, args)
         env = _processor_env(c, s3, triton, pids["preview_port"], runtime_id, key, args, extra)
         profile = scratch / "processor.prof" if args.profile else None
@@ -411,6 +426,8 @@ async def _bench(
                     threads_before = thread_cpu(processor.pid)
                     profiled = args.profile_control and attempt == 1
                     profiler = _ControlProfile(dsn, pids, scratch) if profiled else None
+                    if profiler is not None:
+                        await profiler.idle()  # before py-spy attaches
                     with profiler or contextlib.nullcontext():
                         if profiler is not None:
                             await profiler.start()
@@ -418,18 +435,13 @@ async def _bench(
                             await meter.measure(
                                 "processor",
                                 lambda attempt=attempt: _processor_run(
-                                    c,
-                                    runtime_id,
-                                    processor,
-                                    recordings,
-                                    frames,
-                                    f"measured-{attempt}",
-                                    args.drop_frames,
+                                    c, runtime_id, processor, frames, f"measured-{attempt}"
                                 ),
                             )
                         )
                     if profiler is not None:
                         await profiler.report(frames)
+                    await _check_run(c, f"measured-{attempt}", recordings, frames, args.drop_frames)
                     for name, seconds in delta(thread_cpu(processor.pid), threads_before).items():
                         threads[name] = threads.get(name, 0.0) + seconds
 
@@ -488,6 +500,9 @@ async def _bench(
     return Outcome(fps["processor"], fps["baseline"], fps["plain"], control, peak, cpu_ratio)
 
 
+IDLE_WINDOW_S = 5.0
+
+
 class _ControlProfile:
     """--profile-control around one processor pass: pg_stat_statements, py-spy and the CPU
     per thread of the coordinator and the preview service."""
@@ -495,12 +510,34 @@ class _ControlProfile:
     def __init__(self, dsn: str, pids: dict[str, int], scratch: Path) -> None:
         self.dsn = dsn
         self.pids = {name: pids[name] for name in ("coordinator", "preview")}
+        self.metrics_ports = {name: pids.get(f"{name}_metrics_port") for name in self.pids}
         self.spy = profiling.PySpy(self.pids, scratch)
+        self.steps = scratch / "cpu-steps.txt"
         self.threads: dict[str, dict[str, float]] = {}
+        self.calls: dict[str, Counter[str]] = {}
+        self.user_system: dict[str, tuple[float, float]] = {}
 
     async def start(self) -> None:
+        os.kill(self.pids["coordinator"], signal.SIGUSR1)  # bench.cpu_steps: from zero
         await profiling.statements_reset(self.dsn)
+        self.calls = {
+            name: await profiling.rpc_counts(port) for name, port in self.metrics_ports.items()
+        }
         self.threads = {name: thread_cpu(pid) for name, pid in self.pids.items()}
+        self.user_system = {name: user_system_s(pid) for name, pid in self.pids.items()}
+
+    async def idle(self) -> None:
+        """The services' CPU a second with the stack up and no work (the processor connected,
+        nothing queued): a fixed cost that a short pass would put on its frames."""
+        before = {name: user_system_s(pid) for name, pid in self.pids.items()}
+        await asyncio.sleep(IDLE_WINDOW_S)
+        for name, pid in self.pids.items():
+            user, system = (a - b for a, b in zip(user_system_s(pid), before[name], strict=True))
+            say(
+                f"{name} idle: {(user + system) * 1000 / IDLE_WINDOW_S:.2f} CPU ms a second "
+                f"(user {user * 1000:.0f} ms, system {system * 1000:.0f} ms "
+                f"in {IDLE_WINDOW_S:.0f} s)"
+            )
 
     def __enter__(self) -> _ControlProfile:
         self.spy.__enter__()
@@ -511,11 +548,21 @@ class _ControlProfile:
             name: delta(thread_cpu(pid), self.threads.get(name, {}))
             for name, pid in self.pids.items()
         }
+        for name, pid in self.pids.items():
+            (user, system), (user_0, system_0) = user_system_s(pid), self.user_system[name]
+            self.user_system[name] = (user - user_0, system - system_0)
+        self.steps.unlink(missing_ok=True)
+        os.kill(self.pids["coordinator"], signal.SIGUSR2)  # bench.cpu_steps: written out
         self.spy.__exit__(*exc)
 
     async def report(self, frames: int) -> None:
         say()
         say(f"control-plane profile of the first processor pass ({frames} frames):")
+        for name, (user, system) in self.user_system.items():
+            say(
+                f"{name} CPU ms per frame: user {user * 1000 / frames:.3f}, "
+                f"system {system * 1000 / frames:.3f} (the kernel's share: sockets, wake-ups)"
+            )
         for name, threads in self.threads.items():
             busiest = sorted(threads.items(), key=lambda item: -item[1])[:5]
             say(
@@ -524,9 +571,31 @@ class _ControlProfile:
                     f"{thread} {seconds * 1000 / frames:.3f}" for thread, seconds in busiest
                 )
             )
+        for name, port in self.metrics_ports.items():
+            after = await profiling.rpc_counts(port)
+            profiling.rpc_report(name, self.calls.get(name, Counter()), after, frames, "frame")
         await profiling.statements_report(self.dsn, frames, "frame")
+        await self._steps_report(frames)
         self.spy.report(frames, "frame")
         say()
+
+    async def _steps_report(self, frames: int) -> None:
+        for _ in range(50):
+            if self.steps.exists():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            say("(no CPU by call kind: the coordinator wrote no bench.cpu_steps totals)")
+            return
+        user, system = self.user_system["coordinator"]
+        say(
+            "coordinator CPU by call kind (bench.cpu_steps: the event-loop thread's CPU of "
+            "each kind's steps; a statement counts again inside its handler), us per frame; "
+            f"the whole process {(user + system) * 1e6 / frames:.1f}:"
+        )
+        for line in self.steps.read_text(encoding="utf-8").splitlines():
+            ms, calls, kind = line.split(" ", 2)
+            say(f"  {float(ms) * 1000 / frames:8.1f}  {int(calls):>5} calls  {kind}")
 
 
 def _load_model(triton: TritonServer) -> None:
@@ -540,16 +609,24 @@ def _load_model(triton: TritonServer) -> None:
 
 @contextlib.asynccontextmanager
 async def _services(
-    dsn: str, s3: S3Server, scratch: Path
+    dsn: str, s3: S3Server, scratch: Path, cpu_steps: Path | None
 ) -> AsyncIterator[tuple[CoordinatorHarness, dict[str, int]]]:
-    """The coordinator and the preview service as their own processes."""
-    async with separate_services(dsn, s3, scratch, bucket=PREVIEW_BUCKET) as services:
+    """The coordinator and the preview service as their own processes (the coordinator
+    under `bench.cpu_steps` when `cpu_steps` names its output)."""
+    async with separate_services(
+        dsn, s3, scratch, bucket=PREVIEW_BUCKET, cpu_steps=cpu_steps
+    ) as services:
         yield (
             services.coordinator,
             {
                 "coordinator": services.coordinator_process.pid,
                 "preview": services.preview_process.pid,
                 "preview_port": services.preview_port,
+                **{
+                    f"{name}_metrics_port": port
+                    for name, port in services.metrics_ports.items()
+                    if port is not None
+                },
             },
         )
 
@@ -686,7 +763,8 @@ async def _warm_up(c: CoordinatorHarness, runtime_id: str, processor: ServicePro
         image_limit=2,
     )
     await c.workshop.CreateRun(request, metadata=c.admin)
-    detail, _ = await _finished(c, "warm-up", processor)
+    await _finished(c, "warm-up", processor)
+    detail = await _run_detail(c, "warm-up")
     if detail.run.status != common_pb2.RUN_STATUS_COMPLETED:
         raise AssertionError(f"the warm-up run did not complete: {detail}")
 
@@ -695,11 +773,13 @@ async def _processor_run(
     c: CoordinatorHarness,
     runtime_id: str,
     processor: ServiceProcess,
-    recordings: list[Recording],
     frames: int,
     run_id: str,
-    drop_frames: bool,
 ) -> int:
+    """The measured part of a pass: CreateRun, then the processor's work until every job
+    has finished (polled in the database). The run is read back and checked afterwards
+    (`_check_run`), outside the measured window: that GetRun is this benchmark's, not
+    the processor's."""
     request = ws.CreateRunRequest(
         run_id=run_id,
         workflow_id="bench",
@@ -709,8 +789,19 @@ async def _processor_run(
     )
     created = time.perf_counter()
     await c.workshop.CreateRun(request, metadata=c.admin)
-    detail, claimed = await _finished(c, run_id, processor)
+    claimed = await _finished(c, run_id, processor)
     finished = time.perf_counter()
+    say(
+        f"processor run: first claim {claimed - created:.2f} s after CreateRun, from there "
+        f"{frames / (finished - claimed):.1f} frames/s"
+    )
+    return frames
+
+
+async def _check_run(
+    c: CoordinatorHarness, run_id: str, recordings: list[Recording], frames: int, drop_frames: bool
+) -> None:
+    detail = await _run_detail(c, run_id)
     run = detail.run
     decoders: dict[str, int] = {}
     for job in detail.jobs:
@@ -720,8 +811,6 @@ async def _processor_run(
         f"{run.counts.slots_frame} frames, {run.counts.slots_dropped} dropped, "
         f"{run.counts.items_saved} items saved; decoders "
         + ", ".join(f"{name or '?'} x{count}" for name, count in sorted(decoders.items()))
-        + f"; first claim {claimed - created:.2f} s after CreateRun, from there "
-        f"{frames / (finished - claimed):.1f} frames/s"
     )
     if (
         run.status != common_pb2.RUN_STATUS_COMPLETED
@@ -730,14 +819,11 @@ async def _processor_run(
     ):
         failed = [job.failure_message for job in detail.jobs if job.failure_message]
         raise AssertionError(f"the run did not label all {frames} frames: {run} {failed[:3]}")
-    return frames
 
 
-async def _finished(
-    c: CoordinatorHarness, run_id: str, processor: ServiceProcess
-) -> tuple[run_pb2.RunDetail, float]:
+async def _finished(c: CoordinatorHarness, run_id: str, processor: ServiceProcess) -> float:
     """Waits for the run's jobs to finish; fails early when nothing moves for STALL_S.
-    Returns the run's detail and when its first job was seen claimed (perf_counter).
+    Returns when its first job was seen claimed (perf_counter).
 
     Polled in the database (one cheap query), not with GetRun: its detail of recent
     images would cost the coordinator and this process CPU while the processor works."""
@@ -748,7 +834,7 @@ async def _finished(
         if row["started"] and not claimed:
             claimed = time.perf_counter()
         if row["jobs"] and not row["unfinished"]:
-            break
+            return claimed
         progress = (row["unfinished"], row["progress"])
         if progress != last:
             last, moved = progress, time.monotonic()
@@ -758,10 +844,13 @@ async def _finished(
                 f"{processor.log_tail()}"
             )
         await asyncio.sleep(POLL_S)
+
+
+async def _run_detail(c: CoordinatorHarness, run_id: str) -> run_pb2.RunDetail:
     reply: ws.GetRunResponse = await c.workshop.GetRun(
         ws.GetRunRequest(run_id=run_id), metadata=c.admin
     )
-    return reply.detail, claimed
+    return reply.detail
 
 
 def _check_alive(processor: ServiceProcess) -> None:

@@ -11,11 +11,19 @@ are for the breakdown, not for the record.
 - `PySpy(pids, folder)` samples each process (raw collapsed stacks, `--nonblocking`)
   while its block runs; `report()` prints the functions with the most samples. py-spy is
   found next to the interpreter or on PATH, or under `$PY_SPY`; without it the block runs
-  unprofiled and a line says so.
+  unprofiled and a line says so. `$PY_SPY_RATE` sets the samples a second (250);
+  `$PY_SPY_NATIVE=1` adds the C frames (gRPC, uvloop, asyncpg), pausing the target for
+  each sample, which costs it several times its own CPU; `$PY_SPY_GIL=1` keeps only
+  samples that hold the GIL (a thread waiting in C is otherwise sometimes counted busy).
+  The C code between Python frames is counted on the last Python frame, so per-function
+  shares are approximate (`bench.cpu_steps` measures a service's calls exactly).
+- `rpc_counts(port)` / `rpc_report(...)`: the calls a service answered, by method and
+  code, from its `/metrics` (`workshop_rpc_requests_total`), before and after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -30,7 +38,7 @@ import asyncpg
 
 from tools.localstack.postgres import PostgresCluster
 
-RATE_HZ = 250
+RATE_HZ = int(os.environ.get("PY_SPY_RATE", "250"))  # samples a second
 TOP = 25
 
 
@@ -92,6 +100,40 @@ async def statements_report(dsn: str, per: int, unit: str, top: int = TOP) -> No
         )
 
 
+async def rpc_counts(port: int | None) -> Counter[str]:
+    """Calls answered by a service so far, by method and code, from its /metrics
+    (`workshop_rpc_requests_total`; a Session's messages count under Session/<call>)."""
+    counts: Counter[str] = Counter()
+    if port is None:
+        return counts
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        await writer.drain()
+        text = (await reader.read()).decode()
+    finally:
+        writer.close()
+    for line in text.splitlines():
+        if not line.startswith("workshop_rpc_requests_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        fields = dict(part.split("=", 1) for part in labels[labels.index("{") + 1 : -1].split('",'))
+        method = fields.get("method", "").strip('"').removeprefix("workshop.v1.")
+        code = fields.get("code", "").strip('"')
+        counts[f"{method} {code}" if code != "OK" else method] += int(float(value))
+    return counts
+
+
+def rpc_report(name: str, before: Counter[str], after: Counter[str], per: int, unit: str) -> None:
+    calls = after - before
+    say(
+        f"calls answered by the {name} (its /metrics), per {unit}: {sum(calls.values()) / per:.3f}"
+        " in all (the scrape itself not counted)"
+    )
+    for method, count in calls.most_common():
+        say(f"  {count / per:8.3f}  {count:>6}  {method}")
+
+
 def py_spy_binary() -> str | None:
     return (
         os.environ.get("PY_SPY")
@@ -131,7 +173,7 @@ class PySpy:
                         "--format",
                         "raw",
                         "--nolineno",
-                        "--nonblocking",
+                        *self._mode(),
                         "--output",
                         str(self.output(name)),
                     ],
@@ -142,6 +184,15 @@ class PySpy:
         time.sleep(0.5)  # attached before the measured work starts
         self._began = time.perf_counter()
         return self
+
+    @staticmethod
+    def _mode() -> list[str]:
+        """`--nonblocking` (Python frames only), or with `$PY_SPY_NATIVE` set the C frames
+        too (gRPC, uvloop, asyncpg's protocol): py-spy must pause the target to unwind
+        those, so a native profile costs the target more."""
+        mode = ["--native"] if os.environ.get("PY_SPY_NATIVE") else ["--nonblocking"]
+        # `$PY_SPY_GIL`: only samples that hold the GIL (no idle thread miscounted as busy)
+        return [*mode, "--gil"] if os.environ.get("PY_SPY_GIL") else mode
 
     def __exit__(
         self,

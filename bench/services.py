@@ -24,6 +24,8 @@ class SeparateServices:
     coordinator_process: ServiceProcess
     preview_process: ServiceProcess
     preview_port: int
+    # their /metrics ports (None: turned off)
+    metrics_ports: dict[str, int | None] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.asynccontextmanager
@@ -34,20 +36,24 @@ async def separate_services(
     *,
     bucket: str,
     preview_settings: Mapping[str, str] | None = None,
+    cpu_steps: Path | None = None,
 ) -> AsyncIterator[SeparateServices]:
     """Starts both (logs under `scratch`), the preview service with its own service key and
-    `PREVIEW_<name>` for each of `preview_settings`; stops both on exit."""
+    `PREVIEW_<name>` for each of `preview_settings`; stops both on exit. With `cpu_steps`
+    the coordinator runs under `bench.cpu_steps`, which writes its CPU by call kind there."""
     coordinator_env = {
         **_COMMON,
         "DATABASE_URL": dsn,
         "SCHEDULER_INTERVAL_SECONDS": "0",
         "MAINTENANCE_INTERVAL_SECONDS": "0",
     }
+    steps = {} if cpu_steps is None else {"WORKSHOP_CPU_STEPS": str(cpu_steps)}
     with running_service(
-        "services.coordinator",
-        {f"COORDINATOR_{key}": value for key, value in coordinator_env.items()},
+        "services.coordinator" if cpu_steps is None else "bench.cpu_steps",
+        {f"COORDINATOR_{key}": value for key, value in coordinator_env.items()} | steps,
         scratch / "coordinator.log",
         ready_timeout=READY_TIMEOUT_S,
+        args=() if cpu_steps is None else ("services.coordinator",),
     ) as (coordinator, serving):
         async with coordinator_client(dsn, int(serving["port"])) as c:
             preview_env = {
@@ -67,4 +73,13 @@ async def separate_services(
                 scratch / "preview.log",
                 ready_timeout=READY_TIMEOUT_S,
             ) as (preview, announced):
-                yield SeparateServices(c, coordinator, preview, int(announced["port"]))
+                yield SeparateServices(
+                    c,
+                    coordinator,
+                    preview,
+                    int(announced["port"]),
+                    {
+                        "coordinator": serving.get("metrics_port"),
+                        "preview": announced.get("metrics_port"),
+                    },
+                )

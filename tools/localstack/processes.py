@@ -126,9 +126,11 @@ def running_service(
     *,
     ready_timeout: float = 60.0,
     cwd: Path | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[tuple[ServiceProcess, dict[str, Any]]]:
-    """Start `module`, wait for its `serving` announcement, and always stop it."""
-    service = ServiceProcess(module, env, log_path, cwd=cwd)
+    """Start `module` (with `args`), wait for its `serving` announcement, and always stop
+    it."""
+    service = ServiceProcess(module, env, log_path, cwd=cwd, args=args)
     try:
         serving = service.wait_event("serving", timeout=ready_timeout)
         yield service, serving
