@@ -53,8 +53,9 @@ CREATE FUNCTION bucket_item_listed_v1(
 $$;
 
 -- The sightings of bucket p_bucket that may hold an item of a sparse filter, by one of its
--- conditions (p_driver), from their columns: 'class', of detected class p_class or with a
--- decision (a relabel may have made any box p_class); 'score', with score at least p_min
+-- conditions (p_driver), from their columns: 'class', of detected class p_class, relabelled
+-- p_class, or with a decision and not accepted (a relabel may have made any of their boxes
+-- p_class; an accepted sighting's boxes all carry its one relabel); 'score', with score at least p_min
 -- (> 0; an item's score is its best box's, and a box's sighting's score is at least the
 -- box's); 'decided', with a decision (an item accepted or rejected without an item decision
 -- has decided boxes); 'pending', pending (an item pending without an item decision has a
@@ -71,6 +72,9 @@ CREATE FUNCTION bucket_sightings_wanted_v1(
         SELECT * FROM sightings  -- (sightings_decided)
         WHERE p_driver = 'class' AND bucket_id = p_bucket AND decided_at IS NOT NULL
           AND class_name <> p_class
+          -- an accepted sighting's boxes all carry its one relabel (sighting_review_v1):
+          -- of another class unless that is p_class
+          AND (review_state <> 'accepted' OR relabel_class = p_class)
         UNION ALL
         SELECT * FROM sightings  -- (sightings_queue_score, a range per state)
         WHERE p_driver = 'score' AND bucket_id = p_bucket
