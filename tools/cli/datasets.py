@@ -14,7 +14,7 @@ from tools.cli.operator import FORMATS, MAX_SCORE_OPTION, MIN_SCORE_OPTION, RUN_
 from tools.cli.output import as_dict, emit
 from workshop.kit.cli import Metadata
 from workshop.v1 import dataset_pb2 as pb
-from workshop.v1 import dataset_pb2_grpc, preview_pb2, preview_pb2_grpc
+from workshop.v1 import dataset_pb2_grpc, preview_pb2, preview_pb2_grpc, run_pb2
 
 app = typer.Typer(
     help="Freeze buckets into dataset versions, compare and export them.", no_args_is_help=True
@@ -77,7 +77,13 @@ def freeze(
         bucket_id=bucket_id,
         name=name,
         filter=_filter(
-            review, class_name, camera, run_id=run_id, min_score=min_score, max_score=max_score
+            run_pb2.BucketItemFilter,
+            review,
+            class_name,
+            camera,
+            run_id=run_id,
+            min_score=min_score,
+            max_score=max_score,
         ),
         seed=seed,
         val_fraction=val_fraction,

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import typer
@@ -265,7 +265,7 @@ def model_evaluate(
         model_name=name,
         version=version,
         bucket_id=bucket,
-        review_states=_filter(review, "", "").review_states,
+        review_states=_filter(run_pb2.BucketItemFilter, review, "", "").review_states,
         workers=workers,
     )
     if baseline == "none":
@@ -492,7 +492,12 @@ def bucket_list(ctx: typer.Context) -> None:
     )
 
 
-def _filter_fields(
+# The two filters the options build: a bucket's items, and the review queue's sightings.
+FilterT = TypeVar("FilterT", run_pb2.BucketItemFilter, ws.SightingFilter)
+
+
+def _filter(
+    kind: type[FilterT],
     review: list[str],
     class_name: str,
     camera: str,
@@ -502,48 +507,22 @@ def _filter_fields(
     until: str = "",
     min_score: float | None = None,
     max_score: float | None = None,
-) -> dict[str, Any]:
-    """The fields a bucket item filter and a sighting filter share, from the options."""
+) -> FilterT:
     unknown = [r for r in review if r not in REVIEW_STATES]
     if unknown:
         raise typer.BadParameter(
             f"unknown review state {unknown[0]!r}; one of {', '.join(REVIEW_STATES)}",
             param_hint="--review",
         )
-    return {
-        "review_states": [REVIEW_STATES[r] for r in review],
-        "class_name": class_name,
-        "camera_id": camera,
-        "run_id": run_id,
-        "frame_time_from": _instant(since, "--from"),
-        "frame_time_to": _instant(until, "--to"),
-        "min_score": min_score,
-        "max_score": max_score,
-    }
-
-
-def _filter(
-    review: list[str],
-    class_name: str,
-    camera: str,
-    *,
-    run_id: str = "",
-    since: str = "",
-    until: str = "",
-    min_score: float | None = None,
-    max_score: float | None = None,
-) -> run_pb2.BucketItemFilter:
-    return run_pb2.BucketItemFilter(
-        **_filter_fields(
-            review,
-            class_name,
-            camera,
-            run_id=run_id,
-            since=since,
-            until=until,
-            min_score=min_score,
-            max_score=max_score,
-        )
+    return kind(
+        review_states=[REVIEW_STATES[r] for r in review],
+        class_name=class_name,
+        camera_id=camera,
+        run_id=run_id,
+        frame_time_from=_instant(since, "--from"),
+        frame_time_to=_instant(until, "--to"),
+        min_score=min_score,
+        max_score=max_score,
     )
 
 
@@ -574,6 +553,7 @@ def bucket_items(
     """List a bucket's items (ListBucketItems)."""
     opts = options(ctx)
     wanted = _filter(
+        run_pb2.BucketItemFilter,
         review,
         class_name,
         camera,
@@ -795,31 +775,7 @@ def _instant(text: str, hint: str) -> Timestamp | None:
     return stamp
 
 
-def _sighting_filter(
-    review: list[str],
-    class_name: str,
-    camera: str,
-    run_id: str,
-    since: str,
-    until: str,
-    min_score: float | None,
-    max_score: float | None,
-) -> ws.SightingFilter:
-    return ws.SightingFilter(
-        **_filter_fields(
-            review,
-            class_name,
-            camera,
-            run_id=run_id,
-            since=since,
-            until=until,
-            min_score=min_score,
-            max_score=max_score,
-        )
-    )
-
-
-# The sighting filter's options (`_sighting_filter`), one definition for `buckets queue`
+# The sighting filter's options (`_filter` of a SightingFilter), one definition for `buckets queue`
 # and `buckets bulk-decide` (typer copies an option's definition for each command).
 REVIEW_OPTION = typer.Option(
     [], "--review", help="pending, accepted or rejected (repeatable; default pending)"
@@ -857,8 +813,16 @@ def bucket_queue(
     opts = options(ctx)
     request = ws.GetReviewQueueRequest(
         bucket_id=bucket_id,
-        filter=_sighting_filter(
-            review, class_name, camera, run_id, since, until, min_score, max_score
+        filter=_filter(
+            ws.SightingFilter,
+            review,
+            class_name,
+            camera,
+            run_id=run_id,
+            since=since,
+            until=until,
+            min_score=min_score,
+            max_score=max_score,
         ),
         order=QUEUE_ORDERS[order],
         page_size=limit,
@@ -914,8 +878,16 @@ def bucket_bulk_decide(
     opts = options(ctx)
     request = ws.BulkDecideSightingsRequest(
         bucket_id=bucket_id,
-        filter=_sighting_filter(
-            review, class_name, camera, run_id, since, until, min_score, max_score
+        filter=_filter(
+            ws.SightingFilter,
+            review,
+            class_name,
+            camera,
+            run_id=run_id,
+            since=since,
+            until=until,
+            min_score=min_score,
+            max_score=max_score,
         ),
         decision=DECISIONS[decision],
         class_name=relabel,
@@ -960,7 +932,13 @@ def bucket_export(
     if format not in FORMATS:
         raise typer.BadParameter("must be coco or yolo", param_hint="--format")
     wanted = _filter(
-        review, class_name, camera, run_id=run_id, min_score=min_score, max_score=max_score
+        run_pb2.BucketItemFilter,
+        review,
+        class_name,
+        camera,
+        run_id=run_id,
+        min_score=min_score,
+        max_score=max_score,
     )
     request = preview_pb2.ExportBucketRequest(
         bucket_id=bucket_id, format=FORMATS[format], filter=wanted
@@ -1046,7 +1024,9 @@ def _review_counts(
     if not opts.coordinator:
         return None
     request = ws.ListBucketItemsRequest(
-        bucket_id=bucket_id, filter=_filter([], class_name, camera), page_size=WHOLE_PAGE
+        bucket_id=bucket_id,
+        filter=_filter(run_pb2.BucketItemFilter, [], class_name, camera),
+        page_size=WHOLE_PAGE,
     )
 
     async def call(channel: grpc.aio.Channel, md: Metadata) -> dict[str, int] | None:
