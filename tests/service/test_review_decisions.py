@@ -534,20 +534,7 @@ async def test_bucket_items_filter_and_page(coordinator: CoordinatorHarness) -> 
     await decide(c, "r1", vehicle, RELABEL, "truck")
 
     async def listed(**filters: object) -> list[run_pb2.BucketItem]:
-        wanted = run_pb2.BucketItemFilter(**filters)  # type: ignore[arg-type]
-        items: list[run_pb2.BucketItem] = []
-        token = ""
-        while True:
-            page = await c.workshop.ListBucketItems(
-                ws.ListBucketItemsRequest(
-                    bucket_id="yard", filter=wanted, page_size=2, page_token=token
-                ),
-                metadata=c.admin,
-            )
-            items.extend(page.items)
-            if not page.next_page_token:
-                return items
-            token = page.next_page_token
+        return await listed_items(c, **filters)
 
     everything = await listed()
     assert len(everything) == 12
