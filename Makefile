@@ -7,8 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(wildcard proto/workshop/v1/*.proto)
 PYTEST_ARGS ?=
-# pytest-xdist workers: one per core.
-TEST_WORKERS ?= auto
+# pytest-xdist workers: two per core. Most tests wait more than they compute (a restart,
+# an outage, a lease, a browser's frame): one worker alone uses about a quarter of a core
+# (test_processor_outages.py: 22 s of CPU in 107 s), so two per core keep the cores busy.
+TEST_WORKERS ?= $(shell echo $$((2 * $$(nproc))))
 # Arguments of `make demo`, e.g. `make demo ARGS=--keep`.
 ARGS ?=
 
@@ -38,9 +40,9 @@ proto: $(STAMP)
 	$(BIN)/python -m scripts.gen_proto
 
 # The tests marked `alone`, one after another on a quiet machine (pytest's exit 5, no
-# test selected, is no failure), then the rest on every core (pytest-xdist; each worker
+# test selected, is no failure), then the rest on every core (pytest-xdist, TEST_WORKERS; each worker
 # starts its own Postgres, SeaweedFS and Triton; `--dist worksteal`: a worker that runs out
-# takes tests queued for the other, so a long test near the end does not leave a core idle).
+# takes tests queued for another, so a long test near the end does not leave a core idle).
 # Both add to .test-results/durations.txt.
 test: $(STAMP)
 	$(BIN)/pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import secrets
 import socket
 import time
@@ -323,8 +324,11 @@ async def test_a_burst_of_50_events_arrives_as_one_or_two_messages(
             burst.append(await reader.next())  # until the latest state has arrived
         await asyncio.sleep(2 * window)  # and no stray update after it
         burst += reader.drained()
-    assert span < 0.1, f"the burst took {span:.3f} s"
-    assert 1 <= len(burst) <= 2, [m["seq"] for m in burst]
+    # the leading edge, then one merged update per window the burst spans: two when the
+    # commits take under one window (about 0.02 s on an idle machine), more only on a
+    # machine so loaded that they took longer (0.113 s was seen at load 15)
+    windows = max(1, math.ceil(span / window))
+    assert 1 <= len(burst) <= 1 + windows, ([m["seq"] for m in burst], f"{span:.3f} s")
     assert [m["seq"] for m in burst] == list(range(last_seq + 1, last_seq + 1 + len(burst)))
     assert [progress(burst[-1], 0), progress(burst[-1], 1)] == [25, 25]  # the latest won
 

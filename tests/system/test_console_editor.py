@@ -135,13 +135,14 @@ async def test_build_save_conflict_and_schedule_in_the_editor(
     await add(page, "model")  # after the selected step, the rule (on its MATCH branch)
     extra = node(page, "model-2")
     await expect(extra).to_be_focused()
-    before = await extra.bounding_box()
+    # Its place on the canvas (style left/top), not on the screen: the canvas may still be
+    # scrolling the new step into view while the keys are pressed.
+    place = "(node) => [parseFloat(node.style.left), parseFloat(node.style.top)]"
+    before = await extra.evaluate(place)
     await page.keyboard.press("ArrowDown")
     await page.keyboard.press("Shift+ArrowRight")
-    after = await extra.bounding_box()
-    assert before is not None
-    assert after is not None
-    assert (after["x"] - before["x"], after["y"] - before["y"]) == (50, 10)
+    after = await extra.evaluate(place)
+    assert (after[0] - before[0], after[1] - before[1]) == (50, 10)
     await expect(extra.locator(".node-problem")).to_contain_text(["has no outgoing edge"])
     await page.keyboard.press("Delete")
     await expect(extra).to_have_count(0)
