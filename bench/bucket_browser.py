@@ -42,18 +42,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
-import gc
+import hashlib
+import io
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from playwright.async_api import Page, Route, async_playwright
+from playwright.async_api import Page, Request, async_playwright
 
 from bench.results import result_line
 from bench.review import (
@@ -67,16 +69,19 @@ from bench.review import (
     _summary_runs,
     _world,
 )
+from bench.services import separate_services
 from bench.stats import median, percentile
+from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.review.reviews import ItemFilter, PageKey
 from services.coordinator.servicers.views import item_filter, page_token
 from testbed.harness.browser import CHROMIUM, CHROMIUM_ARGS
-from testbed.harness.coordinator import CoordinatorHarness, coordinator_client
-from testbed.harness.gateway import PASSWORD, running_gateway
+from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.postgres import PostgresUnavailable, create_migrated_database, postgres_cluster
 from testbed.harness.preview import jpeg_bytes
+from testbed.harness.s3 import S3HarnessError, S3Server, running_s3_server
 from tools.localstack.processes import running_service
 from workshop.v1 import common_pb2, run_pb2
+from workshop.v1 import operator_pb2 as op
 from workshop.v1 import workshop_pb2 as ws
 
 DATABASE = "bench_bucket_browser"
@@ -85,6 +90,9 @@ PAGE = 200
 TARGET_MS = 100.0
 PAINTED = "bucket-page-painted"
 THUMB = jpeg_bytes(160, 90, seed=3)
+S3_BUCKET, THUMB_KEY = "bench-browser", "thumbs/one.jpg"
+USER, PASSWORD = "bench", "correct horse battery staple"
+SETTLED_S = 0.25  # between pages: no image request for this long after the last one ended
 PARTS: list[list[float]] = []  # per page: the API call, and until the items are in the DOM
 RARE_CLASS = "bicycle"  # two relabelled sightings' items
 # The browser's filters measured (its URL's query, and the listing's filter it asks for).
@@ -107,6 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="10,000 items in the bucket")
     parser.add_argument("--million", action="store_true", help="1,000,000 items in 20 buckets")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="write a Chromium trace of the timed pages here (chrome://tracing, Perfetto)",
+    )
     args = parser.parse_args(argv)
     if shutil.which(CHROMIUM) is None:
         print(f"no Chromium at {CHROMIUM} (scripts/system-deps.sh installs it)")
@@ -116,11 +129,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         scale = dataclasses.replace(scale, extra_runs=0)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        with postgres_cluster() as cluster:
+        with (
+            postgres_cluster() as cluster,
+            tempfile.TemporaryDirectory(prefix="bench-browser-") as scratch,
+            running_s3_server(Path(scratch)) as s3,
+        ):
             dsn = create_migrated_database(cluster, DATABASE)
-            figures = asyncio.run(_bench(dsn, scale, args.samples))
+            s3.client().make_bucket(S3_BUCKET)
+            figures = asyncio.run(_bench(dsn, s3, Path(scratch), scale, args.samples, args.trace))
     except PostgresUnavailable as unavailable:
         print(f"cannot start a private Postgres cluster: {unavailable}")
+        return 2
+    except S3HarnessError as problem:
+        print(f"cannot start SeaweedFS: {problem}")
         return 2
     print(
         result_line(
@@ -138,27 +159,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if args.check and max(figures.values()) > TARGET_MS else 0
 
 
-async def _bench(dsn: str, scale: Scale, samples: int) -> dict[str, float]:
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-browser-") as scratch,
-        running_service(
-            "services.coordinator",
-            {f"COORDINATOR_{key}": value for key, value in COORDINATOR_ENV.items()}
-            | {"COORDINATOR_DATABASE_URL": dsn},
-            Path(scratch) / "coordinator.log",
-        ) as (_, serving),
-    ):
-        async with coordinator_client(dsn, int(serving["port"])) as c:
-            tokens, full_pages = await _setup(c, scale)
-            # the preview service is never asked: thumbnails are answered by the route
-            async with running_gateway(c, preview_port=9) as gateway:
-                await gateway.user("bench")
-                # What the set-up built stays for good, as in a gateway process after
-                # start-up (workshop.kit.server.serve freezes it): out of the collector's
-                # way, so a full collection does not walk it in the middle of a page.
-                gc.collect()
-                gc.freeze()
-                return await _measure(gateway.url, tokens, full_pages, samples)
+async def _bench(
+    dsn: str, s3: S3Server, scratch: Path, scale: Scale, samples: int, trace: Path | None
+) -> dict[str, float]:
+    async with separate_services(
+        dsn, s3, scratch, bucket=S3_BUCKET, coordinator_settings=COORDINATOR_ENV
+    ) as services:
+        c = services.coordinator
+        tokens, full_pages = await _setup(c, scale)
+        await _thumbnails(c, s3)
+        with _gateway(
+            scratch, c.port, services.preview_port, await c.key(Grant(ScopeName.GATEWAY))
+        ) as url:
+            await c.operator.CreateUser(
+                op.CreateUserRequest(user_id=USER, display_name="Bench"), metadata=c.admin
+            )
+            await c.operator.SetUserPassword(
+                op.SetUserPasswordRequest(user_id=USER, password=PASSWORD), metadata=c.admin
+            )
+            return await _measure(url, tokens, full_pages, samples, trace)
+
+
+async def _thumbnails(c: CoordinatorHarness, s3: S3Server) -> None:
+    """Every item of the bucket shows THUMB: one object in S3 that their rows name (the
+    set-up's rows name objects that were never stored)."""
+    s3.client().put_object(S3_BUCKET, THUMB_KEY, io.BytesIO(THUMB), len(THUMB), "image/jpeg")
+    began = time.perf_counter()
+    async with c.db.connection() as connection:
+        await connection.execute(
+            "UPDATE bucket_items SET object_key = $2, sha256 = $3 WHERE bucket_id = $1",
+            BUCKET,
+            THUMB_KEY,
+            hashlib.sha256(THUMB).hexdigest(),
+        )
+        await connection.execute("VACUUM ANALYZE bucket_items")
+    print(f"setup: the items' image in S3 ({time.perf_counter() - began:.1f} s)", flush=True)
+
+
+@contextlib.contextmanager
+def _gateway(scratch: Path, coordinator_port: int, preview_port: int, key: str) -> Iterator[str]:
+    """The gateway as its own process, as a deployment runs it; its URL."""
+    with running_service(
+        "services.gateway",
+        {
+            "GATEWAY_HOST": "127.0.0.1",
+            "GATEWAY_PORT": "0",
+            "GATEWAY_HTTP_HOST": "127.0.0.1",
+            "GATEWAY_HTTP_PORT": "0",
+            "GATEWAY_DRAIN_SECONDS": "0",
+            "GATEWAY_GRACE_SECONDS": "1",
+            "GATEWAY_COORDINATOR_TARGET": f"127.0.0.1:{coordinator_port}",
+            "GATEWAY_PREVIEW_TARGET": f"127.0.0.1:{preview_port}",
+            "GATEWAY_KEY": key,
+            "GATEWAY_LOG_LEVEL": "WARNING",
+            "GATEWAY_COOKIE_SECURE": "false",
+        },
+        scratch / "gateway.log",
+    ) as (gateway, _):
+        yield f"http://127.0.0.1:{gateway.wait_event('http')['port']}"
 
 
 async def _setup(c: CoordinatorHarness, scale: Scale) -> tuple[dict[str, str], int]:
@@ -227,12 +285,44 @@ async def _relabel_rare(c: CoordinatorHarness) -> None:
         )
 
 
-async def _thumb(route: Route) -> None:
-    await route.fulfill(status=200, body=THUMB, content_type="image/jpeg")
+class ImageRequests:
+    """The page's image requests in flight, to let a page's thumbnails settle before the
+    next page is asked for (a user looks at a page before turning it)."""
+
+    def __init__(self, page: Page) -> None:
+        self.pending: set[Request] = set()
+        self.changed = asyncio.Event()  # set when one begins or ends
+        page.on("request", self._began)
+        page.on("requestfinished", self._ended)
+        page.on("requestfailed", self._ended)
+
+    def _began(self, request: Request) -> None:
+        if request.resource_type == "image":
+            self.pending.add(request)
+            self.changed.set()
+
+    def _ended(self, request: Request) -> None:
+        if request in self.pending:
+            self.pending.discard(request)
+            self.changed.set()
+
+    async def settled(self) -> None:
+        """Returns once no image request is in flight and none began or ended for
+        SETTLED_S (a page's images not settled in 30 s fail the run)."""
+        async with asyncio.timeout(30):
+            while True:
+                self.changed.clear()
+                if self.pending:
+                    await self.changed.wait()
+                    continue
+                try:
+                    await asyncio.wait_for(self.changed.wait(), SETTLED_S)
+                except TimeoutError:
+                    return
 
 
 async def _measure(
-    url: str, tokens: dict[str, str], full_pages: int, samples: int
+    url: str, tokens: dict[str, str], full_pages: int, samples: int, trace: Path | None
 ) -> dict[str, float]:
     """`full_pages`: how many full pages follow the middle's first one."""
     async with async_playwright() as playwright:
@@ -243,7 +333,7 @@ async def _measure(
             )
             page = await context.new_page()
             page.set_default_timeout(30_000)
-            await page.route("**/items/*/image", _thumb)
+            images = ImageRequests(page)
             await page.goto("/#/login")
             await page.get_by_label("User id").fill("bench")
             await page.get_by_label("Password").fill(PASSWORD)
@@ -253,18 +343,26 @@ async def _measure(
             for _ in range(2):  # warm-up: modules parsed, connections open
                 for name, token in tokens.items():
                     await _open(page, token, name)
+                    await images.settled()
+            if trace is not None:
+                await browser.start_tracing(page=page, path=trace)
             for _ in range(samples):
                 for name, token in tokens.items():
                     timings[name].append(await _open(page, token, name))
+                    await images.settled()
             await _open(page, tokens["middle"])
             turned = 0
             for _ in range(samples):
+                await images.settled()
                 if turned == full_pages:  # near the end (--quick): from the middle again
                     await _open(page, tokens["start"])  # (Next leaves the URL as it was)
                     await _open(page, tokens["middle"])
+                    await images.settled()
                     turned = 0
                 timings["next"].append(await _next(page))
                 turned += 1
+            if trace is not None:
+                await browser.stop_tracing()
         finally:
             await browser.close()
     print(
