@@ -36,16 +36,19 @@ async def separate_services(
     *,
     bucket: str,
     preview_settings: Mapping[str, str] | None = None,
+    coordinator_settings: Mapping[str, str] | None = None,
     cpu_steps: Path | None = None,
 ) -> AsyncIterator[SeparateServices]:
     """Starts both (logs under `scratch`), the preview service with its own service key and
-    `PREVIEW_<name>` for each of `preview_settings`; stops both on exit. With `cpu_steps`
+    `PREVIEW_<name>` for each of `preview_settings`, the coordinator with
+    `COORDINATOR_<name>` for each of `coordinator_settings`; stops both on exit. With `cpu_steps`
     the coordinator runs under `bench.cpu_steps`, which writes its CPU by call kind there."""
     coordinator_env = {
         **_COMMON,
         "DATABASE_URL": dsn,
         "SCHEDULER_INTERVAL_SECONDS": "0",
         "MAINTENANCE_INTERVAL_SECONDS": "0",
+        **(coordinator_settings or {}),
     }
     steps = {} if cpu_steps is None else {"WORKSHOP_CPU_STEPS": str(cpu_steps)}
     with running_service(
