@@ -121,6 +121,7 @@ from bench.footage import (
     sampled_frames,
     whole_ms,
 )
+from bench.pg_backends import BackendCpu
 from bench.proc_stats import (
     CpuMeter,
     MemoryWatch,
@@ -425,7 +426,9 @@ async def _bench(
                 async def processor_pass(attempt: int) -> None:
                     threads_before = thread_cpu(processor.pid)
                     profiled = args.profile_control and attempt == 1
-                    profiler = _ControlProfile(dsn, pids, scratch) if profiled else None
+                    profiler = (
+                        _ControlProfile(dsn, pids, cluster.pid or 0, scratch) if profiled else None
+                    )
                     if profiler is not None:
                         await profiler.idle()  # before py-spy attaches
                     with profiler or contextlib.nullcontext():
@@ -507,9 +510,10 @@ class _ControlProfile:
     """--profile-control around one processor pass: pg_stat_statements, py-spy and the CPU
     per thread of the coordinator and the preview service."""
 
-    def __init__(self, dsn: str, pids: dict[str, int], scratch: Path) -> None:
+    def __init__(self, dsn: str, pids: dict[str, int], postmaster: int, scratch: Path) -> None:
         self.dsn = dsn
         self.pids = {name: pids[name] for name in ("coordinator", "preview")}
+        self.backends = BackendCpu(dsn, postmaster, {**self.pids, "benchmark": os.getpid()})
         self.metrics_ports = {name: pids.get(f"{name}_metrics_port") for name in self.pids}
         self.spy = profiling.PySpy(self.pids, scratch)
         self.steps = scratch / "cpu-steps.txt"
@@ -525,6 +529,7 @@ class _ControlProfile:
         }
         self.threads = {name: thread_cpu(pid) for name, pid in self.pids.items()}
         self.user_system = {name: user_system_s(pid) for name, pid in self.pids.items()}
+        await self.backends.start()
 
     async def idle(self) -> None:
         """The services' CPU a second with the stack up and no work (the processor connected,
@@ -551,6 +556,7 @@ class _ControlProfile:
         for name, pid in self.pids.items():
             (user, system), (user_0, system_0) = user_system_s(pid), self.user_system[name]
             self.user_system[name] = (user - user_0, system - system_0)
+        self.backends.stop()
         self.steps.unlink(missing_ok=True)
         os.kill(self.pids["coordinator"], signal.SIGUSR2)  # bench.cpu_steps: written out
         self.spy.__exit__(*exc)
@@ -574,6 +580,8 @@ class _ControlProfile:
         for name, port in self.metrics_ports.items():
             after = await profiling.rpc_counts(port)
             profiling.rpc_report(name, self.calls.get(name, Counter()), after, frames, "frame")
+        await self.backends.name_newcomers()
+        self.backends.report(frames, "frame", say)
         await profiling.statements_report(self.dsn, frames, "frame")
         await self._steps_report(frames)
         self.spy.report(frames, "frame")

@@ -860,8 +860,8 @@ def lease_columns(leases: Sequence[Lease]) -> LeaseColumns:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LeaseFacts(Row):
-    """What CheckLease tells the preview service about a held lease (job_lease_facts)."""
+class LeaseFacts:
+    """What CheckLease tells the preview service about a held lease."""
 
     lease_expires_at: datetime
     mode: str
@@ -870,26 +870,59 @@ class LeaseFacts(Row):
     slot_count: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedLease(Row):
+    """job_check_lease's answer: the refusal ('' when held) and, when held, the facts."""
+
+    reason: str
+    lease_expires_at: datetime | None
+    mode: str | None
+    kind: str | None
+    camera_id: str | None
+    slot_count: int | None
+
+
 async def check_lease(
-    connection: Connection, lease: Lease, reporter: str, code_sha256: str, now: datetime
+    connection: Connection,
+    lease: Lease,
+    service: str,
+    reporter: str,
+    code_sha256: str,
+    now: datetime,
 ) -> tuple[str | None, LeaseFacts | None]:
-    """The fences' refusal of a lease (None: held) and, when held, its facts; the previews
-    room's CheckLease asks here, in its transaction. The caller raises (`raise_for`) only
-    after that transaction commits: a permanent refusal ends the job in the fence
-    (workshop_fence), and that end must stay."""
-    reason = await connection.fetchval(
+    """The refusal of a lease (None: held) and, when held, its facts, in one statement
+    that is its own transaction: the calling service's key still live (SERVICE_NOT_
+    AUTHORIZED), then the fences. The caller raises only after it has returned, i.e.
+    committed: a permanent refusal ends the job in the fence (workshop_fence), and that
+    end must stay. One round trip where the key lookups, BEGIN, fence, facts and COMMIT
+    were six: the caller may take both principals from its cache, as the fenced writes
+    do, since this statement checks both keys again (the service's here, the
+    processor's in fence 4)."""
+    checked = await fetch_one(
+        connection,
+        CheckedLease,
         *bind(
             JobCheckLease(
-                **lease_fields(lease), reporter=reporter, code_sha256=code_sha256, now=now
+                **lease_fields(lease),
+                service=service,
+                reporter=reporter,
+                code_sha256=code_sha256,
+                now=now,
             )
-        )
+        ),
     )
-    if reason:
-        return reason, None
-    facts = await fetch_one(
-        connection, LeaseFacts, sql("jobs", "job_lease_facts"), lease.run_id, lease.job_index
+    assert checked is not None  # the statement answers one row
+    if checked.reason:
+        return checked.reason, None
+    if checked.lease_expires_at is None:
+        return "NOT_FOUND", None  # the fence held, and the job is gone (not by a fence)
+    return None, LeaseFacts(
+        checked.lease_expires_at,
+        checked.mode or "",
+        checked.kind or "",
+        checked.camera_id or "",
+        checked.slot_count or 0,
     )
-    return None, facts
 
 
 def _claimable_cameras(who: Principal, device_id: str) -> list[str] | None:
