@@ -29,9 +29,9 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.proc_stats import children, proc_times
+from bench.proc_stats import proc_times
 
-SAMPLE_S = 0.1
+SAMPLE_S = 0.02  # an autovacuum worker on a small table lives a few tens of ms
 OWN_NAME = "bench pg_backends"  # this module's connection, opened outside the window
 
 
@@ -53,12 +53,14 @@ class BackendCpu:
     seen: dict[int, _Seen] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
     reaped_s: float = 0.0
+    maintenance: dict[str, tuple[int, int]] = field(default_factory=dict)
     postmaster_s: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     async def start(self) -> None:
         self.labels = await _labels(self.dsn, self.clients)
+        self.maintenance = await _maintenance(self.dsn)
         self._sample(born_inside=False)
         times = proc_times(self.postmaster)
         self.reaped_s = times[1] if times else 0.0
@@ -81,8 +83,16 @@ class BackendCpu:
             )
 
     async def name_newcomers(self) -> None:
+        """After the window: names the processes born inside it that still live, and the
+        tables autovacuum visited meanwhile."""
         for pid, label in (await _labels(self.dsn, self.clients)).items():
             self.labels.setdefault(pid, label)
+        after = await _maintenance(self.dsn)
+        before = self.maintenance
+        self.maintenance = {
+            table: (vacuums - before.get(table, (0, 0))[0], analyzes - before.get(table, (0, 0))[1])
+            for table, (vacuums, analyzes) in after.items()
+        }
 
     def by_label(self) -> dict[str, tuple[int, float]]:
         """label -> (processes, CPU s in the window)."""
@@ -112,13 +122,18 @@ class BackendCpu:
         say(f"  {'ms/' + unit:>9} {'ms':>8} {'procs':>5}  process")
         for label, (count, seconds) in rows:
             say(f"  {seconds * 1000 / per:>9.4f} {seconds * 1000:>8.0f} {count:>5}  {label}")
+        visited = {table: counts for table, counts in self.maintenance.items() if any(counts)}
+        say(
+            "autovacuum in the window (pg_stat_user_tables: vacuums, analyzes): "
+            + (", ".join(f"{t} {v}/{a}" for t, (v, a) in sorted(visited.items())) or "none")
+        )
 
     def _loop(self) -> None:
         while not self._stop.wait(SAMPLE_S):
             self._sample(born_inside=True)
 
     def _sample(self, *, born_inside: bool) -> None:
-        for pid in children(self.postmaster):
+        for pid in _children(self.postmaster):
             times = proc_times(pid)
             if times is None:
                 continue
@@ -148,6 +163,21 @@ async def _labels(dsn: str, clients: Mapping[str, int]) -> dict[int, str]:
         name = row["application_name"] or "no application_name"
         labels[int(row["pid"])] = f"client backend of the {owner} ({name})"
     return labels
+
+
+async def _maintenance(dsn: str) -> dict[str, tuple[int, int]]:
+    """table -> (autovacuum runs, autoanalyze runs) so far."""
+    connection = await asyncpg.connect(dsn, server_settings={"application_name": OWN_NAME})
+    try:
+        rows = await connection.fetch(
+            "SELECT relname, autovacuum_count, autoanalyze_count FROM pg_stat_user_tables"
+        )
+    finally:
+        await connection.close()
+    return {
+        str(row["relname"]): (int(row["autovacuum_count"]), int(row["autoanalyze_count"]))
+        for row in rows
+    }
 
 
 def _port_owners(clients: Mapping[str, int]) -> dict[int, str]:
@@ -190,6 +220,15 @@ def _title(pid: int) -> str:
     # a client backend's title is "user database host(port) state": it is named by
     # pg_stat_activity when it lives past the window; one that did not is just a client
     return "client backend, gone by the end" if "(" in title else title
+
+
+def _children(pid: int) -> list[int]:
+    """The postmaster's children, from the kernel's list (one file: cheap enough to read
+    every SAMPLE_S, where a scan of /proc is not)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _alive(pid: int) -> bool:
