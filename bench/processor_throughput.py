@@ -1048,7 +1048,11 @@ class PassMeter(CpuMeter):
         cpu["postgres"] -= poll
         cpu["bench"] += poll
         others = max(0.0, busy - sum(cpu.values())) / wall
-        say(f"{name}: {frames} frames in {wall:.2f} s ({others:.2f} cores busy elsewhere)")
+        say(
+            f"{name}: {frames} frames in {wall:.2f} s ({others:.2f} cores busy elsewhere; "
+            f"the run's poll {poll * 1000 / frames:.3f} ms of Postgres CPU a frame, "
+            "counted as this benchmark's)"
+        )
         return Figures(name, frames, wall, cpu, others)
 
 
