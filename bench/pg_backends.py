@@ -21,6 +21,7 @@ that sample is in the postmaster's reaped total, printed apart as what no sample
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ import asyncpg
 
 from bench.proc_stats import proc_times
 
+EXIT_WAIT_S = 0.3
 SAMPLE_S = 0.02  # an autovacuum worker on a small table lives a few tens of ms
 OWN_NAME = "bench pg_backends"  # this module's connection, opened outside the window
 
@@ -61,6 +63,10 @@ class BackendCpu:
     async def start(self) -> None:
         self.labels = await _labels(self.dsn, self.clients)
         self.maintenance = await _maintenance(self.dsn)
+        # Their backends (and the caller's, e.g. a pg_stat_statements reset) exit after the
+        # connections close: let them go before the marks, or their whole lives would land
+        # in the window's reaped CPU.
+        await asyncio.sleep(EXIT_WAIT_S)
         self._sample(born_inside=False)
         times = proc_times(self.postmaster)
         self.reaped_s = times[1] if times else 0.0
