@@ -152,13 +152,9 @@ class BackendCpu:
 
 
 async def _labels(dsn: str, clients: Mapping[str, int]) -> dict[int, str]:
-    connection = await asyncpg.connect(dsn, server_settings={"application_name": OWN_NAME})
-    try:
-        rows = await connection.fetch(
-            "SELECT pid, backend_type, application_name, client_port FROM pg_stat_activity"
-        )
-    finally:
-        await connection.close()
+    rows = await _fetch(
+        dsn, "SELECT pid, backend_type, application_name, client_port FROM pg_stat_activity"
+    )
     owners = _port_owners(clients)
     labels = {}
     for row in rows:
@@ -171,15 +167,20 @@ async def _labels(dsn: str, clients: Mapping[str, int]) -> dict[int, str]:
     return labels
 
 
-async def _maintenance(dsn: str) -> dict[str, tuple[int, int]]:
-    """table -> (autovacuum runs, autoanalyze runs) so far."""
+async def _fetch(dsn: str, query: str) -> list[asyncpg.Record]:
+    """`query`'s rows on a connection of its own, outside the window."""
     connection = await asyncpg.connect(dsn, server_settings={"application_name": OWN_NAME})
     try:
-        rows = await connection.fetch(
-            "SELECT relname, autovacuum_count, autoanalyze_count FROM pg_stat_user_tables"
-        )
+        return await connection.fetch(query)
     finally:
         await connection.close()
+
+
+async def _maintenance(dsn: str) -> dict[str, tuple[int, int]]:
+    """table -> (autovacuum runs, autoanalyze runs) so far."""
+    rows = await _fetch(
+        dsn, "SELECT relname, autovacuum_count, autoanalyze_count FROM pg_stat_user_tables"
+    )
     return {
         str(row["relname"]): (int(row["autovacuum_count"]), int(row["autoanalyze_count"]))
         for row in rows
