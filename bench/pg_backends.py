@@ -171,7 +171,7 @@ async def _fetch(dsn: str, query: str) -> list[asyncpg.Record]:
     """`query`'s rows on a connection of its own, outside the window."""
     connection = await asyncpg.connect(dsn, server_settings={"application_name": OWN_NAME})
     try:
-        return await connection.fetch(query)
+        return list(await connection.fetch(query))
     finally:
         await connection.close()
 
