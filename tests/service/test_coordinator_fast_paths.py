@@ -4,7 +4,7 @@ The coordinator keeps a caller's principal for a few seconds, but only for calls
 SQL checks the caller's key again in the transaction that writes. These tests revoke
 keys straight in the database, as a revocation through another coordinator replica
 would (this process's cache is not told), and check that a cached principal gets no
-lease, renewal, staged object or commit through; each check is also shown holding
+lease, renewal, lease check, staged object or commit through; each check is also shown holding
 before the revocation. Complete keeps the slot facts of its Claim: the commit verifies
 them under the job's lock, and a Complete on a replica that never saw the Claim still
 commits and settles retries.
@@ -195,6 +195,35 @@ async def test_a_service_key_revoked_elsewhere_stages_and_publishes_nothing(
             "SELECT object_key, published_at, collectable_at FROM staged_objects"
         )
     assert [tuple(row) for row in rows] == [(staged.object_key, None, None)]
+
+
+# CheckLease in one round trip: its statement checks both cached keys again -----------------
+
+
+def check_lease(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob
+) -> Awaitable[pub.CheckLeaseResponse]:
+    request = pub.CheckLeaseRequest(lease=job.lease, code_sha256=CODE)
+    return c.publication.CheckLease(request, metadata=on_behalf(s))
+
+
+@pytest.mark.parametrize(
+    ("key_name", "expected"),
+    [
+        ("preview-service", (UNAUTHENTICATED, "CREDENTIAL_REJECTED")),
+        ("processor", (FAILED_PRECONDITION, "REPORTER_NOT_AUTHORIZED")),
+    ],
+)
+async def test_a_key_revoked_elsewhere_gets_no_lease_check(
+    coordinator: CoordinatorHarness, s: Setup, key_name: str, expected: tuple[object, str]
+) -> None:
+    c = coordinator
+    job = await claimed(c, s)
+    checked = await check_lease(c, s, job)  # both principals are now cached
+    assert checked.slot_count == len(job.input.slots)
+    await revoke_in_database(c, key_name)
+    assert await refused(check_lease(c, s, job)) == expected
+    assert await leased(c) == 1  # a revoked key ends no job: the next holder may go on
 
 
 # StageObject in one round trip --------------------------------------------------------------

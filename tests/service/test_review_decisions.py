@@ -829,7 +829,7 @@ async def test_a_commit_writes_each_item_once_and_other_inserts_are_grouped_late
                     row["bucket_id"],
                     row["frame_time"],
                     [
-                        reviews.NewBox(index, name, *geometry)
+                        reviews.Detection(row["item_id"], index, row["frame_time"], name, *geometry)
                         for index, name, geometry in zip(
                             row["box_indices"], row["classes"], row["geometry"], strict=True
                         )

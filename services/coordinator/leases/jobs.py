@@ -269,8 +269,8 @@ class CommitPrepared(Row):
 
     def new_items(self, items: Sequence[results.Item]) -> list[reviews.NewItem]:
         """The items with their boxes, as review groups them."""
-        by_item: list[list[reviews.NewBox]] = [[] for _ in items]
-        for position, *box in zip(
+        by_item: list[list[reviews.Detection]] = [[] for _ in items]
+        for position, index, class_name, x, y, w, h in zip(
             self.box_items,
             self.box_indexes,
             self.box_classes,
@@ -280,10 +280,13 @@ class CommitPrepared(Row):
             self.box_hs,
             strict=True,
         ):
-            by_item[position - 1].append(reviews.NewBox(*box))
+            item = items[position - 1]
+            by_item[position - 1].append(
+                reviews.Detection(item.item_id, index, item.frame_time, class_name, x, y, w, h)
+            )
         return [
-            reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, boxes)
-            for item, boxes in zip(items, by_item, strict=True)
+            reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, detections)
+            for item, detections in zip(items, by_item, strict=True)
         ]
 
     def box_counts(self, items: Sequence[results.Item]) -> BoxCounts:
@@ -302,6 +305,15 @@ class CommitPrepared(Row):
             "count_classes": [class_name for _, class_name in pairs],
             "count_boxes": [counts[pair] for pair in pairs],
         }
+
+
+class ItemColumns(TypedDict):
+    """A commit's items' columns that job_commit_prepare and job_complete both take."""
+
+    item_boxes: list[str | None]
+    item_keys: list[str]
+    item_buckets: list[str]
+    item_times: list[datetime]
 
 
 class BoxCounts(TypedDict):
@@ -712,95 +724,86 @@ class JobsApi:
     ) -> CommitAnswer:
         items = checked.items
         uploads = checked.uploads
-        grouping = reviews.Grouping(lease.run_id, "")  # none yet: grouped below, under the locks
-        complete = JobComplete(
-            **lease_fields(lease),
-            reporter=key,
-            code_sha256=code_sha256,
-            result_sha256=digest,
-            decoder=decoder,
-            slot_count=facts.slot_count,
-            first_slot_at=facts.first_slot_at,
-            interval_ms=facts.interval_ms,
-            frames=checked.frames,
-            empties=checked.empties,
-            dropped=checked.dropped,
-            upload_keys=[u.object_key for u in uploads],
-            upload_sha256s=[u.sha256 for u in uploads],
-            upload_slots=[u.slot_index for u in uploads],
-            item_ids=[i.item_id for i in items],
-            item_buckets=[i.bucket_id for i in items],
-            item_slots=[i.slot_index for i in items],
-            item_steps=[i.step_id for i in items],
-            item_times=[i.frame_time for i in items],
-            # NULL: the boxes recorded with the upload's preview
-            item_boxes=[i.boxes for i in items],
-            item_sightings=[None for _ in items],
+        now = self.clock.now()
+        # Each of the items' columns built once: the prepare statement and the commit share them.
+        columns = ItemColumns(
+            item_boxes=[i.boxes for i in items],  # NULL: the boxes recorded with the preview
             item_keys=[i.object_key for i in items],
-            item_sha256s=[i.sha256 for i in items],
-            # what the grouping changed besides the items
-            **grouping.changes_columns(),
-            camera_id="",
-            count_buckets=[],
-            count_classes=[],
-            count_boxes=[],
-            now=self.clock.now(),
+            item_buckets=[i.bucket_id for i in items],
+            item_times=[i.frame_time for i in items],
         )
+
+        def complete(
+            grouping: reviews.Grouping,
+            sightings: list[str | None],
+            counts: BoxCounts | None = None,
+        ) -> JobComplete:
+            """The commit's parameters, built once the grouping is known."""
+            return JobComplete(
+                **lease_fields(lease),
+                reporter=key,
+                code_sha256=code_sha256,
+                result_sha256=digest,
+                decoder=decoder,
+                slot_count=facts.slot_count,
+                first_slot_at=facts.first_slot_at,
+                interval_ms=facts.interval_ms,
+                frames=checked.frames,
+                empties=checked.empties,
+                dropped=checked.dropped,
+                upload_keys=[u.object_key for u in uploads],
+                upload_sha256s=[u.sha256 for u in uploads],
+                upload_slots=[u.slot_index for u in uploads],
+                item_ids=[i.item_id for i in items],
+                item_slots=[i.slot_index for i in items],
+                item_steps=[i.step_id for i in items],
+                item_sightings=sightings,
+                item_sha256s=[i.sha256 for i in items],
+                **columns,
+                # what the grouping changed besides the items
+                **grouping.changes_columns(),
+                camera_id=grouping.camera_id,
+                **(counts or {"count_buckets": [], "count_classes": [], "count_boxes": []}),
+                now=now,
+            )
+
+        ungrouped = reviews.Grouping(lease.run_id, "")
         if not items:  # job_complete alone is one statement: no transaction round trips
-            return await self._answer(CommitAnswer, complete)
+            return await self._answer(CommitAnswer, complete(ungrouped, []))
         # One transaction with the sightings and counters of the items it saves: the items
         # are grouped before they are written (review's plan_grouping, under the job's and
         # then the timelines' locks, which job_commit_prepare takes as it reads what the
         # grouping needs), each written once with its sightings, so no read ever sees items
         # without them; job_complete then writes the grouping's other changes.
         async with self.db.transaction() as connection:
-            prepared = await self._prepare(connection, lease, items)
-            if prepared is not None:
-                grouping = reviews.plan_grouping(
-                    lease.run_id,
-                    prepared.camera_id,
-                    prepared.new_items(items),
-                    prepared.context.boxes(),
-                    sorted({i.bucket_id for i in items}),
-                )
-                complete = dataclasses.replace(
-                    complete,
-                    item_sightings=[grouping.literal(i.item_id) for i in items],
-                    camera_id=grouping.camera_id,
-                    **grouping.changes_columns(),
-                    **prepared.box_counts(items),
-                )
-            # else the job is gone: nothing to group, and the commit refuses it
-            answer = await self._answer_on(connection, CommitAnswer, complete)
-            if not answer.reason and complete.sighting_ids:
+            prepared = await fetch_one(
+                connection,
+                CommitPrepared,
+                *bind(JobCommitPrepare(run_id=lease.run_id, job_index=lease.job_index, **columns)),
+            )
+            if prepared is None:  # the job is gone: nothing to group, and the commit refuses it
+                commit = complete(ungrouped, [None for _ in items])
+                return await self._answer_on(connection, CommitAnswer, commit)
+            grouping = reviews.plan_grouping(
+                lease.run_id,
+                prepared.camera_id,
+                prepared.new_items(items),
+                prepared.context.boxes(),
+                sorted(set(columns["item_buckets"])),
+            )
+            commit = complete(
+                grouping,
+                [grouping.literal(i.item_id) for i in items],
+                prepared.box_counts(items),
+            )
+            answer = await self._answer_on(connection, CommitAnswer, commit)
+            if not answer.reason and commit.sighting_ids:
                 # the review queue's columns of the sightings the commit made or changed
                 full, appended = grouping.refreshed()
                 await reviews.refresh_sightings(
-                    connection, lease.run_id, full, appended, complete.item_ids
+                    connection, lease.run_id, full, appended, commit.item_ids
                 )
             return answer
-
-    @staticmethod
-    async def _prepare(
-        connection: Connection, lease: Lease, items: Sequence[results.Item]
-    ) -> CommitPrepared | None:
-        """Locks the job and its items' timelines, and reads what grouping the items needs:
-        their boxes as the commit saves them and the timelines' context (None: no such
-        job)."""
-        return await fetch_one(
-            connection,
-            CommitPrepared,
-            *bind(
-                JobCommitPrepare(
-                    run_id=lease.run_id,
-                    job_index=lease.job_index,
-                    item_boxes=[i.boxes for i in items],
-                    item_keys=[i.object_key for i in items],
-                    item_buckets=[i.bucket_id for i in items],
-                    item_times=[i.frame_time for i in items],
-                )
-            ),
-        )
 
     async def _answer(self, answer: type[A], params: Params) -> A:
         """The one-row answer of the lease function `params` call."""
@@ -860,8 +863,8 @@ def lease_columns(leases: Sequence[Lease]) -> LeaseColumns:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LeaseFacts(Row):
-    """What CheckLease tells the preview service about a held lease (job_lease_facts)."""
+class LeaseFacts:
+    """What CheckLease tells the preview service about a held lease."""
 
     lease_expires_at: datetime
     mode: str
@@ -870,26 +873,59 @@ class LeaseFacts(Row):
     slot_count: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedLease(Row):
+    """job_check_lease's answer: the refusal ('' when held) and, when held, the facts."""
+
+    reason: str
+    lease_expires_at: datetime | None
+    mode: str | None
+    kind: str | None
+    camera_id: str | None
+    slot_count: int | None
+
+
 async def check_lease(
-    connection: Connection, lease: Lease, reporter: str, code_sha256: str, now: datetime
+    connection: Connection,
+    lease: Lease,
+    service: str,
+    reporter: str,
+    code_sha256: str,
+    now: datetime,
 ) -> tuple[str | None, LeaseFacts | None]:
-    """The fences' refusal of a lease (None: held) and, when held, its facts; the previews
-    room's CheckLease asks here, in its transaction. The caller raises (`raise_for`) only
-    after that transaction commits: a permanent refusal ends the job in the fence
-    (workshop_fence), and that end must stay."""
-    reason = await connection.fetchval(
+    """The refusal of a lease (None: held) and, when held, its facts, in one statement
+    that is its own transaction: the calling service's key still live (SERVICE_NOT_
+    AUTHORIZED), then the fences. The caller raises only after it has returned, i.e.
+    committed: a permanent refusal ends the job in the fence (workshop_fence), and that
+    end must stay. One round trip where the key lookups, BEGIN, fence, facts and COMMIT
+    were six: the caller may take both principals from its cache, as the fenced writes
+    do, since this statement checks both keys again (the service's here, the
+    processor's in fence 4)."""
+    checked = await fetch_one(
+        connection,
+        CheckedLease,
         *bind(
             JobCheckLease(
-                **lease_fields(lease), reporter=reporter, code_sha256=code_sha256, now=now
+                **lease_fields(lease),
+                service=service,
+                reporter=reporter,
+                code_sha256=code_sha256,
+                now=now,
             )
-        )
+        ),
     )
-    if reason:
-        return reason, None
-    facts = await fetch_one(
-        connection, LeaseFacts, sql("jobs", "job_lease_facts"), lease.run_id, lease.job_index
+    assert checked is not None  # the statement answers one row
+    if checked.reason:
+        return checked.reason, None
+    if checked.lease_expires_at is None:
+        return "NOT_FOUND", None  # the fence held, and the job is gone (not by a fence)
+    return None, LeaseFacts(
+        checked.lease_expires_at,
+        checked.mode or "",
+        checked.kind or "",
+        checked.camera_id or "",
+        checked.slot_count or 0,
     )
-    return None, facts
 
 
 def _claimable_cameras(who: Principal, device_id: str) -> list[str] | None:

@@ -117,16 +117,28 @@ SELECT * FROM job_complete_v3(
     p_count_boxes => :count_boxes::bigint[], p_now => :now::timestamptz);
 
 -- name: job_check_lease
-SELECT workshop_fence_v1(
-    p_run => :run_id::text, p_job => :job_index::integer,
-    p_generation => :generation::bigint, p_token => :lease_token::uuid,
-    p_reporter => :reporter::text,
-    p_code => :code_sha256::text, p_now => :now::timestamptz) AS reason;
-
--- name: job_lease_facts
-SELECT j.lease_expires_at, j.camera_id, j.slot_count, r.mode, r.kind
-FROM jobs j CROSS JOIN LATERAL run_facts_v1(j.run_id) r
-WHERE j.run_id = $1 AND j.job_index = $2;
+-- CheckLease in one statement (the statement is its own transaction): the calling
+-- service's key still live, then the fences (a permanent refusal ends the job inside
+-- workshop_fence_v1, committed with the statement), then, only when both hold, the
+-- lease's facts. The fence writes nothing to a held lease, so the facts read in the
+-- statement's snapshot are the ones it checked.
+WITH checked AS MATERIALIZED (
+    SELECT CASE WHEN NOT key_live_v1(:service::text, :now::timestamptz)
+                THEN 'SERVICE_NOT_AUTHORIZED'
+                ELSE workshop_fence_v1(
+                    p_run => :run_id::text, p_job => :job_index::integer,
+                    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+                    p_reporter => :reporter::text,
+                    p_code => :code_sha256::text, p_now => :now::timestamptz)
+           END AS reason
+)
+SELECT c.reason, f.lease_expires_at, f.camera_id, f.slot_count, f.mode, f.kind
+FROM checked c
+LEFT JOIN LATERAL (
+    SELECT j.lease_expires_at, j.camera_id, j.slot_count, r.mode, r.kind
+    FROM jobs j CROSS JOIN LATERAL run_facts_v1(j.run_id) r
+    WHERE c.reason = '' AND j.run_id = :run_id::text AND j.job_index = :job_index::integer
+) f ON true;
 
 -- name: maintenance_try_lock
 SELECT pg_try_advisory_lock(hashtext('workshop.coordinator.maintenance'));

@@ -181,10 +181,11 @@ class JobCheckLease(Params):
     FILE: ClassVar[str] = "jobs"
     NAME: ClassVar[str] = "job_check_lease"
 
+    service: str
+    now: datetime
     run_id: str
     job_index: int
     generation: int
     lease_token: uuid.UUID
     reporter: str
     code_sha256: str
-    now: datetime

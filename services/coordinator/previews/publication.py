@@ -198,12 +198,14 @@ class PublicationApi:
     async def check_lease(
         self, who: Principal, processor: Principal, lease: Lease, code_sha256: str
     ) -> LeaseFacts:
-        _require_service(who)
-        async with self.db.transaction() as connection:
+        service = _require_service(who)
+        async with self.db.connection() as connection:
             reason, facts = await check_lease(
-                connection, lease, reporter(processor), code_sha256, self.clock.now()
+                connection, lease, service, reporter(processor), code_sha256, self.clock.now()
             )
         # Refused only after the commit: a permanent refusal ended the job (workshop_fence).
+        if reason == "SERVICE_NOT_AUTHORIZED":
+            raise auth.rejected("service key is no longer valid")
         raise_for(reason, lease)
         assert facts is not None  # the fences found the job
         return facts

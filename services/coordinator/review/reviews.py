@@ -100,35 +100,21 @@ class ContextBox(Row):
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class NewBox:
-    """A box of an item about to be committed, as review reads it once saved
-    (bucket_item_boxes_of: box_index -1 alone for an item without boxes)."""
-
-    box_index: int
-    class_name: str
-    x: float
-    y: float
-    w: float
-    h: float
+# A box of an item about to be committed, as the grouping holds it: leases build them from
+# the commit's prepared arrays (`NewItem.detections`).
+Detection = sightings.Detection
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NewItem:
-    """An item about to be committed, with its boxes."""
+    """An item about to be committed, with its boxes as the grouping holds them (box_index
+    -1 alone for an item without boxes, as bucket_item_boxes_of reads it once saved):
+    built as Detections at once, one object a box, not a box object copied into one."""
 
     item_id: str
     bucket_id: str
     frame_time: datetime
-    boxes: Sequence[NewBox]
-
-    def detections(self) -> list[sightings.Detection]:
-        return [
-            sightings.Detection(
-                self.item_id, b.box_index, self.frame_time, b.class_name, b.x, b.y, b.w, b.h
-            )
-            for b in self.boxes
-        ]
+    detections: Sequence[sightings.Detection]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -731,7 +717,7 @@ def plan_grouping(
     grouping = Grouping(run_id, camera_id)
     by_bucket: dict[str, list[sightings.Detection]] = {}
     for item in added:
-        by_bucket.setdefault(item.bucket_id, []).extend(item.detections())
+        by_bucket.setdefault(item.bucket_id, []).extend(item.detections)
     context: dict[str, list[ContextBox]] = {}
     for row in rows:
         context.setdefault(row.bucket_id, []).append(row)

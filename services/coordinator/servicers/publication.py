@@ -54,8 +54,8 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     ) -> tuple[Principal, Principal]:
         """The calling service and the principal it calls for.
 
-        `cached` for StageObject and RecordPreview(s) only: their SQL checks both keys
-        again (the service's with key_live, the processor's with fence 4).
+        `cached` for CheckLease, StageObject and RecordPreview(s) only: their SQL checks
+        both keys again (the service's with key_live, the processor's with fence 4).
         """
         who = self.who.cached if cached else self.who
         service = await who(context)
@@ -74,7 +74,8 @@ class PublicationServicer(publication_pb2_grpc.PublicationServiceServicer):
     async def CheckLease(
         self, request: pb.CheckLeaseRequest, context: Context
     ) -> pb.CheckLeaseResponse:
-        service, processor = await self._callers(context)
+        # Both principals may be cached: job_check_lease checks both keys again.
+        service, processor = await self._callers(context, cached=True)
         facts = await self.api.check_lease(
             service, processor, lease(request.lease), request.code_sha256
         )
