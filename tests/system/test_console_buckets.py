@@ -93,6 +93,28 @@ async def test_a_bucket_is_browsed_page_by_page_and_an_item_opened_with_the_keyb
     await check_phone_and_axe(page)
     await no_sideways_scroll(page)
 
+    # a thumbnail is asked for only once its cell is near the view: in a short window the
+    # cells far below have none until the grid is scrolled to them
+    size = page.viewport_size
+    await page.set_viewport_size({"width": 390, "height": 300})
+    await page.goto("/#/buckets/yard")
+    await page.reload()  # (a view opened from a page scrolled down draws a frame there first)
+    await expect(page.locator("#item-grid li.item-cell")).to_have_count(11)
+    far = await page.evaluate(
+        """() => [...document.querySelectorAll('#item-grid img')]
+          .filter((img) => img.getBoundingClientRect().top > innerHeight + 600)
+          .map((img) => img.hasAttribute("src"))"""
+    )
+    assert far, "no cell is far below the view"
+    assert not any(far), far  # none of those asks for its image
+    last = page.locator("#item-grid li.item-cell").last
+    await last.scroll_into_view_if_needed()
+    await expect(last.locator("img")).to_have_attribute(
+        "src", re.compile(r"^/api/workshop/runs/r[12]/items/[^/]+/image$")
+    )
+    assert size is not None
+    await page.set_viewport_size(size)
+
     # three a page: Next page to the end, Previous page back, First page
     await page.goto("/#/buckets/yard?page_size=3")
     await expect(page.get_by_role("heading", name="Bucket yard")).to_be_focused()

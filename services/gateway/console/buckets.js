@@ -98,13 +98,15 @@ function thumbnails() {
   const observer = new IntersectionObserver((entries) => {
     for (const entry of entries) {
       if (!entry.isIntersecting) continue;
-      const img = entry.target;
-      observer.unobserve(img);
+      observer.unobserve(entry.target);
+      const img = entry.target.querySelector("img");
       img.src = img.dataset.src;
     }
   }, { rootMargin: NEAR });
   return {
-    watch: (cell) => observer.observe(cell.querySelector("img")),
+    // the cell, not its image: a cell out of view is not laid out inside
+    // (content-visibility: auto), so its image has no place to intersect with
+    watch: (cell) => observer.observe(cell),
     forget: () => observer.disconnect(),
   };
 }
