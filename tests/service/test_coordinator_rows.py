@@ -42,6 +42,10 @@ ROW_CALL = re.compile(
 # before it in the module: complete = JobComplete(...); self._answer(CommitAnswer, complete)
 ANSWER_CALL = re.compile(r"\b_answer(?:_on)?\(\s*(?:\w+,\s*)?([A-Z]\w+),\s*(\w+)\b")
 MADE = re.compile(r"\b([a-z]\w*) = ([A-Z]\w+)\(")
+# ... or made by a function of the module that says the class it returns
+# (def complete(...) -> JobComplete: ...; commit = complete(...), or complete(...) passed on)
+RETURNS = re.compile(r"\bdef (\w+)\((?:[^()]|\([^()]*\))*\)\s*->\s*([A-Z]\w+):")
+CALLED = re.compile(r"\b([a-z]\w*) = ([a-z]\w*)\(")
 # A statement with named parameters, bound through its generated class, which names it:
 # fetch_one(connection, KeyRow, *bind(KeyCreate(...))), self._one(RecordingRow, *bind(...))
 # or of parameters made before it (keys = QueuePageKeys(...); fetch_all(c, QueueRow, *bind(keys)))
@@ -103,6 +107,12 @@ def _uses() -> list[Use]:
         made: dict[str, set[str]] = {}
         for variable, kind_name in MADE.findall(text):
             made.setdefault(variable, set()).add(kind_name)
+        returns = dict(RETURNS.findall(text))
+        for function, kind_name in returns.items():
+            made.setdefault(function, set()).add(kind_name)
+        for variable, function in CALLED.findall(text):
+            if function in returns:
+                made.setdefault(variable, set()).add(returns[function])
         for row, params in ANSWER_CALL.findall(text):
             if params[0].islower():  # a variable: the one class it is made of
                 assert len(made.get(params, ())) == 1, f"{name}: {params} = ?"
