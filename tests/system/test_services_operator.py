@@ -56,6 +56,9 @@ def preview_env(s3_server: S3Server) -> dict[str, str]:
             "S3_SECRET_KEY": s3_server.secret_key,
             "BUCKET": "workshop-operator-test",
             "SERVICE_KEY": "wk_not_used_here.unused",
+            # no coordinator there (the discard port): not the default 127.0.0.1:50051, where
+            # another test's stack may be listening and refuse this key
+            "COORDINATOR_TARGET": "127.0.0.1:9",
             "CLEANUP_INTERVAL_SECONDS": "0",
         },
     )
