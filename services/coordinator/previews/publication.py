@@ -167,10 +167,16 @@ def _require_service(who: Principal) -> str:
     return who.key_id
 
 
-def _raise_refusal(reason: str, lease: Lease, slot: int) -> None:
-    """The error a staging or recording function's refusal means ('' is none)."""
+def _raise_lease_refusal(reason: str | None, lease: Lease) -> None:
+    """The error a refusal of the calling service's key or of the lease's fences means
+    (None or '' is none)."""
     if reason == "SERVICE_NOT_AUTHORIZED":
         raise auth.rejected("service key is no longer valid")
+    raise_for(reason, lease)
+
+
+def _raise_refusal(reason: str, lease: Lease, slot: int) -> None:
+    """The error a staging or recording function's refusal means ('' is none)."""
     if reason == "SLOT_NOT_EXPECTED":
         raise InvalidField(f"Slot {slot} is not an expected slot of job {lease.job_id}.")
     if reason == "PREVIEW_OUT_OF_ORDER":
@@ -178,7 +184,7 @@ def _raise_refusal(reason: str, lease: Lease, slot: int) -> None:
             f"Slot {slot} comes before a preview already published under this lease; "
             "previews are published in slot order."
         )
-    raise_for(reason, lease)
+    _raise_lease_refusal(reason, lease)
 
 
 def _check_object(sha256: str, byte_size: int, content_type: str) -> None:
@@ -204,9 +210,7 @@ class PublicationApi:
                 connection, lease, service, reporter(processor), code_sha256, self.clock.now()
             )
         # Refused only after the commit: a permanent refusal ended the job (workshop_fence).
-        if reason == "SERVICE_NOT_AUTHORIZED":
-            raise auth.rejected("service key is no longer valid")
-        raise_for(reason, lease)
+        _raise_lease_refusal(reason, lease)
         assert facts is not None  # the fences found the job
         return facts
 
