@@ -23,7 +23,6 @@ are for the breakdown, not for the record.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -35,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 
 import asyncpg
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tools.localstack.postgres import PostgresCluster
 
@@ -106,21 +107,17 @@ async def rpc_counts(port: int | None) -> Counter[str]:
     counts: Counter[str] = Counter()
     if port is None:
         return counts
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        await writer.drain()
-        text = (await reader.read()).decode()
-    finally:
-        writer.close()
-    for line in text.splitlines():
-        if not line.startswith("workshop_rpc_requests_total{"):
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    for family in text_string_to_metric_families(text):
+        if family.name != "workshop_rpc_requests":
             continue
-        labels, _, value = line.rpartition(" ")
-        fields = dict(part.split("=", 1) for part in labels[labels.index("{") + 1 : -1].split('",'))
-        method = fields.get("method", "").strip('"').removeprefix("workshop.v1.")
-        code = fields.get("code", "").strip('"')
-        counts[f"{method} {code}" if code != "OK" else method] += int(float(value))
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            method = sample.labels.get("method", "").removeprefix("workshop.v1.")
+            code = sample.labels.get("code", "")
+            counts[f"{method} {code}" if code != "OK" else method] += int(sample.value)
     return counts
 
 
