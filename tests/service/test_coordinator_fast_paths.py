@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Awaitable
 from datetime import UTC, timedelta
 
+import asyncpg
 import grpc
 import pytest
 
@@ -23,6 +24,7 @@ from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.leases.jobs import LEASE, JobsApi, SlotFacts, lease_fields, lease_from
 from services.coordinator.leases.jobs_params import JobComplete
 from services.coordinator.leases.results import result_digest
+from services.coordinator.platform import queries
 from services.coordinator.platform.db import Database, bind
 from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
@@ -389,6 +391,33 @@ async def test_a_session_connection_releases_its_advisory_locks(pg_dsn: str) -> 
         async with Database.open(pg_dsn, size=1) as other, other.connection() as connection:
             assert await connection.fetchval(lock)  # free again: the reset unlocked it
             await connection.execute("SELECT pg_advisory_unlock_all()")
+
+
+async def test_a_pooled_connection_looks_up_every_array_type_when_it_opens(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No named statement of the coordinator makes asyncpg query the catalog for a type
+    once the pool's connection has opened: the connection's setup named them all at once
+    (db.sql's array_types), instead of one lookup per new type on its first statements."""
+    looked_up: list[list[int]] = []
+    introspect = asyncpg.Connection._introspect_types
+
+    async def watched(self: asyncpg.Connection, oids: list[int], *rest: object) -> object:
+        looked_up.append(list(oids))
+        return await introspect(self, oids, *rest)
+
+    monkeypatch.setattr(asyncpg.Connection, "_introspect_types", watched)
+    async with Database.open(pg_dsn, size=1) as db, db.connection() as connection:
+        assert looked_up, "opening the connection looked the array types up"
+        looked_up.clear()
+        for path in queries.sql_files():
+            for text in queries.load(path.stem).values():
+                await connection.prepare(text)
+        names = await connection.fetch(
+            "SELECT typname FROM pg_type WHERE oid = ANY($1::oid[])",
+            [oid for oids in looked_up for oid in oids],
+        )
+        assert not looked_up, f"add {[row['typname'] for row in names]} to db.sql's array_types"
 
 
 async def test_a_claim_that_overlaps_a_run_creation_answers_the_job_it_leased(

@@ -228,6 +228,12 @@ async def _init_connection(connection: Any) -> None:
         await connection.set_type_codec(
             type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
         )
+    # asyncpg looks an array type's element up in the catalog on the first statement of a
+    # connection that uses it, with a recursive query of about 2 ms of Postgres CPU: up to
+    # four of them on each new connection, one in the middle of its first full-run commit
+    # (bench.processor_throughput --profile-control). Preparing one statement that names
+    # them all does it in one query, when the connection opens.
+    await connection.prepare(sql("db", "array_types"))
 
 
 async def _no_session_reset(connection: Any) -> None:
