@@ -18,7 +18,9 @@ from services.coordinator.review import reviews
 T0 = datetime(2026, 5, 4, 8, 0, tzinfo=UTC)
 
 
-def box(item: str, index: int, second: int, class_name: str, x: float, score: float) -> reviews.Detection:
+def box(
+    item: str, index: int, second: int, class_name: str, x: float, score: float
+) -> reviews.Detection:
     return reviews.Detection(
         item, index, T0 + timedelta(seconds=second), class_name, x, 0.2, 0.1, 0.1, score
     )
