@@ -25,16 +25,20 @@
 -- Sets the review columns of run p_run's sightings p_sightings, each made in the caller's
 -- transaction from items it just wrote, as sighting_review_v1 would find them: pending,
 -- p_pending[n] items pending, no relabel, no decision, score p_scores[n] (the highest of its
--- boxes', above 0). Called under their timelines' locks.
+-- boxes', above 0). Called under their timelines' locks. (PL/pgSQL: its plan is kept per
+-- backend, where an SQL function's statement is planned again at every call.)
 -- public: leases (job_complete)
 CREATE FUNCTION sightings_review_new_v1(
     p_run text, p_sightings text[], p_pending integer[], p_scores real[]
-) RETURNS void LANGUAGE sql AS $$
+) RETURNS void LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
     UPDATE sightings s
     SET review_state = 'pending', pending_items = u.pending_items, relabel_class = NULL,
         score = u.score, decided_by = NULL, decided_at = NULL
     FROM unnest(p_sightings, p_pending, p_scores) AS u (sighting_id, pending_items, score)
-    WHERE s.run_id = p_run AND s.sighting_id = u.sighting_id
+    WHERE s.run_id = p_run AND s.sighting_id = u.sighting_id;
+END;
 $$;
 
 -- room: leases
