@@ -8,11 +8,12 @@
 -- (0015) read every added item back, parsed each box's score and then updated these rows;
 -- job_complete_v4 sets them from the arrays the coordinator sends (by primary key, in the
 -- commit's own statement), and the refresh round trip is left only for the sightings a
--- commit appends to or regroups, or a new one whose highest score is 0: the coordinator
--- reads scores as bucket_item_boxes_of_v1 does (a missing score is 0), while
--- sighting_review_v1 takes the highest score as written (a sighting whose boxes have no
--- score gets 0 too, but so may a negative one), so only a score above 0 is the same for
--- both. job_commit_prepare_v2 answers those scores (box_scores) beside the boxes v1 answers.
+-- commit appends to or regroups, or a new one whose highest score is not above 0 (or is
+-- NaN): the coordinator reads scores as bucket_item_boxes_of_v1 does (a missing score is
+-- 0), while sighting_review_v1 takes the highest score as written (a sighting whose boxes
+-- have no score gets 0 too, but one with a negative score and a missing one gets the
+-- negative), so only a highest score above 0 is the same for both. job_commit_prepare_v2
+-- answers those scores (box_scores) beside the boxes v1 answers.
 --
 -- Pre-migration: new functions. job_commit_prepare_v1, job_complete_v3 and
 -- sightings_refresh_v2 stay (a coordinator of the release before calls them). Nothing to
