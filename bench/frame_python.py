@@ -119,6 +119,7 @@ def _commit_pieces(frames: int, boxes: int) -> dict[str, Callable[[], object]]:
         positions,
         indexes,
         ["person"] * len(positions),
+        [0.9] * len(positions),
         xs,
         [0.2] * len(positions),
         [0.05] * len(positions),

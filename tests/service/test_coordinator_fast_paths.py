@@ -326,6 +326,9 @@ async def test_the_commit_verifies_the_slot_facts_it_was_checked_against(
                         count_classes=[],
                         count_boxes=[],
                         now=c.clock.now(),
+                        new_sightings=[],
+                        new_pending=[],
+                        new_scores=[],
                     )
                 )
             )

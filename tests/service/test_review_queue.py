@@ -290,24 +290,32 @@ async def check_queue_columns(c: CoordinatorHarness) -> int:
 async def test_commits_keep_the_queue_columns_as_a_full_recomputation_would(
     coordinator: CoordinatorHarness,
 ) -> None:
-    """A commit refreshes a sighting it only extends from its stored columns and the added
-    boxes (sightings_refresh_v2), one it regroups from all its items: after every step of
-    commits across jobs (in and out of order), sighting and item decisions and a bulk
-    decision with its undo, the columns are what recomputing them from the items gives."""
+    """A commit sets the columns of a sighting it makes from its own items itself when
+    their highest score is above 0 (job_complete_v4), refreshes one it only extends from
+    its stored columns and the added boxes (sightings_refresh_v2), and one it regroups or
+    makes without a score above 0 from all its items: after every step of commits across
+    jobs (in and out of order), sighting and item decisions and a bulk decision with its
+    undo, the columns are what recomputing them from the items gives."""
     c = coordinator
     s = await review_world(c)
     jobs = await start_run(c, s, "r1")
-    # a person, and a vehicle without a score (0 is not stored) in its last two frames
+    # a person; in its last two frames a vehicle without a score (0 is not stored) and a
+    # bike (an item with boxes of two sightings the commit sets); a dog scored below 0,
+    # then without a score (its highest score is below 0, where the commit reads 0)
     person, vehicle = sbox("person", 0.1, 0.5), sbox("vehicle", 0.6, 0.0)
+    bike = sbox("bike", 0.35, 0.7)
     await commit(
         c,
         s,
         jobs[0],
-        [Frame(n, "save", (person,)) for n in (56, 57)]
-        + [Frame(n, "save", (person, vehicle)) for n in (58, 59)],
+        [
+            Frame(56, "save", (person, sbox("dog", 0.85, -0.5))),
+            Frame(57, "save", (person, sbox("dog", 0.85, 0.0))),
+        ]
+        + [Frame(n, "save", (person, vehicle, bike)) for n in (58, 59)],
     )
-    assert await check_queue_columns(c) == 2
-    (first, _) = sorted(await queue(c))
+    assert await check_queue_columns(c) == 4
+    (first,) = await queue(c, class_name="person")
     await c.workshop.DecideSighting(
         ws.DecideSightingRequest(run_id="r1", sighting_id=first[1], decision=CONFIRM),
         metadata=c.admin,
@@ -323,7 +331,7 @@ async def test_commits_keep_the_queue_columns_as_a_full_recomputation_would(
         + [Frame(2, "save", (person,))]
         + [Frame(n, "save", (sbox("person", 0.5, 0.7),)) for n in (58, 59)],
     )
-    assert await check_queue_columns(c) == 3
+    assert await check_queue_columns(c) == 5
     rows = await c.workshop.GetReviewQueue(
         ws.GetReviewQueueRequest(bucket_id="yard", filter=ws.SightingFilter(class_name="person")),
         metadata=c.admin,
@@ -343,7 +351,7 @@ async def test_commits_keep_the_queue_columns_as_a_full_recomputation_would(
     await commit(c, s, jobs[4], [Frame(n, "save", (sbox("person", 0.3, 0.6),)) for n in (0, 1)])
     await check_queue_columns(c)
     await commit(c, s, jobs[3], [Frame(n, "save", (sbox("person", 0.3, 0.4),)) for n in (58, 59)])
-    assert await check_queue_columns(c) == 4
+    assert await check_queue_columns(c) == 6
     # the third minute extends the person of 08:01:58 once more
     await commit(c, s, jobs[2], [Frame(n, "save", (sbox("person", 0.5, 0.8),)) for n in (0, 1)])
     await check_queue_columns(c)

@@ -261,6 +261,7 @@ class CommitPrepared(Row):
     box_items: list[int]
     box_indexes: list[int]
     box_classes: list[str]
+    box_scores: list[float]
     box_xs: list[float]
     box_ys: list[float]
     box_ws: list[float]
@@ -270,10 +271,11 @@ class CommitPrepared(Row):
     def new_items(self, items: Sequence[results.Item]) -> list[reviews.NewItem]:
         """The items with their boxes, as review groups them."""
         by_item: list[list[reviews.Detection]] = [[] for _ in items]
-        for position, index, class_name, x, y, w, h in zip(
+        for position, index, class_name, score, x, y, w, h in zip(
             self.box_items,
             self.box_indexes,
             self.box_classes,
+            self.box_scores,
             self.box_xs,
             self.box_ys,
             self.box_ws,
@@ -282,7 +284,9 @@ class CommitPrepared(Row):
         ):
             item = items[position - 1]
             by_item[position - 1].append(
-                reviews.Detection(item.item_id, index, item.frame_time, class_name, x, y, w, h)
+                reviews.Detection(
+                    item.item_id, index, item.frame_time, class_name, x, y, w, h, score
+                )
             )
         return [
             reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, detections)
@@ -765,6 +769,8 @@ class JobsApi:
                 camera_id=grouping.camera_id,
                 **(counts or {"count_buckets": [], "count_classes": [], "count_boxes": []}),
                 now=now,
+                # the review columns of the sightings it makes whose review it knows
+                **grouping.new_reviews(),
             )
 
         ungrouped = reviews.Grouping(lease.run_id, "")
@@ -797,8 +803,9 @@ class JobsApi:
                 prepared.box_counts(items),
             )
             answer = await self._answer_on(connection, CommitAnswer, commit)
-            if not answer.reason and commit.sighting_ids:
+            if not answer.reason:
                 # the review queue's columns of the sightings the commit made or changed
+                # but could not set itself (refresh_sightings skips the round trip if none)
                 full, appended = grouping.refreshed()
                 await reviews.refresh_sightings(
                     connection, lease.run_id, full, appended, commit.item_ids

@@ -72,11 +72,11 @@ WHERE j.run_id = $1 AND j.job_index = $2;
 -- Locks the job about to commit, then its items' timelines, and answers in one row of
 -- arrays its camera, each item's boxes as the commit saves them (NULL boxes sent: those
 -- recorded with the upload's preview; box -1: an item without boxes; box_items: the
--- item's 1-based position) and the timelines' context, for the committing transaction to
--- group the items before job_complete writes them (job_commit_prepare_v1). No row: no
--- such job.
+-- item's 1-based position; box_scores: 0 where a box has none) and the timelines'
+-- context, for the committing transaction to group the items before job_complete writes
+-- them (job_commit_prepare_v2). No row: no such job.
 -- nullable: item_boxes[]
-SELECT * FROM job_commit_prepare_v1(
+SELECT * FROM job_commit_prepare_v2(
     p_run => :run_id::text, p_job => :job_index::integer, p_item_boxes => :item_boxes::text[],
     p_item_keys => :item_keys::text[], p_item_buckets => :item_buckets::text[],
     p_item_times => :item_times::timestamptz[]);
@@ -90,9 +90,12 @@ SELECT * FROM job_commit_prepare_v1(
 -- commit is): the items already written whose sightings changed, the sightings gone, and
 -- those made or changed, of the job's camera (:camera_id; '' when nothing was grouped).
 -- The items' boxes by bucket and class as detected, one element per pair in each count_
--- array (the commit counts its items from them for the summary).
+-- array (the commit counts its items from them for the summary). The review columns of
+-- the sightings made from the items alone, when the commit knows them (review's
+-- sightings_review_new): each new_sightings[n] (one of sighting_ids) pending, with
+-- new_pending[n] items pending and score new_scores[n].
 -- nullable: item_boxes[], item_sightings[]
-SELECT * FROM job_complete_v3(
+SELECT * FROM job_complete_v4(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,
@@ -114,7 +117,9 @@ SELECT * FROM job_complete_v3(
     p_sighting_lasts => :sighting_lasts::timestamptz[],
     p_sighting_counts => :sighting_counts::integer[],
     p_count_buckets => :count_buckets::text[], p_count_classes => :count_classes::text[],
-    p_count_boxes => :count_boxes::bigint[], p_now => :now::timestamptz);
+    p_count_boxes => :count_boxes::bigint[], p_now => :now::timestamptz,
+    p_new_sightings => :new_sightings::text[], p_new_pending => :new_pending::integer[],
+    p_new_scores => :new_scores::real[]);
 
 -- name: job_check_lease
 -- CheckLease in one statement (the statement is its own transaction): the calling

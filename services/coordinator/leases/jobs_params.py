@@ -172,6 +172,9 @@ class JobComplete(Params):
     count_classes: Sequence[str]
     count_boxes: Sequence[int]
     now: datetime
+    new_sightings: Sequence[str]
+    new_pending: Sequence[int]
+    new_scores: Sequence[float]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -49,7 +49,7 @@ WHERE w.start IS NOT NULL;
 -- items already written whose box_sightings changed (:item_ids, each one's new array as a
 -- text array literal), the sightings of run :run_id and camera :camera_id that lost every
 -- item (:gone), and the sightings made or changed, with their item range and count. (A
--- commit does the same inside job_complete_v3.)
+-- commit does the same inside job_complete_v4, by job_complete_v3.)
 SELECT sightings_apply_v1(
     p_run => :run_id::text, p_camera => :camera_id::text, p_item_ids => :item_ids::text[],
     p_item_sightings => :item_sightings::text[], p_gone => :gone::text[],

@@ -128,6 +128,10 @@ class SightingChange:
     # only added boxes joined it: its boxes already written are those it had, so its review
     # columns follow from theirs and the added boxes' (sightings_refresh_v2's shortcut)
     appended: bool = False
+    # made from added boxes alone, and its score known (`_new_sighting_score`): its review
+    # is pending with all item_count items pending and this score, which the commit sets
+    # itself (job_complete's new_ arrays) instead of a refresh reading the items back
+    new_score: float | None = None
 
 
 def array_literal(values: Sequence[str]) -> str:
@@ -202,10 +206,27 @@ class Grouping:
 
     def refreshed(self) -> tuple[list[str], list[str]]:
         """The sightings made or changed whose review columns a commit of the added items
-        refreshes: (those recomputed from all their items, those only appended to)."""
-        full = [c.sighting_id for c in self.changed_sightings if not c.appended]
-        appended = [c.sighting_id for c in self.changed_sightings if c.appended]
+        refreshes: (those recomputed from all their items, those only appended to); not
+        the new ones whose review the commit sets itself (`new_reviews`)."""
+        left = [c for c in self.changed_sightings if c.new_score is None]
+        full = [c.sighting_id for c in left if not c.appended]
+        appended = [c.sighting_id for c in left if c.appended]
         return sorted(full), sorted(appended)
+
+    def new_reviews(self) -> NewReviews:
+        """The review columns of the sightings made from the added items alone whose
+        score is known, as a commit's job_complete sets them (review's
+        sightings_review_new_v1), in key order."""
+        found = sorted(
+            (c.sighting_id, c.item_count, c.new_score)
+            for c in self.changed_sightings
+            if c.new_score is not None
+        )
+        return {
+            "new_sightings": [sighting_id for sighting_id, _, _ in found],
+            "new_pending": [items for _, items, _ in found],
+            "new_scores": [score for _, _, score in found],
+        }
 
 
 async def refresh_sightings(
@@ -228,6 +249,15 @@ async def refresh_sightings(
             list(appended),
             list(added_items),
         )
+
+
+class NewReviews(TypedDict):
+    """New sightings' review columns as job_complete's array parameters
+    (`Grouping.new_reviews`): each one pending with new_pending[n] items pending."""
+
+    new_sightings: list[str]
+    new_pending: list[int]
+    new_scores: list[float]
 
 
 class SightingChanges(TypedDict):
@@ -805,6 +835,11 @@ def _plan(
             continue
         example = now_boxes[0] if now_boxes else last
         assert example is not None
+        made_of_added = (
+            last is None
+            and sid not in members_before
+            and all(d.item_id in added_items for d in now_boxes)
+        )
         grouping.changed_sightings.append(
             SightingChange(
                 sid,
@@ -814,8 +849,22 @@ def _plan(
                 max(times),
                 count,
                 appended=sid not in regrouped,
+                new_score=_new_sighting_score(now_boxes) if made_of_added else None,
             )
         )
+
+
+def _new_sighting_score(boxes: Sequence[sightings.Detection]) -> float | None:
+    """The score sighting_review_v1 computes for a sighting made of `boxes` alone (boxes
+    being added, one an item), when their scores tell it: their highest, if above 0.
+    The boxes' scores are read as bucket_item_boxes_of reads them, a missing one 0, while
+    v1 takes the highest score written (0 when none is): a highest of 0 here may be v1's
+    negative one. NaN (stored for a NaN score) is the highest for Postgres, not for max."""
+    scores = [box.score for box in boxes]
+    if any(math.isnan(score) for score in scores):
+        return None
+    highest = max(scores)
+    return highest if highest > 0 else None
 
 
 async def group_backlog(db: Database, limit: int = 100) -> int:

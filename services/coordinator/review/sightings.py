@@ -45,6 +45,10 @@ class Detection:
     y: float
     w: float
     h: float
+    # its detected score as review reads it (0 when it has none). Grouping never reads it:
+    # a commit sets it on the boxes it adds, for the review of the sightings made from them
+    # alone (reviews._new_sighting_score); a box read back from a timeline leaves it 0.
+    score: float = 0.0
 
     @property
     def key(self) -> tuple[str, int]:
