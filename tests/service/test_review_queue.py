@@ -10,6 +10,7 @@ Real coordinator and Postgres (testbed/review_world.py builds the runs).
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -232,6 +233,35 @@ async def test_the_queue_orders_and_filters_across_runs_and_pages_by_key(
     # the queue's stored state agrees with every sighting's state as GetReview computes it
     now = await reference(c)
     assert sorted(await queue(c)) == sorted(keys([r for r in now if r["state"] == PENDING]))
+
+
+async def test_a_sighting_scored_nan_pages_in_every_order(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """A detector's NaN or infinite score is stored as protobuf's JSON writes it, and the
+    queue pages past such a sighting: Postgres orders NaN above every number, and the
+    next page's token carries it. (It answered "page_token is malformed" before.)"""
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    odd = {"person": math.nan, "vehicle": math.inf, "bike": -math.inf, "dog": 0.4}
+    await commit(
+        c,
+        s,
+        jobs[0],
+        [
+            Frame(n, "save", tuple(sbox(name, 0.1, score) for name, score in odd.items()))
+            for n in (0, 1)
+        ],
+    )
+    for order in (OLDEST, LOWEST, CAMERA):
+        assert len(set(await queue(c, order=order))) == len(odd)
+    lowest = await c.workshop.GetReviewQueue(
+        ws.GetReviewQueueRequest(bucket_id="yard", order=LOWEST), metadata=c.admin
+    )
+    scores = [entry.score for entry in lowest.sightings]
+    assert [round(score, 2) for score in scores[:3]] == [-math.inf, 0.4, math.inf]
+    assert math.isnan(scores[3])
 
 
 async def test_a_commit_brings_a_decided_sighting_back_to_the_queue(

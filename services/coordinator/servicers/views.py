@@ -475,7 +475,9 @@ def queue_key(token: str, scope: str) -> queue.QueueKey | None:
         )
     except (binascii.Error, UnicodeDecodeError, ValueError, TypeError):
         raise malformed from None
-    if key.first_frame_time.tzinfo is None or math.isnan(key.score):
+    # (a score may be NaN or infinite, as a detector's box may be: Postgres orders NaN above
+    # every number, so the page after a NaN-scored sighting starts after it like any other)
+    if key.first_frame_time.tzinfo is None:
         raise malformed
     if found != scope:
         raise InvalidField(
