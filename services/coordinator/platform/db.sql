@@ -4,5 +4,5 @@
 -- Every array type the coordinator's statements pass or read, named once when a connection
 -- opens so that asyncpg looks up all their element types in one catalog query
 -- (tests/service/test_coordinator_fast_paths.py checks that no statement needs another).
-SELECT $1::boolean[], $2::integer[], $3::bigint[], $4::real[], $5::double precision[],
-       $6::timestamptz[], $7::uuid[];
+SELECT NULL::boolean[], NULL::integer[], NULL::bigint[], NULL::real[],
+       NULL::double precision[], NULL::timestamptz[], NULL::uuid[];
