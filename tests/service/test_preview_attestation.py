@@ -184,7 +184,7 @@ async def test_completes_next_claim_carries_an_attestation_the_grant_takes(
     )
     reply = await c.jobs.Complete(request, metadata=s.processor)
     job = reply.claimed.job
-    assert job.lease.job_id == "j1" and job.HasField("lease_attestation")
+    assert (job.lease.job_id, job.HasField("lease_attestation")) == ("j1", True)
     granted = await assert_same_grants(p, s, job)
     assert granted.key_prefix == "previews/r1/j1/1/"
 
