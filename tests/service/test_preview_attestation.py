@@ -119,6 +119,11 @@ def lease_grant(
     )
 
 
+def tampered(job: jobs_pb2.ClaimedJob) -> publication_pb2.LeaseAttestation:
+    """The job's attestation with another MAC."""
+    return publication_pb2.LeaseAttestation(claims=job.lease_attestation.claims, mac=bytes(32))
+
+
 def claims_of(job: jobs_pb2.ClaimedJob) -> publication_pb2.LeaseClaims:
     claims = publication_pb2.LeaseClaims()
     claims.ParseFromString(job.lease_attestation.claims)
@@ -195,14 +200,11 @@ async def test_a_statement_that_does_not_verify_falls_back_to_check_lease(
     c, p = coordinator, preview
     await create_run(c, s, full=True)
     job, other_job = await claimed(c, s), await claimed(c, s)
-    tampered = publication_pb2.LeaseAttestation()
-    tampered.CopyFrom(job.lease_attestation)
-    tampered.mac = bytes(32)
     # a processor key of the same device: CheckLease lets it write for the lease (fence 4),
     # the statement does not (it names the claiming key)
     another = await c.key(Grant(ScopeName.WORKSHOP_RUN, device_id="gpu-box"), name="processor-2")
     for request, metadata, answered in (
-        (lease_grant(job, tampered), s.processor, (1, 0, 0)),
+        (lease_grant(job, tampered(job)), s.processor, (1, 0, 0)),
         (lease_grant(job), bearer_metadata(another), (1, 0, 0)),
         # CheckLease's answer for this key and lease, of a moment ago, is reused
         (lease_grant(job, other_job.lease_attestation), s.processor, (0, 0, 1)),
@@ -228,12 +230,9 @@ async def test_a_lease_that_no_longer_holds_is_refused_unless_a_statement_of_it_
     await create_run(c, s, full=True)
     job = await claimed(c, s)
     await c.workshop.CancelRun(ws.CancelRunRequest(run_id="r1"), metadata=c.admin)
-    tampered = publication_pb2.LeaseAttestation()
-    tampered.CopyFrom(job.lease_attestation)
-    tampered.mac = bytes(32)
     counted = Counted()
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await p.stub.GrantPreviewWrites(lease_grant(job, tampered), metadata=s.processor)
+        await p.stub.GrantPreviewWrites(lease_grant(job, tampered(job)), metadata=s.processor)
     assert error_reason(caught.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION, "JOB_CANCELLED")
     await p.stub.GrantPreviewWrites(lease_grant(job), metadata=s.processor)
     assert counted.since() == (1, 1, 0)
