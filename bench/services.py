@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
@@ -42,12 +43,16 @@ async def separate_services(
     """Starts both (logs under `scratch`), the preview service with its own service key and
     `PREVIEW_<name>` for each of `preview_settings`, the coordinator with
     `COORDINATOR_<name>` for each of `coordinator_settings`; stops both on exit. With `cpu_steps`
-    the coordinator runs under `bench.cpu_steps`, which writes its CPU by call kind there."""
+    the coordinator runs under `bench.cpu_steps`, which writes its CPU by call kind there. Both
+    get one random lease attestation key, as a deployment gives them (settings may override
+    it, "" turning it off)."""
+    attestation_key = secrets.token_urlsafe(32)
     coordinator_env = {
         **_COMMON,
         "DATABASE_URL": dsn,
         "SCHEDULER_INTERVAL_SECONDS": "0",
         "MAINTENANCE_INTERVAL_SECONDS": "0",
+        "LEASE_ATTESTATION_KEY": attestation_key,
         **(coordinator_settings or {}),
     }
     steps = {} if cpu_steps is None else {"WORKSHOP_CPU_STEPS": str(cpu_steps)}
@@ -68,6 +73,7 @@ async def separate_services(
                 "COORDINATOR_TARGET": f"127.0.0.1:{c.port}",
                 "SERVICE_KEY": await c.key(Grant(ScopeName.SERVICE), name="preview-service"),
                 "CLEANUP_INTERVAL_SECONDS": "0",
+                "LEASE_ATTESTATION_KEY": attestation_key,
                 **(preview_settings or {}),
             }
             with running_service(

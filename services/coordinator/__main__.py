@@ -63,6 +63,7 @@ async def run_server(settings: CoordinatorSettings) -> None:
             lease=timedelta(seconds=settings.lease_seconds),
             max_image_bytes=settings.max_image_bytes,
             metrics_max_age_seconds=settings.metrics_max_age_seconds,
+            lease_attestation_key=settings.lease_attestation_key,
         )
         await serve(
             label=LABEL,

@@ -36,6 +36,7 @@ from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.datasets import DatasetServicer
 from services.coordinator.servicers.identity import IdentityServicer
 from services.coordinator.servicers.jobs import JobServicer
+from services.coordinator.servicers.lease_attestation import LeaseAttester
 from services.coordinator.servicers.operator import OperatorServicer
 from services.coordinator.servicers.publication import PublicationServicer
 from services.coordinator.servicers.workshop import WorkshopServicer
@@ -76,6 +77,7 @@ def build(
     lease: timedelta = LEASE,
     max_image_bytes: int = MAX_IMAGE_BYTES,
     metrics_max_age_seconds: float = 0.0,
+    lease_attestation_key: str = "",
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)
     and its scrape-time gauges, each read at most once per `metrics_max_age_seconds`."""
@@ -108,6 +110,7 @@ def build(
             lease=lease,
             max_image_bytes=max_image_bytes,
             timelines=timelines,
+            lease_attestation_key=lease_attestation_key,
         ),
         workers,
         [
@@ -128,7 +131,10 @@ def grpc_services(
     lease: timedelta = LEASE,
     max_image_bytes: int = MAX_IMAGE_BYTES,
     timelines: Timelines | None = None,
+    lease_attestation_key: str = "",
 ) -> list[GrpcService]:
+    """`lease_attestation_key`: empty, or the secret that signs every claimed job's lease
+    for the preview service (servicers/lease_attestation.py)."""
     snapshots = SnapshotCache(db)
     timelines = timelines or Timelines(db)
     passwords = Passwords()  # one per process: it bounds the hashes in flight
@@ -153,6 +159,7 @@ def grpc_services(
         events,
         previews,
         max_image_bytes=max_image_bytes,
+        attester=LeaseAttester(lease_attestation_key, clock) if lease_attestation_key else None,
     )
     datasets = DatasetsApi(db, clock)
     publication = PublicationServicer(previews, reviews, authenticate, datasets)

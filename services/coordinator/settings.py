@@ -13,6 +13,7 @@ from services.coordinator.identity.signin import (
     LoginLimits,
 )
 from services.coordinator.leases.jobs import LEASE
+from workshop.kit.lease_attestation import MIN_KEY_CHARS, key_problem
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
 from workshop.kit.written_previews import MAX_IMAGE_BYTES, MAX_IMAGE_BYTES_LIMIT
@@ -76,6 +77,13 @@ class CoordinatorSettings(ServerSettings):
         "earlier one (one query each per this long, however often scrapers come; 0 reads on "
         "every scrape).",
         check=between(0, 300, " seconds"),
+    )
+    lease_attestation_key: str = setting(
+        "",
+        help="Secret shared with the preview service (PREVIEW_LEASE_ATTESTATION_KEY), at least "
+        f"{MIN_KEY_CHARS} characters: every claimed job then carries a signed statement that its "
+        "lease held, which spares the preview service a CheckLease call per job. Empty: none.",
+        check=key_problem,
     )
     principal_cache_seconds: float = setting(
         PRINCIPAL_CACHE_SECONDS,

@@ -41,6 +41,7 @@ def build(
         store,
         max_image_bytes=settings.max_image_bytes,
         lease_check_seconds=settings.lease_check_seconds,
+        lease_attestation_key=settings.lease_attestation_key,
         grant_seconds=settings.grant_seconds,
     )
     cleanup = Cleanup(coordinator, store)

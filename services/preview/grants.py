@@ -73,7 +73,8 @@ class WriteGrants:
                 "content_type", f"content_type must be one of {', '.join(CONTENT_TYPES)}."
             )
         lease = request.lease
-        facts = await self.leases.facts(processor, lease, request.code_sha256)
+        attestation = request.lease_attestation if request.HasField("lease_attestation") else None
+        facts = await self.leases.facts(processor, lease, request.code_sha256, attestation)
         unexpected = [slot for slot in slots if slot >= facts.slot_count]
         if unexpected:
             raise InvalidField(

@@ -23,6 +23,17 @@ PUT_BYTES = Counter(
     ["kind", "path"],
     registry=REGISTRY,
 )
+# source: `attestation` (the claim's signed lease attestation verified: no call), `cache`
+# (CheckLease's answer of the last few seconds reused) or `coordinator` (CheckLease asked).
+LEASE_CHECKS = Counter(
+    "workshop_preview_lease_checks",
+    "Leases checked before granting or writing preview bytes, by where the answer came from "
+    "(attestation, cache, coordinator).",
+    ["source"],
+    registry=REGISTRY,
+)
+for _source in ("attestation", "cache", "coordinator"):
+    LEASE_CHECKS.labels(_source)  # every series from the start, at 0
 CLEANUP_DELETIONS = Counter(
     "workshop_preview_cleanup_deletions",
     "Objects the cleanup passes deleted, by kind.",

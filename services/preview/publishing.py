@@ -38,12 +38,15 @@ class PreviewApi:
         *,
         max_image_bytes: int,
         lease_check_seconds: float,
+        lease_attestation_key: str = "",
         grant_seconds: int = 60,
     ) -> None:
         self.coordinator = coordinator
         self.store = store
         self.max_image_bytes = max_image_bytes
-        self.leases = LeaseChecks(coordinator, seconds=lease_check_seconds)
+        self.leases = LeaseChecks(
+            coordinator, seconds=lease_check_seconds, attestation_key=lease_attestation_key
+        )
         self.recorder = PreviewRecorder(coordinator)
         self.grants = WriteGrants(
             store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from workshop.kit.lease_attestation import MIN_KEY_CHARS, key_problem
 from workshop.kit.server import ServerSettings
 from workshop.kit.settings import at_least, between, setting
 from workshop.kit.tls import ClientTlsSettings
@@ -61,6 +62,14 @@ class PreviewSettings(ServerSettings, ClientTlsSettings):
         help="Seconds a lease's CheckLease answer is reused before writing a preview's bytes "
         "(0 checks every publish); a lease refused meanwhile gets its bytes collected.",
         check=at_least(0),
+    )
+    lease_attestation_key: str = setting(
+        "",
+        help="Secret shared with the coordinator (COORDINATOR_LEASE_ATTESTATION_KEY), at least "
+        f"{MIN_KEY_CHARS} characters: GrantPreviewWrites then takes the claim's signed lease "
+        "attestation for CheckLease's answer for up to PREVIEW_LEASE_CHECK_SECONDS; one that "
+        "does not verify falls back to CheckLease. Empty: CheckLease always.",
+        check=key_problem,
     )
     grant_seconds: int = setting(
         60,

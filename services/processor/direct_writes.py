@@ -224,6 +224,11 @@ class DirectPreviews:
                 slot_indices=slots,
                 content_type=content_type,
                 lease_grant=True,
+                # the claim's signed word that the lease held: the preview service need
+                # not ask the coordinator (unset from a coordinator without a key)
+                lease_attestation=job.lease_attestation
+                if job.HasField("lease_attestation")
+                else None,
             ),
         )
         if reply.HasField("lease_grant"):

@@ -81,13 +81,16 @@ async def running_coordinator(
     pool_size: int = 4,
     port: int = 0,
     job_transport: str = "unary",
+    lease_attestation_key: str = "",
 ) -> AsyncIterator[CoordinatorHarness]:
     """A coordinator on `dsn` in this process, on `port` (0: a free one; a given port lets a
     test start it again where its clients point); `job_transport` says what `jobs` is (the
-    module docstring)."""
+    module docstring); `lease_attestation_key` as COORDINATOR_LEASE_ATTESTATION_KEY."""
     clock = clock or FrozenClock(EPOCH)
     async with Database.open(dsn, size=pool_size) as db:
-        coordinator = build(db, clock, job_capacity=job_capacity)
+        coordinator = build(
+            db, clock, job_capacity=job_capacity, lease_attestation_key=lease_attestation_key
+        )
         server = Server(
             label="coordinator-test",
             settings=ServerSettings(port=port, drain_seconds=0.0, grace_seconds=1.0),

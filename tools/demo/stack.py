@@ -123,10 +123,13 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
         # Postgres carries no stack mark (tools.demo.reaper): record it at once.
         record_pids(workdir, {"postgres": cluster.pid or 0})
         database_url = create_database(cluster, DATABASE)
-        coordinator, admin_key = _start_coordinator(launch, console, database_url)
+        # One secret for both, as a deployment's Secret: claims carry signed lease
+        # attestations that spare the preview service a CheckLease per job.
+        attestation_key = secrets.token_urlsafe(32)
+        coordinator, admin_key = _start_coordinator(launch, console, database_url, attestation_key)
         keys = _device_and_keys(coordinator.target, admin_key)
         server = s3.result()
-        preview = _start_preview(launch, server, coordinator.target, keys.preview)
+        preview = _start_preview(launch, server, coordinator.target, keys.preview, attestation_key)
         server.client().make_bucket(RECORDINGS_BUCKET)
         runtime_id = _register_runtime(launch, console, coordinator.target, admin_key)
         user = _demo_user(console, coordinator.target, admin_key)
@@ -188,10 +191,13 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
 
 
 def _start_coordinator(
-    launch: Launcher, console: Console, database_url: str
+    launch: Launcher, console: Console, database_url: str, attestation_key: str
 ) -> tuple[Service, str]:
     """Migrate, start the server and, while it starts, create the first admin key."""
-    env = {"COORDINATOR_DATABASE_URL": database_url}
+    env = {
+        "COORDINATOR_DATABASE_URL": database_url,
+        "COORDINATOR_LEASE_ATTESTATION_KEY": attestation_key,
+    }
     # One coordinator, started after it: both phases at once (docs/upgrading.md).
     with console.stage("migrating the database (python -m services.coordinator migrate)"):
         launch.command("migrate", "services.coordinator", ["migrate", "--phase", "post"], env)
@@ -208,7 +214,7 @@ def _start_coordinator(
 
 
 def _start_preview(
-    launch: Launcher, server: S3Server, coordinator: str, service_key: str
+    launch: Launcher, server: S3Server, coordinator: str, service_key: str, attestation_key: str
 ) -> Service:
     env = {
         "PREVIEW_S3_ENDPOINT": server.endpoint,
@@ -217,6 +223,7 @@ def _start_preview(
         "PREVIEW_BUCKET": PREVIEW_BUCKET,
         "PREVIEW_COORDINATOR_TARGET": coordinator,
         "PREVIEW_SERVICE_KEY": service_key,
+        "PREVIEW_LEASE_ATTESTATION_KEY": attestation_key,
     }
     return launch.service("preview", "services.preview", env)
 

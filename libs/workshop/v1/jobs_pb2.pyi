@@ -322,6 +322,7 @@ class ClaimedJob(_message.Message):
     INPUT_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     TAKES_RECORDED_BOXES_FIELD_NUMBER: _builtins.int
+    LEASE_ATTESTATION_FIELD_NUMBER: _builtins.int
     takes_recorded_boxes: _builtins.bool
     """True: Complete takes RoutedOutput.boxes_recorded. Every coordinator of release 0.1 and later says true;
     false only from a pre-release coordinator: then send every output's boxes.
@@ -346,6 +347,13 @@ class ClaimedJob(_message.Message):
     def snapshot(self) -> _snapshot_pb2.RunSnapshot:
         """The run's snapshot (without the run-wide recording list; see RunSnapshot)."""
 
+    @_builtins.property
+    def lease_attestation(self) -> _publication_pb2.LeaseAttestation:
+        """The coordinator's signed statement that the lease held at the claim, for the processor to pass on in
+        GrantPreviewWritesRequest.lease_attestation (the preview service then skips CheckLease). Unset when the
+        coordinator has no attestation key (COORDINATOR_LEASE_ATTESTATION_KEY) or is from before it.
+        """
+
     def __init__(
         self,
         *,
@@ -355,10 +363,11 @@ class ClaimedJob(_message.Message):
         input: Global___JobInput | None = ...,
         snapshot: _snapshot_pb2.RunSnapshot | None = ...,
         takes_recorded_boxes: _builtins.bool = ...,
+        lease_attestation: _publication_pb2.LeaseAttestation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "input", b"input", "lease", b"lease", "lease_expires_at", b"lease_expires_at", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "input", b"input", "lease", b"lease", "lease_attestation", b"lease_attestation", "lease_expires_at", b"lease_expires_at", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "input", b"input", "lease", b"lease", "lease_expires_at", b"lease_expires_at", "snapshot", b"snapshot", "takes_recorded_boxes", b"takes_recorded_boxes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "input", b"input", "lease", b"lease", "lease_attestation", b"lease_attestation", "lease_expires_at", b"lease_expires_at", "snapshot", b"snapshot", "takes_recorded_boxes", b"takes_recorded_boxes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

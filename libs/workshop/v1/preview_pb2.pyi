@@ -426,6 +426,7 @@ class GrantPreviewWritesRequest(_message.Message):
     SLOT_INDICES_FIELD_NUMBER: _builtins.int
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     LEASE_GRANT_FIELD_NUMBER: _builtins.int
+    LEASE_ATTESTATION_FIELD_NUMBER: _builtins.int
     code_sha256: _builtins.str
     """SHA-256 (hex) of the processor's code (fence 4)."""
     content_type: _builtins.str
@@ -445,6 +446,13 @@ class GrantPreviewWritesRequest(_message.Message):
         but answered with no per-slot grants.
         """
 
+    @_builtins.property
+    def lease_attestation(self) -> _publication_pb2.LeaseAttestation:
+        """The job's ClaimedJob.lease_attestation, as the claim answered it (optional): a service with the same key
+        takes it instead of asking the coordinator CheckLease. One it cannot verify is ignored (CheckLease decides,
+        as without one), so it never refuses a request nor widens what a grant allows.
+        """
+
     def __init__(
         self,
         *,
@@ -453,10 +461,11 @@ class GrantPreviewWritesRequest(_message.Message):
         slot_indices: _abc.Iterable[_builtins.int] | None = ...,
         content_type: _builtins.str = ...,
         lease_grant: _builtins.bool = ...,
+        lease_attestation: _publication_pb2.LeaseAttestation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_attestation", b"lease_attestation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "content_type", b"content_type", "lease", b"lease", "lease_grant", b"lease_grant", "slot_indices", b"slot_indices"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "content_type", b"content_type", "lease", b"lease", "lease_attestation", b"lease_attestation", "lease_grant", b"lease_grant", "slot_indices", b"slot_indices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,7 +14,8 @@ bytes under the preview's key, then records them with one fenced call
 the record still records the object, as collectable: the cleanup loop deletes
 its bytes. Bytes written by a preview service that stopped before recording
 them are found by the per-job sweep (ListCollectableObjects' sweeps) once
-every preview of the job has expired.
+every preview of the job has expired. A direct-write grant (PreviewService.
+GrantPreviewWrites) may take the claim's LeaseAttestation instead of CheckLease.
 
 Uploads: StageObject (fenced) records the key, digest and size as staged;
 the bytes are written under that key; JobService.Complete commits them,
@@ -116,6 +117,83 @@ class CheckLeaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckLeaseResponse: _TypeAlias = CheckLeaseResponse  # noqa: Y015
+
+@_typing.final
+class LeaseAttestation(_message.Message):
+    """The coordinator's signed statement that a lease held when it answered a claim (ClaimedJob.lease_attestation):
+    the preview service, holding the same secret, takes it for CheckLease's answer in GrantPreviewWrites
+    until valid_until, so a grant right after a claim costs the coordinator nothing. It never refuses on its
+    own: one the preview service cannot verify (no key, another key, tampered, expired, another lease, code or
+    credential) falls back to CheckLease.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIMS_FIELD_NUMBER: _builtins.int
+    MAC_FIELD_NUMBER: _builtins.int
+    claims: _builtins.bytes
+    """A serialized LeaseClaims: verified as these exact bytes (no canonical form is needed)."""
+    mac: _builtins.bytes
+    """HMAC-SHA256 of `claims` under the secret the coordinator and the preview service share."""
+    def __init__(
+        self,
+        *,
+        claims: _builtins.bytes = ...,
+        mac: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claims", b"claims", "mac", b"mac"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseAttestation: _TypeAlias = LeaseAttestation  # noqa: Y015
+
+@_typing.final
+class LeaseClaims(_message.Message):
+    """What a LeaseAttestation states."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_SHA256_FIELD_NUMBER: _builtins.int
+    CODE_SHA256_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    VALID_UNTIL_FIELD_NUMBER: _builtins.int
+    credential_sha256: _builtins.str
+    """SHA-256 (hex) of the claiming processor's bearer secret: only a caller presenting that secret may use it."""
+    code_sha256: _builtins.str
+    """SHA-256 (hex) of the run's code (the snapshot's), which fence 4 requires of every write."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseRef:
+        """The lease the claim handed out."""
+
+    @_builtins.property
+    def facts(self) -> Global___CheckLeaseResponse:
+        """What CheckLease would have answered at the claim (checked_at: the claim's time)."""
+
+    @_builtins.property
+    def valid_until(self) -> _timestamp_pb2.Timestamp:
+        """Not to be used from this time on (UTC): the claim's time plus the preview service's reuse of a CheckLease
+        answer (10 s), so it grants nothing a cached answer would not.
+        """
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseRef | None = ...,
+        credential_sha256: _builtins.str = ...,
+        code_sha256: _builtins.str = ...,
+        facts: Global___CheckLeaseResponse | None = ...,
+        valid_until: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "lease", b"lease", "valid_until", b"valid_until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "credential_sha256", b"credential_sha256", "facts", b"facts", "lease", b"lease", "valid_until", b"valid_until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseClaims: _TypeAlias = LeaseClaims  # noqa: Y015
 
 @_typing.final
 class StageObjectRequest(_message.Message):

@@ -14,7 +14,8 @@ bytes under the preview's key, then records them with one fenced call
 the record still records the object, as collectable: the cleanup loop deletes
 its bytes. Bytes written by a preview service that stopped before recording
 them are found by the per-job sweep (ListCollectableObjects' sweeps) once
-every preview of the job has expired.
+every preview of the job has expired. A direct-write grant (PreviewService.
+GrantPreviewWrites) may take the claim's LeaseAttestation instead of CheckLease.
 
 Uploads: StageObject (fenced) records the key, digest and size as staged;
 the bytes are written under that key; JobService.Complete commits them,

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import timedelta
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Protocol
 
 import grpc
@@ -34,6 +34,7 @@ from services.coordinator.previews.publication import (
 )
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.servicers.common import Authenticator, Context
+from services.coordinator.servicers.lease_attestation import LeaseAttester
 from services.coordinator.servicers.views import (
     lease,
     leases,
@@ -42,8 +43,10 @@ from services.coordinator.servicers.views import (
     previews_response,
     snapshot_recording,
 )
+from workshop.kit.auth import bearer_secret
 from workshop.kit.errors import ResourceExhausted, WorkshopError
 from workshop.kit.interceptors import error_status
+from workshop.kit.lease_attestation import credential_sha256
 from workshop.kit.rpc_metrics import observe_call
 from workshop.kit.written_previews import MAX_IMAGE_BYTES, check_written_preview
 from workshop.v1 import common_pb2, jobs_pb2_grpc
@@ -56,6 +59,9 @@ MAX_CLAIM_WAIT_SECONDS = 60
 DEADLINE_MARGIN_SECONDS = 1.0
 # Calls in flight on one Session stream; one more is answered RESOURCE_EXHAUSTED.
 MAX_SESSION_CALLS = 64
+
+# A claimed job's signed lease attestation, given the job and its lease.
+Attest = Callable[[Claimed, common_pb2.LeaseRef], pub.LeaseAttestation]
 
 
 def duration(value: timedelta) -> Duration:
@@ -77,7 +83,11 @@ def _slots(first_us: int, count: int, interval_us: int, window_end_us: int) -> t
     return tuple(slots)
 
 
-def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> pb.ClaimedJob:
+def claimed_job(
+    claimed: Claimed,
+    interval: timedelta = HEARTBEAT_INTERVAL,
+    attest: Attest | None = None,
+) -> pb.ClaimedJob:
     job, frozen = claimed.job, claimed.frozen
     slots = _slots(
         convert.micros(job.facts.first_slot_at),
@@ -85,13 +95,14 @@ def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> p
         job.facts.interval_ms * 1_000,
         convert.micros(frozen.window_end),
     )
+    lease = common_pb2.LeaseRef(
+        run_id=job.run_id,
+        job_id=job_id(job.job_index),
+        generation=job.generation,
+        token=str(job.lease_token),
+    )
     return pb.ClaimedJob(
-        lease=common_pb2.LeaseRef(
-            run_id=job.run_id,
-            job_id=job_id(job.job_index),
-            generation=job.generation,
-            token=str(job.lease_token),
-        ),
+        lease=lease,
         lease_expires_at=convert.ts(job.lease_expires_at),
         heartbeat_interval=duration(interval),
         input=pb.JobInput(
@@ -103,13 +114,16 @@ def claimed_job(claimed: Claimed, interval: timedelta = HEARTBEAT_INTERVAL) -> p
         ),
         snapshot=frozen.snapshot,
         takes_recorded_boxes=True,  # every coordinator of release 0.1 on takes them
+        lease_attestation=None if attest is None else attest(claimed, lease),
     )
 
 
 def claim_response(
-    claimed: list[Claimed], interval: timedelta = HEARTBEAT_INTERVAL
+    claimed: list[Claimed],
+    interval: timedelta = HEARTBEAT_INTERVAL,
+    attest: Attest | None = None,
 ) -> pb.ClaimResponse:
-    jobs = [claimed_job(one, interval) for one in claimed]
+    jobs = [claimed_job(one, interval, attest) for one in claimed]
     return pb.ClaimResponse(job=jobs[0], more_jobs=jobs[1:])
 
 
@@ -120,6 +134,8 @@ class Caller(Protocol):
     async def principal(self) -> Principal: ...
 
     def time_remaining(self) -> float | None: ...
+
+    def credential_sha256(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,6 +152,9 @@ class UnaryCaller:
     def time_remaining(self) -> float | None:
         return self.context.time_remaining()
 
+    def credential_sha256(self) -> str:
+        return credential_sha256(bearer_secret(self.context.invocation_metadata()))
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SessionCaller:
@@ -151,6 +170,9 @@ class SessionCaller:
     def time_remaining(self) -> float | None:
         return self.context.time_remaining()
 
+    def credential_sha256(self) -> str:
+        return credential_sha256(bearer_secret(self.context.invocation_metadata()))
+
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def __init__(
@@ -161,8 +183,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         publication: PublicationApi,
         *,
         max_image_bytes: int = MAX_IMAGE_BYTES,
+        attester: LeaseAttester | None = None,
     ) -> None:
         self.api = api
+        self.attester = attester  # None: claims carry no lease attestation
         self.who = authenticate
         self.events = events
         self.publication = publication  # a Session's record_previews
@@ -223,7 +247,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             self.events,
         )
         if claimed:
-            return claim_response(claimed, self.api.heartbeat_interval)
+            return self._claim_response(caller, claimed)
         # after a wait, the next Claim may come at once: it waits in turn
         retry_after = timedelta(0) if request.wait_seconds else NO_JOB_RETRY_AFTER
         return pb.ClaimResponse(retry_after=duration(retry_after))
@@ -290,14 +314,22 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                 items_saved=receipt.items_saved,
             ),
             already_committed=already,
-            claimed=None if claimed is None else self._claimed(claimed),
+            claimed=None if claimed is None else self._claimed(caller, claimed),
         )
 
-    def _claimed(self, claimed: list[Claimed]) -> pb.ClaimResponse:
+    def _claimed(self, caller: Caller, claimed: list[Claimed]) -> pb.ClaimResponse:
         """Complete's next claim: its jobs, or when none was queued when to ask again."""
         if not claimed:
             return pb.ClaimResponse(retry_after=duration(NO_JOB_RETRY_AFTER))
-        return claim_response(claimed, self.api.heartbeat_interval)
+        return self._claim_response(caller, claimed)
+
+    def _claim_response(self, caller: Caller, claimed: list[Claimed]) -> pb.ClaimResponse:
+        """The jobs claimed, each with its lease attested to the claiming key when this
+        coordinator has an attestation key."""
+        attest: Attest | None = None
+        if self.attester is not None:
+            attest = partial(self.attester.attest, credential_sha256=caller.credential_sha256())
+        return claim_response(claimed, self.api.heartbeat_interval, attest)
 
     async def fail(self, caller: Caller, request: pb.FailRequest) -> pb.FailResponse:
         who = await caller.principal()  # the credential before the request's fields
