@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.platform.errors import InvalidField, ResultInvalid
 from workshop.kit.hashing import sha256_hex
+from workshop.kit.values import hot_value
 from workshop.v1 import common_pb2, jobs_pb2
 
 
@@ -37,7 +38,7 @@ class JobFacts:
         return start, min(start + self.interval, self.window_end)
 
 
-@dataclasses.dataclass(frozen=True)
+@hot_value
 class Item:
     item_id: str
     bucket_id: str
@@ -49,7 +50,7 @@ class Item:
     sha256: str
 
 
-@dataclasses.dataclass(frozen=True)
+@hot_value
 class Upload:
     object_key: str
     sha256: str

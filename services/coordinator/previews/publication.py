@@ -44,6 +44,7 @@ from workshop.kit import limits, object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError
 from workshop.kit.hashing import sha256_hex
 from workshop.kit.object_keys import EXTENSIONS
+from workshop.kit.values import hot_value
 
 # ListCollectableObjects, MarkObjectsDeleted and SettleSweep: objects per call.
 MAX_COLLECT = limits.COLLECTABLE.maximum
@@ -73,7 +74,7 @@ def preview_item_id(key: str) -> str:
     return "pv_" + sha256_hex(key.encode())[:24]
 
 
-@dataclasses.dataclass(frozen=True)
+@hot_value
 class PreviewRecord:
     """One preview to record: its bytes are written under `key`."""
 
@@ -88,7 +89,7 @@ class PreviewRecord:
     boxes: str  # JSON text, as stored (convert.boxes_json)
 
 
-@dataclasses.dataclass(frozen=True)
+@hot_value
 class Recorded:
     item_id: str
     expires_at: datetime | None  # None: when its job ends (a full run's items replace it)

@@ -53,6 +53,7 @@ from services.coordinator.review.review_params import (
 from services.coordinator.runs.rows import RunRow, SnapshotRecordingRow
 from services.coordinator.runs.runs import Runs, RunView
 from workshop.kit import errors
+from workshop.kit.values import hot_value
 
 P = TypeVar("P")
 
@@ -105,7 +106,7 @@ class ContextBox(Row):
 Detection = sightings.Detection
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@hot_value
 class NewItem:
     """An item about to be committed, with its boxes as the grouping holds them (box_index
     -1 alone for an item without boxes, as bucket_item_boxes_of reads it once saved):

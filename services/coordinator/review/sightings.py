@@ -28,12 +28,14 @@ import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
+from workshop.kit.values import hot_value
+
 MAX_GAP = timedelta(seconds=5)
 REACH_IN_WIDTHS = 3.0
 NO_BOX = -1
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@hot_value
 class Detection:
     """One box of an item (box_index -1: an item without boxes), as the timeline holds it."""
 
