@@ -18,6 +18,11 @@ listed in `playable` (and in docs/deployment.md, "Playing the dev overlay with p
   container of its pod: podman runs init containers to completion first;
 - a memory emptyDir becomes a world-writable host directory in /dev/shm: podman mounts
   it root-owned 0755, which user 10001 cannot write (Kubernetes' is 0777);
+- containers' `ports` are dropped: podman 4.3 publishes a containerPort without a
+  hostPort on the host under the same number, which any process of the host may hold at
+  that moment (an ephemeral port of another test: 50051 and 50052 lie in Linux's
+  32768-60999; "bind: address already in use" failed a CI run); the pods are reached at
+  their own addresses, as in a cluster, and a probe that names a port gets its number;
 - Service names resolve through hostAliases to the pods' fixed addresses on a network of
   the test's own (no cluster DNS); the Deployments, the PVC and the Secrets are prefixed
   with the test's name, so that parallel workers never collide.
@@ -136,6 +141,12 @@ def playable(
         spec["hostAliases"] = aliases
         for container in containers(spec):
             container["image"] = image_of[container["image"]]
+            # not published on the host (module docstring); probes name them by number
+            numbers = {port["name"]: port["containerPort"] for port in container.pop("ports", [])}
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                get = container.get(probe, {}).get("httpGet")
+                if get is not None:
+                    get["port"] = numbers.get(get["port"], get["port"])
             for variable in container.get("env", []):
                 ref = variable.get("valueFrom", {}).get("secretKeyRef")
                 if ref:
