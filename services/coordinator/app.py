@@ -152,9 +152,9 @@ def grpc_services(
         events,
         timelines,
     )
-    previews = PublicationApi(db, clock, snapshots)
+    previews = PublicationApi(db, clock, snapshots, events)
     jobs = JobServicer(
-        JobsApi(db, clock, snapshots, lease=lease, attempts_ended=timelines.ended),
+        JobsApi(db, clock, snapshots, events, lease=lease, attempts_ended=timelines.ended),
         authenticate,
         events,
         previews,

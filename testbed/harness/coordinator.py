@@ -27,6 +27,7 @@ from services.coordinator.identity.accounts import insert_key
 from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.platform.clock import FrozenClock
 from services.coordinator.platform.db import Database
+from services.coordinator.runs.events import RunEvents
 from testbed.harness.processes import ServiceProcess, running_service
 from testbed.session_jobs import JOB_TRANSPORTS, SessionJobs
 from workshop.kit.auth import bearer_metadata
@@ -56,6 +57,7 @@ class CoordinatorHarness:
     identity: identity_pb2_grpc.IdentityServiceAsyncStub
     admin: tuple[tuple[str, str], ...]
     metrics_port: int | None = None  # its /metrics, when this process started it
+    events: RunEvents | None = None  # its run events, when this process started it
 
     async def key(self, *grants: Grant, name: str = "test", user_id: str = "") -> str:
         """A new key's secret with the given grants (written directly, like the CLI)."""
@@ -104,6 +106,7 @@ async def running_coordinator(
                 db, clock, port, max_attempts=1, job_transport=job_transport
             ) as harness:
                 harness.metrics_port = server.metrics_port
+                harness.events = next(w for w in coordinator.workers if isinstance(w, RunEvents))
                 yield harness
         finally:
             await server.stop()

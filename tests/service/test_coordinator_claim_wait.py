@@ -36,6 +36,8 @@ from testbed.coordinator_leases import (
     complete_request,
     create_run,
     empty_result,
+    on_behalf,
+    record_request,
     refused,
     setup,
 )
@@ -44,9 +46,11 @@ from testbed.harness.coordinator import CoordinatorHarness
 from testbed.session_jobs import JOB_TRANSPORTS
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, jobs_pb2
+from workshop.v1 import publication_pb2 as pub
 from workshop.v1 import workshop_pb2 as ws
 
 JOBS_CHANNEL = "workshop_jobs"
+RUN_CHANNEL = "workshop_run"
 FENCE_CHANNEL = "claim_wait_test_fence"
 LONG_WAIT = 30  # a woken Claim answers long before; an unwoken one fails the test
 SHORT_WAIT = 2  # for a Claim that must answer no job
@@ -84,6 +88,8 @@ class Announcements:
         """The runtime ids announced since the last call. Notifications arrive in commit
         order, so once a fence notified after the calls under test has arrived, all they
         announced has too: an empty list means nothing was announced."""
+        if c.events is not None:  # the coordinator announces some commits after them
+            await c.events.sent()
         token = uuid.uuid4().hex
         arrived = self._fences[token] = asyncio.Event()
         async with c.db.connection() as connection:
@@ -177,7 +183,76 @@ def no_job(reply: jobs_pb2.ClaimResponse) -> timedelta:
     return reply.retry_after.ToTimedelta()
 
 
-# 1. The trigger
+# 1. The trigger, and the commits announced after them
+
+
+class Senders:
+    """Every notification on the run events' channels: (channel, payload, sending backend)."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str, int]] = []
+
+    def notified(self, _connection: Any, pid: int, channel: str, payload: str) -> None:
+        self.heard.append((channel, payload, pid))
+
+
+async def test_claims_completes_and_records_notify_nothing_and_are_announced_after_commit(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    """Their transactions notify nothing themselves (Postgres serializes every notifying
+    commit: migration 0018); the coordinator announces them after they commit, from its
+    LISTEN connection, where another replica hears them: the run on `workshop_run`, and a
+    completed job's runtime on `workshop_jobs`."""
+    c = coordinator
+    assert c.events is not None
+    assert c.events.listener_pid is not None
+    await create_run(c, s)
+    senders = Senders()
+    async with announcements(c) as heard:
+        connection = heard._connection
+        for channel in (RUN_CHANNEL, JOBS_CHANNEL):
+            await connection.add_listener(channel, senders.notified)
+        await heard.since_last(c)
+        senders.heard.clear()
+        job = await claimed(c, s)
+        await heard.since_last(c)
+        assert senders.heard == [(RUN_CHANNEL, "r1", c.events.listener_pid)], "a Claim"
+        senders.heard.clear()
+        reply = await c.publication.RecordPreviews(
+            pub.RecordPreviewsRequest(previews=[record_request(job, 0, test=False)]),
+            metadata=on_behalf(s),
+        )
+        assert reply.outcomes[0].HasField("recorded")
+        await heard.since_last(c)
+        assert senders.heard == [(RUN_CHANNEL, "r1", c.events.listener_pid)], "a record"
+        senders.heard.clear()
+        await c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
+        assert await heard.since_last(c) == [s.world.tracking_runtime]
+        assert sorted(senders.heard) == [
+            (JOBS_CHANNEL, s.world.tracking_runtime, c.events.listener_pid),
+            (RUN_CHANNEL, "r1", c.events.listener_pid),
+        ], "a Complete"
+
+
+async def test_announcements_made_while_not_listening_are_sent_after_the_reconnect(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    """The LISTEN connection lost (its backend terminated): a commit announced meanwhile
+    wakes this process's waiters at once and reaches the other replicas once the
+    connection is back."""
+    c = coordinator
+    assert c.events is not None
+    await create_run(c, s)
+    async with announcements(c) as heard:
+        await heard.since_last(c)
+        async with c.db.connection() as connection:
+            await connection.execute("SELECT pg_terminate_backend($1)", c.events.listener_pid)
+        job = await claimed(c, s)
+        async with c.events.claimable(s.world.tracking_runtime) as woken:
+            await c.jobs.Complete(complete_request(job, empty_result(job)), metadata=s.processor)
+            await asyncio.wait_for(woken.wait(), 1)  # at once, before any reconnect
+        await asyncio.wait_for(c.events.sent(), 10)  # after the reconnect (1 s)
+        assert await heard.since_last(c) == [s.world.tracking_runtime]
 
 
 async def test_a_created_run_announces_its_runtime_once(

@@ -26,6 +26,7 @@ from services.coordinator.leases.jobs_params import JobComplete
 from services.coordinator.leases.results import result_digest
 from services.coordinator.platform import queries
 from services.coordinator.platform.db import Database, bind
+from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
 from testbed.coordinator_leases import (
@@ -347,7 +348,7 @@ async def test_complete_reads_the_facts_again_when_the_kept_ones_are_refused(
     """Kept facts never change in practice; if they were wrong, the commit refuses them
     and Complete reads the job's own and commits."""
     c = coordinator
-    api = JobsApi(c.db, c.clock, SnapshotCache(c.db))
+    api = JobsApi(c.db, c.clock, SnapshotCache(c.db), RunEvents(c.db.dsn))
     processor = await Authenticator(c.db, c.clock).principal(s.processor_secret)
     claimed_job = await api.claim(processor, s.world.tracking_runtime, CODE)
     assert claimed_job is not None

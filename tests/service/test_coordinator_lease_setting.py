@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from services.coordinator.leases.jobs import JobsApi, heartbeat_interval, lease_from
+from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.snapshots import SnapshotCache
 from services.coordinator.servicers.common import Authenticator
 from services.coordinator.servicers.jobs import claim_response
@@ -41,7 +42,9 @@ async def test_a_shorter_lease_is_claimed_renewed_and_answered(
     c = coordinator
     s = await setup(c)
     await create_run(c, s)
-    api = JobsApi(c.db, c.clock, SnapshotCache(c.db), lease=timedelta(seconds=20))
+    api = JobsApi(
+        c.db, c.clock, SnapshotCache(c.db), RunEvents(c.db.dsn), lease=timedelta(seconds=20)
+    )
     processor = await Authenticator(c.db, c.clock).principal(s.processor_secret)
     claimed = await api.claim(processor, s.world.tracking_runtime, CODE)
     assert claimed is not None

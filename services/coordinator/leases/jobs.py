@@ -248,6 +248,7 @@ class CommitAnswer(Row):
 
     reason: str
     receipt: StoredReceipt
+    runtime_id: str | None  # the job's, when it committed: its end is announced there
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -387,6 +388,7 @@ class JobsApi:
         db: Database,
         clock: Clock,
         snapshots: SnapshotCache,
+        events: RunEvents,
         *,
         lease: timedelta = LEASE,
         attempts_ended: AttemptsEnded = nothing_ended,
@@ -394,6 +396,7 @@ class JobsApi:
         self.db = db
         self.clock = clock
         self.snapshots = snapshots
+        self.events = events  # announces what the commits of claims and completes changed
         self.attempts_ended = attempts_ended
         self.lease = lease
         self.heartbeat_interval = heartbeat_interval(lease)
@@ -496,6 +499,7 @@ class JobsApi:
             # The key was revoked (or expired, or its user disabled) after this
             # process authenticated it: what a fresh authentication would answer.
             raise auth.rejected("key is no longer valid") from None
+        self.events.announce_runs({job.run_id for job in jobs})  # job_claim notifies nothing
         claimed = []
         for job in jobs:
             self._remember(job.run_id, job.job_index, job.facts)
@@ -635,6 +639,11 @@ class JobsApi:
             facts = None
         reason = answer.reason
         if reason == "":
+            # committed: job_complete notified nothing (the waiters of the run, and the
+            # Claims of its runtime, which the job's end may have given work)
+            self.events.announce_runs((lease.run_id,))
+            if answer.runtime_id is not None:
+                self.events.announce_claimable((answer.runtime_id,))
             self._facts.pop((lease.run_id, lease.job_index), None)
             self.attempts_ended([(lease.run_id, lease.job_index, lease.generation)])
             return _receipt(lease, digest, answer.receipt), False

@@ -8,12 +8,13 @@ SELECT runtime_id, device_id, code_sha256 FROM runtime_identity_v1($1);
 -- name: job_claim
 -- request_id: the Claim's request id (NULL: none); the same one again answers its held
 -- leases. max_jobs: how many jobs to lease at most; one row per job, in claim order.
--- cameras: those the key may claim (NULL: all).
+-- cameras: those the key may claim (NULL: all). Notifies nothing: the caller announces
+-- the runs it leased from.
 -- nullable: cameras, request_id
 SELECT (c.job).*, c.recording_sha256 AS sha256, c.recording_byte_size AS byte_size,
        c.recording_object_key AS object_key, c.recording_start_at AS start_at,
        c.recording_end_at AS end_at, c.recording_fps AS fps
-FROM job_claim_many_v1(
+FROM job_claim_many_v2(
     p_runtime => :runtime_id::text, p_claimer => :claimer::text, p_cameras => :cameras::text[],
     p_now => :now::timestamptz, p_lease => :lease::interval, p_request_id => :request_id::text,
     p_max => :max_jobs::integer) c;
@@ -93,9 +94,10 @@ SELECT * FROM job_commit_prepare_v2(
 -- array (the commit counts its items from them for the summary). The review columns of
 -- the sightings made from the items alone, when the commit knows them (review's
 -- sightings_review_new): each new_sightings[n] (one of sighting_ids) pending, with
--- new_pending[n] items pending and score new_scores[n].
+-- new_pending[n] items pending and score new_scores[n]. Notifies nothing: the caller
+-- announces the run, and the job's runtime (runtime_id, answered when it commits).
 -- nullable: item_boxes[], item_sightings[]
-SELECT * FROM job_complete_v4(
+SELECT * FROM job_complete_v5(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,

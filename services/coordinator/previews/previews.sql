@@ -14,7 +14,8 @@ SELECT * FROM object_stage_v1(
 
 -- name: previews_record
 -- One row per preview, in the order of the arrays (one element per preview each).
-SELECT * FROM previews_record_v1(
+-- Notifies nothing: the caller announces the leases' runs.
+SELECT * FROM previews_record_v2(
     p_runs => :run_ids::text[], p_jobs => :job_indexes::integer[],
     p_generations => :generations::bigint[], p_tokens => :lease_tokens::uuid[],
     p_reporter => :reporter::text, p_service => :service::text,

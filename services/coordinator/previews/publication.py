@@ -39,6 +39,7 @@ from services.coordinator.previews.previews_params import (
     PreviewsRecord,
     PreviewSweepSettle,
 )
+from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.snapshots import Frozen, SnapshotCache
 from workshop.kit import limits, object_keys
 from workshop.kit.errors import PermissionDenied, WorkshopError
@@ -197,10 +198,13 @@ def _check_object(sha256: str, byte_size: int, content_type: str) -> None:
 
 
 class PublicationApi:
-    def __init__(self, db: Database, clock: Clock, snapshots: SnapshotCache) -> None:
+    def __init__(
+        self, db: Database, clock: Clock, snapshots: SnapshotCache, events: RunEvents
+    ) -> None:
         self.db = db
         self.clock = clock
         self.snapshots = snapshots
+        self.events = events  # announces the runs whose previews a batch recorded
 
     async def check_lease(
         self, who: Principal, processor: Principal, lease: Lease, code_sha256: str
@@ -336,6 +340,8 @@ class PublicationApi:
                     )
                 ),
             )
+        # previews_record notifies nothing: the runs' live images changed
+        self.events.announce_runs({preview.lease.run_id for preview in checked})
         PREVIEWS_RECORDED.inc(sum(not answer.reason for answer in answers))
         recorded = iter(zip(checked, item_ids, answers, strict=True))
         return [

@@ -1,6 +1,6 @@
 """Run events and claimable jobs across coordinator replicas (docs/runs-and-jobs.md).
 
-Every committing function calls `pg_notify('workshop_run', run_id)` inside its
+A committing function calls `pg_notify('workshop_run', run_id)` inside its
 transaction, so an event exists exactly when the change it announces is
 committed, whichever replica committed it; a trigger announces every job that
 becomes claimable on `workshop_jobs` with its runtime id (migration 0009).
@@ -11,6 +11,16 @@ nothing. If the LISTEN connection drops (database restart), the hub reconnects
 and wakes everyone, since notifications sent meanwhile are lost. Followers (the
 stored manual clock) hear their own channel's payloads on the same connection and
 read their state again after each (re)connect.
+
+The busiest commits (a job's Complete, a Claim, a batch of preview records) notify
+nothing themselves (migration 0018): Postgres serializes every notifying transaction's
+commit on one lock. Their caller `announce`s them once committed: this process's own
+waiters wake at once, and the announcements of many commits go out together, at most
+ANNOUNCE_SECONDS later, as one statement on the LISTEN connection (its own
+notifications are not heard again). Announcements not yet sent when the connection
+drops are sent after it reconnects; those of a process that dies before sending them
+are lost, and the other replicas' waiters hear of those changes only with the next
+event of the same run or runtime (a waiting Claim also returns at its deadline).
 """
 
 from __future__ import annotations
@@ -19,14 +29,18 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, Protocol
 
-from services.coordinator.platform.db import connect
+from services.coordinator.platform.db import connect, sql
 
 CHANNEL = "workshop_run"
 JOBS_CHANNEL = "workshop_jobs"
 RECONNECT_SECONDS = 1.0
+# How long an announcement waits for others to go out with it: one notifying transaction
+# per replica at most this often, instead of one per commit.
+ANNOUNCE_SECONDS = 0.02
+STOP_SEND_SECONDS = 1.0  # how long a stop waits for the announcements still unsent
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +79,11 @@ class RunEvents:
         self._subscriptions: dict[tuple[str, str], set[Subscription]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._unsent: dict[tuple[str, str], None] = {}  # announced, not yet sent (in order)
+        self._announced = asyncio.Event()  # set while _unsent holds any
+        self._sent = asyncio.Event()  # set while _unsent is empty
+        self._sent.set()
+        self._listener_pid: int | None = None  # the LISTEN connection's backend
 
     async def start(self) -> None:
         if self._task is None:
@@ -74,6 +93,9 @@ class RunEvents:
     async def stop(self) -> None:
         if self._task is None:
             return
+        if self._listener_pid is not None:  # a graceful stop first sends what was announced
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sent.wait(), STOP_SEND_SECONDS)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -100,7 +122,39 @@ class RunEvents:
             if not watchers:
                 del self._subscriptions[channel, key]
 
-    def _notified(self, _connection: Any, _pid: int, channel: str, key: str) -> None:
+    def announce_runs(self, run_ids: Iterable[str]) -> None:
+        """After a commit that changed these runs and notified nothing itself."""
+        self._announce(CHANNEL, run_ids)
+
+    def announce_claimable(self, runtime_ids: Iterable[str]) -> None:
+        """After a commit that may have made jobs of these runtimes claimable (a job ended)
+        and notified nothing itself."""
+        self._announce(JOBS_CHANNEL, runtime_ids)
+
+    @property
+    def listener_pid(self) -> int | None:
+        """The backend of the LISTEN connection (which sends the announcements); None while
+        not listening."""
+        return self._listener_pid
+
+    async def sent(self) -> None:
+        """Returns once no announcement is left unsent (a test's fence: notifications of
+        other transactions may arrive before the announcements of earlier commits)."""
+        await self._sent.wait()
+
+    def _announce(self, channel: str, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._wake(channel, key)
+            self._unsent[channel, key] = None
+        if self._unsent:
+            self._sent.clear()
+            self._announced.set()
+
+    def _notified(self, _connection: Any, pid: int, channel: str, key: str) -> None:
+        if pid != self._listener_pid:  # this process's own were woken when announced
+            self._wake(channel, key)
+
+    def _wake(self, channel: str, key: str) -> None:
         for subscription in self._subscriptions.get((channel, key), ()):
             subscription.wake()
 
@@ -133,12 +187,45 @@ class RunEvents:
             for follower in self._followers:
                 await connection.add_listener(follower.channel, _to(follower))
                 await follower.resync(connection)  # after LISTEN: no move falls between
+            self._listener_pid = connection.get_server_pid()
             self._wake_all()  # anything may have changed while we were not listening
             self._ready.set()
-            await lost.wait()
+            tasks = [
+                asyncio.create_task(self._send(connection), name="run-events-announce"),
+                asyncio.create_task(lost.wait()),
+            ]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            self._listener_pid = None
             if not connection.is_closed():
                 await connection.close()
+
+    async def _send(self, connection: Any) -> None:
+        """Sends the announcements as they come, each batch after ANNOUNCE_SECONDS; returns
+        when the connection fails (what was not sent is sent after the reconnect)."""
+        statement = sql("runs", "run_events_announce")
+        while True:
+            await self._announced.wait()
+            await asyncio.sleep(ANNOUNCE_SECONDS)
+            batch, self._unsent = list(self._unsent), {}  # what comes meanwhile: next time
+            try:
+                await connection.execute(
+                    statement, [channel for channel, _ in batch], [key for _, key in batch]
+                )
+            except BaseException as error:  # also cancelled mid-send: keep them for the next
+                self._unsent = dict.fromkeys([*batch, *self._unsent])
+                if not isinstance(error, Exception):
+                    raise
+                log.warning("run events: cannot announce (%s: %s)", type(error).__name__, error)
+                return  # the connection is gone (asyncpg raises many kinds)
+            if not self._unsent:
+                self._announced.clear()
+                self._sent.set()
 
 
 def _to(follower: Follower) -> Any:

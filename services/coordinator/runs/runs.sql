@@ -151,3 +151,8 @@ SELECT pg_advisory_unlock(hashtext('workshop.coordinator.scheduler'));
 -- name: run_trace_insert
 -- The trace context of the call that created the run (migration 0011's run_traces).
 INSERT INTO run_traces (run_id, traceparent) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING;
+
+-- name: run_events_announce
+-- Announcements made after their commits (runs/events.py): one notification per element,
+-- channel[n] with payload key[n], all in this statement's own transaction.
+SELECT pg_notify(u.channel, u.key) FROM unnest($1::text[], $2::text[]) AS u (channel, key);
