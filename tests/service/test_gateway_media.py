@@ -167,8 +167,10 @@ async def test_boxes_an_earlier_release_stored_not_finite_read_as_null(
         await connection.execute("UPDATE sightings SET score = 'NaN'")
     review = await ada.client.get("/api/workshop/runs/full/review")
     assert review.status_code == 200, review.text
-    boxes = [box for item in review.json()["items"] for box in item["boxes"]]
-    assert [(box["score"], box["x"], box["y"]) for box in boxes] == [(None, None, 0.2)] * 2
+    boxes = [box for entry in review.json()["items"] for box in entry["item"]["boxes"]]
+    assert [(box["score"], box["x"], round(box["y"], 6)) for box in boxes] == [
+        (None, None, 0.2)
+    ] * 2
     queue = await ada.client.get("/api/workshop/buckets/yard/queue")
     assert queue.status_code == 200, queue.text
     assert [entry["score"] for entry in queue.json()["sightings"]] == [None]
