@@ -18,7 +18,7 @@ from itertools import chain
 
 from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.platform.errors import InvalidField, ResultInvalid
-from workshop.kit.box_values import all_finite, refuse_non_finite
+from workshop.kit.box_values import NonFiniteBox, all_finite, refuse_non_finite
 from workshop.kit.hashing import sha256_hex
 from workshop.kit.values import hot_value
 from workshop.v1 import common_pb2, jobs_pb2
@@ -141,7 +141,7 @@ def check_result(
                 raise _invalid(position, f"Slot {position}: a DROPPED frame reaches no output.")
             _frame_time(slot, facts)
             if slot.boxes:
-                _refuse_non_finite(position, slot.boxes, [])
+                _refuse_non_finite(position, slot.boxes, ())
             dropped += 1
         elif slot.outcome == common_pb2.SLOT_OUTCOME_FRAME:
             moment = _frame_time(slot, facts)
@@ -164,9 +164,9 @@ def _frame_items(
     # and each read of a protobuf field makes a new Python object).
     index = slot.slot_index
     outputs = list(slot.outputs)
-    sent = [output.boxes for output in outputs]
-    if slot.boxes or any(sent):
-        _refuse_non_finite(index, slot.boxes, sent)
+    before_rules = slot.boxes
+    if before_rules:
+        _refuse_non_finite(index, before_rules, ())
     steps = [output.step_id for output in outputs]
     recorded = [output.boxes_recorded for output in outputs]
     upload_key = slot.upload_key
@@ -183,6 +183,7 @@ def _frame_items(
             raise _invalid(index, f"Slot {index}: test runs upload nothing; previews are all.")
         if any(recorded):
             raise _invalid(index, f"Slot {index}: boxes_recorded is for a full run's items.")
+        _refuse_non_finite(index, (), outputs)  # stored nowhere, refused all the same
         return []
     if not outputs:
         if upload_key:
@@ -200,33 +201,40 @@ def _frame_items(
                 f"Slot {index}: boxes_recorded names the preview's boxes, which are those of "
                 "a frame with one output; list each output's boxes.",
             )
-        if sent[0]:
+        if outputs[0].boxes:
             raise _invalid(index, f"Slot {index}: an output with boxes_recorded carries no boxes.")
     uploads.append(Upload(upload_key, upload_sha256, index))
-    return [
-        Item(
-            item_id=item_id(run_id, job_index, index, step_id),
-            bucket_id=buckets[step_id],
-            slot_index=index,
-            step_id=step_id,
-            frame_time=moment,
-            boxes=None if boxes_recorded else boxes_json(boxes),
-            object_key=upload_key,
-            sha256=upload_sha256,
-        )
-        for boxes, step_id, boxes_recorded in zip(sent, steps, recorded, strict=True)
-    ]
+    try:
+        return [
+            Item(
+                item_id=item_id(run_id, job_index, index, step_id),
+                bucket_id=buckets[step_id],
+                slot_index=index,
+                step_id=step_id,
+                frame_time=moment,
+                boxes=None if boxes_recorded else boxes_json(output.boxes),
+                object_key=upload_key,
+                sha256=upload_sha256,
+            )
+            for output, step_id, boxes_recorded in zip(outputs, steps, recorded, strict=True)
+        ]
+    except NonFiniteBox:  # boxes_json's refusal, which knows no output: named here
+        _refuse_non_finite(index, (), outputs)
+        raise
 
 
 def _refuse_non_finite(
-    index: int, slot_boxes: Sequence[common_pb2.Box], sent: list[Sequence[common_pb2.Box]]
+    index: int, before_rules: Sequence[common_pb2.Box], outputs: Sequence[jobs_pb2.RoutedOutput]
 ) -> None:
     """Refuses a frame whose boxes (before rules, or an output's) hold NaN or an infinity,
     stored or not: nothing can show such a value (workshop.kit.box_values). One pass in C
-    when every value is finite, as a frame's almost always are."""
-    if all_finite(chain(slot_boxes, *sent)):
+    when every value is finite. A full run's outputs need no call: their boxes are
+    stored, and boxes_json refuses the value on its own way for it, at no cost to the
+    finite ones."""
+    sent = [output.boxes for output in outputs]
+    if all_finite(chain(before_rules, *sent)):
         return
-    refuse_non_finite(slot_boxes, f"result.slots[{index}].boxes")
+    refuse_non_finite(before_rules, f"result.slots[{index}].boxes")
     for position, boxes in enumerate(sent):
         refuse_non_finite(boxes, f"result.slots[{index}].outputs[{position}].boxes")
 
