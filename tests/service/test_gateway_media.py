@@ -160,7 +160,8 @@ async def test_boxes_an_earlier_release_stored_not_finite_read_as_null(
     gateway: GatewayHarness, saved: tuple[Setup, Browser, dict[int, bytes]]
 ) -> None:
     """Every page holding such a number answers 200 with null for it (it answered 500):
-    the review page, the queue, the bucket's items and one item."""
+    the review page, the queue, the bucket's items, one item, the run's recent images and
+    an item's image (whose labels the coordinator reads)."""
     _, ada, _ = saved
     async with gateway.c.db.connection() as connection:
         await connection.execute(EARLIER_RELEASES_BOXES)
@@ -181,3 +182,9 @@ async def test_boxes_an_earlier_release_stored_not_finite_read_as_null(
     one = await ada.client.get(f"/api/workshop/items/{listed[0]['item_id']}")
     assert one.status_code == 200, one.text
     assert one.json()["item"]["boxes"][0]["x"] is None
+    run = await ada.client.get("/api/workshop/runs/full")
+    assert run.status_code == 200, run.text
+    shown = run.json()["detail"]["recent_images"]
+    assert [image["boxes"][0]["score"] for image in shown] == [None, None]
+    image = await ada.client.get(f"/api/workshop/runs/full/items/{listed[0]['item_id']}/image")
+    assert image.status_code == 200

@@ -15,7 +15,9 @@ from decimal import Decimal
 import pytest
 from google.protobuf import json_format
 
+from services.coordinator import convert
 from services.coordinator.leases.boxes import box_dict, boxes_json, boxes_json_many
+from services.coordinator.servicers.dataset_views import frozen_boxes
 from workshop.kit.box_values import NonFiniteBox, all_finite, non_finite_box
 from workshop.v1 import common_pb2
 
@@ -170,3 +172,15 @@ def test_boxes_json_many_writes_each_frames_boxes_json() -> None:
             assert stored == [_json_or_field(frame) for frame in batch]
     assert boxes_json_many([[], []]) == ["[]", "[]"]
     assert boxes_json_many([]) == []
+
+
+def test_boxes_an_earlier_release_stored_not_finite_read_back() -> None:
+    """Rows of an earlier release hold NaN and infinities as protobuf's JSON (and Postgres's,
+    for a `real` in jsonb_build_object) spells them: every reader takes them."""
+    stored = {"class_name": "dog", "score": "NaN", "x": "Infinity", "y": "-Infinity", "w": 0.5}
+    frozen = {**stored, "h": 0.25}
+    for box in (convert.boxes([stored])[0], frozen_boxes([frozen])[0]):
+        assert box.class_name == "dog"
+        assert math.isnan(box.score)
+        assert (box.x, box.y, box.w) == (math.inf, -math.inf, 0.5)
+    assert frozen_boxes([frozen])[0].h == 0.25
