@@ -133,7 +133,7 @@ def boxes_json_many(frames: Sequence[Sequence[common_pb2.Box]]) -> list[str | No
         if tracked:
             shown = [*shown, box.track_id]
         parts.append(_template(box_written, bool(named), tracked) % tuple(shown))
-    stored = []
+    stored: list[str | NonFiniteBox] = []
     start = 0
     for frame in frames:
         end = start + len(frame)
