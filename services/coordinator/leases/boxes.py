@@ -5,9 +5,9 @@ The stored form is exactly what `json_format.MessageToDict(box,
 preserving_proto_field_name=True)` answers; `boxes_json` writes it as JSON text in one
 pass. Reading it back into a message is the servicers' (`convert.boxes`, `fill_box`).
 A box with a NaN or infinite value is never stored: `boxes_json` and `boxes_json_many`
-refuse it (workshop.kit.box_values), on their way for values JSON cannot hold as such,
-so a batch of finite values pays nothing for the check. Rows of earlier releases may
-still hold one, as protobuf's JSON writes it ("NaN", "Infinity").
+refuse it (NonFiniteBox, workshop.kit.box_values) once the finiteness check they make
+anyway fails, so finite values pay nothing more. Rows of earlier releases may still
+hold one, as protobuf's JSON writes it ("NaN", "Infinity"; `convert.fill_box` reads it).
 """
 
 from __future__ import annotations

@@ -228,9 +228,9 @@ def _refuse_non_finite(
 ) -> None:
     """Refuses a frame whose boxes (before rules, or an output's) hold NaN or an infinity,
     stored or not: nothing can show such a value (workshop.kit.box_values). One pass in C
-    when every value is finite. A full run's outputs need no call: their boxes are
-    stored, and boxes_json refuses the value on its own way for it, at no cost to the
-    finite ones."""
+    when every value is finite. A full run's outputs need no call before their items are
+    made: boxes_json, which writes their boxes, refuses such a value itself (and this
+    then names the output)."""
     sent = [output.boxes for output in outputs]
     if all_finite(chain(before_rules, *sent)):
         return
