@@ -354,6 +354,10 @@ def preview_record(
     record_previews) as the coordinator records it; INVALID_ARGUMENT for a malformed
     lease, no frame_time, or a box value that is NaN or infinite. `boxes`: its boxes as
     stored (or their refusal), when the caller wrote a batch's at once (`previews_boxes`)."""
+    if boxes is None:
+        boxes = boxes_json(request.boxes)
+    elif isinstance(boxes, NonFiniteBox):
+        raise boxes
     return PreviewRecord(
         lease=lease(request.lease),
         code_sha256=request.code_sha256,
@@ -363,16 +367,8 @@ def preview_record(
         byte_size=request.byte_size,
         content_type=request.content_type,
         frame_time=convert.from_ts("frame_time", request.frame_time),
-        boxes=_stored_boxes(request, boxes),
+        boxes=boxes,
     )
-
-
-def _stored_boxes(request: pub.RecordPreviewRequest, boxes: str | NonFiniteBox | None) -> str:
-    if boxes is None:
-        return boxes_json(request.boxes)
-    if isinstance(boxes, NonFiniteBox):
-        raise boxes
-    return boxes
 
 
 def previews_boxes(requests: Sequence[pub.RecordPreviewRequest]) -> list[str | NonFiniteBox]:
