@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from services.coordinator.resources.registry import (
     RecordingRow,
     RuntimeRow,
 )
+from workshop.kit.box_values import BOX_FLOATS
 from workshop.v1 import common_pb2, operator_pb2, resources_pb2
 
 SCOPE_TO_PROTO = {
@@ -220,14 +222,26 @@ def _box(value: dict[str, Any]) -> common_pb2.Box:
     return box
 
 
+def fill_box_floats(box: common_pb2.Box, value: Mapping[str, Any]) -> None:
+    """A stored box's floats, each a number or, in rows an earlier release stored, NaN or
+    an infinity as protobuf's JSON (and Postgres's for a `real`) spells it: "NaN",
+    "Infinity", "-Infinity", which `float` reads. Requests refuse such values now
+    (workshop.kit.box_values); the HTTP API writes them as null."""
+    for name in BOX_FLOATS:
+        setattr(box, name, float(value.get(name, 0.0)))
+
+
 def fill_box(box: common_pb2.Box, value: dict[str, Any]) -> None:
     """Writes a stored box into `box` in place (`boxes.add()`: no copy into the list)."""
     box.class_name = value.get("class_name", "")
-    box.score = value.get("score", 0.0)
-    box.x = value.get("x", 0.0)
-    box.y = value.get("y", 0.0)
-    box.w = value.get("w", 0.0)
-    box.h = value.get("h", 0.0)
+    try:
+        box.score = value.get("score", 0.0)
+        box.x = value.get("x", 0.0)
+        box.y = value.get("y", 0.0)
+        box.w = value.get("w", 0.0)
+        box.h = value.get("h", 0.0)
+    except TypeError:  # a value spelled as a string: a NaN an earlier release stored
+        fill_box_floats(box, value)
     track = value.get("track_id")
     if track is not None:
         box.track_id = int(track)  # int64 is a JSON string

@@ -21,6 +21,7 @@ from services.preview.images import CONTENT_TYPES, ImageError, inspect_image
 from services.preview.leases import LeaseChecks
 from services.preview.recorder import PreviewRecorder
 from services.preview.storage import ObjectStore
+from workshop.kit.box_values import refuse_non_finite
 from workshop.kit.hashing import sha256_hex
 from workshop.kit.object_keys import object_key
 from workshop.v1 import common_pb2
@@ -83,6 +84,7 @@ class PreviewApi:
         content_type = self.checked_image(request.image, request.content_type)
         if not request.HasField("frame_time"):
             raise InvalidField("frame_time", "frame_time is required.")
+        refuse_non_finite(request.boxes)  # the coordinator would refuse the record, once written
         lease = request.lease
         facts = await self.leases.facts(processor, lease, request.code_sha256)
         if request.slot_index >= facts.slot_count:

@@ -10,6 +10,7 @@ with its reason and a collectable row, once it does not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,6 +88,14 @@ def changed(request: pub.RecordPreviewRequest, **fields: Any) -> pub.RecordPrevi
                 copy.frame_time.CopyFrom(value)
         else:
             setattr(copy, name, value)
+    return copy
+
+
+def with_box(request: pub.RecordPreviewRequest, **values: float) -> pub.RecordPreviewRequest:
+    """A copy of `request` whose first box has `values` (NaN, an infinity) set."""
+    copy = changed(request)
+    for name, value in values.items():
+        setattr(copy.boxes[0], name, value)
     return copy
 
 
@@ -478,12 +487,22 @@ async def test_a_batch_answers_each_preview_as_a_single_call_would(
             object_key="workshop-tests/" + preview_key(job, 7, test=False),
         ),
         record_request(other, 0, test=False),
+        with_box(record_request(other, 1, test=False), score=math.nan),
     ]
     reply = await c.publication.RecordPreviews(
         pub.RecordPreviewsRequest(previews=previews), metadata=on_behalf(s)
     )
     kinds = [outcome.WhichOneof("outcome") for outcome in reply.outcomes]
-    assert kinds == ["recorded", "refused", "refused", "refused", "refused", "refused", "recorded"]
+    assert kinds == [
+        "recorded",
+        "refused",
+        "refused",
+        "refused",
+        "refused",
+        "refused",
+        "recorded",
+        "refused",
+    ]
     refusals = {
         index: (outcome.refused.code, outcome.refused.reason)
         for index, outcome in enumerate(reply.outcomes)
@@ -496,7 +515,10 @@ async def test_a_batch_answers_each_preview_as_a_single_call_would(
         3: invalid,
         4: invalid,
         5: invalid,
+        7: invalid,
     }
+    assert reply.outcomes[7].refused.metadata == {"field": "boxes[0].score"}
+    assert reply.outcomes[7].refused.message.startswith("boxes[0].score is NaN:")
     for index in refusals:  # the single call answers the same status
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await record(c, s, previews[index])
@@ -521,6 +543,7 @@ async def test_a_batch_answers_each_preview_as_a_single_call_would(
     for key in (preview_key(job, 5, test=False), preview_key(job, 6, test=False)):
         assert await row(c, key) is None  # malformed: nothing recorded
     assert await row(c, previews[5].object_key) is None
+    assert await row(c, previews[7].object_key) is None  # a NaN box: nothing recorded
 
 
 async def test_a_batch_holds_one_to_256_previews(coordinator: CoordinatorHarness) -> None:

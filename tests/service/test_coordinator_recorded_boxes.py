@@ -11,6 +11,7 @@ run) is refused and commits nothing; the same result with its boxes sent commits
 from __future__ import annotations
 
 import hashlib
+import math
 
 import grpc
 import pytest
@@ -23,6 +24,7 @@ from testbed.coordinator_leases import (
     complete_request,
     create_run,
     empty_result,
+    frame_result,
     leased,
     on_behalf,
     record_request,
@@ -187,3 +189,37 @@ async def test_recorded_boxes_in_a_test_run_are_refused(coordinator: Coordinator
     slot.frame_time.CopyFrom(job.input.slots[0].start)
     slot.outputs.add(step_id="save", boxes_recorded=True)
     assert "full run" in await refused_as_invalid(c, s, job, result)
+
+
+async def test_a_result_with_a_box_value_not_finite_commits_nothing(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """NaN or an infinity in any box of a result (the frame's, before rules, or an
+    output's) is refused INVALID_FIELD naming it and its value; nothing is committed and
+    the lease holds: the same result with finite values commits."""
+    c = coordinator
+    s, job = await leased(c)
+    result = await frame_result(c, s, job, frames=1)
+    cases = [
+        ("boxes", "score", math.nan, "NaN"),
+        ("outputs[0].boxes", "w", math.inf, "Infinity"),
+        ("outputs[0].boxes", "y", -math.inf, "-Infinity"),
+    ]
+    for where, name, value, spelled in cases:
+        bad = jobs_pb2.JobResult()
+        bad.CopyFrom(result)
+        slot = bad.slots[0]
+        setattr(slot.outputs[0].boxes[0] if where != "boxes" else slot.boxes[0], name, value)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await c.jobs.Complete(complete_request(job, bad), metadata=s.processor)
+        field = f"result.slots[0].{where}[0].{name}"
+        assert error_reason(caught.value) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_FIELD",
+            {"field": field},
+        )
+        assert f"{field} is {spelled}" in (caught.value.details() or "")
+        assert await c.count("bucket_items") == 0
+        assert await c.count("receipts") == 0
+    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    assert committed.receipt.items_saved == 1

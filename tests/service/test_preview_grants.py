@@ -8,6 +8,7 @@ store refuses here it really refuses.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -343,13 +344,15 @@ async def test_a_refused_record_leaves_its_object_collectable_and_others_in_the_
     stale.lease.token = "00000000-0000-4000-8000-000000000000"
     malformed = written(job, grants[0], images[0])
     malformed.sha256 = "abc"
+    not_finite = written(job, grants[1], images[1])
+    not_finite.boxes[0].x = math.nan  # the coordinator's refusal, passed on
     reply = await p.stub.RecordWrittenPreviews(
         pb.RecordWrittenPreviewsRequest(
-            previews=[written(job, grants[0], images[0]), stale, malformed]
+            previews=[written(job, grants[0], images[0]), stale, malformed, not_finite]
         ),
         metadata=s.processor,
     )
-    first, refused, bad = reply.outcomes
+    first, refused, bad, nan = reply.outcomes
     assert first.recorded.object_key == grants[0].object_key
     assert (refused.refused.code, refused.refused.reason) == (
         grpc.StatusCode.FAILED_PRECONDITION.value[0],
@@ -359,6 +362,11 @@ async def test_a_refused_record_leaves_its_object_collectable_and_others_in_the_
         grpc.StatusCode.INVALID_ARGUMENT.value[0],
         "INVALID_FIELD",
         "sha256",
+    )
+    assert (nan.refused.code, nan.refused.reason, nan.refused.metadata["field"]) == (
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        "INVALID_FIELD",
+        "boxes[0].x",
     )
     report = await p.stub.RunCleanup(pb.RunCleanupRequest(), metadata=c.admin)
     assert report.previews_deleted == 1

@@ -6,6 +6,7 @@ service answers, what lands in the bucket and what the coordinator then shows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable
 from datetime import timedelta
 
@@ -208,6 +209,26 @@ async def test_images_that_are_not_complete_jpegs_or_pngs_are_invalid_and_nothin
             "INVALID_FIELD",
             field,
         )
+    assert await coordinator.count("staged_objects") == 0
+    assert await preview.keys() == []
+
+
+async def test_a_box_value_not_finite_is_invalid_and_nothing_is_written(
+    coordinator: CoordinatorHarness, preview: PreviewHarness, s: Setup
+) -> None:
+    """Refused before the bytes are written: the coordinator would refuse the record."""
+    await create_run(coordinator, s, full=False)
+    job = await claimed(coordinator, s)
+    request = publish_request(job, 0)
+    request.boxes[0].h = -math.inf
+    code, reason, metadata = await refusal(
+        preview.stub.PublishPreview(request, metadata=s.processor)
+    )
+    assert (code, reason, metadata) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+        {"field": "boxes[0].h"},
+    )
     assert await coordinator.count("staged_objects") == 0
     assert await preview.keys() == []
 

@@ -235,27 +235,42 @@ async def test_the_queue_orders_and_filters_across_runs_and_pages_by_key(
     assert sorted(await queue(c)) == sorted(keys([r for r in now if r["state"] == PENDING]))
 
 
+# A class's boxes scored `$2` ('NaN', 'Infinity'), as protobuf's JSON wrote such a score.
+SCORED_AS_EARLIER_RELEASES = """
+UPDATE bucket_items
+   SET boxes = (SELECT jsonb_agg(CASE WHEN b ->> 'class_name' = $1
+                                      THEN jsonb_set(b, '{score}', to_jsonb($2::text))
+                                      ELSE b END ORDER BY n)
+                  FROM jsonb_array_elements(boxes) WITH ORDINALITY AS e(b, n))
+"""
+
+
 async def test_a_sighting_scored_nan_pages_in_every_order(
     coordinator: CoordinatorHarness,
 ) -> None:
-    """A detector's NaN or infinite score is stored as protobuf's JSON writes it, and the
-    queue pages past such a sighting: Postgres orders NaN above every number, and the
-    next page's token carries it. (It answered "page_token is malformed" before.)"""
+    """A detector's NaN or infinite score, which an earlier release stored as protobuf's
+    JSON writes it (requests refuse it now), put in directly: the queue pages past such a
+    sighting, as Postgres orders NaN above every number, and the next page's token
+    carries it. (It answered "page_token is malformed" before.)"""
     c = coordinator
     s = await review_world(c)
     jobs = await start_run(c, s, "r1")
-    odd = {"person": math.nan, "vehicle": math.inf, "bike": -math.inf, "dog": 0.4}
+    stored = {"person": "NaN", "vehicle": "Infinity", "bike": "-Infinity"}
+    classes = [*stored, "dog"]
     await commit(
         c,
         s,
         jobs[0],
-        [
-            Frame(n, "save", tuple(sbox(name, 0.1, score) for name, score in odd.items()))
-            for n in (0, 1)
-        ],
+        [Frame(n, "save", tuple(sbox(name, 0.1, 0.4) for name in classes)) for n in (0, 1)],
     )
+    async with c.db.connection() as connection:
+        for name, score in stored.items():
+            await connection.execute(SCORED_AS_EARLIER_RELEASES, name, score)
+            await connection.execute(
+                "UPDATE sightings SET score = $2::text::real WHERE class_name = $1", name, score
+            )
     for order in (OLDEST, LOWEST, CAMERA):
-        assert len(set(await queue(c, order=order))) == len(odd)
+        assert len(set(await queue(c, order=order))) == len(classes)
     lowest = await c.workshop.GetReviewQueue(
         ws.GetReviewQueueRequest(bucket_id="yard", order=LOWEST), metadata=c.admin
     )

@@ -12,6 +12,7 @@ every message counted as `JobService/Session/RecordPreviews`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import grpc
@@ -39,6 +40,7 @@ from tests.service.test_coordinator_previews import (
     listed,
     object_keys,
     row,
+    with_box,
 )
 from tests.service.test_coordinator_sessions import counted
 from workshop.kit.auth import bearer_metadata
@@ -203,6 +205,8 @@ async def test_a_malformed_record_is_refused_with_its_field_and_recorded_nowhere
         ),
         "no key": (changed(base, object_key=""), None),
         "a malformed lease": (bad_lease, None),
+        "a NaN score": (with_box(base, score=math.nan), "boxes[0].score"),
+        "an infinite width": (with_box(base, w=math.inf), "boxes[0].w"),
     }
     session = stream(c, s.processor)
     try:

@@ -14,8 +14,10 @@ The gateway's bodies are the messages of `workshop.v1`, spelled as JSON by these
   (defaults included; repeated as an array, map as an object); message fields and
   proto3 `optional` fields only when set; of a oneof, only the member that is set.
 - Integers of every kind are JSON numbers (a JavaScript client loses precision past
-  2^53). float/double are numbers; a non-finite value never leaves (ValueError: a
-  server bug). bool is true/false, string is a string, bytes standard padded base64.
+  2^53). float/double are numbers; NaN and the infinities, which JSON has no number
+  for, are null in responses (as JavaScript's JSON.stringify writes them: only rows an
+  earlier release stored hold one, since every request now refuses them) and refused in
+  requests. bool is true/false, string is a string, bytes standard padded base64.
 - Enums: the value name without the enum's prefix (the UPPER_SNAKE type name + "_"),
   lower-cased: RUN_MODE_TEST is "test". An enum whose values do not all carry that
   prefix uses its whole value names, lower-cased. A response holding a number its enum
@@ -370,19 +372,16 @@ def _value_out(field: FieldDescriptor) -> Callable[[Any], Any] | None:
         zero = names[field.enum_type.values[0].number]
         return lambda number: names.get(number) or zero
     if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
-        return _finite_out(field.full_name)
+        return _float_out
     if field.type == _F.TYPE_BYTES:
         return _base64_out
     return None
 
 
-def _finite_out(name: str) -> Callable[[float], float]:
-    def finite(value: float) -> float:
-        if isfinite(value):
-            return value
-        raise ValueError(f"{name} is {value}, which JSON cannot carry")
-
-    return finite
+def _float_out(value: float) -> float | None:
+    """A float as JSON: null for NaN and the infinities (no JSON number is one), which a
+    row stored by an earlier release may hold; a page holding one still answers."""
+    return value if isfinite(value) else None
 
 
 def _base64_out(value: bytes) -> str:
@@ -810,15 +809,8 @@ class SchemaSet:
             if kind in _INTEGER_FORMATS:
                 schema["format"] = _INTEGER_FORMATS[kind]
             return schema
-        if kind == _F.TYPE_FLOAT:
-            return {
-                "type": "number",
-                "format": "float",
-                "minimum": -FLOAT32_MAX,
-                "maximum": FLOAT32_MAX,
-            }
-        if kind == _F.TYPE_DOUBLE:
-            return {"type": "number", "format": "double"}
+        if kind in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
+            return _float_schema(kind, direction)
         if kind == _F.TYPE_BOOL:
             return {"type": "boolean"}
         if kind == _F.TYPE_BYTES:
@@ -847,6 +839,15 @@ class SchemaSet:
                 "description": f"{_description(name)}\n\n{values}",
             }
         return _ref(name)
+
+
+def _float_schema(kind: int, direction: Direction) -> Schema:
+    """A float or double: a number, in responses also null (NaN or an infinity an earlier
+    release stored: `_float_out`)."""
+    schema: Schema = {"type": "number" if direction == "request" else ["number", "null"]}
+    if kind == _F.TYPE_FLOAT:
+        return {**schema, "format": "float", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX}
+    return {**schema, "format": "double"}
 
 
 def _component_name(

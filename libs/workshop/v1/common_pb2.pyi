@@ -659,6 +659,9 @@ class Box(_message.Message):
     """One detection on a frame.
     Coordinates are normalized to the original frame: 0..1 of its width (x, w)
     and height (y, h), origin at the top-left corner.
+    Every value is a finite number: a request carrying a box with NaN or an infinity is
+    refused INVALID_ARGUMENT reason INVALID_FIELD, metadata "field" naming it (as
+    "boxes[0].score"), and nothing of it is stored.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -176,7 +176,8 @@ class JobServiceServicer:
         accounting and the staged uploads; a full run's bucket items appear all at once. Sending the same result
         again (same job, generation and result_sha256) returns the existing receipt, even after the lease ended.
         Errors: INVALID_ARGUMENT reason RESULT_INVALID (slot accounting, windows, DROPPED not allowed, unknown or
-        mismatched upload) or INVALID_FIELD (result_sha256 does not match result); ABORTED reason
+        mismatched upload) or INVALID_FIELD (result_sha256 does not match result, or a box value is NaN or
+        infinite: metadata "field" names it, as "result.slots[3].outputs[0].boxes[1].score"); ABORTED reason
         RESULT_CONFLICT (a different result for a completed job); FAILED_PRECONDITION (fences, including
         CODE_MISMATCH); a refused commit leaves staged bytes to garbage collection.
         With `then_claim` it also claims, after the commit, as that Claim would (without waiting), and answers

@@ -4,6 +4,10 @@ leases room writes for a committed item and the previews room for a recorded pre
 The stored form is exactly what `json_format.MessageToDict(box,
 preserving_proto_field_name=True)` answers; `boxes_json` writes it as JSON text in one
 pass. Reading it back into a message is the servicers' (`convert.boxes`, `fill_box`).
+A box with a NaN or infinite value is never stored: `boxes_json` and `boxes_json_many`
+refuse it (NonFiniteBox, workshop.kit.box_values) once the finiteness check they make
+anyway fails, so finite values pay nothing more. Rows of earlier releases may still
+hold one, as protobuf's JSON writes it ("NaN", "Infinity"; `convert.fill_box` reads it).
 """
 
 from __future__ import annotations
@@ -14,16 +18,15 @@ import math
 import struct
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
 
+from workshop.kit.box_values import BOX_FLOATS, FLOATS_OF, NonFiniteBox, refuse_non_finite
 from workshop.v1 import common_pb2
 
 _FLOAT32 = struct.Struct("<f")
-BOX_FLOATS = ("score", "x", "y", "w", "h")
 
 
 def box_dict(box: common_pb2.Box) -> dict[str, Any]:
@@ -31,7 +34,8 @@ def box_dict(box: common_pb2.Box) -> dict[str, Any]:
     preserving_proto_field_name=True)` answers (fields left at their default omitted,
     each float the shortest decimal that reads back as the same 32-bit float, the int64
     track id as a string), at about a third of its cost: a frame's few boxes were the
-    largest part of the coordinator's Python per recorded preview."""
+    largest part of the coordinator's Python per recorded preview. (NaN and infinities as
+    protobuf writes them too, though `boxes_json` refuses to store them.)"""
     value: dict[str, Any] = {}
     if box.class_name:
         value["class_name"] = box.class_name
@@ -56,14 +60,15 @@ def boxes_json(boxes: Sequence[common_pb2.Box]) -> str:
     boxes])`, each number the same decimal, at under half its cost (the largest part of
     the coordinator's Python per recorded preview). numpy prints a 32-bit float the
     shortest way that reads back the same, which is protobuf's own for every normal one
-    (tests/unit/test_coordinator_box_dict.py); NaN, infinities and subnormals go through
-    box_dict."""
+    (tests/unit/test_coordinator_box_dict.py); subnormals go through box_dict. NaN or an
+    infinity raises NonFiniteBox (INVALID_FIELD, naming `boxes[i].<field>`)."""
     if not boxes:
         return "[]"
     values = [getattr(box, name) for box in boxes for name in BOX_FLOATS]
     if not all(map(math.isfinite, values)) or any(
         number and abs(number) < _FLOAT32_TINY for number in values
     ):
+        refuse_non_finite(boxes)
         return json.dumps([box_dict(box) for box in boxes])
     texts = [str(number) for number in np.array(values, dtype=np.float32)]
     parts = []
@@ -82,9 +87,6 @@ def boxes_json(boxes: Sequence[common_pb2.Box]) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-_FLOATS_OF = attrgetter(*BOX_FLOATS)
-
-
 @functools.cache
 def _template(written: int, named: bool, tracked: bool) -> str:
     """A box's stored text with `%s` for its values, for the fields it writes: the class
@@ -99,20 +101,21 @@ def _template(written: int, named: bool, tracked: bool) -> str:
 _ALL_FLOATS = (1 << len(BOX_FLOATS)) - 1
 
 
-def boxes_json_many(frames: Sequence[Sequence[common_pb2.Box]]) -> list[str]:
+def boxes_json_many(frames: Sequence[Sequence[common_pb2.Box]]) -> list[str | NonFiniteBox]:
     """`boxes_json` of each frame's boxes (the same text), for a batch of frames at once: a
     record batch's previews (90 frames of 3 boxes in bench.processor_throughput). numpy
     prints the whole batch's floats in one call (`astype(str)`, the shortest form as
     `str` of each 32-bit float, at under half its cost a value), and the checks that send a
     value to box_dict's way run once per batch; a batch with such a value takes
-    `boxes_json` frame by frame."""
+    `boxes_json` frame by frame, and a frame holding NaN or an infinity gets its refusal
+    in place of its text (the other frames of the batch are stored)."""
     boxes = [box for frame in frames for box in frame]
     if not boxes:
         return ["[]" for _ in frames]
-    values = np.array([_FLOATS_OF(box) for box in boxes], dtype=np.float32)
+    values = np.array([FLOATS_OF(box) for box in boxes], dtype=np.float32)
     magnitude = np.abs(values)
     if not np.isfinite(values).all() or ((magnitude < _FLOAT32_TINY) & (values != 0)).any():
-        return [boxes_json(frame) for frame in frames]
+        return [_json_or_refusal(frame) for frame in frames]
     texts = values.astype(str).tolist()
     # a field is written when set: not 0, or -0.0 (as in box_dict); bit i: BOX_FLOATS[i]
     written = (((values != 0) | np.signbit(values)) @ (1 << np.arange(len(BOX_FLOATS)))).tolist()
@@ -130,13 +133,20 @@ def boxes_json_many(frames: Sequence[Sequence[common_pb2.Box]]) -> list[str]:
         if tracked:
             shown = [*shown, box.track_id]
         parts.append(_template(box_written, bool(named), tracked) % tuple(shown))
-    stored = []
+    stored: list[str | NonFiniteBox] = []
     start = 0
     for frame in frames:
         end = start + len(frame)
         stored.append("[" + ", ".join(parts[start:end]) + "]")
         start = end
     return stored
+
+
+def _json_or_refusal(boxes: Sequence[common_pb2.Box]) -> str | NonFiniteBox:
+    try:
+        return boxes_json(boxes)
+    except NonFiniteBox as refusal:
+        return refusal
 
 
 def _shortest_float(number: float) -> float:

@@ -60,6 +60,7 @@ from services.coordinator.review import reviews
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.rows import SnapshotRecordingRow
 from services.coordinator.runs.snapshots import Frozen, SnapshotCache
+from workshop.kit.box_values import NonFiniteBox
 from workshop.kit.metrics import timed
 from workshop.v1 import jobs_pb2
 
@@ -626,7 +627,7 @@ class JobsApi:
                     return settled, True
             try:
                 checked = await self._checked(lease, result, facts)
-            except ResultInvalid:
+            except (ResultInvalid, NonFiniteBox):
                 # An invalid retry of a committed lease is a conflict, as it was
                 # before this process knew the facts: the receipt decides first.
                 await self._facts_or_receipt(lease, digest)

@@ -4,18 +4,21 @@ Every expected slot is accounted for exactly once, in slot order: FRAME (a frame
 inside its slot and the window, with its upload in a full run), EMPTY (no frame)
 or DROPPED (only when the graph has a Do nothing step or keeps frames by change).
 The accepted result is turned into what the commit writes: counts, the uploads
-to verify and, for full runs, one bucket item per output a frame reached.
+to verify and, for full runs, one bucket item per output a frame reached. A box value
+that is NaN or infinite, stored or not, refuses the result (INVALID_FIELD naming it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 
 from services.coordinator.leases.boxes import boxes_json
 from services.coordinator.platform.errors import InvalidField, ResultInvalid
+from workshop.kit.box_values import NonFiniteBox, all_finite, refuse_non_finite
 from workshop.kit.hashing import sha256_hex
 from workshop.kit.values import hot_value
 from workshop.v1 import common_pb2, jobs_pb2
@@ -137,6 +140,8 @@ def check_result(
             if slot.outputs or slot.upload_key:
                 raise _invalid(position, f"Slot {position}: a DROPPED frame reaches no output.")
             _frame_time(slot, facts)
+            if slot.boxes:
+                _refuse_non_finite(position, slot.boxes, ())
             dropped += 1
         elif slot.outcome == common_pb2.SLOT_OUTCOME_FRAME:
             moment = _frame_time(slot, facts)
@@ -159,6 +164,9 @@ def _frame_items(
     # and each read of a protobuf field makes a new Python object).
     index = slot.slot_index
     outputs = list(slot.outputs)
+    before_rules = slot.boxes
+    if before_rules:
+        _refuse_non_finite(index, before_rules, ())
     steps = [output.step_id for output in outputs]
     recorded = [output.boxes_recorded for output in outputs]
     upload_key = slot.upload_key
@@ -175,6 +183,7 @@ def _frame_items(
             raise _invalid(index, f"Slot {index}: test runs upload nothing; previews are all.")
         if any(recorded):
             raise _invalid(index, f"Slot {index}: boxes_recorded is for a full run's items.")
+        _refuse_non_finite(index, (), outputs)  # stored nowhere, refused all the same
         return []
     if not outputs:
         if upload_key:
@@ -195,19 +204,39 @@ def _frame_items(
         if outputs[0].boxes:
             raise _invalid(index, f"Slot {index}: an output with boxes_recorded carries no boxes.")
     uploads.append(Upload(upload_key, upload_sha256, index))
-    return [
-        Item(
-            item_id=item_id(run_id, job_index, index, step_id),
-            bucket_id=buckets[step_id],
-            slot_index=index,
-            step_id=step_id,
-            frame_time=moment,
-            boxes=None if boxes_recorded else boxes_json(output.boxes),
-            object_key=upload_key,
-            sha256=upload_sha256,
-        )
-        for output, step_id, boxes_recorded in zip(outputs, steps, recorded, strict=True)
-    ]
+    try:
+        return [
+            Item(
+                item_id=item_id(run_id, job_index, index, step_id),
+                bucket_id=buckets[step_id],
+                slot_index=index,
+                step_id=step_id,
+                frame_time=moment,
+                boxes=None if boxes_recorded else boxes_json(output.boxes),
+                object_key=upload_key,
+                sha256=upload_sha256,
+            )
+            for output, step_id, boxes_recorded in zip(outputs, steps, recorded, strict=True)
+        ]
+    except NonFiniteBox:  # boxes_json's refusal, which knows no output: named here
+        _refuse_non_finite(index, (), outputs)
+        raise
+
+
+def _refuse_non_finite(
+    index: int, before_rules: Sequence[common_pb2.Box], outputs: Sequence[jobs_pb2.RoutedOutput]
+) -> None:
+    """Refuses a frame whose boxes (before rules, or an output's) hold NaN or an infinity,
+    stored or not: nothing can show such a value (workshop.kit.box_values). One pass in C
+    when every value is finite. A full run's outputs need no call before their items are
+    made: boxes_json, which writes their boxes, refuses such a value itself (and this
+    then names the output)."""
+    sent = [output.boxes for output in outputs]
+    if all_finite(chain(before_rules, *sent)):
+        return
+    refuse_non_finite(before_rules, f"result.slots[{index}].boxes")
+    for position, boxes in enumerate(sent):
+        refuse_non_finite(boxes, f"result.slots[{index}].outputs[{position}].boxes")
 
 
 def check_digest(result: jobs_pb2.JobResult, claimed: str) -> str:

@@ -52,8 +52,12 @@ def item_filter(stored: dict[str, Any]) -> run_pb2.BucketItemFilter:
 
 def frozen_boxes(values: list[dict[str, Any]] | None) -> list[common_pb2.Box]:
     """Frozen boxes ({"class_name", "score", "x", "y", "w", "h"}) as the contract's."""
-    return [
-        common_pb2.Box(
+    return [_frozen_box(box) for box in values or ()]
+
+
+def _frozen_box(box: dict[str, Any]) -> common_pb2.Box:
+    try:
+        return common_pb2.Box(
             class_name=box["class_name"],
             score=box["score"],
             x=box["x"],
@@ -61,5 +65,7 @@ def frozen_boxes(values: list[dict[str, Any]] | None) -> list[common_pb2.Box]:
             w=box["w"],
             h=box["h"],
         )
-        for box in values or ()
-    ]
+    except TypeError:  # a value spelled as a string: a NaN an earlier release stored
+        frozen = common_pb2.Box(class_name=box["class_name"])
+        convert.fill_box_floats(frozen, box)
+        return frozen

@@ -44,6 +44,7 @@ from services.coordinator.servicers.views import (
     snapshot_recording,
 )
 from workshop.kit.auth import bearer_secret
+from workshop.kit.box_values import NonFiniteBox
 from workshop.kit.errors import ResourceExhausted, WorkshopError
 from workshop.kit.interceptors import error_status
 from workshop.kit.lease_attestation import credential_sha256
@@ -367,7 +368,9 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             preview if isinstance(preview, WorkshopError) else next(answers) for preview in previews
         )
 
-    def _written(self, preview: pub.RecordPreviewRequest, boxes: str) -> PreviewRecord:
+    def _written(
+        self, preview: pub.RecordPreviewRequest, boxes: str | NonFiniteBox
+    ) -> PreviewRecord:
         """A written preview's record, checked as the preview service checks it (its bytes
         never passed a service: the grant bound their key, type and size at the store)."""
         check_written_preview(preview, self.max_image_bytes)

@@ -39,6 +39,7 @@ from services.coordinator.review.reviews import (
 )
 from services.coordinator.runs.rows import SnapshotRecordingRow
 from services.coordinator.servicers.common import split_token
+from workshop.kit.box_values import NonFiniteBox
 from workshop.kit.errors import WorkshopError
 from workshop.kit.status import status_for
 from workshop.v1 import common_pb2, run_pb2, snapshot_pb2
@@ -346,11 +347,17 @@ def pinned_models(snapshot: dict[str, object]) -> list[snapshot_pb2.PinnedModel]
     return list(frozen.models)
 
 
-def preview_record(request: pub.RecordPreviewRequest, boxes: str | None = None) -> PreviewRecord:
+def preview_record(
+    request: pub.RecordPreviewRequest, boxes: str | NonFiniteBox | None = None
+) -> PreviewRecord:
     """A preview's record (PublicationService.RecordPreview(s), a Session's
     record_previews) as the coordinator records it; INVALID_ARGUMENT for a malformed
-    lease or no frame_time. `boxes`: its boxes as stored, when the caller wrote a batch's
-    at once (`previews_boxes`)."""
+    lease, no frame_time, or a box value that is NaN or infinite. `boxes`: its boxes as
+    stored (or their refusal), when the caller wrote a batch's at once (`previews_boxes`)."""
+    if boxes is None:
+        boxes = boxes_json(request.boxes)
+    elif isinstance(boxes, NonFiniteBox):
+        raise boxes
     return PreviewRecord(
         lease=lease(request.lease),
         code_sha256=request.code_sha256,
@@ -360,12 +367,13 @@ def preview_record(request: pub.RecordPreviewRequest, boxes: str | None = None) 
         byte_size=request.byte_size,
         content_type=request.content_type,
         frame_time=convert.from_ts("frame_time", request.frame_time),
-        boxes=boxes_json(request.boxes) if boxes is None else boxes,
+        boxes=boxes,
     )
 
 
-def previews_boxes(requests: Sequence[pub.RecordPreviewRequest]) -> list[str]:
-    """Each preview's boxes as stored, for a batch of records at once (boxes_json_many)."""
+def previews_boxes(requests: Sequence[pub.RecordPreviewRequest]) -> list[str | NonFiniteBox]:
+    """Each preview's boxes as stored, for a batch of records at once (boxes_json_many);
+    a preview with a NaN or infinite box value gets that refusal instead."""
     return boxes_json_many([request.boxes for request in requests])
 
 

@@ -15,7 +15,13 @@ let flushQueued = false;
 const resized = new ResizeObserver((entries) => placeAll(entries.map((entry) => entry.target)));
 
 export function labelText(box) {
-  return `${box.class_name} ${box.score.toFixed(2)}`;
+  return `${box.class_name} ${scoreText(box.score)}`;
+}
+
+/** A score with two decimals; "?" for null, the API's answer for a NaN or infinite score
+ * that an earlier release stored (requests refuse them now). */
+export function scoreText(score) {
+  return score === null ? "?" : score.toFixed(2);
 }
 
 /** Draws `boxes` (fractions of the frame) into `layer`, replacing what was there. */

@@ -9,6 +9,7 @@
 // applied), and undone as one (DELETE /api/workshop/bulk-decisions/{id}).
 // #/queue without a bucket: the buckets to pick one from.
 import { api, ApiError, currentSession } from "./api.js";
+import { scoreText } from "./boxes.js";
 import { SightingDecisions } from "./decisions.js";
 import { h, placed, show } from "./dom.js";
 import { apiQuery, classesOfRun, describeFilter, filterForm, listBuckets, QUEUE_FIELDS, sightingFilter } from "./filters.js";
@@ -189,7 +190,7 @@ export async function queueView(context) {
       });
       rows.set(sightingId, row);
     }
-    row.setAttribute("aria-label", `${describe(sighting)}, run ${entry.run_id}, score ${entry.score.toFixed(2)}: ${stateText(sighting)}`);
+    row.setAttribute("aria-label", `${describe(sighting)}, run ${entry.run_id}, score ${scoreText(entry.score)}: ${stateText(sighting)}`);
     row.setAttribute("aria-busy", String(saving));
     row.classList.toggle("is-saving", saving);
     row.classList.toggle("current", decisions.currentId() === sightingId);
@@ -198,7 +199,7 @@ export async function queueView(context) {
       h(
         "div", { class: "sighting-head" },
         h("span", { class: "sighting-class", text: sighting.class_name || "no detection" }),
-        h("span", { class: "score", text: `score ${entry.score.toFixed(2)}` }),
+        h("span", { class: "score", text: `score ${scoreText(entry.score)}` }),
         h("span", { class: "muted", text: `${sighting.camera_id} · ${timeSpan(sighting)} · ${plural(count, "item")}` }),
         h("a", { href: `#/review/${encodeURIComponent(entry.run_id)}`, class: "run-link", text: `run ${entry.run_id}` }),
         h("span", { class: `state state-${sighting.review_state}`, "data-state": sighting.review_state, text: stateText(sighting) }),
