@@ -197,6 +197,36 @@ def _check_object(sha256: str, byte_size: int, content_type: str) -> None:
         raise InvalidField("byte_size must be positive.")
 
 
+def _check_fields(preview: PreviewRecord) -> PreviewRecord:
+    """The preview with its content type, its digest, size and type checked."""
+    if not preview.content_type:
+        # a preview service from before 0008 sends none: its key names the type
+        extension = preview.key.rpartition(".")[2]
+        preview = dataclasses.replace(
+            preview, content_type=object_keys.CONTENT_TYPES.get(extension, "")
+        )
+    _check_object(preview.sha256, preview.byte_size, preview.content_type)
+    return preview
+
+
+def _checked_preview(preview: PreviewRecord, frozen: Frozen) -> PreviewRecord:
+    """The preview with its content type, checked: its key must be the lease's for the slot
+    (`frozen`: its run's snapshot, which names the key's prefix)."""
+    preview = _check_fields(preview)
+    expected = object_key(
+        "preview",
+        preview.lease,
+        preview.slot,
+        test=not frozen.full_run,
+        content_type=preview.content_type,
+    )
+    if preview.key != expected:
+        raise InvalidField(
+            f"object_key must be this lease's preview key for slot {preview.slot}: {expected!r}."
+        )
+    return preview
+
+
 class PublicationApi:
     def __init__(
         self, db: Database, clock: Clock, snapshots: SnapshotCache, events: RunEvents
@@ -307,10 +337,22 @@ class PublicationApi:
     ) -> list[Recorded | WorkshopError]:
         outcomes: list[Recorded | WorkshopError | None] = []
         checked: list[PreviewRecord] = []
-        runs: dict[str, Frozen] = {}  # a batch's previews are of a few runs: one lookup each
+        # A batch's previews are of a few runs: each run's snapshot looked up once, before
+        # the previews are checked one by one without awaiting (None: no such run).
+        runs: dict[str, Frozen | None] = {}
+        for preview in previews:
+            if preview.lease.run_id not in runs:
+                try:
+                    runs[preview.lease.run_id] = await self._frozen(preview.lease)
+                except WorkshopError:
+                    runs[preview.lease.run_id] = None
         for preview in previews:
             try:
-                checked.append(await self._check_preview(preview, runs))
+                frozen = runs[preview.lease.run_id]
+                if frozen is None:  # no such run: the preview's refusal, after the checks before it
+                    _check_fields(preview)
+                    frozen = await self._frozen(preview.lease)
+                checked.append(_checked_preview(preview, frozen))
             except WorkshopError as error:
                 outcomes.append(error)
             else:
@@ -348,35 +390,6 @@ class PublicationApi:
             outcome if outcome is not None else _recorded(*next(recorded), own=own)
             for outcome in outcomes
         ]
-
-    async def _check_preview(
-        self, preview: PreviewRecord, runs: dict[str, Frozen]
-    ) -> PreviewRecord:
-        """The preview with its content type, checked: its key must be the lease's for the slot.
-        `runs` keeps the snapshots looked up for the batch."""
-        if not preview.content_type:
-            # a preview service from before 0008 sends none: its key names the type
-            extension = preview.key.rpartition(".")[2]
-            preview = dataclasses.replace(
-                preview, content_type=object_keys.CONTENT_TYPES.get(extension, "")
-            )
-        _check_object(preview.sha256, preview.byte_size, preview.content_type)
-        frozen = runs.get(preview.lease.run_id)
-        if frozen is None:
-            frozen = runs[preview.lease.run_id] = await self._frozen(preview.lease)
-        expected = object_key(
-            "preview",
-            preview.lease,
-            preview.slot,
-            test=not frozen.full_run,
-            content_type=preview.content_type,
-        )
-        if preview.key != expected:
-            raise InvalidField(
-                f"object_key must be this lease's preview key for slot {preview.slot}: "
-                f"{expected!r}."
-            )
-        return preview
 
     async def claim_collectable(
         self, who: Principal, kind: str, limit: int
