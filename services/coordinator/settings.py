@@ -36,8 +36,16 @@ class CoordinatorSettings(ServerSettings):
         help="Postgres DSN, e.g. postgresql://workshop@db:5432/workshop (required).",
         check=_postgres_dsn,
     )
+    # Statements running at once, not calls: a replica's calls queue for a connection in
+    # the process, which costs nothing, while more statements than the database's cores
+    # are time-sliced by the kernel, with their row locks held (bench.claim_cycle's claim
+    # p99: 18.6-18.8 ms with 3 connections, 27.2-29.2 with 4, 32.5-58.7 with 10, at the
+    # same cycles a second; docs/scaling.md, "Connections").
     database_pool_size: int = setting(
-        10, help="Connections in the coordinator's pool.", check=at_least(1)
+        3,
+        help="Connections in the coordinator's pool: about the Postgres cores one replica "
+        "keeps busy (1-2), plus one.",
+        check=at_least(1),
     )
     manual_clock: bool = setting(
         False, help="1 = serve AdvanceClock and follow a clock an admin moves (tests only)."
