@@ -476,17 +476,22 @@ NO_ANSWER = frozenset(
 @dataclasses.dataclass
 class Fleet:
     """What the simulated processors saw: every lease they were given, every receipt they
-    were answered, each call that got no answer, and when each kind of call last went
-    through."""
+    were answered, each call that got no answer, and when each call that went through was
+    made and answered."""
 
     leases: list[tuple[int, str, int, str]] = dataclasses.field(default_factory=list)
     receipts: dict[str, jobs_pb2.CompleteResponse] = dataclasses.field(default_factory=dict)
     missed: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)
-    answered: list[tuple[float, str]] = dataclasses.field(default_factory=list)
+    answered: list[tuple[float, str, float]] = dataclasses.field(default_factory=list)
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def first_answer_after(self, method: str, moment: float) -> float:
-        return min(at for at, called in self.answered if called == method and at >= moment)
+        return min(at for at, called, _ in self.answered if called == method and at >= moment)
+
+    def waited(self, down: float, up: float) -> list[str]:
+        """The calls made while the database was down (from `down`) and answered once it
+        was back (`up`): they waited for a connection instead of failing."""
+        return [name for at, name, made in self.answered if down <= made < up <= at]
 
 
 async def simulated_world(c: CoordinatorHarness, model: str) -> str:
@@ -536,6 +541,7 @@ async def simulated_processor(
         async def ask(stub: Any, name: str, request: Any) -> Any:
             method = getattr(stub, name)
             while True:
+                made = loop.time()
                 try:
                     reply = await method(request, metadata=metadata, timeout=10)
                 except grpc.aio.AioRpcError as error:
@@ -544,7 +550,7 @@ async def simulated_processor(
                     fleet.missed.append((loop.time(), name, error.code().name))
                     await asyncio.sleep(0.2)
                     continue
-                fleet.answered.append((loop.time(), name))
+                fleet.answered.append((loop.time(), name, made))
                 return reply
 
         def claim() -> jobs_pb2.ClaimRequest:
@@ -698,11 +704,12 @@ async def test_postgres_restarted_while_eight_processors_cycle_and_previews_flow
         assert coordinator.process.poll() is None  # it rode the outage out, never restarted
 
     assert at_stop < SIM_JOBS / 2, "the restart came after the load"
-    # the outage met the load: the simulated processors' calls got no answer meanwhile,
-    # and never a refusal (UNAVAILABLE only: never INTERNAL)
-    assert fleet.missed, "no call met the outage"
-    assert {code for _, _, code in fleet.missed} == {"UNAVAILABLE"}, fleet.missed
-    assert any(at >= stopping for at, _, _ in fleet.missed)
+    # the outage met the load: the simulated processors' calls made meanwhile got no
+    # answer, or waited for Postgres to come back (the coordinator's calls queue for its
+    # few pooled connections), and never a refusal (UNAVAILABLE only: never INTERNAL)
+    waited = fleet.waited(stopping, back)
+    assert waited or any(at >= stopping for at, _, _ in fleet.missed), "no call met the outage"
+    assert {code for _, _, code in fleet.missed} <= {"UNAVAILABLE"}, fleet.missed
     published_back = fleet.first_answer_after("PublishPreview", back) - back
     completed_back = fleet.first_answer_after("Complete", back) - back
 
@@ -746,13 +753,15 @@ async def test_postgres_restarted_while_eight_processors_cycle_and_previews_flow
     logging.getLogger(__name__).warning(
         "Postgres stopped in %.2f s, down %.0f s; after it was back the coordinator "
         "answered in %.2f s, a preview went through in %.2f s, a Complete in %.2f s; "
-        "%d calls got no answer; %d of %d Completes already committed; %.0f jobs/s before",
+        "%d calls got no answer, %d waited for it; %d of %d Completes already committed; "
+        "%.0f jobs/s before",
         stopped_s,
         OUTAGE_SECONDS,
         coordinator_back,
         published_back,
         completed_back,
         len(fleet.missed),
+        len(waited),
         sum(answer.already_committed for answer in fleet.receipts.values()),
         SIM_JOBS,
         rate,
