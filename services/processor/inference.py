@@ -41,6 +41,7 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
+from services.processor.metrics import DETECTIONS_DROPPED
 from workshop.kit.letterbox import Placement, letterbox, stretch
 from workshop.kit.model_io import (
     CONTRACT_OUTPUTS,
@@ -338,7 +339,9 @@ class ModelServer:
         return [
             [
                 _detection(served, placement, boxes[i, k], float(scores[i, k]), int(classes[i, k]))
-                for k in range(int(counts[i].reshape(-1)[0]))
+                for k in finite_detections(
+                    int(counts[i].reshape(-1)[0]), boxes[i], scores[i], served.pin.name
+                )
             ]
             for i in range(len(batch))
         ]
@@ -377,6 +380,25 @@ def _output(reply: triton.InferResult, name: str) -> npt.NDArray[Any]:
     if value is None:
         raise ModelUnavailable(f"The model's answer lacks output {name!r}.")
     return value
+
+
+def finite_detections(
+    count: int, boxes: npt.NDArray[Any], scores: npt.NDArray[Any], model: str
+) -> list[int]:
+    """The indexes of an image's first `count` detections whose score and box are finite
+    numbers. The others are left out and counted: nothing downstream can store or show a
+    NaN or an infinity (the coordinator refuses a box holding one, and would refuse the
+    job's whole result), and a model that answers one for a box says nothing about it."""
+    finite = np.isfinite(boxes[:count]).all(axis=-1) & np.isfinite(scores[:count])
+    kept: list[int] = np.flatnonzero(finite).tolist()
+    if len(kept) < count:
+        DETECTIONS_DROPPED.labels(model).inc(count - len(kept))
+        log.warning(
+            "%s answered %d detection(s) with a NaN or infinite value: left out",
+            model,
+            count - len(kept),
+        )
+    return kept
 
 
 def _detection(

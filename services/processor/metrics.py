@@ -23,6 +23,13 @@ FRAMES_INFERRED = Counter(
     "Frames every model of their run has detected on.",
     registry=REGISTRY,
 )
+DETECTIONS_DROPPED = Counter(
+    "workshop_processor_detections_dropped",
+    "Detections a model answered with a NaN or infinite score or coordinate, left out "
+    "(the coordinator refuses such a box).",
+    ["model"],
+    registry=REGISTRY,
+)
 FRAMES_PUBLISHED = Counter(
     "workshop_processor_frames_published",
     "Frames that reached an output and were published as previews.",
