@@ -101,7 +101,8 @@ def test_a_non_finite_value_is_named_with_its_field_and_value() -> None:
     assert refusal is not None
     assert (refusal.reason, refusal.metadata) == ("INVALID_FIELD", {"field": "boxes[1].w"})
     assert refusal.message.startswith("boxes[1].w is Infinity:")
-    below = refusal.at("result.slots[3].outputs[0].boxes")
+    below = non_finite_box(frame, "result.slots[3].outputs[0].boxes")
+    assert below is not None
     assert below.metadata == {"field": "result.slots[3].outputs[0].boxes[1].w"}
     for value, spelled in ((math.nan, "NaN"), (-math.inf, "-Infinity")):
         one = non_finite_box([common_pb2.Box(y=value)], "previews[2].boxes")

@@ -31,17 +31,11 @@ class NonFiniteBox(InvalidArgument):
     reason = "INVALID_FIELD"
 
     def __init__(self, where: str, position: int, name: str, value: float) -> None:
-        self.position, self.name, self.value = position, name, value
         field = f"{where}[{position}].{name}"
         super().__init__(
             f"{field} is {_spelled(value)}: a box's score, x, y, w and h must be finite numbers.",
             metadata={"field": field},
         )
-
-    def at(self, where: str) -> NonFiniteBox:
-        """The same refusal for boxes that lie at `where` in the request
-        (`result.slots[3].outputs[0].boxes`)."""
-        return NonFiniteBox(where, self.position, self.name, self.value)
 
 
 def all_finite(boxes: Iterable[common_pb2.Box]) -> bool:

@@ -95,7 +95,7 @@ class RunEvents:
             return
         if self._listener_pid is not None:  # a graceful stop first sends what was announced
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sent.wait(), STOP_SEND_SECONDS)
+                await asyncio.wait_for(self.sent(), STOP_SEND_SECONDS)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
