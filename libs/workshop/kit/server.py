@@ -129,22 +129,7 @@ class Server:
             if service.max_request_bytes is not None
         }
         server = grpc.aio.server(
-            interceptors=_interceptors(self.label, limits),
-            options=[
-                ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-                # A call's metadata up to gRPC's hard limit reaches the handler, none
-                # dropped at random past the 8 KiB soft limit: an oversized credential is
-                # answered CREDENTIAL_MALFORMED every time (workshop.kit.auth).
-                ("grpc.max_metadata_size", MAX_METADATA_BYTES),
-                ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
-                ("grpc.so_reuseport", 0),
-                # Clients ping a call that has been silent for 10 s (kit.channels keepalive);
-                # by default a server calls pings closer than 5 minutes apart without data
-                # abuse and, after two, closes the connection (too_many_pings), which would
-                # end a long-polling Claim.
-                ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
-                ("grpc.http2.max_ping_strikes", 0),
-            ],
+            interceptors=_interceptors(self.label, limits), options=server_options()
         )
         for service in self.services:
             service.register(server)
@@ -195,6 +180,26 @@ class Server:
         for worker in self._started_workers:
             if isinstance(worker, DrainingWorker):
                 worker.hurry()
+
+
+def server_options() -> list[tuple[str, int]]:
+    """The channel arguments of every Workshop gRPC server (bench.grpc_message_cost
+    measures a bare server built with them)."""
+    return [
+        ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+        # A call's metadata up to gRPC's hard limit reaches the handler, none
+        # dropped at random past the 8 KiB soft limit: an oversized credential is
+        # answered CREDENTIAL_MALFORMED every time (workshop.kit.auth).
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.so_reuseport", 0),
+        # Clients ping a call that has been silent for 10 s (kit.channels keepalive);
+        # by default a server calls pings closer than 5 minutes apart without data
+        # abuse and, after two, closes the connection (too_many_pings), which would
+        # end a long-polling Claim.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
 
 
 def _interceptors(label: str, request_limits: dict[str, int]) -> list[grpc.aio.ServerInterceptor]:
