@@ -558,6 +558,8 @@ class ReviewPage:
     boxes: dict[str, list[BoxRow]]  # by item id, in box order
     sightings: list[SightingRow]
     next_key: PageKey | None
+    # by item id: the boxes after review of the items with a correction only; an item as
+    # detected has none here (its reviewed boxes are its `boxes`: `review_as_detected`)
     reviewed: dict[str, list[ReviewedBoxRow]] = dataclasses.field(default_factory=dict)
 
 
@@ -958,8 +960,13 @@ class ReviewApi:
                 if sighting_ids
                 else []
             )
+            # Only corrected items' boxes after review are read: an item as detected has
+            # its detected boxes after review, which `boxes` holds with their reviews.
             reviewed = (
-                await reviewed_boxes_of(connection, [item.item_id for item in items])
+                await reviewed_boxes_of(
+                    connection,
+                    [item.item_id for item in items if item.corrected_boxes is not None],
+                )
                 if run.mode == "full"
                 else {}
             )
@@ -1394,6 +1401,17 @@ async def page_boxes(
             if (listed := found.get(box.item_id)) is not None:
                 listed.append(box)
     return found
+
+
+def review_as_detected(item: ItemRow, box: BoxRow) -> tuple[str, str | None]:
+    """The review state and relabel of a detected box after review, for an item without a
+    correction: the item decision's when there is one, else its sighting's. (What
+    bucket_item_reviewed_boxes_v1 answers for such an item, whose boxes after review are
+    its detected ones, class after the relabel; GetReview derives them from the page's
+    boxes instead of reading every item's boxes twice.)"""
+    if item.item_state is not None:
+        return item.item_state, item.item_relabel
+    return box.review_state, box.relabel_class
 
 
 def exported_boxes(boxes: Sequence[ReviewedBoxRow]) -> list[BoxRow]:
