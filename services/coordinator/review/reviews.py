@@ -960,16 +960,7 @@ class ReviewApi:
                 if sighting_ids
                 else []
             )
-            # Only corrected items' boxes after review are read: an item as detected has
-            # its detected boxes after review, which `boxes` holds with their reviews.
-            reviewed = (
-                await reviewed_boxes_of(
-                    connection,
-                    [item.item_id for item in items if item.corrected_boxes is not None],
-                )
-                if run.mode == "full"
-                else {}
-            )
+            reviewed = await corrected_boxes_of(connection, items) if run.mode == "full" else {}
         return ReviewPage(
             run=run,
             recordings=recordings,
@@ -1448,6 +1439,17 @@ async def reviewed_boxes_of(
         ):
             found.setdefault(box.item_id, []).append(box)
     return found
+
+
+async def corrected_boxes_of(
+    connection: Connection, items: list[ItemRow]
+) -> dict[str, list[ReviewedBoxRow]]:
+    """The boxes after review of those of `items` with a correction, by item id (an empty
+    list for a correction that deleted every box). The others' are their detected boxes
+    with their reviews, which a page reads anyway (`review_as_detected`): not read twice."""
+    corrected = [item.item_id for item in items if item.corrected_boxes is not None]
+    found = await reviewed_boxes_of(connection, corrected)
+    return {item_id: found.get(item_id, []) for item_id in corrected}
 
 
 MAX_CORRECTED_BOXES = 1000
