@@ -423,7 +423,8 @@ async def test_every_review_page_item_is_what_get_bucket_item_answers(
     await commit(c, s, jobs[3], [*pair[:3], Frame(3, "save", (tracked,))])  # cam-b
     first = await review_items(c)
     ids = [entry.item.item_id for entry in first.items]
-    assert len(ids) == 12 and not first.has_more
+    assert len(ids) == 12
+    assert not first.has_more
     async with c.db.connection() as connection:
         await connection.execute(
             "UPDATE bucket_items SET boxes = jsonb_set(boxes, '{1,score}', to_jsonb('NaN'::text))"
@@ -459,8 +460,11 @@ async def test_every_review_page_item_is_what_get_bucket_item_answers(
     await c.workshop.CorrectItemBoxes(
         ws.CorrectItemBoxesRequest(
             item_id=with_boxes[3],
-            boxes=[edit(0, "person", 0.15, 0.12, 0.2, 0.3), edit(1, "person", 0.6, 0.5, 0.2, 0.1)]
-            + [edit(-1, "vehicle", 0.7, 0.7, 0.1, 0.1)],
+            boxes=[
+                edit(0, "person", 0.15, 0.12, 0.2, 0.3),  # the class kept
+                edit(1, "person", 0.6, 0.5, 0.2, 0.1),  # the class changed
+                edit(-1, "vehicle", 0.7, 0.7, 0.1, 0.1),  # a box added
+            ],
         ),
         metadata=c.admin,
     )
@@ -469,7 +473,7 @@ async def test_every_review_page_item_is_what_get_bucket_item_answers(
             ws.CorrectItemBoxesRequest(item_id=item_id, boxes=[]), metadata=c.admin
         )
 
-    entries: list[ws.ReviewItem] = []
+    entries: list[run_pb2.ReviewItem] = []
     token = ""
     while True:
         page = await c.workshop.GetReview(
