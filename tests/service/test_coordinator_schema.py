@@ -230,13 +230,21 @@ MIGRATOR_HOLDS_ITS_LOCK = (
 )
 
 
-async def test_a_coordinator_names_its_connections_after_its_newest_migration(
+async def test_a_coordinator_names_its_connections_and_runs_them_without_jit(
     pg_dsn: str,
 ) -> None:
+    """Its connections are named after the newest migration its code knows, and run
+    without JIT (platform.db.POOL_SETTINGS), also after a session's full reset (RESET ALL
+    goes back to what the connection started with)."""
     newest = list_migrations()[-1].version
     assert application_name() == f"workshop-coordinator schema={newest:04d}"
-    async with Database.open(pg_dsn, size=1) as db, db.connection() as connection:
-        assert await connection.fetchval("SHOW application_name") == application_name()
+    async with Database.open(pg_dsn, size=1) as db:
+        async with db.session() as connection:
+            assert await connection.fetchval("SHOW application_name") == application_name()
+            assert await connection.fetchval("SHOW jit") == "off"
+            await connection.execute("SET jit = on")
+        async with db.connection() as connection:
+            assert await connection.fetchval("SHOW jit") == "off"
 
 
 SNAPSHOT_ATTACKS = [

@@ -401,6 +401,110 @@ async def test_an_item_decision_overrides_its_sighting_and_both_show(
     assert not history.sightings[1].HasField("decided_by")
 
 
+async def test_every_review_page_item_is_what_get_bucket_item_answers(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """GetReview reads the boxes after review of its corrected items only and derives the
+    others' from the boxes it read (reviews.review_as_detected); GetBucketItem reads every
+    item's (bucket_item_reviewed_boxes_v1). Each item of every page (4 items a page, so
+    pages end inside sightings) is the same message, and its sighting ids are its boxes':
+    sightings confirmed, relabelled and rejected, item decisions with and without a
+    relabel, corrections (a class kept, one changed, a box added, every box deleted),
+    items without boxes, a tracked box, and a NaN score an earlier release stored."""
+    c = coordinator
+    s = await review_world(c)
+    jobs = await start_run(c, s, "r1")
+    pair = [
+        Frame(n, "save", (box("person", 0.1 + 0.01 * n, 0.1, 0.1), box("vehicle", 0.6, 0.5, 0.2)))
+        for n in range(6)
+    ]
+    tracked = common_pb2.Box(class_name="dog", score=0.5, x=0.3, y=0.3, w=0.1, h=0.1, track_id=7)
+    await commit(c, s, jobs[0], [*pair, Frame(6, "save", ()), Frame(7, "save", ())])
+    await commit(c, s, jobs[3], [*pair[:3], Frame(3, "save", (tracked,))])  # cam-b
+    first = await review_items(c)
+    ids = [entry.item.item_id for entry in first.items]
+    assert len(ids) == 12
+    assert not first.has_more
+    async with c.db.connection() as connection:
+        await connection.execute(
+            "UPDATE bucket_items SET boxes = jsonb_set(boxes, '{1,score}', to_jsonb('NaN'::text))"
+            " WHERE item_id = $1",
+            ids[0],
+        )
+    by_class: dict[tuple[str, str], str] = {}
+    for x in first.sightings:
+        by_class.setdefault((x.camera_id, x.class_name), x.sighting_id)
+    for (camera, name), decision, relabel in [
+        (("cam-a", "person"), CONFIRM, ""),
+        (("cam-b", "vehicle"), RELABEL, "truck"),
+        (("cam-b", "person"), NONE, ""),
+        (("cam-a", ""), NONE, ""),
+    ]:
+        await c.workshop.DecideSighting(
+            ws.DecideSightingRequest(
+                run_id="r1",
+                sighting_id=by_class[(camera, name)],
+                decision=decision,
+                class_name=relabel,
+            ),
+            metadata=c.admin,
+        )
+    with_boxes = [e.item.item_id for e in first.items if len(e.item.boxes) == 2]
+    await c.workshop.DecideItem(
+        ws.DecideItemRequest(item_id=with_boxes[1], decision=NONE), metadata=c.admin
+    )
+    await c.workshop.DecideItem(
+        ws.DecideItemRequest(item_id=with_boxes[2], decision=RELABEL, class_name="worker"),
+        metadata=c.admin,
+    )
+    await c.workshop.CorrectItemBoxes(
+        ws.CorrectItemBoxesRequest(
+            item_id=with_boxes[3],
+            boxes=[
+                edit(0, "person", 0.15, 0.12, 0.2, 0.3),  # the class kept
+                edit(1, "person", 0.6, 0.5, 0.2, 0.1),  # the class changed
+                edit(-1, "vehicle", 0.7, 0.7, 0.1, 0.1),  # a box added
+            ],
+        ),
+        metadata=c.admin,
+    )
+    for item_id in (with_boxes[4], with_boxes[1]):
+        await c.workshop.CorrectItemBoxes(
+            ws.CorrectItemBoxesRequest(item_id=item_id, boxes=[]), metadata=c.admin
+        )
+
+    entries: list[run_pb2.ReviewItem] = []
+    token = ""
+    while True:
+        page = await c.workshop.GetReview(
+            ws.GetReviewRequest(run_id="r1", page_size=4, page_token=token), metadata=c.admin
+        )
+        entries.extend(page.items)
+        if not page.has_more:
+            break
+        token = page.next_page_token
+    assert [entry.item.item_id for entry in entries] == ids
+    for entry in entries:
+        alone = await c.workshop.GetBucketItem(
+            ws.GetBucketItemRequest(item_id=entry.item.item_id), metadata=c.admin
+        )
+        # bytes, not ==: a NaN score equals nothing
+        assert entry.item.SerializeToString(deterministic=True) == alone.item.SerializeToString(
+            deterministic=True
+        ), entry.item.item_id
+        assert list(entry.sighting_ids) == [r.sighting_id for r in entry.item.box_reviews]
+    # the cases named are there
+    items = [entry.item for entry in entries]
+    reviewed_boxes = [b for item in items for b in item.reviewed_boxes]
+    assert math.isnan(items[0].reviewed_boxes[1].box.score)
+    assert [b.box.track_id for b in reviewed_boxes if b.box.HasField("track_id")] == [7]
+    assert {b.box.class_name for b in reviewed_boxes} >= {"person", "truck", "worker"}
+    assert {b.review_state for b in reviewed_boxes} == {PENDING, ACCEPTED, REJECTED}
+    assert sum(item.HasField("correction") for item in items) == 3
+    assert sum(item.HasField("item_decision") for item in items) == 2
+    assert sum(not item.boxes for item in items) == 2
+
+
 async def snapshot(c: CoordinatorHarness) -> tuple[Any, ...]:
     async with c.db.connection() as connection:
         return (

@@ -236,6 +236,15 @@ async def _init_connection(connection: Any) -> None:
     await connection.prepare(sql("db", "array_types"))
 
 
+# The pool's sessions run without JIT. Every statement of the coordinator reads or
+# writes a page at most, which compiling costs more than it saves, and Postgres compiles
+# any plan whose estimate passes jit_above_cost: a statement's first five runs on a
+# connection are planned for their values, and review_page_boxes' plan for a 1,000-item
+# page estimated 900,000 box rows (100 per item), so GetReview took 10-15 ms of JIT on
+# top of ~15 ms in each of them (bench.review's page p99).
+POOL_SETTINGS = {"jit": "off"}
+
+
 async def _no_session_reset(connection: Any) -> None:
     """Releases a pooled connection as it is: see the module docstring."""
 
@@ -266,7 +275,7 @@ class Database:
             max_size=size,
             init=_init_connection,
             reset=_no_session_reset,
-            server_settings={"application_name": application_name()},
+            server_settings={"application_name": application_name()} | POOL_SETTINGS,
         )
         try:
             yield cls(pool, dsn)

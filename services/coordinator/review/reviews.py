@@ -558,6 +558,8 @@ class ReviewPage:
     boxes: dict[str, list[BoxRow]]  # by item id, in box order
     sightings: list[SightingRow]
     next_key: PageKey | None
+    # by item id: the boxes after review of the items with a correction only; an item as
+    # detected has none here (its reviewed boxes are its `boxes`: `review_as_detected`)
     reviewed: dict[str, list[ReviewedBoxRow]] = dataclasses.field(default_factory=dict)
 
 
@@ -958,11 +960,7 @@ class ReviewApi:
                 if sighting_ids
                 else []
             )
-            reviewed = (
-                await reviewed_boxes_of(connection, [item.item_id for item in items])
-                if run.mode == "full"
-                else {}
-            )
+            reviewed = await corrected_boxes_of(connection, items) if run.mode == "full" else {}
         return ReviewPage(
             run=run,
             recordings=recordings,
@@ -1396,6 +1394,17 @@ async def page_boxes(
     return found
 
 
+def review_as_detected(item: ItemRow, box: BoxRow) -> tuple[str, str | None]:
+    """The review state and relabel of a detected box after review, for an item without a
+    correction: the item decision's when there is one, else its sighting's. (What
+    bucket_item_reviewed_boxes_v1 answers for such an item, whose boxes after review are
+    its detected ones, class after the relabel; GetReview derives them from the page's
+    boxes instead of reading every item's boxes twice.)"""
+    if item.item_state is not None:
+        return item.item_state, item.item_relabel
+    return box.review_state, box.relabel_class
+
+
 def exported_boxes(boxes: Sequence[ReviewedBoxRow]) -> list[BoxRow]:
     """An item's boxes as an export writes them: after review (corrections, relabels, item
     decision), rejected boxes left out."""
@@ -1430,6 +1439,17 @@ async def reviewed_boxes_of(
         ):
             found.setdefault(box.item_id, []).append(box)
     return found
+
+
+async def corrected_boxes_of(
+    connection: Connection, items: list[ItemRow]
+) -> dict[str, list[ReviewedBoxRow]]:
+    """The boxes after review of those of `items` with a correction, by item id (an empty
+    list for a correction that deleted every box). The others' are their detected boxes
+    with their reviews, which a page reads anyway (`review_as_detected`): not read twice."""
+    corrected = [item.item_id for item in items if item.corrected_boxes is not None]
+    found = await reviewed_boxes_of(connection, corrected)
+    return {item_id: found.get(item_id, []) for item_id in corrected}
 
 
 MAX_CORRECTED_BOXES = 1000

@@ -202,10 +202,12 @@ def fill_bucket_item(
     target: run_pb2.BucketItem,
     row: ItemRow,
     boxes: Sequence[BoxRow],
-    reviewed: Sequence[ReviewedBoxRow] = (),
+    reviewed: Sequence[ReviewedBoxRow] | None = (),
 ) -> None:
     """Writes `row` and its `boxes` into `target` in place: a review page holds 1,000 of
-    them, and building each as its own message to copy into the page costs a third more."""
+    them, and building each as its own message to copy into the page costs a third more.
+    `reviewed`: its boxes after review as read; None for an item without a correction,
+    whose boxes after review are its detected `boxes` with their reviews (derived here)."""
     target.item_id = row.item_id
     target.bucket_id = row.bucket_id
     target.run_id = row.run_id
@@ -224,9 +226,14 @@ def fill_bucket_item(
         convert.set_ts(target.reviewed_at, row.reviewed_at)
     for value in row.boxes or ():  # a test run's preview
         convert.fill_box(target.boxes.add(), value)
+    if reviewed is None:
+        assert row.corrected_boxes is None, "a corrected item's reviewed boxes are read"
     for box in boxes:
         if box.box_index >= 0:
-            fill_box_row(target.boxes.add(), box)
+            detected = target.boxes.add()
+            fill_box_row(detected, box)
+            if reviewed is None:
+                _fill_reviewed_as_detected(target, row, box, detected)
         review = target.box_reviews.add(
             box_index=box.box_index,
             sighting_id=box.sighting_id,
@@ -252,7 +259,7 @@ def fill_bucket_item(
             decision.decided_by.CopyFrom(auth.principal_proto(row.item_decided_by))
         if row.item_decided_at is not None:
             convert.set_ts(decision.decided_at, row.item_decided_at)
-    for found in reviewed:
+    for found in reviewed or ():
         entry = target.reviewed_boxes.add(
             source_box_index=found.source_index, review_state=STATES[found.review_state]
         )
@@ -264,6 +271,18 @@ def fill_bucket_item(
         entry.box.h = found.h
         if found.track_id is not None:
             entry.box.track_id = found.track_id
+
+
+def _fill_reviewed_as_detected(
+    target: run_pb2.BucketItem, row: ItemRow, box: BoxRow, detected: common_pb2.Box
+) -> None:
+    """Adds a detected box (`detected`, as just written) after review to an item without a
+    correction: source itself, class after the relabel (reviews.review_as_detected)."""
+    state, relabel = reviews.review_as_detected(row, box)
+    entry = target.reviewed_boxes.add(source_box_index=box.box_index, review_state=STATES[state])
+    entry.box.CopyFrom(detected)
+    if relabel is not None:
+        entry.box.class_name = relabel
 
 
 def item_view(view: ItemView) -> run_pb2.BucketItem:

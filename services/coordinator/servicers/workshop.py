@@ -438,7 +438,7 @@ class WorkshopServicer(workshop_pb2_grpc.WorkshopServiceServicer):
         for item in page.items:
             boxes = page.boxes.get(item.item_id, ())
             entry = response.items.add(sighting_ids=[box.sighting_id for box in boxes])
-            views.fill_bucket_item(entry.item, item, boxes, page.reviewed.get(item.item_id, ()))
+            views.fill_bucket_item(entry.item, item, boxes, page.reviewed.get(item.item_id))
         return response
 
     async def DecideSighting(
