@@ -9,11 +9,11 @@ echo server as its own process (grpc.aio on uvloop with the services' channel ar
 `workshop.kit.server.server_options`; no interceptor, no handler work) and, for each rate
 of `--rates`, sends it messages of 1 KB at that rate for `--seconds`: unary calls, then
 messages on one open bidirectional stream (the processor's session). It reads the
-server's CPU from /proc/<pid>/task/*/schedstat (nanoseconds, by thread: `python` is the
+server's CPU from /proc/<pid>/task/*/schedstat (nanoseconds, by thread: `main` is the
 event loop, `event_engine` gRPC's thread pool) and prints it per message.
 
 Two sides, alternated per rate in one run: gRPC's defaults, as the coordinator and the
-preview service run, and `--alternative` (GRPC_EXPERIMENTS=-event_engine_listener: the
+preview service run, and the alternative (GRPC_EXPERIMENTS=-event_engine_listener: the
 server's connections on gRPC core's own poller instead of the EventEngine's thread pool,
 whose idle workers wake again and again after each message), the one runtime setting
 found to move these figures (docs/scaling.md says why the services keep the default).
@@ -34,9 +34,10 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 
 import grpc
+
+from bench.proc_stats import delta, thread_cpu
 
 SERVICE = "bench.Echo"
 PAYLOAD = b"x" * 1024
@@ -77,19 +78,6 @@ def serve() -> None:
     uvloop.run(run())
 
 
-def thread_cpu_ns(pid: int) -> dict[str, int]:
-    """CPU nanoseconds of each thread of `pid` by name (threads of one name summed)."""
-    found: dict[str, int] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            ns = int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError):
-            continue  # a thread that ended between the listing and the read
-        found[name] = found.get(name, 0) + ns
-    return found
-
-
 class Server:
     def __init__(self, experiments: str) -> None:
         env = {**os.environ, EXPERIMENTS: experiments}
@@ -126,16 +114,18 @@ async def measure(server: Server, kind: str, rate: float, seconds: float) -> tup
 
         await once()  # the connection and the stream are up before the clock starts
         await asyncio.sleep(1.0)
-        before = thread_cpu_ns(server.process.pid)
+        before = thread_cpu(server.process.pid)
         start = time.monotonic()
         sent = 0
         while time.monotonic() - start < seconds:
             await once()
             sent += 1
             await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
-        after = thread_cpu_ns(server.process.pid)
+        spent = {
+            name: seconds * 1000 / sent
+            for name, seconds in delta(thread_cpu(server.process.pid), before).items()
+        }
         await call.done_writing()
-    spent = {name: (ns - before.get(name, 0)) / 1e6 / sent for name, ns in after.items()}
     split = ", ".join(
         f"{name} {ms:.2f}" for name, ms in sorted(spent.items(), key=lambda i: -i[1]) if ms >= 0.01
     )
@@ -146,12 +136,12 @@ async def run(rates: Sequence[float], seconds: float) -> dict[str, float]:
     servers = {side: Server(experiments) for side, experiments in SIDES.items()}
     figures: dict[str, float] = {}
     try:
-        print(f"{'side':8} {'kind':6} {'msgs/s':>7} {'ms/msg':>7}  by thread (ms per message)")
+        print(f"{'side':11} {'kind':6} {'msgs/s':>7} {'ms/msg':>7}  by thread (ms per message)")
         for rate in rates:
             for kind in ("unary", "stream"):
                 for side, server in servers.items():
                     ms, split = await measure(server, kind, rate, seconds)
-                    print(f"{side:8} {kind:6} {rate:7g} {ms:7.2f}  {split}", flush=True)
+                    print(f"{side:11} {kind:6} {rate:7g} {ms:7.2f}  {split}", flush=True)
                     figures[f"{side}_{kind}_{rate:g}"] = ms
     finally:
         for server in servers.values():

@@ -120,29 +120,27 @@ class CpuMeter:
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread of `pid`, by thread name ("main" for the event loop's)."""
+    """CPU seconds per thread of `pid`, by thread name ("main" for the event loop's), from
+    each thread's schedstat: the scheduler's nanoseconds on a CPU, not the 10 ms ticks of
+    its stat, so a thread that spends a few milliseconds a pass shows. Threads that ended
+    are gone."""
     found: dict[str, float] = {}
     try:
         tasks = list(os.scandir(f"/proc/{pid}/task"))
     except OSError:
         return found
     for task in tasks:
-        stat = proc_stat_path(Path(task.path) / "stat")
-        if stat is None:
-            continue
+        try:
+            runtime_ns = int((Path(task.path) / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended between the listing and the read
         name = "main" if task.name == str(pid) else comm(Path(task.path) / "comm")
-        found[name] = found.get(name, 0.0) + stat
+        found[name] = found.get(name, 0.0) + runtime_ns / 1e9
     return found
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {name: seconds - before.get(name, 0.0) for name, seconds in after.items()}
-
-
-def proc_stat_path(path: Path) -> float | None:
-    """Own CPU s from a stat file (a thread's, under /proc/<pid>/task)."""
-    fields = _stat_fields(path)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def comm(path: Path) -> str:
