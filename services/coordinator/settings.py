@@ -35,6 +35,7 @@ class CoordinatorSettings(ServerSettings):
     database_url: str = setting(
         help="Postgres DSN, e.g. postgresql://workshop@db:5432/workshop (required).",
         check=_postgres_dsn,
+        secret=True,
     )
     # Statements running at once, not calls: a replica's calls queue for a connection in
     # the process, which costs nothing, while more statements than the database's cores
@@ -92,6 +93,7 @@ class CoordinatorSettings(ServerSettings):
         f"{MIN_KEY_CHARS} characters: every claimed job then carries a signed statement that its "
         "lease held, which spares the preview service a CheckLease call per job. Empty: none.",
         check=key_problem,
+        secret=True,
     )
     principal_cache_seconds: float = setting(
         PRINCIPAL_CACHE_SECONDS,

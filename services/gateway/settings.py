@@ -41,6 +41,7 @@ class GatewaySettings(ServerSettings, ClientTlsSettings):
         help="The gateway's own coordinator key, of scope `gateway`: website logins and the "
         "one WatchRun stream per run its live sockets share. Without it, login and live "
         "answer 503.",
+        secret=True,
     )
     allowed_origins: str = setting(
         "",

@@ -33,7 +33,7 @@ class PreviewSettings(ServerSettings, ClientTlsSettings):
         help="S3 endpoint host:port, e.g. minio:9000 (required).", check=_host_port
     )
     s3_access_key: str = setting(help="S3 access key (required).")
-    s3_secret_key: str = setting(help="S3 secret key (required).")
+    s3_secret_key: str = setting(help="S3 secret key (required).", secret=True)
     s3_secure: bool = setting(False, help="1 = HTTPS to the S3 endpoint.")
     s3_region: str = setting("us-east-1", help="S3 region name sent in signatures.")
     bucket: str = setting("workshop", help="Bucket for previews and uploads; created if missing.")
@@ -50,6 +50,7 @@ class PreviewSettings(ServerSettings, ClientTlsSettings):
     service_key: str = setting(
         help="The preview service's own coordinator key, of scope `service` (required).",
         check=_key_secret,
+        secret=True,
     )
     cleanup_interval_seconds: float = setting(
         900.0,
@@ -70,6 +71,7 @@ class PreviewSettings(ServerSettings, ClientTlsSettings):
         "attestation for CheckLease's answer for up to PREVIEW_LEASE_CHECK_SECONDS; one that "
         "does not verify falls back to CheckLease. Empty: CheckLease always.",
         check=key_problem,
+        secret=True,
     )
     grant_seconds: int = setting(
         60,

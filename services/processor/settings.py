@@ -20,7 +20,9 @@ DEFAULT_MODEL_REPOSITORY = Path("/models")
 class ProcessorSettings(ServerSettings, ClientTlsSettings):
     port: int = setting(50054, help="gRPC port for health and reflection; 0 picks a free port.")
     device_id: str = setting(help="Registered device this processor runs on, e.g. gpu-box.")
-    key: str = setting(help="Secret of a workshop:run key bound to the device (required).")
+    key: str = setting(
+        help="Secret of a workshop:run key bound to the device (required).", secret=True
+    )
     coordinator_target: str = setting("127.0.0.1:50051", help="Coordinator gRPC address host:port.")
     preview_target: str = setting("127.0.0.1:50052", help="Preview service gRPC address.")
     triton_target: str = setting("127.0.0.1:8001", help="Triton gRPC address host:port.")
@@ -34,7 +36,9 @@ class ProcessorSettings(ServerSettings, ClientTlsSettings):
     )
     s3_endpoint: str = setting(help="S3 endpoint host:port holding the recordings (required).")
     s3_access_key: str = setting(help="S3 access key for reading recordings (required).")
-    s3_secret_key: str = setting(help="S3 secret key for reading recordings (required).")
+    s3_secret_key: str = setting(
+        help="S3 secret key for reading recordings (required).", secret=True
+    )
     s3_secure: bool = setting(False, help="1 = HTTPS to the S3 endpoint.")
     recordings_bucket: str = setting("recordings", help="Bucket the recordings' object keys name.")
     in_flight: int = setting(

@@ -121,3 +121,48 @@ def test_a_service_names_every_missing_setting_in_one_start() -> None:
         "PREVIEW_S3_THREADS",
         "PREVIEW_SERVICE_KEY",
     ]
+
+
+# Every field that holds a credential, by service: its value must never reach a log.
+SECRET_FIELDS = {
+    "services.coordinator.settings.CoordinatorSettings": {"database_url", "lease_attestation_key"},
+    "services.gateway.settings.GatewaySettings": {"key"},
+    "services.preview.settings.PreviewSettings": {
+        "s3_secret_key",
+        "service_key",
+        "lease_attestation_key",
+    },
+    "services.processor.settings.ProcessorSettings": {"key", "s3_secret_key"},
+}
+
+
+def _settings_class(dotted: str) -> type:
+    module, _, name = dotted.rpartition(".")
+    cls: type = getattr(__import__(module, fromlist=[name]), name)
+    return cls
+
+
+@pytest.mark.parametrize("dotted", sorted(SECRET_FIELDS))
+def test_a_services_secrets_are_marked_and_left_out_of_its_repr(dotted: str) -> None:
+    cls = _settings_class(dotted)
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    marked = {name for name, field in fields.items() if field.metadata.get("secret")}
+    assert marked == SECRET_FIELDS[dotted]
+    # a field named like a credential is marked (a new one must be added above)
+    credential_like = {
+        name for name in fields if name.endswith(("key", "secret_key", "url", "password"))
+    }
+    assert credential_like - {"s3_access_key"} <= marked
+    values = {
+        name: f"SECRET-{name}" if name in marked else field.default
+        for name, field in fields.items()
+        if name in marked or field.default is not dataclasses.MISSING
+    }
+    required = [name for name in fields if name not in values]
+    values |= dict.fromkeys(required, "x")
+    shown = repr(cls(**values))
+    for name in marked:
+        assert f"SECRET-{name}" not in shown
+        assert f" {name}=" not in shown
+        assert f"({name}=" not in shown
+    assert "port=" in shown  # the other fields are still there

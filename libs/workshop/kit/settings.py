@@ -50,9 +50,21 @@ class SettingsError(ValueError):
         return error
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str, check: Check | None = None) -> Any:
-    """Declare a settings field with its help text, a default if it is optional, and a check."""
-    return dataclasses.field(default=default, metadata={"help": help, "check": check})
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    check: Check | None = None,
+    secret: bool = False,
+) -> Any:
+    """Declare a settings field with its help text, a default if it is optional, and a check.
+
+    A `secret` field (a key, a password, a URL that may carry one) is left out of the
+    settings' repr, so a settings object that reaches a log or a traceback shows its
+    other fields and never the secret."""
+    return dataclasses.field(
+        default=default, repr=not secret, metadata={"help": help, "check": check, "secret": secret}
+    )
 
 
 def at_least(low: float, unit: str = "") -> Check:
