@@ -42,8 +42,9 @@ from typing import IO, Any, Protocol
 
 from services.preview.errors import ImageChanged, ImageNotExportable
 from services.preview.images import JPEG, ImageError, inspect_image
+from workshop.kit.box_values import all_finite
 from workshop.kit.hashing import sha256_hex
-from workshop.v1 import dataset_pb2, run_pb2
+from workshop.v1 import common_pb2, dataset_pb2, run_pb2
 from workshop.v1 import publication_pb2 as pub
 
 MIB = 1024 * 1024
@@ -83,6 +84,16 @@ def split_of(item_id: str, seed: int, val_fraction: float) -> str:
     16^13, are below val_fraction, else "train" (as the coordinator freezes a version)."""
     digest = hashlib.sha256(f"{seed}:{item_id}".encode()).hexdigest()
     return "val" if int(digest[:13], 16) < val_fraction * 16**13 else "train"
+
+
+def exported_boxes(item: pub.ExportItem) -> Sequence[common_pb2.Box]:
+    """The item's boxes an archive writes: all of them but a box holding a NaN or infinite
+    value, which only rows stored before box values were refused at input can hold
+    (docs/datasets.md): it can be neither drawn nor trained on, and JSON has no number for
+    it. The common case, every value finite, is one check of the item's boxes."""
+    if all_finite(item.boxes):
+        return item.boxes
+    return [box for box in item.boxes if all_finite((box,))]
 
 
 def member_span(size: int) -> int:
@@ -208,7 +219,7 @@ class CocoArchive(DatasetArchive):
         if self.version is not None:
             entry["workshop_split"] = item.split
         self._images.append(entry)
-        for box in item.boxes:
+        for box in exported_boxes(item):
             # Pixels, unrounded: box * size divided by the size again gives back the float32.
             bbox = [box.x * width, box.y * height, box.w * width, box.h * height]
             self._annotations.append(
@@ -279,7 +290,7 @@ class YoloArchive(DatasetArchive):
         return "".join(
             f"{self.classes.index(box.class_name)} {float32_text(box.x + box.w / 2)} "
             f"{float32_text(box.y + box.h / 2)} {float32_text(box.w)} {float32_text(box.h)}\n"
-            for box in item.boxes
+            for box in exported_boxes(item)
         ).encode()
 
     def _label_sizes(self, item: pub.ExportItem) -> list[int]:

@@ -13,6 +13,7 @@ import dataclasses
 import io
 import json
 import tarfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -533,3 +534,45 @@ async def test_exports_write_corrected_boxes_and_follow_item_decisions(world: Wo
         ),
     ]
     assert rejected not in [i["workshop_item_id"] for i in index["images"]]
+
+
+def _strict_json(text: bytes) -> object:
+    """JSON as the standard has it: NaN and Infinity are not numbers there."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+async def test_a_box_an_earlier_release_stored_not_finite_is_left_out(world: World) -> None:
+    """Rows stored before non-finite box values were refused at input may hold one (as
+    protobuf's JSON writes it); an export leaves such a box out instead of writing NaN
+    into annotations.json or a label line, and keeps the item's other boxes."""
+    first = next(item for item, shot in world.shots.items() if shot.slot == 0)
+    second = next(item for item, shot in world.shots.items() if shot.slot == 10)
+    async with world.c.db.connection() as connection:
+        await connection.execute(
+            "UPDATE bucket_items SET boxes = jsonb_set(boxes, '{0,x}', '\"NaN\"') "
+            "WHERE item_id = $1",
+            first,
+        )
+        await connection.execute(
+            "UPDATE bucket_items SET boxes = jsonb_set(boxes, '{0,score}', '\"Infinity\"') "
+            "WHERE item_id = $1",
+            second,
+        )
+    coco = await export(world.p, world.c.admin)
+    index = _strict_json(coco.files["annotations.json"])
+    assert isinstance(index, dict)
+    item_of = {image["id"]: image["workshop_item_id"] for image in index["images"]}
+    boxes = Counter(item_of[ann["image_id"]] for ann in index["annotations"])
+    expected = world.items("yard")
+    assert {item: boxes[item] for item in item_of.values()} == {
+        item: len(shot.kept()) - (item in (first, second)) for item, shot in expected.items()
+    }
+    yolo = await export(world.p, world.c.admin, "yard", YOLO_FORMAT)
+    for item, shot in expected.items():
+        lines = yolo.files[f"labels/{item}.txt"].decode().splitlines()
+        assert len(lines) == len(shot.kept()) - (item in (first, second))
+        assert all("nan" not in line.lower() and "inf" not in line.lower() for line in lines)
