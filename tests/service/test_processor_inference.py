@@ -3,8 +3,11 @@ spread over the model's instances, frames through system shared memory or gRPC."
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import secrets
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,7 @@ from services.processor.inference import (
 from testbed.harness.triton import TritonServer
 from tools.demo.scenes import Scene, ground_truth, random_scene, render_frame
 from tools.localstack.host import free_ports
-from tools.localstack.triton import restartable_triton
+from tools.localstack.triton import restartable_triton, supervised_triton
 from tools.model_repository.detector import CLASSES, build_detector, weights_sha256
 from tools.model_repository.repository import publish_version
 from workshop.kit import shared_memory
@@ -247,5 +250,34 @@ async def test_a_batch_refused_after_a_triton_restart_is_served_again_not_failed
             weights.write_bytes(weights.read_bytes() + b"\0")
             with pytest.raises(ModelUnavailable):
                 await server.infer(served, frames)
+        finally:
+            await server.close()
+
+
+async def test_a_supervised_triton_that_dies_is_started_again_and_serves(
+    tmp_path: Path,
+) -> None:
+    """The demo's Triton (tools.localstack.triton.supervised_triton): a server that exits
+    on its own, as the python backend's abort ends it (SIGABRT; SIGKILL here), is started
+    again on the same ports, and the processor's next batch loads the model and is served."""
+    heard: list[str] = []
+    with supervised_triton(tmp_path, heard.append) as supervised:
+        triton_server = supervised.server
+        pin = _publish(triton_server, max_batch_size=4, instances=1)
+        server = ModelServer(triton_server.grpc_url, triton_server.model_repository)
+        frames = np.stack([render_frame(scene, 1.0) for scene in SCENES[:2]])
+        try:
+            served = await server.ensure(pin)
+            first_pid = supervised.server.pid
+            os.kill(first_pid, signal.SIGKILL)
+            for _ in range(600):
+                if any(line.startswith("Triton restarted") for line in heard):
+                    break
+                await asyncio.sleep(0.05)
+            assert heard[0].startswith("Triton exited on its own"), heard
+            assert heard[-1].startswith("Triton restarted"), heard
+            assert supervised.server.pid != first_pid
+            assert supervised.server.grpc_url == triton_server.grpc_url
+            _assert_matches_ground_truth(SCENES[:2], await server.infer(served, frames))
         finally:
             await server.close()

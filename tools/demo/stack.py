@@ -30,7 +30,7 @@ from tools.demo.workdir import record_pids
 from tools.localstack.postgres import PostgresCluster, create_database, postgres_cluster
 from tools.localstack.processes import announcements
 from tools.localstack.s3 import S3Server, running_s3_server
-from tools.localstack.triton import TritonServer, running_triton
+from tools.localstack.triton import RestartableTriton, TritonServer, supervised_triton
 from workshop.kit.auth import bearer_metadata
 from workshop.kit.cli import COORDINATOR_ENV, KEY_ENV
 from workshop.v1 import common_pb2, operator_pb2_grpc
@@ -116,8 +116,13 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
         s3 = launch.background(
             "SeaweedFS", lambda: running_s3_server(_empty_dir(workdir / "s3")), _describe_s3
         )
+        # Restarted when it exits on its own, as Kubernetes would restart it.
         triton = launch.background(
-            "Triton", lambda: running_triton(_empty_dir(workdir / "triton")), _describe_triton
+            "Triton",
+            lambda: supervised_triton(
+                _empty_dir(workdir / "triton"), lambda text: console.line(f"  {text}")
+            ),
+            _describe_triton,
         )
         cluster = postgres.result()
         # Postgres carries no stack mark (tools.demo.reaper): record it at once.
@@ -135,7 +140,7 @@ def running_stack(workdir: Path, console: Console) -> Iterator[Stack]:
         user = _demo_user(console, coordinator.target, admin_key)
         preview.wait()
         gateway = _start_gateway(launch, coordinator.target, preview.target, keys.gateway)
-        models = triton.result()
+        models = triton.result().server
         processor_env = {
             "PROCESSOR_DEVICE_ID": DEVICE_ID,
             "PROCESSOR_KEY": keys.processor,
@@ -332,5 +337,5 @@ def _describe_s3(server: S3Server) -> str:
     return f"pid {server.pid}, S3 on {server.endpoint}"
 
 
-def _describe_triton(server: TritonServer) -> str:
-    return f"pid {server.pid}, gRPC on {server.grpc_url}"
+def _describe_triton(triton: RestartableTriton) -> str:
+    return f"pid {triton.server.pid}, gRPC on {triton.server.grpc_url}"

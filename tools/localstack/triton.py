@@ -24,9 +24,10 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -361,6 +362,10 @@ class RestartableTriton:
         _wait_until_ready(process.popen, server.grpc_url, server.log_path)
         return time.perf_counter() - began
 
+    def has_exited(self) -> bool:
+        """Whether the server has exited on its own (its zombie left unreaped for `kill`)."""
+        return _has_exited(self._process.popen)
+
     def stop(self) -> None:
         _stop(self._process)
 
@@ -375,3 +380,48 @@ def restartable_triton(work_dir: Path) -> Iterator[RestartableTriton]:
         yield triton
     finally:
         triton.stop()
+
+
+# How often the supervisor looks at the server, and how long it waits after a failed start.
+SUPERVISE_POLL_S = 0.5
+RESTART_PAUSE_S = 2.0
+
+
+@contextlib.contextmanager
+def supervised_triton(
+    work_dir: Path, on_restart: Callable[[str], None]
+) -> Iterator[RestartableTriton]:
+    """`restartable_triton`, started again on the same ports whenever it exits on its own,
+    as Kubernetes restarts a container: Triton's python backend can abort the whole server
+    under load (`boost::interprocess::lock_exception`, triton-inference-server/server#8882),
+    and its clients (the processor) hand their jobs back and reload the models they need
+    once it answers again. `on_restart` hears a line for each exit and each restart; a
+    start that fails is tried again after RESTART_PAUSE_S until the context ends."""
+    with restartable_triton(work_dir) as triton:
+        stopping = threading.Event()
+
+        def watch() -> None:
+            while not stopping.wait(SUPERVISE_POLL_S):
+                if not triton.has_exited():
+                    continue
+                triton.kill()  # reaps it, and its python stubs with it
+                on_restart(f"Triton exited on its own (log {triton.server.log_path}); restarting")
+                while not stopping.is_set():
+                    try:
+                        seconds = triton.start()
+                    except TritonStartError as error:
+                        on_restart(f"Triton did not start again: {error}")
+                        triton.kill()
+                        stopping.wait(RESTART_PAUSE_S)
+                    else:
+                        target = triton.server.grpc_url
+                        on_restart(f"Triton restarted in {seconds:.1f} s ({target})")
+                        break
+
+        supervisor = threading.Thread(target=watch, name="triton-supervisor", daemon=True)
+        supervisor.start()
+        try:
+            yield triton
+        finally:
+            stopping.set()
+            supervisor.join()
