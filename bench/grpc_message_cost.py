@@ -36,23 +36,20 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
+import uvloop
 
 from bench.proc_stats import delta, thread_cpu
+from workshop.kit.server import server_options
 
 SERVICE = "bench.Echo"
 PAYLOAD = b"x" * 1024
 EXPERIMENTS = "GRPC_EXPERIMENTS"  # gRPC core reads it once, when grpc is imported
 SIDES = {"default": "", "alternative": "-event_engine_listener"}
-
-
 RESULT_FIGURES = (("unary", 1), ("stream", 1), ("stream", 20), ("stream", 100))
 
 
 def serve() -> None:
     """The echo server (run as `--serve`; the parent sets its GRPC_EXPERIMENTS)."""
-    import uvloop
-
-    from workshop.kit.server import server_options
 
     async def unary(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         return request
@@ -122,8 +119,8 @@ async def measure(server: Server, kind: str, rate: float, seconds: float) -> tup
             sent += 1
             await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
         spent = {
-            name: seconds * 1000 / sent
-            for name, seconds in delta(thread_cpu(server.process.pid), before).items()
+            name: cpu_s * 1000 / sent
+            for name, cpu_s in delta(thread_cpu(server.process.pid), before).items()
         }
         await call.done_writing()
     split = ", ".join(
