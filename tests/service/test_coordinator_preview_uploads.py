@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
@@ -113,6 +113,20 @@ async def row(c: CoordinatorHarness, key: str) -> dict[str, Any]:
     return dict(found)
 
 
+async def as_read(c: CoordinatorHarness, key: str) -> tuple[str, datetime, datetime | None]:
+    """A published object as its readers see it (run_published_previews_v1 of its run): its
+    kind, when it was published (an upload: committed) and when it became collectable."""
+    async with c.db.connection() as connection:
+        found = await connection.fetchrow(
+            "SELECT p.kind, p.published_at, p.collectable_at FROM staged_objects so "
+            "CROSS JOIN LATERAL run_published_previews_v1(so.run_id) p "
+            "WHERE so.object_key = $1 AND p.object_key = $1",
+            key,
+        )
+    assert found is not None, key
+    return found["kind"], found["published_at"], found["collectable_at"]
+
+
 async def collectable(
     c: CoordinatorHarness, s: Setup, kind: common_pb2.ObjectKind.ValueType
 ) -> list[str]:
@@ -183,7 +197,15 @@ async def test_a_preview_named_as_an_upload_is_kept_for_its_item_and_stops_being
         (item_id("r1", 0, 1, "save"), 1, staged_key, staged_sha),
     ]
     kept = await row(c, named)
-    assert (kept["kind"], kept["published_at"], kept["collectable_at"]) == ("upload", now, None)
+    # the commit leaves its row as published (0019); every reader sees an upload since the
+    # commit, as run_published_previews_v1 answers it
+    assert (kept["kind"], kept["published_at"], kept["collectable_at"]) == (
+        "preview",
+        now - timedelta(seconds=30),
+        None,
+    )
+    assert await as_read(c, named) == ("upload", now, None)
+    assert (await row(c, staged_key))["collectable_at"] is None
     assert (kept["generation"], kept["slot_index"], kept["sha256"]) == (1, 0, digest(b"frame-0"))
     assert kept["item_id"] == previews[0].item_id  # its old image URL answers EXPIRED (below)
 
@@ -419,5 +441,9 @@ async def test_a_preview_that_is_not_this_leases_record_of_the_frame_is_refused_
     assert committed.receipt.items_saved == 1
     [slot] = [one for one in good.result.slots if one.upload_key]
     kept = await row(c, slot.upload_key)
-    assert (kept["kind"], kept["collectable_at"]) == ("upload", None)
+    assert kept["collectable_at"] is None
+    if kept["published_at"] is None:  # a staged upload
+        assert kept["kind"] == "upload"
+    else:  # a published preview, an upload since the commit
+        assert (await as_read(c, slot.upload_key))[0] == "upload"
     assert kept["generation"] == job.lease.generation

@@ -78,8 +78,8 @@ async def test_a_full_jobs_previews_become_its_items_uploads_by_primary_key(
         assert reply.receipt.items_saved == len(requests)
         async with c.db.connection() as connection:
             kinds = await connection.fetch(
-                "SELECT kind, collectable_at IS NULL AS kept, count(*) AS n FROM staged_objects "
-                "WHERE run_id = $1 GROUP BY 1, 2",
+                "SELECT kind, collectable_at IS NULL AS kept, count(*) AS n "
+                "FROM run_published_previews_v1($1) GROUP BY 1, 2",
                 run_id,
             )
             boxes = await connection.fetchval(

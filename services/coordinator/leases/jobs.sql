@@ -97,7 +97,7 @@ SELECT * FROM job_commit_prepare_v2(
 -- new_pending[n] items pending and score new_scores[n]. Notifies nothing: the caller
 -- announces the run, and the job's runtime (runtime_id, answered when it commits).
 -- nullable: item_boxes[], item_sightings[]
-SELECT * FROM job_complete_v5(
+SELECT * FROM job_complete_v6(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
     p_reporter => :reporter::text,

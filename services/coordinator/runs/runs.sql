@@ -108,14 +108,15 @@ SELECT run_id FROM (
 WHERE cancelled > 0;
 
 -- name: run_recent_images
--- Up to $3 newest images of a run: published previews still readable at $2, and
--- its bucket items.
--- (the previews are leases', the items review's: interfaces runs declares, 5_runs.sql)
+-- Up to $3 newest images of a run: published previews still readable at $2 (a full
+-- run's: those of its leased jobs), and its bucket items.
+-- (the previews are leases', the items review's: interfaces runs declares, 5_runs.sql and
+-- 0019)
 SELECT * FROM (
     SELECT p.item_id, 'preview' AS source, p.job_index, p.slot_index, p.camera_id,
            p.frame_time, p.boxes, '' AS bucket_id, p.published_at, p.collectable_at AS expires_at
-    FROM run_published_previews_v1($1) p
-    WHERE p.kind = 'preview' AND p.deleted_at IS NULL
+    FROM run_live_previews_v1($1) p
+    WHERE p.deleted_at IS NULL
       AND (p.collectable_at IS NULL OR p.collectable_at > $2)
     UNION ALL
     SELECT * FROM run_recent_items_v1($1)
