@@ -55,6 +55,12 @@ pytestmark = pytest.mark.triton
 SLOTS = SECONDS // 2  # slots per job: every 2 s of a SECONDS-long recording
 FULL = common_pb2.RUN_MODE_FULL
 ITEM = 2  # RunImage.source of a bucket item (1: a preview)
+# A staged object's kind as its readers see it (run_published_previews_v1: a full run's
+# preview that its job's commit kept is an upload), for a query of staged_objects `so`.
+KIND_AS_READ = (
+    "coalesce((SELECT p.kind FROM run_published_previews_v1(so.run_id) p "
+    "WHERE p.object_key = so.object_key), so.kind)"
+)
 
 
 # gates -----------------------------------------------------------------------------------------
@@ -210,8 +216,8 @@ async def test_a_processor_killed_mid_job_is_replaced_after_its_lease_lapses(
         assert lapsed == [{"lapses": 1}]
         kept = await rows(
             c,
-            "SELECT object_key, kind FROM staged_objects WHERE run_id = 'r1' "
-            "AND collectable_at IS NULL ORDER BY object_key",
+            f"SELECT object_key, {KIND_AS_READ} AS kind FROM staged_objects so "
+            "WHERE run_id = 'r1' AND collectable_at IS NULL ORDER BY object_key",
         )
         assert {row["object_key"] for row in kept} == {item["object_key"] for item in items}
         assert {row["kind"] for row in kept} == {"upload"}
@@ -363,8 +369,8 @@ async def test_a_recording_replaced_mid_job_refuses_the_completion(
     assert [row["job_index"] for row in await rows(c, "SELECT job_index FROM receipts")] == [1]
     objects = await rows(
         c,
-        "SELECT job_index, kind, collectable_at IS NULL AS kept, count(*) AS n "
-        "FROM staged_objects GROUP BY 1, 2, 3 ORDER BY 1",
+        f"SELECT job_index, {KIND_AS_READ} AS kind, collectable_at IS NULL AS kept, "
+        "count(*) AS n FROM staged_objects so GROUP BY 1, 2, 3 ORDER BY 1",
     )
     # j0's previews were never committed as uploads: with the job ended they are garbage;
     # j1's each became its item's upload. No upload was staged on its own.
