@@ -32,6 +32,10 @@ PLANNED_ONCE = {
     "previews_record_v1",
     "job_commit_boxes_v1",
     "job_complete_v2",
+    # the versions this coordinator calls
+    "previews_record_v3",
+    "job_commit_prepare_v2",
+    "job_complete_v6",
 }
 
 

@@ -13,13 +13,16 @@ SELECT * FROM object_stage_v1(
     p_now => :now::timestamptz);
 
 -- name: previews_record
--- One row per preview, in the order of the arrays (one element per preview each).
--- Notifies nothing: the caller announces the leases' runs.
-SELECT * FROM previews_record_v2(
+-- One row per preview, in the order of the per-preview arrays. Each lease (with the code
+-- it reports under) is named once: run_ids .. code_sha256s hold one element per lease,
+-- lease_positions one per preview (its lease's 1-based position in them), the other
+-- arrays one per preview. Notifies nothing: the caller announces the leases' runs.
+SELECT * FROM previews_record_v3(
     p_runs => :run_ids::text[], p_jobs => :job_indexes::integer[],
     p_generations => :generations::bigint[], p_tokens => :lease_tokens::uuid[],
-    p_reporter => :reporter::text, p_service => :service::text,
-    p_codes => :code_sha256s::text[], p_keys => :object_keys::text[],
+    p_codes => :code_sha256s::text[], p_reporter => :reporter::text,
+    p_service => :service::text, p_leases => :lease_positions::integer[],
+    p_keys => :object_keys::text[],
     p_slots => :slots::integer[], p_sha256 => :sha256s::text[], p_sizes => :byte_sizes::bigint[],
     p_content_types => :content_types::text[], p_frame_times => :frame_times::timestamptz[],
     p_boxes => :boxes::text[], p_item_ids => :item_ids::text[], p_now => :now::timestamptz)

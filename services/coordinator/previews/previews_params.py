@@ -47,9 +47,10 @@ class PreviewsRecord(Params):
     job_indexes: Sequence[int]
     generations: Sequence[int]
     lease_tokens: Sequence[uuid.UUID]
+    code_sha256s: Sequence[str]
     reporter: str
     service: str
-    code_sha256s: Sequence[str]
+    lease_positions: Sequence[int]
     object_keys: Sequence[str]
     slots: Sequence[int]
     sha256s: Sequence[str]

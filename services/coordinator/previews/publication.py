@@ -360,16 +360,24 @@ class PublicationApi:
         if not checked:
             return [outcome for outcome in outcomes if outcome is not None]
         item_ids = [preview_item_id(preview.key) for preview in checked]
+        # A batch's previews are of a few leases: each lease (with the code it reports
+        # under) is sent once, and each preview as its lease's position among them.
+        positions: dict[tuple[Lease, str], int] = {}
+        lease_positions = [
+            positions.setdefault((preview.lease, preview.code_sha256), len(positions) + 1)
+            for preview in checked
+        ]
         async with self.db.connection() as connection:
             answers = await fetch_all(
                 connection,
                 PreviewAnswer,
                 *bind(
                     PreviewsRecord(
-                        **lease_columns([preview.lease for preview in checked]),
+                        **lease_columns([lease for lease, _ in positions]),
+                        code_sha256s=[code for _, code in positions],
                         reporter=reporting,
                         service=service,
-                        code_sha256s=[preview.code_sha256 for preview in checked],
+                        lease_positions=lease_positions,
                         object_keys=[preview.key for preview in checked],
                         slots=[preview.slot for preview in checked],
                         sha256s=[preview.sha256 for preview in checked],
