@@ -175,7 +175,12 @@ async def test_a_preview_named_as_an_upload_is_kept_for_its_item_and_stops_being
     s, job = await leased(c)
     previews = [await record(c, s, job, slot, b"frame-%d" % slot) for slot in range(3)]
     named = lease_key(job, 0)
-    assert (await run_detail(c)).run.counts.previews_published == 3
+    live = await run_detail(c)
+    assert live.run.counts.previews_published == 3
+    # while the job is leased, its previews are the run's recent images
+    assert sorted((one.source, one.item_id) for one in live.recent_images) == sorted(
+        (run_pb2.IMAGE_SOURCE_PREVIEW, preview.item_id) for preview in previews
+    )
     staged_key, staged_sha = await stage_upload(c, s, job, 1, b"frame-1")
     result = empty_result(job)
     frame(result, job, 0, named, digest(b"frame-0"))
