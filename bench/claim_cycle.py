@@ -52,8 +52,9 @@ what the rest of the machine used meanwhile (/proc/stat): rates measured while o
 processes load the machine are not its own, so it warns above 5 % and also prints the
 ratio on CPU per cycle, which such load disturbs much less. `--profile` adds
 pg_stat_statements (the cluster is restarted with it preloaded, track=all) for both
-queues and a py-spy sample of the coordinator during the throughput phase; both cost
-throughput. `--runs` scales the throughput phase and procrastinate's queue for quick
+queues and a py-spy sample of the coordinator during the throughput phase (and, with
+`--session`, the session phase; py-spy next to the interpreter, on PATH or in `$PY_SPY`);
+both cost throughput. `--runs` scales the throughput phase and procrastinate's queue for quick
 looks (default 20 runs: 20,000 jobs).
 
 The last line is `RESULT claim_cycles_per_s=<x> procrastinate_jobs_per_s=<y> ratio=<x/y>
@@ -83,7 +84,6 @@ import logging
 import multiprocessing
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -105,7 +105,7 @@ from procrastinate import App, PsycopgConnector
 
 from bench import grpc_floor
 from bench.proc_stats import busy_cores_s, family_cpu_s, self_cpu_s
-from bench.profiling import stack_counts
+from bench.profiling import py_spy_binary, stack_counts
 from bench.stats import median, percentile
 from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.leases.results import result_digest
@@ -777,9 +777,9 @@ async def _statements_report(dsn: str, per: int, unit: str) -> None:
 @contextlib.contextmanager
 def _py_spy(pid: int, out: Path) -> Iterator[None]:
     """Samples `pid` with py-spy (collapsed stacks) while the block runs, if installed."""
-    binary = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    binary = py_spy_binary()
     if binary is None:
-        say("  (py-spy is not installed: `pip install py-spy` for the coordinator's profile)")
+        say("  (py-spy not found: set PY_SPY or `pip install py-spy` for the profile)")
         yield
         return
     spy = subprocess.Popen(
@@ -1107,6 +1107,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
         if options.profile:
             _run(lambda: _statements_reset(dsn))
         spy_out = tmp / "coordinator.pyspy"
+        session_spy_out = tmp / "coordinator-session.pyspy"
         throughput = _run_children(
             ctx,
             f"throughput ({options.runs * JOBS_PER_RUN:,} queued)",
@@ -1152,10 +1153,17 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
                 ready,
                 go,
                 reports,
+                during=(lambda: _py_spy(coordinators[0].process.pid, session_spy_out))
+                if options.profile
+                else None,
             )
             phases.append(session_phase)
             _run(lambda: _check_committed(dsn, "session", options.runs * JOBS_PER_RUN))
             say(f"session: {session_phase.cycles:,} cycles in {session_phase.wall_s:.2f} s")
+            if options.profile:
+                say()
+                say("the session phase:")
+                _py_spy_report(session_spy_out, session_phase.wall_s)
 
         latency_runs = QUEUED_FOR_LATENCY // JOBS_PER_RUN
         began = time.perf_counter()
