@@ -27,6 +27,7 @@ from services.coordinator.leases.jobs_params import (
     JobClaim,
     JobCommitPrepare,
     JobComplete,
+    JobCompleteBare,
     JobFail,
     JobHeartbeat,
     JobHeartbeatMany,
@@ -747,6 +748,22 @@ class JobsApi:
             item_times=[i.frame_time for i in items],
         )
 
+        # What every commit names: the lease, who reports, the result and its slot counts.
+        result = ResultFields(
+            **lease_fields(lease),
+            reporter=key,
+            code_sha256=code_sha256,
+            result_sha256=digest,
+            decoder=decoder,
+            slot_count=facts.slot_count,
+            first_slot_at=facts.first_slot_at,
+            interval_ms=facts.interval_ms,
+            frames=checked.frames,
+            empties=checked.empties,
+            dropped=checked.dropped,
+            now=now,
+        )
+
         def complete(
             grouping: reviews.Grouping,
             sightings: list[str | None],
@@ -754,17 +771,7 @@ class JobsApi:
         ) -> JobComplete:
             """The commit's parameters, built once the grouping is known."""
             return JobComplete(
-                **lease_fields(lease),
-                reporter=key,
-                code_sha256=code_sha256,
-                result_sha256=digest,
-                decoder=decoder,
-                slot_count=facts.slot_count,
-                first_slot_at=facts.first_slot_at,
-                interval_ms=facts.interval_ms,
-                frames=checked.frames,
-                empties=checked.empties,
-                dropped=checked.dropped,
+                **result,
                 upload_keys=[u.object_key for u in uploads],
                 upload_sha256s=[u.sha256 for u in uploads],
                 upload_slots=[u.slot_index for u in uploads],
@@ -778,14 +785,13 @@ class JobsApi:
                 **grouping.changes_columns(),
                 camera_id=grouping.camera_id,
                 **(counts or {"count_buckets": [], "count_classes": [], "count_boxes": []}),
-                now=now,
                 # the review columns of the sightings it makes whose review it knows
                 **grouping.new_reviews(),
             )
 
+        if not items:  # nothing saved, so no upload either: one statement, its arrays empty
+            return await self._answer(CommitAnswer, JobCompleteBare(**result))
         ungrouped = reviews.Grouping(lease.run_id, "")
-        if not items:  # job_complete alone is one statement: no transaction round trips
-            return await self._answer(CommitAnswer, complete(ungrouped, []))
         # One transaction with the sightings and counters of the items it saves: the items
         # are grouped before they are written (review's plan_grouping, under the job's and
         # then the timelines' locks, which job_commit_prepare takes as it reads what the
@@ -847,6 +853,23 @@ class LeaseFields(TypedDict):
     job_index: int
     generation: int
     lease_token: uuid.UUID
+
+
+class ResultFields(LeaseFields):
+    """What every commit's statement names (job_complete, job_complete_bare): the lease, the
+    reporting key and code, the result's digest, decoder, slot facts and counts, and now."""
+
+    reporter: str
+    code_sha256: str
+    result_sha256: str
+    decoder: str
+    slot_count: int
+    first_slot_at: datetime
+    interval_ms: int
+    frames: int
+    empties: int
+    dropped: int
+    now: datetime
 
 
 def lease_fields(lease: Lease) -> LeaseFields:

@@ -178,6 +178,30 @@ class JobComplete(Params):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobCompleteBare(Params):
+    """The parameters of `jobs.job_complete_bare`."""
+
+    FILE: ClassVar[str] = "jobs"
+    NAME: ClassVar[str] = "job_complete_bare"
+
+    run_id: str
+    job_index: int
+    generation: int
+    lease_token: uuid.UUID
+    reporter: str
+    code_sha256: str
+    result_sha256: str
+    decoder: str
+    slot_count: int
+    first_slot_at: datetime
+    interval_ms: int
+    frames: int
+    empties: int
+    dropped: int
+    now: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class JobCheckLease(Params):
     """The parameters of `jobs.job_check_lease`."""
 
