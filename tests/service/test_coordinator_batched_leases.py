@@ -314,6 +314,37 @@ async def test_a_refused_complete_claims_nothing(coordinator: CoordinatorHarness
     assert names([done.claimed.job]) == [("r1", "j1", 1)]
 
 
+async def test_a_next_claim_that_fails_leaves_the_commit_committed_and_its_receipt_answered(
+    coordinator: CoordinatorHarness, s: Setup
+) -> None:
+    """A result that saves nothing commits and claims in one statement: when the claim
+    fails in the database, that statement rolls back whole, the commit runs alone and
+    answers its receipt, and the next job stays queued for the next Claim."""
+    c = coordinator
+    job = await claimed(c, s)
+    async with c.db.connection() as connection:
+        await connection.execute(
+            """
+            CREATE FUNCTION test_refuse_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'leases refused by the test'; END $$;
+            CREATE TRIGGER test_refuse_lease BEFORE UPDATE ON jobs FOR EACH ROW
+                WHEN (NEW.state = 'leased') EXECUTE FUNCTION test_refuse_lease();
+            """
+        )
+    try:
+        reply = await c.jobs.Complete(then_claim(job, s), metadata=s.processor)
+    finally:
+        async with c.db.connection() as connection:
+            await connection.execute(
+                "DROP TRIGGER test_refuse_lease ON jobs; DROP FUNCTION test_refuse_lease()"
+            )
+    assert (reply.receipt.job_id, reply.already_committed) == ("j0", False)
+    assert not reply.HasField("claimed")  # the next Claim hears why
+    assert [await job_state(c, "r1", i) for i in (0, 1)] == ["completed", "queued"]
+    assert await c.count("receipts") == 1
+    assert names(await claim_many(c, s, 1)) == [("r1", "j1", 1)]
+
+
 async def test_a_repeated_complete_and_claim_answers_the_same_receipt_and_next_lease(
     coordinator: CoordinatorHarness, s: Setup
 ) -> None:

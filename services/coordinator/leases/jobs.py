@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from services.coordinator.leases.jobs_params import (
     JobCommitPrepare,
     JobComplete,
     JobCompleteBare,
+    JobCompleteBareThenClaim,
     JobFail,
     JobHeartbeat,
     JobHeartbeatMany,
@@ -48,6 +50,7 @@ from services.coordinator.platform.db import (
 )
 from services.coordinator.platform.errors import (
     FENCE_MESSAGES,
+    DatabaseUnavailable,
     InvalidField,
     NotFound,
     ResultConflict,
@@ -251,6 +254,16 @@ class CommitAnswer(Row):
     reason: str
     receipt: StoredReceipt
     runtime_id: str | None  # the job's, when it committed: its end is announced there
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitThenClaim(Row):
+    """A row of job_complete_bare_then_claim: the commit's answer, and a job its next claim
+    leased (claimed false: none, and `job`'s columns are all NULL)."""
+
+    answer: CommitAnswer
+    claimed: bool
+    job: ClaimedJob
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -501,7 +514,12 @@ class JobsApi:
             # The key was revoked (or expired, or its user disabled) after this
             # process authenticated it: what a fresh authentication would answer.
             raise auth.rejected("key is no longer valid") from None
-        self.events.announce_runs({job.run_id for job in jobs})  # job_claim notifies nothing
+        return await self._leased(jobs)
+
+    async def _leased(self, jobs: list[ClaimedJob]) -> list[Claimed]:
+        """The jobs a claim leased, each with its run's snapshot; their runs announced (the
+        claim notifies nothing) and their slot facts remembered for their Complete."""
+        self.events.announce_runs({job.run_id for job in jobs})
         claimed = []
         for job in jobs:
             self._remember(job.run_id, job.job_index, job.facts)
@@ -618,6 +636,30 @@ class JobsApi:
         commits, or answers with this lease's receipt if it already committed. Without
         them (another replica claimed the job) the facts and receipt are read first.
         """
+        receipt, already, _ = await self._complete(
+            who,
+            lease,
+            code_sha256=code_sha256,
+            result=result,
+            result_sha256=result_sha256,
+            decoder=decoder,
+            then=None,
+        )
+        return receipt, already
+
+    async def _complete(
+        self,
+        who: Principal,
+        lease: Lease,
+        *,
+        code_sha256: str,
+        result: jobs_pb2.JobResult,
+        result_sha256: str,
+        decoder: str,
+        then: ClaimPlan | None,
+    ) -> tuple[Receipt, bool, list[Claimed] | None]:
+        """`complete`, and the jobs `then` claimed in the commit's own statement when the
+        commit could take it (None: not claimed there)."""
         key = reporter(who)
         digest = results.check_digest(result, result_sha256)
         facts = self._facts.get((lease.run_id, lease.job_index))
@@ -625,7 +667,7 @@ class JobsApi:
             if facts is None:
                 facts, settled = await self._facts_or_receipt(lease, digest)
                 if settled is not None:
-                    return settled, True
+                    return settled, True, None
             try:
                 checked = await self._checked(lease, result, facts)
             except (ResultInvalid, NonFiniteBox):
@@ -633,7 +675,9 @@ class JobsApi:
                 # before this process knew the facts: the receipt decides first.
                 await self._facts_or_receipt(lease, digest)
                 raise
-            answer = await self._commit(lease, key, code_sha256, digest, decoder, facts, checked)
+            answer, leased = await self._commit(
+                lease, key, code_sha256, digest, decoder, facts, checked, then
+            )
             if answer.reason != "FACTS_MISMATCH":
                 break
             # Never expected (slot facts are immutable): forget them and read them again.
@@ -648,10 +692,11 @@ class JobsApi:
                 self.events.announce_claimable((answer.runtime_id,))
             self._facts.pop((lease.run_id, lease.job_index), None)
             self.attempts_ended([(lease.run_id, lease.job_index, lease.generation)])
-            return _receipt(lease, digest, answer.receipt), False
+            claimed = None if leased is None else await self._leased(leased)
+            return _receipt(lease, digest, answer.receipt), False, claimed
         if answer.receipt.receipt_sha256 is not None:
             # A retry of this lease's own commit (the first answer was lost).
-            return _receipt(lease, digest, answer.receipt), True
+            return _receipt(lease, digest, answer.receipt), True, None
         raise_for(reason, lease)
         raise AssertionError(f"job_complete answered {reason!r}")  # pragma: no cover
 
@@ -678,16 +723,17 @@ class JobsApi:
             plan = await self.plan_claim(
                 who, then.runtime_id, then.code_sha256, then.request_id, then.max_jobs
             )
-        receipt, already = await self.complete(
+        receipt, already, claimed = await self._complete(
             who,
             lease,
             code_sha256=code_sha256,
             result=result,
             result_sha256=result_sha256,
             decoder=decoder,
+            then=plan,
         )
-        if plan is None:
-            return receipt, already, None
+        if plan is None or claimed is not None:
+            return receipt, already, claimed
         try:
             claimed = await self.claim_many(plan)
         except Exception:
@@ -736,7 +782,10 @@ class JobsApi:
         decoder: str,
         facts: SlotFacts,
         checked: results.CheckedResult,
-    ) -> CommitAnswer:
+        then: ClaimPlan | None = None,
+    ) -> tuple[CommitAnswer, list[ClaimedJob] | None]:
+        """job_complete's answer, and the jobs `then` leased in the same statement (None:
+        not claimed there; only a commit that saves nothing claims in its statement)."""
         items = checked.items
         uploads = checked.uploads
         now = self.clock.now()
@@ -790,7 +839,9 @@ class JobsApi:
             )
 
         if not items:  # nothing saved, so no upload either: one statement, its arrays empty
-            return await self._answer(CommitAnswer, JobCompleteBare(**result))
+            if then is not None:
+                return await self._commit_bare_then_claim(result, then)
+            return await self._answer(CommitAnswer, JobCompleteBare(**result)), None
         ungrouped = reviews.Grouping(lease.run_id, "")
         # One transaction with the sightings and counters of the items it saves: the items
         # are grouped before they are written (review's plan_grouping, under the job's and
@@ -805,7 +856,7 @@ class JobsApi:
             )
             if prepared is None:  # the job is gone: nothing to group, and the commit refuses it
                 commit = complete(ungrouped, [None for _ in items])
-                return await self._answer_on(connection, CommitAnswer, commit)
+                return await self._answer_on(connection, CommitAnswer, commit), None
             grouping = reviews.plan_grouping(
                 lease.run_id,
                 prepared.camera_id,
@@ -826,7 +877,39 @@ class JobsApi:
                 await reviews.refresh_sightings(
                     connection, lease.run_id, full, appended, commit.item_ids
                 )
-            return answer
+            return answer, None
+
+    async def _commit_bare_then_claim(
+        self, result: ResultFields, then: ClaimPlan
+    ) -> tuple[CommitAnswer, list[ClaimedJob] | None]:
+        """A commit that saves nothing and Complete's next claim in one statement
+        (jobs.job_complete_bare_then_claim): the claim runs only once the commit
+        committed. Should the statement fail, it rolled back whole, and the commit runs
+        alone (the caller claims after it), so a failing claim never hides a receipt."""
+        params = JobCompleteBareThenClaim(
+            **result,
+            runtime_id=then.runtime_id,
+            claimer=then.claimer,
+            cameras=then.cameras,
+            lease=self.lease,
+            request_id=then.request_id,
+            max_jobs=then.max_jobs,
+        )
+        started = time.perf_counter()
+        try:
+            async with self.db.connection() as connection:
+                rows = await fetch_all(connection, CommitThenClaim, *bind(params))
+        except DatabaseUnavailable:
+            raise
+        except Exception:
+            log.warning("a commit with its next claim failed; committing alone", exc_info=True)
+            return await self._answer(CommitAnswer, JobCompleteBare(**result)), None
+        finally:
+            CLAIM_SECONDS.observe(time.perf_counter() - started)
+        answer = rows[0].answer
+        if answer.reason:  # refused, or a retry answered with its receipt: nothing claimed
+            return answer, None
+        return answer, [row.job for row in rows if row.claimed]
 
     async def _answer(self, answer: type[A], params: Params) -> A:
         """The one-row answer of the lease function `params` call."""

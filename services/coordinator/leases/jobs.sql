@@ -11,7 +11,13 @@ SELECT runtime_id, device_id, code_sha256 FROM runtime_identity_v1($1);
 -- cameras: those the key may claim (NULL: all). Notifies nothing: the caller announces
 -- the runs it leased from.
 -- nullable: cameras, request_id
-SELECT (c.job).*, c.recording_sha256 AS sha256, c.recording_byte_size AS byte_size,
+-- Only the columns a claim answers (ClaimedJob), not the whole job row: asyncpg decodes
+-- every column sent.
+SELECT (c.job).run_id, (c.job).job_index, (c.job).generation, (c.job).lease_token,
+       (c.job).lease_expires_at, (c.job).expires_at, (c.job).camera_id,
+       (c.job).recording_id, (c.job).recording_generation, (c.job).slot_count,
+       (c.job).first_slot_at, (c.job).interval_ms,
+       c.recording_sha256 AS sha256, c.recording_byte_size AS byte_size,
        c.recording_object_key AS object_key, c.recording_start_at AS start_at,
        c.recording_end_at AS end_at, c.recording_fps AS fps
 FROM job_claim_many_v2(
@@ -154,6 +160,66 @@ SELECT * FROM job_complete_v6(
     p_count_boxes => '{}'::bigint[], p_now => :now::timestamptz,
     p_new_sightings => '{}'::text[], p_new_pending => '{}'::integer[],
     p_new_scores => '{}'::real[]);
+
+-- name: job_complete_bare_then_claim
+-- job_complete_bare and then, in the same statement, job_claim: Complete's next claim (its
+-- then_claim) for a result that saves nothing, in one round trip and one transaction
+-- instead of two (the cycle of short jobs, which the coordinator's one event loop bounds:
+-- bench.claim_cycle's session phase). One row per job claimed, each with the commit's
+-- answer; one row with claimed false when none was. The claim runs only after a commit
+-- that committed (reason ''; OFFSET 0 keeps the condition on the claim's side of the
+-- join, where it gates the call): a refusal, or a retry answered with its receipt, claims
+-- nothing here, and the caller claims after it as it would have. The claim sees the
+-- commit (the functions are volatile: each of their statements reads with the statement
+-- before it applied). Should the claim raise, the commit rolls back with it; the caller
+-- then commits and claims in two statements, so a claim's failure never hides a receipt.
+-- nullable: cameras, request_id
+SELECT d.reason, d.receipt_generation, d.receipt_sha256, d.receipt_committed_at,
+       d.receipt_items_saved, d.runtime_id, c.claimed IS NOT NULL AS claimed,
+       c.run_id, c.job_index, c.generation, c.lease_token, c.lease_expires_at, c.expires_at,
+       c.camera_id, c.recording_id, c.recording_generation, c.slot_count, c.first_slot_at,
+       c.interval_ms, c.sha256, c.byte_size, c.object_key, c.start_at, c.end_at, c.fps
+FROM job_complete_v6(
+    p_run => :run_id::text, p_job => :job_index::integer,
+    p_generation => :generation::bigint, p_token => :lease_token::uuid,
+    p_reporter => :reporter::text,
+    p_code => :code_sha256::text, p_result_sha256 => :result_sha256::text,
+    p_decoder => :decoder::text, p_slot_count => :slot_count::integer,
+    p_first_slot_at => :first_slot_at::timestamptz, p_interval_ms => :interval_ms::integer,
+    p_frames => :frames::integer, p_empties => :empties::integer, p_dropped => :dropped::integer,
+    p_upload_keys => '{}'::text[], p_upload_sha256 => '{}'::text[],
+    p_upload_slots => '{}'::integer[], p_item_ids => '{}'::text[],
+    p_item_buckets => '{}'::text[], p_item_slots => '{}'::integer[],
+    p_item_steps => '{}'::text[], p_item_times => '{}'::timestamptz[],
+    p_item_boxes => '{}'::text[], p_item_sightings => '{}'::text[],
+    p_item_keys => '{}'::text[], p_item_sha256 => '{}'::text[],
+    p_camera => '', p_changed_items => '{}'::text[],
+    p_changed_sightings => '{}'::text[], p_gone => '{}'::text[],
+    p_sighting_ids => '{}'::text[], p_sighting_buckets => '{}'::text[],
+    p_sighting_classes => '{}'::text[],
+    p_sighting_firsts => '{}'::timestamptz[],
+    p_sighting_lasts => '{}'::timestamptz[],
+    p_sighting_counts => '{}'::integer[],
+    p_count_buckets => '{}'::text[], p_count_classes => '{}'::text[],
+    p_count_boxes => '{}'::bigint[], p_now => :now::timestamptz,
+    p_new_sightings => '{}'::text[], p_new_pending => '{}'::integer[],
+    p_new_scores => '{}'::real[]) d
+LEFT JOIN LATERAL (
+    SELECT true AS claimed, (n.job).run_id, (n.job).job_index, (n.job).generation,
+           (n.job).lease_token, (n.job).lease_expires_at, (n.job).expires_at,
+           (n.job).camera_id, (n.job).recording_id, (n.job).recording_generation,
+           (n.job).slot_count, (n.job).first_slot_at, (n.job).interval_ms,
+           n.recording_sha256 AS sha256, n.recording_byte_size AS byte_size,
+           n.recording_object_key AS object_key, n.recording_start_at AS start_at,
+           n.recording_end_at AS end_at, n.recording_fps AS fps
+    FROM job_claim_many_v2(
+        p_runtime => :runtime_id::text, p_claimer => :claimer::text,
+        p_cameras => :cameras::text[], p_now => :now::timestamptz,
+        p_lease => :lease::interval, p_request_id => :request_id::text,
+        p_max => :max_jobs::integer) n
+    WHERE d.reason = ''
+    OFFSET 0
+) c ON true;
 
 -- name: job_check_lease
 -- CheckLease in one statement (the statement is its own transaction): the calling

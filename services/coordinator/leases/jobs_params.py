@@ -202,6 +202,36 @@ class JobCompleteBare(Params):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobCompleteBareThenClaim(Params):
+    """The parameters of `jobs.job_complete_bare_then_claim`."""
+
+    FILE: ClassVar[str] = "jobs"
+    NAME: ClassVar[str] = "job_complete_bare_then_claim"
+
+    run_id: str
+    job_index: int
+    generation: int
+    lease_token: uuid.UUID
+    reporter: str
+    code_sha256: str
+    result_sha256: str
+    decoder: str
+    slot_count: int
+    first_slot_at: datetime
+    interval_ms: int
+    frames: int
+    empties: int
+    dropped: int
+    now: datetime
+    runtime_id: str
+    claimer: str
+    cameras: Sequence[str] | None
+    lease: timedelta
+    request_id: str | None
+    max_jobs: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class JobCheckLease(Params):
     """The parameters of `jobs.job_check_lease`."""
 

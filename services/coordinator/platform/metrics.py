@@ -11,7 +11,8 @@ from workshop.kit.metrics import LATENCY_BUCKETS, REGISTRY
 CLAIM_SECONDS = Histogram(
     "workshop_coordinator_claim_seconds",
     "Seconds one claim attempt takes (the job_claim statement and the run's snapshot), "
-    "not the long poll's wait for a job.",
+    "not the long poll's wait for a job; a Complete's next claim made in its commit's "
+    "statement counts that whole statement.",
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
