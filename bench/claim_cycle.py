@@ -53,7 +53,8 @@ processes load the machine are not its own, so it warns above 5 % and also print
 ratio on CPU per cycle, which such load disturbs much less. `--profile` adds
 pg_stat_statements (the cluster is restarted with it preloaded, track=all) for both
 queues and a py-spy sample of the coordinator during the throughput phase (and, with
-`--session`, the session phase; py-spy next to the interpreter, on PATH or in `$PY_SPY`);
+`--session`, both for the session phase; py-spy next to the interpreter, on PATH or in
+`$PY_SPY`);
 both cost throughput. `--runs` scales the throughput phase and procrastinate's queue for quick
 looks (default 20 runs: 20,000 jobs).
 
@@ -1143,6 +1144,8 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
                 f"for the session phase ({time.perf_counter() - began:.1f} s, vacuum "
                 f"{vacuum_s:.1f} s)"
             )
+            if options.profile:
+                _run(lambda: _statements_reset(dsn))
             session_phase = _run_children(
                 ctx,
                 f"session ({options.runs * JOBS_PER_RUN:,} queued)",
@@ -1161,6 +1164,10 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
             _run(lambda: _check_committed(dsn, "session", options.runs * JOBS_PER_RUN))
             say(f"session: {session_phase.cycles:,} cycles in {session_phase.wall_s:.2f} s")
             if options.profile:
+                say()
+                cycles = session_phase.cycles
+                say(f"pg_stat_statements, workshop, session phase ({cycles:,} cycles):")
+                _run(lambda: _statements_report(dsn, session_phase.cycles, "cycle"))
                 say()
                 say("the session phase:")
                 _py_spy_report(session_spy_out, session_phase.wall_s)

@@ -72,51 +72,56 @@ def duration(value: timedelta) -> Duration:
 
 
 @lru_cache(maxsize=1024)
-def _slots(first_us: int, count: int, interval_us: int, window_end_us: int) -> tuple[pb.Slot, ...]:
-    """A job's slots, in integer microseconds: about 20x cheaper than a datetime and a
-    Timestamp.FromDatetime per bound, and shared by every job on the same slot grid
-    (protobuf copies them into each answer)."""
-    slots = []
+def _slots_wire(first_us: int, count: int, interval_us: int, window_end_us: int) -> bytes:
+    """A job's slots as the wire bytes of a JobInput holding only them, in integer
+    microseconds (about 20x cheaper than a datetime and a Timestamp.FromDatetime per
+    bound), shared by every job on the same slot grid. A claim merges them into its
+    answer: one parse in C, where copying 60 Slot messages into a repeated field took
+    five times as long (18 us of a short job's claim, measured)."""
+    given = pb.JobInput()
     for index in range(count):
         start = first_us + index * interval_us
         end = min(start + interval_us, window_end_us)
-        slots.append(pb.Slot(index=index, start=convert.stamp(start), end=convert.stamp(end)))
-    return tuple(slots)
+        given.slots.add(index=index, start=convert.stamp(start), end=convert.stamp(end))
+    return given.SerializeToString()
 
 
 def claimed_job(
     claimed: Claimed,
     interval: timedelta = HEARTBEAT_INTERVAL,
     attest: Attest | None = None,
+    *,
+    into: pb.ClaimedJob | None = None,
 ) -> pb.ClaimedJob:
+    """The job as a ClaimResponse carries it, written into `into` (a field of the answer
+    being built: each message built elsewhere is copied again when set) or a new one."""
     job, frozen = claimed.job, claimed.frozen
-    slots = _slots(
-        convert.micros(job.facts.first_slot_at),
-        job.facts.slot_count,
-        job.facts.interval_ms * 1_000,
-        convert.micros(frozen.window_end),
+    out = pb.ClaimedJob() if into is None else into
+    lease = out.lease
+    lease.run_id = job.run_id
+    lease.job_id = job_id(job.job_index)
+    lease.generation = job.generation
+    lease.token = str(job.lease_token)
+    convert.set_ts(out.lease_expires_at, job.lease_expires_at)
+    out.heartbeat_interval.FromTimedelta(interval)
+    given = out.input
+    given.MergeFromString(
+        _slots_wire(
+            convert.micros(job.facts.first_slot_at),
+            job.facts.slot_count,
+            job.facts.interval_ms * 1_000,
+            convert.micros(frozen.window_end),
+        )
     )
-    lease = common_pb2.LeaseRef(
-        run_id=job.run_id,
-        job_id=job_id(job.job_index),
-        generation=job.generation,
-        token=str(job.lease_token),
-    )
-    return pb.ClaimedJob(
-        lease=lease,
-        lease_expires_at=convert.ts(job.lease_expires_at),
-        heartbeat_interval=duration(interval),
-        input=pb.JobInput(
-            job_id=job_id(job.job_index),
-            job_index=job.job_index,
-            recording=snapshot_recording(job.recording()),
-            slots=slots,
-            expires_at=convert.ts(job.expires_at),
-        ),
-        snapshot=frozen.snapshot,
-        takes_recorded_boxes=True,  # every coordinator of release 0.1 on takes them
-        lease_attestation=None if attest is None else attest(claimed, lease),
-    )
+    given.job_id = lease.job_id
+    given.job_index = job.job_index
+    given.recording.CopyFrom(snapshot_recording(job.recording()))
+    convert.set_ts(given.expires_at, job.expires_at)
+    out.snapshot.CopyFrom(frozen.snapshot)
+    out.takes_recorded_boxes = True  # every coordinator of release 0.1 on takes them
+    if attest is not None:
+        out.lease_attestation.CopyFrom(attest(claimed, lease))
+    return out
 
 
 def claim_response(
@@ -124,8 +129,11 @@ def claim_response(
     interval: timedelta = HEARTBEAT_INTERVAL,
     attest: Attest | None = None,
 ) -> pb.ClaimResponse:
-    jobs = [claimed_job(one, interval, attest) for one in claimed]
-    return pb.ClaimResponse(job=jobs[0], more_jobs=jobs[1:])
+    response = pb.ClaimResponse()
+    claimed_job(claimed[0], interval, attest, into=response.job)
+    for one in claimed[1:]:
+        claimed_job(one, interval, attest, into=response.more_jobs.add())
+    return response
 
 
 class Caller(Protocol):
