@@ -365,7 +365,7 @@ async def test_complete_reads_the_facts_again_when_the_kept_ones_are_refused(
             for index in range(kept.slot_count)
         ]
     )
-    receipt, already = await api.complete(
+    receipt, already, _ = await api.complete(
         processor,
         lease,
         code_sha256=CODE,

@@ -628,38 +628,17 @@ class JobsApi:
         result: jobs_pb2.JobResult,
         result_sha256: str,
         decoder: str,
-    ) -> tuple[Receipt, bool]:
-        """Commits the result; returns the receipt and whether it was already committed.
+        then: ClaimPlan | None = None,
+    ) -> tuple[Receipt, bool, list[Claimed] | None]:
+        """Commits the result; returns the receipt, whether it was already committed, and
+        the jobs `then` (a next claim, checked) leased in the commit's own statement when
+        the commit could take it along (None: not claimed there: see complete_then_claim).
 
         One round trip when the job's slot facts are known from its Claim: the result
         is checked against them, and job_complete verifies them, runs the fences and
         commits, or answers with this lease's receipt if it already committed. Without
         them (another replica claimed the job) the facts and receipt are read first.
         """
-        receipt, already, _ = await self._complete(
-            who,
-            lease,
-            code_sha256=code_sha256,
-            result=result,
-            result_sha256=result_sha256,
-            decoder=decoder,
-            then=None,
-        )
-        return receipt, already
-
-    async def _complete(
-        self,
-        who: Principal,
-        lease: Lease,
-        *,
-        code_sha256: str,
-        result: jobs_pb2.JobResult,
-        result_sha256: str,
-        decoder: str,
-        then: ClaimPlan | None,
-    ) -> tuple[Receipt, bool, list[Claimed] | None]:
-        """`complete`, and the jobs `then` claimed in the commit's own statement when the
-        commit could take it (None: not claimed there)."""
         key = reporter(who)
         digest = results.check_digest(result, result_sha256)
         facts = self._facts.get((lease.run_id, lease.job_index))
@@ -723,7 +702,7 @@ class JobsApi:
             plan = await self.plan_claim(
                 who, then.runtime_id, then.code_sha256, then.request_id, then.max_jobs
             )
-        receipt, already, claimed = await self._complete(
+        receipt, already, claimed = await self.complete(
             who,
             lease,
             code_sha256=code_sha256,
@@ -939,8 +918,9 @@ class LeaseFields(TypedDict):
 
 
 class ResultFields(LeaseFields):
-    """What every commit's statement names (job_complete, job_complete_bare): the lease, the
-    reporting key and code, the result's digest, decoder, slot facts and counts, and now."""
+    """What every commit's statement names (job_complete, job_complete_bare and
+    job_complete_bare_then_claim): the lease, the reporting key and code, the result's
+    digest, decoder, slot facts and counts, and now."""
 
     reporter: str
     code_sha256: str
