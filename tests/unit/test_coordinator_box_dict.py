@@ -12,11 +12,12 @@ import struct
 from collections.abc import Sequence
 from decimal import Decimal
 
+import numpy as np
 import pytest
 from google.protobuf import json_format
 
 from services.coordinator import convert
-from services.coordinator.leases.boxes import box_dict, boxes_json, boxes_json_many
+from services.coordinator.leases.boxes import box_dict, boxes_json, boxes_json_many, float_texts
 from services.coordinator.servicers.dataset_views import frozen_boxes
 from workshop.kit.box_values import NonFiniteBox, all_finite, non_finite_box
 from workshop.v1 import common_pb2
@@ -128,6 +129,29 @@ def test_boxes_json_prints_every_normal_float_as_protobuf_does() -> None:
             continue
         expected = json.dumps([box_dict(box)])
         assert _stored(boxes_json([box])) == _stored(expected), value
+
+
+def test_float_texts_are_numpys_text_for_text() -> None:
+    """float_texts prints through orjson only where orjson's text is numpy's, character for
+    character: random 32-bit patterns (finite ones), detector-like values, and every float
+    next to a power of ten or two, one row of five at a time and as a whole batch; a row
+    holding a value outside orjson's bounds sends its batch numpy's way."""
+    chosen = np.random.default_rng(21)
+    patterns = chosen.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    values = patterns.view(np.float32)
+    values = values[np.isfinite(values)]
+    near = [
+        np.nextafter(np.float32(base**power), np.float32(toward))
+        for base, powers in ((10.0, range(-6, 15)), (2.0, range(-20, 45)))
+        for power in powers
+        for toward in (0.0, np.inf, base**power)
+    ]
+    detector = chosen.random(100_000).astype(np.float32)
+    for pool in (values, np.array(near, dtype=np.float32), detector, -detector):
+        rows = pool[: len(pool) // 5 * 5].reshape(-1, 5)
+        assert float_texts(rows) == rows.astype(str).tolist()
+        for row in rows[:2000]:
+            assert float_texts(row.reshape(1, 5)) == [row.astype(str).tolist()]
 
 
 def _json_or_field(frame: Sequence[common_pb2.Box]) -> str:
