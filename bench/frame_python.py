@@ -20,6 +20,7 @@ results of its own.)
 
 from __future__ import annotations
 
+import random
 import time
 import timeit
 import uuid
@@ -53,6 +54,7 @@ def _us_per_frame(work: Callable[[], object], frames: int) -> float:
 def _records(batch: int, boxes: int) -> pub.RecordPreviewsRequest:
     lease = common_pb2.LeaseRef(run_id="r1", job_id="j0", generation=1, token=str(uuid.uuid4()))
     request = pub.RecordPreviewsRequest()
+    chosen = random.Random(7)
     for slot in range(batch):
         preview = request.previews.add(
             lease=lease,
@@ -65,8 +67,15 @@ def _records(batch: int, boxes: int) -> pub.RecordPreviewsRequest:
         )
         preview.frame_time.FromDatetime(START + slot * INTERVAL)
         for n in range(boxes):
+            # a detector's values: floats of 7-9 significant digits, as a model's outputs
+            # are (round ones print several times faster)
             preview.boxes.add(
-                class_name="person", score=0.91, x=0.1 + 0.25 * n + 0.001 * slot, y=0.2, w=0.05
+                class_name="person",
+                score=chosen.uniform(0.3, 1.0),
+                x=0.1 + 0.25 * n + 0.001 * slot + chosen.uniform(0, 1e-3),
+                y=0.2 + chosen.uniform(0, 1e-2),
+                w=0.05 + chosen.uniform(0, 1e-2),
+                h=0.1 + chosen.uniform(0, 1e-2),
             )
     return request
 
