@@ -54,9 +54,8 @@ ratio on CPU per cycle, which such load disturbs much less. `--profile` adds
 pg_stat_statements (the cluster is restarted with it preloaded, track=all) for both
 queues and a py-spy sample of the coordinator during the throughput phase (and, with
 `--session`, both for the session phase; py-spy next to the interpreter, on PATH or in
-`$PY_SPY`);
-both cost throughput. `--runs` scales the throughput phase and procrastinate's queue for quick
-looks (default 20 runs: 20,000 jobs).
+`$PY_SPY`); both cost throughput. `--runs` scales the throughput phase and procrastinate's
+queue for quick looks (default 20 runs: 20,000 jobs).
 
 The last line is `RESULT claim_cycles_per_s=<x> procrastinate_jobs_per_s=<y> ratio=<x/y>
 claim_p99_ms=<z> cpu_ratio=<c> grpc_floor_ms=<f> claim_alone_p99_ms=<a>
@@ -1167,7 +1166,7 @@ def _bench(cluster: PostgresCluster, tmp: Path, options: Options) -> tuple[float
                 say()
                 cycles = session_phase.cycles
                 say(f"pg_stat_statements, workshop, session phase ({cycles:,} cycles):")
-                _run(lambda: _statements_report(dsn, session_phase.cycles, "cycle"))
+                _run(lambda: _statements_report(dsn, cycles, "cycle"))
                 say()
                 say("the session phase:")
                 _py_spy_report(session_spy_out, session_phase.wall_s)

@@ -166,19 +166,16 @@ SELECT * FROM job_complete_v6(
 -- then_claim) for a result that saves nothing, in one round trip and one transaction
 -- instead of two (the cycle of short jobs, which the coordinator's one event loop bounds:
 -- bench.claim_cycle's session phase). One row per job claimed, each with the commit's
--- answer; one row with claimed false when none was. The claim runs only after a commit
--- that committed (reason ''; OFFSET 0 keeps the condition on the claim's side of the
--- join, where it gates the call): a refusal, or a retry answered with its receipt, claims
--- nothing here, and the caller claims after it as it would have. The claim sees the
--- commit (the functions are volatile: each of their statements reads with the statement
--- before it applied). Should the claim raise, the commit rolls back with it; the caller
--- then commits and claims in two statements, so a claim's failure never hides a receipt.
+-- answer; one row with claimed (and the job's columns) NULL when none was. The claim
+-- runs only after a commit that committed (reason ''; OFFSET 0 keeps the condition on
+-- the claim's side of the join, where it gates the call): a refusal, or a retry answered
+-- with its receipt, claims nothing here, and the caller claims after it as it would
+-- have. The claim sees the commit (the functions are volatile: each of their statements
+-- reads with the statement before it applied). Should the claim raise, the commit rolls
+-- back with it; the caller then commits and claims in two statements, so a claim's
+-- failure never hides a receipt.
 -- nullable: cameras, request_id
-SELECT d.reason, d.receipt_generation, d.receipt_sha256, d.receipt_committed_at,
-       d.receipt_items_saved, d.runtime_id, c.claimed IS NOT NULL AS claimed,
-       c.run_id, c.job_index, c.generation, c.lease_token, c.lease_expires_at, c.expires_at,
-       c.camera_id, c.recording_id, c.recording_generation, c.slot_count, c.first_slot_at,
-       c.interval_ms, c.sha256, c.byte_size, c.object_key, c.start_at, c.end_at, c.fps
+SELECT d.*, c.*
 FROM job_complete_v6(
     p_run => :run_id::text, p_job => :job_index::integer,
     p_generation => :generation::bigint, p_token => :lease_token::uuid,
