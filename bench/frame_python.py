@@ -28,6 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from services.coordinator.leases import results
+from services.coordinator.leases.boxes import boxes_json_and_read_many
 from services.coordinator.leases.jobs import CommitPrepared
 from services.coordinator.previews.publication import Recorded, preview_item_id
 from services.coordinator.review import reviews
@@ -120,28 +121,32 @@ def _commit_pieces(frames: int, boxes: int) -> dict[str, Callable[[], object]]:
     request, facts = _complete(frames)
     checked = results.check_result(request.result, facts, run_id="r1", job_index=0)
     items = checked.items
-    positions = [n + 1 for n in range(frames) for _ in range(boxes)]
-    indexes = [b for _ in range(frames) for b in range(boxes)]
-    xs = [0.1 + 0.25 * b + 0.001 * n for n in range(frames) for b in range(boxes)]
+    # the boxes as the record remembered them (leases.recorded): what the commit groups
+    _, read = boxes_json_and_read_many(
+        [
+            [
+                common_pb2.Box(
+                    class_name="person", score=0.9, x=0.1 + 0.25 * b + 0.001 * n, y=0.2, w=0.05
+                )
+                for b in range(boxes)
+            ]
+            for n in range(frames)
+        ]
+    )
+    remembered = [(START, frame) for frame in read if frame is not None]
     prepared = CommitPrepared(
         "cam-a",
-        positions,
-        indexes,
-        ["person"] * len(positions),
-        [0.9] * len(positions),
-        xs,
-        [0.2] * len(positions),
-        [0.05] * len(positions),
-        [0.0] * len(positions),
         reviews.ContextColumns([], [], [], [], [], [], [], [], [], [], [], [], []),
+        [],
+        [START for _ in remembered],
     )
-    added = prepared.new_items(items)
+    added = prepared.new_items(items, remembered)
     return {
         "request check": lambda: field_problem(request),
         "result check": lambda: results.check_result(
             request.result, facts, run_id="r1", job_index=0
         ),
-        "items' boxes": lambda: prepared.new_items(items),
+        "items' boxes": lambda: prepared.new_items(items, remembered),
         "grouping": lambda: reviews.plan_grouping("r1", "cam-a", added, [], ["yard"]),
     }
 

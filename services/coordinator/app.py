@@ -19,6 +19,7 @@ from services.coordinator.identity.signin import IdentityApi, LoginLimits
 from services.coordinator.leases.gauges import JobsByState
 from services.coordinator.leases.jobs import LEASE, JobsApi
 from services.coordinator.leases.maintenance import Maintenance
+from services.coordinator.leases.recorded import RecordedBoxes
 from services.coordinator.leases.timeline import Timelines
 from services.coordinator.platform.clock import Clock, StoredClock
 from services.coordinator.platform.db import Database
@@ -152,9 +153,19 @@ def grpc_services(
         events,
         timelines,
     )
-    previews = PublicationApi(db, clock, snapshots, events)
+    # the boxes a full run's previews were recorded with, which their commits group
+    recorded = RecordedBoxes()
+    previews = PublicationApi(db, clock, snapshots, events, recorded)
     jobs = JobServicer(
-        JobsApi(db, clock, snapshots, events, lease=lease, attempts_ended=timelines.ended),
+        JobsApi(
+            db,
+            clock,
+            snapshots,
+            events,
+            lease=lease,
+            attempts_ended=timelines.ended,
+            recorded=recorded,
+        ),
         authenticate,
         events,
         previews,

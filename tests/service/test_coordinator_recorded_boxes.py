@@ -35,7 +35,9 @@ from testbed.coordinator_world import error_reason
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.review_world import SIGHTINGS_MISMATCHED
 from testbed.session_jobs import JOB_TRANSPORTS
+from workshop.kit.metrics import REGISTRY
 from workshop.v1 import common_pb2, jobs_pb2
+from workshop.v1 import publication_pb2 as pub
 
 BOX = common_pb2.Box(class_name="person", score=0.9, x=0.1, y=0.1, w=0.2, h=0.3)
 
@@ -223,3 +225,94 @@ async def test_a_result_with_a_box_value_not_finite_commits_nothing(
         assert await c.count("receipts") == 0
     committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
     assert committed.receipt.items_saved == 1
+
+
+async def recorded_batch(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, slots: int
+) -> list[str]:
+    """The first `slots` slots' previews recorded in one batch (RecordPreviews, as the
+    preview service and a session record them), each with record_request's one box:
+    the coordinator remembers their boxes for the commit (leases.recorded)."""
+    requests = [
+        record_request(job, slot, test=False, data=b"frame-%d" % slot) for slot in range(slots)
+    ]
+    reply = await c.publication.RecordPreviews(
+        pub.RecordPreviewsRequest(previews=requests), metadata=on_behalf(s)
+    )
+    assert [outcome.WhichOneof("outcome") for outcome in reply.outcomes] == ["recorded"] * slots
+    return [request.object_key for request in requests]
+
+
+def commits_by_source() -> dict[str, float]:
+    """workshop_coordinator_commit_boxes by source, in this process (the harness's
+    coordinator runs here)."""
+    return {
+        source: REGISTRY.get_sample_value(
+            "workshop_coordinator_commit_boxes_total", {"source": source}
+        )
+        or 0.0
+        for source in ("remembered", "rows")
+    }
+
+
+async def sightings_of(c: CoordinatorHarness) -> tuple[list[tuple[str, int]], list[object]]:
+    """(class name, item count) of every sighting, and those that disagree with the boxes
+    their items hold (SIGHTINGS_MISMATCHED)."""
+    async with c.db.connection() as connection:
+        rows = await connection.fetch(
+            "SELECT class_name, item_count FROM sightings ORDER BY class_name"
+        )
+        mismatched = await connection.fetch(SIGHTINGS_MISMATCHED)
+    return [(row["class_name"], row["item_count"]) for row in rows], list(mismatched)
+
+
+async def test_a_commit_groups_the_boxes_its_coordinator_recorded(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """Three frames recorded in a batch with the same box, left to the record: one
+    sighting of the three, as the items' stored boxes say."""
+    c = coordinator
+    s, job = await leased(c)
+    keys = await recorded_batch(c, s, job, 3)
+    result = empty_result(job)
+    for slot, key in enumerate(keys):
+        frame(job, result, slot, key, digest(b"frame-%d" % slot))
+    before = commits_by_source()
+    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    assert committed.receipt.items_saved == 3
+    assert commits_by_source() == {**before, "remembered": before["remembered"] + 1}
+    # the slots are over 5 s apart: a sighting each, of the recorded box's class
+    assert await sightings_of(c) == ([("person", 1)] * 3, [])
+
+
+async def test_a_commit_groups_the_rows_boxes_when_a_preview_was_recorded_again_since(
+    coordinator: CoordinatorHarness,
+) -> None:
+    """The three previews' rows recorded again since (as another coordinator replica
+    would write them: other boxes, another staged_at): the commit groups the boxes the
+    rows hold, not those it remembers recording, so the sightings agree with the items."""
+    c = coordinator
+    s, job = await leased(c)
+    keys = await recorded_batch(c, s, job, 3)
+    async with c.db.connection() as connection:
+        await connection.execute(
+            """
+            UPDATE staged_objects so
+            SET boxes = jsonb_build_array(jsonb_build_object(
+                    'class_name', u.class_name, 'score', 0.5, 'x', 0.1, 'y', 0.1, 'w', 0.2,
+                    'h', 0.3)),
+                staged_at = so.staged_at + interval '1 second'
+            FROM unnest($1::text[], $2::text[]) AS u (object_key, class_name)
+            WHERE so.object_key = u.object_key
+            """,
+            keys,
+            ["car", "cat", "dog"],
+        )
+    result = empty_result(job)
+    for slot, key in enumerate(keys):
+        frame(job, result, slot, key, digest(b"frame-%d" % slot))
+    before = commits_by_source()
+    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    assert committed.receipt.items_saved == 3
+    assert commits_by_source() == {**before, "rows": before["rows"] + 1}
+    assert await sightings_of(c) == ([("car", 1), ("cat", 1), ("dog", 1)], [])

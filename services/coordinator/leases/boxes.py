@@ -30,6 +30,14 @@ from workshop.v1 import common_pb2
 
 _FLOAT32 = struct.Struct("<f")
 
+# A box as bucket_item_boxes_of_v1 reads one (box_index, class_name and BOX_FLOATS' values
+# as 32-bit floats); an item without boxes reads as one pseudo-box of index -1.
+# A frame's boxes so read are a tuple: tuples of numbers and strings only, which Python's
+# garbage collector stops tracking, where the coordinator keeps thousands for their commits.
+StoredBox = tuple[int, str, float, float, float, float, float]
+FrameBoxes = tuple[StoredBox, ...]
+NO_BOXES: FrameBoxes = ((-1, "", 0.0, 0.0, 0.0, 0.0, 0.0),)
+
 
 def box_dict(box: common_pb2.Box) -> dict[str, Any]:
     """A box as stored: exactly what `json_format.MessageToDict(box,
@@ -129,26 +137,45 @@ _ALL_FLOATS = (1 << len(BOX_FLOATS)) - 1
 
 
 def boxes_json_many(frames: Sequence[Sequence[common_pb2.Box]]) -> list[str | NonFiniteBox]:
+    """`boxes_json` of each frame's boxes (the same text), for a batch of frames at once
+    (`boxes_json_and_read_many`, without the boxes as read)."""
+    return boxes_json_and_read_many(frames)[0]
+
+
+def boxes_json_and_read_many(
+    frames: Sequence[Sequence[common_pb2.Box]],
+) -> tuple[list[str | NonFiniteBox], list[FrameBoxes | None]]:
     """`boxes_json` of each frame's boxes (the same text), for a batch of frames at once: a
     record batch's previews (90 frames of 3 boxes in bench.processor_throughput). The whole
     batch's floats are printed in one call (`float_texts`: the shortest form, as `str` of
     each 32-bit float, through orjson or numpy), and the checks that send a
     value to box_dict's way run once per batch; a batch with such a value takes
     `boxes_json` frame by frame, and a frame holding NaN or an infinity gets its refusal
-    in place of its text (the other frames of the batch are stored)."""
+    in place of its text (the other frames of the batch are stored).
+
+    Beside the texts, each frame's boxes as Postgres reads the stored text
+    (`stored_boxes`'s form: the values the 32-bit floats printed), which a commit groups
+    its items from (leases.recorded); None for every frame of a batch that took
+    `boxes_json`'s way."""
     boxes = [box for frame in frames for box in frame]
     if not boxes:
-        return ["[]" for _ in frames]
+        return ["[]" for _ in frames], [NO_BOXES for _ in frames]
     values = np.array([FLOATS_OF(box) for box in boxes], dtype=np.float32)
     magnitude = np.abs(values)
     if not np.isfinite(values).all() or ((magnitude < _FLOAT32_TINY) & (values != 0)).any():
-        return [_json_or_refusal(frame) for frame in frames]
+        return [_json_or_refusal(frame) for frame in frames], [None for _ in frames]
     texts = float_texts(values)
+    floats = values.tolist()
     # a field is written when set: not 0, or -0.0 (as in box_dict); bit i: BOX_FLOATS[i]
     written = (((values != 0) | np.signbit(values)) @ (1 << np.arange(len(BOX_FLOATS)))).tolist()
     parts: list[str] = []
-    for box, box_texts, box_written in zip(boxes, texts, written, strict=True):
+    read_boxes: list[StoredBox] = []
+    positions = [index for frame in frames for index in range(len(frame))]
+    for box, box_texts, box_written, box_floats, position in zip(
+        boxes, texts, written, floats, positions, strict=True
+    ):
         named = box.class_name
+        read_boxes.append((position, named, *box_floats))
         tracked = box.HasField("track_id")
         shown: Sequence[str | int] = (
             box_texts
@@ -161,12 +188,14 @@ def boxes_json_many(frames: Sequence[Sequence[common_pb2.Box]]) -> list[str | No
             shown = [*shown, box.track_id]
         parts.append(_template(box_written, bool(named), tracked) % tuple(shown))
     stored: list[str | NonFiniteBox] = []
+    read: list[FrameBoxes | None] = []
     start = 0
     for frame in frames:
         end = start + len(frame)
         stored.append("[" + ", ".join(parts[start:end]) + "]")
+        read.append(tuple(read_boxes[start:end]) if frame else NO_BOXES)
         start = end
-    return stored
+    return stored, read
 
 
 def _json_or_refusal(boxes: Sequence[common_pb2.Box]) -> str | NonFiniteBox:
@@ -196,3 +225,34 @@ def _shortest_float(number: float) -> float:
         if unpack(pack(rounded))[0] == number:
             return rounded
         precision += 1
+
+
+def stored_boxes(texts: Sequence[str]) -> list[FrameBoxes]:
+    """Each stored boxes text (a JSON array, as `boxes_json` writes it or an earlier release
+    wrote it) read as Postgres' bucket_item_boxes_of_v1 reads it: each box's index, its
+    class name ('' when absent) and its floats in BOX_FLOATS order (0 when absent or null,
+    "NaN" and "Infinity" as protobuf writes them), each rounded to a 32-bit float as the
+    SQL's `::real` casts it; [-1, '', 0...] for an empty array. A commit groups its items
+    from these (job_commit_prepare): decomposing every box in Postgres was three quarters
+    of that statement's time, and the texts were what it read anyway."""
+    parsed = [orjson.loads(text) for text in texts]
+    values: list[Any] = [
+        box.get(name, 0) for boxes in parsed for box in boxes for name in BOX_FLOATS
+    ]
+    rounded: list[float] = np.array(values, dtype=np.float32).tolist()
+    if any(map(math.isnan, rounded)):  # "NaN", or a null (which the SQL reads as 0)
+        rounded = [0.0 if value is None else float(np.float32(value)) for value in values]
+    width = len(BOX_FLOATS)
+    read: list[FrameBoxes] = []
+    at = 0
+    for boxes in parsed:
+        if not boxes:
+            read.append(NO_BOXES)
+            continue
+        item: list[StoredBox] = []
+        for index, box in enumerate(boxes):
+            score, x, y, w, h = rounded[at : at + width]
+            item.append((index, box.get("class_name") or "", score, x, y, w, h))
+            at += width
+        read.append(tuple(item))
+    return read

@@ -22,6 +22,7 @@ from typing import TypedDict, TypeVar
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
 from services.coordinator.leases import results
+from services.coordinator.leases.boxes import FrameBoxes, stored_boxes
 from services.coordinator.leases.jobs_params import (
     JobCheckLease,
     JobClaim,
@@ -35,6 +36,7 @@ from services.coordinator.leases.jobs_params import (
     JobProgress,
     JobRelease,
 )
+from services.coordinator.leases.recorded import RecordedBoxes, Remembered
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import (
     Connection,
@@ -58,7 +60,7 @@ from services.coordinator.platform.errors import (
     fenced,
 )
 from services.coordinator.platform.fields import check_request_id
-from services.coordinator.platform.metrics import CLAIM_SECONDS
+from services.coordinator.platform.metrics import CLAIM_SECONDS, COMMIT_BOXES
 from services.coordinator.review import reviews
 from services.coordinator.runs.events import RunEvents
 from services.coordinator.runs.rows import SnapshotRecordingRow
@@ -267,67 +269,76 @@ class CommitThenClaim(Row):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CommitPrepared(Row):
-    """job_commit_prepare's answer, one row of arrays: the job's camera, the boxes of the
-    items about to be committed (one element per box in each box_ array; box_items is the
-    item's 1-based position in the result's item order; box_index -1: an item without
-    boxes), and their timelines' context (review's)."""
+    """job_commit_prepare's answer, one row: the job's camera, its items' timelines'
+    context (review's), the boxes recorded with the preview of each item whose boxes were
+    read from its row (in item order; NULL: no such staged row), as stored, and the
+    staged_at of each row whose boxes the coordinator remembers (NULL: no such row)."""
 
     camera_id: str
-    box_items: list[int]
-    box_indexes: list[int]
-    box_classes: list[str]
-    box_scores: list[float]
-    box_xs: list[float]
-    box_ys: list[float]
-    box_ws: list[float]
-    box_hs: list[float]
     context: reviews.ContextColumns
+    recorded_boxes: list[str | None]
+    cached_staged_at: list[datetime | None]
 
-    def new_items(self, items: Sequence[results.Item]) -> list[reviews.NewItem]:
-        """The items with their boxes, as review groups them."""
-        by_item: list[list[reviews.Detection]] = [[] for _ in items]
-        for position, index, class_name, score, x, y, w, h in zip(
-            self.box_items,
-            self.box_indexes,
-            self.box_classes,
-            self.box_scores,
-            self.box_xs,
-            self.box_ys,
-            self.box_ws,
-            self.box_hs,
-            strict=True,
-        ):
-            item = items[position - 1]
-            by_item[position - 1].append(
-                reviews.Detection(
-                    item.item_id, index, item.frame_time, class_name, x, y, w, h, score
-                )
-            )
+    def still_recorded(self, remembered: Sequence[Remembered]) -> bool:
+        """Whether every remembered preview's row is still the one recorded then."""
+        return all(
+            staged_at == row_staged_at
+            for (staged_at, _), row_staged_at in zip(remembered, self.cached_staged_at, strict=True)
+        )
+
+    def new_items(
+        self, items: Sequence[results.Item], remembered: Sequence[Remembered] | None = None
+    ) -> list[reviews.NewItem]:
+        """The items with their boxes, as review groups them: those sent with the result,
+        or those recorded with the upload's preview (`remembered`, in order, when the
+        coordinator recorded them itself and still_recorded; else read from the rows:
+        '[]' when none was, which the commit then refuses), as Postgres reads them once
+        saved (boxes.stored_boxes)."""
+        sent = stored_boxes([item.boxes for item in items if item.boxes is not None])
+        kept: list[FrameBoxes] = (
+            [boxes for _, boxes in remembered]
+            if remembered is not None
+            else stored_boxes([text or "[]" for text in self.recorded_boxes])
+        )
+        taken, recorded = iter(sent), iter(kept)
         return [
-            reviews.NewItem(item.item_id, item.bucket_id, item.frame_time, detections)
-            for item, detections in zip(items, by_item, strict=True)
+            reviews.NewItem(
+                item.item_id,
+                item.bucket_id,
+                item.frame_time,
+                [
+                    reviews.Detection(
+                        item.item_id, index, item.frame_time, class_name, x, y, w, h, score
+                    )
+                    for index, class_name, score, x, y, w, h in (
+                        next(recorded) if item.boxes is None else next(taken)
+                    )
+                ],
+            )
+            for item in items
         ]
 
-    def box_counts(self, items: Sequence[results.Item]) -> BoxCounts:
-        """The items' boxes by bucket and class as detected (what the summary's class
-        counts add), as job_complete's count_ arrays; an item without boxes adds none."""
-        counts = Counter(
-            (items[position - 1].bucket_id, class_name)
-            for position, index, class_name in zip(
-                self.box_items, self.box_indexes, self.box_classes, strict=True
-            )
-            if index >= 0
-        )
-        pairs = sorted(counts)
-        return {
-            "count_buckets": [bucket for bucket, _ in pairs],
-            "count_classes": [class_name for _, class_name in pairs],
-            "count_boxes": [counts[pair] for pair in pairs],
-        }
+
+def box_counts(new_items: Sequence[reviews.NewItem]) -> BoxCounts:
+    """The items' boxes by bucket and class as detected (what the summary's class counts
+    add), as job_complete's count_ arrays; an item without boxes adds none."""
+    counts = Counter(
+        (item.bucket_id, detection.class_name)
+        for item in new_items
+        for detection in item.detections
+        if detection.box_index >= 0
+    )
+    pairs = sorted(counts)
+    return {
+        "count_buckets": [bucket for bucket, _ in pairs],
+        "count_classes": [class_name for _, class_name in pairs],
+        "count_boxes": [counts[pair] for pair in pairs],
+    }
 
 
 class ItemColumns(TypedDict):
-    """A commit's items' columns that job_commit_prepare and job_complete both take."""
+    """A commit's items' columns for job_complete (job_commit_prepare takes their buckets
+    and times too)."""
 
     item_boxes: list[str | None]
     item_keys: list[str]
@@ -406,8 +417,11 @@ class JobsApi:
         *,
         lease: timedelta = LEASE,
         attempts_ended: AttemptsEnded = nothing_ended,
+        recorded: RecordedBoxes | None = None,
     ) -> None:
         self.db = db
+        # the boxes the previews room recorded with a full run's previews (leases.recorded)
+        self.recorded = RecordedBoxes() if recorded is None else recorded
         self.clock = clock
         self.snapshots = snapshots
         self.events = events  # announces what the commits of claims and completes changed
@@ -767,7 +781,7 @@ class JobsApi:
         items = checked.items
         uploads = checked.uploads
         now = self.clock.now()
-        # Each of the items' columns built once: the prepare statement and the commit share them.
+        # Each of the items' columns built once: the prepare statement and the commit share some.
         columns = ItemColumns(
             item_boxes=[i.boxes for i in items],  # NULL: the boxes recorded with the preview
             item_keys=[i.object_key for i in items],
@@ -826,26 +840,48 @@ class JobsApi:
         # then the timelines' locks, which job_commit_prepare takes as it reads what the
         # grouping needs), each written once with its sightings, so no read ever sees items
         # without them; job_complete then writes the grouping's other changes.
+        # The boxes the items left to their previews: as this coordinator recorded them,
+        # when it did (and their rows are still those, job_commit_prepare checks), else
+        # read from the rows.
+        recorded_keys = [i.object_key for i in items if i.boxes is None]
+        remembered = self.recorded.take(recorded_keys)
         async with self.db.transaction() as connection:
-            prepared = await fetch_one(
-                connection,
-                CommitPrepared,
-                *bind(JobCommitPrepare(run_id=lease.run_id, job_index=lease.job_index, **columns)),
-            )
+
+            async def prepare(remembered: list[Remembered] | None) -> CommitPrepared | None:
+                return await fetch_one(
+                    connection,
+                    CommitPrepared,
+                    *bind(
+                        JobCommitPrepare(
+                            run_id=lease.run_id,
+                            job_index=lease.job_index,
+                            item_buckets=columns["item_buckets"],
+                            item_times=columns["item_times"],
+                            recorded_keys=[] if remembered else recorded_keys,
+                            cached_keys=recorded_keys if remembered else [],
+                        )
+                    ),
+                )
+
+            prepared = await prepare(remembered)
+            if prepared is not None and remembered and not prepared.still_recorded(remembered):
+                remembered = None  # recorded again since: the rows' boxes
+                prepared = await prepare(None)
             if prepared is None:  # the job is gone: nothing to group, and the commit refuses it
                 commit = complete(ungrouped, [None for _ in items])
                 return await self._answer_on(connection, CommitAnswer, commit), None
+            if recorded_keys:
+                COMMIT_BOXES.labels("remembered" if remembered else "rows").inc()
+            new_items = prepared.new_items(items, remembered or None)
             grouping = reviews.plan_grouping(
                 lease.run_id,
                 prepared.camera_id,
-                prepared.new_items(items),
+                new_items,
                 prepared.context.boxes(),
                 sorted(set(columns["item_buckets"])),
             )
             commit = complete(
-                grouping,
-                [grouping.literal(i.item_id) for i in items],
-                prepared.box_counts(items),
+                grouping, [grouping.literal(i.item_id) for i in items], box_counts(new_items)
             )
             answer = await self._answer_on(connection, CommitAnswer, commit)
             if not answer.reason:

@@ -76,17 +76,41 @@ LEFT JOIN receipts rc ON rc.run_id = j.run_id AND rc.job_index = j.job_index
 WHERE j.run_id = $1 AND j.job_index = $2;
 
 -- name: job_commit_prepare
--- Locks the job about to commit, then its items' timelines, and answers in one row of
--- arrays its camera, each item's boxes as the commit saves them (NULL boxes sent: those
--- recorded with the upload's preview; box -1: an item without boxes; box_items: the
--- item's 1-based position; box_scores: 0 where a box has none) and the timelines'
--- context, for the committing transaction to group the items before job_complete writes
--- them (job_commit_prepare_v2). No row: no such job.
--- nullable: item_boxes[]
-SELECT * FROM job_commit_prepare_v2(
-    p_run => :run_id::text, p_job => :job_index::integer, p_item_boxes => :item_boxes::text[],
-    p_item_keys => :item_keys::text[], p_item_buckets => :item_buckets::text[],
-    p_item_times => :item_times::timestamptz[]);
+-- Locks the job about to commit, then its items' timelines (job_commit_prepare_v2, given
+-- no boxes of its own to read), and answers in one row its camera, the timelines' context
+-- and, read after those locks: for each of :recorded_keys, the boxes recorded with that
+-- upload's preview as they are stored (jsonb as text; NULL: no such staged row); for each
+-- of :cached_keys, its staged row's staged_at (NULL: none), which tells the coordinator
+-- whether the boxes it remembers recording there are still the row's (leases.recorded).
+-- The committing transaction reads the boxes itself (leases.boxes.stored_boxes, the twin
+-- of bucket_item_boxes_of_v1) to group the items before job_complete writes them:
+-- Postgres' decomposing every box into a row was three quarters of this statement's time.
+-- No row: no such job.
+SELECT p.camera_id, p.context_buckets, p.context_items, p.context_boxes, p.context_times,
+       p.context_classes, p.context_xs, p.context_ys, p.context_ws, p.context_hs,
+       p.context_sightings, p.context_fixed, p.context_firsts, p.context_counts,
+       b.recorded_boxes, c.cached_staged_at
+FROM job_commit_prepare_v2(
+    p_run => :run_id::text, p_job => :job_index::integer, p_item_boxes => '{}'::text[],
+    p_item_keys => '{}'::text[], p_item_buckets => :item_buckets::text[],
+    p_item_times => :item_times::timestamptz[]) p
+-- (p.camera_id in each: read once the function has locked, as it read them itself)
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(s.boxes::text ORDER BY u.o), '{}') AS recorded_boxes
+    FROM unnest(:recorded_keys::text[]) WITH ORDINALITY AS u (object_key, o)
+    LEFT JOIN LATERAL (
+        SELECT so.boxes FROM staged_objects so
+        WHERE so.object_key = u.object_key AND p.camera_id IS NOT NULL OFFSET 0
+    ) s ON true
+) b
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(s.staged_at ORDER BY u.o), '{}') AS cached_staged_at
+    FROM unnest(:cached_keys::text[]) WITH ORDINALITY AS u (object_key, o)
+    LEFT JOIN LATERAL (
+        SELECT so.staged_at FROM staged_objects so
+        WHERE so.object_key = u.object_key AND p.camera_id IS NOT NULL OFFSET 0
+    ) s ON true
+) c;
 
 -- name: job_complete
 -- The slot facts the result was checked against (job_complete verifies them), the

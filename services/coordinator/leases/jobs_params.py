@@ -119,10 +119,10 @@ class JobCommitPrepare(Params):
 
     run_id: str
     job_index: int
-    item_boxes: Sequence[str | None]
-    item_keys: Sequence[str]
     item_buckets: Sequence[str]
     item_times: Sequence[datetime]
+    recorded_keys: Sequence[str]
+    cached_keys: Sequence[str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,15 @@ PREVIEWS_RECORDED = Counter(
     "Previews recorded for jobs (RecordPreview, RecordPreviews), refusals not counted.",
     registry=REGISTRY,
 )
+COMMIT_BOXES = Counter(
+    "workshop_coordinator_commit_boxes",
+    "Commits whose items left their boxes to their previews' records, by where the "
+    "grouping read those boxes: remembered (this coordinator recorded them and their rows "
+    "are unchanged) or rows (read back from the rows: recorded by another replica, one by "
+    "one, or again since).",
+    ["source"],
+    registry=REGISTRY,
+)
 RUNS_CREATED = Counter(
     "workshop_coordinator_runs_created",
     "Runs created (a CreateRun or RequestPhoto answered with an existing run is not counted), "

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from services.coordinator.identity import auth
 from services.coordinator.identity.auth import Principal, ScopeName
+from services.coordinator.leases.boxes import FrameBoxes
 from services.coordinator.leases.jobs import (
     Lease,
     LeaseFacts,
@@ -29,6 +30,7 @@ from services.coordinator.leases.jobs import (
     raise_for,
     reporter,
 )
+from services.coordinator.leases.recorded import RecordedBoxes
 from services.coordinator.platform.clock import Clock
 from services.coordinator.platform.db import Database, Row, bind, fetch_all, fetch_one, sql
 from services.coordinator.platform.errors import Expired, InvalidField, NotFound
@@ -88,6 +90,8 @@ class PreviewRecord:
     content_type: str
     frame_time: datetime
     boxes: str  # JSON text, as stored (convert.boxes_json)
+    # the boxes as the commit's grouping reads them, when known (leases.recorded)
+    read: FrameBoxes | None = None
 
 
 @hot_value
@@ -229,12 +233,19 @@ def _checked_preview(preview: PreviewRecord, frozen: Frozen) -> PreviewRecord:
 
 class PublicationApi:
     def __init__(
-        self, db: Database, clock: Clock, snapshots: SnapshotCache, events: RunEvents
+        self,
+        db: Database,
+        clock: Clock,
+        snapshots: SnapshotCache,
+        events: RunEvents,
+        recorded: RecordedBoxes | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
         self.snapshots = snapshots
         self.events = events  # announces the runs whose previews a batch recorded
+        # what a full run's previews were recorded with, for their commits (leases.recorded)
+        self.recorded = RecordedBoxes() if recorded is None else recorded
 
     async def check_lease(
         self, who: Principal, processor: Principal, lease: Lease, code_sha256: str
@@ -367,6 +378,7 @@ class PublicationApi:
             positions.setdefault((preview.lease, preview.code_sha256), len(positions) + 1)
             for preview in checked
         ]
+        now = self.clock.now()
         async with self.db.connection() as connection:
             answers = await fetch_all(
                 connection,
@@ -386,10 +398,16 @@ class PublicationApi:
                         frame_times=[preview.frame_time for preview in checked],
                         boxes=[preview.boxes for preview in checked],
                         item_ids=item_ids,
-                        now=self.clock.now(),
+                        now=now,
                     )
                 ),
             )
+        # what a full run's commits will group (a test run's save nothing): each preview
+        # recorded now, `now` its row's staged_at
+        full_runs = {run for run, frozen in runs.items() if frozen is not None and frozen.full_run}
+        for preview, answer in zip(checked, answers, strict=True):
+            if preview.read is not None and not answer.reason and preview.lease.run_id in full_runs:
+                self.recorded.remember(preview.key, now, preview.read)
         # previews_record notifies nothing: the runs' live images changed
         self.events.announce_runs({preview.lease.run_id for preview in checked})
         PREVIEWS_RECORDED.inc(sum(not answer.reason for answer in answers))

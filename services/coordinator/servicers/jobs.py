@@ -36,6 +36,7 @@ from services.coordinator.runs.events import RunEvents
 from services.coordinator.servicers.common import Authenticator, Context
 from services.coordinator.servicers.lease_attestation import LeaseAttester
 from services.coordinator.servicers.views import (
+    PreviewBoxes,
     lease,
     leases,
     preview_record,
@@ -44,7 +45,6 @@ from services.coordinator.servicers.views import (
     snapshot_recording,
 )
 from workshop.kit.auth import bearer_secret
-from workshop.kit.box_values import NonFiniteBox
 from workshop.kit.errors import ResourceExhausted, WorkshopError
 from workshop.kit.interceptors import error_status
 from workshop.kit.lease_attestation import credential_sha256
@@ -376,9 +376,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             preview if isinstance(preview, WorkshopError) else next(answers) for preview in previews
         )
 
-    def _written(
-        self, preview: pub.RecordPreviewRequest, boxes: str | NonFiniteBox
-    ) -> PreviewRecord:
+    def _written(self, preview: pub.RecordPreviewRequest, boxes: PreviewBoxes) -> PreviewRecord:
         """A written preview's record, checked as the preview service checks it (its bytes
         never passed a service: the grant bound their key, type and size at the store)."""
         check_written_preview(preview, self.max_image_bytes)

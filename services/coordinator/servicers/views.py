@@ -22,7 +22,7 @@ from google.protobuf import json_format
 
 from services.coordinator import convert
 from services.coordinator.identity import auth
-from services.coordinator.leases.boxes import boxes_json, boxes_json_many
+from services.coordinator.leases.boxes import FrameBoxes, boxes_json, boxes_json_and_read_many
 from services.coordinator.leases.jobs import Lease, job_id, lease_from
 from services.coordinator.platform.errors import InvalidField
 from services.coordinator.previews.publication import PreviewRecord, Recorded
@@ -366,17 +366,22 @@ def pinned_models(snapshot: dict[str, object]) -> list[snapshot_pb2.PinnedModel]
     return list(frozen.models)
 
 
+# A preview's boxes as stored (or their refusal), and as the commit's grouping reads them
+# (None: not known here; see leases.boxes.boxes_json_and_read_many).
+PreviewBoxes = tuple[str | NonFiniteBox, FrameBoxes | None]
+
+
 def preview_record(
-    request: pub.RecordPreviewRequest, boxes: str | NonFiniteBox | None = None
+    request: pub.RecordPreviewRequest, boxes: PreviewBoxes | None = None
 ) -> PreviewRecord:
     """A preview's record (PublicationService.RecordPreview(s), a Session's
     record_previews) as the coordinator records it; INVALID_ARGUMENT for a malformed
     lease, no frame_time, or a box value that is NaN or infinite. `boxes`: its boxes as
-    stored (or their refusal), when the caller wrote a batch's at once (`previews_boxes`)."""
-    if boxes is None:
-        boxes = boxes_json(request.boxes)
-    elif isinstance(boxes, NonFiniteBox):
-        raise boxes
+    stored (or their refusal) and as read, when the caller wrote a batch's at once
+    (`previews_boxes`)."""
+    text, read = (boxes_json(request.boxes), None) if boxes is None else boxes
+    if isinstance(text, NonFiniteBox):
+        raise text
     return PreviewRecord(
         lease=lease(request.lease),
         code_sha256=request.code_sha256,
@@ -386,14 +391,17 @@ def preview_record(
         byte_size=request.byte_size,
         content_type=request.content_type,
         frame_time=convert.from_ts("frame_time", request.frame_time),
-        boxes=boxes,
+        boxes=text,
+        read=read,
     )
 
 
-def previews_boxes(requests: Sequence[pub.RecordPreviewRequest]) -> list[str | NonFiniteBox]:
-    """Each preview's boxes as stored, for a batch of records at once (boxes_json_many);
-    a preview with a NaN or infinite box value gets that refusal instead."""
-    return boxes_json_many([request.boxes for request in requests])
+def previews_boxes(requests: Sequence[pub.RecordPreviewRequest]) -> list[PreviewBoxes]:
+    """Each preview's boxes as stored and as read, for a batch of records at once
+    (boxes_json_and_read_many); a preview with a NaN or infinite box value gets that
+    refusal instead."""
+    texts, read = boxes_json_and_read_many([request.boxes for request in requests])
+    return list(zip(texts, read, strict=True))
 
 
 def recorded_preview(recorded: Recorded) -> pub.RecordPreviewResponse:
