@@ -255,6 +255,23 @@ def commits_by_source() -> dict[str, float]:
     }
 
 
+async def committed_from(
+    c: CoordinatorHarness, s: Setup, job: jobs_pb2.ClaimedJob, keys: list[str]
+) -> str:
+    """Commits the job, slot n a frame uploaded as keys[n] with its boxes left to the
+    record; where the commit's grouping read those boxes (workshop_coordinator_commit_boxes's
+    source)."""
+    result = empty_result(job)
+    for slot, key in enumerate(keys):
+        frame(job, result, slot, key, digest(b"frame-%d" % slot))
+    before = commits_by_source()
+    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
+    assert committed.receipt.items_saved == len(keys)
+    after = commits_by_source()
+    [source] = [name for name in after if after[name] != before[name]]
+    return source
+
+
 async def sightings_of(c: CoordinatorHarness) -> tuple[list[tuple[str, int]], list[object]]:
     """(class name, item count) of every sighting, and those that disagree with the boxes
     their items hold (SIGHTINGS_MISMATCHED)."""
@@ -274,13 +291,7 @@ async def test_a_commit_groups_the_boxes_its_coordinator_recorded(
     c = coordinator
     s, job = await leased(c)
     keys = await recorded_batch(c, s, job, 3)
-    result = empty_result(job)
-    for slot, key in enumerate(keys):
-        frame(job, result, slot, key, digest(b"frame-%d" % slot))
-    before = commits_by_source()
-    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
-    assert committed.receipt.items_saved == 3
-    assert commits_by_source() == {**before, "remembered": before["remembered"] + 1}
+    assert await committed_from(c, s, job, keys) == "remembered"
     # the slots are over 5 s apart: a sighting each, of the recorded box's class
     assert await sightings_of(c) == ([("person", 1)] * 3, [])
 
@@ -308,11 +319,5 @@ async def test_a_commit_groups_the_rows_boxes_when_a_preview_was_recorded_again_
             keys,
             ["car", "cat", "dog"],
         )
-    result = empty_result(job)
-    for slot, key in enumerate(keys):
-        frame(job, result, slot, key, digest(b"frame-%d" % slot))
-    before = commits_by_source()
-    committed = await c.jobs.Complete(complete_request(job, result), metadata=s.processor)
-    assert committed.receipt.items_saved == 3
-    assert commits_by_source() == {**before, "rows": before["rows"] + 1}
+    assert await committed_from(c, s, job, keys) == "rows"
     assert await sightings_of(c) == ([("car", 1), ("cat", 1), ("dog", 1)], [])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -104,20 +105,30 @@ async def _postgres_reads(
     return read, printed
 
 
+def _assert_same_frames(
+    texts: Sequence[object], ours: Sequence[Any], theirs: Sequence[Any]
+) -> None:
+    for text, mine, its in zip(texts, ours, theirs, strict=True):
+        assert len(mine) == len(its), text
+        for one, other in zip(mine, its, strict=True):
+            assert _same(list(one), list(other)), (text, one, other)
+
+
+async def _assert_read_as_postgres_reads(coordinator: CoordinatorHarness, texts: list[str]) -> None:
+    """stored_boxes reads each text, and Postgres' own text of it, as Postgres does."""
+    postgres, printed = await _postgres_reads(coordinator, texts)
+    _assert_same_frames(texts, stored_boxes(texts), postgres)
+    _assert_same_frames(texts, stored_boxes(printed), postgres)
+
+
 async def test_stored_boxes_reads_the_coordinators_texts_as_postgres_does(
     coordinator: CoordinatorHarness,
 ) -> None:
-    chooser = random.Random(34)
-    texts = [text for text in boxes_json_many(_frames(chooser, 3000)) if isinstance(text, str)]
+    texts = [
+        text for text in boxes_json_many(_frames(random.Random(34), 3000)) if isinstance(text, str)
+    ]
     assert len(texts) == 3000
-    postgres, printed = await _postgres_reads(coordinator, texts)
-    for text, ours, theirs, again in zip(
-        texts, stored_boxes(texts), postgres, stored_boxes(printed), strict=True
-    ):
-        assert len(ours) == len(theirs), text
-        for mine, its, reread in zip(ours, theirs, again, strict=True):
-            assert _same(list(mine), list(its)), (text, mine, its)
-            assert _same(list(reread), list(its)), (text, reread, its)
+    await _assert_read_as_postgres_reads(coordinator, texts)
 
 
 async def test_stored_boxes_reads_earlier_releases_texts_as_postgres_does(
@@ -139,14 +150,7 @@ async def test_stored_boxes_reads_earlier_releases_texts_as_postgres_does(
         "[]",
         '[{"w": 0.1}, {"class_name": "cat"}]',
     ]
-    postgres, printed = await _postgres_reads(coordinator, texts)
-    for text, ours, theirs, again in zip(
-        texts, stored_boxes(texts), postgres, stored_boxes(printed), strict=True
-    ):
-        assert len(ours) == len(theirs), text
-        for mine, its, reread in zip(ours, theirs, again, strict=True):
-            assert _same(list(mine), list(its)), (text, mine, its)
-            assert _same(list(reread), list(its)), (text, reread, its)
+    await _assert_read_as_postgres_reads(coordinator, texts)
 
 
 async def test_the_boxes_a_record_remembers_are_those_postgres_reads_from_its_text(
@@ -156,9 +160,6 @@ async def test_the_boxes_a_record_remembers_are_those_postgres_reads_from_its_te
     stores: the values bucket_item_boxes_of_v1 reads from that text."""
     texts, read = boxes_json_and_read_many(_frames(random.Random(35), 3000))
     assert all(isinstance(text, str) for text in texts)
+    assert all(frame is not None for frame in read)
     postgres, _ = await _postgres_reads(coordinator, [str(text) for text in texts])
-    for text, remembered, theirs in zip(texts, read, postgres, strict=True):
-        assert remembered is not None
-        assert len(remembered) == len(theirs), text
-        for mine, its in zip(remembered, theirs, strict=True):
-            assert _same(list(mine), list(its)), (text, mine, its)
+    _assert_same_frames(texts, read, postgres)
