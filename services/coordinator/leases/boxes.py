@@ -232,9 +232,10 @@ def stored_boxes(texts: Sequence[str]) -> list[FrameBoxes]:
     wrote it) read as Postgres' bucket_item_boxes_of_v1 reads it: each box's index, its
     class name ('' when absent) and its floats in BOX_FLOATS order (0 when absent or null,
     "NaN" and "Infinity" as protobuf writes them), each rounded to a 32-bit float as the
-    SQL's `::real` casts it; [-1, '', 0...] for an empty array. A commit groups its items
-    from these (job_commit_prepare): decomposing every box in Postgres was three quarters
-    of that statement's time, and the texts were what it read anyway."""
+    SQL's `::real` casts it; [-1, '', 0...] for an empty array. A commit groups from these
+    the boxes sent with its result, and those of previews it does not remember recording
+    (leases.recorded), read as text by job_commit_prepare: Postgres splitting every box
+    into values was three quarters of that statement's time."""
     parsed = [orjson.loads(text) for text in texts]
     values: list[Any] = [
         box.get(name, 0) for boxes in parsed for box in boxes for name in BOX_FLOATS
