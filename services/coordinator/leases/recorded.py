@@ -20,7 +20,7 @@ that lapsed, a job refused) is dropped oldest first past `limit` entries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from services.coordinator.leases.boxes import FrameBoxes
@@ -36,11 +36,11 @@ class RecordedBoxes:
         self._limit = limit
         self._entries: dict[str, Remembered] = {}
 
-    def remember(self, key: str, staged_at: datetime, boxes: FrameBoxes) -> None:
-        """The boxes the preview `key` was recorded with at `staged_at` (its row's)."""
-        self._entries.pop(key, None)  # the newest last: dropped last
-        self._entries[key] = (staged_at, boxes)
-        if len(self._entries) > self._limit:
+    def remember(self, staged_at: datetime, recorded: Iterable[tuple[str, FrameBoxes]]) -> None:
+        """The boxes each preview (key, boxes) of a batch was recorded with at `staged_at`
+        (their rows'). A key recorded again keeps its place in the order of dropping."""
+        self._entries.update((key, (staged_at, boxes)) for key, boxes in recorded)
+        while len(self._entries) > self._limit:
             del self._entries[next(iter(self._entries))]
 
     def take(self, keys: Sequence[str]) -> list[Remembered] | None:

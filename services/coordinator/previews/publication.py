@@ -405,9 +405,16 @@ class PublicationApi:
         # what a full run's commits will group (a test run's save nothing): each preview
         # recorded now, `now` its row's staged_at
         full_runs = {run for run, frozen in runs.items() if frozen is not None and frozen.full_run}
-        for preview, answer in zip(checked, answers, strict=True):
-            if preview.read is not None and not answer.reason and preview.lease.run_id in full_runs:
-                self.recorded.remember(preview.key, now, preview.read)
+        self.recorded.remember(
+            now,
+            (
+                (preview.key, preview.read)
+                for preview, answer in zip(checked, answers, strict=True)
+                if preview.read is not None
+                and not answer.reason
+                and preview.lease.run_id in full_runs
+            ),
+        )
         # previews_record notifies nothing: the runs' live images changed
         self.events.announce_runs({preview.lease.run_id for preview in checked})
         PREVIEWS_RECORDED.inc(sum(not answer.reason for answer in answers))
