@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from minio import Minio
+from minio.error import S3Error
+
 from testbed.harness.preview import object_store
 from testbed.harness.s3 import S3Server
 
@@ -28,5 +31,17 @@ async def test_replicas_starting_at_once_all_find_their_bucket(s3_server: S3Serv
         finally:
             for store in stores:
                 store.close()
-            if client.bucket_exists(bucket):
-                client.remove_bucket(bucket)
+            _remove(client, bucket)
+
+
+def _remove(client: Minio, bucket: str) -> None:
+    """Removes the test's bucket. Right after six concurrent creates, SeaweedFS can answer
+    a DELETE with NoSuchBucket although a HEAD just found the bucket (a clean clone's CI
+    run, 2026-12-06): the test's checks were made by then, and a uniquely named bucket
+    left behind on its throwaway server harms nothing."""
+    try:
+        if client.bucket_exists(bucket):
+            client.remove_bucket(bucket)
+    except S3Error as error:
+        if error.code != "NoSuchBucket":
+            raise
