@@ -137,7 +137,7 @@ def _commit_pieces(frames: int, boxes: int) -> dict[str, Callable[[], object]]:
     prepared = CommitPrepared(
         "cam-a",
         reviews.ContextColumns([], [], [], [], [], [], [], [], [], [], [], [], []),
-        [],
+        [None for _ in remembered],
         [START for _ in remembered],
     )
     added = prepared.new_items(items, remembered)

@@ -270,20 +270,22 @@ class CommitThenClaim(Row):
 @dataclasses.dataclass(frozen=True, slots=True)
 class CommitPrepared(Row):
     """job_commit_prepare's answer, one row: the job's camera, its items' timelines'
-    context (review's), the boxes recorded with the preview of each item whose boxes were
-    read from its row (in item order; NULL: no such staged row), as stored, and the
-    staged_at of each row whose boxes the coordinator remembers (NULL: no such row)."""
+    context (review's) and, for each item that left its boxes to its upload's preview (in
+    item order), the boxes of that preview's row as stored (when asked for; NULL: no such
+    row) and the row's staged_at (NULL: no such row)."""
 
     camera_id: str
     context: reviews.ContextColumns
     recorded_boxes: list[str | None]
-    cached_staged_at: list[datetime | None]
+    recorded_staged_at: list[datetime | None]
 
     def still_recorded(self, remembered: Sequence[Remembered]) -> bool:
         """Whether every remembered preview's row is still the one recorded then."""
         return all(
             staged_at == row_staged_at
-            for (staged_at, _), row_staged_at in zip(remembered, self.cached_staged_at, strict=True)
+            for (staged_at, _), row_staged_at in zip(
+                remembered, self.recorded_staged_at, strict=True
+            )
         )
 
     def new_items(
@@ -847,7 +849,7 @@ class JobsApi:
         remembered = self.recorded.take(recorded_keys)
         async with self.db.transaction() as connection:
 
-            async def prepare(remembered: list[Remembered] | None) -> CommitPrepared | None:
+            async def prepare(read_boxes: bool) -> CommitPrepared | None:
                 return await fetch_one(
                     connection,
                     CommitPrepared,
@@ -857,16 +859,16 @@ class JobsApi:
                             job_index=lease.job_index,
                             item_buckets=columns["item_buckets"],
                             item_times=columns["item_times"],
-                            recorded_keys=[] if remembered else recorded_keys,
-                            cached_keys=recorded_keys if remembered else [],
+                            recorded_keys=recorded_keys,
+                            read_boxes=read_boxes,
                         )
                     ),
                 )
 
-            prepared = await prepare(remembered)
+            prepared = await prepare(read_boxes=not remembered)
             if prepared is not None and remembered and not prepared.still_recorded(remembered):
                 remembered = None  # recorded again since: the rows' boxes
-                prepared = await prepare(None)
+                prepared = await prepare(read_boxes=True)
             if prepared is None:  # the job is gone: nothing to group, and the commit refuses it
                 commit = complete(ungrouped, [None for _ in items])
                 return await self._answer_on(connection, CommitAnswer, commit), None

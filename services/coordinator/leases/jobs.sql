@@ -78,39 +78,33 @@ WHERE j.run_id = $1 AND j.job_index = $2;
 -- name: job_commit_prepare
 -- Locks the job about to commit, then its items' timelines (job_commit_prepare_v2, given
 -- no boxes of its own to read), and answers in one row its camera, the timelines' context
--- and, read after those locks: for each of :recorded_keys, the boxes recorded with that
--- upload's preview as they are stored (jsonb as text; NULL: no such staged row); for each
--- of :cached_keys, its staged row's staged_at (NULL: none), which tells the coordinator
--- whether the boxes it remembers recording there are still the row's (leases.recorded).
--- The committing transaction reads the boxes itself (leases.boxes.stored_boxes, the twin
--- of bucket_item_boxes_of_v1) to group the items before job_complete writes them:
--- Postgres' decomposing every box into a row was three quarters of this statement's time.
--- No row: no such job.
+-- and, read after those locks, for each of :recorded_keys (the uploads whose previews
+-- hold their items' boxes): its staged row's staged_at, which tells the coordinator
+-- whether the boxes it remembers recording there are still the row's (leases.recorded),
+-- and, when :read_boxes, the row's boxes as stored (jsonb as text; all NULL otherwise;
+-- NULL for a key with no staged row). The committing transaction reads the boxes itself
+-- (leases.boxes.stored_boxes, the twin of bucket_item_boxes_of_v1) to group the items
+-- before job_complete writes them: Postgres' decomposing every box into a row was three
+-- quarters of this statement's time. No row: no such job.
 SELECT p.camera_id, p.context_buckets, p.context_items, p.context_boxes, p.context_times,
        p.context_classes, p.context_xs, p.context_ys, p.context_ws, p.context_hs,
        p.context_sightings, p.context_fixed, p.context_firsts, p.context_counts,
-       b.recorded_boxes, c.cached_staged_at
+       r.recorded_boxes, r.recorded_staged_at
 FROM job_commit_prepare_v2(
     p_run => :run_id::text, p_job => :job_index::integer, p_item_boxes => '{}'::text[],
     p_item_keys => '{}'::text[], p_item_buckets => :item_buckets::text[],
     p_item_times => :item_times::timestamptz[]) p
--- (p.camera_id in each: read once the function has locked, as it read them itself)
 CROSS JOIN LATERAL (
-    SELECT coalesce(array_agg(s.boxes::text ORDER BY u.o), '{}') AS recorded_boxes
+    SELECT coalesce(array_agg(CASE WHEN :read_boxes::boolean THEN s.boxes::text END
+                              ORDER BY u.o), '{}') AS recorded_boxes,
+           coalesce(array_agg(s.staged_at ORDER BY u.o), '{}') AS recorded_staged_at
     FROM unnest(:recorded_keys::text[]) WITH ORDINALITY AS u (object_key, o)
+    -- (p.camera_id: read once the function has locked, as it read them itself)
     LEFT JOIN LATERAL (
-        SELECT so.boxes FROM staged_objects so
+        SELECT so.boxes, so.staged_at FROM staged_objects so
         WHERE so.object_key = u.object_key AND p.camera_id IS NOT NULL OFFSET 0
     ) s ON true
-) b
-CROSS JOIN LATERAL (
-    SELECT coalesce(array_agg(s.staged_at ORDER BY u.o), '{}') AS cached_staged_at
-    FROM unnest(:cached_keys::text[]) WITH ORDINALITY AS u (object_key, o)
-    LEFT JOIN LATERAL (
-        SELECT so.staged_at FROM staged_objects so
-        WHERE so.object_key = u.object_key AND p.camera_id IS NOT NULL OFFSET 0
-    ) s ON true
-) c;
+) r;
 
 -- name: job_complete
 -- The slot facts the result was checked against (job_complete verifies them), the

@@ -121,8 +121,8 @@ class JobCommitPrepare(Params):
     job_index: int
     item_buckets: Sequence[str]
     item_times: Sequence[datetime]
+    read_boxes: bool
     recorded_keys: Sequence[str]
-    cached_keys: Sequence[str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
