@@ -3,6 +3,12 @@
 The launcher lives in `tools.localstack.triton`; models are published with
 `tools.model_repository.repository.publish_version`, the same code the processor's repository uses.
 `write_onnx_python_model` is the shorthand for test models that declare their tensors.
+
+Every model a test leaves loaded in the session's server is unloaded after it
+(`models_unloaded_after_each_test`): each loaded model instance of the python backend is a
+stub process of about 250 MB, and a worker's server gathered a dozen of them by the end of
+a run (four workers: 12 GB of a 24 GB machine, which a CI run ran out of once). A model a
+module-scoped fixture loaded is loaded before the test begins, so it stays.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
 
 from tools.localstack.triton import (
     TritonServer,
@@ -117,3 +124,23 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonSe
         except TritonUnavailable as missing:
             pytest.skip(str(missing))
         yield server
+
+
+@pytest.fixture(autouse=True)
+def models_unloaded_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Unloads, once a test that used the session's server ends, the models it loaded."""
+    if "triton_server" not in request.fixturenames:
+        yield
+        return
+    server: TritonServer = request.getfixturevalue("triton_server")
+    before = _loaded_models(server)
+    yield
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for name in sorted(_loaded_models(server) - before):
+            client.unload_model(name)
+
+
+def _loaded_models(server: TritonServer) -> set[str]:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        index = client.get_model_repository_index(as_json=True)
+    return {model["name"] for model in index.get("models", []) if model.get("state") == "READY"}
