@@ -7,6 +7,12 @@ moves it), so that the suite's growth can be compared run to run: each test's ti
 then each file's total. Only the process that reports the run writes it: with xdist
 that is the controller, which receives every worker's reports.
 
+Beside each test's time, the CPU it spent: the worker process's own (user + system) and
+that of the processes it started and reaped meanwhile (a service, the CLI, the demo), from
+`getrusage`. The servers a worker shares between its tests (Postgres, SeaweedFS, Triton)
+are not in it. On a machine with fewer cores than workers the suite is bound by CPU, not
+by waiting: this column says what to trim.
+
 `make test` runs the suite in two pytest runs (the tests that must run alone, then the
 rest in parallel); the second sets ``WORKSHOP_DURATIONS_CONTINUE=1`` to add its tests
 to the first's table (kept as JSON beside it) instead of replacing it.
@@ -16,18 +22,23 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Generator
 from pathlib import Path
 
+import pluggy
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PATH = ROOT / ".test-results" / "durations.txt"
 
 _seconds: dict[str, float] = defaultdict(float)
+_cpu: dict[str, float] = {}
 _outcomes: dict[str, str] = {}
+_CPU_AT_START = pytest.StashKey[float]()
 _began = time.time()
 
 
@@ -47,8 +58,33 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     durations_path().with_suffix(".json").unlink(missing_ok=True)
 
 
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    outcome = yield
+    began = item.stash.get(_CPU_AT_START, None)
+    if call.when == "teardown" and began is not None:
+        # user_properties travel with the report from an xdist worker to the controller
+        outcome.get_result().user_properties.append(("cpu_s", _cpu_seconds() - began))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds[report.nodeid] += report.duration
+    cpu = dict(report.user_properties).get("cpu_s")
+    if isinstance(cpu, float):
+        _cpu[report.nodeid] = cpu
     if report.when == "call" or report.outcome != "passed":
         _outcomes[report.nodeid] = report.outcome
 
@@ -60,40 +96,57 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     path = durations_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_suffix(".json")
-    seconds, outcomes = dict(_seconds), dict(_outcomes)
+    seconds, cpu, outcomes = dict(_seconds), dict(_cpu), dict(_outcomes)
     wall_s = time.time() - _began
     workers = str(config.getoption("numprocesses", default=None) or 1)
     if os.environ.get("WORKSHOP_DURATIONS_CONTINUE") == "1" and raw.exists():
         earlier = json.loads(raw.read_text())
         seconds = {**earlier["seconds"], **seconds}
+        cpu = {**earlier.get("cpu", {}), **cpu}
         outcomes = {**earlier["outcomes"], **outcomes}
         wall_s += earlier["wall_s"]
         workers = f"{earlier['workers']}, then {workers}"
-    record = {"seconds": seconds, "outcomes": outcomes, "wall_s": wall_s, "workers": workers}
+    record = {
+        "seconds": seconds,
+        "cpu": cpu,
+        "outcomes": outcomes,
+        "wall_s": wall_s,
+        "workers": workers,
+    }
     raw.write_text(json.dumps(record))
-    path.write_text(render(seconds, outcomes, wall_s=wall_s, workers=workers))
+    path.write_text(render(seconds, cpu, outcomes, wall_s=wall_s, workers=workers))
     terminalreporter.write_line(f"durations of all {len(seconds)} tests: {path}")
 
 
 def render(
-    seconds: dict[str, float], outcomes: dict[str, str], *, wall_s: float, workers: str
+    seconds: dict[str, float],
+    cpu: dict[str, float],
+    outcomes: dict[str, str],
+    *,
+    wall_s: float,
+    workers: str,
 ) -> str:
     """The table: a header, every test slowest first, then every file slowest first."""
     by_file: dict[str, float] = defaultdict(float)
+    cpu_by_file: dict[str, float] = defaultdict(float)
     for nodeid, spent in seconds.items():
         by_file[nodeid.split("::", 1)[0]] += spent
+        cpu_by_file[nodeid.split("::", 1)[0]] += cpu.get(nodeid, 0.0)
     lines = [
         f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  commit {_commit()}  "
         f"wall {wall_s:.1f} s  test time {sum(seconds.values()):.1f} s  "
-        f"tests {len(seconds)}  workers {workers}",
+        f"test CPU {sum(cpu.values()):.1f} s  tests {len(seconds)}  workers {workers}",
         "",
-        "# seconds  outcome  test",
+        "# seconds  cpu s  outcome  test",
     ]
     for nodeid, spent in sorted(seconds.items(), key=lambda item: (-item[1], item[0])):
-        lines.append(f"{spent:9.2f}  {outcomes.get(nodeid, 'passed'):7}  {nodeid}")
-    lines += ["", "# seconds  file"]
+        lines.append(
+            f"{spent:9.2f}  {cpu.get(nodeid, 0.0):5.1f}  "
+            f"{outcomes.get(nodeid, 'passed'):7}  {nodeid}"
+        )
+    lines += ["", "# seconds  cpu s  file"]
     for file, spent in sorted(by_file.items(), key=lambda item: (-item[1], item[0])):
-        lines.append(f"{spent:9.2f}  {file}")
+        lines.append(f"{spent:9.2f}  {cpu_by_file[file]:5.1f}  {file}")
     return "\n".join(lines) + "\n"
 
 
