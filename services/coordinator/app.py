@@ -79,9 +79,11 @@ def build(
     max_image_bytes: int = MAX_IMAGE_BYTES,
     metrics_max_age_seconds: float = 0.0,
     lease_attestation_key: str = "",
+    passwords: Passwords | None = None,
 ) -> Coordinator:
     """The coordinator's services and background workers (an interval of 0 s turns one off)
-    and its scrape-time gauges, each read at most once per `metrics_max_age_seconds`."""
+    and its scrape-time gauges, each read at most once per `metrics_max_age_seconds`.
+    `passwords`: how passwords are hashed (default: argon2-cffi's default cost)."""
     limits = login_limits or LoginLimits()
     runs = Runs(db, clock, capacity=job_capacity)
     events = RunEvents(db.dsn, followers=[clock] if isinstance(clock, StoredClock) else [])
@@ -112,6 +114,7 @@ def build(
             max_image_bytes=max_image_bytes,
             timelines=timelines,
             lease_attestation_key=lease_attestation_key,
+            passwords=passwords,
         ),
         workers,
         [
@@ -133,12 +136,13 @@ def grpc_services(
     max_image_bytes: int = MAX_IMAGE_BYTES,
     timelines: Timelines | None = None,
     lease_attestation_key: str = "",
+    passwords: Passwords | None = None,
 ) -> list[GrpcService]:
     """`lease_attestation_key`: empty, or the secret that signs every claimed job's lease
     for the preview service (servicers/lease_attestation.py)."""
     snapshots = SnapshotCache(db)
     timelines = timelines or Timelines(db)
-    passwords = Passwords()  # one per process: it bounds the hashes in flight
+    passwords = passwords or Passwords()  # one per process: it bounds the hashes in flight
     accounts = Accounts(db, clock, check_grant_targets, passwords)
     operator = OperatorServicer(
         Resources(db, clock, cancel_bucket_runs), accounts, ClockControl(clock), authenticate

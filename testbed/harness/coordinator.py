@@ -9,6 +9,12 @@ and `coordinator_client` is the harness on such a one.
 the same calls as messages on Session streams (`testbed.session_jobs`): the `job_transport`
 fixture chooses it for `coordinator`, and a test module whose tests must hold on both paths
 (the lease and fence tests) overrides that fixture with `JOB_TRANSPORTS` as its params.
+
+Passwords are hashed with argon2id at a low cost (`TEST_PASSWORD_HASHER`: 8 MiB, one pass,
+one lane; about 5 ms) unless a test passes `password_hasher`: the suite sets and checks
+passwords hundreds of times, and at argon2-cffi's default cost (64 MiB, three passes, four
+lanes) each took 0.3 s of CPU. The default cost is what a deployment gets; the tests of it
+(tests/service/test_login.py) start their coordinator with `PasswordHasher()`.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from argon2 import PasswordHasher
 
 from services.coordinator.app import build
 from services.coordinator.identity.accounts import insert_key
 from services.coordinator.identity.auth import Grant, ScopeName
+from services.coordinator.identity.passwords import Passwords
 from services.coordinator.platform.clock import FrozenClock
 from services.coordinator.platform.db import Database
 from services.coordinator.runs.events import RunEvents
@@ -42,6 +50,7 @@ from workshop.v1 import (
 )
 
 EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+TEST_PASSWORD_HASHER = PasswordHasher(time_cost=1, memory_cost=8192, parallelism=1)
 
 
 @dataclasses.dataclass
@@ -84,14 +93,20 @@ async def running_coordinator(
     port: int = 0,
     job_transport: str = "unary",
     lease_attestation_key: str = "",
+    password_hasher: PasswordHasher = TEST_PASSWORD_HASHER,
 ) -> AsyncIterator[CoordinatorHarness]:
     """A coordinator on `dsn` in this process, on `port` (0: a free one; a given port lets a
     test start it again where its clients point); `job_transport` says what `jobs` is (the
-    module docstring); `lease_attestation_key` as COORDINATOR_LEASE_ATTESTATION_KEY."""
+    module docstring); `lease_attestation_key` as COORDINATOR_LEASE_ATTESTATION_KEY;
+    `password_hasher` hashes passwords (the module docstring)."""
     clock = clock or FrozenClock(EPOCH)
     async with Database.open(dsn, size=pool_size) as db:
         coordinator = build(
-            db, clock, job_capacity=job_capacity, lease_attestation_key=lease_attestation_key
+            db,
+            clock,
+            job_capacity=job_capacity,
+            lease_attestation_key=lease_attestation_key,
+            passwords=Passwords(password_hasher),
         )
         server = Server(
             label="coordinator-test",

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from services.coordinator.identity.auth import Grant, ScopeName
 from services.coordinator.leases.maintenance import Maintenance
 from testbed.coordinator_leases import create_run, setup
 from testbed.coordinator_world import error_reason
-from testbed.harness.coordinator import EPOCH, CoordinatorHarness
+from testbed.harness.coordinator import EPOCH, CoordinatorHarness, running_coordinator
 from workshop.kit.auth import bearer_metadata
 from workshop.v1 import common_pb2, identity_pb2
 from workshop.v1 import operator_pb2 as op
@@ -129,10 +129,18 @@ async def put_camera(h: CoordinatorHarness, camera_id: str) -> None:
 # --- passwords -------------------------------------------------------------------------------
 
 
+@pytest.fixture
+async def default_cost_coordinator(pg_dsn: str) -> AsyncIterator[CoordinatorHarness]:
+    """A coordinator that hashes at argon2-cffi's default cost, as a deployment does (the
+    harness's own hashes cheaply: testbed/harness/coordinator.py)."""
+    async with running_coordinator(pg_dsn, password_hasher=PasswordHasher()) as harness:
+        yield harness
+
+
 async def test_set_user_password_stores_only_an_argon2id_hash(
-    coordinator: CoordinatorHarness,
+    default_cost_coordinator: CoordinatorHarness,
 ) -> None:
-    h = coordinator
+    h = default_cost_coordinator
     await user(h, "ana", password=None)
     created = await h.operator.CreateUser(
         op.CreateUserRequest(user_id="ana", display_name="Ana"), metadata=h.admin
@@ -503,8 +511,10 @@ async def test_the_gateway_scope_takes_no_device_and_no_cameras(
     assert [held.scope for held in stored.scopes] == [common_pb2.SCOPE_GATEWAY]
 
 
-async def test_an_older_hash_is_replaced_at_login(coordinator: CoordinatorHarness) -> None:
-    h = coordinator
+async def test_an_older_hash_is_replaced_at_login(
+    default_cost_coordinator: CoordinatorHarness,
+) -> None:
+    h = default_cost_coordinator
     await user(h, "ana", password=None)
     cheap = PasswordHasher(time_cost=1, memory_cost=8192, parallelism=1).hash(PASSWORD)
     async with h.db.connection() as connection:
