@@ -7,11 +7,13 @@ moves it), so that the suite's growth can be compared run to run: each test's ti
 then each file's total. Only the process that reports the run writes it: with xdist
 that is the controller, which receives every worker's reports.
 
-Beside each test's time, the CPU it spent: the worker process's own (user + system) and
-that of the processes it started and reaped meanwhile (a service, the CLI, the demo), from
-`getrusage`. The servers a worker shares between its tests (Postgres, SeaweedFS, Triton)
-are not in it. On a machine with fewer cores than workers the suite is bound by CPU, not
-by waiting: this column says what to trim.
+Beside each test's time, the CPU it spent (user + system, from `getrusage`): the worker
+process's own (the test and whatever it runs in process), then the processes that ended
+and were reaped while it ran (a service, the CLI, the demo). A process is counted where it
+is reaped, which is mostly the test that started it; one left to the next `Popen` to reap
+lands on a later test. The servers a worker shares between its tests (Postgres,
+SeaweedFS, Triton) are in neither. With fewer cores than workers the suite is bound by
+CPU, not by waiting: these columns say what to trim.
 
 `make test` runs the suite in two pytest runs (the tests that must run alone, then the
 rest in parallel); the second sets ``WORKSHOP_DURATIONS_CONTINUE=1`` to add its tests
@@ -36,9 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PATH = ROOT / ".test-results" / "durations.txt"
 
 _seconds: dict[str, float] = defaultdict(float)
-_cpu: dict[str, float] = {}
+_cpu: dict[str, tuple[float, float]] = {}  # nodeid -> (own, reaped)
 _outcomes: dict[str, str] = {}
-_CPU_AT_START = pytest.StashKey[float]()
+_CPU_AT_START = pytest.StashKey[tuple[float, float]]()
 _began = time.time()
 
 
@@ -58,10 +60,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     durations_path().with_suffix(".json").unlink(missing_ok=True)
 
 
-def _cpu_seconds() -> float:
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far: this process's own, and its reaped children's."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -77,14 +80,17 @@ def pytest_runtest_makereport(
     began = item.stash.get(_CPU_AT_START, None)
     if call.when == "teardown" and began is not None:
         # user_properties travel with the report from an xdist worker to the controller
-        outcome.get_result().user_properties.append(("cpu_s", _cpu_seconds() - began))
+        own, reaped = _cpu_seconds()
+        properties = outcome.get_result().user_properties
+        properties += [("cpu_own_s", own - began[0]), ("cpu_reaped_s", reaped - began[1])]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds[report.nodeid] += report.duration
-    cpu = dict(report.user_properties).get("cpu_s")
-    if isinstance(cpu, float):
-        _cpu[report.nodeid] = cpu
+    properties = dict(report.user_properties)
+    own, reaped = properties.get("cpu_own_s"), properties.get("cpu_reaped_s")
+    if isinstance(own, float) and isinstance(reaped, float):
+        _cpu[report.nodeid] = (own, reaped)
     if report.when == "call" or report.outcome != "passed":
         _outcomes[report.nodeid] = report.outcome
 
@@ -102,7 +108,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if os.environ.get("WORKSHOP_DURATIONS_CONTINUE") == "1" and raw.exists():
         earlier = json.loads(raw.read_text())
         seconds = {**earlier["seconds"], **seconds}
-        cpu = {**earlier.get("cpu", {}), **cpu}
+        cpu = {
+            **{nodeid: (own, reaped) for nodeid, (own, reaped) in earlier.get("cpu", {}).items()},
+            **cpu,
+        }
         outcomes = {**earlier["outcomes"], **outcomes}
         wall_s += earlier["wall_s"]
         workers = f"{earlier['workers']}, then {workers}"
@@ -120,7 +129,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def render(
     seconds: dict[str, float],
-    cpu: dict[str, float],
+    cpu: dict[str, tuple[float, float]],
     outcomes: dict[str, str],
     *,
     wall_s: float,
@@ -128,25 +137,30 @@ def render(
 ) -> str:
     """The table: a header, every test slowest first, then every file slowest first."""
     by_file: dict[str, float] = defaultdict(float)
-    cpu_by_file: dict[str, float] = defaultdict(float)
+    cpu_by_file: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
     for nodeid, spent in seconds.items():
-        by_file[nodeid.split("::", 1)[0]] += spent
-        cpu_by_file[nodeid.split("::", 1)[0]] += cpu.get(nodeid, 0.0)
+        file = nodeid.split("::", 1)[0]
+        by_file[file] += spent
+        own, reaped = cpu.get(nodeid, (0.0, 0.0))
+        cpu_by_file[file] = (cpu_by_file[file][0] + own, cpu_by_file[file][1] + reaped)
     lines = [
         f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  commit {_commit()}  "
         f"wall {wall_s:.1f} s  test time {sum(seconds.values()):.1f} s  "
-        f"test CPU {sum(cpu.values()):.1f} s  tests {len(seconds)}  workers {workers}",
+        f"CPU own {sum(own for own, _ in cpu.values()):.1f} s, "
+        f"reaped {sum(reaped for _, reaped in cpu.values()):.1f} s  "
+        f"tests {len(seconds)}  workers {workers}",
         "",
-        "# seconds  cpu s  outcome  test",
+        "# seconds  cpu own  reaped  outcome  test",
     ]
     for nodeid, spent in sorted(seconds.items(), key=lambda item: (-item[1], item[0])):
+        own, reaped = cpu.get(nodeid, (0.0, 0.0))
         lines.append(
-            f"{spent:9.2f}  {cpu.get(nodeid, 0.0):5.1f}  "
-            f"{outcomes.get(nodeid, 'passed'):7}  {nodeid}"
+            f"{spent:9.2f}  {own:7.1f}  {reaped:6.1f}  {outcomes.get(nodeid, 'passed'):7}  {nodeid}"
         )
-    lines += ["", "# seconds  cpu s  file"]
+    lines += ["", "# seconds  cpu own  reaped  file"]
     for file, spent in sorted(by_file.items(), key=lambda item: (-item[1], item[0])):
-        lines.append(f"{spent:9.2f}  {cpu_by_file[file]:5.1f}  {file}")
+        own, reaped = cpu_by_file[file]
+        lines.append(f"{spent:9.2f}  {own:7.1f}  {reaped:6.1f}  {file}")
     return "\n".join(lines) + "\n"
 
 
