@@ -133,14 +133,13 @@ def models_unloaded_after_each_test(request: pytest.FixtureRequest) -> Iterator[
         yield
         return
     server: TritonServer = request.getfixturevalue("triton_server")
-    before = _loaded_models(server)
-    yield
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        for name in sorted(_loaded_models(server) - before):
+        before = _loaded_models(client)
+        yield
+        for name in sorted(_loaded_models(client) - before):
             client.unload_model(name)
 
 
-def _loaded_models(server: TritonServer) -> set[str]:
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        index = client.get_model_repository_index(as_json=True)
+def _loaded_models(client: grpcclient.InferenceServerClient) -> set[str]:
+    index = client.get_model_repository_index(as_json=True)
     return {model["name"] for model in index.get("models", []) if model.get("state") == "READY"}
