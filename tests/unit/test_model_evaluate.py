@@ -1,18 +1,22 @@
 """`workshop models evaluate`'s figures are pycocotools': scoring each class on its own with
 COCOeval over compact box arrays gives the AP of pycocotools' usual whole-dataset COCOeval on
 random detections and truths; the precision and recall at IoU 0.50 of a case worked by hand;
-the YOLO export read as a stream of chunks; a pass over a bucket with a stand-in Triton maps
+the YOLO export read as a stream of chunks, handed to the pass's thread at most
+CHUNKS_AHEAD ahead; a pass over a bucket with a stand-in Triton maps
 letterboxed answers back to the images' pixels; the baseline chosen from the runs' pins and
 put beside the version in the table; a Triton that does not answer is UNAVAILABLE."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import random
 import tarfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -33,9 +37,9 @@ from workshop.kit.evaluation import (
     run_over,
     score,
 )
-from workshop.kit.evaluation_plan import Ask, Pin, _pass, baseline_of
+from workshop.kit.evaluation_plan import CHUNKS_AHEAD, Ask, ExportFeed, Pin, _pass, baseline_of
 from workshop.kit.model_io import CONTRACT_OUTPUTS, LETTERBOX_INPUT
-from workshop.v1 import resources_pb2
+from workshop.v1 import preview_pb2, resources_pb2
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,43 @@ def test_the_yolo_export_is_read_as_its_chunks_arrive() -> None:
     cut = _yolo_archive(items, ["a", "b"])
     with pytest.raises(EvaluationError, match="not a YOLO archive"):
         list(YoloStream([cut[: len(cut) // 2]]))
+
+
+def test_the_export_feed_reads_ahead_by_its_places_and_hands_over_every_chunk() -> None:
+    total = CHUNKS_AHEAD * 3
+    streamed = 0
+
+    async def export(request: Any, metadata: Any) -> AsyncIterator[Any]:
+        nonlocal streamed
+        for n in range(total):
+            streamed += 1
+            yield SimpleNamespace(data=bytes([n]), last=n == total - 1)
+
+    async def main() -> None:
+        services: Any = SimpleNamespace(preview=SimpleNamespace(ExportBucket=export), metadata=())
+        feed = ExportFeed(services, preview_pb2.ExportBucketRequest())
+        for _ in range(200):  # the reader runs until it waits for a place
+            await asyncio.sleep(0)
+        # CHUNKS_AHEAD handed over, one more read from the stream and waiting for a place
+        assert streamed == CHUNKS_AHEAD + 1
+        # the pass's thread is a daemon, so that a place never given back (the pass
+        # waiting for ever) fails this test instead of hanging it: a guard, not a timing
+        taken: list[bytes] = []
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def take() -> None:
+            taken.extend(feed.chunks())
+            loop.call_soon_threadsafe(done.set)
+
+        threading.Thread(target=take, daemon=True).start()
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            feed.close()
+        assert taken == [bytes([n]) for n in range(total)]
+
+    asyncio.run(main())
 
 
 class _Reply:

@@ -18,6 +18,7 @@ the data decide what the caller may read:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -213,8 +214,11 @@ class ExportFeed:
     _END = object()
 
     def __init__(self, services: Services, request: preview_pb2.ExportBucketRequest) -> None:
-        self._ahead: queue.Queue[Any] = queue.Queue(CHUNKS_AHEAD)
-        self._task = asyncio.get_running_loop().create_task(self._read(services, request))
+        self._ahead: queue.Queue[Any] = queue.Queue()
+        # places left ahead of the pass: taken on the loop, given back by the pass's thread
+        self._places = asyncio.Semaphore(CHUNKS_AHEAD)
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._read(services, request))
 
     async def _read(self, services: Services, request: preview_pb2.ExportBucketRequest) -> None:
         end: Any = self._END
@@ -232,18 +236,17 @@ class ExportFeed:
         await self._put(end)
 
     async def _put(self, value: Any) -> None:
-        # the pass's thread takes chunks as fast as it scores them; waiting here by polling
-        # keeps the event loop free without a thread of our own
-        while True:
-            try:
-                self._ahead.put_nowait(value)
-                return
-            except queue.Full:
-                await asyncio.sleep(0.005)
+        await self._places.acquire()  # the pass's thread gives a place back per chunk taken
+        self._ahead.put_nowait(value)
+
+    def _give_back_place(self) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nothing waits for places
+            self._loop.call_soon_threadsafe(self._places.release)
 
     def chunks(self) -> Iterator[bytes]:
         while True:
             value = self._ahead.get()
+            self._give_back_place()
             if value is self._END:
                 return
             if isinstance(value, BaseException):
