@@ -302,7 +302,7 @@ class SessionJobs:
     call cancelled by its caller may still be answered: leases such an answer hands out
     (a Claim, a Complete's next job) are released at once, as nobody will work under
     them; a waiting Claim given up ends its stream, so that it stops waiting at the
-    coordinator. `close()` ends the stream."""
+    coordinator, and the next call opens a new one. `close()` ends the stream."""
 
     def __init__(self, stub: jobs_pb2_grpc.JobServiceAsyncStub) -> None:
         self._stub = stub
@@ -386,6 +386,11 @@ class SessionJobs:
                         # while it stops: as a unary Claim's cancel ends it there, the
                         # stream ends (the calls on it are asked again on a new one)
                         stream.call.cancel()
+                        # The next call opens that new one at once: the Claim asked again
+                        # with this request id (to release what it leased) would otherwise
+                        # go on this ended stream before its reader has let it go.
+                        if self._stream is stream:
+                            self._stream = None
                 raise
         kind = response.WhichOneof("answer")
         if kind == "error":

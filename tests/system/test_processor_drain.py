@@ -9,6 +9,10 @@ SeaweedFS and Triton.
   claimed, and the process exits 0.
 - The job outlasts the grace, or a second SIGTERM ends the drain: it is handed back
   (queued again, no attempt spent) and the process exits 0.
+- A Claim the drain gives up, though the coordinator leased a job for it, is asked again
+  with its request id and the lease released (on either transport; on the session, also
+  when the Claim was still waiting on its stream, which then ends: the Claim asked again
+  goes on a new one).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.coordinator.leases.jobs import parse_job_id
-from services.processor.calls import TRANSPORTS, Transport
+from services.processor.calls import TRANSPORTS, SessionJobs, Transport
 from testbed.coordinator_world import run_request, save_workflow
 from testbed.harness.coordinator import CoordinatorHarness
 from testbed.harness.preview import PreviewHarness, running_preview
@@ -40,7 +44,7 @@ from tests.processor_world import (
     running_processor,
     yard_spec,
 )
-from workshop.v1 import common_pb2
+from workshop.v1 import common_pb2, jobs_pb2_grpc
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(120)]
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -278,3 +282,68 @@ async def test_a_claim_abandoned_by_the_drain_leaves_no_lease_behind(
             assert not processor.running_jobs
             (job,) = (await jobs_of(c, "r1")).values()
             assert (job["state"], job["generation"], job["lapses"]) == ("queued", 1, 0)
+
+
+class _WithheldAnswers:
+    """A Session call whose answers are read from the real one, except a Claim's answer
+    that leases a job, which never reaches the processor (lost on the way)."""
+
+    def __init__(self, call: Any, withheld: asyncio.Event) -> None:
+        self._call = call
+        self._withheld = withheld
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+    async def __aiter__(self) -> Any:
+        async for response in self._call:
+            leased = response.WhichOneof("answer") == "claim" and response.claim.HasField("job")
+            if leased and not self._withheld.is_set():
+                self._withheld.set()
+                continue
+            yield response
+
+
+class LostSessionClaimAnswer:
+    """The coordinator's JobService stub, the first Claim answer on the Session that
+    leases a job withheld (as if lost while the processor stops)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = jobs_pb2_grpc.JobServiceStub(channel)
+        self.lost = asyncio.Event()
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._stub, method)
+
+    def Session(self, requests: Any, **kwargs: Any) -> Any:
+        return _WithheldAnswers(self._stub.Session(requests, **kwargs), self.lost)
+
+
+async def test_a_session_claim_given_up_waiting_is_asked_again_on_a_new_stream(
+    coordinator: CoordinatorHarness,
+    s3_bucket: S3Bucket,
+    triton_server: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """On the session, the drain gives up a Claim still waiting for its answer (the
+    coordinator leased a job for it, but the answer never came): the waiting Claim ends
+    its stream, and the Claim asked once more with its request id goes on a new stream,
+    gets that lease and releases it: the job is queued again at once (no lapse)."""
+    c = coordinator
+    async with running_preview(c, s3_bucket) as preview:
+        world = await one_camera_run(c, preview, triton_server, tmp_path)
+        stub = LostSessionClaimAnswer(c.channel)
+        real_calls: Any = stub  # the stub's own methods, its Session's answers filtered
+        jobs = SessionJobs(real_calls)
+        async with running_processor(
+            c, preview, triton_server, world.runtime_id, jobs=jobs, claim_wait_seconds=5
+        ) as processor:
+            await within(stub.lost.wait(), "a Claim that leased the job")
+            (job,) = (await jobs_of(c, "r1")).values()
+            assert (job["state"], job["generation"]) == ("leased", 1)
+            await within(processor.drain(), "the drain")
+            assert not processor.running_jobs
+            (job,) = (await jobs_of(c, "r1")).values()
+            assert (job["state"], job["generation"], job["lapses"]) == ("queued", 1, 0)
+        assert jobs.streams_opened == 2
+        await jobs.close()

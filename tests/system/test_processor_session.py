@@ -58,19 +58,26 @@ class BreaksAfter(Counting):
         super().__init__(stub)
         self._left = set(calls)
         self.broken: list[str] = []
+        # streams cancelled: two of `calls` sent within the 10 ms share one stream's break
+        self.streams_broken = 0
 
     def Session(self, requests: Any, **kwargs: Any) -> Any:
         self.used["Session"] += 1
         opened: list[Any] = []
+        breaking = False
 
         async def watched() -> AsyncIterator[jobs_pb2.SessionRequest]:
+            nonlocal breaking
             async for request in requests:
                 yield request
                 kind = request.WhichOneof("call")
                 if kind in self._left:  # resumed once the message is written
                     self._left.discard(kind)
                     self.broken.append(kind)
-                    asyncio.get_running_loop().call_later(0.01, opened[0].cancel)
+                    if not breaking:
+                        breaking = True
+                        self.streams_broken += 1
+                        asyncio.get_running_loop().call_later(0.01, opened[0].cancel)
 
         call = self._stub.Session(watched(), **kwargs)
         opened.append(call)
@@ -200,8 +207,10 @@ async def test_a_run_completes_on_the_chosen_transport(
     transport: Transport,
 ) -> None:
     """On the session (the default), every call about the run's jobs is a message on one
-    stream: the transport takes nothing from the stub but Session, once, and the
-    coordinator answers no unary JobService call meanwhile. With `unary`, no stream."""
+    stream: the transport takes nothing from the stub but Session, once while the run
+    goes on (the stop gives up the Claim waiting for more work, which ends that stream,
+    and asks that Claim again on a second one to release what it may have leased), and
+    the coordinator answers no unary JobService call meanwhile. With `unary`, no stream."""
     c = coordinator
     runtime_id = await two_job_run(c, preview, triton_server, tmp_path)
     stub = Counting(jobs_pb2_grpc.JobServiceStub(c.channel))
@@ -212,13 +221,15 @@ async def test_a_run_completes_on_the_chosen_transport(
     async with running_processor(c, preview, triton_server, runtime_id, jobs=jobs) as processor:
         await until(lambda: processor.completed == 2, "both completions")
         assert (processor.failed, processor.handed_back) == (0, 0)
+        used_by_the_run = dict(stub.used)
     await assert_completed_once(c)
     await jobs.close()
     assert previews_recorded() - recorded == 20  # one per frame slot
     if transport == "session":
         assert isinstance(jobs, SessionJobs)
-        assert stub.used == {"Session": 1}, stub.used
-        assert jobs.streams_opened == 1
+        assert used_by_the_run == {"Session": 1}, used_by_the_run
+        assert set(stub.used) == {"Session"}
+        assert jobs.streams_opened == stub.used["Session"] in (1, 2)
         assert not jobs.unary
         assert jobs.records
         assert unary_job_calls_served() == unary_served
@@ -255,7 +266,9 @@ async def test_a_stream_broken_mid_job_loses_nothing(
     await assert_completed_once(c)
     await jobs.close()
     assert sorted(stub.broken) == ["complete", "report_progress"]
-    assert jobs.streams_opened == stub.used["Session"] >= 3
+    # every broken stream was replaced (both calls on one stream when 10 ms apart or less)
+    assert stub.streams_broken in (1, 2)
+    assert jobs.streams_opened == stub.used["Session"] >= 1 + stub.streams_broken
     assert set(stub.used) == {"Session"}  # nothing went unary
 
 
