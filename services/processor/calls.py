@@ -391,6 +391,7 @@ class SessionJobs:
                         # go on this ended stream before its reader has let it go.
                         if self._stream is stream:
                             self._stream = None
+                            self._keep_reader_until_done()
                 raise
         kind = response.WhichOneof("answer")
         if kind == "error":
@@ -401,6 +402,14 @@ class SessionJobs:
                 grpc.StatusCode.INTERNAL, f"the session answered {kind} to a call of {field}"
             )
         return getattr(response, field)
+
+    def _keep_reader_until_done(self) -> None:
+        """The reader of a stream let go finishes on its own (its call ended): held, so
+        that it is not collected mid-way, and awaited by `close()`."""
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
+            self._background.add(reader)
+            reader.add_done_callback(self._background.discard)
 
     async def _read(self, stream: _Stream) -> None:
         """Hands each answer to its call until the stream ends; then fails the calls
