@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -256,34 +256,6 @@ class LostClaimAnswer:
         return reply
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_a_claim_abandoned_by_the_drain_leaves_no_lease_behind(
-    coordinator: CoordinatorHarness,
-    s3_bucket: S3Bucket,
-    triton_server: TritonServer,
-    tmp_path: Path,
-    transport: Transport,
-) -> None:
-    """The drain gives up a Claim whose answer has not come, though the coordinator leased
-    a job for it. The processor asks once more with the Claim's request id, gets that
-    lease and releases it: the job is queued again at once (no lapse), not left leased to
-    nobody until its lease lapses."""
-    c = coordinator
-    async with running_preview(c, s3_bucket) as preview:
-        world = await one_camera_run(c, preview, triton_server, tmp_path)
-        jobs = LostClaimAnswer(job_calls(c.channel, transport))
-        async with running_processor(
-            c, preview, triton_server, world.runtime_id, jobs=jobs, claim_wait_seconds=5
-        ) as processor:
-            await within(jobs.lost.wait(), "a Claim that leased the job")
-            (job,) = (await jobs_of(c, "r1")).values()
-            assert (job["state"], job["generation"]) == ("leased", 1)
-            await within(processor.drain(), "the drain")
-            assert not processor.running_jobs
-            (job,) = (await jobs_of(c, "r1")).values()
-            assert (job["state"], job["generation"], job["lapses"]) == ("queued", 1, 0)
-
-
 class _WithheldAnswers:
     """A Session call whose answers are read from the real one, except a Claim's answer
     that leases a job, which never reaches the processor (lost on the way)."""
@@ -319,31 +291,47 @@ class LostSessionClaimAnswer:
         return _WithheldAnswers(self._stub.Session(requests, **kwargs), self.lost)
 
 
-async def test_a_session_claim_given_up_waiting_is_asked_again_on_a_new_stream(
+def _losing_claim_answer(
+    channel: grpc.aio.Channel, lost: str
+) -> tuple[SessionJobs | LostClaimAnswer, asyncio.Event]:
+    """The processor's JobService calls, the first Claim answer that leases a job lost
+    where `lost` says; and the event set when it was."""
+    if lost == "on the stream":
+        stub = LostSessionClaimAnswer(channel)
+        real_calls: Any = stub  # the stub's own methods, its Session's answers filtered
+        return SessionJobs(real_calls), stub.lost
+    jobs = LostClaimAnswer(job_calls(channel, cast(Transport, lost)))
+    return jobs, jobs.lost
+
+
+@pytest.mark.parametrize("lost", [*TRANSPORTS, "on the stream"])
+async def test_a_claim_abandoned_by_the_drain_leaves_no_lease_behind(
     coordinator: CoordinatorHarness,
     s3_bucket: S3Bucket,
     triton_server: TritonServer,
     tmp_path: Path,
+    lost: str,
 ) -> None:
-    """On the session, the drain gives up a Claim still waiting for its answer (the
-    coordinator leased a job for it, but the answer never came): the waiting Claim ends
-    its stream, and the Claim asked once more with its request id goes on a new stream,
-    gets that lease and releases it: the job is queued again at once (no lapse)."""
+    """The drain gives up a Claim whose answer has not come, though the coordinator leased
+    a job for it. The processor asks once more with the Claim's request id, gets that
+    lease and releases it: the job is queued again at once (no lapse), not left leased to
+    nobody until its lease lapses. The answer is lost after the transport read it (unary,
+    session), or on the session stream while the Claim still waits there: the drain then
+    ends that stream, and the Claim asked again goes on a new one."""
     c = coordinator
     async with running_preview(c, s3_bucket) as preview:
         world = await one_camera_run(c, preview, triton_server, tmp_path)
-        stub = LostSessionClaimAnswer(c.channel)
-        real_calls: Any = stub  # the stub's own methods, its Session's answers filtered
-        jobs = SessionJobs(real_calls)
+        jobs, leased = _losing_claim_answer(c.channel, lost)
         async with running_processor(
             c, preview, triton_server, world.runtime_id, jobs=jobs, claim_wait_seconds=5
         ) as processor:
-            await within(stub.lost.wait(), "a Claim that leased the job")
+            await within(leased.wait(), "a Claim that leased the job")
             (job,) = (await jobs_of(c, "r1")).values()
             assert (job["state"], job["generation"]) == ("leased", 1)
             await within(processor.drain(), "the drain")
             assert not processor.running_jobs
             (job,) = (await jobs_of(c, "r1")).values()
             assert (job["state"], job["generation"], job["lapses"]) == ("queued", 1, 0)
-        assert jobs.streams_opened == 2
-        await jobs.close()
+        if isinstance(jobs, SessionJobs):
+            assert jobs.streams_opened == 2
+            await jobs.close()
