@@ -4,12 +4,14 @@ exited children used."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from bench.proc_stats import CpuMeter, family_cpu_s
+from bench.proc_stats import CLOCK_TICKS, CpuMeter, family_cpu_s, process_clock_s
 from bench.stats import median, percentile
 
 BURN_S = 0.4
@@ -25,6 +27,16 @@ if child == 0:
     os._exit(0)
 os.waitpid(child, 0)
 print("reaped", flush=True)
+sys.stdin.read()
+"""
+
+# A process that burns BURN_S of CPU, says so, and waits for its stdin to close.
+BURNER = f"""
+import sys, time
+end = time.process_time() + {BURN_S}
+while time.process_time() < end:
+    pass
+print("done", flush=True)
 sys.stdin.read()
 """
 
@@ -68,3 +80,28 @@ def test_a_family_keeps_the_cpu_of_a_child_that_exited() -> None:
     assert alive >= after["family"]
     assert family_cpu_s(parent.pid) == 0.0  # gone
     assert family_cpu_s(None) == 0.0
+
+
+def test_a_process_clock_reads_another_process_cpu_finer_than_its_ticks() -> None:
+    # its clock, read from here, agrees with its ticks to a tick, in nanoseconds rather
+    # than hundredths; gone, it reads None
+    with subprocess.Popen(
+        [sys.executable, "-c", BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdin is not None
+        assert child.stdout is not None
+        assert child.stdout.readline() == "done\n"
+        clock = process_clock_s(child.pid)
+        with open(f"/proc/{child.pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        ticks = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert clock is not None
+    assert clock >= BURN_S
+    assert abs(clock - ticks) <= 2 / CLOCK_TICKS
+    assert round(clock * CLOCK_TICKS) != clock * CLOCK_TICKS  # not whole ticks
+    assert process_clock_s(child.pid) is None  # reaped: gone
+    own = process_clock_s(os.getpid())
+    assert own is not None
+    assert abs(own - time.process_time()) < 0.05
