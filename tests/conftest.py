@@ -14,6 +14,7 @@ import pytest
 
 pytest_plugins = [
     "testbed.harness.sigterm",
+    "testbed.harness.orphans",
     "testbed.harness.postgres",
     "testbed.harness.s3",
     "testbed.harness.triton",

@@ -17,20 +17,16 @@ Only processes carrying this demo's mark are ever signalled.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tools.demo.workdir import live_recorded_pids
+from tools.localstack.orphan_guard import stop_processes
 
 MARK_VARIABLE = "WORKSHOP_DEMO_STACK"
 GRACE_SECONDS = 10.0
-_POLL_SECONDS = 0.2
 # The writing end of the watchdog's pipe: held, never written, closed by the process's end.
 _held: list[int] = []
 
@@ -104,29 +100,9 @@ def stack_processes(mark: str) -> list[int]:
 
 
 def stop_stack(mark: str, grace_seconds: float = GRACE_SECONDS) -> list[int]:
-    """Stops the stack that `mark` names; returns the pids signalled."""
+    """Stops the stack that `mark` names; returns the pids signalled. (A zombie carries
+    no environment, so `stack_processes` counts it as gone.)"""
     return stop_processes(lambda: stack_processes(mark), grace_seconds)
-
-
-def stop_processes(find: Callable[[], list[int]], grace_seconds: float) -> list[int]:
-    """SIGTERM to every process `find` lists, SIGKILL to those it still lists after the
-    grace; returns the pids signalled. A zombie carries no environment: it counts as gone."""
-    signalled: list[int] = []
-    deadline = time.monotonic() + grace_seconds
-    sig = signal.SIGTERM
-    while True:
-        live = find()
-        if not live:
-            return signalled
-        if time.monotonic() >= deadline:
-            sig = signal.SIGKILL
-        for pid in live:
-            if pid not in signalled or sig is signal.SIGKILL:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-                if pid not in signalled:
-                    signalled.append(pid)
-        time.sleep(_POLL_SECONDS)
 
 
 def main(argv: list[str]) -> int:

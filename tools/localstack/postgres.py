@@ -33,6 +33,7 @@ from typing import Literal, TypeVar, cast
 
 import asyncpg  # type: ignore[import-untyped,unused-ignore]
 
+from tools.localstack import orphan_guard
 from tools.localstack.host import free_ports, tail
 
 DEBIAN_BIN_DIR = Path("/usr/lib/postgresql/15/bin")
@@ -110,6 +111,7 @@ class PostgresCluster:
         """Start the server and wait until it accepts connections; returns the seconds taken."""
         began = time.perf_counter()
         self._pg_ctl("start", "-l", str(self.log_path), "-t", str(START_TIMEOUT_S))
+        orphan_guard.watch(self.pid)
         return time.perf_counter() - began
 
     def stop(self, mode: StopMode = "fast") -> None:

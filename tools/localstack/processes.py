@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from tools.localstack import orphan_guard
 from tools.localstack.host import tail
 
 
@@ -56,6 +57,7 @@ class ServiceProcess:
             stderr=self._log,
             start_new_session=True,
         )
+        orphan_guard.watch(self.process.pid)
         assert self.process.stdout is not None
         self._reader = threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True)
         self._reader.start()

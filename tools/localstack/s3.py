@@ -30,6 +30,7 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
+from tools.localstack import orphan_guard
 from tools.localstack.host import free_ports, tail
 
 HOST = "127.0.0.1"
@@ -132,6 +133,7 @@ class S3Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: one kill takes it all
             )
+        orphan_guard.watch(self._process.popen.pid)
         self._wait_until_ready()
         elapsed = time.perf_counter() - began
         TIMINGS.ready_s.append(elapsed)

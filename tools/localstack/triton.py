@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.localstack import orphan_guard
 from tools.localstack.host import free_ports
 
 READY_TIMEOUT_S = 60.0
@@ -264,6 +265,7 @@ def _start(
             cwd=work_dir,
             start_new_session=True,
         )
+    orphan_guard.watch(popen.pid)
     server = TritonServer(
         grpc_url=f"127.0.0.1:{grpc_port}",
         http_url=f"http://127.0.0.1:{http_port}",
