@@ -32,14 +32,21 @@ _POLL_SECONDS = 0.2
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start_time(pid: int) -> int | None:
-    """When the process started (field 22 of /proc/<pid>/stat, in clock ticks since boot);
-    None when it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (the state first); None when
+    the process is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(text[text.rindex(")") + 2 :].split()[19])
+    return text[text.rindex(")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (field 22 of its stat, in clock ticks since boot); None
+    when it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +56,8 @@ class Watched:
 
     def running(self) -> bool:
         """Still the process that was watched (not one that reuses its pid), not a zombie."""
-        return start_time(self.pid) == self.started and not _zombie(self.pid)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text[text.rindex(")") + 2] == "Z"
+        fields = _stat_fields(self.pid)
+        return fields is not None and int(fields[19]) == self.started and fields[0] != "Z"
 
 
 class Guard:
