@@ -9,8 +9,9 @@ record (RoutedOutput.boxes_recorded), as `bench.processor_throughput` does. This
 per job through an in-process coordinator on gRPC (unary calls: Claim, the preview
 service's RecordPreviews in batches of `--batch`, Complete) against a throwaway Postgres
 cluster, one full run per round (120 frames a job), and measures the CPU of the whole
-Postgres cluster (its live processes: every backend, the writer, the WAL writer, from
-/proc/<pid>/schedstat) during the records and during the commits, per frame. The
+Postgres cluster (every backend, the writer, the WAL writer: each live process by its
+CPU-time clock, in nanoseconds, and what they reaped; `bench.proc_stats.family_cpu_s`)
+during the records and during the commits, per frame. The
 coordinator's pool holds `--pool` connections, as deployed (10). The first two rounds
 warm the backends' plans and caches and are not counted; `--verbose` prints every round.
 `--profile` adds pg_stat_statements per frame (`bench/profiling.py`; it costs a little
@@ -45,7 +46,7 @@ from datetime import timedelta
 import asyncpg
 
 from bench import frame_python
-from bench.proc_stats import children
+from bench.proc_stats import family_cpu_s
 from bench.profiling import enable_pg_stat_statements, statements_report, statements_reset
 from services.coordinator.review import sightings
 from testbed.coordinator_leases import (
@@ -68,19 +69,6 @@ from workshop.v1 import common_pb2, jobs_pb2
 from workshop.v1 import publication_pb2 as pub
 
 WARM_ROUNDS = 2
-
-
-def family_cpu_s(root: int) -> float:
-    """CPU seconds of the cluster's live processes, to the nanosecond (/proc/<pid>/schedstat:
-    /proc/<pid>/stat counts 10 ms ticks, too coarse for one job's statements)."""
-    total = 0
-    for pid in (root, *children(root)):
-        try:
-            with open(f"/proc/{pid}/schedstat") as stat:
-                total += int(stat.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited meanwhile
-    return total / 1e9
 
 
 def _boxes(slot: int, count: int) -> list[common_pb2.Box]:

@@ -14,7 +14,8 @@ one sighting of N items (synthetic rows written with triggers off, one box each,
 `--items` of them standing for the commit's new items). Then `--rounds` times each way, on
 one connection, in a transaction rolled back after it: the full refresh of the sighting
 (v1) and the appended one (v2 with the commit's items). Measured: the server process's
-CPU (/proc/<pid>/schedstat), per commit. The first two rounds warm the plans and are not counted.
+CPU (its CPU-time clock, in nanoseconds), per commit. The first two rounds warm the plans
+and are not counted.
 
 Last line: `RESULT v1_ms_at_<N>=<x> v2_ms_at_<N>=<y> ...`, server CPU ms per commit.
 """
@@ -27,6 +28,7 @@ import json
 
 import asyncpg
 
+from bench.proc_stats import process_clock_s
 from testbed.harness.postgres import (
     PostgresUnavailable,
     create_migrated_database,
@@ -57,24 +59,19 @@ async def _server_cpu_ms(
 ) -> float:
     """The server's CPU per call of `statement`, ms, over `rounds` calls each rolled back."""
     pid = connection.get_server_pid()
-    total = 0
+    total = 0.0
     for number in range(rounds + WARM_ROUNDS):
         transaction = connection.transaction()
         await transaction.start()
-        before = _cpu_ns(pid)
+        before = process_clock_s(pid)
         await connection.execute(statement, *params)
-        after = _cpu_ns(pid)
+        after = process_clock_s(pid)
+        assert before is not None, "the connection's server is gone"
+        assert after is not None, "the connection's server is gone"
         await transaction.rollback()
         if number >= WARM_ROUNDS:
             total += after - before
-    return total / rounds / 1e6
-
-
-def _cpu_ns(pid: int) -> int:
-    """The process's CPU to the nanosecond (/proc/<pid>/stat counts 10 ms ticks, more than
-    a refresh of a short sighting takes)."""
-    with open(f"/proc/{pid}/schedstat") as stat:
-        return int(stat.read().split()[0])
+    return total / rounds * 1000
 
 
 async def _bench(dsn: str, args: argparse.Namespace) -> None:
