@@ -8,6 +8,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO
 
 import pytest
 
@@ -63,45 +66,47 @@ def test_percentiles_are_nearest_rank() -> None:
         percentile(samples, 0)
 
 
-def test_a_family_keeps_the_cpu_of_a_child_that_exited() -> None:
+@contextmanager
+def _waiting_on_stdin(script: str) -> Iterator[tuple[int, IO[str]]]:
+    """`script` (PARENT, BURNER) in a Python process of its own: its pid and its stdout
+    while it waits; its stdin closed, and the process reaped, at the end."""
     with subprocess.Popen(
-        [sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    ) as parent:
-        assert parent.stdin is not None
-        assert parent.stdout is not None
-        meter = CpuMeter({"family": parent.pid}, this_process=None)
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        yield process.pid, process.stdout
+        process.stdin.close()
+        process.wait(timeout=30)
+
+
+def test_a_family_keeps_the_cpu_of_a_child_that_exited() -> None:
+    with _waiting_on_stdin(PARENT) as (parent, said):
+        meter = CpuMeter({"family": parent}, this_process=None)
         before = meter.mark()
-        assert parent.stdout.readline() == "reaped\n"
+        assert said.readline() == "reaped\n"
         after = meter.mark()
-        alive = family_cpu_s(parent.pid)
-        parent.stdin.close()
-        parent.wait(timeout=30)
+        alive = family_cpu_s(parent)
     assert after["family"] - before["family"] >= BURN_S * 0.9
     assert alive >= after["family"]
-    assert family_cpu_s(parent.pid) == 0.0  # gone
+    assert family_cpu_s(parent) == 0.0  # gone
     assert family_cpu_s(None) == 0.0
 
 
 def test_a_process_clock_reads_another_process_cpu_finer_than_its_ticks() -> None:
     # its clock, read from here, agrees with its ticks to a tick, in nanoseconds rather
     # than hundredths; gone, it reads None
-    with subprocess.Popen(
-        [sys.executable, "-c", BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    ) as child:
-        assert child.stdin is not None
-        assert child.stdout is not None
-        assert child.stdout.readline() == "done\n"
-        clock = process_clock_s(child.pid)
-        with open(f"/proc/{child.pid}/stat", encoding="ascii") as stat:
+    with _waiting_on_stdin(BURNER) as (child, said):
+        assert said.readline() == "done\n"
+        clock = process_clock_s(child)
+        with open(f"/proc/{child}/stat", encoding="ascii") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         ticks = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        child.stdin.close()
-        child.wait(timeout=30)
     assert clock is not None
     assert clock >= BURN_S
     assert abs(clock - ticks) <= 2 / CLOCK_TICKS
     assert round(clock * CLOCK_TICKS) != clock * CLOCK_TICKS  # not whole ticks
-    assert process_clock_s(child.pid) is None  # reaped: gone
+    assert process_clock_s(child) is None  # reaped: gone
     own = process_clock_s(os.getpid())
     assert own is not None
     assert abs(own - time.process_time()) < 0.05
